@@ -1,0 +1,47 @@
+# The README's two commands are `make demo` and `make test`; everything else is for developers.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+CARGO ?= cargo
+# The test bed's binaries: KUBEBUILDER_ASSETS if set, else built once and cached (~10 min cold).
+ASSETS = $(shell bash hack/testbed-assets.sh)
+
+.PHONY: all build test unit e2e demo lint fmt bench assets tools clean
+
+all: build
+
+build:
+	$(CARGO) build --all-targets
+
+assets:
+	@bash hack/testbed-assets.sh
+
+# Unit tests, then e2e tests against real kube-apiservers.
+test:
+	@assets="$$(bash hack/testbed-assets.sh)" && \
+	KUBEBUILDER_ASSETS="$$assets" $(CARGO) test --all-targets
+
+unit:
+	$(CARGO) test --lib
+
+e2e:
+	@assets="$$(bash hack/testbed-assets.sh)" && \
+	KUBEBUILDER_ASSETS="$$assets" $(CARGO) test --test '*'
+
+# A local fleet of three hosted clusters; Ctrl-C stops it and removes everything.
+demo:
+	@assets="$$(bash hack/testbed-assets.sh)" && $(CARGO) build --bin hcp-fleet-agent && \
+	KUBEBUILDER_ASSETS="$$assets" ./target/debug/hcp-fleet-agent dev --hosted-clusters 3
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --all-targets -- -D warnings
+	@bash hack/advisories.sh
+
+fmt:
+	$(CARGO) fmt --all
+
+bench:
+	@echo "no benchmarks yet"
+
+clean:
+	$(CARGO) clean

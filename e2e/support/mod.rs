@@ -1,0 +1,63 @@
+//! Helpers shared by the e2e tests.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use hcp_fleet_agent::localcp::{Assets, LocalCpError};
+
+/// The test bed binaries. `make test` provides them; a bare `cargo test` finds the cache.
+pub fn assets_or_skip_reason() -> Result<Assets, LocalCpError> {
+    Assets::resolve(None)
+}
+
+/// PIDs of live processes whose command line mentions `path`.
+pub fn processes_mentioning(path: &Path) -> Vec<u32> {
+    let needle = path.as_os_str().as_encoded_bytes().to_vec();
+    let me = std::process::id();
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        if cmdline
+            .windows(needle.len())
+            .any(|w| w == needle.as_slice())
+            && !is_zombie(pid)
+        {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// True once `pid` no longer exists (or is a zombie awaiting its parent).
+pub fn wait_gone(pid: u32, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        let alive = Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(pid);
+        if !alive {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

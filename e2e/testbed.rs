@@ -1,0 +1,334 @@
+//! The test bed itself, against real etcd and kube-apiservers: a management and two hosted
+//! API servers come up, serve the project's CRDs and fixtures, and leave nothing behind.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hcp_fleet_agent::crd::{HCP_NAMESPACE_LABEL, HostedControlPlane, Policy, PolicySpec};
+use hcp_fleet_agent::localcp::fixtures::{SERVICE_NETWORK_KUBECONFIG, hcp_namespace};
+use hcp_fleet_agent::localcp::{self, FleetOptions, LocalCpError, LocalFleet};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::Api;
+use kube::api::{ListParams, PostParams};
+
+use support::{assets_or_skip_reason, processes_mentioning, wait_gone};
+
+#[tokio::test]
+async fn management_and_two_hosted_clusters_serve_crds_and_fixtures() {
+    let parent = tempfile::tempdir().expect("tempdir");
+    let opts = FleetOptions {
+        state_parent: Some(parent.path().to_path_buf()),
+        ..FleetOptions::with_hosted(2)
+    };
+    let fleet = LocalFleet::start(opts).await.expect("fleet starts");
+    let state = fleet.state_dir().to_path_buf();
+    let pids = fleet.pids();
+    assert_eq!(pids.len(), 4, "etcd + management + 2 hosted: {pids:?}");
+
+    let mgmt = fleet.management.client().await.expect("management client");
+    let v = mgmt.apiserver_version().await.expect("management /version");
+    assert_eq!(v.git_version, "v1.20.2", "the stamped version is served");
+
+    // The CRDs are served and the fixtures read back as typed objects.
+    let hcps: Api<HostedControlPlane> = Api::all(mgmt.clone());
+    let list = hcps.list(&ListParams::default()).await.expect("list HCPs");
+    let mut names: Vec<String> = list
+        .items
+        .iter()
+        .map(|h| h.metadata.name.clone().unwrap_or_default())
+        .collect();
+    names.sort();
+    assert_eq!(names, vec!["hc-1", "hc-2"]);
+    for hcp in &list.items {
+        assert!(
+            hcp.is_ready(),
+            "fixture HCP is ready with a kubeconfig: {hcp:?}"
+        );
+        assert!(
+            hcp.spec.extra.contains_key("platform"),
+            "unknown spec fields preserved"
+        );
+    }
+    let policies: Api<Policy> = Api::namespaced(mgmt.clone(), "default");
+    let p = Policy::new(
+        "probe",
+        PolicySpec {
+            disabled: false,
+            remediation_action: Some("enforce".into()),
+            policy_templates: vec![],
+        },
+    );
+    policies
+        .create(&PostParams::default(), &p)
+        .await
+        .expect("Policy CRD served");
+
+    for name in ["hc-1", "hc-2"] {
+        let ns_name = hcp_namespace(name);
+        let ns = Api::<Namespace>::all(mgmt.clone())
+            .get(&ns_name)
+            .await
+            .expect("HCP namespace");
+        let labels = ns.metadata.labels.unwrap_or_default();
+        assert_eq!(
+            labels.get(HCP_NAMESPACE_LABEL).map(String::as_str),
+            Some("true")
+        );
+
+        // The secret HyperShift publishes reaches that hosted kube-apiserver, and only it.
+        let secret = Api::<Secret>::namespaced(mgmt.clone(), &ns_name)
+            .get(SERVICE_NETWORK_KUBECONFIG)
+            .await
+            .expect("kubeconfig secret");
+        let data = secret.data.unwrap_or_default();
+        let kubeconfig = data.get("kubeconfig").expect("key kubeconfig");
+        let yaml = String::from_utf8(kubeconfig.0.clone()).expect("utf8");
+        let hosted = localcp::client_from_kubeconfig(name, &yaml)
+            .await
+            .expect("client from secret");
+        let hv = hosted.apiserver_version().await.expect("hosted /version");
+        assert_eq!(hv.git_version, "v1.20.2");
+        // Separate etcd prefixes: the hosted cluster has no HCP namespaces of its own.
+        let hosted_ns = Api::<Namespace>::all(hosted.clone())
+            .list(&ListParams::default())
+            .await
+            .expect("list");
+        assert!(
+            hosted_ns
+                .items
+                .iter()
+                .all(|n| n.metadata.name.as_deref() != Some(ns_name.as_str()))
+        );
+        let expected_port = fleet.hosted(name).expect("known").port;
+        assert!(yaml.contains(&format!("https://127.0.0.1:{expected_port}")));
+    }
+
+    drop(fleet);
+    for pid in pids {
+        assert!(
+            wait_gone(pid, Duration::from_secs(5)),
+            "process {pid} still running after drop"
+        );
+    }
+    assert!(
+        processes_mentioning(&state).is_empty(),
+        "no process refers to the state dir"
+    );
+    assert!(!state.exists(), "state dir removed on drop");
+}
+
+#[tokio::test]
+async fn unusable_assets_dir_is_a_clear_error() {
+    let empty = tempfile::tempdir().expect("tempdir");
+    let opts = FleetOptions {
+        assets_dir: Some(empty.path().to_path_buf()),
+        ..FleetOptions::with_hosted(1)
+    };
+    let err = LocalFleet::start(opts).await.err().expect("must fail");
+    let msg = err.to_string();
+    assert!(matches!(err, LocalCpError::Assets { .. }), "{msg}");
+    assert!(msg.contains("kube-apiserver is missing"), "{msg}");
+    assert!(
+        msg.contains("hack/testbed-assets.sh"),
+        "says how to fix it: {msg}"
+    );
+}
+
+#[tokio::test]
+async fn the_asset_script_rejects_an_unusable_kubebuilder_assets() {
+    let empty = tempfile::tempdir().expect("tempdir");
+    let out = Command::new("bash")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/hack/testbed-assets.sh"
+        ))
+        .env("KUBEBUILDER_ASSETS", empty.path())
+        .output()
+        .expect("run script");
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty(), "nothing on stdout on failure");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("is unusable"), "{stderr}");
+    assert!(stderr.contains("kube-apiserver"), "{stderr}");
+}
+
+#[tokio::test]
+async fn the_asset_script_honours_a_usable_kubebuilder_assets() {
+    let dir = match assets_or_skip_reason() {
+        Ok(a) => a.dir,
+        Err(e) => panic!("test bed assets missing: {e}"),
+    };
+    let started = Instant::now();
+    let out = Command::new("bash")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/hack/testbed-assets.sh"
+        ))
+        .env("KUBEBUILDER_ASSETS", &dir)
+        .output()
+        .expect("run script");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        dir.display().to_string()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "no rebuild when assets exist"
+    );
+}
+
+#[tokio::test]
+async fn a_port_in_use_is_a_clear_error() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("addr").port();
+    let parent = tempfile::tempdir().expect("tempdir");
+    let opts = FleetOptions {
+        management_port: Some(port),
+        state_parent: Some(parent.path().to_path_buf()),
+        ..FleetOptions::with_hosted(1)
+    };
+    let started = Instant::now();
+    let err = LocalFleet::start(opts).await.err().expect("must fail");
+    assert!(
+        matches!(&err, LocalCpError::PortInUse { port: p, .. } if *p == port),
+        "{err}"
+    );
+    assert!(err.to_string().contains(&format!("port {port}")), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "fails fast, never hangs"
+    );
+    assert!(processes_mentioning(parent.path()).is_empty());
+}
+
+#[tokio::test]
+async fn an_apiserver_that_fails_to_start_shows_its_log_tail() {
+    let parent = tempfile::tempdir().expect("tempdir");
+    let opts = FleetOptions {
+        extra_apiserver_args: vec!["--no-such-flag=1".into()],
+        state_parent: Some(parent.path().to_path_buf()),
+        ..FleetOptions::with_hosted(1)
+    };
+    let started = Instant::now();
+    let err = LocalFleet::start(opts).await.err().expect("must fail");
+    let msg = err.to_string();
+    assert!(matches!(err, LocalCpError::Exited { .. }), "{msg}");
+    assert!(
+        msg.contains("unknown flag: --no-such-flag"),
+        "log tail shown: {msg}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(60), "never hangs");
+    // etcd, already running when the API server failed, is stopped too.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !processes_mentioning(parent.path()).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        processes_mentioning(parent.path()).is_empty(),
+        "no orphans after a failed start"
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(parent.path()).expect("read").collect();
+    assert!(
+        leftovers.is_empty(),
+        "state dir removed after a failed start"
+    );
+}
+
+/// `dev` as a user runs it: up, reachable with kubectl, Ctrl-C, nothing left.
+#[tokio::test]
+async fn dev_runs_until_ctrl_c_and_leaves_no_orphans() {
+    let assets = assets_or_skip_reason().expect("test bed assets");
+    let parent = tempfile::tempdir().expect("tempdir");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+        .args(["dev", "--hosted-clusters", "1", "--state-parent"])
+        .arg(parent.path())
+        .env("KUBEBUILDER_ASSETS", &assets.dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn dev");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut lines = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !lines.iter().any(|l: &String| l == "READY") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) => lines.push(l),
+            Err(_) => {
+                let _ = child.kill();
+                panic!("dev did not become ready: {lines:?}");
+            }
+        }
+    }
+    let pids: Vec<u32> = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("pids: "))
+        .expect("pids line")
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    assert_eq!(pids.len(), 3, "etcd, management, one hosted: {lines:?}");
+
+    // A user's kubectl (the one built with the servers) talks to the hosted cluster.
+    let hosted_kc = lines
+        .iter()
+        .find(|l| l.trim_start().starts_with("hc-1 "))
+        .and_then(|l| l.split_whitespace().last())
+        .expect("hc-1 kubeconfig line")
+        .to_string();
+    let out = Command::new(&assets.kubectl)
+        .args([
+            "--kubeconfig",
+            &hosted_kc,
+            "get",
+            "namespaces",
+            "-o",
+            "name",
+        ])
+        .output()
+        .expect("kubectl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("namespace/default"));
+
+    // Ctrl-C.
+    let rc = unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    assert_eq!(rc, 0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "dev did not exit on Ctrl-C");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "clean exit on Ctrl-C: {status}");
+    for pid in pids {
+        assert!(
+            wait_gone(pid, Duration::from_secs(5)),
+            "process {pid} survived Ctrl-C"
+        );
+    }
+    assert!(processes_mentioning(parent.path()).is_empty());
+    let leftovers: Vec<_> = std::fs::read_dir(parent.path()).expect("read").collect();
+    assert!(leftovers.is_empty(), "state dir removed: {leftovers:?}");
+}

@@ -1,0 +1,531 @@
+//! Certificates: CAs, serving and client certificates (rcgen), and the facts about a PEM
+//! certificate that rotation decisions need (x509-parser).
+//!
+//! Everything here is pure: keys and certificates in, PEM out. Persisting them (in a Secret
+//! for an HCP, on disk for the local control plane) is the caller's job.
+
+use std::net::IpAddr;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+use time::{Duration, OffsetDateTime};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    #[error("certificate generation failed: {0}")]
+    Generate(#[from] rcgen::Error),
+    #[error("invalid subject alternative name {name:?}: {reason}")]
+    InvalidSan { name: String, reason: String },
+    #[error("not a PEM certificate: {0}")]
+    Pem(String),
+    #[error("unparseable X.509 certificate: {0}")]
+    X509(String),
+}
+
+/// A certificate with its private key, both PEM.
+#[derive(Clone, PartialEq, Eq)]
+pub struct KeyedCert {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for KeyedCert {
+    // Never print key material, even in debug logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyedCert")
+            .field("cert_pem", &format!("{} bytes", self.cert_pem.len()))
+            .field("key_pem", &"<redacted>")
+            .finish()
+    }
+}
+
+/// What kind of certificate to issue from a CA.
+#[derive(Debug, Clone)]
+pub enum Usage {
+    /// TLS server: SANs are DNS names or IP addresses.
+    Server { sans: Vec<String> },
+    /// TLS client: Kubernetes reads the user from CN and groups from O.
+    Client { groups: Vec<String> },
+}
+
+fn validity(now: OffsetDateTime, lifetime: Duration) -> (OffsetDateTime, OffsetDateTime) {
+    // Back-dated a little so a peer whose clock runs slightly behind accepts it at once.
+    (now - Duration::minutes(5), now + lifetime)
+}
+
+/// A new self-signed CA.
+pub fn generate_ca(common_name: &str, lifetime: Duration) -> Result<KeyedCert, CertError> {
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, common_name);
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let (nb, na) = validity(OffsetDateTime::now_utc(), lifetime);
+    params.not_before = nb;
+    params.not_after = na;
+    let cert = params.self_signed(&key)?;
+    Ok(KeyedCert {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
+}
+
+fn san(name: &str) -> Result<SanType, CertError> {
+    if let Ok(ip) = name.parse::<IpAddr>() {
+        return Ok(SanType::IpAddress(ip));
+    }
+    if let Err(reason) = validate_dns_name(name) {
+        return Err(CertError::InvalidSan {
+            name: name.to_string(),
+            reason,
+        });
+    }
+    let dns = name
+        .try_into()
+        .map_err(|e: rcgen::Error| CertError::InvalidSan {
+            name: name.to_string(),
+            reason: e.to_string(),
+        })?;
+    Ok(SanType::DnsName(dns))
+}
+
+/// RFC 1123 host names only: rcgen accepts any ASCII, and a certificate naming something no
+/// client can ask for is a silent misconfiguration.
+pub fn validate_dns_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 253 {
+        return Err("must be 1 to 253 characters".into());
+    }
+    for label in name.split('.') {
+        if label.is_empty() || label.len() > 63 {
+            return Err(format!("label {label:?} must be 1 to 63 characters"));
+        }
+        if !label
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        {
+            return Err(format!(
+                "label {label:?} may hold only lower-case letters, digits and '-'"
+            ));
+        }
+        if label.starts_with('-') || label.ends_with('-') {
+            return Err(format!("label {label:?} must not start or end with '-'"));
+        }
+    }
+    Ok(())
+}
+
+/// A certificate issued by `ca` for `common_name`.
+pub fn issue(
+    ca: &KeyedCert,
+    common_name: &str,
+    usage: &Usage,
+    lifetime: Duration,
+) -> Result<KeyedCert, CertError> {
+    let ca_key = KeyPair::from_pem(&ca.key_pem)?;
+    let issuer = Issuer::from_ca_cert_pem(&ca.cert_pem, ca_key)?;
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, common_name);
+    match usage {
+        Usage::Server { sans } => {
+            params.subject_alt_names = sans.iter().map(|s| san(s)).collect::<Result<_, _>>()?;
+            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        }
+        Usage::Client { groups } => {
+            for g in groups {
+                dn.push(DnType::OrganizationName, g.as_str());
+            }
+            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        }
+    }
+    params.distinguished_name = dn;
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.use_authority_key_identifier_extension = true;
+    let (nb, na) = validity(OffsetDateTime::now_utc(), lifetime);
+    params.not_before = nb;
+    params.not_after = na;
+    let cert = params.signed_by(&key, &issuer)?;
+    Ok(KeyedCert {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
+}
+
+/// A fresh key pair alone, as (private PKCS#8 PEM, public SPKI PEM), e.g. for signing
+/// service-account tokens.
+pub fn generate_key_pair_pem() -> Result<(String, String), CertError> {
+    let key = KeyPair::generate()?;
+    Ok((key.serialize_pem(), key.public_key_pem()))
+}
+
+/// The facts about a certificate that rotation policy needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertFacts {
+    pub not_before: i64,
+    pub not_after: i64,
+    pub dns_sans: Vec<String>,
+    pub is_ca: bool,
+}
+
+/// Reads the first certificate of a PEM blob.
+pub fn inspect(cert_pem: &str) -> Result<CertFacts, CertError> {
+    let block = pem::parse_many(cert_pem.as_bytes())
+        .map_err(|e| CertError::Pem(e.to_string()))?
+        .into_iter()
+        .find(|p| p.tag() == "CERTIFICATE")
+        .ok_or_else(|| CertError::Pem("no CERTIFICATE block".into()))?;
+    let (_, cert) = x509_parser::parse_x509_certificate(block.contents())
+        .map_err(|e| CertError::X509(e.to_string()))?;
+    let mut dns_sans = Vec::new();
+    if let Ok(Some(ext)) = cert.subject_alternative_name() {
+        for name in &ext.value.general_names {
+            match name {
+                x509_parser::extensions::GeneralName::DNSName(d) => dns_sans.push(d.to_string()),
+                x509_parser::extensions::GeneralName::IPAddress(b) => {
+                    let ip = match b.len() {
+                        4 => <[u8; 4]>::try_from(*b).ok().map(IpAddr::from),
+                        16 => <[u8; 16]>::try_from(*b).ok().map(IpAddr::from),
+                        _ => None,
+                    };
+                    if let Some(ip) = ip {
+                        dns_sans.push(ip.to_string());
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(CertFacts {
+        not_before: cert.validity().not_before.timestamp(),
+        not_after: cert.validity().not_after.timestamp(),
+        dns_sans,
+        is_ca: cert.is_ca(),
+    })
+}
+
+/// A per-HCP CA, the CA it replaced (kept in the bundle until it expires, so clients holding
+/// either trust the serving certificate during a rotation), and the serving certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertBundle {
+    pub ca: KeyedCert,
+    pub previous_ca_pem: Option<String>,
+    pub serving: KeyedCert,
+}
+
+pub const CA_CERT_KEY: &str = "ca.crt";
+pub const CA_KEY_KEY: &str = "ca.key";
+pub const PREVIOUS_CA_KEY: &str = "previous-ca.crt";
+
+fn days(d: u32) -> Duration {
+    Duration::days(i64::from(d))
+}
+
+impl CertBundle {
+    pub fn generate(cfg: &crate::config::AgentConfig, sans: &[String]) -> Result<Self, CertError> {
+        let ca = generate_ca(
+            "hcp-fleet-admission CA",
+            days(cfg.certificates.ca_lifetime_days),
+        )?;
+        let serving = issue_serving(&ca, cfg, sans)?;
+        Ok(Self {
+            ca,
+            previous_ca_pem: None,
+            serving,
+        })
+    }
+
+    /// What the hosted webhook configurations carry as caBundle: current CA, then previous.
+    pub fn ca_bundle_pem(&self) -> String {
+        let mut b = self.ca.cert_pem.clone();
+        if let Some(prev) = &self.previous_ca_pem {
+            b.push_str(prev);
+        }
+        b
+    }
+
+    /// The agent-only Secret: the CA key never leaves it.
+    pub fn ca_secret_data(&self) -> std::collections::BTreeMap<String, String> {
+        let mut m = std::collections::BTreeMap::from([
+            (CA_CERT_KEY.to_string(), self.ca.cert_pem.clone()),
+            (CA_KEY_KEY.to_string(), self.ca.key_pem.clone()),
+        ]);
+        if let Some(prev) = &self.previous_ca_pem {
+            m.insert(PREVIOUS_CA_KEY.to_string(), prev.clone());
+        }
+        m
+    }
+
+    /// The Secret mounted into the admission pods.
+    pub fn tls_secret_data(&self) -> std::collections::BTreeMap<String, String> {
+        std::collections::BTreeMap::from([
+            ("tls.crt".to_string(), self.serving.cert_pem.clone()),
+            ("tls.key".to_string(), self.serving.key_pem.clone()),
+            (CA_CERT_KEY.to_string(), self.ca_bundle_pem()),
+        ])
+    }
+
+    /// Reads a bundle back from the two Secrets' data; `None` if anything is missing or
+    /// unparseable (the plan then starts over, which is always safe before first use).
+    pub fn from_secret_data(
+        ca: &std::collections::BTreeMap<String, Vec<u8>>,
+        tls: &std::collections::BTreeMap<String, Vec<u8>>,
+    ) -> Option<Self> {
+        let s = |m: &std::collections::BTreeMap<String, Vec<u8>>, k: &str| {
+            m.get(k).and_then(|v| String::from_utf8(v.clone()).ok())
+        };
+        let b = Self {
+            ca: KeyedCert {
+                cert_pem: s(ca, CA_CERT_KEY)?,
+                key_pem: s(ca, CA_KEY_KEY)?,
+            },
+            previous_ca_pem: s(ca, PREVIOUS_CA_KEY),
+            serving: KeyedCert {
+                cert_pem: s(tls, "tls.crt")?,
+                key_pem: s(tls, "tls.key")?,
+            },
+        };
+        inspect(&b.ca.cert_pem).ok()?;
+        inspect(&b.serving.cert_pem).ok()?;
+        Some(b)
+    }
+}
+
+fn issue_serving(
+    ca: &KeyedCert,
+    cfg: &crate::config::AgentConfig,
+    sans: &[String],
+) -> Result<KeyedCert, CertError> {
+    issue(
+        ca,
+        sans.first()
+            .map(String::as_str)
+            .unwrap_or("hcp-fleet-admission"),
+        &Usage::Server {
+            sans: sans.to_vec(),
+        },
+        days(cfg.certificates.serving_lifetime_days),
+    )
+}
+
+/// Time to renew: less than `percent` of the lifetime left.
+pub fn needs_renewal(facts: &CertFacts, now: i64, percent: u32) -> bool {
+    let life = (facts.not_after - facts.not_before).max(1);
+    let left = facts.not_after - now;
+    left * 100 < life * i64::from(percent)
+}
+
+/// The certificate policy: what the bundle should be now, and why it changed (`None` when the
+/// existing bundle stands). Pure apart from key generation.
+pub fn plan(
+    existing: Option<&CertBundle>,
+    cfg: &crate::config::AgentConfig,
+    sans: &[String],
+    now: i64,
+) -> Result<(CertBundle, Option<String>), CertError> {
+    let pct = cfg.certificates.renew_at_remaining_percent;
+    let Some(old) = existing else {
+        return Ok((CertBundle::generate(cfg, sans)?, Some("created".into())));
+    };
+    let ca_facts = inspect(&old.ca.cert_pem)?;
+    // Drop the previous CA once it has expired: nothing it signed can still be valid.
+    let previous = old
+        .previous_ca_pem
+        .clone()
+        .filter(|p| inspect(p).is_ok_and(|f| f.not_after > now));
+    if needs_renewal(&ca_facts, now, pct) {
+        let ca = generate_ca(
+            "hcp-fleet-admission CA",
+            days(cfg.certificates.ca_lifetime_days),
+        )?;
+        let serving = issue_serving(&ca, cfg, sans)?;
+        return Ok((
+            CertBundle {
+                ca,
+                previous_ca_pem: Some(old.ca.cert_pem.clone()),
+                serving,
+            },
+            Some("CA rotated before expiry; previous CA kept in the bundle".into()),
+        ));
+    }
+    let srv = inspect(&old.serving.cert_pem)?;
+    let mut want: Vec<&String> = sans.iter().collect();
+    want.sort();
+    let mut have: Vec<&String> = srv.dns_sans.iter().collect();
+    have.sort();
+    let reason = if want != have {
+        Some("serving certificate SANs changed")
+    } else if needs_renewal(&srv, now, pct) {
+        Some("serving certificate renewed before expiry")
+    } else {
+        None
+    };
+    let changed = previous != old.previous_ca_pem;
+    match reason {
+        Some(r) => Ok((
+            CertBundle {
+                ca: old.ca.clone(),
+                previous_ca_pem: previous,
+                serving: issue_serving(&old.ca, cfg, sans)?,
+            },
+            Some(r.to_string()),
+        )),
+        None if changed => Ok((
+            CertBundle {
+                previous_ca_pem: previous,
+                ..old.clone()
+            },
+            Some("expired previous CA dropped from the bundle".into()),
+        )),
+        None => Ok((old.clone(), None)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_cert_chains_to_ca_and_carries_sans() {
+        let ca = generate_ca("test-ca", Duration::days(10)).expect("ca");
+        let srv = issue(
+            &ca,
+            "svc",
+            &Usage::Server {
+                sans: vec!["svc.ns.svc".into(), "127.0.0.1".into()],
+            },
+            Duration::days(1),
+        )
+        .expect("issue");
+        let facts = inspect(&srv.cert_pem).expect("inspect");
+        assert_eq!(facts.dns_sans, vec!["svc.ns.svc", "127.0.0.1"]);
+        assert!(!facts.is_ca);
+        assert!(inspect(&ca.cert_pem).expect("ca facts").is_ca);
+        let life = facts.not_after - facts.not_before;
+        // one day plus the five-minute back-dating
+        assert_eq!(life, 86_400 + 300);
+    }
+
+    #[test]
+    fn invalid_san_is_an_error_not_a_panic() {
+        let ca = generate_ca("test-ca", Duration::days(1)).expect("ca");
+        let err = issue(
+            &ca,
+            "x",
+            &Usage::Server {
+                sans: vec!["bad name with spaces\u{0}".into()],
+            },
+            Duration::days(1),
+        );
+        assert!(matches!(err, Err(CertError::InvalidSan { .. })), "{err:?}");
+    }
+
+    #[test]
+    fn dns_name_rules() {
+        assert!(validate_dns_name("svc.clusters-hc-1.svc.cluster.local").is_ok());
+        for bad in [
+            "",
+            "a..b",
+            "-a.b",
+            "a-.b",
+            "UPPER.case",
+            "under_score",
+            &"x".repeat(64),
+        ] {
+            assert!(validate_dns_name(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn inspect_rejects_garbage() {
+        assert!(matches!(inspect("hello"), Err(CertError::Pem(_))));
+        let bogus = "-----BEGIN CERTIFICATE-----\naGVsbG8=\n-----END CERTIFICATE-----\n";
+        assert!(matches!(inspect(bogus), Err(CertError::X509(_))));
+    }
+
+    fn now() -> i64 {
+        OffsetDateTime::now_utc().unix_timestamp()
+    }
+
+    #[test]
+    fn plan_keeps_a_healthy_bundle_untouched() {
+        let cfg = crate::config::AgentConfig::default();
+        let sans = vec!["a.ns.svc".to_string()];
+        let (b, why) = plan(None, &cfg, &sans, now()).expect("create");
+        assert_eq!(why.as_deref(), Some("created"));
+        let (b2, why2) = plan(Some(&b), &cfg, &sans, now()).expect("keep");
+        assert_eq!(why2, None);
+        assert_eq!(b, b2);
+    }
+
+    #[test]
+    fn plan_reissues_on_san_change_and_near_expiry() {
+        let cfg = crate::config::AgentConfig::default();
+        let (b, _) = plan(None, &cfg, &["a.ns.svc".to_string()], now()).expect("create");
+        let (b2, why) = plan(Some(&b), &cfg, &["b.ns.svc".to_string()], now()).expect("sans");
+        assert_eq!(why.as_deref(), Some("serving certificate SANs changed"));
+        assert_eq!(b2.ca, b.ca, "same CA");
+        assert_ne!(b2.serving, b.serving);
+        // 25 of 30 days later, under 33% left: renew the serving cert, keep the CA.
+        let later = now() + 25 * 86_400;
+        let (b3, why) = plan(Some(&b2), &cfg, &["b.ns.svc".to_string()], later).expect("renew");
+        assert_eq!(
+            why.as_deref(),
+            Some("serving certificate renewed before expiry")
+        );
+        assert_eq!(b3.ca, b2.ca);
+    }
+
+    #[test]
+    fn ca_rotation_keeps_the_old_ca_in_the_bundle_until_it_expires() {
+        let cfg = crate::config::AgentConfig::default();
+        let sans = vec!["a.ns.svc".to_string()];
+        let (b, _) = plan(None, &cfg, &sans, now()).expect("create");
+        let late = now() + 300 * 86_400; // under a third of 365 days left
+        let (r, why) = plan(Some(&b), &cfg, &sans, late).expect("rotate");
+        assert!(why.expect("changed").contains("CA rotated"));
+        assert_ne!(r.ca, b.ca);
+        let bundle = r.ca_bundle_pem();
+        assert!(bundle.contains(&b.ca.cert_pem) && bundle.contains(&r.ca.cert_pem));
+        // After the old CA's expiry it is dropped.
+        let after = now() + 400 * 86_400;
+        let (d, why) = plan(Some(&r), &cfg, &sans, after).expect("drop");
+        assert!(!d.ca_bundle_pem().contains(&b.ca.cert_pem), "{why:?}");
+    }
+
+    #[test]
+    fn bundle_round_trips_through_secret_data() {
+        let cfg = crate::config::AgentConfig::default();
+        let b = CertBundle::generate(&cfg, &["a.ns.svc".to_string()]).expect("gen");
+        let to_bytes = |m: std::collections::BTreeMap<String, String>| {
+            m.into_iter().map(|(k, v)| (k, v.into_bytes())).collect()
+        };
+        let back = CertBundle::from_secret_data(
+            &to_bytes(b.ca_secret_data()),
+            &to_bytes(b.tls_secret_data()),
+        );
+        assert_eq!(back, Some(b));
+        assert_eq!(
+            CertBundle::from_secret_data(&Default::default(), &Default::default()),
+            None
+        );
+    }
+
+    #[test]
+    fn debug_never_prints_keys() {
+        let ca = generate_ca("test-ca", Duration::days(1)).expect("ca");
+        let dbg = format!("{ca:?}");
+        assert!(!dbg.contains("PRIVATE KEY"));
+    }
+}

@@ -1,0 +1,66 @@
+//! The command line: one binary, several commands (DESIGN.md, "One binary").
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::telemetry::{self, LogFormat};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "hcp-fleet-agent",
+    version,
+    about = "Admission webhooks across a HyperShift fleet"
+)]
+pub struct Cli {
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "HCP_FLEET_LOG_FORMAT")]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// The controller on the management cluster.
+    Agent,
+    /// The admission service the agent deploys into each HCP namespace.
+    Webhook,
+    /// A local fleet: etcd, a management and N hosted kube-apiservers, HCP fixtures.
+    Dev(crate::dev::DevArgs),
+    /// The fleet table, read from the Policies.
+    Status,
+    /// Print every manifest the agent would apply for an HCP.
+    Render,
+}
+
+/// Exit code for a command that exists in the CLI but is not implemented yet.
+const EXIT_NOT_IMPLEMENTED: u8 = 3;
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    telemetry::init(cli.log_format);
+    crate::tls::install_crypto_provider();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match cli.command {
+        Command::Dev(args) => runtime.block_on(crate::dev::run(args)),
+        Command::Agent | Command::Webhook | Command::Status | Command::Render => {
+            let name = match cli.command {
+                Command::Agent => "agent",
+                Command::Webhook => "webhook",
+                Command::Status => "status",
+                _ => "render",
+            };
+            eprintln!("error: `hcp-fleet-agent {name}` is not built yet (see the open issues)");
+            ExitCode::from(EXIT_NOT_IMPLEMENTED)
+        }
+    }
+}

@@ -1,0 +1,597 @@
+//! The agent's configuration: a YAML file (the chart mounts it from a ConfigMap) with flag and
+//! environment overrides. Validated at load against DESIGN.md's guardrails (step 5): a bad file
+//! is refused with every problem listed, and a running agent keeps its last good configuration.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// Namespaces whose requests webhooks never see (prefixes end in '-').
+pub const CRITICAL_NAMESPACES: &[&str] = &["kube-", "openshift-", "hypershift", "default"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: not valid configuration YAML: {reason}")]
+    Parse { path: String, reason: String },
+    #[error("{path}: {} problem(s):\n  - {}", problems.len(), problems.join("\n  - "))]
+    Invalid { path: String, problems: Vec<String> },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AgentConfig {
+    #[serde(default = "default_webhooks")]
+    pub webhooks: Vec<WebhookDefinition>,
+    #[serde(default)]
+    pub admission: AdmissionConfig,
+    #[serde(default)]
+    pub hosted_access: HostedAccessConfig,
+    #[serde(default)]
+    pub certificates: CertificateConfig,
+    /// How many HCPs reconcile at once.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: u16,
+}
+
+fn default_concurrency() -> u16 {
+    16
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            webhooks: default_webhooks(),
+            admission: AdmissionConfig::default(),
+            hosted_access: HostedAccessConfig::default(),
+            certificates: CertificateConfig::default(),
+            concurrency: default_concurrency(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WebhookKind {
+    Validating,
+    Mutating,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Deny with a clear message.
+    #[default]
+    Enforce,
+    /// Allow, with a warning and an audit annotation.
+    Warn,
+    /// Not installed in the hosted cluster.
+    Off,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum FailurePolicy {
+    #[default]
+    Ignore,
+    Fail,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WebhookDefinition {
+    /// Fully qualified webhook name, e.g. `protected-rbac.hcp-fleet.openshift.io`.
+    pub name: String,
+    pub kind: WebhookKind,
+    /// The admission service's path for this webhook, e.g. `/validate/protected-rbac`.
+    pub path: String,
+    pub rules: Vec<Rule>,
+    #[serde(default)]
+    pub failure_policy: FailurePolicy,
+    #[serde(default = "default_timeout")]
+    pub timeout_seconds: i32,
+    #[serde(default)]
+    pub namespace_selector: Option<LabelSelector>,
+    #[serde(default)]
+    pub object_selector: Option<LabelSelector>,
+    #[serde(default)]
+    pub mode: Mode,
+}
+
+fn default_timeout() -> i32 {
+    2
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Rule {
+    pub operations: Vec<String>,
+    pub api_groups: Vec<String>,
+    pub api_versions: Vec<String>,
+    pub resources: Vec<String>,
+    #[serde(default)]
+    pub scope: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LabelSelector {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub match_labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub match_expressions: Vec<LabelSelectorRequirement>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LabelSelectorRequirement {
+    pub key: String,
+    pub operator: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AdmissionConfig {
+    pub image: String,
+    pub replicas: i32,
+    /// The Service name in each HCP namespace. Must not start with the name of a HyperShift
+    /// control-plane Service: HyperShift matches guest webhook URLs by substring.
+    pub service_name: String,
+    pub port: i32,
+    pub resources: Resources,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        Self {
+            image: "quay.io/hcp-fleet/hcp-fleet-agent:latest".into(),
+            replicas: 2,
+            service_name: "hcp-fleet-admission".into(),
+            port: 8443,
+            resources: Resources::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Resources {
+    pub cpu_request: String,
+    pub memory_request: String,
+    pub memory_limit: String,
+}
+
+impl Default for Resources {
+    fn default() -> Self {
+        Self {
+            cpu_request: "10m".into(),
+            memory_request: "32Mi".into(),
+            memory_limit: "128Mi".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HostedAccessConfig {
+    /// The secret in each HCP namespace holding the hosted cluster's kubeconfig.
+    pub kubeconfig_secret: String,
+    pub kubeconfig_key: String,
+    /// Server URL rewrites, applied in order to the kubeconfig's server (first match wins).
+    /// `{namespace}` in `to` is the HCP namespace.
+    pub server_rewrites: Vec<ServerRewrite>,
+    /// Timeout of every call to a hosted kube-apiserver.
+    pub request_timeout_seconds: u32,
+}
+
+impl Default for HostedAccessConfig {
+    fn default() -> Self {
+        Self {
+            kubeconfig_secret: "service-network-admin-kubeconfig".into(),
+            kubeconfig_key: "kubeconfig".into(),
+            // The in-namespace name resolves only inside the HCP namespace; the agent runs
+            // elsewhere.
+            server_rewrites: vec![ServerRewrite {
+                from: "https://kube-apiserver:6443".into(),
+                to: "https://kube-apiserver.{namespace}.svc:6443".into(),
+            }],
+            request_timeout_seconds: 10,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ServerRewrite {
+    pub from: String,
+    pub to: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CertificateConfig {
+    pub ca_lifetime_days: u32,
+    pub serving_lifetime_days: u32,
+    /// Renew the serving certificate when less than this fraction (percent) of its life is
+    /// left; the CA likewise.
+    pub renew_at_remaining_percent: u32,
+}
+
+impl Default for CertificateConfig {
+    fn default() -> Self {
+        Self {
+            ca_lifetime_days: 365,
+            serving_lifetime_days: 30,
+            renew_at_remaining_percent: 33,
+        }
+    }
+}
+
+/// The built-in webhooks (the admission service implements their paths).
+pub fn default_webhooks() -> Vec<WebhookDefinition> {
+    let rule = |ops: &[&str], groups: &[&str], resources: &[&str]| Rule {
+        operations: ops.iter().map(|s| s.to_string()).collect(),
+        api_groups: groups.iter().map(|s| s.to_string()).collect(),
+        api_versions: vec!["*".into()],
+        resources: resources.iter().map(|s| s.to_string()).collect(),
+        scope: None,
+    };
+    vec![
+        WebhookDefinition {
+            name: "protected-rbac.hcp-fleet.openshift.io".into(),
+            kind: WebhookKind::Validating,
+            path: "/validate/protected-rbac".into(),
+            rules: vec![rule(
+                &["DELETE"],
+                &["rbac.authorization.k8s.io"],
+                &["clusterroles", "clusterrolebindings"],
+            )],
+            failure_policy: FailurePolicy::Ignore,
+            timeout_seconds: 2,
+            namespace_selector: None,
+            object_selector: None,
+            mode: Mode::Enforce,
+        },
+        WebhookDefinition {
+            name: "featuregate.hcp-fleet.openshift.io".into(),
+            kind: WebhookKind::Validating,
+            path: "/validate/featuregate".into(),
+            rules: vec![rule(
+                &["CREATE", "UPDATE"],
+                &["config.openshift.io"],
+                &["featuregates"],
+            )],
+            failure_policy: FailurePolicy::Ignore,
+            timeout_seconds: 2,
+            namespace_selector: None,
+            object_selector: None,
+            mode: Mode::Enforce,
+        },
+        WebhookDefinition {
+            name: "service-annotation.hcp-fleet.openshift.io".into(),
+            kind: WebhookKind::Mutating,
+            path: "/mutate/service-annotation".into(),
+            rules: vec![rule(&["CREATE"], &[""], &["services"])],
+            failure_policy: FailurePolicy::Ignore,
+            timeout_seconds: 2,
+            namespace_selector: None,
+            object_selector: None,
+            mode: Mode::Warn,
+        },
+    ]
+}
+
+/// HyperShift control-plane Service names (a guest webhook URL whose host starts with one of
+/// these is taken for a control-plane webhook and removed).
+const CONTROL_PLANE_SERVICES: &[&str] = &[
+    "kube-apiserver",
+    "openshift-apiserver",
+    "oauth-openshift",
+    "openshift-oauth-apiserver",
+    "packageserver",
+    "etcd",
+    "konnectivity",
+    "ignition-server",
+];
+
+const OPERATIONS: &[&str] = &["*", "CREATE", "UPDATE", "DELETE", "CONNECT"];
+
+/// Does this rule reach the objects the agent owns (webhook configurations)?
+fn rule_hits_webhook_configs(r: &Rule) -> bool {
+    let group = r
+        .api_groups
+        .iter()
+        .any(|g| g == "*" || g == "admissionregistration.k8s.io");
+    let resource = r.resources.iter().any(|res| {
+        let base = res.split('/').next().unwrap_or(res);
+        base == "*"
+            || base == "validatingwebhookconfigurations"
+            || base == "mutatingwebhookconfigurations"
+    });
+    group && resource
+}
+
+fn is_dns_subdomain(s: &str) -> bool {
+    crate::certificates::validate_dns_name(s).is_ok()
+}
+
+impl AgentConfig {
+    /// Every guardrail violation, as sentences an operator can act on.
+    pub fn problems(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        if self.concurrency == 0 {
+            p.push("concurrency must be at least 1".into());
+        }
+        let a = &self.admission;
+        if a.image.trim().is_empty() {
+            p.push("admission.image must be set".into());
+        }
+        if !(1..=10).contains(&a.replicas) {
+            p.push(format!(
+                "admission.replicas must be 1 to 10, got {}",
+                a.replicas
+            ));
+        }
+        if !(1..=65535).contains(&a.port) {
+            p.push(format!("admission.port must be 1 to 65535, got {}", a.port));
+        }
+        if !is_dns_subdomain(&a.service_name) || a.service_name.contains('.') {
+            p.push(format!(
+                "admission.serviceName {:?} must be a DNS-1123 label",
+                a.service_name
+            ));
+        }
+        for cp in CONTROL_PLANE_SERVICES {
+            if a.service_name.starts_with(cp) {
+                p.push(format!(
+                    "admission.serviceName {:?} starts with the control-plane Service name {cp:?}; HyperShift would treat its webhooks as its own",
+                    a.service_name
+                ));
+            }
+        }
+        let h = &self.hosted_access;
+        if h.kubeconfig_secret.is_empty() || h.kubeconfig_key.is_empty() {
+            p.push("hostedAccess.kubeconfigSecret and kubeconfigKey must be set".into());
+        }
+        if !(1..=60).contains(&h.request_timeout_seconds) {
+            p.push("hostedAccess.requestTimeoutSeconds must be 1 to 60".into());
+        }
+        for rw in &h.server_rewrites {
+            if !rw.to.starts_with("https://") {
+                p.push(format!(
+                    "hostedAccess.serverRewrites: {:?} must be an https:// URL",
+                    rw.to
+                ));
+            }
+        }
+        let c = &self.certificates;
+        if c.serving_lifetime_days == 0 || c.ca_lifetime_days <= c.serving_lifetime_days {
+            p.push("certificates: caLifetimeDays must exceed servingLifetimeDays > 0".into());
+        }
+        if !(1..=90).contains(&c.renew_at_remaining_percent) {
+            p.push("certificates.renewAtRemainingPercent must be 1 to 90".into());
+        }
+
+        let mut names = BTreeSet::new();
+        let mut paths = BTreeSet::new();
+        for w in &self.webhooks {
+            let at = format!("webhook {:?}", w.name);
+            if !is_dns_subdomain(&w.name) || w.name.split('.').count() < 3 {
+                p.push(format!(
+                    "{at}: name must be a fully qualified DNS name with at least three labels"
+                ));
+            }
+            if !names.insert(&w.name) {
+                p.push(format!("{at}: duplicate name"));
+            }
+            if !w.path.starts_with('/')
+                || w.path.contains("..")
+                || w.path
+                    .chars()
+                    .any(|ch| ch.is_whitespace() || ch == '?' || ch == '#')
+            {
+                p.push(format!(
+                    "{at}: path {:?} must start with '/' and hold no '..', whitespace, '?' or '#'",
+                    w.path
+                ));
+            }
+            if !paths.insert(&w.path) {
+                p.push(format!("{at}: path {:?} used twice", w.path));
+            }
+            if !(1..=5).contains(&w.timeout_seconds) {
+                p.push(format!(
+                    "{at}: timeoutSeconds must be 1 to 5 (a slow webhook stalls every write), got {}",
+                    w.timeout_seconds
+                ));
+            }
+            if w.rules.is_empty() {
+                p.push(format!("{at}: needs at least one rule"));
+            }
+            for (i, r) in w.rules.iter().enumerate() {
+                if r.operations.is_empty()
+                    || r.api_groups.is_empty()
+                    || r.api_versions.is_empty()
+                    || r.resources.is_empty()
+                {
+                    p.push(format!(
+                        "{at}: rule {i}: operations, apiGroups, apiVersions and resources must all be non-empty"
+                    ));
+                }
+                for op in &r.operations {
+                    if !OPERATIONS.contains(&op.as_str()) {
+                        p.push(format!("{at}: rule {i}: unknown operation {op:?}"));
+                    }
+                }
+                if rule_hits_webhook_configs(r) {
+                    p.push(format!(
+                        "{at}: rule {i} matches webhook configurations (a webhook must never be able to block its own repair)"
+                    ));
+                }
+                if let Some(scope) = &r.scope
+                    && !["*", "Cluster", "Namespaced"].contains(&scope.as_str())
+                {
+                    p.push(format!(
+                        "{at}: rule {i}: scope must be *, Cluster or Namespaced"
+                    ));
+                }
+            }
+            for sel in [&w.namespace_selector, &w.object_selector]
+                .into_iter()
+                .flatten()
+            {
+                for e in &sel.match_expressions {
+                    let ok = match e.operator.as_str() {
+                        "In" | "NotIn" => !e.values.is_empty(),
+                        "Exists" | "DoesNotExist" => e.values.is_empty(),
+                        _ => false,
+                    };
+                    if !ok {
+                        p.push(format!(
+                            "{at}: selector expression on {:?}: operator {:?} with {} value(s) is invalid",
+                            e.key,
+                            e.operator,
+                            e.values.len()
+                        ));
+                    }
+                }
+            }
+        }
+        p
+    }
+
+    /// Parses and validates; every problem is reported at once.
+    pub fn from_yaml(path: &str, text: &str) -> Result<Self, ConfigError> {
+        let cfg: AgentConfig = serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_string(),
+            reason: e.to_string(),
+        })?;
+        cfg.validated(path)
+    }
+
+    pub fn validated(self, path: &str) -> Result<Self, ConfigError> {
+        let problems = self.problems();
+        if problems.is_empty() {
+            Ok(self)
+        } else {
+            Err(ConfigError::Invalid {
+                path: path.to_string(),
+                problems,
+            })
+        }
+    }
+
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let p = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: p.clone(),
+            source,
+        })?;
+        Self::from_yaml(&p, &text)
+    }
+
+    /// The webhooks that are installed (mode not `off`).
+    pub fn active_webhooks(&self) -> impl Iterator<Item = &WebhookDefinition> {
+        self.webhooks.iter().filter(|w| w.mode != Mode::Off)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        assert_eq!(AgentConfig::default().problems(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn empty_file_means_defaults() {
+        let cfg = AgentConfig::from_yaml("c.yaml", "{}").expect("valid");
+        assert_eq!(cfg, AgentConfig::default());
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_with_their_name() {
+        let err = AgentConfig::from_yaml("c.yaml", "concurency: 3\n").expect_err("typo");
+        assert!(err.to_string().contains("concurency"), "{err}");
+    }
+
+    #[test]
+    fn every_problem_is_listed_at_once() {
+        let yaml = r#"
+concurrency: 0
+admission:
+  image: ""
+  replicas: 2
+  serviceName: kube-apiserver-hooks
+  port: 8443
+  resources: {cpuRequest: 10m, memoryRequest: 32Mi, memoryLimit: 64Mi}
+webhooks:
+- name: grabby.example.com
+  kind: Validating
+  path: /v
+  timeoutSeconds: 30
+  rules:
+  - operations: ["*"]
+    apiGroups: ["*"]
+    apiVersions: ["*"]
+    resources: ["*"]
+- name: grabby.example.com
+  kind: Mutating
+  path: v2
+  rules:
+  - operations: [DESTROY]
+    apiGroups: [admissionregistration.k8s.io]
+    apiVersions: [v1]
+    resources: [validatingwebhookconfigurations]
+"#;
+        let err = AgentConfig::from_yaml("c.yaml", yaml).expect_err("invalid");
+        let ConfigError::Invalid { problems, .. } = &err else {
+            panic!("expected Invalid, got {err}");
+        };
+        let all = problems.join("\n");
+        for needle in [
+            "concurrency must be at least 1",
+            "admission.image must be set",
+            "starts with the control-plane Service name \"kube-apiserver\"",
+            "timeoutSeconds must be 1 to 5",
+            "rule 0 matches webhook configurations",
+            "duplicate name",
+            "path \"v2\" must start with '/'",
+            "unknown operation \"DESTROY\"",
+        ] {
+            assert!(all.contains(needle), "missing {needle:?} in:\n{all}");
+        }
+        assert_eq!(problems.len(), 9, "{all}");
+    }
+
+    #[test]
+    fn subresource_rules_on_webhook_configs_are_caught() {
+        let r = Rule {
+            operations: vec!["UPDATE".into()],
+            api_groups: vec!["admissionregistration.k8s.io".into()],
+            api_versions: vec!["v1".into()],
+            resources: vec!["mutatingwebhookconfigurations/status".into()],
+            scope: None,
+        };
+        assert!(rule_hits_webhook_configs(&r));
+        let r2 = Rule {
+            resources: vec!["pods".into()],
+            api_groups: vec!["".into()],
+            ..r
+        };
+        assert!(!rule_hits_webhook_configs(&r2));
+    }
+
+    #[test]
+    fn off_webhooks_are_not_active() {
+        let mut cfg = AgentConfig::default();
+        cfg.webhooks[0].mode = Mode::Off;
+        assert_eq!(cfg.active_webhooks().count(), cfg.webhooks.len() - 1);
+    }
+}

@@ -1,0 +1,30 @@
+//! Typed custom resources the agent reads and writes, and the CRD manifests the local control
+//! plane installs for them.
+//!
+//! The CRD manifests are hand-written (not derived from these structs) because they must match
+//! what HyperShift and ACM ship, not what serde would infer; `e2e/testbed.rs` proves the typed
+//! structs read and write objects that the served schemas accept.
+
+pub mod hostedcontrolplane;
+pub mod policy;
+
+pub use hostedcontrolplane::{HostedControlPlane, HostedControlPlaneStatus, SecretKeyRef};
+pub use policy::{
+    ClusterCompliance, ComplianceHistory, ComplianceState, Policy, PolicySpec, PolicyStatus,
+    PolicyTemplate, TemplateDetails,
+};
+
+/// The label HyperShift puts on every hosted control plane namespace.
+pub const HCP_NAMESPACE_LABEL: &str = "hypershift.openshift.io/hosted-control-plane";
+
+/// The CRD manifests of the types above (YAML), in install order.
+pub const CRD_MANIFESTS: &[(&str, &str)] = &[
+    (
+        "hostedcontrolplanes.hypershift.openshift.io",
+        include_str!("hostedcontrolplanes.yaml"),
+    ),
+    (
+        "policies.policy.open-cluster-management.io",
+        include_str!("policies.yaml"),
+    ),
+];

@@ -1,0 +1,125 @@
+//! `hcp-fleet-agent dev`: the whole job on an embedded default. Today it brings up the local
+//! fleet (etcd, a management kube-apiserver, N hosted kube-apiservers, HCP fixtures) and keeps
+//! it running until Ctrl-C; later issues run the agent and the admission services on it.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::localcp::{self, FleetOptions, LocalFleet};
+
+#[derive(Debug, clap::Args)]
+pub struct DevArgs {
+    /// How many hosted clusters (each a kube-apiserver and an HCP namespace).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(0..=64))]
+    pub hosted_clusters: u16,
+    /// A fixed port for the management kube-apiserver (default: any free port).
+    #[arg(long)]
+    pub management_port: Option<u16>,
+    /// Where to put the fleet's state directory (removed on exit).
+    #[arg(long)]
+    pub state_parent: Option<PathBuf>,
+    /// Directory with kube-apiserver, etcd and kubectl (default: KUBEBUILDER_ASSETS, then the
+    /// cache filled by hack/testbed-assets.sh).
+    #[arg(long, env = "KUBEBUILDER_ASSETS")]
+    pub assets: Option<PathBuf>,
+}
+
+pub async fn run(args: DevArgs) -> ExitCode {
+    let opts = FleetOptions {
+        assets_dir: args.assets.clone(),
+        management_port: args.management_port,
+        state_parent: args.state_parent.clone(),
+        ..FleetOptions::with_hosted(usize::from(args.hosted_clusters))
+    };
+    eprintln!(
+        "starting a local fleet: etcd, a management kube-apiserver and {} hosted kube-apiservers…",
+        args.hosted_clusters
+    );
+    // Ctrl-C during start-up must also clean up: race the start against the signal, so the
+    // half-built fleet is dropped (and its processes stopped) either way.
+    let started = tokio::select! {
+        r = LocalFleet::start(opts) => r,
+        _ = shutdown_signal() => {
+            eprintln!("interrupted during start-up; stopped everything");
+            return ExitCode::from(130);
+        }
+    };
+    let mut fleet = match started {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    print_summary(&fleet, args.assets.as_deref());
+    shutdown_signal().await;
+    eprintln!("stopping the local fleet…");
+    fleet.shutdown();
+    drop(fleet);
+    eprintln!("stopped; state directory removed");
+    ExitCode::SUCCESS
+}
+
+fn print_summary(fleet: &LocalFleet, assets: Option<&std::path::Path>) {
+    let kubectl = localcp::Assets::resolve(assets)
+        .map(|a| a.kubectl.display().to_string())
+        .unwrap_or_else(|_| "kubectl".to_string());
+    println!("Local fleet is up. State: {}", fleet.state_dir().display());
+    println!();
+    println!("  {:<12} {:<26} KUBECONFIG", "CLUSTER", "API SERVER");
+    println!(
+        "  {:<12} {:<26} {}",
+        "management",
+        fleet.management.url(),
+        fleet.management.kubeconfig_path.display()
+    );
+    for (name, s) in &fleet.hosted {
+        println!(
+            "  {:<12} {:<26} {}",
+            name,
+            s.url(),
+            s.kubeconfig_path.display()
+        );
+    }
+    println!();
+    println!(
+        "Try (kubectl {} matches the servers):",
+        localcp::assets::KUBE_VERSION
+    );
+    println!(
+        "  {kubectl} --kubeconfig {} get hostedcontrolplanes -A",
+        fleet.management.kubeconfig_path.display()
+    );
+    if let Some((_, s)) = fleet.hosted.iter().next() {
+        println!(
+            "  {kubectl} --kubeconfig {} get namespaces",
+            s.kubeconfig_path.display()
+        );
+    }
+    let pids: Vec<String> = fleet.pids().iter().map(u32::to_string).collect();
+    println!();
+    println!("pids: {}", pids.join(" "));
+    println!("Press Ctrl-C to stop; every process is stopped and the state directory removed.");
+    println!("READY");
+}
+
+/// SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(mut int), Ok(mut term)) => {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+        }
+        _ => {
+            // Without signal handlers, Ctrl-C would kill us before Drop runs; PDEATHSIG
+            // still takes the children down with us.
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

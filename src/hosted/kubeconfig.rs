@@ -1,0 +1,394 @@
+//! Hosted cluster kubeconfigs: strict validation of a secret's kubeconfig before anything
+//! uses it (DESIGN.md step 4), and the server rewrite.
+//!
+//! The check is an allow-list on the raw document, not on kube's typed `Kubeconfig`: a typed
+//! parse would silently drop fields it does not know, and keep ones (exec, tokenFile) that run
+//! programs or read the agent's own files. A hostile secret must never do either.
+
+use serde_json::Value;
+
+use crate::config::ServerRewrite;
+
+/// Larger kubeconfigs are refused before parsing.
+pub const MAX_KUBECONFIG_BYTES: usize = 256 * 1024;
+
+const TOP_KEYS: &[&str] = &[
+    "apiVersion",
+    "kind",
+    "clusters",
+    "users",
+    "contexts",
+    "current-context",
+    "preferences",
+    "extensions",
+];
+const CLUSTER_KEYS: &[&str] = &[
+    "server",
+    "certificate-authority-data",
+    "tls-server-name",
+    "extensions",
+];
+const USER_KEYS: &[&str] = &[
+    "client-certificate-data",
+    "client-key-data",
+    "token",
+    "username",
+    "password",
+    "extensions",
+];
+const CONTEXT_KEYS: &[&str] = &["cluster", "user", "namespace", "extensions"];
+
+/// Why a kubeconfig was refused. Messages name the field, never its value (which may be a
+/// credential).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KubeconfigError {
+    #[error("kubeconfig is {0} bytes, over the {MAX_KUBECONFIG_BYTES}-byte limit")]
+    TooLarge(usize),
+    #[error("kubeconfig is not valid YAML: {0}")]
+    Syntax(String),
+    #[error("kubeconfig field {field} is not allowed: {why}")]
+    Forbidden { field: String, why: &'static str },
+    #[error("kubeconfig is incomplete: {0}")]
+    Incomplete(String),
+}
+
+/// A kubeconfig that passed validation, with its server already rewritten.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ValidKubeconfig {
+    pub yaml: String,
+    pub server: String,
+}
+
+impl std::fmt::Debug for ValidKubeconfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ValidKubeconfig")
+            .field("server", &self.server)
+            .finish_non_exhaustive()
+    }
+}
+
+fn why_forbidden(key: &str) -> &'static str {
+    match key {
+        "exec" | "auth-provider" => "it would run a program or plugin inside the agent",
+        "tokenFile" | "client-certificate" | "client-key" | "certificate-authority" => {
+            "it would read a file from the agent's own file system"
+        }
+        "proxy-url" => "it would send the agent's traffic through an arbitrary proxy",
+        "insecure-skip-tls-verify" => "it would disable TLS verification",
+        "as" | "as-groups" | "as-uid" | "as-user-extra" => "impersonation is not allowed",
+        _ => "only self-contained fields are accepted",
+    }
+}
+
+fn check_keys(obj: &Value, allowed: &[&str], path: &str) -> Result<(), KubeconfigError> {
+    let Some(map) = obj.as_object() else {
+        return Err(KubeconfigError::Incomplete(format!(
+            "{path} must be a mapping"
+        )));
+    };
+    // Sorted so the first complaint is deterministic.
+    let mut keys: Vec<&String> = map.keys().collect();
+    keys.sort();
+    for k in keys {
+        if !allowed.contains(&k.as_str()) {
+            return Err(KubeconfigError::Forbidden {
+                field: format!("{path}.{k}"),
+                why: why_forbidden(k),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn named_entries<'a>(
+    doc: &'a Value,
+    list: &str,
+    inner: &str,
+    allowed: &[&str],
+) -> Result<Vec<(String, &'a Value)>, KubeconfigError> {
+    let mut out = Vec::new();
+    let Some(items) = doc.get(list) else {
+        return Ok(out);
+    };
+    let Some(items) = items.as_array() else {
+        return Err(KubeconfigError::Incomplete(format!(
+            "{list} must be a list"
+        )));
+    };
+    for (i, item) in items.iter().enumerate() {
+        let name = item
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| KubeconfigError::Incomplete(format!("{list}[{i}] has no name")))?;
+        let body = item
+            .get(inner)
+            .ok_or_else(|| KubeconfigError::Incomplete(format!("{list}[{i}] has no {inner}")))?;
+        check_keys(body, allowed, &format!("{list}[{i}].{inner}"))?;
+        out.push((name.to_string(), body));
+    }
+    Ok(out)
+}
+
+/// Validates a kubeconfig from a secret and applies the first matching server rewrite
+/// (`{namespace}` in the target becomes `namespace`). Every user, cluster and context is
+/// checked, not only the current one: the document is what gets parsed later.
+pub fn validate(
+    raw: &[u8],
+    namespace: &str,
+    rewrites: &[ServerRewrite],
+) -> Result<ValidKubeconfig, KubeconfigError> {
+    if raw.len() > MAX_KUBECONFIG_BYTES {
+        return Err(KubeconfigError::TooLarge(raw.len()));
+    }
+    let text = std::str::from_utf8(raw).map_err(|_| KubeconfigError::Syntax("not UTF-8".into()))?;
+    let mut doc: Value =
+        serde_saphyr::from_str(text).map_err(|e| KubeconfigError::Syntax(e.to_string()))?;
+    check_keys(&doc, TOP_KEYS, "kubeconfig")?;
+    let clusters = named_entries(&doc, "clusters", "cluster", CLUSTER_KEYS)?;
+    named_entries(&doc, "users", "user", USER_KEYS)?;
+    let contexts = named_entries(&doc, "contexts", "context", CONTEXT_KEYS)?;
+
+    let current = doc
+        .get("current-context")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .or_else(|| (contexts.len() == 1).then(|| contexts[0].0.clone()))
+        .ok_or_else(|| KubeconfigError::Incomplete("no current-context".into()))?;
+    let ctx = contexts
+        .iter()
+        .find(|(n, _)| *n == current)
+        .map(|(_, c)| *c)
+        .ok_or_else(|| {
+            KubeconfigError::Incomplete(format!("current-context {current:?} is not defined"))
+        })?;
+    let cluster_name = ctx
+        .get("cluster")
+        .and_then(Value::as_str)
+        .ok_or_else(|| KubeconfigError::Incomplete("current context names no cluster".into()))?
+        .to_string();
+    let user_name = ctx
+        .get("user")
+        .and_then(Value::as_str)
+        .ok_or_else(|| KubeconfigError::Incomplete("current context names no user".into()))?;
+    let cluster = clusters
+        .iter()
+        .find(|(n, _)| *n == cluster_name)
+        .map(|(_, c)| *c)
+        .ok_or_else(|| {
+            KubeconfigError::Incomplete(format!("cluster {cluster_name:?} is not defined"))
+        })?;
+    let server = cluster
+        .get("server")
+        .and_then(Value::as_str)
+        .ok_or_else(|| KubeconfigError::Incomplete("cluster has no server".into()))?;
+    if !server.starts_with("https://") {
+        return Err(KubeconfigError::Forbidden {
+            field: "cluster.server".into(),
+            why: "only https:// servers are accepted",
+        });
+    }
+    if cluster.get("certificate-authority-data").is_none() {
+        return Err(KubeconfigError::Incomplete(
+            "cluster has no certificate-authority-data".into(),
+        ));
+    }
+    let user_ok = doc
+        .get("users")
+        .and_then(Value::as_array)
+        .and_then(|u| {
+            u.iter()
+                .find(|e| e.get("name").and_then(Value::as_str) == Some(user_name))
+        })
+        .and_then(|e| e.get("user"))
+        .is_some_and(|u| {
+            (u.get("client-certificate-data").is_some() && u.get("client-key-data").is_some())
+                || u.get("token").is_some()
+                || u.get("username").is_some()
+        });
+    if !user_ok {
+        return Err(KubeconfigError::Incomplete(format!(
+            "user {user_name:?} has no client certificate, token or basic credentials"
+        )));
+    }
+
+    let rewritten = rewrite_server(server, namespace, rewrites);
+    if rewritten != server
+        && let Some(items) = doc.get_mut("clusters").and_then(Value::as_array_mut)
+    {
+        for item in items {
+            if item.get("name").and_then(Value::as_str) == Some(cluster_name.as_str())
+                && let Some(s) = item.get_mut("cluster").and_then(|c| c.get_mut("server"))
+            {
+                *s = Value::String(rewritten.clone());
+            }
+        }
+    }
+    // JSON is YAML; kube's parser takes it as is.
+    let yaml = serde_json::to_string(&doc).map_err(|e| KubeconfigError::Syntax(e.to_string()))?;
+    Ok(ValidKubeconfig {
+        yaml,
+        server: rewritten,
+    })
+}
+
+/// The first rewrite whose `from` equals the server (ignoring a trailing '/') wins.
+pub fn rewrite_server(server: &str, namespace: &str, rewrites: &[ServerRewrite]) -> String {
+    let norm = server.trim_end_matches('/');
+    for rw in rewrites {
+        if rw.from.trim_end_matches('/') == norm {
+            return rw.to.replace("{namespace}", namespace);
+        }
+    }
+    server.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::HostedAccessConfig;
+
+    fn kc(cluster_extra: &str, user: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://kube-apiserver:6443\n    certificate-authority-data: Zm9v\n{cluster_extra}users:\n- name: u\n  user:\n{user}contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
+        )
+    }
+    const CERT_USER: &str = "    client-certificate-data: Zm9v\n    client-key-data: YmFy\n";
+
+    fn check(doc: &str) -> Result<ValidKubeconfig, KubeconfigError> {
+        validate(
+            doc.as_bytes(),
+            "clusters-hc-1",
+            &HostedAccessConfig::default().server_rewrites,
+        )
+    }
+
+    #[test]
+    fn self_contained_kubeconfig_is_accepted_and_rewritten() {
+        let v = check(&kc("", CERT_USER)).expect("valid");
+        assert_eq!(v.server, "https://kube-apiserver.clusters-hc-1.svc:6443");
+        assert!(v.yaml.contains("kube-apiserver.clusters-hc-1.svc"));
+        // and kube can parse what we hand it
+        kube::config::Kubeconfig::from_yaml(&v.yaml).expect("kube parses it");
+    }
+
+    #[test]
+    fn hostile_fields_are_refused_by_name() {
+        let cases = [
+            (
+                kc(
+                    "",
+                    "    exec:\n      command: /bin/touch\n      apiVersion: client.authentication.k8s.io/v1\n",
+                ),
+                "users[0].user.exec",
+                "run a program",
+            ),
+            (
+                kc("", "    auth-provider:\n      name: gcp\n"),
+                "users[0].user.auth-provider",
+                "run a program",
+            ),
+            (
+                kc(
+                    "",
+                    "    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token\n",
+                ),
+                "users[0].user.tokenFile",
+                "read a file",
+            ),
+            (
+                kc(
+                    "",
+                    "    client-certificate: /etc/cert\n    client-key: /etc/key\n",
+                ),
+                "users[0].user.client-certificate",
+                "read a file",
+            ),
+            (
+                kc("    certificate-authority: /etc/ca\n", CERT_USER),
+                "clusters[0].cluster.certificate-authority",
+                "read a file",
+            ),
+            (
+                kc("    proxy-url: http://evil:3128\n", CERT_USER),
+                "clusters[0].cluster.proxy-url",
+                "proxy",
+            ),
+            (
+                kc("    insecure-skip-tls-verify: true\n", CERT_USER),
+                "clusters[0].cluster.insecure-skip-tls-verify",
+                "TLS",
+            ),
+        ];
+        for (doc, field, why) in cases {
+            let err = check(&doc).expect_err(field);
+            let msg = err.to_string();
+            assert!(msg.contains(field) && msg.contains(why), "{field}: {msg}");
+        }
+    }
+
+    #[test]
+    fn key_path_in_a_non_current_user_is_still_refused() {
+        let doc = kc("", CERT_USER).replace(
+            "contexts:",
+            "- name: other\n  user:\n    client-key: /root/.ssh/id_rsa\ncontexts:",
+        );
+        let err = check(&doc).expect_err("refused");
+        assert!(
+            err.to_string().contains("users[1].user.client-key"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn malformed_and_incomplete_are_clear() {
+        assert!(matches!(check("{{{"), Err(KubeconfigError::Syntax(_))));
+        assert!(matches!(check("[]"), Err(KubeconfigError::Incomplete(_))));
+        let no_creds = kc("", "    extensions: []\n");
+        assert!(matches!(
+            check(&no_creds),
+            Err(KubeconfigError::Incomplete(_))
+        ));
+        let http = kc("", CERT_USER).replace("https://kube-apiserver:6443", "http://x");
+        assert!(matches!(
+            check(&http),
+            Err(KubeconfigError::Forbidden { .. })
+        ));
+        let big = vec![b'a'; MAX_KUBECONFIG_BYTES + 1];
+        assert!(matches!(
+            validate(&big, "ns", &[]),
+            Err(KubeconfigError::TooLarge(_))
+        ));
+        assert!(matches!(
+            validate(&[0xff, 0xfe], "ns", &[]),
+            Err(KubeconfigError::Syntax(_))
+        ));
+    }
+
+    #[test]
+    fn errors_never_echo_credentials() {
+        let doc = kc("", "    token: s3cr3t-token\n    tokenFile: /x\n");
+        let msg = check(&doc).expect_err("refused").to_string();
+        assert!(!msg.contains("s3cr3t"), "{msg}");
+    }
+
+    #[test]
+    fn servers_without_a_matching_rewrite_are_kept() {
+        assert_eq!(
+            rewrite_server(
+                "https://127.0.0.1:1234",
+                "ns",
+                &HostedAccessConfig::default().server_rewrites
+            ),
+            "https://127.0.0.1:1234"
+        );
+        assert_eq!(
+            rewrite_server(
+                "https://kube-apiserver:6443/",
+                "ns",
+                &HostedAccessConfig::default().server_rewrites
+            ),
+            "https://kube-apiserver.ns.svc:6443"
+        );
+    }
+}

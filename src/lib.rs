@@ -1,0 +1,14 @@
+//! hcp-fleet-agent: admission webhooks across a HyperShift fleet.
+//!
+//! One module per concern; see docs/architecture.md for how they fit together.
+
+pub mod certificates;
+pub mod cli;
+pub mod config;
+pub mod crd;
+pub mod dev;
+pub mod hosted;
+pub mod localcp;
+pub mod management;
+pub mod telemetry;
+pub mod tls;

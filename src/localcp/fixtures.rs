@@ -1,0 +1,194 @@
+//! Management-cluster objects as HyperShift creates them, for the local control plane: the
+//! project's CRDs and, per hosted cluster, its HCP namespace, kubeconfig secrets and a ready
+//! HostedControlPlane.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+
+use super::LocalCpError;
+use crate::crd::hostedcontrolplane::{HcpCondition, HostedControlPlaneSpec};
+use crate::crd::{
+    CRD_MANIFESTS, HCP_NAMESPACE_LABEL, HostedControlPlane, HostedControlPlaneStatus, SecretKeyRef,
+};
+
+const FIELD_MANAGER: &str = "hcp-fleet-agent-testbed";
+/// The secret the agent reads by default (DESIGN.md step 4).
+pub const SERVICE_NETWORK_KUBECONFIG: &str = "service-network-admin-kubeconfig";
+/// The secret HyperShift publishes in `status.kubeConfig`.
+pub const ADMIN_KUBECONFIG: &str = "admin-kubeconfig";
+
+/// `clusters-<name>`: a HostedCluster `<name>` in namespace `clusters`.
+pub fn hcp_namespace(name: &str) -> String {
+    format!("clusters-{name}")
+}
+
+fn kube_err(context: String) -> impl FnOnce(kube::Error) -> LocalCpError {
+    move |source| LocalCpError::Kube { context, source }
+}
+
+/// Installs (server-side apply) the project's CRDs and waits until they are served.
+pub async fn install_crds(client: &Client) -> Result<(), LocalCpError> {
+    install_crd_manifests(client, CRD_MANIFESTS.iter().map(|(n, y)| (*n, *y))).await
+}
+
+/// Installs CRD manifests given as (name, YAML) and waits for each to be Established.
+pub async fn install_crd_manifests<'a>(
+    client: &Client,
+    manifests: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Result<(), LocalCpError> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let pp = PatchParams::apply(FIELD_MANAGER).force();
+    let mut names = Vec::new();
+    for (name, yaml) in manifests {
+        let crd: CustomResourceDefinition =
+            serde_saphyr::from_str(yaml).map_err(|e| LocalCpError::Crd {
+                name: name.to_string(),
+                reason: format!("manifest does not parse: {e}"),
+            })?;
+        api.patch(name, &pp, &Patch::Apply(&crd))
+            .await
+            .map_err(kube_err(format!("applying CRD {name}")))?;
+        names.push(name.to_string());
+    }
+    for name in names {
+        let cond = kube::runtime::conditions::is_crd_established();
+        let wait = kube::runtime::wait::await_condition(api.clone(), &name, cond);
+        match tokio::time::timeout(Duration::from_secs(30), wait).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                return Err(LocalCpError::Crd {
+                    name,
+                    reason: format!("waiting for Established: {e}"),
+                });
+            }
+            Err(_) => {
+                return Err(LocalCpError::Crd {
+                    name,
+                    reason: "not Established within 30s".into(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Creates what HyperShift creates for hosted cluster `name`: namespace `clusters-<name>`
+/// (labelled), the kubeconfig secrets, and a HostedControlPlane with a ready status.
+pub async fn create_hcp(
+    client: &Client,
+    name: &str,
+    hosted_kubeconfig: &str,
+) -> Result<(), LocalCpError> {
+    let ns = hcp_namespace(name);
+    let pp = PatchParams::apply(FIELD_MANAGER).force();
+    let namespace: Namespace = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": ns, "labels": {HCP_NAMESPACE_LABEL: "true"}},
+    }))
+    .map_err(|e| LocalCpError::Crd {
+        name: "Namespace".into(),
+        reason: e.to_string(),
+    })?;
+    Api::<Namespace>::all(client.clone())
+        .patch(&ns, &pp, &Patch::Apply(&namespace))
+        .await
+        .map_err(kube_err(format!("creating namespace {ns}")))?;
+
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    for secret_name in [SERVICE_NETWORK_KUBECONFIG, ADMIN_KUBECONFIG] {
+        put_kubeconfig_secret(&secrets, secret_name, "kubeconfig", hosted_kubeconfig).await?;
+    }
+
+    let hcps: Api<HostedControlPlane> = Api::namespaced(client.clone(), &ns);
+    let mut extra = BTreeMap::new();
+    extra.insert("platform".to_string(), serde_json::json!({"type": "None"}));
+    extra.insert(
+        "releaseImage".to_string(),
+        serde_json::json!("quay.io/openshift-release-dev/ocp-release:4.17.0-x86_64"),
+    );
+    let mut hcp = HostedControlPlane::new(
+        name,
+        HostedControlPlaneSpec {
+            kubeconfig: None,
+            extra,
+        },
+    );
+    hcp.metadata.namespace = Some(ns.clone());
+    match hcps.create(&PostParams::default(), &hcp).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => return Err(kube_err(format!("creating HostedControlPlane {ns}/{name}"))(e)),
+    }
+    set_hcp_ready(client, &ns, name, true).await
+}
+
+/// Writes `status.ready` (and the published kubeconfig reference) of a HostedControlPlane.
+pub async fn set_hcp_ready(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    ready: bool,
+) -> Result<(), LocalCpError> {
+    let hcps: Api<HostedControlPlane> = Api::namespaced(client.clone(), ns);
+    let status = HostedControlPlaneStatus {
+        ready,
+        kube_config: Some(SecretKeyRef {
+            name: ADMIN_KUBECONFIG.into(),
+            key: "kubeconfig".into(),
+        }),
+        conditions: vec![HcpCondition {
+            type_: "Available".into(),
+            status: if ready { "True" } else { "False" }.into(),
+            reason: Some("AsExpected".into()),
+            message: None,
+            last_transition_time: Some(
+                jiff::Timestamp::now()
+                    .strftime("%Y-%m-%dT%H:%M:%SZ")
+                    .to_string(),
+            ),
+        }],
+        extra: BTreeMap::new(),
+    };
+    let patch = serde_json::json!({"status": status});
+    hcps.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(kube_err(format!(
+            "setting status of HostedControlPlane {ns}/{name}"
+        )))?;
+    Ok(())
+}
+
+/// Creates or replaces a secret holding `data` under `key` (tests use it for hostile input).
+pub async fn put_kubeconfig_secret(
+    secrets: &Api<Secret>,
+    name: &str,
+    key: &str,
+    data: &str,
+) -> Result<(), LocalCpError> {
+    let ns = secrets.namespace().unwrap_or_default().to_string();
+    let mut map = BTreeMap::new();
+    map.insert(key.to_string(), ByteString(data.as_bytes().to_vec()));
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(ns.clone()),
+            ..Default::default()
+        },
+        data: Some(map),
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    };
+    let pp = PatchParams::apply(FIELD_MANAGER).force();
+    secrets
+        .patch(name, &pp, &Patch::Apply(&secret))
+        .await
+        .map_err(kube_err(format!("writing secret {ns}/{name}")))?;
+    Ok(())
+}

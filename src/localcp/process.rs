@@ -1,0 +1,124 @@
+//! A child process of the local control plane that can never outlive us.
+//!
+//! Three layers keep it so: `Drop` kills and reaps it; each child asks the kernel to kill it
+//! when its parent thread dies (PR_SET_PDEATHSIG), which covers a SIGKILL of this process; and
+//! each child gets its own process group, so a Ctrl-C reaches only us and we stop the children
+//! in order (API servers before etcd) instead of all at once.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use super::LocalCpError;
+
+pub struct ManagedProcess {
+    component: String,
+    child: Option<Child>,
+    log_path: PathBuf,
+}
+
+impl ManagedProcess {
+    /// Starts `program` with stdout and stderr appended to `log_path`.
+    ///
+    /// Call from a long-lived thread (a runtime worker or the test's own thread, never a
+    /// `spawn_blocking` thread): PDEATHSIG fires when the *thread* that forked exits.
+    pub fn spawn(
+        component: &str,
+        program: &Path,
+        args: &[String],
+        log_path: &Path,
+    ) -> Result<Self, LocalCpError> {
+        let io_err = |source| LocalCpError::Io {
+            context: format!("opening log {} for {component}", log_path.display()),
+            source,
+        };
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(log_path)
+            .map_err(io_err)?;
+        let log2 = log.try_clone().map_err(io_err)?;
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .process_group(0);
+        // SAFETY: the closure runs in the forked child before exec and only calls prctl(2),
+        // which is async-signal-safe; it touches no memory shared with the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().map_err(|source| LocalCpError::Spawn {
+            component: component.to_string(),
+            program: program.to_path_buf(),
+            source,
+        })?;
+        Ok(Self {
+            component: component.to_string(),
+            child: Some(child),
+            log_path: log_path.to_path_buf(),
+        })
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// `Some(description)` once the process has exited.
+    pub fn exited(&mut self) -> Option<String> {
+        match self.child.as_mut().map(Child::try_wait) {
+            None => Some("stopped".to_string()),
+            Some(Ok(Some(status))) => Some(status.to_string()),
+            Some(Ok(None)) => None,
+            Some(Err(e)) => Some(format!("unknown ({e})")),
+        }
+    }
+
+    /// The last `lines` lines of the process's log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        log_tail(&self.log_path, lines)
+    }
+
+    pub fn component(&self) -> &str {
+        &self.component
+    }
+
+    /// Kills and reaps the process. Idempotent.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // The test bed's servers hold nothing worth a graceful shutdown, and SIGKILL
+            // cannot be ignored, so stopping never hangs.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for ManagedProcess {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The last `lines` lines of a log file (at most the last 64 KiB are read).
+pub fn log_tail(path: &Path, lines: usize) -> String {
+    const MAX: u64 = 64 * 1024;
+    let Ok(mut f) = File::open(path) else {
+        return format!("(no log at {})", path.display());
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(MAX)));
+    let mut buf = Vec::new();
+    let _ = f.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
