@@ -22,7 +22,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// The controller on the management cluster.
-    Agent,
+    Agent(crate::agent::AgentArgs),
     /// The admission service the agent deploys into each HCP namespace.
     Webhook,
     /// A local fleet: etcd, a management and N hosted kube-apiservers, HCP fixtures.
@@ -52,9 +52,9 @@ pub fn main() -> ExitCode {
     };
     match cli.command {
         Command::Dev(args) => runtime.block_on(crate::dev::run(args)),
-        Command::Agent | Command::Webhook | Command::Status | Command::Render => {
+        Command::Agent(args) => runtime.block_on(crate::agent::run(args)),
+        Command::Webhook | Command::Status | Command::Render => {
             let name = match cli.command {
-                Command::Agent => "agent",
                 Command::Webhook => "webhook",
                 Command::Status => "status",
                 _ => "render",

@@ -1,6 +1,8 @@
-//! `hcp-fleet-agent dev`: the whole job on an embedded default. Today it brings up the local
-//! fleet (etcd, a management kube-apiserver, N hosted kube-apiservers, HCP fixtures) and keeps
-//! it running until Ctrl-C; later issues run the agent and the admission services on it.
+//! `hcp-fleet-agent dev`: the whole job on an embedded default. It brings up the local fleet
+//! (etcd, a management kube-apiserver, N hosted kube-apiservers, HCP fixtures), runs the agent
+//! on it, prints the fleet's health once it has converged, and keeps running until Ctrl-C.
+//! The admission Deployments are marked available by the test bed until the admission
+//! service runs for real.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -51,8 +53,27 @@ pub async fn run(args: DevArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // The agent and the test bed's stand-in kubelet, on the local fleet.
+    let (agent, kubelet) = match start_agent(&fleet).await {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     print_summary(&fleet, args.assets.as_deref());
+    let names: Vec<String> = fleet.hosted.keys().cloned().collect();
+    match wait_for_fleet(&fleet, &names).await {
+        Ok(table) => {
+            println!("Fleet health (from the Policies):");
+            println!("{table}");
+        }
+        Err(e) => eprintln!("warning: the fleet did not converge: {e}"),
+    }
+    println!("READY");
     shutdown_signal().await;
+    drop(agent);
+    kubelet.abort();
     eprintln!("stopping the local fleet…");
     fleet.shutdown();
     drop(fleet);
@@ -100,7 +121,80 @@ fn print_summary(fleet: &LocalFleet, assets: Option<&std::path::Path>) {
     println!();
     println!("pids: {}", pids.join(" "));
     println!("Press Ctrl-C to stop; every process is stopped and the state directory removed.");
-    println!("READY");
+}
+
+async fn start_agent(
+    fleet: &LocalFleet,
+) -> Result<(crate::agent::AgentHandle, tokio::task::JoinHandle<()>), String> {
+    let mgmt = fleet.management.client().await.map_err(|e| e.to_string())?;
+    let kubelet = localcp::kubelet::spawn(mgmt.clone());
+    let agent = crate::agent::start(
+        mgmt,
+        crate::config::AgentConfig::default(),
+        crate::agent::StartOptions {
+            agent_namespace: "hcp-fleet-agent".into(),
+            local_sans: true,
+            url_base: None,
+        },
+    )
+    .await
+    .map_err(|e| format!("starting the agent: {e}"))?;
+    Ok((agent, kubelet))
+}
+
+/// Waits (60 s at most) until every hosted cluster's Policy has a verdict, then renders the
+/// fleet table.
+async fn wait_for_fleet(fleet: &LocalFleet, names: &[String]) -> Result<String, String> {
+    use crate::crd::Policy;
+    let mgmt = fleet.management.client().await.map_err(|e| e.to_string())?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let mut rows = Vec::new();
+        for n in names {
+            let ns = localcp::fixtures::hcp_namespace(n);
+            let api: kube::Api<Policy> = kube::Api::namespaced(mgmt.clone(), &ns);
+            if let Ok(Some(p)) = api.get_opt(crate::reporting::POLICY_NAME).await {
+                rows.push((n.clone(), p));
+            }
+        }
+        let done = rows.len() == names.len()
+            && rows.iter().all(|(_, p)| {
+                p.status
+                    .as_ref()
+                    .and_then(|s| s.compliant.as_deref())
+                    .is_some_and(|c| c != "Pending")
+            });
+        if done || std::time::Instant::now() > deadline {
+            let mut out = format!(
+                "  {:<10} {:<13} {:<18} {:<12} {:<16}\n",
+                "CLUSTER", "COMPLIANT", "ADMISSION-SERVICE", "CERTIFICATE", "HOSTED-WEBHOOKS"
+            );
+            for (n, p) in &rows {
+                let st = p.status.clone().unwrap_or_default();
+                let of = |t: &str| {
+                    st.details
+                        .iter()
+                        .find(|d| d.template_meta.name == t)
+                        .and_then(|d| d.compliant.clone())
+                        .unwrap_or_else(|| "-".into())
+                };
+                out.push_str(&format!(
+                    "  {:<10} {:<13} {:<18} {:<12} {:<16}\n",
+                    n,
+                    st.compliant.clone().unwrap_or_else(|| "-".into()),
+                    of("admission-service"),
+                    of("certificate"),
+                    of("hosted-webhooks"),
+                ));
+            }
+            return if done {
+                Ok(out)
+            } else {
+                Err(format!("timed out:\n{out}"))
+            };
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
 }
 
 /// SIGINT or SIGTERM.

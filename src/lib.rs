@@ -2,13 +2,17 @@
 //!
 //! One module per concern; see docs/architecture.md for how they fit together.
 
+pub mod agent;
 pub mod certificates;
 pub mod cli;
 pub mod config;
+pub mod controller;
 pub mod crd;
 pub mod dev;
 pub mod hosted;
 pub mod localcp;
 pub mod management;
+pub mod metrics;
+pub mod reporting;
 pub mod telemetry;
 pub mod tls;

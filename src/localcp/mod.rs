@@ -6,6 +6,7 @@
 
 pub mod assets;
 pub mod fixtures;
+pub mod kubelet;
 mod pki;
 pub mod process;
 

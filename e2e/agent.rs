@@ -1,0 +1,424 @@
+//! The agent against real kube-apiservers: HCPs converge to Compliant with admission objects
+//! on the management side and webhook configurations in each hosted cluster; a restarted
+//! agent changes nothing; drift is repaired and recorded; hostile kubeconfigs are refused.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use hcp_fleet_agent::agent::{self, StartOptions};
+use hcp_fleet_agent::config::AgentConfig;
+use hcp_fleet_agent::crd::Policy;
+use hcp_fleet_agent::hosted::webhooks::{MUTATING_NAME, OWNED_LABEL, VALIDATING_NAME};
+use hcp_fleet_agent::localcp::fixtures::{
+    SERVICE_NETWORK_KUBECONFIG, hcp_namespace, put_kubeconfig_secret,
+};
+use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet, kubelet};
+use hcp_fleet_agent::management::ALLOW_GUEST_WEBHOOKS;
+use hcp_fleet_agent::reporting::{POLICY_NAME, ROLLUP_NAME};
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use kube::api::DeleteParams;
+use kube::{Api, Client, ResourceExt};
+
+const AGENT_NS: &str = "hcp-fleet-agent";
+
+async fn eventually<F, Fut>(what: &str, within: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), String>>,
+{
+    let deadline = Instant::now() + within;
+    let mut last = String::from("never checked");
+    while Instant::now() < deadline {
+        match check().await {
+            Ok(()) => return,
+            Err(e) => last = e,
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("{what} not reached within {within:?}: {last}");
+}
+
+async fn policy(client: &Client, ns: &str, name: &str) -> Result<Policy, String> {
+    Api::<Policy>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .map_err(|e| format!("{ns}/{name}: {e}"))
+}
+
+fn compliant(p: &Policy) -> Option<&str> {
+    p.status.as_ref().and_then(|s| s.compliant.as_deref())
+}
+
+fn history_messages(p: &Policy, template: &str) -> Vec<String> {
+    p.status
+        .iter()
+        .flat_map(|s| s.details.iter())
+        .filter(|d| d.template_meta.name == template)
+        .flat_map(|d| d.history.iter().map(|h| h.message.clone()))
+        .collect()
+}
+
+async fn start_agent(mgmt: &Client) -> agent::AgentHandle {
+    agent::start(
+        mgmt.clone(),
+        AgentConfig::default(),
+        StartOptions {
+            agent_namespace: AGENT_NS.into(),
+            local_sans: true,
+            url_base: None,
+        },
+    )
+    .await
+    .expect("agent starts")
+}
+
+async fn wait_compliant(mgmt: &Client, names: &[&str]) {
+    for name in names {
+        let ns = hcp_namespace(name);
+        eventually(&format!("{ns} Compliant"), Duration::from_secs(60), || {
+            let mgmt = mgmt.clone();
+            let ns = ns.clone();
+            async move {
+                let p = policy(&mgmt, &ns, POLICY_NAME).await?;
+                match compliant(&p) {
+                    Some("Compliant") => Ok(()),
+                    other => Err(format!("{other:?}: {:?}", p.status)),
+                }
+            }
+        })
+        .await;
+    }
+}
+
+/// resourceVersions of everything the agent writes for one hosted cluster.
+async fn versions(mgmt: &Client, hosted: &Client, ns: &str) -> BTreeMap<String, String> {
+    let mut v = BTreeMap::new();
+    let rv = |o: Option<String>| o.unwrap_or_default();
+    for s in ["hcp-fleet-admission-ca", "hcp-fleet-admission-tls"] {
+        let o = Api::<Secret>::namespaced(mgmt.clone(), ns)
+            .get(s)
+            .await
+            .expect("secret");
+        v.insert(format!("secret/{s}"), rv(o.metadata.resource_version));
+    }
+    let d = Api::<Deployment>::namespaced(mgmt.clone(), ns)
+        .get("hcp-fleet-admission")
+        .await
+        .expect("deploy");
+    v.insert("deployment".into(), rv(d.metadata.resource_version));
+    let s = Api::<Service>::namespaced(mgmt.clone(), ns)
+        .get("hcp-fleet-admission")
+        .await
+        .expect("svc");
+    v.insert("service".into(), rv(s.metadata.resource_version));
+    let p = policy(mgmt, ns, POLICY_NAME).await.expect("policy");
+    v.insert("policy".into(), rv(p.metadata.resource_version));
+    let vw = Api::<ValidatingWebhookConfiguration>::all(hosted.clone())
+        .get(VALIDATING_NAME)
+        .await
+        .expect("vwc");
+    v.insert("vwc".into(), rv(vw.metadata.resource_version));
+    let mw = Api::<MutatingWebhookConfiguration>::all(hosted.clone())
+        .get(MUTATING_NAME)
+        .await
+        .expect("mwc");
+    v.insert("mwc".into(), rv(mw.metadata.resource_version));
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
+    let fleet = LocalFleet::start(FleetOptions::with_hosted(3))
+        .await
+        .expect("fleet");
+    let mgmt = fleet.management.client().await.expect("mgmt");
+    let _kubelet = kubelet::spawn(mgmt.clone());
+    let agent = start_agent(&mgmt).await;
+    let names = ["hc-1", "hc-2", "hc-3"];
+    wait_compliant(&mgmt, &names).await;
+
+    // The roll-up lists all three.
+    eventually(
+        "roll-up lists three Compliant rows",
+        Duration::from_secs(10),
+        || {
+            let mgmt = mgmt.clone();
+            async move {
+                let p = policy(&mgmt, AGENT_NS, ROLLUP_NAME).await?;
+                let st = p.status.clone().unwrap_or_default();
+                let rows: Vec<_> = st
+                    .status
+                    .iter()
+                    .map(|r| (r.clustername.clone(), r.compliant.clone()))
+                    .collect();
+                if st.compliant.as_deref() == Some("Compliant") && rows.len() == 3 {
+                    Ok(())
+                } else {
+                    Err(format!("{rows:?} {:?}", st.compliant))
+                }
+            }
+        },
+    )
+    .await;
+
+    for name in names {
+        let ns = hcp_namespace(name);
+        let svc = Api::<Service>::namespaced(mgmt.clone(), &ns)
+            .get("hcp-fleet-admission")
+            .await
+            .expect("svc");
+        let labels = svc.metadata.labels.unwrap_or_default();
+        assert_eq!(
+            labels.get(ALLOW_GUEST_WEBHOOKS).map(String::as_str),
+            Some("true")
+        );
+        let ca = Api::<Secret>::namespaced(mgmt.clone(), &ns)
+            .get("hcp-fleet-admission-ca")
+            .await
+            .expect("ca");
+        let ca_pem = ca
+            .data
+            .unwrap_or_default()
+            .get("ca.crt")
+            .expect("ca.crt")
+            .0
+            .clone();
+        let hosted = fleet
+            .hosted(name)
+            .expect("hosted")
+            .client()
+            .await
+            .expect("client");
+        let vwc = Api::<ValidatingWebhookConfiguration>::all(hosted.clone())
+            .get(VALIDATING_NAME)
+            .await
+            .expect("vwc");
+        assert_eq!(
+            vwc.labels().get(OWNED_LABEL).map(String::as_str),
+            Some("true")
+        );
+        for w in vwc.webhooks.unwrap_or_default() {
+            let url = w.client_config.url.unwrap_or_default();
+            assert!(
+                url.starts_with(&format!(
+                    "https://hcp-fleet-admission.{ns}.svc.cluster.local/"
+                )),
+                "{url}"
+            );
+            assert_eq!(
+                w.client_config.ca_bundle.map(|b| b.0),
+                Some(ca_pem.clone()),
+                "caBundle is the HCP's CA"
+            );
+            assert_eq!(w.failure_policy.as_deref(), Some("Ignore"));
+        }
+        Api::<MutatingWebhookConfiguration>::all(hosted)
+            .get(MUTATING_NAME)
+            .await
+            .expect("mwc");
+    }
+
+    // A second agent run changes nothing.
+    let hc1 = fleet
+        .hosted("hc-1")
+        .expect("hc-1")
+        .client()
+        .await
+        .expect("client");
+    let before = versions(&mgmt, &hc1, "clusters-hc-1").await;
+    drop(agent);
+    let agent = start_agent(&mgmt).await;
+    eventually(
+        "the new agent reconciled every HCP",
+        Duration::from_secs(30),
+        || {
+            let text = agent.context.metrics.encode();
+            async move {
+                let count = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("hcp_fleet_reconcile_duration_seconds_count "))
+                    .and_then(|n| n.trim().parse::<u64>().ok())
+                    .unwrap_or(0);
+                if count >= 3 {
+                    Ok(())
+                } else {
+                    Err(format!("{count} reconciles"))
+                }
+            }
+        },
+    )
+    .await;
+    let after = versions(&mgmt, &hc1, "clusters-hc-1").await;
+    assert_eq!(before, after, "a restarted agent must not rewrite anything");
+
+    // Drift: deleted, then edited, in the hosted cluster; both repaired and recorded.
+    let vapi = Api::<ValidatingWebhookConfiguration>::all(hc1.clone());
+    vapi.delete(VALIDATING_NAME, &DeleteParams::default())
+        .await
+        .expect("delete");
+    let repaired_at = Instant::now();
+    eventually(
+        "deleted configuration restored",
+        Duration::from_secs(10),
+        || {
+            let vapi = vapi.clone();
+            async move {
+                vapi.get(VALIDATING_NAME)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }
+        },
+    )
+    .await;
+    let repair_time = repaired_at.elapsed();
+    let mut edited = vapi.get(VALIDATING_NAME).await.expect("get");
+    if let Some(ws) = edited.webhooks.as_mut() {
+        ws[0].failure_policy = Some("Fail".into());
+    }
+    edited.metadata.managed_fields = None;
+    vapi.replace(VALIDATING_NAME, &Default::default(), &edited)
+        .await
+        .expect("edit");
+    eventually(
+        "edited configuration restored",
+        Duration::from_secs(10),
+        || {
+            let vapi = vapi.clone();
+            async move {
+                let v = vapi.get(VALIDATING_NAME).await.map_err(|e| e.to_string())?;
+                let fp = v
+                    .webhooks
+                    .unwrap_or_default()
+                    .first()
+                    .and_then(|w| w.failure_policy.clone());
+                if fp.as_deref() == Some("Ignore") {
+                    Ok(())
+                } else {
+                    Err(format!("{fp:?}"))
+                }
+            }
+        },
+    )
+    .await;
+    eventually(
+        "drift counted and in the Policy history",
+        Duration::from_secs(10),
+        || {
+            let text = agent.context.metrics.encode();
+            let mgmt = mgmt.clone();
+            async move {
+                let drift: u64 = text
+                    .lines()
+                    .filter(|l| {
+                        l.starts_with("hcp_fleet_webhook_drift_total{")
+                            && l.contains("clusters-hc-1")
+                    })
+                    .filter_map(|l| l.rsplit(" ").next().and_then(|n| n.parse::<u64>().ok()))
+                    .sum();
+                let p = policy(&mgmt, "clusters-hc-1", POLICY_NAME).await?;
+                let hist = history_messages(&p, "hosted-webhooks");
+                let recorded = hist.iter().filter(|m| m.contains("drift repaired")).count();
+                if drift >= 2 && recorded >= 2 && compliant(&p) == Some("Compliant") {
+                    Ok(())
+                } else {
+                    Err(format!("drift={drift} recorded={recorded} {hist:?}"))
+                }
+            }
+        },
+    )
+    .await;
+    eprintln!("drift repair (delete to restored, as seen by the test): {repair_time:?}");
+
+    // Hostile kubeconfigs are refused with a reason, and the exec plugin never runs.
+    let marker = tempfile::tempdir().expect("tmp");
+    let marker_file = marker.path().join("exec-ran");
+    let secrets = Api::<Secret>::namespaced(mgmt.clone(), "clusters-hc-3");
+    let hostile = [
+        (
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n    certificate-authority-data: Zm9v\nusers:\n- name: u\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1beta1\n      command: /bin/sh\n      args: [\"-c\", \"touch {}\"]\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n",
+                marker_file.display()
+            ),
+            "users[0].user.exec",
+        ),
+        ("apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n    certificate-authority-data: Zm9v\nusers:\n- name: u\n  user:\n    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\ncurrent-context: x\n".to_string(), "tokenFile"),
+        ("apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n    certificate-authority-data: Zm9v\nusers:\n- name: u\n  user:\n    client-certificate-data: Zm9v\n    client-key: /etc/ssl/private/key.pem\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\ncurrent-context: x\n".to_string(), "client-key"),
+        ("not: [valid".to_string(), "not valid YAML"),
+    ];
+    for (doc, reason) in hostile {
+        put_kubeconfig_secret(&secrets, SERVICE_NETWORK_KUBECONFIG, "kubeconfig", &doc)
+            .await
+            .expect("secret");
+        eventually(
+            &format!("refusal for {reason}"),
+            Duration::from_secs(15),
+            || {
+                let mgmt = mgmt.clone();
+                async move {
+                    let p = policy(&mgmt, "clusters-hc-3", POLICY_NAME).await?;
+                    let h = history_messages(&p, "hosted-webhooks");
+                    match h.first() {
+                        Some(m)
+                            if m.starts_with("NonCompliant; violation - ")
+                                && m.contains(reason)
+                                && compliant(&p) == Some("NonCompliant") =>
+                        {
+                            Ok(())
+                        }
+                        _ => Err(format!("{h:?}")),
+                    }
+                }
+            },
+        )
+        .await;
+    }
+    // A secret without the key.
+    put_kubeconfig_secret(&secrets, SERVICE_NETWORK_KUBECONFIG, "other-key", "x")
+        .await
+        .expect("secret");
+    eventually("refusal for a missing key", Duration::from_secs(15), || {
+        let mgmt = mgmt.clone();
+        async move {
+            let p = policy(&mgmt, "clusters-hc-3", POLICY_NAME).await?;
+            let h = history_messages(&p, "hosted-webhooks");
+            if h.first()
+                .is_some_and(|m| m.contains("has no key kubeconfig"))
+            {
+                Ok(())
+            } else {
+                Err(format!("{h:?}"))
+            }
+        }
+    })
+    .await;
+    assert!(!marker_file.exists(), "the exec plugin must never run");
+
+    // The other two stayed Compliant throughout.
+    wait_compliant(&mgmt, &["hc-1", "hc-2"]).await;
+    // Repairing the secret brings hc-3 back.
+    let good = fleet.hosted("hc-3").expect("hc-3").kubeconfig_yaml.clone();
+    let fresh = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(SERVICE_NETWORK_KUBECONFIG.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let _ = secrets
+        .delete(SERVICE_NETWORK_KUBECONFIG, &DeleteParams::default())
+        .await;
+    drop(fresh);
+    put_kubeconfig_secret(&secrets, SERVICE_NETWORK_KUBECONFIG, "kubeconfig", &good)
+        .await
+        .expect("secret");
+    wait_compliant(&mgmt, &["hc-3"]).await;
+    drop(agent);
+}

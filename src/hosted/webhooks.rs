@@ -1,0 +1,336 @@
+//! The webhook configurations the agent installs in a hosted cluster (DESIGN.md step 5):
+//! rendered purely from the configuration, the HCP namespace and the CA bundle.
+//!
+//! One ValidatingWebhookConfiguration and one MutatingWebhookConfiguration per hosted cluster,
+//! each holding every active webhook of its kind. A kind with no active webhook renders to
+//! nothing, and the controller deletes what it owns but no longer wants.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use serde_json::{Value, json};
+
+use crate::config::{AgentConfig, FailurePolicy, LabelSelector, WebhookDefinition, WebhookKind};
+use crate::management::{MANAGED_BY, MANAGED_BY_VALUE};
+
+pub const VALIDATING_NAME: &str = "hcp-fleet-agent-validating";
+pub const MUTATING_NAME: &str = "hcp-fleet-agent-mutating";
+/// Label on everything the agent owns in a hosted cluster (selects what to repair or delete).
+pub const OWNED_LABEL: &str = "hcp-fleet.openshift.io/owned";
+/// A label-selector string for the agent's own objects.
+pub fn owned_selector() -> String {
+    format!("{OWNED_LABEL}=true")
+}
+
+/// Namespaces whose objects no webhook may see: the cluster's own machinery.
+const PROTECTED_NAMESPACE_NAMES: &[&str] = &[
+    "kube-system",
+    "kube-public",
+    "kube-node-lease",
+    "openshift-kube-apiserver",
+    "openshift-config",
+    "openshift-config-managed",
+];
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostedWebhooks {
+    pub validating: Option<ValidatingWebhookConfiguration>,
+    pub mutating: Option<MutatingWebhookConfiguration>,
+}
+
+/// The base URL of the admission service as the hosted kube-apiserver must call it. A
+/// `service:` reference would be resolved inside the hosted cluster, wrongly; the URL names the
+/// Service in the HCP namespace on the management cluster.
+pub fn default_url_base(cfg: &AgentConfig, hcp_namespace: &str) -> String {
+    format!(
+        "https://{}.{hcp_namespace}.svc.cluster.local",
+        cfg.admission.service_name
+    )
+}
+
+fn guarded_namespace_selector(sel: Option<&LabelSelector>) -> Value {
+    let mut exprs: Vec<Value> = sel
+        .map(|s| {
+            s.match_expressions
+                .iter()
+                .map(|e| serde_json::to_value(e).unwrap_or(Value::Null))
+                .filter(|v| !v.is_null())
+                .collect()
+        })
+        .unwrap_or_default();
+    // OpenShift's run-level 0/1 namespaces carry the control plane: never intercept them.
+    exprs.push(json!({"key": "openshift.io/run-level", "operator": "NotIn", "values": ["0", "1"]}));
+    // Honoured where the server labels namespaces with their name (1.21+); the admission
+    // service exempts the same namespaces by name for older servers.
+    exprs.push(json!({"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": PROTECTED_NAMESPACE_NAMES}));
+    let labels: BTreeMap<String, String> = sel.map(|s| s.match_labels.clone()).unwrap_or_default();
+    let mut v = json!({ "matchExpressions": exprs });
+    if !labels.is_empty() {
+        v["matchLabels"] = json!(labels);
+    }
+    v
+}
+
+fn guarded_object_selector(sel: Option<&LabelSelector>) -> Value {
+    let mut exprs: Vec<Value> = sel
+        .map(|s| {
+            s.match_expressions
+                .iter()
+                .map(|e| serde_json::to_value(e).unwrap_or(Value::Null))
+                .filter(|v| !v.is_null())
+                .collect()
+        })
+        .unwrap_or_default();
+    // The agent's own objects are never intercepted, DELETE included.
+    exprs.push(json!({"key": OWNED_LABEL, "operator": "DoesNotExist"}));
+    let labels: BTreeMap<String, String> = sel.map(|s| s.match_labels.clone()).unwrap_or_default();
+    let mut v = json!({ "matchExpressions": exprs });
+    if !labels.is_empty() {
+        v["matchLabels"] = json!(labels);
+    }
+    v
+}
+
+fn webhook_json(w: &WebhookDefinition, url_base: &str, ca_bundle: &ByteString) -> Value {
+    let mut v = json!({
+        "name": w.name,
+        "clientConfig": {
+            "url": format!("{}{}", url_base.trim_end_matches('/'), w.path),
+            "caBundle": ca_bundle,
+        },
+        "rules": w.rules.iter().map(|r| {
+            let mut rule = json!({
+                "operations": r.operations,
+                "apiGroups": r.api_groups,
+                "apiVersions": r.api_versions,
+                "resources": r.resources,
+            });
+            if let Some(scope) = &r.scope {
+                rule["scope"] = json!(scope);
+            }
+            rule
+        }).collect::<Vec<_>>(),
+        "failurePolicy": match w.failure_policy { FailurePolicy::Ignore => "Ignore", FailurePolicy::Fail => "Fail" },
+        "matchPolicy": "Equivalent",
+        "sideEffects": "None",
+        "timeoutSeconds": w.timeout_seconds,
+        "admissionReviewVersions": ["v1"],
+        "namespaceSelector": guarded_namespace_selector(w.namespace_selector.as_ref()),
+        "objectSelector": guarded_object_selector(w.object_selector.as_ref()),
+    });
+    if w.kind == WebhookKind::Mutating {
+        v["reinvocationPolicy"] = json!("Never");
+    }
+    v
+}
+
+fn metadata(name: &str, hcp_namespace: &str) -> Value {
+    json!({
+        "name": name,
+        "labels": {
+            OWNED_LABEL: "true",
+            MANAGED_BY: MANAGED_BY_VALUE,
+        },
+        "annotations": {
+            "hcp-fleet.openshift.io/hcp-namespace": hcp_namespace,
+        },
+    })
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("rendering hosted webhook configurations for {namespace}: {reason}")]
+pub struct WebhookRenderError {
+    pub namespace: String,
+    pub reason: String,
+}
+
+pub fn render(
+    cfg: &AgentConfig,
+    hcp_namespace: &str,
+    url_base: &str,
+    ca_bundle_pem: &str,
+) -> Result<HostedWebhooks, WebhookRenderError> {
+    let ca = ByteString(ca_bundle_pem.as_bytes().to_vec());
+    let of_kind = |kind: WebhookKind| -> Vec<Value> {
+        cfg.active_webhooks()
+            .filter(|w| w.kind == kind)
+            .map(|w| webhook_json(w, url_base, &ca))
+            .collect()
+    };
+    let err = |e: serde_json::Error| WebhookRenderError {
+        namespace: hcp_namespace.to_string(),
+        reason: e.to_string(),
+    };
+    let v = of_kind(WebhookKind::Validating);
+    let validating = if v.is_empty() {
+        None
+    } else {
+        Some(
+            serde_json::from_value(json!({
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingWebhookConfiguration",
+                "metadata": metadata(VALIDATING_NAME, hcp_namespace),
+                "webhooks": v,
+            }))
+            .map_err(err)?,
+        )
+    };
+    let m = of_kind(WebhookKind::Mutating);
+    let mutating = if m.is_empty() {
+        None
+    } else {
+        Some(
+            serde_json::from_value(json!({
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "MutatingWebhookConfiguration",
+                "metadata": metadata(MUTATING_NAME, hcp_namespace),
+                "webhooks": m,
+            }))
+            .map_err(err)?,
+        )
+    };
+    Ok(HostedWebhooks {
+        validating,
+        mutating,
+    })
+}
+
+/// Does the live object still say what we rendered? Compared on the fields we own, after the
+/// server's defaulting, so a defaulted field never counts as drift.
+pub fn webhooks_match(desired: &Value, live: &Value) -> bool {
+    let (Some(d), Some(l)) = (
+        desired.get("webhooks").and_then(Value::as_array),
+        live.get("webhooks").and_then(Value::as_array),
+    ) else {
+        return desired.get("webhooks").is_none() && live.get("webhooks").is_none();
+    };
+    d.len() == l.len()
+        && d.iter().zip(l).all(|(dw, lw)| subset(dw, lw))
+        && desired["metadata"]["labels"]
+            .as_object()
+            .is_some_and(|labels| {
+                labels
+                    .iter()
+                    .all(|(k, v)| live["metadata"]["labels"][k] == *v)
+            })
+}
+
+/// Every field of `a` is in `b` with the same value (recursively; arrays element-wise).
+fn subset(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Object(ao), Value::Object(bo)) => ao
+            .iter()
+            .all(|(k, av)| bo.get(k).is_some_and(|bv| subset(av, bv))),
+        (Value::Array(aa), Value::Array(ba)) => {
+            aa.len() == ba.len() && aa.iter().zip(ba).all(|(x, y)| subset(x, y))
+        }
+        _ => a == b,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Mode;
+
+    fn rendered() -> HostedWebhooks {
+        let cfg = AgentConfig::default();
+        render(
+            &cfg,
+            "clusters-hc-1",
+            &default_url_base(&cfg, "clusters-hc-1"),
+            "CA-PEM",
+        )
+        .expect("render")
+    }
+
+    #[test]
+    fn urls_point_at_the_hcp_namespace_service_never_a_service_ref() {
+        let w = rendered();
+        let v = w.validating.expect("validating");
+        for hook in &v.webhooks.expect("hooks") {
+            let cc = &hook.client_config;
+            assert!(cc.service.is_none());
+            let url = cc.url.as_deref().expect("url");
+            assert!(
+                url.starts_with("https://hcp-fleet-admission.clusters-hc-1.svc.cluster.local/"),
+                "{url}"
+            );
+            assert_eq!(
+                cc.ca_bundle.as_ref().map(|b| b.0.as_slice()),
+                Some(&b"CA-PEM"[..])
+            );
+        }
+    }
+
+    #[test]
+    fn guardrails_are_on_every_webhook() {
+        let w = rendered();
+        let mut all = Vec::new();
+        for h in w.validating.expect("v").webhooks.expect("hooks") {
+            all.push((
+                h.side_effects.clone(),
+                h.timeout_seconds,
+                h.failure_policy.clone(),
+                h.object_selector.clone(),
+                h.namespace_selector.clone(),
+            ));
+        }
+        for h in w.mutating.expect("m").webhooks.expect("hooks") {
+            all.push((
+                h.side_effects.clone(),
+                h.timeout_seconds,
+                h.failure_policy.clone(),
+                h.object_selector.clone(),
+                h.namespace_selector.clone(),
+            ));
+        }
+        assert_eq!(all.len(), 3);
+        for (side, timeout, fp, obj, ns) in all {
+            assert_eq!(side, "None");
+            assert!(matches!(timeout, Some(1..=5)));
+            assert_eq!(fp.as_deref(), Some("Ignore"));
+            let obj = serde_json::to_value(obj).expect("obj");
+            assert!(
+                obj.to_string().contains(OWNED_LABEL),
+                "own objects exempt: {obj}"
+            );
+            let ns = serde_json::to_value(ns).expect("ns");
+            assert!(ns.to_string().contains("kube-system"), "{ns}");
+            assert!(ns.to_string().contains("openshift.io/run-level"), "{ns}");
+        }
+    }
+
+    #[test]
+    fn a_kind_with_nothing_active_renders_nothing() {
+        let mut cfg = AgentConfig::default();
+        for w in &mut cfg.webhooks {
+            if w.kind == WebhookKind::Mutating {
+                w.mode = Mode::Off;
+            }
+        }
+        let r = render(&cfg, "ns", "https://x", "CA").expect("render");
+        assert!(r.mutating.is_none());
+        assert!(r.validating.is_some());
+    }
+
+    #[test]
+    fn match_ignores_server_defaults_but_sees_edits() {
+        let w = rendered();
+        let desired = serde_json::to_value(w.validating.expect("v")).expect("json");
+        let mut live = desired.clone();
+        live["metadata"]["resourceVersion"] = json!("42");
+        live["webhooks"][0]["clientConfig"]["service"] = Value::Null;
+        live["webhooks"][0]["extraDefault"] = json!(true);
+        assert!(webhooks_match(&desired, &live));
+        let mut edited = live.clone();
+        edited["webhooks"][0]["failurePolicy"] = json!("Fail");
+        assert!(!webhooks_match(&desired, &edited));
+        let mut unlabelled = live;
+        unlabelled["metadata"]["labels"] = json!({});
+        assert!(!webhooks_match(&desired, &unlabelled));
+    }
+}
