@@ -422,3 +422,255 @@ async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
     wait_compliant(&mgmt, &["hc-3"]).await;
     drop(agent);
 }
+
+/// One hosted cluster down never delays the others; an older Policy CRD without Pending is
+/// written to correctly; metrics and `status` show the fleet; a deleted HCP leaves no trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
+    let mut fleet = LocalFleet::start(FleetOptions::with_hosted(3))
+        .await
+        .expect("fleet");
+    let mgmt = fleet.management.client().await.expect("mgmt");
+    // An ACM hub whose Policy CRD predates Pending: the same schema minus that enum value.
+    let own = hcp_fleet_agent::crd::CRD_MANIFESTS[1].1;
+    let old = own.replace(
+        "enum: [Compliant, Pending, NonCompliant]",
+        "enum: [Compliant, NonCompliant]",
+    );
+    assert_ne!(own, old, "the variant really lacks Pending");
+    hcp_fleet_agent::localcp::fixtures::install_crd_manifests(
+        &mgmt,
+        [("policies.policy.open-cluster-management.io", old.as_str())],
+    )
+    .await
+    .expect("old CRD");
+    // hc-3's kube-apiserver is down; hc-2's HCP is not ready yet (Pending, written as NonCompliant).
+    fleet.hosted_mut("hc-3").expect("hc-3").stop();
+    hcp_fleet_agent::localcp::fixtures::set_hcp_ready(&mgmt, "clusters-hc-2", "hc-2", false)
+        .await
+        .expect("unready");
+    let _kubelet = kubelet::spawn(mgmt.clone());
+    let agent = start_agent(&mgmt).await;
+    assert!(
+        !agent.context.caps.pending_supported,
+        "detected the CRD without Pending"
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let _server = agent::serve(listener, agent.context.clone());
+
+    let started = Instant::now();
+    wait_compliant(&mgmt, &["hc-1"]).await;
+    let hc1_time = started.elapsed();
+    eventually(
+        "hc-3 NonCompliant with the reason",
+        Duration::from_secs(30),
+        || {
+            let mgmt = mgmt.clone();
+            async move {
+                let p = policy(&mgmt, "clusters-hc-3", POLICY_NAME).await?;
+                let h = history_messages(&p, "hosted-webhooks");
+                match h.first() {
+                    Some(m)
+                        if compliant(&p) == Some("NonCompliant")
+                            && m.contains("hosted kube-apiserver https://127.0.0.1:") =>
+                    {
+                        Ok(())
+                    }
+                    _ => Err(format!("{:?} {h:?}", compliant(&p))),
+                }
+            }
+        },
+    )
+    .await;
+    eventually(
+        "hc-2 waiting, written as NonCompliant",
+        Duration::from_secs(15),
+        || {
+            let mgmt = mgmt.clone();
+            async move {
+                let p = policy(&mgmt, "clusters-hc-2", POLICY_NAME).await?;
+                let h = history_messages(&p, "admission-service");
+                match h.first() {
+                    Some(m)
+                        if compliant(&p) == Some("NonCompliant")
+                            && m.contains("waiting for the HostedControlPlane to be ready") =>
+                    {
+                        Ok(())
+                    }
+                    _ => Err(format!("{:?} {h:?}", compliant(&p))),
+                }
+            }
+        },
+    )
+    .await;
+    assert!(
+        hc1_time < Duration::from_secs(20),
+        "hc-1 was not held up by hc-3: {hc1_time:?}"
+    );
+
+    // The roll-up aggregates as ACM does and stays within the old enum.
+    let roll = policy(&mgmt, AGENT_NS, ROLLUP_NAME).await.expect("rollup");
+    assert_eq!(compliant(&roll), Some("NonCompliant"));
+
+    // Metrics over HTTP, OpenMetrics text.
+    let (code, body) = support::http_get(addr, "/metrics").await.expect("metrics");
+    assert_eq!(code, 200);
+    assert!(body.contains("hcp_fleet_hosted_cluster_compliance{hcp_namespace=\"clusters-hc-1\",hosted_cluster=\"hc-1\"} 0"), "{body}");
+    assert!(body.contains("hcp_fleet_hosted_cluster_compliance{hcp_namespace=\"clusters-hc-3\",hosted_cluster=\"hc-3\"} 1"), "{body}");
+    assert!(
+        body.contains("hcp_fleet_hosted_api_errors_total{hcp_namespace=\"clusters-hc-3\""),
+        "{body}"
+    );
+    assert!(body.contains("hcp_fleet_hosted_clusters 3"), "{body}");
+    assert!(body.trim_end().ends_with("# EOF"));
+    assert_eq!(
+        support::http_get(addr, "/healthz")
+            .await
+            .expect("healthz")
+            .0,
+        200
+    );
+    assert_eq!(
+        support::http_get(addr, "/readyz").await.expect("readyz").0,
+        200
+    );
+
+    // `status`, as an SRE runs it.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+        .arg("status")
+        .env("KUBECONFIG", &fleet.management.kubeconfig_path)
+        .output()
+        .expect("status");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = |c: &str| {
+        table
+            .lines()
+            .find(|l| l.starts_with(&format!("{c} ")))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(
+        line("hc-1").contains("Compliant") && !line("hc-1").contains("NonCompliant"),
+        "{table}"
+    );
+    assert!(line("hc-3").contains("NonCompliant"), "{table}");
+
+    // hc-3 comes back and converges; hc-2 becomes ready and converges.
+    fleet
+        .hosted_mut("hc-3")
+        .expect("hc-3")
+        .start()
+        .await
+        .expect("restart hc-3");
+    hcp_fleet_agent::localcp::fixtures::set_hcp_ready(&mgmt, "clusters-hc-2", "hc-2", true)
+        .await
+        .expect("ready");
+    wait_compliant(&mgmt, &["hc-1", "hc-2", "hc-3"]).await;
+
+    // A bad configuration is refused and the running one kept; a good one takes effect, and
+    // the owned configuration it no longer wants is deleted from the hosted clusters.
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("config.yaml");
+    let args = agent::AgentArgs {
+        config: Some(path.clone()),
+        namespace: AGENT_NS.into(),
+        concurrency: None,
+        admission_image: None,
+        metrics_addr: "127.0.0.1:0".parse().expect("addr"),
+    };
+    std::fs::write(
+        &path,
+        "concurrency: 0\nwebhooks: []\nadmission: {image: ''}\n",
+    )
+    .expect("write");
+    let err = agent.reload(&args).expect_err("bad config refused");
+    assert!(
+        err.to_string().contains("concurrency must be at least 1"),
+        "{err}"
+    );
+    assert_eq!(
+        *agent.context.config(),
+        AgentConfig::default(),
+        "last good configuration kept"
+    );
+    let mut cfg = AgentConfig::default();
+    for w in &mut cfg.webhooks {
+        if w.kind == hcp_fleet_agent::config::WebhookKind::Mutating {
+            w.mode = hcp_fleet_agent::config::Mode::Off;
+        }
+    }
+    std::fs::write(&path, serde_saphyr::to_string(&cfg).expect("yaml")).expect("write");
+    assert!(
+        agent.reload(&args).expect("good config"),
+        "a change was applied"
+    );
+    let hc1 = fleet
+        .hosted("hc-1")
+        .expect("hc-1")
+        .client()
+        .await
+        .expect("client");
+    eventually(
+        "mutating configuration removed",
+        Duration::from_secs(15),
+        || {
+            let mapi = Api::<MutatingWebhookConfiguration>::all(hc1.clone());
+            async move {
+                match mapi
+                    .get_opt(MUTATING_NAME)
+                    .await
+                    .map_err(|e| e.to_string())?
+                {
+                    None => Ok(()),
+                    Some(_) => Err("still there".into()),
+                }
+            }
+        },
+    )
+    .await;
+
+    // hc-3's HCP is deleted: its row, its series and its cached client go.
+    let clients_before = agent.context.clients.len();
+    Api::<hcp_fleet_agent::crd::HostedControlPlane>::namespaced(mgmt.clone(), "clusters-hc-3")
+        .delete("hc-3", &DeleteParams::default())
+        .await
+        .expect("delete HCP");
+    eventually("hc-3 forgotten", Duration::from_secs(15), || {
+        let mgmt = mgmt.clone();
+        let ctx = agent.context.clone();
+        async move {
+            let roll = policy(&mgmt, AGENT_NS, ROLLUP_NAME).await?;
+            let rows: Vec<String> = roll
+                .status
+                .unwrap_or_default()
+                .status
+                .iter()
+                .map(|r| r.clusternamespace.clone())
+                .collect();
+            let (_, body) = support::http_get(addr, "/metrics").await?;
+            if !rows.contains(&"clusters-hc-3".to_string())
+                && rows.len() == 2
+                && !body.contains("clusters-hc-3")
+                && body.contains("hcp_fleet_hosted_clusters 2")
+                && ctx.clients.len() + 1 == clients_before
+            {
+                Ok(())
+            } else {
+                Err(format!(
+                    "rows={rows:?} clients={} metrics mention hc-3: {}",
+                    ctx.clients.len(),
+                    body.contains("clusters-hc-3")
+                ))
+            }
+        }
+    })
+    .await;
+}

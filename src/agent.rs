@@ -30,6 +30,9 @@ pub struct AgentArgs {
     /// Overrides `admission.image` from the file.
     #[arg(long, env = "HCP_FLEET_ADMISSION_IMAGE")]
     pub admission_image: Option<String>,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    #[arg(long, env = "HCP_FLEET_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    pub metrics_addr: std::net::SocketAddr,
 }
 
 /// Loads the file and applies the overrides; every problem is reported at once.
@@ -56,12 +59,71 @@ pub fn load_config(args: &AgentArgs) -> Result<AgentConfig, crate::config::Confi
 pub struct AgentHandle {
     pub context: Arc<Context>,
     task: JoinHandle<()>,
+    reload_tx: tokio::sync::mpsc::UnboundedSender<()>,
 }
 
 impl Drop for AgentHandle {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+impl AgentHandle {
+    /// Swaps in a new configuration (already validated) and reconciles every HCP with it.
+    pub fn set_config(&self, cfg: AgentConfig) {
+        match self.context.config.write() {
+            Ok(mut c) => *c = Arc::new(cfg),
+            Err(p) => *p.into_inner() = Arc::new(cfg),
+        }
+        let _ = self.reload_tx.send(());
+    }
+
+    /// Re-reads the configuration; a bad one is refused and the running one kept.
+    pub fn reload(&self, args: &AgentArgs) -> Result<bool, crate::config::ConfigError> {
+        let new = load_config(args)?;
+        if *self.context.config() == new {
+            return Ok(false);
+        }
+        self.set_config(new);
+        Ok(true)
+    }
+}
+
+/// `/metrics` (OpenMetrics text), `/healthz` and `/readyz` for the agent.
+pub fn router(ctx: Arc<Context>) -> axum::Router {
+    use axum::http::{StatusCode, header};
+    use axum::routing::get;
+    axum::Router::new()
+        .route(
+            "/metrics",
+            get({
+                let ctx = ctx.clone();
+                move || {
+                    let body = ctx.metrics.encode();
+                    async move {
+                        (
+                            [(
+                                header::CONTENT_TYPE,
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                            )],
+                            body,
+                        )
+                    }
+                }
+            }),
+        )
+        .route("/healthz", get(|| async { (StatusCode::OK, "ok") }))
+        // Ready once the controller runs (start() returns only after discovery).
+        .route("/readyz", get(|| async { (StatusCode::OK, "ok") }))
+}
+
+/// Serves `router` on `listener` until the task is aborted.
+pub fn serve(listener: tokio::net::TcpListener, ctx: Arc<Context>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, router(ctx)).await {
+            tracing::error!(error = %e, "metrics server stopped");
+        }
+    })
 }
 
 pub struct StartOptions {
@@ -104,10 +166,15 @@ pub async fn start(
         },
     );
     let c2 = ctx.clone();
+    let (reload_tx, reload_rx) = tokio::sync::mpsc::unbounded_channel();
     let task = tokio::spawn(async move {
-        controller::run(c2, rx, futures::future::pending::<()>()).await;
+        controller::run(c2, rx, reload_rx, futures::future::pending::<()>()).await;
     });
-    Ok(AgentHandle { context: ctx, task })
+    Ok(AgentHandle {
+        context: ctx,
+        task,
+        reload_tx,
+    })
 }
 
 pub async fn run(args: AgentArgs) -> ExitCode {
@@ -129,7 +196,7 @@ pub async fn run(args: AgentArgs) -> ExitCode {
         client,
         cfg,
         StartOptions {
-            agent_namespace: args.namespace,
+            agent_namespace: args.namespace.clone(),
             local_sans: false,
             url_base: None,
         },
@@ -142,7 +209,55 @@ pub async fn run(args: AgentArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let _ = tokio::signal::ctrl_c().await;
+    let listener = match tokio::net::TcpListener::bind(args.metrics_addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: cannot listen on {}: {e}", args.metrics_addr);
+            return ExitCode::FAILURE;
+        }
+    };
+    let server = serve(listener, handle.context.clone());
+    tracing::info!(addr = %args.metrics_addr, "serving /metrics, /healthz and /readyz");
+    wait_and_reload(&handle, &args).await;
+    server.abort();
     drop(handle);
     ExitCode::SUCCESS
+}
+
+/// Until SIGINT/SIGTERM: reload the configuration on SIGHUP, and when the file changes (a
+/// mounted ConfigMap is swapped in place, so its content is compared every few seconds; this
+/// reads a local file, not the API).
+async fn wait_and_reload(handle: &AgentHandle, args: &AgentArgs) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut hup), Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::hangup()),
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    let read = |p: &PathBuf| std::fs::read(p).ok();
+    let mut last = args.config.as_ref().and_then(read);
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+    loop {
+        let forced = tokio::select! {
+            _ = term.recv() => return,
+            _ = int.recv() => return,
+            _ = hup.recv() => true,
+            _ = tick.tick() => false,
+        };
+        let now = args.config.as_ref().and_then(read);
+        if !forced && now == last {
+            continue;
+        }
+        last = now;
+        match handle.reload(args) {
+            Ok(true) => tracing::info!("configuration reloaded"),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::error!(error = %e, "new configuration refused; keeping the last good one")
+            }
+        }
+    }
 }

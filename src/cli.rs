@@ -30,7 +30,7 @@ pub enum Command {
     /// The fleet table, read from the Policies.
     Status,
     /// Print every manifest the agent would apply for an HCP.
-    Render,
+    Render(crate::render::RenderArgs),
 }
 
 /// Exit code for a command that exists in the CLI but is not implemented yet.
@@ -53,13 +53,10 @@ pub fn main() -> ExitCode {
     match cli.command {
         Command::Dev(args) => runtime.block_on(crate::dev::run(args)),
         Command::Agent(args) => runtime.block_on(crate::agent::run(args)),
-        Command::Webhook | Command::Status | Command::Render => {
-            let name = match cli.command {
-                Command::Webhook => "webhook",
-                Command::Status => "status",
-                _ => "render",
-            };
-            eprintln!("error: `hcp-fleet-agent {name}` is not built yet (see the open issues)");
+        Command::Status => runtime.block_on(crate::status::run()),
+        Command::Render(args) => crate::render::run(args),
+        Command::Webhook => {
+            eprintln!("error: `hcp-fleet-agent webhook` is not built yet (see the open issues)");
             ExitCode::from(EXIT_NOT_IMPLEMENTED)
         }
     }

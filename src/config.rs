@@ -135,7 +135,7 @@ pub struct LabelSelectorRequirement {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct AdmissionConfig {
     pub image: String,
     pub replicas: i32,
@@ -159,7 +159,7 @@ impl Default for AdmissionConfig {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct Resources {
     pub cpu_request: String,
     pub memory_request: String,
@@ -177,7 +177,7 @@ impl Default for Resources {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct HostedAccessConfig {
     /// The secret in each HCP namespace holding the hosted cluster's kubeconfig.
     pub kubeconfig_secret: String,
@@ -213,7 +213,7 @@ pub struct ServerRewrite {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct CertificateConfig {
     pub ca_lifetime_days: u32,
     pub serving_lifetime_days: u32,
@@ -513,6 +513,15 @@ mod tests {
     fn empty_file_means_defaults() {
         let cfg = AgentConfig::from_yaml("c.yaml", "{}").expect("valid");
         assert_eq!(cfg, AgentConfig::default());
+    }
+
+    #[test]
+    fn partial_sections_take_defaults_for_the_rest() {
+        let cfg =
+            AgentConfig::from_yaml("c.yaml", "admission: {image: quay.io/x/y:1}\n").expect("valid");
+        assert_eq!(cfg.admission.image, "quay.io/x/y:1");
+        assert_eq!(cfg.admission.replicas, 2);
+        assert_eq!(cfg.admission.service_name, "hcp-fleet-admission");
     }
 
     #[test]

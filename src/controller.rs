@@ -73,6 +73,8 @@ pub struct Context {
     rollup: Mutex<BTreeMap<String, RollupRow>>,
     rollup_changed: Notify,
     policy_crd_warned: std::sync::atomic::AtomicBool,
+    recorder: kube::runtime::events::Recorder,
+    failures: Mutex<HashMap<String, u32>>,
 }
 
 struct DriftWatch {
@@ -119,6 +121,9 @@ impl Context {
         }
         if let Ok(mut n) = self.drift_notes.lock() {
             n.remove(ns);
+        }
+        if let Ok(mut f) = self.failures.lock() {
+            f.remove(ns);
         }
         self.update_known();
         self.rollup_changed.notify_one();
@@ -178,11 +183,23 @@ pub async fn reconcile(
     let _enter = span.enter();
     let started = Instant::now();
     let mut obs = Observations::new();
-    let result = run_phases(&hcp, &ns, &cluster, &ctx, &mut obs).await;
-    if let Err(e) = &result {
-        warn!(error = %e, "reconcile failed");
+    let mut drift_repaired = 0;
+    let result = run_phases(&hcp, &ns, &cluster, &ctx, &mut obs, &mut drift_repaired).await;
+    // Phases are gated: what a reconcile did not reach is unknown now, never its old verdict.
+    for c in Concern::ALL {
+        obs.entry(c).or_insert_with(|| {
+            Observation::pending("not checked: an earlier phase did not complete")
+        });
     }
-    report(&ctx, &hcp, &ns, &cluster, &obs).await;
+    match &result {
+        Err(e) => warn!(error = %e, "reconcile failed"),
+        Ok(_) => {
+            if let Ok(mut f) = ctx.failures.lock() {
+                f.remove(&ns);
+            }
+        }
+    }
+    report(&ctx, &hcp, &ns, &cluster, &obs, drift_repaired).await;
     ctx.metrics
         .reconcile_duration
         .observe(started.elapsed().as_secs_f64());
@@ -195,6 +212,7 @@ async fn run_phases(
     cluster: &str,
     ctx: &Context,
     obs: &mut Observations,
+    drift_repaired: &mut u64,
 ) -> Result<Action, ReconcileError> {
     let cfg = ctx.config();
     // Phase 1: discovery.
@@ -446,6 +464,7 @@ async fn run_phases(
         .ok()
         .and_then(|mut n| n.remove(ns))
         .unwrap_or_default();
+    *drift_repaired = drift.len() as u64;
     let msg = if drift.is_empty() {
         format!("{want} webhook configuration(s) installed and current")
     } else {
@@ -637,6 +656,7 @@ async fn report(
     ns: &str,
     cluster: &str,
     obs: &Observations,
+    drift_repaired: u64,
 ) {
     let overall = reporting::aggregate(obs.values().map(|o| &o.state));
     let v = match overall {
@@ -662,7 +682,7 @@ async fn report(
     if !ctx.caps.policy_crd {
         return;
     }
-    if let Err(e) = write_policy(ctx, hcp, ns, obs).await {
+    if let Err(e) = write_policy(ctx, hcp, ns, cluster, obs, drift_repaired).await {
         warn!(hcp_namespace = %ns, error = %e, "writing the Policy failed");
     }
 }
@@ -671,10 +691,12 @@ async fn write_policy(
     ctx: &Context,
     hcp: &HostedControlPlane,
     ns: &str,
+    cluster: &str,
     obs: &Observations,
+    drift_repaired: u64,
 ) -> Result<(), kube::Error> {
     let api: Api<Policy> = Api::namespaced(ctx.client.clone(), ns);
-    let mut desired = reporting::render_policy(ns);
+    let mut desired = reporting::render_policy(ns, cluster);
     if let Some(o) = hcp.controller_owner_ref(&()) {
         desired.metadata.owner_references = Some(vec![OwnerReference {
             controller: Some(false),
@@ -683,10 +705,31 @@ async fn write_policy(
         }]);
     }
     let current = api.get_opt(reporting::POLICY_NAME).await?;
-    let current = match current {
-        Some(c) if c.spec == desired.spec => c,
+    let mut current = match current {
+        Some(c)
+            if c.spec == desired.spec
+                && c.labels().get(reporting::CLUSTER_LABEL) == Some(&cluster.to_string()) =>
+        {
+            c
+        }
         _ => apply(&api, reporting::POLICY_NAME, &desired).await?,
     };
+    if drift_repaired > 0 {
+        // The running total lives on the Policy, so it survives agent restarts.
+        let before: u64 = current
+            .annotations()
+            .get(reporting::DRIFT_ANNOTATION)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let patch = serde_json::json!({"metadata": {"annotations": {reporting::DRIFT_ANNOTATION: (before + drift_repaired).to_string()}}});
+        current = api
+            .patch(
+                reporting::POLICY_NAME,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+    }
     let next = reporting::next_status(
         ns,
         current.status.as_ref(),
@@ -702,16 +745,51 @@ async fn write_policy(
             &Patch::Merge(&patch),
         )
         .await?;
+        // Events on the Policy, as ACM's own controllers emit them.
+        let reference = current.object_ref(&());
+        for e in reporting::new_entries(current.status.as_ref(), &next) {
+            let ev = kube::runtime::events::Event {
+                type_: if e.compliant {
+                    kube::runtime::events::EventType::Normal
+                } else {
+                    kube::runtime::events::EventType::Warning
+                },
+                reason: format!("policy: {ns}/{}", e.template),
+                note: Some(e.message),
+                action: "ComplianceStateUpdated".into(),
+                secondary: None,
+            };
+            if let Err(err) = ctx.recorder.publish(&ev, &reference).await {
+                warn!(hcp_namespace = %ns, error = %err, "publishing a Policy event failed");
+            }
+        }
     }
     Ok(())
 }
 
+/// Per-HCP exponential backoff: 2 s, 4 s, … capped at 60 s; a success resets it (in
+/// `reconcile`). One broken hosted cluster retries on its own schedule and never holds up the
+/// others.
 pub fn error_policy(
-    _hcp: Arc<HostedControlPlane>,
+    hcp: Arc<HostedControlPlane>,
     _err: &ReconcileError,
-    _ctx: Arc<Context>,
+    ctx: Arc<Context>,
 ) -> Action {
-    Action::requeue(Duration::from_secs(15))
+    let ns = hcp.namespace().unwrap_or_default();
+    let failures = ctx
+        .failures
+        .lock()
+        .map(|mut f| {
+            let n = f.entry(ns).or_insert(0);
+            *n = n.saturating_add(1);
+            *n
+        })
+        .unwrap_or(1);
+    Action::requeue(backoff(failures))
+}
+
+pub fn backoff(failures: u32) -> Duration {
+    Duration::from_secs(2u64.saturating_pow(failures.min(6)).min(60))
 }
 
 /// How to run the controller.
@@ -781,7 +859,16 @@ impl Context {
         mpsc::UnboundedReceiver<ObjectRef<HostedControlPlane>>,
     ) {
         let (tx, rx) = mpsc::unbounded_channel();
+        let recorder = kube::runtime::events::Recorder::new(
+            client.clone(),
+            kube::runtime::events::Reporter {
+                controller: "hcp-fleet-agent".into(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        );
         let ctx = Arc::new(Self {
+            failures: Mutex::new(HashMap::new()),
+            recorder,
             client,
             config,
             metrics,
@@ -862,10 +949,12 @@ async fn deletion_watcher(ctx: Arc<Context>) {
     }
 }
 
-/// Runs the controller until `shutdown` resolves.
+/// Runs the controller until `shutdown` resolves. Each item of `reload` (a new
+/// configuration) reconciles every HCP.
 pub async fn run(
     ctx: Arc<Context>,
     drift_rx: mpsc::UnboundedReceiver<ObjectRef<HostedControlPlane>>,
+    reload: mpsc::UnboundedReceiver<()>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     if !ctx.caps.policy_crd
@@ -914,6 +1003,9 @@ pub async fn run(
                 .collect::<Vec<_>>()
         })
         .reconcile_on(drift)
+        .reconcile_all_on(futures::stream::unfold(reload, |mut rx| async move {
+            rx.recv().await.map(|r| (r, rx))
+        }))
         .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx.clone())
@@ -923,4 +1015,15 @@ pub async fn run(
         r.abort();
     }
     deletions.abort();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let secs: Vec<u64> = (1..=8).map(|n| backoff(n).as_secs()).collect();
+        assert_eq!(secs, vec![2, 4, 8, 16, 32, 60, 60, 60]);
+    }
 }

@@ -143,55 +143,24 @@ async fn start_agent(
 }
 
 /// Waits (60 s at most) until every hosted cluster's Policy has a verdict, then renders the
-/// fleet table.
+/// fleet table (the same one `hcp-fleet-agent status` prints).
 async fn wait_for_fleet(fleet: &LocalFleet, names: &[String]) -> Result<String, String> {
-    use crate::crd::Policy;
     let mgmt = fleet.management.client().await.map_err(|e| e.to_string())?;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
-        let mut rows = Vec::new();
-        for n in names {
-            let ns = localcp::fixtures::hcp_namespace(n);
-            let api: kube::Api<Policy> = kube::Api::namespaced(mgmt.clone(), &ns);
-            if let Ok(Some(p)) = api.get_opt(crate::reporting::POLICY_NAME).await {
-                rows.push((n.clone(), p));
-            }
-        }
+        let rows = crate::status::fleet_rows(&mgmt).await.unwrap_or_default();
         let done = rows.len() == names.len()
-            && rows.iter().all(|(_, p)| {
-                p.status
-                    .as_ref()
-                    .and_then(|s| s.compliant.as_deref())
-                    .is_some_and(|c| c != "Pending")
-            });
-        if done || std::time::Instant::now() > deadline {
-            let mut out = format!(
-                "  {:<10} {:<13} {:<18} {:<12} {:<16}\n",
-                "CLUSTER", "COMPLIANT", "ADMISSION-SERVICE", "CERTIFICATE", "HOSTED-WEBHOOKS"
-            );
-            for (n, p) in &rows {
-                let st = p.status.clone().unwrap_or_default();
-                let of = |t: &str| {
-                    st.details
-                        .iter()
-                        .find(|d| d.template_meta.name == t)
-                        .and_then(|d| d.compliant.clone())
-                        .unwrap_or_else(|| "-".into())
-                };
-                out.push_str(&format!(
-                    "  {:<10} {:<13} {:<18} {:<12} {:<16}\n",
-                    n,
-                    st.compliant.clone().unwrap_or_else(|| "-".into()),
-                    of("admission-service"),
-                    of("certificate"),
-                    of("hosted-webhooks"),
-                ));
-            }
-            return if done {
-                Ok(out)
-            } else {
-                Err(format!("timed out:\n{out}"))
-            };
+            && rows
+                .iter()
+                .all(|r| r.compliant != "Pending" && r.compliant != "-");
+        if done {
+            return Ok(crate::status::render_table(&rows));
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(format!(
+                "timed out:\n{}",
+                crate::status::render_table(&rows)
+            ));
         }
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     }

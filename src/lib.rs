@@ -13,6 +13,8 @@ pub mod hosted;
 pub mod localcp;
 pub mod management;
 pub mod metrics;
+pub mod render;
 pub mod reporting;
+pub mod status;
 pub mod telemetry;
 pub mod tls;

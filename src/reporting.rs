@@ -19,22 +19,23 @@ pub const ROLLUP_NAME: &str = "hcp-fleet-rollup";
 pub const MAX_HISTORY: usize = 10;
 /// Policy annotation holding the drift repairs so far (survives agent restarts).
 pub const DRIFT_ANNOTATION: &str = "hcp-fleet.openshift.io/drift-repairs";
+/// Policy label naming the hosted cluster (the HCP's name).
+pub const CLUSTER_LABEL: &str = "hcp-fleet.openshift.io/hosted-cluster";
 
-/// The concerns, in the order they appear in the Policy.
+/// The concerns, in the order they appear in the Policy. (The end-to-end probe joins them
+/// with the admission service it probes.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Concern {
     AdmissionService,
     Certificate,
     HostedWebhooks,
-    EndToEndProbe,
 }
 
 impl Concern {
-    pub const ALL: [Concern; 4] = [
+    pub const ALL: [Concern; 3] = [
         Concern::AdmissionService,
         Concern::Certificate,
         Concern::HostedWebhooks,
-        Concern::EndToEndProbe,
     ];
 
     pub fn template_name(self) -> &'static str {
@@ -42,7 +43,6 @@ impl Concern {
             Concern::AdmissionService => "admission-service",
             Concern::Certificate => "certificate",
             Concern::HostedWebhooks => "hosted-webhooks",
-            Concern::EndToEndProbe => "e2e-probe",
         }
     }
 }
@@ -115,7 +115,7 @@ pub fn acm_message(state: ComplianceState, msg: &str) -> String {
 }
 
 /// The per-HCP Policy's spec: one ConfigurationPolicy template per concern.
-pub fn render_policy(namespace: &str) -> Policy {
+pub fn render_policy(namespace: &str, cluster: &str) -> Policy {
     let templates = Concern::ALL
         .iter()
         .map(|c| crate::crd::PolicyTemplate {
@@ -136,11 +136,44 @@ pub fn render_policy(namespace: &str) -> Policy {
         },
     );
     p.metadata.namespace = Some(namespace.to_string());
-    p.metadata.labels = Some(BTreeMap::from([(
-        crate::management::MANAGED_BY.to_string(),
-        crate::management::MANAGED_BY_VALUE.to_string(),
-    )]));
+    p.metadata.labels = Some(BTreeMap::from([
+        (
+            crate::management::MANAGED_BY.to_string(),
+            crate::management::MANAGED_BY_VALUE.to_string(),
+        ),
+        (CLUSTER_LABEL.to_string(), cluster.to_string()),
+    ]));
     p
+}
+
+/// A history entry that `next_status` added: what an Event should announce.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewEntry {
+    pub template: String,
+    pub compliant: bool,
+    pub message: String,
+}
+
+/// The entries `next` added on top of `prev`, one per template at most.
+pub fn new_entries(prev: Option<&PolicyStatus>, next: &PolicyStatus) -> Vec<NewEntry> {
+    next.details
+        .iter()
+        .filter_map(|d| {
+            let newest = d.history.first()?;
+            let before = prev
+                .and_then(|p| {
+                    p.details
+                        .iter()
+                        .find(|x| x.template_meta.name == d.template_meta.name)
+                })
+                .and_then(|x| x.history.first());
+            (before != Some(newest)).then(|| NewEntry {
+                template: d.template_meta.name.clone(),
+                compliant: d.compliant.as_deref() == Some("Compliant"),
+                message: newest.message.clone(),
+            })
+        })
+        .collect()
 }
 
 /// The next status from the previous one and this reconcile's observations. A template's
@@ -296,7 +329,7 @@ mod tests {
         let s2 = next_status("ns", Some(&s1), &o, "2026-01-01T00:05:00Z", true);
         assert_eq!(s1, s2);
         assert_eq!(s1.compliant.as_deref(), Some("Compliant"));
-        assert_eq!(s1.details.len(), 4);
+        assert_eq!(s1.details.len(), 3);
     }
 
     #[test]
@@ -366,6 +399,26 @@ mod tests {
             rollup_status(&rows, true).compliant.as_deref(),
             Some("Compliant")
         );
+    }
+
+    #[test]
+    fn new_entries_are_only_the_changes() {
+        let a = all(ComplianceState::Compliant, "fine");
+        let s1 = next_status("ns", None, &a, "t1", true);
+        assert_eq!(new_entries(None, &s1).len(), 3);
+        let mut b = a.clone();
+        b.insert(Concern::HostedWebhooks, Observation::violation("down"));
+        let s2 = next_status("ns", Some(&s1), &b, "t2", true);
+        let e = new_entries(Some(&s1), &s2);
+        assert_eq!(
+            e,
+            vec![NewEntry {
+                template: "hosted-webhooks".into(),
+                compliant: false,
+                message: "NonCompliant; violation - down".into(),
+            }]
+        );
+        assert!(new_entries(Some(&s2), &s2).is_empty());
     }
 
     #[test]
