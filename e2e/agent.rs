@@ -97,6 +97,38 @@ async fn wait_compliant(mgmt: &Client, names: &[&str]) {
     }
 }
 
+/// Waits until the Policy in `ns` says `overall` and the newest history entry of `template`
+/// is in ACM's form for that verdict and mentions `needle`.
+async fn wait_verdict(mgmt: &Client, ns: &str, template: &str, overall: &str, needle: &str) {
+    let prefix = if overall == "Compliant" {
+        "Compliant; notification - "
+    } else {
+        "NonCompliant; violation - "
+    };
+    eventually(
+        &format!("{ns} {template}: {overall} mentioning {needle:?}"),
+        Duration::from_secs(30),
+        || {
+            let mgmt = mgmt.clone();
+            async move {
+                let p = policy(&mgmt, ns, POLICY_NAME).await?;
+                let h = history_messages(&p, template);
+                match h.first() {
+                    Some(m)
+                        if compliant(&p) == Some(overall)
+                            && m.starts_with(prefix)
+                            && m.contains(needle) =>
+                    {
+                        Ok(())
+                    }
+                    _ => Err(format!("{:?} {h:?}", compliant(&p))),
+                }
+            }
+        },
+    )
+    .await;
+}
+
 /// resourceVersions of everything the agent writes for one hosted cluster.
 async fn versions(mgmt: &Client, hosted: &Client, ns: &str) -> BTreeMap<String, String> {
     let mut v = BTreeMap::new();
@@ -357,26 +389,12 @@ async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
         put_kubeconfig_secret(&secrets, SERVICE_NETWORK_KUBECONFIG, "kubeconfig", &doc)
             .await
             .expect("secret");
-        eventually(
-            &format!("refusal for {reason}"),
-            Duration::from_secs(15),
-            || {
-                let mgmt = mgmt.clone();
-                async move {
-                    let p = policy(&mgmt, "clusters-hc-3", POLICY_NAME).await?;
-                    let h = history_messages(&p, "hosted-webhooks");
-                    match h.first() {
-                        Some(m)
-                            if m.starts_with("NonCompliant; violation - ")
-                                && m.contains(reason)
-                                && compliant(&p) == Some("NonCompliant") =>
-                        {
-                            Ok(())
-                        }
-                        _ => Err(format!("{h:?}")),
-                    }
-                }
-            },
+        wait_verdict(
+            &mgmt,
+            "clusters-hc-3",
+            "hosted-webhooks",
+            "NonCompliant",
+            reason,
         )
         .await;
     }
@@ -384,20 +402,13 @@ async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
     put_kubeconfig_secret(&secrets, SERVICE_NETWORK_KUBECONFIG, "other-key", "x")
         .await
         .expect("secret");
-    eventually("refusal for a missing key", Duration::from_secs(15), || {
-        let mgmt = mgmt.clone();
-        async move {
-            let p = policy(&mgmt, "clusters-hc-3", POLICY_NAME).await?;
-            let h = history_messages(&p, "hosted-webhooks");
-            if h.first()
-                .is_some_and(|m| m.contains("has no key kubeconfig"))
-            {
-                Ok(())
-            } else {
-                Err(format!("{h:?}"))
-            }
-        }
-    })
+    wait_verdict(
+        &mgmt,
+        "clusters-hc-3",
+        "hosted-webhooks",
+        "NonCompliant",
+        "has no key kubeconfig",
+    )
     .await;
     assert!(!marker_file.exists(), "the exec plugin must never run");
 
@@ -464,46 +475,20 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
     let started = Instant::now();
     wait_compliant(&mgmt, &["hc-1"]).await;
     let hc1_time = started.elapsed();
-    eventually(
-        "hc-3 NonCompliant with the reason",
-        Duration::from_secs(30),
-        || {
-            let mgmt = mgmt.clone();
-            async move {
-                let p = policy(&mgmt, "clusters-hc-3", POLICY_NAME).await?;
-                let h = history_messages(&p, "hosted-webhooks");
-                match h.first() {
-                    Some(m)
-                        if compliant(&p) == Some("NonCompliant")
-                            && m.contains("hosted kube-apiserver https://127.0.0.1:") =>
-                    {
-                        Ok(())
-                    }
-                    _ => Err(format!("{:?} {h:?}", compliant(&p))),
-                }
-            }
-        },
+    wait_verdict(
+        &mgmt,
+        "clusters-hc-3",
+        "hosted-webhooks",
+        "NonCompliant",
+        "hosted kube-apiserver https://127.0.0.1:",
     )
     .await;
-    eventually(
-        "hc-2 waiting, written as NonCompliant",
-        Duration::from_secs(15),
-        || {
-            let mgmt = mgmt.clone();
-            async move {
-                let p = policy(&mgmt, "clusters-hc-2", POLICY_NAME).await?;
-                let h = history_messages(&p, "admission-service");
-                match h.first() {
-                    Some(m)
-                        if compliant(&p) == Some("NonCompliant")
-                            && m.contains("waiting for the HostedControlPlane to be ready") =>
-                    {
-                        Ok(())
-                    }
-                    _ => Err(format!("{:?} {h:?}", compliant(&p))),
-                }
-            }
-        },
+    wait_verdict(
+        &mgmt,
+        "clusters-hc-2",
+        "admission-service",
+        "NonCompliant",
+        "waiting for the HostedControlPlane to be ready",
     )
     .await;
     assert!(

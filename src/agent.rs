@@ -137,6 +137,16 @@ pub async fn start(
     cfg: AgentConfig,
     opts: StartOptions,
 ) -> Result<AgentHandle, kube::Error> {
+    start_with_metrics(client, cfg, opts, Arc::new(Metrics::new())).await
+}
+
+/// `start`, with a metrics registry the caller already counts management requests into.
+pub async fn start_with_metrics(
+    client: Client,
+    cfg: AgentConfig,
+    opts: StartOptions,
+    metrics: Arc<Metrics>,
+) -> Result<AgentHandle, kube::Error> {
     // The roll-up Policy needs its namespace.
     let ns: Namespace = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": opts.agent_namespace}
@@ -150,7 +160,6 @@ pub async fn start(
         )
         .await?;
     let caps = controller::discover(&client).await;
-    let metrics = Arc::new(Metrics::new());
     let url_base = opts
         .url_base
         .unwrap_or_else(|| Arc::new(|cfg: &AgentConfig, ns: &str| default_url_base(cfg, ns)));
@@ -185,14 +194,21 @@ pub async fn run(args: AgentArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let client = match Client::try_default().await {
-        Ok(c) => c,
+    let metrics = Arc::new(Metrics::new());
+    let client = match kube::Config::infer().await {
+        Ok(c) => match crate::metrics::counted_client(c, metrics.management_requests.clone()) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("error: building the management client: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
         Err(e) => {
             eprintln!("error: no usable kubeconfig or in-cluster configuration: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let handle = match start(
+    let handle = match start_with_metrics(
         client,
         cfg,
         StartOptions {
@@ -200,6 +216,7 @@ pub async fn run(args: AgentArgs) -> ExitCode {
             local_sans: false,
             url_base: None,
         },
+        metrics,
     )
     .await
     {

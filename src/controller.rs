@@ -75,6 +75,8 @@ pub struct Context {
     policy_crd_warned: std::sync::atomic::AtomicBool,
     recorder: kube::runtime::events::Recorder,
     failures: Mutex<HashMap<String, u32>>,
+    /// UIDs of deleted HCPs (a UID is never reused, so a recreated HCP is not affected).
+    tombstones: Mutex<std::collections::HashSet<String>>,
 }
 
 struct DriftWatch {
@@ -105,16 +107,12 @@ impl Context {
     }
 
     /// Everything the agent holds for an HCP that went away.
-    pub fn forget(&self, ns: &str) {
-        let cluster = self
-            .rollup
-            .lock()
-            .ok()
-            .and_then(|mut r| r.remove(ns))
-            .map(|r| r.cluster_name);
-        if let Some(cluster) = cluster {
-            self.metrics.forget(ns, &cluster);
+    /// `cluster` is the HCP's name (which names its metric series).
+    pub fn forget(&self, ns: &str, cluster: &str) {
+        if let Ok(mut r) = self.rollup.lock() {
+            r.remove(ns);
         }
+        self.metrics.forget(ns, cluster);
         self.clients.forget(ns);
         if let Ok(mut d) = self.drift.lock() {
             d.remove(ns);
@@ -198,6 +196,15 @@ pub async fn reconcile(
                 f.remove(&ns);
             }
         }
+    }
+    // A reconcile that was in flight when its HCP was deleted must not bring the row, the
+    // series or the client back: it repeats the cleanup instead of reporting.
+    let deleted = hcp
+        .uid()
+        .is_some_and(|uid| ctx.tombstones.lock().is_ok_and(|t| t.contains(&uid)));
+    if deleted {
+        ctx.forget(&ns, &cluster);
+        return Ok(Action::await_change());
     }
     report(&ctx, &hcp, &ns, &cluster, &obs, drift_repaired).await;
     ctx.metrics
@@ -406,9 +413,15 @@ async fn run_phases(
             ),
         ));
     };
+    // Bound first: the family's guard must not live across the await.
+    let requests = ctx
+        .metrics
+        .hosted_requests
+        .get_or_create(&Context::labels(ns, cluster))
+        .clone();
     let (hosted, server) = match ctx
         .clients
-        .get(ns, &access.kubeconfig_secret, raw, access)
+        .get(ns, &access.kubeconfig_secret, raw, access, requests)
         .await
     {
         Ok(c) => c,
@@ -664,11 +677,22 @@ async fn report(
         ComplianceState::NonCompliant => 1,
         ComplianceState::Pending => -1,
     };
-    ctx.metrics
-        .compliance
-        .get_or_create(&Context::labels(ns, cluster))
-        .set(v);
-    if let Ok(mut r) = ctx.rollup.lock() {
+    {
+        let Ok(mut r) = ctx.rollup.lock() else {
+            return;
+        };
+        // Under the roll-up lock, which `forget` also takes: the deletion watcher records the
+        // tombstone before it forgets, so a late report can never resurrect the row.
+        let deleted = hcp
+            .uid()
+            .is_some_and(|uid| ctx.tombstones.lock().is_ok_and(|t| t.contains(&uid)));
+        if deleted {
+            return;
+        }
+        ctx.metrics
+            .compliance
+            .get_or_create(&Context::labels(ns, cluster))
+            .set(v);
         let row = RollupRow {
             cluster_name: cluster.to_string(),
             state: overall,
@@ -738,13 +762,7 @@ async fn write_policy(
         ctx.caps.pending_supported,
     );
     if current.status.as_ref() != Some(&next) {
-        let patch = serde_json::json!({ "status": next });
-        api.patch_status(
-            reporting::POLICY_NAME,
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await?;
+        patch_policy_status(&api, reporting::POLICY_NAME, &next).await?;
         // Events on the Policy, as ACM's own controllers emit them.
         let reference = current.object_ref(&());
         for e in reporting::new_entries(current.status.as_ref(), &next) {
@@ -770,6 +788,19 @@ async fn write_policy(
 /// Per-HCP exponential backoff: 2 s, 4 s, … capped at 60 s; a success resets it (in
 /// `reconcile`). One broken hosted cluster retries on its own schedule and never holds up the
 /// others.
+/// A whole status, by merge patch on the status subresource (the Policy's status is entirely
+/// ours; arrays are replaced whole).
+async fn patch_policy_status(
+    api: &Api<Policy>,
+    name: &str,
+    status: &crate::crd::PolicyStatus,
+) -> Result<(), kube::Error> {
+    let patch = serde_json::json!({ "status": status });
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(|_| ())
+}
+
 pub fn error_policy(
     hcp: Arc<HostedControlPlane>,
     _err: &ReconcileError,
@@ -868,6 +899,7 @@ impl Context {
         );
         let ctx = Arc::new(Self {
             failures: Mutex::new(HashMap::new()),
+            tombstones: Mutex::new(std::collections::HashSet::new()),
             recorder,
             client,
             config,
@@ -913,13 +945,7 @@ async fn rollup_writer(ctx: Arc<Context>) {
                 }
             };
             if current.status.as_ref() != Some(&status) {
-                let patch = serde_json::json!({ "status": status });
-                api.patch_status(
-                    reporting::ROLLUP_NAME,
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
-                .await?;
+                patch_policy_status(&api, reporting::ROLLUP_NAME, &status).await?;
             }
             Ok(())
         }
@@ -944,7 +970,12 @@ async fn deletion_watcher(ctx: Arc<Context>) {
         if let Ok(watcher::Event::Delete(m)) = ev {
             let ns = m.namespace().unwrap_or_default();
             info!(hcp_namespace = %ns, "HostedControlPlane deleted; forgetting it");
-            ctx.forget(&ns);
+            if let Some(uid) = m.uid()
+                && let Ok(mut t) = ctx.tombstones.lock()
+            {
+                t.insert(uid);
+            }
+            ctx.forget(&ns, &m.name_any());
         }
     }
 }
@@ -1020,6 +1051,77 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn test_context() -> Arc<Context> {
+        let url = "https://127.0.0.1:1".parse().expect("url");
+        let client = Client::try_from(kube::Config::new(url)).expect("client");
+        let caps = Capabilities {
+            has_policy_v1: true,
+            policy_crd: false,
+            pending_supported: true,
+        };
+        let opts = RunOptions {
+            agent_namespace: "agent".into(),
+            local_sans: false,
+            url_base: Arc::new(|c: &AgentConfig, ns: &str| webhooks::default_url_base(c, ns)),
+        };
+        let cfg = Arc::new(std::sync::RwLock::new(Arc::new(AgentConfig::default())));
+        Context::new(client, cfg, Arc::new(Metrics::new()), caps, opts).0
+    }
+
+    fn hcp(uid: &str) -> HostedControlPlane {
+        let mut h = HostedControlPlane::new("hc-1", Default::default());
+        h.metadata.namespace = Some("clusters-hc-1".into());
+        h.metadata.uid = Some(uid.into());
+        h
+    }
+
+    fn all_compliant() -> Observations {
+        Concern::ALL
+            .iter()
+            .map(|c| (*c, Observation::compliant("ok")))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_late_report_never_resurrects_a_deleted_hcp() {
+        let ctx = test_context();
+        if let Ok(mut t) = ctx.tombstones.lock() {
+            t.insert("uid-1".into());
+        }
+        report(
+            &ctx,
+            &hcp("uid-1"),
+            "clusters-hc-1",
+            "hc-1",
+            &all_compliant(),
+            0,
+        )
+        .await;
+        assert!(ctx.rollup.lock().expect("lock").is_empty());
+        assert!(!ctx.metrics.encode().contains("clusters-hc-1"));
+        // A recreated HCP (new UID) in the same namespace is reported normally.
+        report(
+            &ctx,
+            &hcp("uid-2"),
+            "clusters-hc-1",
+            "hc-1",
+            &all_compliant(),
+            0,
+        )
+        .await;
+        assert_eq!(ctx.rollup.lock().expect("lock").len(), 1);
+    }
+
+    #[tokio::test]
+    async fn forget_drops_every_series_even_without_a_rollup_row() {
+        let ctx = test_context();
+        let l = Context::labels("clusters-hc-1", "hc-1");
+        ctx.metrics.cert_expiry.get_or_create(&l).set(1);
+        ctx.metrics.hosted_requests.get_or_create(&l).inc();
+        ctx.forget("clusters-hc-1", "hc-1");
+        assert!(!ctx.metrics.encode().contains("clusters-hc-1"));
+    }
 
     #[test]
     fn backoff_doubles_and_caps() {

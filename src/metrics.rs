@@ -32,6 +32,17 @@ fn hist() -> Histogram {
     Histogram::new(exponential_buckets(0.005, 2.0, 12))
 }
 
+/// A client whose every request increments `counter`.
+pub fn counted_client(config: kube::Config, counter: Counter) -> Result<kube::Client, kube::Error> {
+    let layer = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
+        counter.inc();
+        req
+    });
+    Ok(kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&layer)
+        .build())
+}
+
 pub struct Metrics {
     registry: Mutex<Registry>,
     pub compliance: Family<HcpLabels, Gauge>,
@@ -42,6 +53,8 @@ pub struct Metrics {
     pub hosted_latency: Family<HcpLabels, Histogram, fn() -> Histogram>,
     pub hosted_errors: Family<HcpLabels, Counter>,
     pub probe_success: Family<HcpLabels, Gauge>,
+    pub hosted_requests: Family<HcpLabels, Counter>,
+    pub management_requests: Counter,
     pub reconcile_duration: Histogram,
     pub reconcile_errors: Family<PhaseLabels, Counter>,
     pub hosted_clusters: Gauge,
@@ -66,6 +79,8 @@ impl Metrics {
             hosted_latency: Family::new_with_constructor(hist),
             hosted_errors: Family::default(),
             probe_success: Family::default(),
+            hosted_requests: Family::default(),
+            management_requests: Counter::default(),
             reconcile_duration: hist(),
             reconcile_errors: Family::default(),
             hosted_clusters: Gauge::default(),
@@ -106,6 +121,16 @@ impl Metrics {
                 "hosted_api_errors",
                 "Failed calls to a hosted kube-apiserver",
                 m.hosted_errors.clone(),
+            );
+            r.register(
+                "hosted_api_requests",
+                "Requests the agent sent to a hosted kube-apiserver (watches count once, when opened)",
+                m.hosted_requests.clone(),
+            );
+            r.register(
+                "management_api_requests",
+                "Requests the agent sent to the management kube-apiserver",
+                m.management_requests.clone(),
             );
             r.register(
                 "e2e_probe_success",
@@ -158,6 +183,7 @@ impl Metrics {
         self.hosted_latency.remove(&l);
         self.hosted_errors.remove(&l);
         self.probe_success.remove(&l);
+        self.hosted_requests.remove(&l);
         for kind in [
             "ValidatingWebhookConfiguration",
             "MutatingWebhookConfiguration",

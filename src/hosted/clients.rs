@@ -62,6 +62,7 @@ impl HostedClients {
         secret_name: &str,
         raw: &[u8],
         access: &HostedAccessConfig,
+        requests: prometheus_client::metrics::counter::Counter,
     ) -> Result<(Client, String), HostedAccessError> {
         let hash = digest(raw);
         if let Ok(c) = self.cache.lock()
@@ -88,9 +89,12 @@ impl HostedClients {
             .map_err(|e| client_err(e.to_string()))?;
         let t = Duration::from_secs(u64::from(access.request_timeout_seconds));
         config.connect_timeout = Some(t);
-        config.read_timeout = Some(t);
         config.write_timeout = Some(t);
-        let client = Client::try_from(config).map_err(|e| client_err(e.to_string()))?;
+        // Reads keep kube's default: the drift watches are quiet for minutes between events,
+        // and a short read timeout would cut and reopen them every few seconds (polling in
+        // disguise, seen in `make bench`). The install step has its own deadline.
+        let client = crate::metrics::counted_client(config, requests)
+            .map_err(|e| client_err(e.to_string()))?;
         if let Ok(mut c) = self.cache.lock() {
             c.insert(
                 namespace.to_string(),

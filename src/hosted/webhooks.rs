@@ -5,8 +5,6 @@
 //! each holding every active webhook of its kind. A kind with no active webhook renders to
 //! nothing, and the controller deletes what it owns but no longer wants.
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
@@ -51,47 +49,43 @@ pub fn default_url_base(cfg: &AgentConfig, hcp_namespace: &str) -> String {
     )
 }
 
-fn guarded_namespace_selector(sel: Option<&LabelSelector>) -> Value {
+/// The definition's selector with the agent's guard expressions added (never replaced).
+fn guarded_selector(sel: Option<&LabelSelector>, guards: &[Value]) -> Value {
     let mut exprs: Vec<Value> = sel
         .map(|s| {
             s.match_expressions
                 .iter()
-                .map(|e| serde_json::to_value(e).unwrap_or(Value::Null))
-                .filter(|v| !v.is_null())
+                .filter_map(|e| serde_json::to_value(e).ok())
                 .collect()
         })
         .unwrap_or_default();
-    // OpenShift's run-level 0/1 namespaces carry the control plane: never intercept them.
-    exprs.push(json!({"key": "openshift.io/run-level", "operator": "NotIn", "values": ["0", "1"]}));
-    // Honoured where the server labels namespaces with their name (1.21+); the admission
-    // service exempts the same namespaces by name for older servers.
-    exprs.push(json!({"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": PROTECTED_NAMESPACE_NAMES}));
-    let labels: BTreeMap<String, String> = sel.map(|s| s.match_labels.clone()).unwrap_or_default();
+    exprs.extend(guards.iter().cloned());
     let mut v = json!({ "matchExpressions": exprs });
-    if !labels.is_empty() {
-        v["matchLabels"] = json!(labels);
+    if let Some(s) = sel.filter(|s| !s.match_labels.is_empty()) {
+        v["matchLabels"] = json!(s.match_labels);
     }
     v
 }
 
+fn guarded_namespace_selector(sel: Option<&LabelSelector>) -> Value {
+    guarded_selector(
+        sel,
+        &[
+            // OpenShift's run-level 0/1 namespaces carry the control plane: never intercept them.
+            json!({"key": "openshift.io/run-level", "operator": "NotIn", "values": ["0", "1"]}),
+            // Honoured where the server labels namespaces with their name (1.21+); the
+            // admission service exempts the same namespaces by name for older servers.
+            json!({"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": PROTECTED_NAMESPACE_NAMES}),
+        ],
+    )
+}
+
 fn guarded_object_selector(sel: Option<&LabelSelector>) -> Value {
-    let mut exprs: Vec<Value> = sel
-        .map(|s| {
-            s.match_expressions
-                .iter()
-                .map(|e| serde_json::to_value(e).unwrap_or(Value::Null))
-                .filter(|v| !v.is_null())
-                .collect()
-        })
-        .unwrap_or_default();
     // The agent's own objects are never intercepted, DELETE included.
-    exprs.push(json!({"key": OWNED_LABEL, "operator": "DoesNotExist"}));
-    let labels: BTreeMap<String, String> = sel.map(|s| s.match_labels.clone()).unwrap_or_default();
-    let mut v = json!({ "matchExpressions": exprs });
-    if !labels.is_empty() {
-        v["matchLabels"] = json!(labels);
-    }
-    v
+    guarded_selector(
+        sel,
+        &[json!({"key": OWNED_LABEL, "operator": "DoesNotExist"})],
+    )
 }
 
 fn webhook_json(w: &WebhookDefinition, url_base: &str, ca_bundle: &ByteString) -> Value {
