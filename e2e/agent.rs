@@ -368,6 +368,30 @@ async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
     )
     .await;
     eprintln!("drift repair (delete to restored, as seen by the test): {repair_time:?}");
+    // Events on the Policy, as ACM tooling reads them (core/v1).
+    eventually("Policy events", Duration::from_secs(10), || {
+        let events =
+            Api::<k8s_openapi::api::core::v1::Event>::namespaced(mgmt.clone(), "clusters-hc-1");
+        async move {
+            let list = events
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let ours: Vec<_> = list
+                .items
+                .iter()
+                .filter(|e| e.reason.as_deref() == Some("policy: clusters-hc-1/hosted-webhooks"))
+                .filter(|e| e.involved_object.kind.as_deref() == Some("Policy"))
+                .collect();
+            let normal = ours.iter().any(|e| e.type_.as_deref() == Some("Normal"));
+            if normal {
+                Ok(())
+            } else {
+                Err(format!("{} matching events", ours.len()))
+            }
+        }
+    })
+    .await;
 
     // Hostile kubeconfigs are refused with a reason, and the exec plugin never runs.
     let marker = tempfile::tempdir().expect("tmp");

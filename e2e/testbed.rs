@@ -332,3 +332,76 @@ async fn dev_runs_until_ctrl_c_and_leaves_no_orphans() {
     let leftovers: Vec<_> = std::fs::read_dir(parent.path()).expect("read").collect();
     assert!(leftovers.is_empty(), "state dir removed: {leftovers:?}");
 }
+
+/// `render` as an operator runs it: offline, every object, no private key, and the management
+/// objects accepted by a real kube-apiserver (server-side dry run).
+#[tokio::test]
+async fn render_prints_objects_a_real_apiserver_accepts() {
+    let out = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+        .args(["render", "--namespace", "clusters-hc-1", "--no-policy-v1"])
+        .output()
+        .expect("render");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let yaml = String::from_utf8(out.stdout).expect("utf8");
+    assert!(!yaml.contains("PRIVATE KEY"));
+    let fleet = LocalFleet::start(FleetOptions::with_hosted(0))
+        .await
+        .expect("fleet");
+    let mgmt = fleet.management.client().await.expect("client");
+    Api::<Namespace>::all(mgmt.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": "clusters-hc-1"}}))
+                .expect("ns"),
+        )
+        .await
+        .expect("namespace");
+    let mut kinds = Vec::new();
+    for doc in yaml.split("---\n").filter(|d| d.contains("kind:")) {
+        let v: serde_json::Value = serde_saphyr::from_str(doc).expect("yaml");
+        let kind = v["kind"].as_str().unwrap_or_default().to_string();
+        if kind.ends_with("WebhookConfiguration") {
+            continue; // hosted-cluster objects
+        }
+        let obj: kube::api::DynamicObject = serde_json::from_value(v.clone()).expect("object");
+        let (group, version) = match v["apiVersion"].as_str().unwrap_or_default().split_once('/') {
+            Some((g, ver)) => (g.to_string(), ver.to_string()),
+            None => (
+                String::new(),
+                v["apiVersion"].as_str().unwrap_or_default().to_string(),
+            ),
+        };
+        let gvk = kube::core::GroupVersionKind::gvk(&group, &version, &kind);
+        let (ar, _) = kube::discovery::pinned_kind(&mgmt, &gvk)
+            .await
+            .expect("served kind");
+        let api: Api<kube::api::DynamicObject> =
+            Api::namespaced_with(mgmt.clone(), "clusters-hc-1", &ar);
+        let pp = kube::api::PatchParams::apply("render-check").dry_run();
+        api.patch(
+            &obj.metadata.name.clone().unwrap_or_default(),
+            &pp,
+            &kube::api::Patch::Apply(&obj),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{kind} refused: {e}"));
+        kinds.push(kind);
+    }
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        vec![
+            "Deployment",
+            "NetworkPolicy",
+            "Policy",
+            "Secret",
+            "Secret",
+            "Service",
+            "ServiceAccount"
+        ]
+    );
+}
