@@ -65,13 +65,21 @@ fn history_messages(p: &Policy, template: &str) -> Vec<String> {
         .collect()
 }
 
+/// The stand-in kubelet running the real `webhook` command for each admission Deployment.
+fn real_pods(dir: &std::path::Path) -> kubelet::KubeletOptions {
+    kubelet::KubeletOptions {
+        binary: Some(env!("CARGO_BIN_EXE_hcp-fleet-agent").into()),
+        dir: dir.to_path_buf(),
+    }
+}
+
 async fn start_agent(mgmt: &Client) -> agent::AgentHandle {
     agent::start(
         mgmt.clone(),
         AgentConfig::default(),
         StartOptions {
             agent_namespace: AGENT_NS.into(),
-            local_sans: true,
+            local_mode: true,
             url_base: None,
         },
     )
@@ -171,7 +179,8 @@ async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
         .await
         .expect("fleet");
     let mgmt = fleet.management.client().await.expect("mgmt");
-    let _kubelet = kubelet::spawn(mgmt.clone());
+    let pods = tempfile::tempdir().expect("tmp");
+    let _kubelet = kubelet::spawn(mgmt.clone(), real_pods(pods.path()));
     let agent = start_agent(&mgmt).await;
     let names = ["hc-1", "hc-2", "hc-3"];
     wait_compliant(&mgmt, &names).await;
@@ -236,14 +245,19 @@ async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
             vwc.labels().get(OWNED_LABEL).map(String::as_str),
             Some("true")
         );
+        // In the test bed the URL is the address the stand-in kubelet published for this HCP's
+        // service (in a cluster: https://<svc>.<ns>.svc.cluster.local, see the unit tests).
+        let published = svc
+            .metadata
+            .annotations
+            .clone()
+            .unwrap_or_default()
+            .get(kubelet::LOCAL_ENDPOINT_ANNOTATION)
+            .cloned()
+            .expect("published endpoint");
         for w in vwc.webhooks.unwrap_or_default() {
             let url = w.client_config.url.unwrap_or_default();
-            assert!(
-                url.starts_with(&format!(
-                    "https://hcp-fleet-admission.{ns}.svc.cluster.local/"
-                )),
-                "{url}"
-            );
+            assert!(url.starts_with(&format!("{published}/")), "{url}");
             assert_eq!(
                 w.client_config.ca_bundle.map(|b| b.0),
                 Some(ca_pem.clone()),
@@ -484,7 +498,8 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
     hcp_fleet_agent::localcp::fixtures::set_hcp_ready(&mgmt, "clusters-hc-2", "hc-2", false)
         .await
         .expect("unready");
-    let _kubelet = kubelet::spawn(mgmt.clone());
+    let pods = tempfile::tempdir().expect("tmp");
+    let _kubelet = kubelet::spawn(mgmt.clone(), real_pods(pods.path()));
     let agent = start_agent(&mgmt).await;
     assert!(
         !agent.context.caps.pending_supported,
@@ -593,6 +608,7 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
         namespace: AGENT_NS.into(),
         concurrency: None,
         admission_image: None,
+        local_mode: true,
         metrics_addr: "127.0.0.1:0".parse().expect("addr"),
     };
     std::fs::write(

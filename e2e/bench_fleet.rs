@@ -115,7 +115,13 @@ async fn run() -> Result<(), String> {
     fixtures::install_crds(&mgmt)
         .await
         .map_err(|e| e.to_string())?;
-    let _kubelet = kubelet::spawn(mgmt.clone());
+    let _kubelet = kubelet::spawn(
+        mgmt.clone(),
+        kubelet::KubeletOptions {
+            binary: Some(env!("CARGO_BIN_EXE_hcp-fleet-agent").into()),
+            dir: fleet.state_dir().join("kubelet"),
+        },
+    );
 
     // The agent, as it runs in a cluster: its own process, its own metrics endpoint.
     let port = free_port().map_err(|e| e.to_string())?;

@@ -30,6 +30,10 @@ pub struct AgentArgs {
     /// Overrides `admission.image` from the file.
     #[arg(long, env = "HCP_FLEET_ADMISSION_IMAGE")]
     pub admission_image: Option<String>,
+    /// The local test bed: loopback SANs, and admission URLs from the address the stand-in
+    /// kubelet publishes. Never for a real cluster.
+    #[arg(long, hide = true)]
+    pub local_mode: bool,
     /// Where `/metrics`, `/healthz` and `/readyz` are served.
     #[arg(long, env = "HCP_FLEET_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: std::net::SocketAddr,
@@ -128,7 +132,7 @@ pub fn serve(listener: tokio::net::TcpListener, ctx: Arc<Context>) -> JoinHandle
 
 pub struct StartOptions {
     pub agent_namespace: String,
-    pub local_sans: bool,
+    pub local_mode: bool,
     pub url_base: Option<UrlBase>,
 }
 
@@ -170,7 +174,7 @@ pub async fn start_with_metrics(
         caps,
         RunOptions {
             agent_namespace: opts.agent_namespace,
-            local_sans: opts.local_sans,
+            local_mode: opts.local_mode,
             url_base,
         },
     );
@@ -213,7 +217,7 @@ pub async fn run(args: AgentArgs) -> ExitCode {
         cfg,
         StartOptions {
             agent_namespace: args.namespace.clone(),
-            local_sans: false,
+            local_mode: args.local_mode,
             url_base: None,
         },
         metrics,

@@ -24,7 +24,7 @@ pub enum Command {
     /// The controller on the management cluster.
     Agent(crate::agent::AgentArgs),
     /// The admission service the agent deploys into each HCP namespace.
-    Webhook,
+    Webhook(crate::admission::WebhookArgs),
     /// A local fleet: etcd, a management and N hosted kube-apiservers, HCP fixtures.
     Dev(crate::dev::DevArgs),
     /// The fleet table, read from the Policies.
@@ -32,9 +32,6 @@ pub enum Command {
     /// Print every manifest the agent would apply for an HCP.
     Render(crate::render::RenderArgs),
 }
-
-/// Exit code for a command that exists in the CLI but is not implemented yet.
-const EXIT_NOT_IMPLEMENTED: u8 = 3;
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -55,9 +52,6 @@ pub fn main() -> ExitCode {
         Command::Agent(args) => runtime.block_on(crate::agent::run(args)),
         Command::Status => runtime.block_on(crate::status::run()),
         Command::Render(args) => crate::render::run(args),
-        Command::Webhook => {
-            eprintln!("error: `hcp-fleet-agent webhook` is not built yet (see the open issues)");
-            ExitCode::from(EXIT_NOT_IMPLEMENTED)
-        }
+        Command::Webhook(args) => runtime.block_on(crate::admission::run(args)),
     }
 }

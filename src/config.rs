@@ -37,6 +37,14 @@ pub struct AgentConfig {
     /// How many HCPs reconcile at once.
     #[serde(default = "default_concurrency")]
     pub concurrency: u16,
+    /// Seconds between end-to-end probes of each hosted cluster (a dry-run request through
+    /// its kube-apiserver that the admission service must answer).
+    #[serde(default = "default_probe_interval")]
+    pub probe_interval_seconds: u32,
+}
+
+fn default_probe_interval() -> u32 {
+    60
 }
 
 fn default_concurrency() -> u16 {
@@ -51,6 +59,7 @@ impl Default for AgentConfig {
             hosted_access: HostedAccessConfig::default(),
             certificates: CertificateConfig::default(),
             concurrency: default_concurrency(),
+            probe_interval_seconds: default_probe_interval(),
         }
     }
 }
@@ -144,16 +153,57 @@ pub struct AdmissionConfig {
     pub service_name: String,
     pub port: i32,
     pub resources: Resources,
+    /// Users no webhook judges: exact names, or prefixes ending in '*'.
+    pub exempt_users: Vec<String>,
+    /// Groups no webhook judges.
+    pub exempt_groups: Vec<String>,
+    /// Namespaces whose requests no webhook judges (exact, or prefixes ending in '*').
+    pub exempt_namespaces: Vec<String>,
+    /// ClusterRoles and ClusterRoleBindings that regular users may not delete.
+    pub protected_cluster_roles: Vec<String>,
+    /// The annotation the Service mutation adds.
+    pub service_annotation: Annotation,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Annotation {
+    pub key: String,
+    pub value: String,
 }
 
 impl Default for AdmissionConfig {
     fn default() -> Self {
+        let v = |xs: &[&str]| xs.iter().map(|x| x.to_string()).collect::<Vec<_>>();
         Self {
             image: "quay.io/hcp-fleet/hcp-fleet-agent:latest".into(),
             replicas: 2,
             service_name: "hcp-fleet-admission".into(),
             port: 8443,
             resources: Resources::default(),
+            // HyperShift's control-plane identities and the cluster's own machinery.
+            exempt_users: v(&[
+                "system:admin",
+                "system:serviceaccount:hypershift:*",
+                "system:serviceaccount:kube-system:*",
+                "system:serviceaccount:openshift-*",
+                "system:kube-controller-manager",
+                "system:kube-scheduler",
+            ]),
+            exempt_groups: v(&["system:masters", "osd-sre-admins", "osd-sre-cluster-admins"]),
+            exempt_namespaces: v(&["kube-*", "openshift-*", "default"]),
+            protected_cluster_roles: v(&[
+                "cluster-admin",
+                "admin",
+                "edit",
+                "view",
+                "system:*",
+                "dedicated-admins*",
+            ]),
+            service_annotation: Annotation {
+                key: "hcp-fleet.openshift.io/managed".into(),
+                value: "true".into(),
+            },
         }
     }
 }
@@ -273,6 +323,24 @@ pub fn default_webhooks() -> Vec<WebhookDefinition> {
             mode: Mode::Enforce,
         },
         WebhookDefinition {
+            name: "probe.hcp-fleet.openshift.io".into(),
+            kind: WebhookKind::Validating,
+            path: crate::admission::policies::PROBE_PATH.into(),
+            rules: vec![rule(&["CREATE"], &[""], &["configmaps"])],
+            failure_policy: FailurePolicy::Ignore,
+            timeout_seconds: 2,
+            namespace_selector: None,
+            // Only the agent's probe objects reach it.
+            object_selector: Some(LabelSelector {
+                match_labels: BTreeMap::from([(
+                    crate::admission::policies::PROBE_LABEL.to_string(),
+                    "true".to_string(),
+                )]),
+                match_expressions: Vec::new(),
+            }),
+            mode: Mode::Enforce,
+        },
+        WebhookDefinition {
             name: "service-annotation.hcp-fleet.openshift.io".into(),
             kind: WebhookKind::Mutating,
             path: "/mutate/service-annotation".into(),
@@ -326,6 +394,9 @@ impl AgentConfig {
         let mut p = Vec::new();
         if self.concurrency == 0 {
             p.push("concurrency must be at least 1".into());
+        }
+        if !(5..=3600).contains(&self.probe_interval_seconds) {
+            p.push("probeIntervalSeconds must be 5 to 3600".into());
         }
         let a = &self.admission;
         if a.image.trim().is_empty() {
@@ -398,6 +469,13 @@ impl AgentConfig {
                 p.push(format!(
                     "{at}: path {:?} must start with '/' and hold no '..', whitespace, '?' or '#'",
                     w.path
+                ));
+            }
+            if !crate::admission::policies::BUILTIN_PATHS.contains(&w.path.as_str()) {
+                p.push(format!(
+                    "{at}: path {:?} has no handler in the admission service (one of {})",
+                    w.path,
+                    crate::admission::policies::BUILTIN_PATHS.join(", ")
                 ));
             }
             if !paths.insert(&w.path) {
@@ -573,10 +651,11 @@ webhooks:
             "duplicate name",
             "path \"v2\" must start with '/'",
             "unknown operation \"DESTROY\"",
+            "path \"/v\" has no handler in the admission service",
         ] {
             assert!(all.contains(needle), "missing {needle:?} in:\n{all}");
         }
-        assert_eq!(problems.len(), 9, "{all}");
+        assert_eq!(problems.len(), 11, "{all}");
     }
 
     #[test]

@@ -63,7 +63,7 @@ pub struct Context {
     pub clients: HostedClients,
     pub caps: Capabilities,
     pub agent_namespace: String,
-    pub local_sans: bool,
+    pub local_mode: bool,
     pub url_base: UrlBase,
     drift_tx: mpsc::UnboundedSender<ObjectRef<HostedControlPlane>>,
     drift: Mutex<HashMap<String, DriftWatch>>,
@@ -255,7 +255,7 @@ async fn run_phases(
         (Some(a), Some(b)) => CertBundle::from_secret_data(&secret_bytes(a), &secret_bytes(b)),
         _ => None,
     };
-    let sans = management::serving_sans(&cfg, ns, ctx.local_sans);
+    let sans = management::serving_sans(&cfg, ns, ctx.local_mode);
     let now = jiff::Timestamp::now().as_second();
     let (certs, why) = certificates::plan(existing.as_ref(), &cfg, &sans, now).map_err(|e| {
         obs.insert(
@@ -429,7 +429,10 @@ async fn run_phases(
     };
 
     // Phase 5: webhook configurations in the hosted cluster.
-    let url_base = (ctx.url_base)(&cfg, ns);
+    let url_base = match local_endpoint(ctx, &cfg, ns).await {
+        Some(u) => u,
+        None => (ctx.url_base)(&cfg, ns),
+    };
     let desired = webhooks::render(&cfg, ns, &url_base, &certs.ca_bundle_pem())
         .map_err(|e| refuse(obs, e.to_string()))?;
     let want = usize::from(desired.validating.is_some()) + usize::from(desired.mutating.is_some());
@@ -440,6 +443,9 @@ async fn run_phases(
         .set(want as i64);
     let timeout = Duration::from_secs(u64::from(access.request_timeout_seconds));
     let t0 = Instant::now();
+    // The drift watch learns the new desired state before we write it, so our own write is
+    // never mistaken for someone else's change.
+    ensure_drift_watch(ctx, ns, cluster, &server, &hosted, desired.clone());
     let installed = tokio::time::timeout(timeout, install_hosted(&hosted, &desired)).await;
     ctx.metrics
         .hosted_latency
@@ -469,8 +475,7 @@ async fn run_phases(
         .get_or_create(&labels)
         .set(want as i64);
 
-    // Phase 6: keep it so.
-    ensure_drift_watch(ctx, ns, cluster, &server, &hosted, desired);
+    // Phase 6: keep it so (the watch started above reports drift).
     let drift = ctx
         .drift_notes
         .lock()
@@ -488,7 +493,70 @@ async fn run_phases(
         // Come back once more so the history also records the steady state after the repair.
         return Ok(Action::requeue(Duration::from_millis(500)));
     }
-    Ok(Action::await_change())
+
+    // Phase 7: prove it end to end, through the hosted kube-apiserver.
+    let probe = probe(&hosted, timeout).await;
+    ctx.metrics
+        .probe_success
+        .get_or_create(&labels)
+        .set(i64::from(probe.state == ComplianceState::Compliant));
+    obs.insert(Concern::EndToEndProbe, probe);
+    // The probe is the one periodic request: it is what turns "installed" into "working".
+    Ok(Action::requeue(Duration::from_secs(u64::from(
+        cfg.probe_interval_seconds,
+    ))))
+}
+
+/// A dry-run create of a labelled ConfigMap that only the admission service's probe webhook
+/// sees. Its denial (with the service's answer) proves the hosted kube-apiserver reaches the
+/// service over TLS; an allowed request means the call failed and failurePolicy Ignore let it
+/// through.
+async fn probe(hosted: &Client, timeout: Duration) -> Observation {
+    use crate::admission::policies::{PROBE_ANSWER, PROBE_LABEL};
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let api: Api<ConfigMap> = Api::namespaced(hosted.clone(), "default");
+    let mut cm = ConfigMap::default();
+    cm.metadata.generate_name = Some("hcp-fleet-probe-".into());
+    cm.metadata.labels = Some(BTreeMap::from([(
+        PROBE_LABEL.to_string(),
+        "true".to_string(),
+    )]));
+    let pp = kube::api::PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let t0 = Instant::now();
+    match tokio::time::timeout(timeout, api.create(&pp, &cm)).await {
+        // No timing in the message: a steady probe must not add history (and writes) each time.
+        Ok(Err(kube::Error::Api(s))) if s.message.contains(PROBE_ANSWER) => {
+            tracing::debug!(ms = t0.elapsed().as_millis() as u64, "probe answered");
+            Observation::compliant(
+                "the admission service answered the probe through the hosted kube-apiserver",
+            )
+        }
+        Ok(Ok(_)) => Observation::violation(
+            "the hosted kube-apiserver did not reach the admission service (the probe was let through by failurePolicy Ignore)",
+        ),
+        Ok(Err(e)) => Observation::violation(format!("probe failed: {e}")),
+        Err(_) => {
+            Observation::violation(format!("probe got no answer within {}s", timeout.as_secs()))
+        }
+    }
+}
+
+/// In local mode (the test bed), the address the stand-in kubelet published for the service.
+async fn local_endpoint(ctx: &Context, cfg: &AgentConfig, ns: &str) -> Option<String> {
+    if !ctx.local_mode {
+        return None;
+    }
+    let svc = Api::<Service>::namespaced(ctx.client.clone(), ns)
+        .get_opt(&cfg.admission.service_name)
+        .await
+        .ok()
+        .flatten()?;
+    svc.annotations()
+        .get(crate::localcp::kubelet::LOCAL_ENDPOINT_ANNOTATION)
+        .cloned()
 }
 
 /// Applies only what differs from the live object: some API servers (1.20 among them) bump a
@@ -828,7 +896,7 @@ pub struct RunOptions {
     /// Where the fleet roll-up Policy lives.
     pub agent_namespace: String,
     /// Loopback SANs on serving certificates (the local test bed).
-    pub local_sans: bool,
+    pub local_mode: bool,
     pub url_base: UrlBase,
 }
 
@@ -907,7 +975,7 @@ impl Context {
             clients: HostedClients::default(),
             caps,
             agent_namespace: opts.agent_namespace,
-            local_sans: opts.local_sans,
+            local_mode: opts.local_mode,
             url_base: opts.url_base,
             drift_tx: tx,
             drift: Mutex::new(HashMap::new()),
@@ -1062,7 +1130,7 @@ mod tests {
         };
         let opts = RunOptions {
             agent_namespace: "agent".into(),
-            local_sans: false,
+            local_mode: false,
             url_base: Arc::new(|c: &AgentConfig, ns: &str| webhooks::default_url_base(c, ns)),
         };
         let cfg = Arc::new(std::sync::RwLock::new(Arc::new(AgentConfig::default())));

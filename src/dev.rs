@@ -127,13 +127,20 @@ async fn start_agent(
     fleet: &LocalFleet,
 ) -> Result<(crate::agent::AgentHandle, tokio::task::JoinHandle<()>), String> {
     let mgmt = fleet.management.client().await.map_err(|e| e.to_string())?;
-    let kubelet = localcp::kubelet::spawn(mgmt.clone());
+    // The stand-in kubelet runs this very binary's `webhook` command for each admission pod.
+    let kubelet = localcp::kubelet::spawn(
+        mgmt.clone(),
+        localcp::kubelet::KubeletOptions {
+            binary: std::env::current_exe().ok(),
+            dir: fleet.state_dir().join("kubelet"),
+        },
+    );
     let agent = crate::agent::start(
         mgmt,
         crate::config::AgentConfig::default(),
         crate::agent::StartOptions {
             agent_namespace: "hcp-fleet-agent".into(),
-            local_sans: true,
+            local_mode: true,
             url_base: None,
         },
     )

@@ -2,6 +2,7 @@
 //!
 //! One module per concern; see docs/architecture.md for how they fit together.
 
+pub mod admission;
 pub mod agent;
 pub mod certificates;
 pub mod cli;

@@ -155,6 +155,14 @@ pub fn render(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<ManagementObject
     )?;
 
     let cluster_toleration_key = "hypershift.openshift.io/cluster";
+    let settings_json = serde_json::to_string(&crate::admission::policies::Settings::from_config(
+        cfg,
+    ))
+    .map_err(|e| RenderError {
+        namespace: ns.to_string(),
+        kind: "Deployment",
+        reason: e.to_string(),
+    })?;
     let deployment = typed(
         ns,
         "Deployment",
@@ -191,6 +199,8 @@ pub fn render(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<ManagementObject
                             "name": "webhook",
                             "image": a.image,
                             "args": ["webhook", "--cert-dir", CERT_DIR, "--port", a.port.to_string()],
+                            // Modes and exemptions: a change rolls out like any Deployment change.
+                            "env": [{"name": crate::admission::policies::SETTINGS_ENV, "value": settings_json}],
                             "ports": [{"name": "https", "containerPort": a.port, "protocol": "TCP"}],
                             "readinessProbe": {"httpGet": {"path": "/readyz", "port": "https", "scheme": "HTTPS"}, "periodSeconds": 5},
                             "livenessProbe": {"httpGet": {"path": "/healthz", "port": "https", "scheme": "HTTPS"}, "periodSeconds": 10},

@@ -22,20 +22,21 @@ pub const DRIFT_ANNOTATION: &str = "hcp-fleet.openshift.io/drift-repairs";
 /// Policy label naming the hosted cluster (the HCP's name).
 pub const CLUSTER_LABEL: &str = "hcp-fleet.openshift.io/hosted-cluster";
 
-/// The concerns, in the order they appear in the Policy. (The end-to-end probe joins them
-/// with the admission service it probes.)
+/// The concerns, in the order they appear in the Policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Concern {
     AdmissionService,
     Certificate,
     HostedWebhooks,
+    EndToEndProbe,
 }
 
 impl Concern {
-    pub const ALL: [Concern; 3] = [
+    pub const ALL: [Concern; 4] = [
         Concern::AdmissionService,
         Concern::Certificate,
         Concern::HostedWebhooks,
+        Concern::EndToEndProbe,
     ];
 
     pub fn template_name(self) -> &'static str {
@@ -43,6 +44,7 @@ impl Concern {
             Concern::AdmissionService => "admission-service",
             Concern::Certificate => "certificate",
             Concern::HostedWebhooks => "hosted-webhooks",
+            Concern::EndToEndProbe => "e2e-probe",
         }
     }
 }
@@ -329,7 +331,7 @@ mod tests {
         let s2 = next_status("ns", Some(&s1), &o, "2026-01-01T00:05:00Z", true);
         assert_eq!(s1, s2);
         assert_eq!(s1.compliant.as_deref(), Some("Compliant"));
-        assert_eq!(s1.details.len(), 3);
+        assert_eq!(s1.details.len(), 4);
     }
 
     #[test]
@@ -405,7 +407,7 @@ mod tests {
     fn new_entries_are_only_the_changes() {
         let a = all(ComplianceState::Compliant, "fine");
         let s1 = next_status("ns", None, &a, "t1", true);
-        assert_eq!(new_entries(None, &s1).len(), 3);
+        assert_eq!(new_entries(None, &s1).len(), 4);
         let mut b = a.clone();
         b.insert(Concern::HostedWebhooks, Observation::violation("down"));
         let s2 = next_status("ns", Some(&s1), &b, "t2", true);

@@ -58,24 +58,26 @@ pub fn row(p: &Policy) -> FleetRow {
 
 pub fn render_table(rows: &[FleetRow]) -> String {
     let mut out = format!(
-        "{:<14} {:<13} {:<18} {:<13} {:<16} {:<6} {}\n",
+        "{:<14} {:<13} {:<18} {:<13} {:<16} {:<13} {:<6} {}\n",
         "CLUSTER",
         "COMPLIANT",
         "ADMISSION-SERVICE",
         "CERTIFICATE",
         "HOSTED-WEBHOOKS",
+        "E2E-PROBE",
         "DRIFT",
         "LAST-CHANGE"
     );
     for r in rows {
         let c = |i: usize| r.concerns.get(i).map(String::as_str).unwrap_or("-");
         out.push_str(&format!(
-            "{:<14} {:<13} {:<18} {:<13} {:<16} {:<6} {}\n",
+            "{:<14} {:<13} {:<18} {:<13} {:<16} {:<13} {:<6} {}\n",
             r.cluster,
             r.compliant,
             c(0),
             c(1),
             c(2),
+            c(3),
             r.drift_repairs,
             r.last_change
         ));
@@ -161,7 +163,10 @@ mod tests {
         let r = row(&p);
         assert_eq!(r.cluster, "hc-1");
         assert_eq!(r.compliant, "NonCompliant");
-        assert_eq!(r.concerns, vec!["Compliant", "Compliant", "NonCompliant"]);
+        assert_eq!(
+            r.concerns,
+            vec!["Compliant", "Compliant", "NonCompliant", "Compliant"]
+        );
         assert_eq!(r.drift_repairs, 3);
         assert_eq!(r.last_change, "2026-11-22T10:00:00Z");
         let t = render_table(&[r]);

@@ -17,6 +17,12 @@ pub use policy::{
 /// The label HyperShift puts on every hosted control plane namespace.
 pub const HCP_NAMESPACE_LABEL: &str = "hypershift.openshift.io/hosted-control-plane";
 
+/// OpenShift CRDs the hosted clusters of the test bed serve, so the webhooks see real objects.
+pub const HOSTED_CRD_MANIFESTS: &[(&str, &str)] = &[(
+    "featuregates.config.openshift.io",
+    include_str!("featuregates.yaml"),
+)];
+
 /// The CRD manifests of the types above (YAML), in install order.
 pub const CRD_MANIFESTS: &[(&str, &str)] = &[
     (

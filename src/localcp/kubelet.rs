@@ -1,56 +1,304 @@
 //! No kubelet runs in the test bed, so this plays one for the admission Deployments the agent
-//! creates: it marks each available (as a kubelet and the deployment controller would).
-//! Issue 4 replaces the pretence with the real `webhook` command.
+//! creates. For each it runs the real `hcp-fleet-agent webhook` command with the Deployment's
+//! own args and environment (only the listen address and certificate directory are mapped to
+//! loopback), waits for `/readyz` over TLS, publishes the address on the Service (annotation
+//! `hcp-fleet.openshift.io/local-endpoint`, which the agent reads in local mode), and marks the
+//! Deployment available. A new Deployment generation restarts the process; a changed
+//! certificate Secret is written to the process's directory, where the service reloads it.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::task::JoinHandle;
 
+use super::free_port;
+use super::process::ManagedProcess;
 use crate::management::{MANAGED_BY, MANAGED_BY_VALUE, deployment_available};
 
-/// Runs until the handle is aborted or dropped with its runtime.
-pub fn spawn(client: Client) -> JoinHandle<()> {
+pub const LOCAL_ENDPOINT_ANNOTATION: &str = "hcp-fleet.openshift.io/local-endpoint";
+
+struct Pod {
+    generation: i64,
+    dir: PathBuf,
+    secret: String,
+    _process: ManagedProcess,
+}
+
+/// How the stand-in kubelet runs admission pods.
+#[derive(Clone)]
+pub struct KubeletOptions {
+    /// The `hcp-fleet-agent` binary (`None`: only mark Deployments available, run nothing).
+    pub binary: Option<PathBuf>,
+    /// Where pod directories (certificates, logs) go.
+    pub dir: PathBuf,
+}
+
+/// Runs until the handle is aborted; dropping the task stops every pod it started.
+pub fn spawn(client: Client, opts: KubeletOptions) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let api: Api<Deployment> = Api::all(client.clone());
-        let cfg = watcher::Config::default().labels(&format!("{MANAGED_BY}={MANAGED_BY_VALUE}"));
-        let mut s = std::pin::pin!(watcher(api, cfg).default_backoff().applied_objects());
-        while let Some(ev) = s.next().await {
-            let Ok(d) = ev else { continue };
-            if deployment_available(&d) {
-                continue;
-            }
-            let ns = d.namespace().unwrap_or_default();
-            let replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-            let now = jiff::Timestamp::now()
-                .strftime("%Y-%m-%dT%H:%M:%SZ")
-                .to_string();
-            let status = serde_json::json!({"status": {
-                "observedGeneration": d.metadata.generation.unwrap_or(1),
-                "replicas": replicas,
-                "updatedReplicas": replicas,
-                "readyReplicas": replicas,
-                "availableReplicas": replicas,
-                "conditions": [{
-                    "type": "Available", "status": "True",
-                    "reason": "MinimumReplicasAvailable",
-                    "message": "marked available by the test bed",
-                    "lastUpdateTime": now, "lastTransitionTime": now,
-                }],
-            }});
-            let api: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-            if let Err(e) = api
-                .patch_status(
-                    &d.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(&status),
-                )
-                .await
-            {
-                tracing::warn!(namespace = %ns, error = %e, "test bed could not mark the Deployment available");
+        let label = format!("{MANAGED_BY}={MANAGED_BY_VALUE}");
+        let deployments = watcher(
+            Api::<Deployment>::all(client.clone()),
+            watcher::Config::default().labels(&label),
+        )
+        .default_backoff()
+        .map(|e| e.map(|ev| Either::Deployment(Box::new(ev))));
+        let secrets = watcher(
+            Api::<Secret>::all(client.clone()),
+            watcher::Config::default().labels(&label),
+        )
+        .default_backoff()
+        .map(|e| e.map(|ev| Either::Secret(Box::new(ev))));
+        let mut events = std::pin::pin!(futures::stream::select(deployments, secrets));
+        let mut pods: HashMap<String, Pod> = HashMap::new();
+        while let Some(ev) = events.next().await {
+            let Ok(ev) = ev else { continue };
+            match ev {
+                Either::Deployment(ev) => match *ev {
+                    watcher::Event::Apply(d) | watcher::Event::InitApply(d) => {
+                        if let Err(e) = sync_pod(&client, &opts, &mut pods, &d).await {
+                            tracing::warn!(namespace = %d.namespace().unwrap_or_default(), error = %e, "test bed kubelet");
+                        }
+                    }
+                    watcher::Event::Delete(d) => {
+                        pods.remove(&d.namespace().unwrap_or_default());
+                    }
+                    _ => {}
+                },
+                Either::Secret(ev) => {
+                    if let watcher::Event::Apply(s) | watcher::Event::InitApply(s) = *ev {
+                        let ns = s.namespace().unwrap_or_default();
+                        if let Some(pod) = pods.get(&ns).filter(|p| p.secret == s.name_any()) {
+                            let _ = write_certs(&pod.dir, &s);
+                        }
+                    }
+                }
             }
         }
     })
+}
+
+/// Both watches in one stream (boxed: the events differ a lot in size).
+enum Either {
+    Deployment(Box<watcher::Event<Deployment>>),
+    Secret(Box<watcher::Event<Secret>>),
+}
+
+fn write_certs(dir: &Path, s: &Secret) -> Result<(), String> {
+    let data = s.data.clone().unwrap_or_default();
+    for key in ["tls.crt", "tls.key", "ca.crt"] {
+        let v = data
+            .get(key)
+            .ok_or_else(|| format!("secret has no {key}"))?;
+        // Write then rename, as the kubelet's atomic writer does: a reader never sees half a file.
+        let tmp = dir.join(format!(".{key}.tmp"));
+        std::fs::write(&tmp, &v.0).map_err(|e| e.to_string())?;
+        std::fs::rename(&tmp, dir.join(key)).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+async fn sync_pod(
+    client: &Client,
+    opts: &KubeletOptions,
+    pods: &mut HashMap<String, Pod>,
+    d: &Deployment,
+) -> Result<(), String> {
+    let ns = d.namespace().unwrap_or_default();
+    let generation = d.metadata.generation.unwrap_or(0);
+    let Some(binary) = &opts.binary else {
+        if !deployment_available(d) {
+            mark_available(client, d).await?;
+        }
+        return Ok(());
+    };
+    if pods.get(&ns).is_some_and(|p| p.generation == generation) {
+        if !deployment_available(d) {
+            mark_available(client, d).await?;
+        }
+        return Ok(());
+    }
+    pods.remove(&ns); // a new generation replaces the old pod
+    let pod_spec = d
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.clone())
+        .ok_or("no pod spec")?;
+    let container = pod_spec.containers.first().ok_or("no container")?;
+    let secret_name = pod_spec
+        .volumes
+        .iter()
+        .flatten()
+        .find_map(|v| v.secret.as_ref().and_then(|s| s.secret_name.clone()))
+        .ok_or("no secret volume")?;
+    let secret = Api::<Secret>::namespaced(client.clone(), &ns)
+        .get(&secret_name)
+        .await
+        .map_err(|e| e.to_string())?;
+    let dir = opts.dir.join(&ns);
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    write_certs(&dir, &secret)?;
+    let port = free_port().map_err(|e| e.to_string())?;
+    // The container's own args, with the listen address and cert dir mapped to this machine.
+    let mut args: Vec<String> = Vec::new();
+    let mut it = container.args.clone().unwrap_or_default().into_iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--cert-dir" | "--port" | "--bind" => {
+                it.next();
+            }
+            _ => args.push(a),
+        }
+    }
+    args.extend([
+        "--cert-dir".into(),
+        dir.display().to_string(),
+        "--port".into(),
+        port.to_string(),
+        "--bind".into(),
+        "127.0.0.1".into(),
+    ]);
+    let mut cmd_env: Vec<(String, String)> = container
+        .env
+        .iter()
+        .flatten()
+        .filter_map(|e| e.value.clone().map(|v| (e.name.clone(), v)))
+        .collect();
+    cmd_env.push(("RUST_LOG".into(), "info".into()));
+    let process = ManagedProcess::spawn_with_env(
+        &format!("webhook {ns}"),
+        binary,
+        &args,
+        &cmd_env,
+        &dir.join("webhook.log"),
+    )
+    .map_err(|e| e.to_string())?;
+    let ca = data_str(&secret, "ca.crt")?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok((200, _)) = https_get(port, &ca, "/readyz").await {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "webhook for {ns} not ready: {}",
+                process.log_tail(10)
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    pods.insert(
+        ns.clone(),
+        Pod {
+            generation,
+            dir,
+            secret: secret_name,
+            _process: process,
+        },
+    );
+    // Publish, then mark available: the agent renders URLs only after the availability gate.
+    let svc_name = d.name_any();
+    let patch = serde_json::json!({"metadata": {"annotations": {LOCAL_ENDPOINT_ANNOTATION: format!("https://127.0.0.1:{port}")}}});
+    Api::<Service>::namespaced(client.clone(), &ns)
+        .patch(&svc_name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|e| e.to_string())?;
+    mark_available(client, d).await
+}
+
+fn data_str(s: &Secret, key: &str) -> Result<String, String> {
+    s.data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .and_then(|v| String::from_utf8(v.0.clone()).ok())
+        .ok_or_else(|| format!("secret has no {key}"))
+}
+
+async fn mark_available(client: &Client, d: &Deployment) -> Result<(), String> {
+    let ns = d.namespace().unwrap_or_default();
+    let replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let now = jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    let status = serde_json::json!({"status": {
+        "observedGeneration": d.metadata.generation.unwrap_or(1),
+        "replicas": replicas,
+        "updatedReplicas": replicas,
+        "readyReplicas": replicas,
+        "availableReplicas": replicas,
+        "conditions": [{
+            "type": "Available", "status": "True",
+            "reason": "MinimumReplicasAvailable",
+            "message": "marked available by the test bed",
+            "lastUpdateTime": now, "lastTransitionTime": now,
+        }],
+    }});
+    Api::<Deployment>::namespaced(client.clone(), &ns)
+        .patch_status(
+            &d.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&status),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// GET `path` on 127.0.0.1:`port` over TLS, trusting `ca_pem`; returns (status, body).
+pub async fn https_get(port: u16, ca_pem: &str, path: &str) -> Result<(u16, String), String> {
+    use rustls::pki_types::pem::PemObject;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    crate::tls::install_crypto_provider();
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots
+            .add(c.map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    }
+    let cfg = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+    let fut = async {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .map_err(|e| e.to_string())?;
+        let name =
+            rustls::pki_types::ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
+        let mut tls = connector
+            .connect(name, tcp)
+            .await
+            .map_err(|e| e.to_string())?;
+        tls.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let mut buf = Vec::new();
+        let _ = tls.read_to_end(&mut buf).await;
+        let text = String::from_utf8_lossy(&buf).to_string();
+        let code = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| format!("no status in {text:?}"))?;
+        Ok((
+            code,
+            text.split_once("\r\n\r\n")
+                .map(|(_, b)| b.to_string())
+                .unwrap_or_default(),
+        ))
+    };
+    tokio::time::timeout(Duration::from_secs(3), fut)
+        .await
+        .map_err(|_| "timed out".to_string())?
 }

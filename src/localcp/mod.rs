@@ -266,6 +266,14 @@ impl LocalFleet {
             fixtures::install_crds(&mgmt).await?;
             for (name, s) in &fleet.hosted {
                 fixtures::create_hcp(&mgmt, name, &s.kubeconfig_yaml).await?;
+                let hosted = s.client().await?;
+                fixtures::install_crd_manifests(
+                    &hosted,
+                    crate::crd::HOSTED_CRD_MANIFESTS
+                        .iter()
+                        .map(|(n, y)| (*n, *y)),
+                )
+                .await?;
             }
         }
         Ok(fleet)

@@ -30,6 +30,17 @@ impl ManagedProcess {
         args: &[String],
         log_path: &Path,
     ) -> Result<Self, LocalCpError> {
+        Self::spawn_with_env(component, program, args, &[], log_path)
+    }
+
+    /// `spawn`, with extra environment variables.
+    pub fn spawn_with_env(
+        component: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(String, String)],
+        log_path: &Path,
+    ) -> Result<Self, LocalCpError> {
         let io_err = |source| LocalCpError::Io {
             context: format!("opening log {} for {component}", log_path.display()),
             source,
@@ -42,6 +53,7 @@ impl ManagedProcess {
         let log2 = log.try_clone().map_err(io_err)?;
         let mut cmd = Command::new(program);
         cmd.args(args)
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2)

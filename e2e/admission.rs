@@ -1,0 +1,438 @@
+//! The admission service end to end: the hosted kube-apiserver calls the real `webhook`
+//! process (run by the test bed's kubelet from the agent's Deployment) over TLS.
+
+mod support;
+
+use std::future::Future;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use hcp_fleet_agent::agent::{self, AgentHandle, StartOptions};
+use hcp_fleet_agent::certificates::{self, KeyedCert, Usage};
+use hcp_fleet_agent::config::{AgentConfig, Mode};
+use hcp_fleet_agent::crd::Policy;
+use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet, kubelet};
+use hcp_fleet_agent::management;
+use hcp_fleet_agent::reporting::POLICY_NAME;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+
+const NS: &str = "clusters-hc-1";
+const PROTECTED: &str = "hcp-fleet: deleting the protected ClusterRole \"cluster-admin\"";
+
+async fn eventually<F, Fut>(what: &str, within: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), String>>,
+{
+    let deadline = Instant::now() + within;
+    let mut last = String::from("never checked");
+    while Instant::now() < deadline {
+        match check().await {
+            Ok(()) => return,
+            Err(e) => last = e,
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    panic!("{what} not reached within {within:?}: {last}");
+}
+
+struct Bed {
+    fleet: LocalFleet,
+    mgmt: Client,
+    agent: AgentHandle,
+    pods: tempfile::TempDir,
+    _kubelet: tokio::task::JoinHandle<()>,
+}
+
+async fn bed(cfg: AgentConfig) -> Bed {
+    let fleet = LocalFleet::start(FleetOptions::with_hosted(1))
+        .await
+        .expect("fleet");
+    let mgmt = fleet.management.client().await.expect("mgmt");
+    let pods = tempfile::tempdir().expect("tmp");
+    let kubelet = kubelet::spawn(
+        mgmt.clone(),
+        kubelet::KubeletOptions {
+            binary: Some(env!("CARGO_BIN_EXE_hcp-fleet-agent").into()),
+            dir: pods.path().to_path_buf(),
+        },
+    );
+    let agent = agent::start(
+        mgmt.clone(),
+        cfg,
+        StartOptions {
+            agent_namespace: "hcp-fleet-agent".into(),
+            local_mode: true,
+            url_base: None,
+        },
+    )
+    .await
+    .expect("agent");
+    let bed = Bed {
+        fleet,
+        mgmt,
+        agent,
+        pods,
+        _kubelet: kubelet,
+    };
+    wait_concern(&bed.mgmt, "e2e-probe", "Compliant").await;
+    grant_alice(&bed).await;
+    bed
+}
+
+async fn wait_concern(mgmt: &Client, template: &str, want: &str) {
+    eventually(
+        &format!("{template} {want}"),
+        Duration::from_secs(60),
+        || {
+            let api: Api<Policy> = Api::namespaced(mgmt.clone(), NS);
+            async move {
+                let p = api.get(POLICY_NAME).await.map_err(|e| e.to_string())?;
+                let d = p
+                    .status
+                    .unwrap_or_default()
+                    .details
+                    .into_iter()
+                    .find(|d| d.template_meta.name == template);
+                match d {
+                    Some(d) if d.compliant.as_deref() == Some(want) => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await;
+}
+
+/// A regular user who RBAC lets delete cluster roles and edit feature gates, so only the
+/// admission webhooks stand in the way.
+async fn grant_alice(bed: &Bed) {
+    let hosted = bed
+        .fleet
+        .hosted("hc-1")
+        .expect("hc-1")
+        .client()
+        .await
+        .expect("client");
+    let role: ClusterRole = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "test-alice"},
+        "rules": [
+            {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles", "clusterrolebindings"], "verbs": ["get", "list", "delete"]},
+            {"apiGroups": ["config.openshift.io"], "resources": ["featuregates"], "verbs": ["get", "create", "update", "patch"]},
+        ],
+    }))
+    .expect("role");
+    Api::<ClusterRole>::all(hosted.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("role");
+    let binding: k8s_openapi::api::rbac::v1::ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "test-alice"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "test-alice"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}],
+    }))
+    .expect("binding");
+    Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(hosted)
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("binding");
+}
+
+/// kubectl against hc-1, as a user would run it: (success, stdout + stderr).
+fn kubectl(bed: &Bed, args: &[&str]) -> (bool, String) {
+    let assets = hcp_fleet_agent::localcp::Assets::resolve(None).expect("assets");
+    let out = Command::new(&assets.kubectl)
+        .arg("--kubeconfig")
+        .arg(&bed.fleet.hosted("hc-1").expect("hc-1").kubeconfig_path)
+        .args(args)
+        .output()
+        .expect("kubectl");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+const DELETE_AS_ALICE: &[&str] = &[
+    "--as=alice",
+    "delete",
+    "clusterrole",
+    "cluster-admin",
+    "--dry-run=server",
+];
+
+fn with_mode(mode: Mode) -> AgentConfig {
+    let mut cfg = AgentConfig::default();
+    for w in &mut cfg.webhooks {
+        if w.path == "/validate/protected-rbac" {
+            w.mode = mode;
+        }
+    }
+    cfg
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enforce_exempt_warn_and_off_through_the_hosted_apiserver() {
+    let bed = bed(AgentConfig::default()).await;
+
+    // enforce: a regular user is denied with the service's message.
+    let (ok, out) = kubectl(&bed, DELETE_AS_ALICE);
+    assert!(!ok && out.contains(PROTECTED), "{out}");
+    // an exempt identity (system:masters) is allowed.
+    let (ok, out) = kubectl(
+        &bed,
+        &[
+            "--as=bob",
+            "--as-group=system:masters",
+            "delete",
+            "clusterrole",
+            "cluster-admin",
+            "--dry-run=server",
+        ],
+    );
+    assert!(ok, "{out}");
+    // TechPreviewNoUpgrade on the FeatureGate is denied; other feature sets are not.
+    let fg = serde_json::json!({"apiVersion": "config.openshift.io/v1", "kind": "FeatureGate", "metadata": {"name": "cluster"}, "spec": {"featureSet": "Default"}});
+    let hosted = bed
+        .fleet
+        .hosted("hc-1")
+        .expect("hc-1")
+        .client()
+        .await
+        .expect("client");
+    let ar = kube::core::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("config.openshift.io", "v1", "FeatureGate"),
+        "featuregates",
+    );
+    let fgs: Api<kube::api::DynamicObject> = Api::all_with(hosted.clone(), &ar);
+    fgs.create(
+        &PostParams::default(),
+        &serde_json::from_value(fg).expect("fg"),
+    )
+    .await
+    .expect("featuregate");
+    let (ok, out) = kubectl(
+        &bed,
+        &[
+            "--as=alice",
+            "patch",
+            "featuregate",
+            "cluster",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"featureSet":"TechPreviewNoUpgrade"}}"#,
+            "--dry-run=server",
+        ],
+    );
+    assert!(
+        !ok && out.contains("featureSet TechPreviewNoUpgrade is not allowed"),
+        "{out}"
+    );
+    let (ok, out) = kubectl(
+        &bed,
+        &[
+            "--as=alice",
+            "patch",
+            "featuregate",
+            "cluster",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"featureSet":"LatencySensitive"}}"#,
+            "--dry-run=server",
+        ],
+    );
+    assert!(ok, "{out}");
+
+    // warn: the same request is allowed, with a Warning naming what would have been denied.
+    bed.agent.set_config(with_mode(Mode::Warn));
+    eventually("warn mode in force", Duration::from_secs(60), || {
+        let r = kubectl(&bed, DELETE_AS_ALICE);
+        async move {
+            match r {
+                (true, out) if out.contains("Warning: protected-rbac.hcp-fleet.openshift.io (warn mode) would deny: hcp-fleet:") => Ok(()),
+                (_, out) => Err(out),
+            }
+        }
+    })
+    .await;
+
+    // off: allowed, and nothing said.
+    bed.agent.set_config(with_mode(Mode::Off));
+    eventually("off mode in force", Duration::from_secs(60), || {
+        let r = kubectl(&bed, DELETE_AS_ALICE);
+        async move {
+            match r {
+                (true, out) if !out.contains("Warning") && !out.contains("hcp-fleet") => Ok(()),
+                (_, out) => Err(out),
+            }
+        }
+    })
+    .await;
+}
+
+fn webhook_pids(pods: &Path) -> Vec<u32> {
+    support::processes_mentioning(&pods.join(NS))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_admission_service_fails_open_and_the_probe_says_so() {
+    let cfg = AgentConfig {
+        probe_interval_seconds: 5,
+        ..AgentConfig::default()
+    };
+    let bed = bed(cfg).await;
+    let pids = webhook_pids(bed.pods.path());
+    assert_eq!(pids.len(), 1, "one admission pod for hc-1: {pids:?}");
+    assert_eq!(unsafe { libc::kill(pids[0] as i32, libc::SIGKILL) }, 0);
+    assert!(support::wait_gone(pids[0], Duration::from_secs(5)));
+
+    // Requests still succeed: failurePolicy Ignore.
+    let (ok, out) = kubectl(&bed, DELETE_AS_ALICE);
+    assert!(ok, "fail open: {out}");
+    // And the probe reports it.
+    wait_concern(&bed.mgmt, "e2e-probe", "NonCompliant").await;
+    let p = Api::<Policy>::namespaced(bed.mgmt.clone(), NS)
+        .get(POLICY_NAME)
+        .await
+        .expect("policy");
+    assert_eq!(
+        p.status.as_ref().and_then(|s| s.compliant.as_deref()),
+        Some("NonCompliant")
+    );
+    let newest = p
+        .status
+        .unwrap_or_default()
+        .details
+        .into_iter()
+        .find(|d| d.template_meta.name == "e2e-probe")
+        .and_then(|d| d.history.first().cloned())
+        .expect("history");
+    assert!(
+        newest
+            .message
+            .contains("did not reach the admission service"),
+        "{}",
+        newest.message
+    );
+
+    // It comes back (kubectl rollout restart): Compliant again, and enforcing.
+    let patch = serde_json::json!({"spec": {"template": {"metadata": {"annotations": {"kubectl.kubernetes.io/restartedAt": jiff::Timestamp::now().to_string()}}}}});
+    Api::<Deployment>::namespaced(bed.mgmt.clone(), NS)
+        .patch(
+            "hcp-fleet-admission",
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .expect("restart");
+    wait_concern(&bed.mgmt, "e2e-probe", "Compliant").await;
+    let (ok, out) = kubectl(&bed, DELETE_AS_ALICE);
+    assert!(!ok && out.contains(PROTECTED), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_replaced_under_load_loses_no_request() {
+    let bed = bed(AgentConfig::default()).await;
+    // alice's client, impersonated through the admin kubeconfig.
+    let kc = kube::config::Kubeconfig::from_yaml(
+        &bed.fleet.hosted("hc-1").expect("hc-1").kubeconfig_yaml,
+    )
+    .expect("kc");
+    let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .expect("config");
+    config.auth_info.impersonate = Some("alice".into());
+    let alice = Client::try_from(config).expect("client");
+    let roles: Api<ClusterRole> = Api::all(alice);
+
+    let total = 1000usize; // 50 requests/s for 20 s
+    let wrong = Arc::new(AtomicUsize::new(0));
+    let samples = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    let mut tasks = Vec::with_capacity(total);
+    let secrets: Api<Secret> = Api::namespaced(bed.mgmt.clone(), NS);
+    let started = Instant::now();
+    for i in 0..total {
+        tick.tick().await;
+        if i == total / 2 {
+            // Renew the serving certificate as the agent does: same CA, new key.
+            let ca = secrets
+                .get("hcp-fleet-admission-ca")
+                .await
+                .expect("ca secret");
+            let data = ca.data.unwrap_or_default();
+            let text = |k: &str| String::from_utf8(data.get(k).expect(k).0.clone()).expect("utf8");
+            let ca = KeyedCert {
+                cert_pem: text("ca.crt"),
+                key_pem: text("ca.key"),
+            };
+            let sans = management::serving_sans(&AgentConfig::default(), NS, true);
+            let new = certificates::issue(
+                &ca,
+                &sans[0],
+                &Usage::Server { sans: sans.clone() },
+                time::Duration::days(30),
+            )
+            .expect("issue");
+            use base64::Engine;
+            let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+            let patch = serde_json::json!({"data": {"tls.crt": b64(&new.cert_pem), "tls.key": b64(&new.key_pem)}});
+            secrets
+                .patch(
+                    "hcp-fleet-admission-tls",
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+                .expect("rotate");
+        }
+        let roles = roles.clone();
+        let wrong = wrong.clone();
+        let samples = samples.clone();
+        tasks.push(tokio::spawn(async move {
+            let dp = DeleteParams {
+                dry_run: true,
+                ..DeleteParams::default()
+            };
+            match roles.delete("cluster-admin", &dp).await {
+                Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains(PROTECTED) => {}
+                other => {
+                    wrong.fetch_add(1, Ordering::Relaxed);
+                    if let Ok(mut v) = samples.lock()
+                        && v.len() < 5
+                    {
+                        v.push(format!("{other:?}"));
+                    }
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let elapsed = started.elapsed();
+    let log =
+        std::fs::read_to_string(bed.pods.path().join(NS).join("webhook.log")).unwrap_or_default();
+    assert!(
+        log.contains("serving certificate reloaded"),
+        "the certificate was really replaced: {log}"
+    );
+    assert_eq!(
+        wrong.load(Ordering::Relaxed),
+        0,
+        "requests not answered by the service: {:?}",
+        samples.lock().map(|v| v.clone())
+    );
+    eprintln!(
+        "{total} requests in {elapsed:?} across a certificate rotation, all answered by the admission service"
+    );
+}

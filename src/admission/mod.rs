@@ -1,0 +1,104 @@
+//! The admission service (`hcp-fleet-agent webhook`), deployed by the agent into each HCP
+//! namespace: AdmissionReview v1 over HTTPS, the built-in webhooks with their modes,
+//! `/healthz`, `/readyz`, `/metrics`, certificate hot reload, graceful drain.
+
+pub mod policies;
+pub mod review;
+pub mod server;
+pub mod tls;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crate::config::AgentConfig;
+
+#[derive(Debug, clap::Args)]
+pub struct WebhookArgs {
+    /// Directory holding tls.crt and tls.key (the mounted Secret).
+    #[arg(long)]
+    pub cert_dir: PathBuf,
+    #[arg(long, default_value_t = 8443)]
+    pub port: u16,
+    #[arg(long, default_value = "0.0.0.0")]
+    pub bind: String,
+    /// Webhook modes and exemptions (JSON), as the agent renders them into the Deployment.
+    #[arg(long, env = policies::SETTINGS_ENV)]
+    pub settings: Option<String>,
+    /// How often the certificate files are checked for a change.
+    #[arg(long, default_value_t = 1000)]
+    pub cert_check_ms: u64,
+}
+
+pub async fn run(args: WebhookArgs) -> ExitCode {
+    let settings = match &args.settings {
+        Some(json) => match serde_json::from_str::<policies::Settings>(json) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!(
+                    "error: {} is not valid settings JSON: {e}",
+                    policies::SETTINGS_ENV
+                );
+                return ExitCode::from(2);
+            }
+        },
+        None => policies::Settings::from_config(&AgentConfig::default()),
+    };
+    let cert =
+        match tls::ReloadingCert::new(args.cert_dir.join("tls.crt"), args.cert_dir.join("tls.key"))
+        {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("error: serving certificate: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+    let addr = match server::bind_addr(args.port, &args.bind) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: listen address {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: cannot listen on {addr}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let _reloader = cert.watch(Duration::from_millis(args.cert_check_ms.max(50)));
+    let limits = server::Limits::default();
+    let state = server::AppState::new(settings, limits.clone());
+    let app = server::router(state.clone());
+    tracing::info!(%addr, "admission service listening");
+    let drain_state = state.clone();
+    let shutdown = async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        } else {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+        // Fail readiness first so endpoints stop sending new connections, then drain.
+        drain_state.draining.store(true, Ordering::Relaxed);
+        tracing::info!("draining");
+    };
+    server::serve(
+        listener,
+        server::tls_config(cert as Arc<dyn rustls::server::ResolvesServerCert>),
+        app,
+        limits,
+        shutdown,
+    )
+    .await;
+    ExitCode::SUCCESS
+}

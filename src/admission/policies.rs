@@ -1,0 +1,509 @@
+//! The built-in webhooks: pure decisions from an AdmissionRequest and the settings, with the
+//! exemptions and the per-webhook mode applied in one place. Each built-in is identified by
+//! its path, which the agent's configuration names; the rules the agent installs in the hosted
+//! cluster come from the same definitions (`config::default_webhooks`).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::review::{Decision, Request};
+use crate::config::{AgentConfig, Mode};
+
+pub const PROTECTED_RBAC_PATH: &str = "/validate/protected-rbac";
+pub const FEATUREGATE_PATH: &str = "/validate/featuregate";
+pub const SERVICE_ANNOTATION_PATH: &str = "/mutate/service-annotation";
+pub const PROBE_PATH: &str = "/validate/probe";
+/// Every path the admission service serves a webhook on.
+pub const BUILTIN_PATHS: &[&str] = &[
+    PROTECTED_RBAC_PATH,
+    FEATUREGATE_PATH,
+    SERVICE_ANNOTATION_PATH,
+    PROBE_PATH,
+];
+
+/// Objects carrying this label are the agent's end-to-end probe: always answered with a
+/// denial naming the service, whatever the mode or the user.
+pub const PROBE_LABEL: &str = "hcp-fleet.openshift.io/probe";
+pub const PROBE_ANSWER: &str = "hcp-fleet-admission answered the end-to-end probe";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Builtin {
+    ProtectedRbac,
+    FeatureGate,
+    ServiceAnnotation,
+    Probe,
+}
+
+impl Builtin {
+    pub fn for_path(path: &str) -> Option<Self> {
+        match path {
+            PROTECTED_RBAC_PATH => Some(Self::ProtectedRbac),
+            FEATUREGATE_PATH => Some(Self::FeatureGate),
+            SERVICE_ANNOTATION_PATH => Some(Self::ServiceAnnotation),
+            PROBE_PATH => Some(Self::Probe),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HookSetting {
+    pub name: String,
+    pub path: String,
+    pub mode: Mode,
+}
+
+/// What the admission service needs to decide; rendered by the agent into the Deployment
+/// (environment variable `HCP_FLEET_WEBHOOK_SETTINGS`, JSON), so a change rolls out like any
+/// other Deployment change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Settings {
+    pub webhooks: Vec<HookSetting>,
+    /// Exact user names, or prefixes ending in '*'.
+    pub exempt_users: Vec<String>,
+    pub exempt_groups: Vec<String>,
+    /// Exact names, or prefixes ending in '*'.
+    pub protected_cluster_roles: Vec<String>,
+    /// Namespaces (or prefixes ending in '*') whose requests the webhooks never judge.
+    pub exempt_namespaces: Vec<String>,
+    pub service_annotation_key: String,
+    pub service_annotation_value: String,
+}
+
+pub const SETTINGS_ENV: &str = "HCP_FLEET_WEBHOOK_SETTINGS";
+
+impl Settings {
+    pub fn from_config(cfg: &AgentConfig) -> Self {
+        let a = &cfg.admission;
+        Self {
+            webhooks: cfg
+                .webhooks
+                .iter()
+                .map(|w| HookSetting {
+                    name: w.name.clone(),
+                    path: w.path.clone(),
+                    mode: w.mode,
+                })
+                .collect(),
+            exempt_users: a.exempt_users.clone(),
+            exempt_groups: a.exempt_groups.clone(),
+            protected_cluster_roles: a.protected_cluster_roles.clone(),
+            exempt_namespaces: a.exempt_namespaces.clone(),
+            service_annotation_key: a.service_annotation.key.clone(),
+            service_annotation_value: a.service_annotation.value.clone(),
+        }
+    }
+
+    pub fn hook(&self, path: &str) -> Option<&HookSetting> {
+        self.webhooks.iter().find(|w| w.path == path)
+    }
+}
+
+fn matches(patterns: &[String], s: &str) -> bool {
+    patterns.iter().any(|p| match p.strip_suffix('*') {
+        Some(prefix) => s.starts_with(prefix),
+        None => p == s,
+    })
+}
+
+/// Identities and namespaces no webhook judges (HyperShift's own controllers, SRE).
+fn exempt(req: &Request, s: &Settings) -> Option<String> {
+    if matches(&s.exempt_users, &req.user_info.username) {
+        return Some(format!("user {} is exempt", req.user_info.username));
+    }
+    if let Some(g) = req
+        .user_info
+        .groups
+        .iter()
+        .find(|g| s.exempt_groups.contains(g))
+    {
+        return Some(format!("group {g} is exempt"));
+    }
+    if let Some(ns) = req
+        .namespace
+        .as_deref()
+        .filter(|ns| matches(&s.exempt_namespaces, ns))
+    {
+        return Some(format!("namespace {ns} is exempt"));
+    }
+    None
+}
+
+fn is_probe(req: &Request) -> bool {
+    req.object
+        .as_ref()
+        .and_then(|o| o["metadata"]["labels"][PROBE_LABEL].as_str())
+        == Some("true")
+}
+
+fn protected_rbac(req: &Request, s: &Settings) -> Decision {
+    let res = req.resource.resource.as_str();
+    if req.operation != "DELETE"
+        || req.resource.group != "rbac.authorization.k8s.io"
+        || !(res == "clusterroles" || res == "clusterrolebindings")
+    {
+        return Decision::allow();
+    }
+    let name = req.name.clone().unwrap_or_default();
+    if matches(&s.protected_cluster_roles, &name) {
+        let kind = if res == "clusterroles" {
+            "ClusterRole"
+        } else {
+            "ClusterRoleBinding"
+        };
+        Decision::deny(format!(
+            "hcp-fleet: deleting the protected {kind} {name:?} is not allowed on a managed cluster; ask SRE if it must go"
+        ))
+    } else {
+        Decision::allow()
+    }
+}
+
+fn feature_set(o: Option<&Value>) -> Option<&str> {
+    o.and_then(|o| o["spec"]["featureSet"].as_str())
+}
+
+fn featuregate(req: &Request) -> Decision {
+    if req.resource.group != "config.openshift.io" || req.resource.resource != "featuregates" {
+        return Decision::allow();
+    }
+    let new = feature_set(req.object.as_ref());
+    // An update that leaves an existing featureSet alone is not the one to block.
+    if new == Some("TechPreviewNoUpgrade") && feature_set(req.old_object.as_ref()) != new {
+        Decision::deny(
+            "hcp-fleet: featureSet TechPreviewNoUpgrade is not allowed on a managed cluster: it cannot be undone and blocks upgrades",
+        )
+    } else {
+        Decision::allow()
+    }
+}
+
+/// JSON Pointer escaping (RFC 6901).
+fn pointer_escape(s: &str) -> String {
+    s.replace('~', "~0").replace('/', "~1")
+}
+
+fn service_annotation(req: &Request, s: &Settings) -> Decision {
+    if req.operation != "CREATE"
+        || req.resource.resource != "services"
+        || !req.resource.group.is_empty()
+    {
+        return Decision::allow();
+    }
+    let Some(obj) = req.object.as_ref() else {
+        return Decision::allow();
+    };
+    let annotations = &obj["metadata"]["annotations"];
+    if annotations[&s.service_annotation_key].as_str() == Some(s.service_annotation_value.as_str())
+    {
+        return Decision::allow();
+    }
+    let mut d = Decision::allow();
+    d.patch = if annotations.is_object() {
+        vec![json!({
+            "op": "add",
+            "path": format!("/metadata/annotations/{}", pointer_escape(&s.service_annotation_key)),
+            "value": s.service_annotation_value,
+        })]
+    } else {
+        vec![json!({
+            "op": "add",
+            "path": "/metadata/annotations",
+            "value": {s.service_annotation_key.clone(): s.service_annotation_value.clone()},
+        })]
+    };
+    d
+}
+
+/// Applies the webhook's mode to what its policy decided.
+pub fn apply_mode(hook: &str, mode: Mode, d: Decision) -> Decision {
+    match mode {
+        Mode::Enforce => d,
+        Mode::Off => Decision::allow(),
+        Mode::Warn => {
+            let mut out = Decision::allow();
+            if !d.allowed {
+                let msg = d.message.unwrap_or_else(|| "denied".into());
+                out.warnings
+                    .push(format!("{hook} (warn mode) would deny: {msg}"));
+                out.audit_annotations.insert("would-deny".into(), msg);
+            }
+            if !d.patch.is_empty() {
+                out.warnings
+                    .push(format!("{hook} (warn mode) would have mutated this object"));
+                out.audit_annotations.insert(
+                    "would-mutate".into(),
+                    serde_json::to_string(&d.patch).unwrap_or_default(),
+                );
+            }
+            out
+        }
+    }
+}
+
+/// Decides one request for the webhook served on `path`. `None`: no such webhook.
+pub fn decide(path: &str, req: &Request, s: &Settings) -> Option<(String, Decision)> {
+    let builtin = Builtin::for_path(path)?;
+    if builtin == Builtin::Probe {
+        // The probe is answered whatever the mode or identity: it proves the path works.
+        let d = if is_probe(req) {
+            Decision::deny(PROBE_ANSWER)
+        } else {
+            Decision::allow()
+        };
+        return Some(("probe".into(), d));
+    }
+    let hook = s.hook(path)?;
+    if hook.mode == Mode::Off {
+        return Some((hook.name.clone(), Decision::allow()));
+    }
+    if exempt(req, s).is_some() {
+        return Some((hook.name.clone(), Decision::allow()));
+    }
+    let d = match builtin {
+        Builtin::ProtectedRbac => protected_rbac(req, s),
+        Builtin::FeatureGate => featuregate(req),
+        Builtin::ServiceAnnotation => service_annotation(req, s),
+        Builtin::Probe => Decision::allow(),
+    };
+    let mut d = apply_mode(&hook.name, hook.mode, d);
+    // Audit annotations are keyed by the webhook by the API server; keep ours short.
+    d.audit_annotations = d
+        .audit_annotations
+        .into_iter()
+        .map(|(k, v)| (k, v.chars().take(1024).collect()))
+        .collect::<BTreeMap<_, _>>();
+    Some((hook.name.clone(), d))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admission::review::decode;
+
+    fn settings(mode: Mode) -> Settings {
+        let mut s = Settings::from_config(&AgentConfig::default());
+        for w in &mut s.webhooks {
+            w.mode = mode;
+        }
+        s
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn req(
+        op: &str,
+        group: &str,
+        resource: &str,
+        name: &str,
+        ns: Option<&str>,
+        user: &str,
+        groups: &[&str],
+        object: Value,
+    ) -> Request {
+        let body = serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": "u", "kind": {"group": group, "version": "v1", "kind": "X"},
+                "resource": {"group": group, "version": "v1", "resource": resource},
+                "name": name, "namespace": ns, "operation": op,
+                "userInfo": {"username": user, "groups": groups},
+                "object": object, "oldObject": null,
+            }
+        }))
+        .expect("json");
+        decode(&body).expect("decode")
+    }
+
+    fn delete_cr(name: &str, user: &str, groups: &[&str]) -> Request {
+        req(
+            "DELETE",
+            "rbac.authorization.k8s.io",
+            "clusterroles",
+            name,
+            None,
+            user,
+            groups,
+            Value::Null,
+        )
+    }
+
+    #[test]
+    fn protected_clusterrole_delete_is_denied_for_a_regular_user() {
+        let s = settings(Mode::Enforce);
+        let (_, d) = decide(
+            PROTECTED_RBAC_PATH,
+            &delete_cr("cluster-admin", "alice", &["system:authenticated"]),
+            &s,
+        )
+        .expect("hook");
+        assert!(!d.allowed);
+        assert!(
+            d.message
+                .expect("msg")
+                .contains("protected ClusterRole \"cluster-admin\"")
+        );
+        let (_, d) =
+            decide(PROTECTED_RBAC_PATH, &delete_cr("my-role", "alice", &[]), &s).expect("hook");
+        assert!(d.allowed, "unprotected roles are fine");
+    }
+
+    #[test]
+    fn exempt_identities_pass() {
+        let s = settings(Mode::Enforce);
+        for (user, groups) in [
+            ("system:serviceaccount:hypershift:operator", vec![]),
+            ("bob", vec!["system:masters"]),
+        ] {
+            let (_, d) = decide(
+                PROTECTED_RBAC_PATH,
+                &delete_cr("cluster-admin", user, &groups),
+                &s,
+            )
+            .expect("hook");
+            assert!(d.allowed, "{user} {groups:?}");
+        }
+    }
+
+    #[test]
+    fn warn_mode_allows_with_a_warning_and_an_audit_annotation() {
+        let s = settings(Mode::Warn);
+        let (name, d) = decide(
+            PROTECTED_RBAC_PATH,
+            &delete_cr("cluster-admin", "alice", &[]),
+            &s,
+        )
+        .expect("hook");
+        assert!(d.allowed);
+        assert!(
+            d.warnings[0].starts_with(&format!("{name} (warn mode) would deny: hcp-fleet:")),
+            "{:?}",
+            d.warnings
+        );
+        assert!(d.audit_annotations.contains_key("would-deny"));
+    }
+
+    #[test]
+    fn off_mode_allows_silently() {
+        let s = settings(Mode::Off);
+        let (_, d) = decide(
+            PROTECTED_RBAC_PATH,
+            &delete_cr("cluster-admin", "alice", &[]),
+            &s,
+        )
+        .expect("hook");
+        assert_eq!(d, Decision::allow());
+    }
+
+    #[test]
+    fn techpreview_is_denied_but_unrelated_updates_pass() {
+        let s = settings(Mode::Enforce);
+        let fg = |set: &str| json!({"metadata": {"name": "cluster"}, "spec": {"featureSet": set}});
+        let r = req(
+            "UPDATE",
+            "config.openshift.io",
+            "featuregates",
+            "cluster",
+            None,
+            "alice",
+            &[],
+            fg("TechPreviewNoUpgrade"),
+        );
+        assert!(!decide(FEATUREGATE_PATH, &r, &s).expect("hook").1.allowed);
+        let r = req(
+            "UPDATE",
+            "config.openshift.io",
+            "featuregates",
+            "cluster",
+            None,
+            "alice",
+            &[],
+            fg(""),
+        );
+        assert!(decide(FEATUREGATE_PATH, &r, &s).expect("hook").1.allowed);
+    }
+
+    #[test]
+    fn services_get_the_annotation_by_json_patch() {
+        let s = settings(Mode::Enforce);
+        let r = req(
+            "CREATE",
+            "",
+            "services",
+            "web",
+            Some("app"),
+            "alice",
+            &[],
+            json!({"metadata": {"name": "web"}}),
+        );
+        let (_, d) = decide(SERVICE_ANNOTATION_PATH, &r, &s).expect("hook");
+        assert!(d.allowed);
+        assert_eq!(d.patch[0]["path"], "/metadata/annotations");
+        let r = req(
+            "CREATE",
+            "",
+            "services",
+            "web",
+            Some("app"),
+            "alice",
+            &[],
+            json!({"metadata": {"name": "web", "annotations": {"a": "b"}}}),
+        );
+        let (_, d) = decide(SERVICE_ANNOTATION_PATH, &r, &s).expect("hook");
+        assert!(
+            d.patch[0]["path"]
+                .as_str()
+                .expect("path")
+                .starts_with("/metadata/annotations/")
+        );
+        assert!(
+            !d.patch[0]["path"].as_str().expect("path")[22..].contains('/'),
+            "key escaped: {}",
+            d.patch[0]["path"]
+        );
+    }
+
+    #[test]
+    fn critical_namespaces_are_exempt() {
+        let s = settings(Mode::Enforce);
+        let r = req(
+            "CREATE",
+            "",
+            "services",
+            "x",
+            Some("openshift-ingress"),
+            "alice",
+            &[],
+            json!({"metadata": {}}),
+        );
+        let (_, d) = decide(SERVICE_ANNOTATION_PATH, &r, &s).expect("hook");
+        assert!(d.patch.is_empty());
+    }
+
+    #[test]
+    fn the_probe_is_always_answered() {
+        let s = settings(Mode::Off);
+        let probe = json!({"metadata": {"labels": {PROBE_LABEL: "true"}}});
+        let r = req(
+            "CREATE",
+            "",
+            "configmaps",
+            "p",
+            Some("default"),
+            "system:admin",
+            &["system:masters"],
+            probe,
+        );
+        let (_, d) = decide(PROBE_PATH, &r, &s).expect("probe");
+        assert_eq!(d.message.as_deref(), Some(PROBE_ANSWER));
+    }
+
+    #[test]
+    fn unknown_paths_have_no_webhook() {
+        let s = settings(Mode::Enforce);
+        assert!(decide("/nope", &delete_cr("x", "a", &[]), &s).is_none());
+    }
+}

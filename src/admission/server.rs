@@ -1,0 +1,352 @@
+//! The admission service's HTTPS server, in small layers with one job each: TLS accept with a
+//! handshake timeout; HTTP/1.1 and HTTP/2 (hyper) with a header read timeout; a body read
+//! bounded in size and time; the decision under a deadline shorter than any webhook's
+//! timeoutSeconds; graceful drain on SIGTERM. The hot path takes no exclusive lock and calls
+//! nothing outside the process.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use serde_json::json;
+use tokio::net::TcpListener;
+
+use super::policies::{self, Settings};
+use super::review::{self, Decision};
+
+/// Kubernetes sends at most about 3 MiB of object; anything larger is not a review.
+pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub body_read: Duration,
+    pub header_read: Duration,
+    pub handshake: Duration,
+    /// Shorter than the smallest webhook timeoutSeconds (1 s), so the API server always hears
+    /// from us before it gives up.
+    pub deadline: Duration,
+    pub drain: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            body_read: Duration::from_millis(500),
+            header_read: Duration::from_secs(5),
+            handshake: Duration::from_secs(5),
+            deadline: Duration::from_millis(800),
+            drain: Duration::from_secs(20),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub webhook: String,
+    pub decision: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WebhookLabel {
+    pub webhook: String,
+}
+
+fn latency() -> Histogram {
+    // 50 µs to about 0.8 s.
+    Histogram::new(exponential_buckets(0.00005, 2.0, 15))
+}
+
+pub struct AdmissionMetrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    latency: Family<WebhookLabel, Histogram, fn() -> Histogram>,
+}
+
+impl AdmissionMetrics {
+    fn new() -> Self {
+        let requests = Family::<RequestLabels, Counter>::default();
+        let latency =
+            Family::<WebhookLabel, Histogram, fn() -> Histogram>::new_with_constructor(latency);
+        let mut registry = Registry::with_prefix("hcp_fleet_admission");
+        registry.register(
+            "requests",
+            "AdmissionReview requests by webhook, decision and outcome",
+            requests.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Server-side handling time of one AdmissionReview",
+            latency.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            latency,
+        }
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    fn count(&self, webhook: &str, decision: &str, outcome: &str) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                webhook: webhook.to_string(),
+                decision: decision.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+}
+
+pub struct AppState {
+    pub settings: Settings,
+    /// path → webhook name, fixed at start.
+    names: HashMap<String, String>,
+    pub metrics: AdmissionMetrics,
+    pub limits: Limits,
+    pub draining: AtomicBool,
+}
+
+impl AppState {
+    pub fn new(settings: Settings, limits: Limits) -> Arc<Self> {
+        let mut names: HashMap<String, String> = settings
+            .webhooks
+            .iter()
+            .map(|w| (w.path.clone(), w.name.clone()))
+            .collect();
+        names
+            .entry(policies::PROBE_PATH.to_string())
+            .or_insert_with(|| "probe".into());
+        Arc::new(Self {
+            settings,
+            names,
+            metrics: AdmissionMetrics::new(),
+            limits,
+            draining: AtomicBool::new(false),
+        })
+    }
+}
+
+fn error(status: StatusCode, msg: String) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        json!({ "error": msg }).to_string(),
+    )
+        .into_response()
+}
+
+async fn admit(State(st): State<Arc<AppState>>, req: Request) -> Response {
+    let started = Instant::now();
+    let path = req.uri().path().to_string();
+    let webhook = st.names.get(&path).cloned().unwrap_or_else(|| path.clone());
+    let ct_ok = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(';')
+                .next()
+                .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+        });
+    if !ct_ok {
+        st.metrics.count(&webhook, "none", "bad_request");
+        return error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "content type must be application/json".into(),
+        );
+    }
+    let work = async {
+        let body = match tokio::time::timeout(
+            st.limits.body_read,
+            axum::body::to_bytes(req.into_body(), MAX_BODY_BYTES),
+        )
+        .await
+        {
+            Ok(Ok(b)) => b,
+            Ok(Err(e)) => {
+                return Err((
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("body unreadable or over {MAX_BODY_BYTES} bytes: {e}"),
+                ));
+            }
+            Err(_) => {
+                return Err((
+                    StatusCode::REQUEST_TIMEOUT,
+                    "body not received in time".into(),
+                ));
+            }
+        };
+        let r = review::decode(&body).map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
+        let (_, d) = policies::decide(&path, &r, &st.settings).ok_or_else(|| {
+            (
+                StatusCode::NOT_FOUND,
+                format!("no webhook is served on {path}"),
+            )
+        })?;
+        Ok((r.uid, d))
+    };
+    let out = tokio::time::timeout(st.limits.deadline, work).await;
+    let resp = match out {
+        Ok(Ok((uid, d))) => {
+            let (decision, outcome) = outcome_of(&d);
+            st.metrics.count(&webhook, decision, outcome);
+            (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/json")],
+                review::encode(&uid, &d),
+            )
+                .into_response()
+        }
+        Ok(Err((status, msg))) => {
+            st.metrics.count(&webhook, "none", "bad_request");
+            error(status, msg)
+        }
+        Err(_) => {
+            // The API server applies the webhook's failurePolicy (Ignore by default).
+            st.metrics.count(&webhook, "none", "deadline");
+            error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "decision deadline exceeded".into(),
+            )
+        }
+    };
+    st.metrics
+        .latency
+        .get_or_create(&WebhookLabel { webhook })
+        .observe(started.elapsed().as_secs_f64());
+    resp
+}
+
+fn outcome_of(d: &Decision) -> (&'static str, &'static str) {
+    match (d.allowed, d.warnings.is_empty(), d.patch.is_empty()) {
+        (false, _, _) => ("denied", "enforced"),
+        (true, false, _) => ("allowed", "warned"),
+        (true, true, false) => ("allowed", "mutated"),
+        (true, true, true) => ("allowed", "passed"),
+    }
+}
+
+pub fn router(st: Arc<AppState>) -> axum::Router {
+    let mut r = axum::Router::new();
+    for path in policies::BUILTIN_PATHS {
+        r = r.route(path, post(admit));
+    }
+    r.route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(|State(st): State<Arc<AppState>>| async move {
+                if st.draining.load(Ordering::Relaxed) {
+                    (StatusCode::SERVICE_UNAVAILABLE, "draining")
+                } else {
+                    (StatusCode::OK, "ok")
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(|State(st): State<Arc<AppState>>| async move {
+                (
+                    [(
+                        header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    st.metrics.encode(),
+                )
+            }),
+        )
+        .with_state(st)
+}
+
+/// Serves `app` over TLS on `listener` until `shutdown` resolves, then drains.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    app: axum::Router,
+    limits: Limits,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read)
+        .keep_alive(true);
+    builder.http2().timer(TokioTimer::new());
+    let builder = Arc::new(builder);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        tokio::select! {
+            conn = listener.accept() => {
+                let (tcp, _) = match conn {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        continue;
+                    }
+                };
+                let _ = tcp.set_nodelay(true);
+                let acceptor = acceptor.clone();
+                let svc = TowerToHyperService::new(app.clone());
+                let builder = builder.clone();
+                let watcher = graceful.watcher();
+                let handshake = limits.handshake;
+                tokio::spawn(async move {
+                    let tls = match tokio::time::timeout(handshake, acceptor.accept(tcp)).await {
+                        Ok(Ok(t)) => t,
+                        _ => return,
+                    };
+                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), svc).into_owned();
+                    let _ = watcher.watch(conn).await;
+                });
+            }
+            _ = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    if tokio::time::timeout(limits.drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections still open after the drain period; closing");
+    }
+}
+
+/// A rustls server config that asks `resolver` at every handshake.
+pub fn tls_config(
+    resolver: Arc<dyn rustls::server::ResolvesServerCert>,
+) -> Arc<rustls::ServerConfig> {
+    let mut cfg = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_cert_resolver(resolver);
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Arc::new(cfg)
+}
+
+/// What `webhook` serves on; for tests and `dev`, which bind loopback.
+pub fn bind_addr(port: u16, bind: &str) -> Result<SocketAddr, String> {
+    format!("{bind}:{port}")
+        .parse()
+        .map_err(|e| format!("{bind}:{port}: {e}"))
+}
