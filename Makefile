@@ -40,8 +40,10 @@ lint:
 fmt:
 	$(CARGO) fmt --all
 
-# The agent against 16 real hosted kube-apiservers (BENCH_HOSTED, BENCH_IDLE_SECONDS to vary).
+# The admission service under load (BENCH_SECONDS), then the agent against 16 real hosted
+# kube-apiservers (BENCH_HOSTED, BENCH_IDLE_SECONDS).
 bench:
+	$(CARGO) bench --bench admission
 	@assets="$$(bash hack/testbed-assets.sh)" && \
 	KUBEBUILDER_ASSETS="$$assets" $(CARGO) bench --bench fleet
 

@@ -30,6 +30,9 @@ pub struct WebhookArgs {
     /// How often the certificate files are checked for a change.
     #[arg(long, default_value_t = 1000)]
     pub cert_check_ms: u64,
+    /// Benchmark baseline: answer every review with a fixed response (`make bench`).
+    #[arg(long, hide = true)]
+    pub baseline: bool,
 }
 
 pub async fn run(args: WebhookArgs) -> ExitCode {
@@ -72,7 +75,11 @@ pub async fn run(args: WebhookArgs) -> ExitCode {
     let _reloader = cert.watch(Duration::from_millis(args.cert_check_ms.max(50)));
     let limits = server::Limits::default();
     let state = server::AppState::new(settings, limits.clone());
-    let app = server::router(state.clone());
+    let app = if args.baseline {
+        server::baseline_router(state.clone())
+    } else {
+        server::router(state.clone())
+    };
     tracing::info!(%addr, "admission service listening");
     let drain_state = state.clone();
     let shutdown = async move {

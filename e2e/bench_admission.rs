@@ -1,0 +1,355 @@
+//! `make bench` (admission part): the real `webhook` process under load over TLS keep-alive,
+//! against a baseline (the same binary and server stack answering a fixed AdmissionResponse).
+//! For concurrency 1, 16 and 64 it prints requests per second, client-side latency percentiles
+//! (exact, including TLS and the loopback hop) and server-side percentiles from the service's
+//! own histogram (bucket upper bounds), and the throughput ratio to the baseline.
+//!
+//! The load generator is in this file: one HTTP/1.1 keep-alive connection per concurrent
+//! client, each sending its next request when the previous answer arrives (closed loop).
+//! Environment: BENCH_SECONDS per run (default 5).
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hcp_fleet_agent::certificates::{self, Usage};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::pem::PemObject;
+
+fn review_body() -> Vec<u8> {
+    // A realistic denial: a regular user deleting a protected ClusterRole.
+    serde_json::to_vec(&serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "kind": {"group": "rbac.authorization.k8s.io", "version": "v1", "kind": "ClusterRole"},
+            "resource": {"group": "rbac.authorization.k8s.io", "version": "v1", "resource": "clusterroles"},
+            "requestKind": {"group": "rbac.authorization.k8s.io", "version": "v1", "kind": "ClusterRole"},
+            "requestResource": {"group": "rbac.authorization.k8s.io", "version": "v1", "resource": "clusterroles"},
+            "name": "cluster-admin",
+            "operation": "DELETE",
+            "userInfo": {"username": "alice", "uid": "1", "groups": ["system:authenticated"]},
+            "oldObject": {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": "cluster-admin", "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"}},
+                "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]},
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "DeleteOptions"},
+            "dryRun": false
+        }
+    }))
+    .unwrap_or_default()
+}
+
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(dir: &Path, baseline: bool) -> Result<Server, String> {
+    let port = hcp_fleet_agent::localcp::free_port().map_err(|e| e.to_string())?;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"));
+    cmd.args([
+        "webhook",
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        &port.to_string(),
+        "--cert-dir",
+    ])
+    .arg(dir)
+    .env("RUST_LOG", "warn")
+    .stdout(Stdio::null())
+    .stderr(Stdio::inherit());
+    if baseline {
+        cmd.arg("--baseline");
+    }
+    let child = cmd.spawn().map_err(|e| e.to_string())?;
+    Ok(Server { child, port })
+}
+
+async fn wait_ready(port: u16, ca: &str) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while hcp_fleet_agent::localcp::kubelet::https_get(port, ca, "/readyz")
+        .await
+        .map(|r| r.0)
+        != Ok(200)
+    {
+        if Instant::now() > deadline {
+            return Err("server not ready".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+fn tls_client(ca: &str) -> Result<tokio_rustls::TlsConnector, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_slice_iter(ca.as_bytes()) {
+        roots
+            .add(c.map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    }
+    let mut cfg = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(cfg)))
+}
+
+/// One closed-loop client on one keep-alive connection; returns its latencies.
+async fn client(
+    port: u16,
+    tls: tokio_rustls::TlsConnector,
+    body: Bytes,
+    until: Instant,
+) -> Result<Vec<Duration>, String> {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| e.to_string())?;
+    let _ = tcp.set_nodelay(true);
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
+    let stream = tls.connect(name, tcp).await.map_err(|e| e.to_string())?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            eprintln!("bench: connection ended: {e}");
+        }
+    });
+    let mut lat = Vec::with_capacity(16_384);
+    while Instant::now() < until {
+        let req = hyper::Request::post("/validate/protected-rbac")
+            .header("content-type", "application/json")
+            .header("host", "127.0.0.1")
+            .body(Full::new(body.clone()))
+            .map_err(|e| e.to_string())?;
+        send.ready()
+            .await
+            .map_err(|e| format!("connection not ready: {e}"))?;
+        let t0 = Instant::now();
+        let resp = send
+            .send_request(req)
+            .await
+            .map_err(|e| format!("request: {e}"))?;
+        if resp.status() != 200 {
+            return Err(format!("status {}", resp.status()));
+        }
+        let _ = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?;
+        lat.push(t0.elapsed());
+    }
+    Ok(lat)
+}
+
+/// Server-side percentile (bucket upper bound, seconds) from a histogram delta.
+fn server_quantiles(before: &str, after: &str, webhook: &str, qs: &[f64]) -> Vec<f64> {
+    let buckets = |text: &str| -> BTreeMap<u64, f64> {
+        let mut m = BTreeMap::new();
+        for l in text.lines().filter(|l| {
+            l.starts_with("hcp_fleet_admission_request_duration_seconds_bucket{")
+                && l.contains(&format!("webhook=\"{webhook}\""))
+        }) {
+            let le = l
+                .split("le=\"")
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or("+Inf");
+            let le: f64 = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().unwrap_or(f64::INFINITY)
+            };
+            let v: f64 = l
+                .rsplit(' ')
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0);
+            m.insert(le.to_bits(), v);
+        }
+        m
+    };
+    let (b0, b1) = (buckets(before), buckets(after));
+    let mut rows: Vec<(f64, f64)> = b1
+        .iter()
+        .map(|(k, v)| (f64::from_bits(*k), v - b0.get(k).copied().unwrap_or(0.0)))
+        .collect();
+    rows.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = rows.last().map(|r| r.1).unwrap_or(0.0);
+    qs.iter()
+        .map(|q| {
+            rows.iter()
+                .find(|(_, c)| *c >= q * total)
+                .map(|(le, _)| *le)
+                .unwrap_or(f64::NAN)
+        })
+        .collect()
+}
+
+async fn metrics(port: u16, ca: &str) -> String {
+    hcp_fleet_agent::localcp::kubelet::https_get(port, ca, "/metrics")
+        .await
+        .map(|r| r.1)
+        .unwrap_or_default()
+}
+
+fn pct(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[i.min(sorted.len() - 1)].as_secs_f64() * 1000.0
+}
+
+struct Row {
+    rps: f64,
+    p50: f64,
+    p99: f64,
+    p999: f64,
+    srv: Vec<f64>,
+}
+
+async fn run_one(
+    port: u16,
+    ca: &str,
+    webhook: &str,
+    conc: usize,
+    secs: u64,
+) -> Result<Row, String> {
+    let tls = tls_client(ca)?;
+    let body = Bytes::from(review_body());
+    // Warm-up: connections, TLS sessions, allocator.
+    let warm = Instant::now() + Duration::from_millis(500);
+    client(port, tls.clone(), body.clone(), warm).await?;
+    let m0 = metrics(port, ca).await;
+    let until = Instant::now() + Duration::from_secs(secs);
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..conc)
+        .map(|_| tokio::spawn(client(port, tls.clone(), body.clone(), until)))
+        .collect();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.map_err(|e| e.to_string())??);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let m1 = metrics(port, ca).await;
+    all.sort();
+    Ok(Row {
+        rps: all.len() as f64 / elapsed,
+        p50: pct(&all, 50.0),
+        p99: pct(&all, 99.0),
+        p999: pct(&all, 99.9),
+        srv: server_quantiles(&m0, &m1, webhook, &[0.5, 0.99, 0.999]),
+    })
+}
+
+fn main() {
+    hcp_fleet_agent::tls::install_crypto_provider();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = rt.block_on(run()) {
+        eprintln!("bench failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn run() -> Result<(), String> {
+    let secs: u64 = std::env::var("BENCH_SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let ca = certificates::generate_ca("bench CA", time::Duration::days(1))
+        .map_err(|e| e.to_string())?;
+    let srv = certificates::issue(
+        &ca,
+        "127.0.0.1",
+        &Usage::Server {
+            sans: vec!["127.0.0.1".into()],
+        },
+        time::Duration::days(1),
+    )
+    .map_err(|e| e.to_string())?;
+    std::fs::write(dir.path().join("tls.crt"), &srv.cert_pem).map_err(|e| e.to_string())?;
+    std::fs::write(dir.path().join("tls.key"), &srv.key_pem).map_err(|e| e.to_string())?;
+
+    println!(
+        "admission benchmark: {secs}s per run, closed-loop HTTP/1.1 keep-alive over TLS on loopback,"
+    );
+    println!(
+        "load generator (1 thread) and server on the same 2 cores; body {} bytes (a protected-ClusterRole denial)",
+        review_body().len()
+    );
+    println!(
+        "{:<9} {:>4} {:>9} {:>9} {:>9} {:>9}   {:>11} {:>11} {:>11}",
+        "target",
+        "conc",
+        "req/s",
+        "p50 ms",
+        "p99 ms",
+        "p99.9 ms",
+        "srv p50 ≤ms",
+        "srv p99 ≤ms",
+        "srv p99.9≤ms"
+    );
+    let mut by_conc: BTreeMap<usize, (f64, f64)> = BTreeMap::new();
+    for (name, baseline, webhook) in [
+        ("service", false, "protected-rbac.hcp-fleet.openshift.io"),
+        ("baseline", true, "baseline"),
+    ] {
+        let server = start(dir.path(), baseline)?;
+        wait_ready(server.port, &ca.cert_pem).await?;
+        for conc in [1usize, 16, 64] {
+            let r = run_one(server.port, &ca.cert_pem, webhook, conc, secs).await?;
+            println!(
+                "{:<9} {:>4} {:>9.0} {:>9.3} {:>9.3} {:>9.3}   {:>11.3} {:>11.3} {:>11.3}",
+                name,
+                conc,
+                r.rps,
+                r.p50,
+                r.p99,
+                r.p999,
+                r.srv[0] * 1000.0,
+                r.srv[1] * 1000.0,
+                r.srv[2] * 1000.0
+            );
+            let e = by_conc.entry(conc).or_insert((0.0, 0.0));
+            if baseline { e.1 = r.rps } else { e.0 = r.rps }
+        }
+        drop(server);
+    }
+    for (conc, (svc, base)) in by_conc {
+        println!(
+            "ratio service/baseline at concurrency {conc:>2}: {:.2}",
+            svc / base
+        );
+    }
+    let _ = support::processes_mentioning(dir.path());
+    Ok(())
+}
