@@ -126,6 +126,10 @@ async fn grant_alice(bed: &Bed) {
         "rules": [
             {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles", "clusterrolebindings"], "verbs": ["get", "list", "delete"]},
             {"apiGroups": ["config.openshift.io"], "resources": ["featuregates"], "verbs": ["get", "create", "update", "patch"]},
+            {"apiGroups": ["security.openshift.io"], "resources": ["securitycontextconstraints"], "verbs": ["get", "update", "patch", "delete"]},
+            // kubectl's server-side dry-run reads the CRD when the new type is not yet in the
+            // published OpenAPI; without this the checks below race the API server.
+            {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["get", "list"]},
         ],
     }))
     .expect("role");
@@ -247,6 +251,55 @@ async fn enforce_exempt_warn_and_off_through_the_hosted_apiserver() {
             "--type=merge",
             "-p",
             r#"{"spec":{"featureSet":"LatencySensitive"}}"#,
+            "--dry-run=server",
+        ],
+    );
+    assert!(ok, "{out}");
+
+    // A default SCC cannot be weakened; relabelling it is fine.
+    let scc_ar = kube::core::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk(
+            "security.openshift.io",
+            "v1",
+            "SecurityContextConstraints",
+        ),
+        "securitycontextconstraints",
+    );
+    let sccs: Api<kube::api::DynamicObject> = Api::all_with(hosted.clone(), &scc_ar);
+    let restricted = serde_json::json!({"apiVersion": "security.openshift.io/v1", "kind": "SecurityContextConstraints", "metadata": {"name": "restricted"}, "allowPrivilegedContainer": false});
+    sccs.create(
+        &PostParams::default(),
+        &serde_json::from_value(restricted).expect("scc"),
+    )
+    .await
+    .expect("scc");
+    let (ok, out) = kubectl(
+        &bed,
+        &[
+            "--as=alice",
+            "patch",
+            "scc",
+            "restricted",
+            "--type=merge",
+            "-p",
+            r#"{"allowPrivilegedContainer":true}"#,
+            "--dry-run=server",
+        ],
+    );
+    assert!(
+        !ok && out.contains("changing the default SecurityContextConstraints \"restricted\""),
+        "{out}"
+    );
+    let (ok, out) = kubectl(
+        &bed,
+        &[
+            "--as=alice",
+            "patch",
+            "scc",
+            "restricted",
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"labels":{"team":"a"}}}"#,
             "--dry-run=server",
         ],
     );

@@ -282,76 +282,9 @@ impl Default for CertificateConfig {
     }
 }
 
-/// The built-in webhooks (the admission service implements their paths).
+/// The built-in webhooks, declared beside their handlers in the admission service.
 pub fn default_webhooks() -> Vec<WebhookDefinition> {
-    let rule = |ops: &[&str], groups: &[&str], resources: &[&str]| Rule {
-        operations: ops.iter().map(|s| s.to_string()).collect(),
-        api_groups: groups.iter().map(|s| s.to_string()).collect(),
-        api_versions: vec!["*".into()],
-        resources: resources.iter().map(|s| s.to_string()).collect(),
-        scope: None,
-    };
-    vec![
-        WebhookDefinition {
-            name: "protected-rbac.hcp-fleet.openshift.io".into(),
-            kind: WebhookKind::Validating,
-            path: "/validate/protected-rbac".into(),
-            rules: vec![rule(
-                &["DELETE"],
-                &["rbac.authorization.k8s.io"],
-                &["clusterroles", "clusterrolebindings"],
-            )],
-            failure_policy: FailurePolicy::Ignore,
-            timeout_seconds: 2,
-            namespace_selector: None,
-            object_selector: None,
-            mode: Mode::Enforce,
-        },
-        WebhookDefinition {
-            name: "featuregate.hcp-fleet.openshift.io".into(),
-            kind: WebhookKind::Validating,
-            path: "/validate/featuregate".into(),
-            rules: vec![rule(
-                &["CREATE", "UPDATE"],
-                &["config.openshift.io"],
-                &["featuregates"],
-            )],
-            failure_policy: FailurePolicy::Ignore,
-            timeout_seconds: 2,
-            namespace_selector: None,
-            object_selector: None,
-            mode: Mode::Enforce,
-        },
-        WebhookDefinition {
-            name: "probe.hcp-fleet.openshift.io".into(),
-            kind: WebhookKind::Validating,
-            path: crate::admission::policies::PROBE_PATH.into(),
-            rules: vec![rule(&["CREATE"], &[""], &["configmaps"])],
-            failure_policy: FailurePolicy::Ignore,
-            timeout_seconds: 2,
-            namespace_selector: None,
-            // Only the agent's probe objects reach it.
-            object_selector: Some(LabelSelector {
-                match_labels: BTreeMap::from([(
-                    crate::admission::policies::PROBE_LABEL.to_string(),
-                    "true".to_string(),
-                )]),
-                match_expressions: Vec::new(),
-            }),
-            mode: Mode::Enforce,
-        },
-        WebhookDefinition {
-            name: "service-annotation.hcp-fleet.openshift.io".into(),
-            kind: WebhookKind::Mutating,
-            path: "/mutate/service-annotation".into(),
-            rules: vec![rule(&["CREATE"], &[""], &["services"])],
-            failure_policy: FailurePolicy::Ignore,
-            timeout_seconds: 2,
-            namespace_selector: None,
-            object_selector: None,
-            mode: Mode::Warn,
-        },
-    ]
+    crate::admission::policies::builtin_definitions()
 }
 
 /// HyperShift control-plane Service names (a guest webhook URL whose host starts with one of

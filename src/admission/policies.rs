@@ -9,19 +9,152 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::review::{Decision, Request};
-use crate::config::{AgentConfig, Mode};
+use crate::config::{
+    AgentConfig, FailurePolicy, LabelSelector, Mode, Rule, WebhookDefinition, WebhookKind,
+};
 
 pub const PROTECTED_RBAC_PATH: &str = "/validate/protected-rbac";
 pub const FEATUREGATE_PATH: &str = "/validate/featuregate";
 pub const SERVICE_ANNOTATION_PATH: &str = "/mutate/service-annotation";
 pub const PROBE_PATH: &str = "/validate/probe";
+pub const SCC_PATH: &str = "/validate/scc";
+pub const MANAGED_GROUPS_PATH: &str = "/validate/managed-api-groups";
 /// Every path the admission service serves a webhook on.
 pub const BUILTIN_PATHS: &[&str] = &[
     PROTECTED_RBAC_PATH,
     FEATUREGATE_PATH,
     SERVICE_ANNOTATION_PATH,
     PROBE_PATH,
+    SCC_PATH,
+    MANAGED_GROUPS_PATH,
 ];
+
+/// The SecurityContextConstraints OpenShift ships; changing them weakens every workload.
+pub const DEFAULT_SCCS: &[&str] = &[
+    "anyuid",
+    "hostaccess",
+    "hostmount-anyuid",
+    "hostnetwork",
+    "hostnetwork-v2",
+    "machine-api-termination-handler",
+    "node-exporter",
+    "nonroot",
+    "nonroot-v2",
+    "privileged",
+    "restricted",
+    "restricted-v2",
+];
+
+/// API groups that belong to the managed service's own operators.
+pub const MANAGED_API_GROUPS: &[&str] = &[
+    "managed.openshift.io",
+    "upgrade.managed.openshift.io",
+    "ocmagent.managed.openshift.io",
+    "splunkforwarder.managed.openshift.io",
+    "cloudingress.managed.openshift.io",
+];
+
+fn rule(ops: &[&str], groups: &[&str], resources: &[&str]) -> Rule {
+    Rule {
+        operations: ops.iter().map(|s| s.to_string()).collect(),
+        api_groups: groups.iter().map(|s| s.to_string()).collect(),
+        api_versions: vec!["*".into()],
+        resources: resources.iter().map(|s| s.to_string()).collect(),
+        scope: None,
+    }
+}
+
+fn definition(
+    name: &str,
+    kind: WebhookKind,
+    path: &str,
+    rules: Vec<Rule>,
+    mode: Mode,
+) -> WebhookDefinition {
+    WebhookDefinition {
+        name: name.into(),
+        kind,
+        path: path.into(),
+        rules,
+        failure_policy: FailurePolicy::Ignore,
+        timeout_seconds: 2,
+        namespace_selector: None,
+        object_selector: None,
+        mode,
+    }
+}
+
+/// The built-in webhooks: each handler's rules, declared here beside it, are what the agent
+/// installs in the hosted cluster (`config::default_webhooks`).
+pub fn builtin_definitions() -> Vec<WebhookDefinition> {
+    use WebhookKind::{Mutating, Validating};
+    let mut probe = definition(
+        "probe.hcp-fleet.openshift.io",
+        Validating,
+        PROBE_PATH,
+        vec![rule(&["CREATE"], &[""], &["configmaps"])],
+        Mode::Enforce,
+    );
+    // Only the agent's probe objects reach it.
+    probe.object_selector = Some(LabelSelector {
+        match_labels: BTreeMap::from([(PROBE_LABEL.to_string(), "true".to_string())]),
+        match_expressions: Vec::new(),
+    });
+    vec![
+        definition(
+            "protected-rbac.hcp-fleet.openshift.io",
+            Validating,
+            PROTECTED_RBAC_PATH,
+            vec![rule(
+                &["DELETE"],
+                &["rbac.authorization.k8s.io"],
+                &["clusterroles", "clusterrolebindings"],
+            )],
+            Mode::Enforce,
+        ),
+        definition(
+            "featuregate.hcp-fleet.openshift.io",
+            Validating,
+            FEATUREGATE_PATH,
+            vec![rule(
+                &["CREATE", "UPDATE"],
+                &["config.openshift.io"],
+                &["featuregates"],
+            )],
+            Mode::Enforce,
+        ),
+        definition(
+            "scc.hcp-fleet.openshift.io",
+            Validating,
+            SCC_PATH,
+            vec![rule(
+                &["UPDATE", "DELETE"],
+                &["security.openshift.io"],
+                &["securitycontextconstraints"],
+            )],
+            Mode::Enforce,
+        ),
+        definition(
+            "managed-api-groups.hcp-fleet.openshift.io",
+            Validating,
+            MANAGED_GROUPS_PATH,
+            vec![rule(
+                &["CREATE", "UPDATE", "DELETE"],
+                MANAGED_API_GROUPS,
+                &["*"],
+            )],
+            Mode::Enforce,
+        ),
+        probe,
+        definition(
+            "service-annotation.hcp-fleet.openshift.io",
+            Mutating,
+            SERVICE_ANNOTATION_PATH,
+            vec![rule(&["CREATE"], &[""], &["services"])],
+            Mode::Warn,
+        ),
+    ]
+}
 
 /// Objects carrying this label are the agent's end-to-end probe: always answered with a
 /// denial naming the service, whatever the mode or the user.
@@ -34,6 +167,8 @@ pub enum Builtin {
     FeatureGate,
     ServiceAnnotation,
     Probe,
+    Scc,
+    ManagedGroups,
 }
 
 impl Builtin {
@@ -43,6 +178,8 @@ impl Builtin {
             FEATUREGATE_PATH => Some(Self::FeatureGate),
             SERVICE_ANNOTATION_PATH => Some(Self::ServiceAnnotation),
             PROBE_PATH => Some(Self::Probe),
+            SCC_PATH => Some(Self::Scc),
+            MANAGED_GROUPS_PATH => Some(Self::ManagedGroups),
             _ => None,
         }
     }
@@ -182,6 +319,52 @@ fn featuregate(req: &Request) -> Decision {
     }
 }
 
+fn scc(req: &Request) -> Decision {
+    let name = req.name.clone().unwrap_or_default();
+    if req.resource.group != "security.openshift.io"
+        || req.resource.resource != "securitycontextconstraints"
+        || !DEFAULT_SCCS.contains(&name.as_str())
+    {
+        return Decision::allow();
+    }
+    // Metadata-only updates (labels, annotations) are harmless; everything else weakens or
+    // breaks the workloads that rely on the default SCCs.
+    if req.operation == "UPDATE" {
+        let strip = |o: Option<&Value>| {
+            o.cloned().map(|mut v| {
+                if let Some(m) = v.as_object_mut() {
+                    m.remove("metadata");
+                }
+                v
+            })
+        };
+        if strip(req.object.as_ref()) == strip(req.old_object.as_ref()) {
+            return Decision::allow();
+        }
+    }
+    let verb = if req.operation == "DELETE" {
+        "deleting"
+    } else {
+        "changing"
+    };
+    Decision::deny(format!(
+        "hcp-fleet: {verb} the default SecurityContextConstraints {name:?} is not allowed on a managed cluster; create your own SCC instead"
+    ))
+}
+
+fn managed_groups(req: &Request) -> Decision {
+    if MANAGED_API_GROUPS.contains(&req.resource.group.as_str()) {
+        Decision::deny(format!(
+            "hcp-fleet: {} in API group {} is managed by the service; regular users may not {} it",
+            req.resource.resource,
+            req.resource.group,
+            req.operation.to_lowercase()
+        ))
+    } else {
+        Decision::allow()
+    }
+}
+
 /// JSON Pointer escaping (RFC 6901).
 fn pointer_escape(s: &str) -> String {
     s.replace('~', "~0").replace('/', "~1")
@@ -268,6 +451,8 @@ pub fn decide(path: &str, req: &Request, s: &Settings) -> Option<(String, Decisi
         Builtin::ProtectedRbac => protected_rbac(req, s),
         Builtin::FeatureGate => featuregate(req),
         Builtin::ServiceAnnotation => service_annotation(req, s),
+        Builtin::Scc => scc(req),
+        Builtin::ManagedGroups => managed_groups(req),
         Builtin::Probe => Decision::allow(),
     };
     let mut d = apply_mode(&hook.name, hook.mode, d);
@@ -499,6 +684,94 @@ mod tests {
         );
         let (_, d) = decide(PROBE_PATH, &r, &s).expect("probe");
         assert_eq!(d.message.as_deref(), Some(PROBE_ANSWER));
+    }
+
+    #[test]
+    fn default_sccs_are_guarded_but_labels_may_change() {
+        let s = settings(Mode::Enforce);
+        let old = json!({"metadata": {"name": "restricted"}, "allowPrivilegedContainer": false});
+        let mut weaker = old.clone();
+        weaker["allowPrivilegedContainer"] = json!(true);
+        let mut r = req(
+            "UPDATE",
+            "security.openshift.io",
+            "securitycontextconstraints",
+            "restricted",
+            None,
+            "alice",
+            &[],
+            weaker,
+        );
+        r.old_object = Some(old.clone());
+        assert!(!decide(SCC_PATH, &r, &s).expect("hook").1.allowed);
+        let mut relabel = old.clone();
+        relabel["metadata"]["labels"] = json!({"team": "x"});
+        let mut r = req(
+            "UPDATE",
+            "security.openshift.io",
+            "securitycontextconstraints",
+            "restricted",
+            None,
+            "alice",
+            &[],
+            relabel,
+        );
+        r.old_object = Some(old);
+        assert!(decide(SCC_PATH, &r, &s).expect("hook").1.allowed);
+        let r = req(
+            "DELETE",
+            "security.openshift.io",
+            "securitycontextconstraints",
+            "my-scc",
+            None,
+            "alice",
+            &[],
+            Value::Null,
+        );
+        assert!(
+            decide(SCC_PATH, &r, &s).expect("hook").1.allowed,
+            "custom SCCs are the user's"
+        );
+    }
+
+    #[test]
+    fn managed_api_groups_are_off_limits_to_regular_users() {
+        let s = settings(Mode::Enforce);
+        let r = req(
+            "CREATE",
+            "upgrade.managed.openshift.io",
+            "upgradeconfigs",
+            "u",
+            Some("openshift-managed-upgrade-operator-x"),
+            "alice",
+            &[],
+            json!({}),
+        );
+        // (exempt namespace prefix openshift-* applies)
+        assert!(decide(MANAGED_GROUPS_PATH, &r, &s).expect("hook").1.allowed);
+        let r = req(
+            "CREATE",
+            "upgrade.managed.openshift.io",
+            "upgradeconfigs",
+            "u",
+            Some("team-a"),
+            "alice",
+            &[],
+            json!({}),
+        );
+        let (_, d) = decide(MANAGED_GROUPS_PATH, &r, &s).expect("hook");
+        assert!(!d.allowed);
+        assert!(d.message.expect("msg").contains("managed by the service"));
+    }
+
+    #[test]
+    fn every_builtin_definition_has_a_handler_and_passes_the_guardrails() {
+        let defs = builtin_definitions();
+        assert_eq!(defs.len(), BUILTIN_PATHS.len());
+        for d in &defs {
+            assert!(Builtin::for_path(&d.path).is_some(), "{}", d.path);
+        }
+        assert!(AgentConfig::default().problems().is_empty());
     }
 
     #[test]

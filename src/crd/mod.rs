@@ -18,10 +18,16 @@ pub use policy::{
 pub const HCP_NAMESPACE_LABEL: &str = "hypershift.openshift.io/hosted-control-plane";
 
 /// OpenShift CRDs the hosted clusters of the test bed serve, so the webhooks see real objects.
-pub const HOSTED_CRD_MANIFESTS: &[(&str, &str)] = &[(
-    "featuregates.config.openshift.io",
-    include_str!("featuregates.yaml"),
-)];
+pub const HOSTED_CRD_MANIFESTS: &[(&str, &str)] = &[
+    (
+        "featuregates.config.openshift.io",
+        include_str!("featuregates.yaml"),
+    ),
+    (
+        "securitycontextconstraints.security.openshift.io",
+        include_str!("securitycontextconstraints.yaml"),
+    ),
+];
 
 /// The CRD manifests of the types above (YAML), in install order.
 pub const CRD_MANIFESTS: &[(&str, &str)] = &[

@@ -282,7 +282,7 @@ mod tests {
                 h.namespace_selector.clone(),
             ));
         }
-        assert_eq!(all.len(), 4);
+        assert_eq!(all.len(), AgentConfig::default().webhooks.len());
         for (side, timeout, fp, obj, ns) in all {
             assert_eq!(side, "None");
             assert!(matches!(timeout, Some(1..=5)));
