@@ -127,6 +127,8 @@ async fn grant_alice(bed: &Bed) {
             {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles", "clusterrolebindings"], "verbs": ["get", "list", "delete"]},
             {"apiGroups": ["config.openshift.io"], "resources": ["featuregates"], "verbs": ["get", "create", "update", "patch"]},
             {"apiGroups": ["security.openshift.io"], "resources": ["securitycontextconstraints"], "verbs": ["get", "update", "patch", "delete"]},
+            {"apiGroups": ["config.openshift.io"], "resources": ["ingresses"], "verbs": ["get", "update", "patch", "delete"]},
+            {"apiGroups": ["operator.openshift.io"], "resources": ["networks"], "verbs": ["get", "update", "patch"]},
             // kubectl's server-side dry-run reads the CRD when the new type is not yet in the
             // published OpenAPI; without this the checks below race the API server.
             {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["get", "list"]},
@@ -300,6 +302,83 @@ async fn enforce_exempt_warn_and_off_through_the_hosted_apiserver() {
             "--type=merge",
             "-p",
             r#"{"metadata":{"labels":{"team":"a"}}}"#,
+            "--dry-run=server",
+        ],
+    );
+    assert!(ok, "{out}");
+
+    // The ingress config's spec and the network operator's migration are SRE's.
+    for (group, plural, kind, spec) in [
+        (
+            "config.openshift.io",
+            "ingresses",
+            "Ingress",
+            serde_json::json!({"domain": "apps.hc-1.example.com"}),
+        ),
+        (
+            "operator.openshift.io",
+            "networks",
+            "Network",
+            serde_json::json!({"logLevel": "Normal"}),
+        ),
+    ] {
+        let ar = kube::core::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk(group, "v1", kind),
+            plural,
+        );
+        let obj = serde_json::json!({"apiVersion": format!("{group}/v1"), "kind": kind, "metadata": {"name": "cluster"}, "spec": spec});
+        Api::<kube::api::DynamicObject>::all_with(hosted.clone(), &ar)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(obj).expect("obj"),
+            )
+            .await
+            .expect(kind);
+    }
+    let (ok, out) = kubectl(
+        &bed,
+        &[
+            "--as=alice",
+            "patch",
+            "ingresses.config.openshift.io",
+            "cluster",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"domain":"apps.evil.example.com"}}"#,
+            "--dry-run=server",
+        ],
+    );
+    assert!(
+        !ok && out.contains("changing the spec of the ingress config \"cluster\""),
+        "{out}"
+    );
+    let (ok, out) = kubectl(
+        &bed,
+        &[
+            "--as=alice",
+            "patch",
+            "networks.operator.openshift.io",
+            "cluster",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"migration":{"networkType":"OVNKubernetes"}}}"#,
+            "--dry-run=server",
+        ],
+    );
+    assert!(
+        !ok && out.contains("network migrations are run by SRE"),
+        "{out}"
+    );
+    let (ok, out) = kubectl(
+        &bed,
+        &[
+            "--as=alice",
+            "patch",
+            "networks.operator.openshift.io",
+            "cluster",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"logLevel":"Debug"}}"#,
             "--dry-run=server",
         ],
     );
@@ -488,4 +567,153 @@ async fn a_certificate_replaced_under_load_loses_no_request() {
     eprintln!(
         "{total} requests in {elapsed:?} across a certificate rotation, all answered by the admission service"
     );
+}
+
+/// POST over TLS to the service; returns (status, body).
+async fn https_post(
+    port: u16,
+    ca_pem: &str,
+    path: &str,
+    content_type: &str,
+    body: &[u8],
+) -> Result<(u16, String), String> {
+    use rustls::pki_types::pem::PemObject;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots
+            .add(c.map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    }
+    let cfg = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
+    let mut tls = connector
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    tls.write_all(head.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    // The server may answer (413) before it has read everything; a write error then is fine.
+    let _ = tls.write_all(body).await;
+    let mut buf = Vec::new();
+    let _ = tls.read_to_end(&mut buf).await;
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("no status line: {text:?}"))?;
+    Ok((
+        code,
+        text.split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default(),
+    ))
+}
+
+/// Malformed input gets a clear 4xx, never a crash; SIGTERM drains and exits cleanly.
+#[tokio::test]
+async fn malformed_requests_get_clear_client_errors() {
+    hcp_fleet_agent::tls::install_crypto_provider();
+    let dir = tempfile::tempdir().expect("tmp");
+    let ca = certificates::generate_ca("t", time::Duration::days(1)).expect("ca");
+    let srv = certificates::issue(
+        &ca,
+        "127.0.0.1",
+        &Usage::Server {
+            sans: vec!["127.0.0.1".into()],
+        },
+        time::Duration::days(1),
+    )
+    .expect("srv");
+    std::fs::write(dir.path().join("tls.crt"), &srv.cert_pem).expect("crt");
+    std::fs::write(dir.path().join("tls.key"), &srv.key_pem).expect("key");
+    let port = hcp_fleet_agent::localcp::free_port().expect("port");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+        .args([
+            "webhook",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--cert-dir",
+        ])
+        .arg(dir.path())
+        .spawn()
+        .expect("webhook");
+    eventually("webhook ready", Duration::from_secs(10), || {
+        let ca = ca.cert_pem.clone();
+        async move {
+            match kubelet::https_get(port, &ca, "/readyz").await {
+                Ok((200, _)) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+    let path = "/validate/protected-rbac";
+    let json = "application/json";
+    let cases: Vec<(&str, String, Vec<u8>, u16, &str)> = vec![
+        ("invalid JSON", json.into(), b"{not json".to_vec(), 400, "not valid JSON"),
+        ("not an object", json.into(), b"[1,2]".to_vec(), 400, "not a JSON object"),
+        ("wrong apiVersion", json.into(), br#"{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview","request":{}}"#.to_vec(), 400, "apiVersion must be admission.k8s.io/v1"),
+        ("missing request", json.into(), br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#.to_vec(), 400, "has no request"),
+        ("request missing fields", json.into(), br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u"}}"#.to_vec(), 400, "request is malformed"),
+        ("wrong content type", "text/plain".into(), b"{}".to_vec(), 415, "content type must be application/json"),
+        ("huge body", json.into(), vec![b' '; 4 * 1024 * 1024], 413, "over"),
+    ];
+    for (what, ct, body, want, needle) in cases {
+        let (code, text) = https_post(port, &ca.cert_pem, path, &ct, &body)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(code, want, "{what}: {text}");
+        assert!(text.contains(needle), "{what}: {text}");
+    }
+    // Still healthy, and still answering real reviews.
+    let review = serde_json::json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "u-9", "kind": {"group": "rbac.authorization.k8s.io", "version": "v1", "kind": "ClusterRole"},
+        "resource": {"group": "rbac.authorization.k8s.io", "version": "v1", "resource": "clusterroles"},
+        "name": "cluster-admin", "operation": "DELETE", "userInfo": {"username": "alice"}}});
+    let (code, text) = https_post(
+        port,
+        &ca.cert_pem,
+        path,
+        json,
+        review.to_string().as_bytes(),
+    )
+    .await
+    .expect("review");
+    assert_eq!(code, 200, "{text}");
+    assert!(
+        text.contains("\"uid\":\"u-9\"") && text.contains("\"allowed\":false"),
+        "{text}"
+    );
+    let (_, metrics) = kubelet::https_get(port, &ca.cert_pem, "/metrics")
+        .await
+        .expect("metrics");
+    assert!(metrics.contains("outcome=\"bad_request\""), "{metrics}");
+    assert!(metrics.contains("decision=\"denied\""), "{metrics}");
+
+    // SIGTERM: drain and exit 0.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(25);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "no exit after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status}");
 }

@@ -83,6 +83,12 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 fn main() {
     hcp_fleet_agent::tls::install_crypto_provider();
+    // Warnings from the test bed (its kubelet) must be visible when a run goes wrong.
+    if std::env::var_os("RUST_LOG").is_none() {
+        // SAFETY: single-threaded here, before any runtime or thread starts.
+        unsafe { std::env::set_var("RUST_LOG", "warn,kube_client=off") };
+    }
+    hcp_fleet_agent::telemetry::init(hcp_fleet_agent::telemetry::LogFormat::Text);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -131,6 +137,7 @@ async fn run() -> Result<(), String> {
     let mut agent = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
         .args([
             "agent",
+            "--local-mode",
             "--metrics-addr",
             &addr.to_string(),
             "--namespace",

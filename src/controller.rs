@@ -75,19 +75,26 @@ pub struct Context {
     policy_crd_warned: std::sync::atomic::AtomicBool,
     recorder: kube::runtime::events::Recorder,
     failures: Mutex<HashMap<String, u32>>,
+    /// The last probe verdict per HCP namespace (shared with the probe tasks).
+    probe_states: Arc<Mutex<HashMap<String, ComplianceState>>>,
     /// UIDs of deleted HCPs (a UID is never reused, so a recreated HCP is not affected).
     tombstones: Mutex<std::collections::HashSet<String>>,
 }
 
+/// What runs between reconciles for one hosted cluster: the drift watch and the probe.
 struct DriftWatch {
     server: String,
     desired: Arc<Mutex<HostedWebhooks>>,
     task: tokio::task::JoinHandle<()>,
+    probe_task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Drop for DriftWatch {
     fn drop(&mut self) {
         self.task.abort();
+        if let Some(p) = &self.probe_task {
+            p.abort();
+        }
     }
 }
 
@@ -122,6 +129,9 @@ impl Context {
         }
         if let Ok(mut f) = self.failures.lock() {
             f.remove(ns);
+        }
+        if let Ok(mut p) = self.probe_states.lock() {
+            p.remove(ns);
         }
         self.update_known();
         self.rollup_changed.notify_one();
@@ -500,11 +510,60 @@ async fn run_phases(
         .probe_success
         .get_or_create(&labels)
         .set(i64::from(probe.state == ComplianceState::Compliant));
+    if let Ok(mut p) = ctx.probe_states.lock() {
+        p.insert(ns.to_string(), probe.state);
+    }
+    ensure_probe_task(
+        ctx,
+        ns,
+        cluster,
+        &hosted,
+        timeout,
+        Duration::from_secs(u64::from(cfg.probe_interval_seconds)),
+    );
     obs.insert(Concern::EndToEndProbe, probe);
-    // The probe is the one periodic request: it is what turns "installed" into "working".
-    Ok(Action::requeue(Duration::from_secs(u64::from(
-        cfg.probe_interval_seconds,
-    ))))
+    // Between reconciles only the probe task runs (one request per interval); it queues a
+    // reconcile when its verdict changes.
+    Ok(Action::await_change())
+}
+
+/// The periodic probe of one hosted cluster: the agent's only periodic request. A full
+/// reconcile (which reports) is queued only when the verdict changes, so a steady fleet costs
+/// one hosted request per cluster per interval and nothing on the management cluster.
+fn ensure_probe_task(
+    ctx: &Context,
+    ns: &str,
+    cluster: &str,
+    hosted: &Client,
+    timeout: Duration,
+    every: Duration,
+) {
+    let Ok(mut watches) = ctx.drift.lock() else {
+        return;
+    };
+    let Some(w) = watches.get_mut(ns) else {
+        return;
+    };
+    if w.probe_task.as_ref().is_some_and(|t| !t.is_finished()) {
+        return;
+    }
+    let hosted = hosted.clone();
+    let states = ctx.probe_states.clone();
+    let tx = ctx.drift_tx.clone();
+    let hcp_ref = ObjectRef::<HostedControlPlane>::new(cluster).within(ns);
+    let ns = ns.to_string();
+    w.probe_task = Some(tokio::spawn(async move {
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        loop {
+            tick.tick().await;
+            let now = probe(&hosted, timeout).await.state;
+            let before = states.lock().ok().and_then(|s| s.get(&ns).copied());
+            if before != Some(now) {
+                info!(hcp_namespace = %ns, verdict = now.as_str(), "end-to-end probe changed");
+                let _ = tx.send(hcp_ref.clone());
+            }
+        }
+    }));
 }
 
 /// A dry-run create of a labelled ConfigMap that only the admission service's probe webhook
@@ -714,6 +773,7 @@ fn ensure_drift_watch(
             server: server.to_string(),
             desired,
             task,
+            probe_task: None,
         },
     );
 }
@@ -967,6 +1027,7 @@ impl Context {
         );
         let ctx = Arc::new(Self {
             failures: Mutex::new(HashMap::new()),
+            probe_states: Arc::new(Mutex::new(HashMap::new())),
             tombstones: Mutex::new(std::collections::HashSet::new()),
             recorder,
             client,

@@ -19,6 +19,8 @@ pub const SERVICE_ANNOTATION_PATH: &str = "/mutate/service-annotation";
 pub const PROBE_PATH: &str = "/validate/probe";
 pub const SCC_PATH: &str = "/validate/scc";
 pub const MANAGED_GROUPS_PATH: &str = "/validate/managed-api-groups";
+pub const INGRESS_CONFIG_PATH: &str = "/validate/ingress-config";
+pub const NETWORK_MIGRATION_PATH: &str = "/validate/network-migration";
 /// Every path the admission service serves a webhook on.
 pub const BUILTIN_PATHS: &[&str] = &[
     PROTECTED_RBAC_PATH,
@@ -27,6 +29,8 @@ pub const BUILTIN_PATHS: &[&str] = &[
     PROBE_PATH,
     SCC_PATH,
     MANAGED_GROUPS_PATH,
+    INGRESS_CONFIG_PATH,
+    NETWORK_MIGRATION_PATH,
 ];
 
 /// The SecurityContextConstraints OpenShift ships; changing them weakens every workload.
@@ -135,6 +139,24 @@ pub fn builtin_definitions() -> Vec<WebhookDefinition> {
             Mode::Enforce,
         ),
         definition(
+            "ingress-config.hcp-fleet.openshift.io",
+            Validating,
+            INGRESS_CONFIG_PATH,
+            vec![rule(
+                &["UPDATE", "DELETE"],
+                &["config.openshift.io"],
+                &["ingresses"],
+            )],
+            Mode::Enforce,
+        ),
+        definition(
+            "network-migration.hcp-fleet.openshift.io",
+            Validating,
+            NETWORK_MIGRATION_PATH,
+            vec![rule(&["UPDATE"], &["operator.openshift.io"], &["networks"])],
+            Mode::Enforce,
+        ),
+        definition(
             "managed-api-groups.hcp-fleet.openshift.io",
             Validating,
             MANAGED_GROUPS_PATH,
@@ -169,6 +191,8 @@ pub enum Builtin {
     Probe,
     Scc,
     ManagedGroups,
+    IngressConfig,
+    NetworkMigration,
 }
 
 impl Builtin {
@@ -180,6 +204,8 @@ impl Builtin {
             PROBE_PATH => Some(Self::Probe),
             SCC_PATH => Some(Self::Scc),
             MANAGED_GROUPS_PATH => Some(Self::ManagedGroups),
+            INGRESS_CONFIG_PATH => Some(Self::IngressConfig),
+            NETWORK_MIGRATION_PATH => Some(Self::NetworkMigration),
             _ => None,
         }
     }
@@ -352,6 +378,45 @@ fn scc(req: &Request) -> Decision {
     ))
 }
 
+/// The cluster ingress config carries the cluster's apps domain and load balancer choice;
+/// the managed service sets them. Its spec may not change and it may not be deleted.
+fn ingress_config(req: &Request) -> Decision {
+    if req.resource.group != "config.openshift.io" || req.resource.resource != "ingresses" {
+        return Decision::allow();
+    }
+    let name = req.name.clone().unwrap_or_default();
+    let spec = |o: Option<&Value>| o.map(|o| o["spec"].clone());
+    if req.operation == "UPDATE" && spec(req.object.as_ref()) == spec(req.old_object.as_ref()) {
+        return Decision::allow();
+    }
+    let verb = if req.operation == "DELETE" {
+        "deleting"
+    } else {
+        "changing the spec of"
+    };
+    Decision::deny(format!(
+        "hcp-fleet: {verb} the ingress config {name:?} is not allowed on a managed cluster; its domain and load balancer are set by the service"
+    ))
+}
+
+/// Starting (or changing) an SDN to OVN-Kubernetes migration on the network operator is
+/// SRE's to run; everything else in the Network config passes.
+fn network_migration(req: &Request) -> Decision {
+    if req.resource.group != "operator.openshift.io" || req.resource.resource != "networks" {
+        return Decision::allow();
+    }
+    let migration = |o: Option<&Value>| {
+        o.map(|o| o["spec"]["migration"].clone())
+            .unwrap_or(Value::Null)
+    };
+    if migration(req.object.as_ref()) == migration(req.old_object.as_ref()) {
+        return Decision::allow();
+    }
+    Decision::deny(
+        "hcp-fleet: spec.migration of the cluster network operator is not allowed on a managed cluster; network migrations are run by SRE",
+    )
+}
+
 fn managed_groups(req: &Request) -> Decision {
     if MANAGED_API_GROUPS.contains(&req.resource.group.as_str()) {
         Decision::deny(format!(
@@ -453,6 +518,8 @@ pub fn decide(path: &str, req: &Request, s: &Settings) -> Option<(String, Decisi
         Builtin::ServiceAnnotation => service_annotation(req, s),
         Builtin::Scc => scc(req),
         Builtin::ManagedGroups => managed_groups(req),
+        Builtin::IngressConfig => ingress_config(req),
+        Builtin::NetworkMigration => network_migration(req),
         Builtin::Probe => Decision::allow(),
     };
     let mut d = apply_mode(&hook.name, hook.mode, d);
@@ -762,6 +829,107 @@ mod tests {
         let (_, d) = decide(MANAGED_GROUPS_PATH, &r, &s).expect("hook");
         assert!(!d.allowed);
         assert!(d.message.expect("msg").contains("managed by the service"));
+    }
+
+    #[test]
+    fn ingress_config_spec_is_fixed_but_status_may_change() {
+        let s = settings(Mode::Enforce);
+        let old = json!({"metadata": {"name": "cluster"}, "spec": {"domain": "apps.a.example.com"}, "status": {}});
+        let mut moved = old.clone();
+        moved["spec"]["domain"] = json!("apps.evil.example.com");
+        let mut r = req(
+            "UPDATE",
+            "config.openshift.io",
+            "ingresses",
+            "cluster",
+            None,
+            "alice",
+            &[],
+            moved,
+        );
+        r.old_object = Some(old.clone());
+        let (_, d) = decide(INGRESS_CONFIG_PATH, &r, &s).expect("hook");
+        assert!(
+            d.message
+                .expect("denied")
+                .contains("changing the spec of the ingress config")
+        );
+        let mut status_only = old.clone();
+        status_only["status"] = json!({"defaultPlacement": "Workers"});
+        let mut r = req(
+            "UPDATE",
+            "config.openshift.io",
+            "ingresses",
+            "cluster",
+            None,
+            "alice",
+            &[],
+            status_only,
+        );
+        r.old_object = Some(old);
+        assert!(decide(INGRESS_CONFIG_PATH, &r, &s).expect("hook").1.allowed);
+    }
+
+    #[test]
+    fn network_migration_is_for_sre_only() {
+        let s = settings(Mode::Enforce);
+        let old = json!({"metadata": {"name": "cluster"}, "spec": {"logLevel": "Normal"}});
+        let mut start = old.clone();
+        start["spec"]["migration"] = json!({"networkType": "OVNKubernetes"});
+        let mut r = req(
+            "UPDATE",
+            "operator.openshift.io",
+            "networks",
+            "cluster",
+            None,
+            "alice",
+            &[],
+            start.clone(),
+        );
+        r.old_object = Some(old.clone());
+        assert!(
+            !decide(NETWORK_MIGRATION_PATH, &r, &s)
+                .expect("hook")
+                .1
+                .allowed
+        );
+        let mut r = req(
+            "UPDATE",
+            "operator.openshift.io",
+            "networks",
+            "cluster",
+            None,
+            "backplane-sre",
+            &["osd-sre-admins"],
+            start,
+        );
+        r.old_object = Some(old.clone());
+        assert!(
+            decide(NETWORK_MIGRATION_PATH, &r, &s)
+                .expect("hook")
+                .1
+                .allowed,
+            "SRE may"
+        );
+        let mut level = old.clone();
+        level["spec"]["logLevel"] = json!("Debug");
+        let mut r = req(
+            "UPDATE",
+            "operator.openshift.io",
+            "networks",
+            "cluster",
+            None,
+            "alice",
+            &[],
+            level,
+        );
+        r.old_object = Some(old);
+        assert!(
+            decide(NETWORK_MIGRATION_PATH, &r, &s)
+                .expect("hook")
+                .1
+                .allowed
+        );
     }
 
     #[test]

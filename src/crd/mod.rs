@@ -27,6 +27,14 @@ pub const HOSTED_CRD_MANIFESTS: &[(&str, &str)] = &[
         "securitycontextconstraints.security.openshift.io",
         include_str!("securitycontextconstraints.yaml"),
     ),
+    (
+        "ingresses.config.openshift.io",
+        include_str!("ingresses.config.openshift.io.yaml"),
+    ),
+    (
+        "networks.operator.openshift.io",
+        include_str!("networks.operator.openshift.io.yaml"),
+    ),
 ];
 
 /// The CRD manifests of the types above (YAML), in install order.
