@@ -3,7 +3,8 @@
 
 mod support;
 
-use std::future::Future;
+use support::eventually;
+
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
@@ -25,23 +26,6 @@ use kube::{Api, Client};
 
 const NS: &str = "clusters-hc-1";
 const PROTECTED: &str = "hcp-fleet: deleting the protected ClusterRole \"cluster-admin\"";
-
-async fn eventually<F, Fut>(what: &str, within: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<(), String>>,
-{
-    let deadline = Instant::now() + within;
-    let mut last = String::from("never checked");
-    while Instant::now() < deadline {
-        match check().await {
-            Ok(()) => return,
-            Err(e) => last = e,
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    panic!("{what} not reached within {within:?}: {last}");
-}
 
 struct Bed {
     fleet: LocalFleet,

@@ -4,8 +4,9 @@
 
 mod support;
 
+use support::eventually;
+
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 use hcp_fleet_agent::agent::{self, StartOptions};
@@ -27,23 +28,6 @@ use kube::api::DeleteParams;
 use kube::{Api, Client, ResourceExt};
 
 const AGENT_NS: &str = "hcp-fleet-agent";
-
-async fn eventually<F, Fut>(what: &str, within: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<(), String>>,
-{
-    let deadline = Instant::now() + within;
-    let mut last = String::from("never checked");
-    while Instant::now() < deadline {
-        match check().await {
-            Ok(()) => return,
-            Err(e) => last = e,
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!("{what} not reached within {within:?}: {last}");
-}
 
 async fn policy(client: &Client, ns: &str, name: &str) -> Result<Policy, String> {
     Api::<Policy>::namespaced(client.clone(), ns)

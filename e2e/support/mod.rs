@@ -85,3 +85,21 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<(u16, St
         .unwrap_or_default();
     Ok((code, body))
 }
+
+/// Polls `check` until it succeeds or `within` passes; panics with the last reason.
+pub async fn eventually<F, Fut>(what: &str, within: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let deadline = Instant::now() + within;
+    let mut last = String::from("never checked");
+    while Instant::now() < deadline {
+        match check().await {
+            Ok(()) => return,
+            Err(e) => last = e,
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("{what} not reached within {within:?}: {last}");
+}

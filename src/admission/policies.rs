@@ -326,6 +326,12 @@ fn protected_rbac(req: &Request, s: &Settings) -> Decision {
     }
 }
 
+/// The part of the object `part` picks is the same before and after the request.
+fn unchanged(req: &Request, part: impl Fn(&Value) -> Value) -> bool {
+    let pick = |o: Option<&Value>| o.map(&part);
+    pick(req.object.as_ref()) == pick(req.old_object.as_ref())
+}
+
 fn feature_set(o: Option<&Value>) -> Option<&str> {
     o.and_then(|o| o["spec"]["featureSet"].as_str())
 }
@@ -355,18 +361,15 @@ fn scc(req: &Request) -> Decision {
     }
     // Metadata-only updates (labels, annotations) are harmless; everything else weakens or
     // breaks the workloads that rely on the default SCCs.
-    if req.operation == "UPDATE" {
-        let strip = |o: Option<&Value>| {
-            o.cloned().map(|mut v| {
-                if let Some(m) = v.as_object_mut() {
-                    m.remove("metadata");
-                }
-                v
-            })
-        };
-        if strip(req.object.as_ref()) == strip(req.old_object.as_ref()) {
-            return Decision::allow();
+    let without_metadata = |o: &Value| {
+        let mut v = o.clone();
+        if let Some(m) = v.as_object_mut() {
+            m.remove("metadata");
         }
+        v
+    };
+    if req.operation == "UPDATE" && unchanged(req, without_metadata) {
+        return Decision::allow();
     }
     let verb = if req.operation == "DELETE" {
         "deleting"
@@ -385,8 +388,7 @@ fn ingress_config(req: &Request) -> Decision {
         return Decision::allow();
     }
     let name = req.name.clone().unwrap_or_default();
-    let spec = |o: Option<&Value>| o.map(|o| o["spec"].clone());
-    if req.operation == "UPDATE" && spec(req.object.as_ref()) == spec(req.old_object.as_ref()) {
+    if req.operation == "UPDATE" && unchanged(req, |o| o["spec"].clone()) {
         return Decision::allow();
     }
     let verb = if req.operation == "DELETE" {
@@ -405,11 +407,7 @@ fn network_migration(req: &Request) -> Decision {
     if req.resource.group != "operator.openshift.io" || req.resource.resource != "networks" {
         return Decision::allow();
     }
-    let migration = |o: Option<&Value>| {
-        o.map(|o| o["spec"]["migration"].clone())
-            .unwrap_or(Value::Null)
-    };
-    if migration(req.object.as_ref()) == migration(req.old_object.as_ref()) {
+    if unchanged(req, |o| o["spec"]["migration"].clone()) {
         return Decision::allow();
     }
     Decision::deny(

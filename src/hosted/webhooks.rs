@@ -158,34 +158,34 @@ pub fn render(
         namespace: hcp_namespace.to_string(),
         reason: e.to_string(),
     };
-    let v = of_kind(WebhookKind::Validating);
-    let validating = if v.is_empty() {
-        None
-    } else {
-        Some(
-            serde_json::from_value(json!({
+    // One configuration per kind; a kind with no active webhook renders to nothing.
+    let configuration = |kind: WebhookKind, api_kind: &str, name: &str| -> Option<Value> {
+        let hooks = of_kind(kind);
+        (!hooks.is_empty()).then(|| {
+            json!({
                 "apiVersion": "admissionregistration.k8s.io/v1",
-                "kind": "ValidatingWebhookConfiguration",
-                "metadata": metadata(VALIDATING_NAME, hcp_namespace),
-                "webhooks": v,
-            }))
-            .map_err(err)?,
-        )
+                "kind": api_kind,
+                "metadata": metadata(name, hcp_namespace),
+                "webhooks": hooks,
+            })
+        })
     };
-    let m = of_kind(WebhookKind::Mutating);
-    let mutating = if m.is_empty() {
-        None
-    } else {
-        Some(
-            serde_json::from_value(json!({
-                "apiVersion": "admissionregistration.k8s.io/v1",
-                "kind": "MutatingWebhookConfiguration",
-                "metadata": metadata(MUTATING_NAME, hcp_namespace),
-                "webhooks": m,
-            }))
-            .map_err(err)?,
-        )
-    };
+    let validating = configuration(
+        WebhookKind::Validating,
+        "ValidatingWebhookConfiguration",
+        VALIDATING_NAME,
+    )
+    .map(serde_json::from_value)
+    .transpose()
+    .map_err(err)?;
+    let mutating = configuration(
+        WebhookKind::Mutating,
+        "MutatingWebhookConfiguration",
+        MUTATING_NAME,
+    )
+    .map(serde_json::from_value)
+    .transpose()
+    .map_err(err)?;
     Ok(HostedWebhooks {
         validating,
         mutating,
