@@ -1126,11 +1126,13 @@ pub async fn run(
             "the Policy CRD (policy.open-cluster-management.io/v1) is not installed; reporting through metrics only"
         );
     }
-    let rollup = ctx
+    // Tied to this future: when the controller stops (or its task is aborted) they stop too,
+    // and with them the last references to the context, its drift watches and probes.
+    let _rollup = ctx
         .caps
         .policy_crd
-        .then(|| tokio::spawn(rollup_writer(ctx.clone())));
-    let deletions = tokio::spawn(deletion_watcher(ctx.clone()));
+        .then(|| AbortOnDrop(tokio::spawn(rollup_writer(ctx.clone()))));
+    let _deletions = AbortOnDrop(tokio::spawn(deletion_watcher(ctx.clone())));
     let concurrency = ctx.config().concurrency;
     let hcps: Api<HostedControlPlane> = Api::all(ctx.client.clone());
     let deployments: Api<Deployment> = Api::all(ctx.client.clone());
@@ -1171,10 +1173,15 @@ pub async fn run(
         .run(reconcile, error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()))
         .await;
-    if let Some(r) = rollup {
-        r.abort();
+}
+
+/// A spawned task that ends with its owner.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
-    deletions.abort();
 }
 
 #[cfg(test)]
@@ -1250,6 +1257,30 @@ mod tests {
         ctx.metrics.hosted_requests.get_or_create(&l).inc();
         ctx.forget("clusters-hc-1", "hc-1");
         assert!(!ctx.metrics.encode().contains("clusters-hc-1"));
+    }
+
+    #[tokio::test]
+    async fn stopping_the_agent_stops_its_background_tasks() {
+        let ctx = test_context();
+        let (_tx, rx) = mpsc::unbounded_channel();
+        let (_rtx, rrx) = mpsc::unbounded_channel();
+        let weak = Arc::downgrade(&ctx);
+        let run = tokio::spawn(run(ctx, rx, rrx, futures::future::pending::<()>()));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        run.abort();
+        let _ = run.await;
+        // Aborted tasks drop their futures on the runtime; give it a moment.
+        for _ in 0..50 {
+            if weak.strong_count() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            weak.strong_count(),
+            0,
+            "nothing keeps the context (and its watches) alive"
+        );
     }
 
     #[test]
