@@ -151,18 +151,21 @@ pub async fn start_with_metrics(
     opts: StartOptions,
     metrics: Arc<Metrics>,
 ) -> Result<AgentHandle, kube::Error> {
-    // The roll-up Policy needs its namespace.
-    let ns: Namespace = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": opts.agent_namespace}
-    }))
-    .map_err(kube::Error::SerdeError)?;
-    kube::Api::<Namespace>::all(client.clone())
-        .patch(
-            &opts.agent_namespace,
-            &PatchParams::apply(crate::management::FIELD_MANAGER),
-            &Patch::Apply(&ns),
-        )
-        .await?;
+    // The roll-up Policy needs its namespace. In a cluster the agent runs in it already (and
+    // has no business creating namespaces); on the local test bed nothing has created it.
+    if opts.local_mode {
+        let ns: Namespace = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": opts.agent_namespace}
+        }))
+        .map_err(kube::Error::SerdeError)?;
+        kube::Api::<Namespace>::all(client.clone())
+            .patch(
+                &opts.agent_namespace,
+                &PatchParams::apply(crate::management::FIELD_MANAGER),
+                &Patch::Apply(&ns),
+            )
+            .await?;
+    }
     let caps = controller::discover(&client).await;
     let url_base = opts
         .url_base
