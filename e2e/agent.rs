@@ -493,7 +493,7 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let _server = agent::serve(listener, agent.context.clone());
+    let _server = agent::serve(listener, agent.context.metrics.clone());
 
     let started = Instant::now();
     wait_compliant(&mgmt, &["hc-1"]).await;
@@ -593,6 +593,8 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
         concurrency: None,
         admission_image: None,
         local_mode: true,
+        leader_elect: false,
+        lease_duration_seconds: 15,
         metrics_addr: "127.0.0.1:0".parse().expect("addr"),
     };
     std::fs::write(
@@ -682,4 +684,138 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
         }
     })
     .await;
+}
+
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Two agent processes with leader election: exactly one reconciles; kill it and the other
+/// takes over within the lease duration and repairs drift.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_one_leader_and_a_takeover() {
+    let fleet = LocalFleet::start(FleetOptions::with_hosted(2))
+        .await
+        .expect("fleet");
+    let mgmt = fleet.management.client().await.expect("mgmt");
+    let pods = tempfile::tempdir().expect("tmp");
+    let _kubelet = kubelet::spawn(mgmt.clone(), real_pods(pods.path()));
+    // The agent's namespace exists before the agent (the chart creates it).
+    let ns: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": AGENT_NS}})).expect("ns");
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(mgmt.clone())
+        .create(&Default::default(), &ns)
+        .await
+        .expect("namespace");
+    let lease_seconds = 6u64;
+    let mut agents = Vec::new();
+    for name in ["agent-a", "agent-b"] {
+        let port = hcp_fleet_agent::localcp::free_port().expect("port");
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+            .args([
+                "agent",
+                "--local-mode",
+                "--leader-elect",
+                "--namespace",
+                AGENT_NS,
+            ])
+            .args(["--lease-duration-seconds", &lease_seconds.to_string()])
+            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+            .env("KUBECONFIG", &fleet.management.kubeconfig_path)
+            .env("POD_NAME", name)
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .expect("agent process");
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+        agents.push((name, child, addr));
+    }
+    wait_compliant(&mgmt, &["hc-1", "hc-2"]).await;
+
+    // Exactly one holds the lease and reconciles; the other only waits.
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(mgmt.clone(), AGENT_NS);
+    let holder = leases
+        .get("hcp-fleet-agent")
+        .await
+        .expect("lease")
+        .spec
+        .and_then(|s| s.holder_identity)
+        .expect("holder");
+    let mut reconciles = Vec::new();
+    for (name, _, addr) in &agents {
+        let (_, body) = support::http_get(*addr, "/metrics").await.expect("metrics");
+        let leader = metric(&body, "hcp_fleet_leader").unwrap_or(-1.0);
+        let count = metric(&body, "hcp_fleet_reconcile_duration_seconds_count").unwrap_or(0.0);
+        assert_eq!(
+            leader == 1.0,
+            *name == holder,
+            "{name}: leader={leader} holder={holder}"
+        );
+        reconciles.push((*name, count));
+    }
+    for (name, count) in &reconciles {
+        if *name == holder {
+            assert!(*count > 0.0, "the leader reconciled");
+        } else {
+            assert_eq!(*count, 0.0, "the standby wrote nothing: {reconciles:?}");
+        }
+    }
+
+    // Kill the leader without letting it release the lease, then drift a hosted cluster.
+    let idx = agents
+        .iter()
+        .position(|(n, _, _)| *n == holder)
+        .expect("leader");
+    let (_, mut leader, _) = agents.remove(idx);
+    leader.kill().expect("kill");
+    let _ = leader.wait();
+    let killed = Instant::now();
+    let hc1 = fleet
+        .hosted("hc-1")
+        .expect("hc-1")
+        .client()
+        .await
+        .expect("client");
+    let vapi = Api::<ValidatingWebhookConfiguration>::all(hc1);
+    vapi.delete(VALIDATING_NAME, &DeleteParams::default())
+        .await
+        .expect("delete");
+    let bound = Duration::from_secs(lease_seconds + 10);
+    eventually(
+        "the standby took over and repaired the drift",
+        bound,
+        || {
+            let vapi = vapi.clone();
+            async move {
+                vapi.get(VALIDATING_NAME)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }
+        },
+    )
+    .await;
+    let takeover = killed.elapsed();
+    let (standby, mut child, addr) = agents.remove(0);
+    let (_, body) = support::http_get(addr, "/metrics").await.expect("metrics");
+    assert_eq!(
+        metric(&body, "hcp_fleet_leader"),
+        Some(1.0),
+        "{standby} leads now"
+    );
+    let holder = leases
+        .get("hcp-fleet-agent")
+        .await
+        .expect("lease")
+        .spec
+        .and_then(|s| s.holder_identity);
+    assert_eq!(holder.as_deref(), Some(standby));
+    eprintln!(
+        "leader killed -> drift repaired by the standby in {takeover:?} (lease {lease_seconds}s)"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
 }

@@ -34,6 +34,13 @@ pub struct AgentArgs {
     /// kubelet publishes. Never for a real cluster.
     #[arg(long, hide = true)]
     pub local_mode: bool,
+    /// Run the controller only while holding the Lease `hcp-fleet-agent` in `--namespace`
+    /// (for more than one replica).
+    #[arg(long, env = "HCP_FLEET_LEADER_ELECT")]
+    pub leader_elect: bool,
+    /// How long a lease lasts without renewal; a standby takes over within it.
+    #[arg(long, default_value_t = 15, env = "HCP_FLEET_LEASE_DURATION_SECONDS")]
+    pub lease_duration_seconds: u64,
     /// Where `/metrics`, `/healthz` and `/readyz` are served.
     #[arg(long, env = "HCP_FLEET_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: std::net::SocketAddr,
@@ -93,38 +100,35 @@ impl AgentHandle {
     }
 }
 
-/// `/metrics` (OpenMetrics text), `/healthz` and `/readyz` for the agent.
-pub fn router(ctx: Arc<Context>) -> axum::Router {
+/// `/metrics` (OpenMetrics text), `/healthz` and `/readyz` for the agent. Served from the
+/// start, leader or not: a standby reports `hcp_fleet_leader 0`.
+pub fn router(metrics: Arc<Metrics>) -> axum::Router {
     use axum::http::{StatusCode, header};
     use axum::routing::get;
     axum::Router::new()
         .route(
             "/metrics",
-            get({
-                let ctx = ctx.clone();
-                move || {
-                    let body = ctx.metrics.encode();
-                    async move {
-                        (
-                            [(
-                                header::CONTENT_TYPE,
-                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                            )],
-                            body,
-                        )
-                    }
+            get(move || {
+                let body = metrics.encode();
+                async move {
+                    (
+                        [(
+                            header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        body,
+                    )
                 }
             }),
         )
         .route("/healthz", get(|| async { (StatusCode::OK, "ok") }))
-        // Ready once the controller runs (start() returns only after discovery).
         .route("/readyz", get(|| async { (StatusCode::OK, "ok") }))
 }
 
 /// Serves `router` on `listener` until the task is aborted.
-pub fn serve(listener: tokio::net::TcpListener, ctx: Arc<Context>) -> JoinHandle<()> {
+pub fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) -> JoinHandle<()> {
     tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, router(ctx)).await {
+        if let Err(e) = axum::serve(listener, router(metrics)).await {
             tracing::error!(error = %e, "metrics server stopped");
         }
     })
@@ -215,24 +219,6 @@ pub async fn run(args: AgentArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let handle = match start_with_metrics(
-        client,
-        cfg,
-        StartOptions {
-            agent_namespace: args.namespace.clone(),
-            local_mode: args.local_mode,
-            url_base: None,
-        },
-        metrics,
-    )
-    .await
-    {
-        Ok(h) => h,
-        Err(e) => {
-            eprintln!("error: starting the agent: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
     let listener = match tokio::net::TcpListener::bind(args.metrics_addr).await {
         Ok(l) => l,
         Err(e) => {
@@ -240,11 +226,109 @@ pub async fn run(args: AgentArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let server = serve(listener, handle.context.clone());
+    let server = serve(listener, metrics.clone());
     tracing::info!(addr = %args.metrics_addr, "serving /metrics, /healthz and /readyz");
-    wait_and_reload(&handle, &args).await;
+    let opts = || StartOptions {
+        agent_namespace: args.namespace.clone(),
+        local_mode: args.local_mode,
+        url_base: None,
+    };
+    let code = if args.leader_elect {
+        run_leader_elected(client, &args, metrics, opts).await
+    } else {
+        match start_with_metrics(client, cfg, opts(), metrics.clone()).await {
+            Ok(handle) => {
+                metrics.leader.set(1);
+                wait_and_reload(&handle, &args).await;
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: starting the agent: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    };
     server.abort();
+    code
+}
+
+/// Runs the controller only while this replica holds the Lease `hcp-fleet-agent` in the
+/// agent's namespace. Losing the lease drops the controller at once (its tasks are tied to
+/// it), so a former leader stops writing; the standby takes over within the lease duration.
+async fn run_leader_elected(
+    client: kube::Client,
+    args: &AgentArgs,
+    metrics: Arc<Metrics>,
+    opts: impl Fn() -> StartOptions,
+) -> ExitCode {
+    use tokio::signal::unix::{SignalKind, signal};
+    let identity = std::env::var("POD_NAME")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| format!("hcp-fleet-agent-{}", std::process::id()));
+    let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), "hcp-fleet-agent")
+        .with_namespace(args.namespace.clone())
+        .with_identity(identity.clone())
+        .with_duration(args.lease_duration_seconds)
+        .with_grace(args.lease_duration_seconds.div_ceil(3).max(1))
+        .with_field_manager(crate::management::FIELD_MANAGER)
+        .build()
+        .await;
+    let manager = match manager {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!(
+                "error: leader election on Lease {}/hcp-fleet-agent: {e}",
+                args.namespace
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    let (mut leading, lease_task) = manager.watch().await;
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        eprintln!("error: cannot install signal handlers");
+        return ExitCode::FAILURE;
+    };
+    let mut handle: Option<AgentHandle> = None;
+    tracing::info!(%identity, "waiting for the leader lease");
+    loop {
+        tokio::select! {
+            changed = leading.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+                let is_leader = *leading.borrow_and_update();
+                metrics.leader.set(i64::from(is_leader));
+                if is_leader && handle.is_none() {
+                    tracing::info!(%identity, "acquired the leader lease; starting the controller");
+                    let cfg = match load_config(args) {
+                        Ok(c) => c,
+                        Err(e) => {
+                            tracing::error!(error = %e, "configuration refused");
+                            continue;
+                        }
+                    };
+                    match start_with_metrics(client.clone(), cfg, opts(), metrics.clone()).await {
+                        Ok(h) => handle = Some(h),
+                        Err(e) => tracing::error!(error = %e, "starting the controller failed"),
+                    }
+                } else if !is_leader && handle.is_some() {
+                    tracing::warn!(%identity, "lost the leader lease; stopping the controller");
+                    handle = None;
+                }
+            }
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+        }
+    }
+    // Stop writing first, then hand the lease back (dropping the receiver releases it).
     drop(handle);
+    metrics.leader.set(0);
+    drop(leading);
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), lease_task).await;
     ExitCode::SUCCESS
 }
 
