@@ -561,49 +561,11 @@ async fn https_post(
     content_type: &str,
     body: &[u8],
 ) -> Result<(u16, String), String> {
-    use rustls::pki_types::pem::PemObject;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut roots = rustls::RootCertStore::empty();
-    for c in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots
-            .add(c.map_err(|e| e.to_string())?)
-            .map_err(|e| e.to_string())?;
-    }
-    let cfg = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .map_err(|e| e.to_string())?;
-    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
-    let mut tls = connector
-        .connect(name, tcp)
-        .await
-        .map_err(|e| e.to_string())?;
     let head = format!(
         "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
-    tls.write_all(head.as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    // The server may answer (413) before it has read everything; a write error then is fine.
-    let _ = tls.write_all(body).await;
-    let mut buf = Vec::new();
-    let _ = tls.read_to_end(&mut buf).await;
-    let text = String::from_utf8_lossy(&buf).to_string();
-    let code = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| format!("no status line: {text:?}"))?;
-    Ok((
-        code,
-        text.split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default(),
-    ))
+    kubelet::https_request(port, ca_pem, &head, body).await
 }
 
 /// Malformed input gets a clear 4xx, never a crash; SIGTERM drains and exits cleanly.

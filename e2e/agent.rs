@@ -121,6 +121,19 @@ async fn wait_verdict(mgmt: &Client, ns: &str, template: &str, overall: &str, ne
     .await;
 }
 
+/// The agent's validating configuration exists (again).
+fn present(
+    vapi: &Api<ValidatingWebhookConfiguration>,
+) -> impl std::future::Future<Output = Result<(), String>> + use<> {
+    let vapi = vapi.clone();
+    async move {
+        vapi.get(VALIDATING_NAME)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+}
+
 /// resourceVersions of everything the agent writes for one hosted cluster.
 async fn versions(mgmt: &Client, hosted: &Client, ns: &str) -> BTreeMap<String, String> {
     let mut v = BTreeMap::new();
@@ -297,15 +310,7 @@ async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
     eventually(
         "deleted configuration restored",
         Duration::from_secs(10),
-        || {
-            let vapi = vapi.clone();
-            async move {
-                vapi.get(VALIDATING_NAME)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            }
-        },
+        || present(&vapi),
     )
     .await;
     let repair_time = repaired_at.elapsed();
@@ -787,15 +792,7 @@ async fn two_replicas_one_leader_and_a_takeover() {
     eventually(
         "the standby took over and repaired the drift",
         bound,
-        || {
-            let vapi = vapi.clone();
-            async move {
-                vapi.get(VALIDATING_NAME)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            }
-        },
+        || present(&vapi),
     )
     .await;
     let takeover = killed.elapsed();

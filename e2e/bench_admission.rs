@@ -14,14 +14,12 @@ mod support;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hcp_fleet_agent::certificates::{self, Usage};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use rustls::pki_types::pem::PemObject;
 
 fn review_body() -> Vec<u8> {
     // A realistic denial: a regular user deleting a protected ClusterRole.
@@ -94,20 +92,6 @@ async fn wait_ready(port: u16, ca: &str) -> Result<(), String> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Ok(())
-}
-
-fn tls_client(ca: &str) -> Result<tokio_rustls::TlsConnector, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    for c in rustls::pki_types::CertificateDer::pem_slice_iter(ca.as_bytes()) {
-        roots
-            .add(c.map_err(|e| e.to_string())?)
-            .map_err(|e| e.to_string())?;
-    }
-    let mut cfg = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(tokio_rustls::TlsConnector::from(Arc::new(cfg)))
 }
 
 /// One closed-loop client on one keep-alive connection; returns its latencies.
@@ -233,7 +217,7 @@ async fn run_one(
     conc: usize,
     secs: u64,
 ) -> Result<Row, String> {
-    let tls = tls_client(ca)?;
+    let tls = hcp_fleet_agent::localcp::kubelet::tls_connector(ca)?;
     let body = Bytes::from(review_body());
     // Warm-up: connections, TLS sessions, allocator.
     let warm = Instant::now() + Duration::from_millis(500);

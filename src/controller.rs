@@ -113,6 +113,12 @@ impl Context {
         }
     }
 
+    /// This HCP (by UID, never reused) was seen deleted.
+    fn is_deleted(&self, hcp: &HostedControlPlane) -> bool {
+        hcp.uid()
+            .is_some_and(|uid| self.tombstones.lock().is_ok_and(|t| t.contains(&uid)))
+    }
+
     /// Everything the agent holds for an HCP that went away.
     /// `cluster` is the HCP's name (which names its metric series).
     pub fn forget(&self, ns: &str, cluster: &str) {
@@ -209,10 +215,7 @@ pub async fn reconcile(
     }
     // A reconcile that was in flight when its HCP was deleted must not bring the row, the
     // series or the client back: it repeats the cleanup instead of reporting.
-    let deleted = hcp
-        .uid()
-        .is_some_and(|uid| ctx.tombstones.lock().is_ok_and(|t| t.contains(&uid)));
-    if deleted {
+    if ctx.is_deleted(&hcp) {
         ctx.forget(&ns, &cluster);
         return Ok(Action::await_change());
     }
@@ -811,10 +814,7 @@ async fn report(
         };
         // Under the roll-up lock, which `forget` also takes: the deletion watcher records the
         // tombstone before it forgets, so a late report can never resurrect the row.
-        let deleted = hcp
-            .uid()
-            .is_some_and(|uid| ctx.tombstones.lock().is_ok_and(|t| t.contains(&uid)));
-        if deleted {
+        if ctx.is_deleted(hcp) {
             return;
         }
         ctx.metrics

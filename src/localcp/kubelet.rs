@@ -252,10 +252,9 @@ async fn mark_available(client: &Client, d: &Deployment) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
-/// GET `path` on 127.0.0.1:`port` over TLS, trusting `ca_pem`; returns (status, body).
-pub async fn https_get(port: u16, ca_pem: &str, path: &str) -> Result<(u16, String), String> {
+/// A TLS connector that trusts only `ca_pem` and speaks HTTP/1.1.
+pub fn tls_connector(ca_pem: &str) -> Result<tokio_rustls::TlsConnector, String> {
     use rustls::pki_types::pem::PemObject;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     crate::tls::install_crypto_provider();
     let mut roots = rustls::RootCertStore::empty();
     for c in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
@@ -263,10 +262,24 @@ pub async fn https_get(port: u16, ca_pem: &str, path: &str) -> Result<(u16, Stri
             .add(c.map_err(|e| e.to_string())?)
             .map_err(|e| e.to_string())?;
     }
-    let cfg = rustls::ClientConfig::builder()
+    let mut cfg = rustls::ClientConfig::builder()
         .with_root_certificates(roots)
         .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(cfg)))
+}
+
+/// One HTTP/1.1 exchange with 127.0.0.1:`port` over a fresh TLS connection trusting `ca_pem`:
+/// `head` (request line and headers, ending in a blank line), then `body`. Returns (status,
+/// body). A failed body write is tolerated: a server may answer (413) before reading it all.
+pub async fn https_request(
+    port: u16,
+    ca_pem: &str,
+    head: &str,
+    body: &[u8],
+) -> Result<(u16, String), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let connector = tls_connector(ca_pem)?;
     let fut = async {
         let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
@@ -277,12 +290,10 @@ pub async fn https_get(port: u16, ca_pem: &str, path: &str) -> Result<(u16, Stri
             .connect(name, tcp)
             .await
             .map_err(|e| e.to_string())?;
-        tls.write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-                .as_bytes(),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
+        tls.write_all(head.as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
+        let _ = tls.write_all(body).await;
         let mut buf = Vec::new();
         let _ = tls.read_to_end(&mut buf).await;
         let text = String::from_utf8_lossy(&buf).to_string();
@@ -301,4 +312,10 @@ pub async fn https_get(port: u16, ca_pem: &str, path: &str) -> Result<(u16, Stri
     tokio::time::timeout(Duration::from_secs(3), fut)
         .await
         .map_err(|_| "timed out".to_string())?
+}
+
+/// GET `path` on 127.0.0.1:`port` over TLS, trusting `ca_pem`; returns (status, body).
+pub async fn https_get(port: u16, ca_pem: &str, path: &str) -> Result<(u16, String), String> {
+    let head = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    https_request(port, ca_pem, &head, b"").await
 }
