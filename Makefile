@@ -2,10 +2,8 @@
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 CARGO ?= cargo
-# The test bed's binaries: KUBEBUILDER_ASSETS if set, else built once and cached (~10 min cold).
-ASSETS = $(shell bash hack/testbed-assets.sh)
 
-.PHONY: all build test unit e2e demo lint fmt bench assets tools clean
+.PHONY: all build test unit e2e demo lint fmt bench assets tools clean chart-schema policies helm
 
 all: build
 
@@ -15,17 +13,30 @@ build:
 assets:
 	@bash hack/testbed-assets.sh
 
-# Unit tests, then e2e tests against real kube-apiservers.
+helm:
+	@bash hack/helm.sh
+
+# Unit tests, then e2e tests against real kube-apiservers (and helm, for the chart's tests).
 test:
-	@assets="$$(bash hack/testbed-assets.sh)" && \
-	KUBEBUILDER_ASSETS="$$assets" $(CARGO) test --lib --bins --tests
+	@assets="$$(bash hack/testbed-assets.sh)" && helm="$$(bash hack/helm.sh)" && \
+	KUBEBUILDER_ASSETS="$$assets" HELM="$$helm" $(CARGO) test --lib --bins --tests
+
+# The chart's values.schema.json, derived from the configuration types.
+chart-schema:
+	$(CARGO) build -q --bin hcp-fleet-agent
+	./target/debug/hcp-fleet-agent package values-schema > charts/hcp-fleet-agent/values.schema.json.tmp
+	mv charts/hcp-fleet-agent/values.schema.json.tmp charts/hcp-fleet-agent/values.schema.json
+
+# policies/ from the rendered chart; never edit those files by hand (make test compares).
+policies: chart-schema
+	bash hack/policies.sh policies
 
 unit:
 	$(CARGO) test --lib
 
 e2e:
-	@assets="$$(bash hack/testbed-assets.sh)" && \
-	KUBEBUILDER_ASSETS="$$assets" $(CARGO) test --test '*'
+	@assets="$$(bash hack/testbed-assets.sh)" && helm="$$(bash hack/helm.sh)" && \
+	KUBEBUILDER_ASSETS="$$assets" HELM="$$helm" $(CARGO) test --test '*'
 
 # A local fleet of three hosted clusters; Ctrl-C stops it and removes everything.
 demo:

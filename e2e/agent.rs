@@ -708,13 +708,6 @@ async fn two_replicas_one_leader_and_a_takeover() {
     let mgmt = fleet.management.client().await.expect("mgmt");
     let pods = tempfile::tempdir().expect("tmp");
     let _kubelet = kubelet::spawn(mgmt.clone(), real_pods(pods.path()));
-    // The agent's namespace exists before the agent (the chart creates it).
-    let ns: k8s_openapi::api::core::v1::Namespace =
-        serde_json::from_value(serde_json::json!({"metadata": {"name": AGENT_NS}})).expect("ns");
-    Api::<k8s_openapi::api::core::v1::Namespace>::all(mgmt.clone())
-        .create(&Default::default(), &ns)
-        .await
-        .expect("namespace");
     let lease_seconds = 6u64;
     let mut agents = Vec::new();
     for name in ["agent-a", "agent-b"] {

@@ -6,9 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{Arc, RwLock};
 
-use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
-use kube::api::{Patch, PatchParams};
 use tokio::task::JoinHandle;
 
 use crate::config::AgentConfig;
@@ -155,21 +153,6 @@ pub async fn start_with_metrics(
     opts: StartOptions,
     metrics: Arc<Metrics>,
 ) -> Result<AgentHandle, kube::Error> {
-    // The roll-up Policy needs its namespace. In a cluster the agent runs in it already (and
-    // has no business creating namespaces); on the local test bed nothing has created it.
-    if opts.local_mode {
-        let ns: Namespace = serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": opts.agent_namespace}
-        }))
-        .map_err(kube::Error::SerdeError)?;
-        kube::Api::<Namespace>::all(client.clone())
-            .patch(
-                &opts.agent_namespace,
-                &PatchParams::apply(crate::management::FIELD_MANAGER),
-                &Patch::Apply(&ns),
-            )
-            .await?;
-    }
     let caps = controller::discover(&client).await;
     let url_base = opts
         .url_base

@@ -31,6 +31,8 @@ pub enum Command {
     Status,
     /// Print every manifest the agent would apply for an HCP.
     Render(crate::render::RenderArgs),
+    /// Fleet packaging: the chart's values schema, the ACM Policy and SelectorSyncSet.
+    Package(crate::packaging::PackageArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -52,6 +54,7 @@ pub fn main() -> ExitCode {
         Command::Agent(args) => runtime.block_on(crate::agent::run(args)),
         Command::Status => runtime.block_on(crate::status::run()),
         Command::Render(args) => crate::render::run(args),
+        Command::Package(args) => crate::packaging::run(args),
         Command::Webhook(args) => runtime.block_on(crate::admission::run(args)),
     }
 }

@@ -14,6 +14,7 @@ pub mod hosted;
 pub mod localcp;
 pub mod management;
 pub mod metrics;
+pub mod packaging;
 pub mod render;
 pub mod reporting;
 pub mod status;

@@ -77,8 +77,14 @@ pub struct AdmissionMetrics {
     latency: Family<WebhookLabel, Histogram, fn() -> Histogram>,
 }
 
+impl Default for AdmissionMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl AdmissionMetrics {
-    fn new() -> Self {
+    pub fn new() -> Self {
         let requests = Family::<RequestLabels, Counter>::default();
         let latency =
             Family::<WebhookLabel, Histogram, fn() -> Histogram>::new_with_constructor(latency);
@@ -106,7 +112,13 @@ impl AdmissionMetrics {
         out
     }
 
-    fn count(&self, webhook: &str, decision: &str, outcome: &str) {
+    pub fn observe_latency(&self, webhook: String, seconds: f64) {
+        self.latency
+            .get_or_create(&WebhookLabel { webhook })
+            .observe(seconds);
+    }
+
+    pub fn count(&self, webhook: &str, decision: &str, outcome: &str) {
         self.requests
             .get_or_create(&RequestLabels {
                 webhook: webhook.to_string(),
@@ -231,9 +243,7 @@ async fn admit(State(st): State<Arc<AppState>>, req: Request) -> Response {
         }
     };
     st.metrics
-        .latency
-        .get_or_create(&WebhookLabel { webhook })
-        .observe(started.elapsed().as_secs_f64());
+        .observe_latency(webhook, started.elapsed().as_secs_f64());
     resp
 }
 

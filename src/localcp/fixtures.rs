@@ -78,6 +78,32 @@ pub async fn install_crd_manifests<'a>(
     Ok(())
 }
 
+/// The namespace the agent runs in; in a cluster `helm install --create-namespace` (or the
+/// ACM Policy) creates it, never the agent.
+pub const AGENT_NAMESPACE: &str = "hcp-fleet-agent";
+
+/// Creates the agent's namespace, as installing the chart would.
+pub async fn create_agent_namespace(client: &Client) -> Result<(), LocalCpError> {
+    let namespace: Namespace = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": AGENT_NAMESPACE},
+    }))
+    .map_err(|e| LocalCpError::Crd {
+        name: "Namespace".into(),
+        reason: e.to_string(),
+    })?;
+    Api::<Namespace>::all(client.clone())
+        .patch(
+            AGENT_NAMESPACE,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&namespace),
+        )
+        .await
+        .map_err(kube_err(format!("creating namespace {AGENT_NAMESPACE}")))?;
+    Ok(())
+}
+
 /// Creates what HyperShift creates for hosted cluster `name`: namespace `clusters-<name>`
 /// (labelled), the kubeconfig secrets, and a HostedControlPlane with a ready status.
 pub async fn create_hcp(

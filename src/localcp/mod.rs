@@ -264,6 +264,7 @@ impl LocalFleet {
         if opts.install_fixtures {
             let mgmt = fleet.management.client().await?;
             fixtures::install_crds(&mgmt).await?;
+            fixtures::create_agent_namespace(&mgmt).await?;
             for (name, s) in &fleet.hosted {
                 fixtures::create_hcp(&mgmt, name, &s.kubeconfig_yaml).await?;
                 let hosted = s.client().await?;

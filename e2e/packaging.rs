@@ -1,0 +1,831 @@
+//! The fleet packaging against real parts: helm (from hack/helm.sh), the chart, the generated
+//! policies/, and real kube-apiservers that judge the rendered objects and enforce the chart's
+//! RBAC on a running agent.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use hcp_fleet_agent::localcp::fixtures::{AGENT_NAMESPACE, hcp_namespace};
+use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet, kubelet};
+use hcp_fleet_agent::metrics::Metrics;
+use hcp_fleet_agent::packaging;
+use hcp_fleet_agent::reporting::{POLICY_NAME, ROLLUP_NAME};
+use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
+use kube::discovery::{Scope, pinned_kind};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+use support::eventually;
+
+const CHART: &str = "charts/hcp-fleet-agent";
+const SA: &str = "system:serviceaccount:hcp-fleet-agent:hcp-fleet-agent";
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// helm, as `make test` provides it (HELM), or fetched and cached by the project's script.
+fn helm() -> PathBuf {
+    if let Some(h) = std::env::var_os("HELM").filter(|h| !h.is_empty()) {
+        return h.into();
+    }
+    let out = Command::new("bash")
+        .arg(repo().join("hack/helm.sh"))
+        .output()
+        .expect("run hack/helm.sh");
+    assert!(
+        out.status.success(),
+        "hack/helm.sh failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+fn run_helm(args: &[&str]) -> String {
+    let out = Command::new(helm())
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .expect("run helm");
+    assert!(
+        out.status.success(),
+        "helm {args:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn render(extra: &[&str]) -> Vec<Value> {
+    let mut args = vec![
+        "template",
+        "hcp-fleet-agent",
+        CHART,
+        "--namespace",
+        AGENT_NAMESPACE,
+    ];
+    args.extend_from_slice(extra);
+    packaging::parse_rendered(&run_helm(&args)).expect("rendered chart parses")
+}
+
+#[test]
+fn helm_lint_passes_and_the_schema_refuses_bad_values() {
+    let out = run_helm(&["lint", "--strict", CHART]);
+    assert!(out.contains("0 chart(s) failed"), "{out}");
+    // The values schema carries the config types: a misspelled key is refused by name.
+    let out = Command::new(helm())
+        .args(["template", "x", CHART, "--set", "config.concurency=4"])
+        .current_dir(repo())
+        .output()
+        .expect("helm");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("concurency"), "{err}");
+    // Two replicas without leader election would both write.
+    let out = Command::new(helm())
+        .args([
+            "template",
+            "x",
+            CHART,
+            "--set",
+            "leaderElection.enabled=false",
+        ])
+        .current_dir(repo())
+        .output()
+        .expect("helm");
+    assert!(!out.status.success(), "replicas 2 without leader election");
+    let ok = render(&[
+        "--set",
+        "replicas=1",
+        "--set",
+        "leaderElection.enabled=false",
+    ]);
+    assert!(!ok.iter().any(|o| o["kind"] == "PodDisruptionBudget"));
+}
+
+#[test]
+fn committed_packaging_files_are_fresh() {
+    let schema = std::fs::read_to_string(repo().join(CHART).join("values.schema.json"))
+        .expect("values.schema.json");
+    assert!(
+        schema == packaging::values_schema_text(),
+        "charts/hcp-fleet-agent/values.schema.json is stale: run `make chart-schema`"
+    );
+    let out = tempfile::tempdir().expect("tmp");
+    let status = Command::new("bash")
+        .arg(repo().join("hack/policies.sh"))
+        .arg(out.path())
+        .env("HCP_FLEET_AGENT_BIN", env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+        .env("HELM", helm())
+        .status()
+        .expect("hack/policies.sh");
+    assert!(status.success());
+    let mut generated: Vec<String> = std::fs::read_dir(out.path())
+        .expect("out")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    generated.sort();
+    let mut committed: Vec<String> = std::fs::read_dir(repo().join("policies"))
+        .expect("policies/")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    committed.sort();
+    assert_eq!(
+        generated, committed,
+        "policies/ holds exactly the generated files"
+    );
+    for name in generated {
+        let want = std::fs::read_to_string(out.path().join(&name)).expect("generated");
+        let have = std::fs::read_to_string(repo().join("policies").join(&name)).expect("committed");
+        assert!(
+            want == have,
+            "policies/{name} is stale: run `make policies`"
+        );
+    }
+}
+
+/// Every leaf of `sent` is in `got`: the API server pruned nothing, so no field of ours is
+/// unknown to the schema (1.20 has no strict field validation to ask for).
+fn pruned_fields(sent: &Value, got: &Value, path: &str, out: &mut Vec<String>) {
+    match (sent, got) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in a {
+                match b.get(k) {
+                    Some(w) => pruned_fields(v, w, &format!("{path}.{k}"), out),
+                    None => out.push(format!("{path}.{k}")),
+                }
+            }
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
+            for (i, (v, w)) in a.iter().zip(b).enumerate() {
+                pruned_fields(v, w, &format!("{path}[{i}]"), out);
+            }
+        }
+        (a, b) if a == b => {}
+        (a, b) => out.push(format!("{path}: sent {a}, got {b}")),
+    }
+}
+
+async fn api_for(client: &Client, obj: &Value) -> Api<DynamicObject> {
+    let (group, version) = match obj["apiVersion"]
+        .as_str()
+        .expect("apiVersion")
+        .split_once('/')
+    {
+        Some((g, v)) => (g.to_string(), v.to_string()),
+        None => (
+            String::new(),
+            obj["apiVersion"].as_str().unwrap_or_default().to_string(),
+        ),
+    };
+    let gvk = GroupVersionKind::gvk(&group, &version, obj["kind"].as_str().expect("kind"));
+    let (ar, caps): (ApiResource, _) = pinned_kind(client, &gvk)
+        .await
+        .unwrap_or_else(|e| panic!("the API server does not serve {gvk:?}: {e}"));
+    match (caps.scope, obj["metadata"]["namespace"].as_str()) {
+        (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &ar),
+        (Scope::Namespaced, None) => panic!("{gvk:?} is namespaced but has no namespace"),
+        (Scope::Cluster, _) => Api::all_with(client.clone(), &ar),
+    }
+}
+
+/// Server-side dry-run apply of each object; panics with every refusal or pruned field.
+async fn dry_run_all(client: &Client, objs: &[Value]) {
+    let mut problems = Vec::new();
+    for obj in objs {
+        let name = obj["metadata"]["name"].as_str().expect("name");
+        let what = format!("{} {}", obj["kind"], name);
+        let api = api_for(client, obj).await;
+        let dynamic: DynamicObject = serde_json::from_value(obj.clone()).expect("object");
+        let pp = PatchParams::apply("packaging-test").dry_run();
+        match api.patch(name, &pp, &Patch::Apply(&dynamic)).await {
+            Ok(got) => {
+                let got = serde_json::to_value(&got).expect("json");
+                let mut pruned = Vec::new();
+                pruned_fields(obj, &got, "", &mut pruned);
+                if !pruned.is_empty() {
+                    problems.push(format!("{what}: dropped or changed {pruned:?}"));
+                }
+            }
+            Err(e) => problems.push(format!("{what}: {e}")),
+        }
+    }
+    assert!(problems.is_empty(), "refused:\n{}", problems.join("\n"));
+}
+
+async fn install_test_crds(client: &Client) {
+    let dir = repo().join("e2e/crds");
+    let mut files: Vec<(String, String)> = std::fs::read_dir(&dir)
+        .expect("e2e/crds")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).expect("crd");
+            let v: Value = serde_saphyr::from_str(&text).expect("crd yaml");
+            (
+                v["metadata"]["name"].as_str().expect("name").to_string(),
+                text,
+            )
+        })
+        .collect();
+    files.sort();
+    hcp_fleet_agent::localcp::fixtures::install_crd_manifests(
+        client,
+        files.iter().map(|(n, t)| (n.as_str(), t.as_str())),
+    )
+    .await
+    .expect("test CRDs");
+}
+
+fn read_docs(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).expect("read");
+    let docs: Vec<Value> = serde_saphyr::from_str_multiple(&text).expect("yaml");
+    docs.into_iter().filter(|d| !d.is_null()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rendered_chart_and_policies_pass_server_side_dry_run() {
+    let fleet = LocalFleet::start(FleetOptions::with_hosted(0))
+        .await
+        .expect("fleet");
+    let client = fleet.management.client().await.expect("client");
+    install_test_crds(&client).await;
+    // The test bed is Kubernetes 1.20: the chart picks policy/v1beta1 for the PDB there.
+    let objs = render(&["--kube-version", "v1.20.2"]);
+    let kinds: Vec<&str> = objs.iter().filter_map(|o| o["kind"].as_str()).collect();
+    for k in [
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "ConfigMap",
+        "Service",
+        "Deployment",
+        "PodDisruptionBudget",
+        "ServiceMonitor",
+        "PrometheusRule",
+    ] {
+        assert!(kinds.contains(&k), "the chart renders a {k}: {kinds:?}");
+    }
+    dry_run_all(&client, &objs).await;
+
+    // The hub objects go into their namespace; the SelectorSyncSet is cluster-scoped.
+    let hub = read_docs(&repo().join("policies/policy.yaml"));
+    let ns: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "hcp-fleet-policies"}})).expect("ns");
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .expect("namespace");
+    dry_run_all(&client, &hub).await;
+    let sss = read_docs(&repo().join("policies/selectorsyncset.yaml"));
+    assert_eq!(sss.len(), 1);
+    dry_run_all(&client, &sss).await;
+    // The objects the SelectorSyncSet carries are exactly the hub objects, behind their
+    // namespace.
+    let carried = sss[0]["spec"]["resources"].as_array().expect("resources");
+    assert_eq!(carried[0]["kind"], "Namespace");
+    assert_eq!(&carried[1..], hub.as_slice());
+}
+
+fn impersonating_kubeconfig(admin: &str) -> String {
+    let mut v: Value = serde_saphyr::from_str(admin).expect("kubeconfig");
+    let user = &mut v["users"][0]["user"];
+    user["as"] = json!(SA);
+    user["as-groups"] = json!([
+        "system:serviceaccounts",
+        "system:serviceaccounts:hcp-fleet-agent",
+        "system:authenticated"
+    ]);
+    serde_json::to_string(&v).expect("json")
+}
+
+fn status_code(r: Result<impl Sized, kube::Error>) -> Option<u16> {
+    match r {
+        Ok(_) => None,
+        Err(kube::Error::Api(s)) => Some(s.code),
+        Err(e) => panic!("unexpected error: {e}"),
+    }
+}
+
+/// The chart's RBAC, applied for real, with the agent process acting as the chart's
+/// ServiceAccount: it converges the fleet (admission services, certificates, Policies,
+/// events, the roll-up, the Lease), and the same identity is refused what it need not do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
+    let fleet = LocalFleet::start(FleetOptions::with_hosted(2))
+        .await
+        .expect("fleet");
+    let admin = fleet.management.client().await.expect("admin");
+    let pods = tempfile::tempdir().expect("tmp");
+    let _kubelet = kubelet::spawn(
+        admin.clone(),
+        kubelet::KubeletOptions {
+            binary: Some(env!("CARGO_BIN_EXE_hcp-fleet-agent").into()),
+            dir: pods.path().to_path_buf(),
+        },
+    );
+    let rbac_kinds = [
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+    ];
+    let rbac: Vec<Value> = render(&[])
+        .into_iter()
+        .filter(|o| rbac_kinds.contains(&o["kind"].as_str().unwrap_or_default()))
+        .collect();
+    assert_eq!(rbac.len(), rbac_kinds.len());
+    for obj in &rbac {
+        let api = api_for(&admin, obj).await;
+        let d: DynamicObject = serde_json::from_value(obj.clone()).expect("object");
+        api.patch(
+            obj["metadata"]["name"].as_str().expect("name"),
+            &PatchParams::apply("packaging-test"),
+            &Patch::Apply(&d),
+        )
+        .await
+        .expect("apply RBAC");
+    }
+
+    let dir = tempfile::tempdir().expect("tmp");
+    let kubeconfig = dir.path().join("agent.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        impersonating_kubeconfig(&fleet.management.kubeconfig_yaml),
+    )
+    .expect("write kubeconfig");
+    let port = hcp_fleet_agent::localcp::free_port().expect("port");
+    let mut agent = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+        .args(["agent", "--local-mode", "--leader-elect"])
+        .args(["--namespace", AGENT_NAMESPACE])
+        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("POD_NAME", "agent-rbac")
+        .env("RUST_LOG", "warn")
+        .spawn()
+        .expect("agent");
+    let metrics_addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+
+    // The whole job: both hosted clusters Compliant (admission service deployed, certificate
+    // issued, webhooks installed, probe answered), the roll-up written, events recorded.
+    let policies: Api<hcp_fleet_agent::crd::Policy> = Api::all(admin.clone());
+    eventually(
+        "the fleet is Compliant under the chart's RBAC",
+        Duration::from_secs(90),
+        || {
+            let policies = policies.clone();
+            async move {
+                let list = policies
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let state = |ns: &str, name: &str| {
+                    list.items
+                        .iter()
+                        .find(|p| {
+                            p.metadata.namespace.as_deref() == Some(ns)
+                                && p.metadata.name.as_deref() == Some(name)
+                        })
+                        .and_then(|p| p.status.as_ref()?.compliant.clone())
+                };
+                let want = Some("Compliant".to_string());
+                for hc in ["hc-1", "hc-2"] {
+                    if state(&hcp_namespace(hc), POLICY_NAME) != want {
+                        return Err(format!(
+                            "{hc}: {:?}",
+                            state(&hcp_namespace(hc), POLICY_NAME)
+                        ));
+                    }
+                }
+                if state(AGENT_NAMESPACE, ROLLUP_NAME) != want {
+                    return Err(format!(
+                        "roll-up: {:?}",
+                        state(AGENT_NAMESPACE, ROLLUP_NAME)
+                    ));
+                }
+                Ok(())
+            }
+        },
+    )
+    .await;
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(admin.clone(), &hcp_namespace("hc-1"));
+    eventually(
+        "events recorded on the Policy",
+        Duration::from_secs(30),
+        || {
+            let events = events.clone();
+            async move {
+                let n = events
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .items
+                    .iter()
+                    .filter(|e| {
+                        e.reason
+                            .as_deref()
+                            .is_some_and(|r| r.starts_with("policy: "))
+                    })
+                    .count();
+                if n > 0 {
+                    Ok(())
+                } else {
+                    Err("no policy events".into())
+                }
+            }
+        },
+    )
+    .await;
+    let (_, body) = support::http_get(metrics_addr, "/metrics")
+        .await
+        .expect("metrics");
+    assert!(
+        body.contains("hcp_fleet_leader 1"),
+        "it holds the Lease:\n{body}"
+    );
+    assert!(
+        !body.contains("hcp_fleet_reconcile_errors_total{"),
+        "no reconcile failed for want of a right:\n{body}"
+    );
+
+    // The same identity, asked to do what the agent never does.
+    let sa = kube::Client::try_from(
+        kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::from_yaml(&impersonating_kubeconfig(
+                &fleet.management.kubeconfig_yaml,
+            ))
+            .expect("kubeconfig"),
+            &Default::default(),
+        )
+        .await
+        .expect("config"),
+    )
+    .expect("client");
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
+    use k8s_openapi::api::rbac::v1::ClusterRole;
+    let hc1 = hcp_namespace("hc-1");
+    let forbidden: Vec<(&str, Option<u16>)> = vec![
+        (
+            "list secrets in kube-system",
+            status_code(Api::<Secret>::namespaced(sa.clone(), "kube-system").list(&ListParams::default()).await),
+        ),
+        (
+            "list secrets in an HCP namespace",
+            status_code(Api::<Secret>::namespaced(sa.clone(), &hc1).list(&ListParams::default()).await),
+        ),
+        (
+            "list secrets cluster-wide",
+            status_code(Api::<Secret>::all(sa.clone()).list(&ListParams::default()).await),
+        ),
+        (
+            "read another secret in an HCP namespace (admin-kubeconfig)",
+            status_code(Api::<Secret>::namespaced(sa.clone(), &hc1).get("admin-kubeconfig").await),
+        ),
+        (
+            "create a ClusterRole",
+            status_code(
+                Api::<ClusterRole>::all(sa.clone())
+                    .create(
+                        &PostParams::default(),
+                        &serde_json::from_value(json!({"metadata": {"name": "escalate"}, "rules": []}))
+                            .expect("cr"),
+                    )
+                    .await,
+            ),
+        ),
+        (
+            "patch its own ClusterRole",
+            status_code(
+                Api::<ClusterRole>::all(sa.clone())
+                    .patch(
+                        "hcp-fleet-agent",
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]})),
+                    )
+                    .await,
+            ),
+        ),
+        (
+            "create a webhook configuration on the management cluster",
+            status_code(
+                Api::<ValidatingWebhookConfiguration>::all(sa.clone())
+                    .create(
+                        &PostParams::default(),
+                        &serde_json::from_value(json!({"metadata": {"name": "x"}})).expect("vwc"),
+                    )
+                    .await,
+            ),
+        ),
+        (
+            "label a namespace",
+            status_code(
+                Api::<Namespace>::all(sa.clone())
+                    .patch(
+                        "kube-system",
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+                    )
+                    .await,
+            ),
+        ),
+        (
+            "apply a Deployment of another name in kube-system",
+            status_code(
+                Api::<Deployment>::namespaced(sa.clone(), "kube-system")
+                    .patch(
+                        "miner",
+                        &PatchParams::apply("x"),
+                        &Patch::Apply(json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "miner"}})),
+                    )
+                    .await,
+            ),
+        ),
+        (
+            "create a pod",
+            status_code(
+                Api::<Pod>::namespaced(sa.clone(), &hc1)
+                    .create(
+                        &PostParams::default(),
+                        &serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}))
+                            .expect("pod"),
+                    )
+                    .await,
+            ),
+        ),
+        (
+            "delete a HostedControlPlane",
+            status_code(
+                Api::<hcp_fleet_agent::crd::HostedControlPlane>::namespaced(sa.clone(), &hc1)
+                    .delete("hc-1", &Default::default())
+                    .await,
+            ),
+        ),
+        (
+            "write a ConfigMap (its own configuration)",
+            status_code(
+                Api::<ConfigMap>::namespaced(sa.clone(), AGENT_NAMESPACE)
+                    .patch(
+                        "hcp-fleet-agent-config",
+                        &PatchParams::apply("x"),
+                        &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "hcp-fleet-agent-config"}})),
+                    )
+                    .await,
+            ),
+        ),
+    ];
+    let allowed: Vec<_> = forbidden.iter().filter(|(_, c)| *c != Some(403)).collect();
+    assert!(allowed.is_empty(), "not forbidden: {allowed:?}");
+    // And what it must do is still allowed for that identity (the refusals above are about
+    // the requests, not a broken identity).
+    Api::<Secret>::namespaced(sa.clone(), &hc1)
+        .get("service-network-admin-kubeconfig")
+        .await
+        .expect("the kubeconfig secret, by name");
+    Api::<hcp_fleet_agent::crd::HostedControlPlane>::all(sa.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("list HCPs");
+
+    let _ = agent.kill();
+    let _ = agent.wait();
+}
+
+/// Every query in the dashboard and every alert expression names only metrics the agent or
+/// the admission service export, and the dashboard is well-formed Grafana JSON.
+#[test]
+fn dashboard_and_alerts_name_only_exported_metrics() {
+    let exported = exported_series();
+    let dash: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo().join(CHART).join("dashboards/hcp-fleet.json"))
+            .expect("dashboard"),
+    )
+    .expect("the dashboard is JSON");
+    // What Grafana needs to load a dashboard: a uid and title, a schema version, panels with
+    // ids, types and grid positions, targets with refIds, and datasource variables it defines.
+    for key in ["uid", "title", "schemaVersion", "panels", "templating"] {
+        assert!(dash.get(key).is_some(), "dashboard.{key}");
+    }
+    assert!(dash["schemaVersion"].as_u64().is_some_and(|v| v >= 36));
+    let vars: Vec<&str> = dash["templating"]["list"]
+        .as_array()
+        .expect("templating.list")
+        .iter()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    let mut exprs = Vec::new();
+    let mut ids = std::collections::HashSet::new();
+    for p in dash["panels"].as_array().expect("panels") {
+        assert!(
+            ids.insert(p["id"].as_u64().expect("panel id")),
+            "unique panel ids"
+        );
+        assert!(p["type"].as_str().is_some(), "panel type");
+        for k in ["x", "y", "w", "h"] {
+            assert!(p["gridPos"][k].as_u64().is_some(), "gridPos.{k}");
+        }
+        if p["type"] == "row" {
+            continue;
+        }
+        let uid = p["datasource"]["uid"].as_str().expect("datasource uid");
+        let var = uid.trim_start_matches("${").trim_end_matches('}');
+        assert!(
+            vars.contains(&var),
+            "datasource {uid} is a defined variable"
+        );
+        let targets = p["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "panel {} has a query", p["title"]);
+        for t in targets {
+            assert!(t["refId"].as_str().is_some());
+            exprs.push(t["expr"].as_str().expect("expr").to_string());
+        }
+    }
+    let rules = render(&[]);
+    let rule = rules
+        .iter()
+        .find(|o| o["kind"] == "PrometheusRule")
+        .expect("PrometheusRule");
+    let mut alerts = Vec::new();
+    for r in rule["spec"]["groups"][0]["rules"]
+        .as_array()
+        .expect("rules")
+    {
+        alerts.push(r["alert"].as_str().expect("alert").to_string());
+        exprs.push(r["expr"].as_str().expect("expr").to_string());
+        let runbook = r["annotations"]["runbook_url"]
+            .as_str()
+            .expect("runbook_url");
+        let anchor = runbook.rsplit('#').next().expect("anchor");
+        let doc = std::fs::read_to_string(repo().join("docs/runbook.md")).expect("runbook");
+        assert!(
+            doc.lines()
+                .any(|l| l.starts_with("## ") && l[3..].trim().to_lowercase() == anchor),
+            "docs/runbook.md has a section for {anchor}"
+        );
+    }
+    for want in [
+        "HcpFleetHostedClusterNonCompliant",
+        "HcpFleetWebhookDriftRepeated",
+        "HcpFleetCertificateExpiringSoon",
+        "HcpFleetAdmissionErrors",
+        "HcpFleetProbeFailing",
+        "HcpFleetNoLeader",
+    ] {
+        assert!(alerts.iter().any(|a| a == want), "alert {want}");
+    }
+    for e in &exprs {
+        let names = metric_names(e);
+        assert!(!names.is_empty(), "{e} queries a metric");
+        for n in names {
+            assert!(
+                exported.contains(&n),
+                "{n} (in {e}) is not exported; exported: {exported:?}"
+            );
+        }
+    }
+}
+
+/// The sample names the agent's and the admission service's registries expose (the same
+/// registries their `/metrics` endpoints encode). A labelled family shows nothing until it
+/// has a series, so each gets one.
+fn exported_series() -> std::collections::BTreeSet<String> {
+    use hcp_fleet_agent::metrics::{DriftLabels, HcpLabels, PhaseLabels};
+    let m = Metrics::new();
+    let hcp = HcpLabels {
+        hcp_namespace: "clusters-a".into(),
+        hosted_cluster: "a".into(),
+    };
+    m.compliance.get_or_create(&hcp).set(0);
+    m.drift
+        .get_or_create(&DriftLabels {
+            hcp_namespace: "clusters-a".into(),
+            hosted_cluster: "a".into(),
+            kind: "validating".into(),
+        })
+        .inc();
+    m.webhooks_desired.get_or_create(&hcp).set(2);
+    m.webhooks_installed.get_or_create(&hcp).set(2);
+    m.cert_expiry.get_or_create(&hcp).set(1);
+    m.hosted_latency.get_or_create(&hcp).observe(0.01);
+    m.hosted_errors.get_or_create(&hcp).inc();
+    m.probe_success.get_or_create(&hcp).set(1);
+    m.hosted_requests.get_or_create(&hcp).inc();
+    m.reconcile_errors
+        .get_or_create(&PhaseLabels {
+            phase: "certificates".into(),
+        })
+        .inc();
+    let a = hcp_fleet_agent::admission::server::AdmissionMetrics::new();
+    a.count("w", "allowed", "enforced");
+    a.observe_latency("w".into(), 0.001);
+    let text = format!("{}{}", m.encode(), a.encode());
+    let samples: std::collections::BTreeSet<String> = text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .map(str::to_string)
+        .collect();
+    // Every registered family must have shown up, or a query could be wrongly refused.
+    let families = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
+    assert!(families >= 16, "{families} families:\n{text}");
+    samples
+}
+
+/// Metric names in a PromQL expression: identifiers outside label matchers, strings, and
+/// range selectors that are not functions, aggregations, keywords or grouping labels.
+fn metric_names(expr: &str) -> Vec<String> {
+    const NOT_METRICS: &[&str] = &[
+        "sum",
+        "min",
+        "max",
+        "avg",
+        "count",
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "and",
+        "or",
+        "unless",
+        "rate",
+        "increase",
+        "irate",
+        "histogram_quantile",
+        "time",
+        "vector",
+        "absent",
+        "offset",
+        "bool",
+    ];
+    let mut names = Vec::new();
+    let (mut depth_brace, mut depth_bracket) = (0, 0);
+    let mut in_string = false;
+    let mut grouping = false;
+    let mut chars = expr.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        if in_string {
+            in_string = c != '"';
+            continue;
+        }
+        match c {
+            '"' => in_string = true,
+            '{' => depth_brace += 1,
+            '}' => depth_brace -= 1,
+            '[' => depth_bracket += 1,
+            ']' => depth_bracket -= 1,
+            ')' => grouping = false,
+            c if c.is_ascii_alphabetic() || c == '_' || c == '$' => {
+                let mut end = i + c.len_utf8();
+                while let Some(&(j, d)) = chars.peek() {
+                    if d.is_ascii_alphanumeric() || d == '_' || d == ':' {
+                        end = j + d.len_utf8();
+                        chars.next();
+                    } else {
+                        break;
+                    }
+                }
+                let word = &expr[i..end];
+                if depth_brace > 0 || depth_bracket > 0 || word.starts_with('$') {
+                    continue;
+                }
+                if ["by", "without", "on", "ignoring"].contains(&word) {
+                    grouping = true;
+                    continue;
+                }
+                if grouping || NOT_METRICS.contains(&word) {
+                    continue;
+                }
+                names.push(word.to_string());
+            }
+            _ => {}
+        }
+    }
+    names
+}
+
+#[test]
+fn promql_metric_names_are_found_and_labels_are_not() {
+    assert_eq!(
+        metric_names(
+            r#"sum by (namespace) (rate(hcp_fleet_admission_requests_total{outcome=~"bad|x"}[5m])) / max(up) > 0.05"#
+        ),
+        ["hcp_fleet_admission_requests_total", "up"]
+    );
+    assert_eq!(
+        metric_names(
+            "histogram_quantile(0.99, sum by (le, webhook) (rate(a_bucket[$__rate_interval])))"
+        ),
+        ["a_bucket"]
+    );
+    assert_eq!(metric_names("sum(x) < 1 or absent(y)"), ["x", "y"]);
+}

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Writes the fleet rollout files (default: policies/) from the rendered chart.
+#
+#   hack/policies.sh [OUT_DIR]
+#
+# `make policies` runs it on policies/; e2e/packaging.rs runs it on a temporary directory and
+# fails when the committed files differ, so this is the one place the rendering is defined.
+# HCP_FLEET_AGENT_BIN names the agent binary (default target/debug/hcp-fleet-agent).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-policies}"
+bin="${HCP_FLEET_AGENT_BIN:-target/debug/hcp-fleet-agent}"
+[ -x "$bin" ] || { echo "[policies] error: $bin is not built (cargo build)" >&2; exit 1; }
+helm="$(bash hack/helm.sh)"
+rendered="$(mktemp)"
+trap 'rm -f "$rendered"' EXIT
+# managedBy: the objects on management clusters are kept by the ACM Policy, not by Helm.
+"$helm" template hcp-fleet-agent charts/hcp-fleet-agent \
+  --namespace hcp-fleet-agent --set managedBy=acm-policy >"$rendered"
+"$bin" package policies --rendered "$rendered" --out "$out"
