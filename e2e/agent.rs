@@ -728,7 +728,7 @@ async fn two_replicas_one_leader_and_a_takeover() {
             .spawn()
             .expect("agent process");
         let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-        agents.push((name, child, addr));
+        agents.push((name, support::KillOnDrop(child), addr));
     }
     wait_compliant(&mgmt, &["hc-1", "hc-2"]).await;
 
@@ -767,9 +767,8 @@ async fn two_replicas_one_leader_and_a_takeover() {
         .iter()
         .position(|(n, _, _)| *n == holder)
         .expect("leader");
-    let (_, mut leader, _) = agents.remove(idx);
-    leader.kill().expect("kill");
-    let _ = leader.wait();
+    let (_, leader, _) = agents.remove(idx);
+    drop(leader);
     let killed = Instant::now();
     let hc1 = fleet
         .hosted("hc-1")
@@ -789,7 +788,7 @@ async fn two_replicas_one_leader_and_a_takeover() {
     )
     .await;
     let takeover = killed.elapsed();
-    let (standby, mut child, addr) = agents.remove(0);
+    let (standby, _child, addr) = agents.remove(0);
     let (_, body) = support::http_get(addr, "/metrics").await.expect("metrics");
     assert_eq!(
         metric(&body, "hcp_fleet_leader"),
@@ -806,6 +805,136 @@ async fn two_replicas_one_leader_and_a_takeover() {
     eprintln!(
         "leader killed -> drift repaired by the standby in {takeover:?} (lease {lease_seconds}s)"
     );
-    let _ = child.kill();
-    let _ = child.wait();
+}
+
+async fn leader_gauge(addr: std::net::SocketAddr) -> Option<f64> {
+    let (_, body) = support::http_get(addr, "/metrics").await.ok()?;
+    metric(&body, "hcp_fleet_leader")
+}
+
+/// A leader cut off from the API server (a black hole, not a refusal) hears nothing from
+/// its lease manager; it must stop writing on its own before its lease can expire, so the
+/// standby that takes over never writes beside it. Healed, it stays a standby.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_leader_stops_before_the_standby_takes_over() {
+    let fleet = LocalFleet::start(FleetOptions::with_hosted(1))
+        .await
+        .expect("fleet");
+    let mgmt = fleet.management.client().await.expect("mgmt");
+    let pods = tempfile::tempdir().expect("tmp");
+    let _kubelet = kubelet::spawn(mgmt.clone(), real_pods(pods.path()));
+    let upstream: std::net::SocketAddr = fleet
+        .management
+        .url()
+        .trim_start_matches("https://")
+        .parse()
+        .expect("management address");
+    let relay = support::Relay::start(upstream).await;
+    let dir = tempfile::tempdir().expect("tmp");
+    let relayed = dir.path().join("relayed.kubeconfig");
+    std::fs::write(
+        &relayed,
+        fleet
+            .management
+            .kubeconfig_yaml
+            .replace(&fleet.management.url(), &format!("https://{}", relay.addr)),
+    )
+    .expect("kubeconfig");
+    let lease_seconds = 6u64;
+    let spawn = |name: &str, kubeconfig: &std::path::Path| {
+        let port = hcp_fleet_agent::localcp::free_port().expect("port");
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+            .args(["agent", "--local-mode", "--leader-elect"])
+            .args(["--namespace", AGENT_NS])
+            .args(["--lease-duration-seconds", &lease_seconds.to_string()])
+            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+            .env("KUBECONFIG", kubeconfig)
+            .env("POD_NAME", name)
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .expect("agent process");
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+        (support::KillOnDrop(child), addr)
+    };
+    // A leads, through the relay; B waits, directly connected.
+    let (_a, a_addr) = spawn("agent-a", &relayed);
+    eventually("agent-a leads", Duration::from_secs(30), || async move {
+        match leader_gauge(a_addr).await {
+            Some(1.0) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let (_b, b_addr) = spawn("agent-b", &fleet.management.kubeconfig_path);
+    wait_compliant(&mgmt, &["hc-1"]).await;
+    assert_eq!(leader_gauge(b_addr).await, Some(0.0), "agent-b waits");
+
+    let cut = Instant::now();
+    relay.cut();
+    let (mut a_stopped, mut b_leads) = (None, None);
+    while (a_stopped.is_none() || b_leads.is_none())
+        && cut.elapsed() < Duration::from_secs(lease_seconds * 3)
+    {
+        if a_stopped.is_none() && leader_gauge(a_addr).await == Some(0.0) {
+            a_stopped = Some(cut.elapsed());
+        }
+        if b_leads.is_none() && leader_gauge(b_addr).await == Some(1.0) {
+            b_leads = Some(cut.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let a_stopped = a_stopped.expect("the partitioned leader stopped writing");
+    let b_leads = b_leads.expect("the standby took over");
+    eprintln!(
+        "partition: leader stopped after {a_stopped:?}, standby led after {b_leads:?} (lease {lease_seconds}s)"
+    );
+    assert!(
+        a_stopped < Duration::from_secs(lease_seconds),
+        "stopped within the lease duration: {a_stopped:?}"
+    );
+    assert!(
+        a_stopped < b_leads,
+        "the old leader stopped ({a_stopped:?}) before the standby led ({b_leads:?})"
+    );
+    let (_, body) = support::http_get(a_addr, "/metrics")
+        .await
+        .expect("metrics");
+    assert!(
+        !body.contains("hcp_fleet_hosted_cluster_compliance{"),
+        "a replica that stopped leading reports no stale verdicts:\n{body}"
+    );
+
+    // The new leader repairs drift; the old one, healed, stays a standby.
+    let hc1 = fleet
+        .hosted("hc-1")
+        .expect("hc-1")
+        .client()
+        .await
+        .expect("hc-1");
+    let vapi = Api::<ValidatingWebhookConfiguration>::all(hc1);
+    vapi.delete(VALIDATING_NAME, &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually(
+        "agent-b repaired the drift",
+        Duration::from_secs(20),
+        || present(&vapi),
+    )
+    .await;
+    relay.heal();
+    tokio::time::sleep(Duration::from_secs(lease_seconds)).await;
+    assert_eq!(
+        leader_gauge(a_addr).await,
+        Some(0.0),
+        "agent-a stays a standby"
+    );
+    assert_eq!(leader_gauge(b_addr).await, Some(1.0), "agent-b leads");
+    let holder =
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(mgmt.clone(), AGENT_NS)
+            .get("hcp-fleet-agent")
+            .await
+            .expect("lease")
+            .spec
+            .and_then(|s| s.holder_identity);
+    assert_eq!(holder.as_deref(), Some("agent-b"));
 }

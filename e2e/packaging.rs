@@ -361,15 +361,17 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
     )
     .expect("write kubeconfig");
     let port = hcp_fleet_agent::localcp::free_port().expect("port");
-    let mut agent = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
-        .args(["agent", "--local-mode", "--leader-elect"])
-        .args(["--namespace", AGENT_NAMESPACE])
-        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
-        .env("KUBECONFIG", &kubeconfig)
-        .env("POD_NAME", "agent-rbac")
-        .env("RUST_LOG", "warn")
-        .spawn()
-        .expect("agent");
+    let _agent = support::KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+            .args(["agent", "--local-mode", "--leader-elect"])
+            .args(["--namespace", AGENT_NAMESPACE])
+            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("POD_NAME", "agent-rbac")
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .expect("agent"),
+    );
     let metrics_addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
 
     // The whole job: both hosted clusters Compliant (admission service deployed, certificate
@@ -594,9 +596,6 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
         .list(&ListParams::default())
         .await
         .expect("list HCPs");
-
-    let _ = agent.kill();
-    let _ = agent.wait();
 }
 
 /// Every query in the dashboard and every alert expression names only metrics the agent or

@@ -238,22 +238,38 @@ pub async fn run(args: AgentArgs) -> ExitCode {
 /// Runs the controller only while this replica holds the Lease `hcp-fleet-agent` in the
 /// agent's namespace. Losing the lease drops the controller at once (its tasks are tied to
 /// it), so a former leader stops writing; the standby takes over within the lease duration.
+///
+/// kube-lease-manager reports a change of holder, but a leader cut off from the API server
+/// hears nothing and would go on believing it leads. So the leader also watches the Lease
+/// itself, like client-go's renew deadline: every renewal it sees moves its deadline to the
+/// renewal plus the lease duration less a margin, and a leader that sees none by then stops
+/// writing, before a standby can take the expired lease.
 async fn run_leader_elected(
     client: kube::Client,
     args: &AgentArgs,
     metrics: Arc<Metrics>,
     opts: impl Fn() -> StartOptions,
 ) -> ExitCode {
+    use futures::StreamExt;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::runtime::{WatchStreamExt, watcher};
     use tokio::signal::unix::{SignalKind, signal};
+    use tokio::time::Instant;
     let identity = std::env::var("POD_NAME")
         .ok()
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| format!("hcp-fleet-agent-{}", std::process::id()));
-    let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), "hcp-fleet-agent")
+    let duration = args.lease_duration_seconds;
+    // The lease manager renews `grace` before expiry; the deadline keeps half of that as a
+    // margin, so a renewal has the other half to be seen.
+    let grace = duration.div_ceil(3).max(1);
+    let margin = std::time::Duration::from_millis(grace * 500);
+    let lease_duration = std::time::Duration::from_secs(duration);
+    let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), LEASE_NAME)
         .with_namespace(args.namespace.clone())
         .with_identity(identity.clone())
-        .with_duration(args.lease_duration_seconds)
-        .with_grace(args.lease_duration_seconds.div_ceil(3).max(1))
+        .with_duration(duration)
+        .with_grace(grace)
         .with_field_manager(crate::management::FIELD_MANAGER)
         .build()
         .await;
@@ -261,7 +277,7 @@ async fn run_leader_elected(
         Ok(m) => m,
         Err(e) => {
             eprintln!(
-                "error: leader election on Lease {}/hcp-fleet-agent: {e}",
+                "error: leader election on Lease {}/{LEASE_NAME}: {e}",
                 args.namespace
             );
             return ExitCode::FAILURE;
@@ -275,44 +291,108 @@ async fn run_leader_elected(
         eprintln!("error: cannot install signal handlers");
         return ExitCode::FAILURE;
     };
+    let leases: kube::Api<Lease> = kube::Api::namespaced(client.clone(), &args.namespace);
+    let mut renewals = std::pin::pin!(
+        watcher(
+            leases,
+            watcher::Config::default().fields(&format!("metadata.name={LEASE_NAME}")),
+        )
+        .default_backoff()
+        .applied_objects()
+    );
+    // Until when this replica may write without seeing its lease renewed again.
+    let mut deadline = Instant::now();
     let mut handle: Option<AgentHandle> = None;
+    let stop = |handle: &mut Option<AgentHandle>| {
+        *handle = None;
+        metrics.leader.set(0);
+        metrics.forget_fleet();
+    };
     tracing::info!(%identity, "waiting for the leader lease");
     loop {
+        let mut start_now = false;
         tokio::select! {
             changed = leading.changed() => {
                 if changed.is_err() {
                     break;
                 }
                 let is_leader = *leading.borrow_and_update();
-                metrics.leader.set(i64::from(is_leader));
-                if is_leader && handle.is_none() {
-                    tracing::info!(%identity, "acquired the leader lease; starting the controller");
-                    let cfg = match load_config(args) {
-                        Ok(c) => c,
-                        Err(e) => {
-                            tracing::error!(error = %e, "configuration refused");
-                            continue;
-                        }
-                    };
-                    match start_with_metrics(client.clone(), cfg, opts(), metrics.clone()).await {
-                        Ok(h) => handle = Some(h),
-                        Err(e) => tracing::error!(error = %e, "starting the controller failed"),
-                    }
-                } else if !is_leader && handle.is_some() {
+                if is_leader {
+                    // The lease manager has just written the lease.
+                    deadline = Instant::now() + lease_duration.saturating_sub(margin);
+                    start_now = handle.is_none();
+                } else if handle.is_some() {
                     tracing::warn!(%identity, "lost the leader lease; stopping the controller");
-                    handle = None;
+                    stop(&mut handle);
                 }
+            }
+            seen = renewals.next() => {
+                match seen {
+                    Some(Ok(lease)) => {
+                        if let Some(until) = lease_deadline(&lease, &identity, lease_duration, margin) {
+                            deadline = until;
+                            if handle.is_none() && *leading.borrow() && Instant::now() < deadline {
+                                tracing::info!(%identity, "the leader lease is confirmed again");
+                                start_now = true;
+                            }
+                        }
+                    }
+                    Some(Err(e)) => tracing::debug!(error = %e, "watching the leader lease"),
+                    None => break,
+                }
+            }
+            _ = tokio::time::sleep_until(deadline), if handle.is_some() => {
+                tracing::error!(%identity, "no renewal of the leader lease seen; stopping writes before it can expire");
+                stop(&mut handle);
             }
             _ = term.recv() => break,
             _ = int.recv() => break,
         }
+        if start_now {
+            tracing::info!(%identity, "acquired the leader lease; starting the controller");
+            let cfg = match load_config(args) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::error!(error = %e, "configuration refused");
+                    continue;
+                }
+            };
+            match start_with_metrics(client.clone(), cfg, opts(), metrics.clone()).await {
+                Ok(h) => {
+                    handle = Some(h);
+                    metrics.leader.set(1);
+                }
+                Err(e) => tracing::error!(error = %e, "starting the controller failed"),
+            }
+        }
     }
     // Stop writing first, then hand the lease back (dropping the receiver releases it).
-    drop(handle);
-    metrics.leader.set(0);
+    stop(&mut handle);
     drop(leading);
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), lease_task).await;
     ExitCode::SUCCESS
+}
+
+/// The Lease the replicas elect a leader on, in the agent's namespace.
+pub const LEASE_NAME: &str = "hcp-fleet-agent";
+
+/// If `identity` holds `lease`, until when it may write: the recorded renewal plus the lease
+/// duration, less `margin`. The lease manager writes renewTime from this replica's own clock,
+/// so the comparison needs no agreement between clocks.
+pub fn lease_deadline(
+    lease: &k8s_openapi::api::coordination::v1::Lease,
+    identity: &str,
+    duration: std::time::Duration,
+    margin: std::time::Duration,
+) -> Option<tokio::time::Instant> {
+    let spec = lease.spec.as_ref()?;
+    if spec.holder_identity.as_deref() != Some(identity) {
+        return None;
+    }
+    let renewed = spec.renew_time.as_ref()?.0;
+    let age = jiff::Timestamp::now().duration_since(renewed);
+    let age = std::time::Duration::try_from(age).unwrap_or_default();
+    Some(tokio::time::Instant::now() + duration.saturating_sub(margin).saturating_sub(age))
 }
 
 /// Until SIGINT/SIGTERM: reload the configuration on SIGHUP, and when the file changes (a
@@ -350,5 +430,50 @@ async fn wait_and_reload(handle: &AgentHandle, args: &AgentArgs) {
                 tracing::error!(error = %e, "new configuration refused; keeping the last good one")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    use std::time::Duration;
+
+    fn lease(holder: &str, renewed_secs_ago: i64) -> Lease {
+        let renewed = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(renewed_secs_ago);
+        Lease {
+            spec: Some(LeaseSpec {
+                holder_identity: Some(holder.into()),
+                renew_time: Some(MicroTime(renewed)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_deadline_counts_from_the_recorded_renewal() {
+        let (d, m) = (Duration::from_secs(15), Duration::from_millis(2500));
+        let now = tokio::time::Instant::now();
+        let fresh = lease_deadline(&lease("me", 0), "me", d, m).expect("holder");
+        let fresh_left = fresh.duration_since(now);
+        assert!(
+            fresh_left > Duration::from_secs(12) && fresh_left <= Duration::from_millis(12_600),
+            "{fresh_left:?}"
+        );
+        let old = lease_deadline(&lease("me", 10), "me", d, m).expect("holder");
+        let old_left = old.duration_since(now);
+        assert!(old_left <= Duration::from_millis(2_600), "{old_left:?}");
+        // Expired long ago: the deadline is already here, never in the future.
+        let gone = lease_deadline(&lease("me", 60), "me", d, m).expect("holder");
+        assert!(gone.duration_since(now) < Duration::from_millis(100));
+    }
+
+    #[test]
+    fn another_holder_gives_no_deadline() {
+        let d = Duration::from_secs(15);
+        assert!(lease_deadline(&lease("other", 0), "me", d, Duration::ZERO).is_none());
+        assert!(lease_deadline(&Lease::default(), "me", d, Duration::ZERO).is_none());
     }
 }

@@ -170,6 +170,21 @@ impl Metrics {
         out
     }
 
+    /// Drops every per-hosted-cluster series, for a replica that stops leading: its last
+    /// verdicts would otherwise linger beside the new leader's and skew `max by` alerts.
+    pub fn forget_fleet(&self) {
+        self.compliance.clear();
+        self.drift.clear();
+        self.webhooks_desired.clear();
+        self.webhooks_installed.clear();
+        self.cert_expiry.clear();
+        self.hosted_latency.clear();
+        self.hosted_errors.clear();
+        self.probe_success.clear();
+        self.hosted_requests.clear();
+        self.hosted_clusters.set(0);
+    }
+
     /// Drops every series of a removed HCP.
     pub fn forget(&self, hcp_namespace: &str, hosted_cluster: &str) {
         let l = HcpLabels {

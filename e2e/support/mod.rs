@@ -103,3 +103,68 @@ where
     }
     panic!("{what} not reached within {within:?}: {last}");
 }
+
+/// A TCP relay that can be cut: the network between one process and its API server. Cut, it
+/// forwards nothing and answers nothing (a black hole, not a refusal), as a partition does;
+/// healed, it drops what it held and forwards new connections again.
+pub struct Relay {
+    pub addr: std::net::SocketAddr,
+    state: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    pub async fn start(upstream: std::net::SocketAddr) -> Relay {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind relay");
+        let addr = listener.local_addr().expect("relay addr");
+        let (state, _) = tokio::sync::watch::channel(false);
+        let st = state.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut a, _)) = listener.accept().await {
+                let mut rx = st.subscribe();
+                tokio::spawn(async move {
+                    if !*rx.borrow() {
+                        let Ok(mut b) = tokio::net::TcpStream::connect(upstream).await else {
+                            return;
+                        };
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut a, &mut b) => return,
+                            _ = rx.wait_for(|cut| *cut) => {}
+                        }
+                    }
+                    // Cut: hold the connection silent until healed, then drop it.
+                    let _ = rx.wait_for(|cut| !*cut).await;
+                });
+            }
+        });
+        Relay { addr, state, task }
+    }
+
+    pub fn cut(&self) {
+        self.state.send_replace(true);
+    }
+
+    pub fn heal(&self) {
+        self.state.send_replace(false);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.heal();
+        self.task.abort();
+    }
+}
+
+/// A child process killed and reaped when the test ends, panicking or not: a spawned agent
+/// must not outlive a failed assertion (it would hold the test's output pipe open too).
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
