@@ -938,3 +938,205 @@ async fn a_partitioned_leader_stops_before_the_standby_takes_over() {
             .and_then(|s| s.holder_identity);
     assert_eq!(holder.as_deref(), Some("agent-b"));
 }
+
+/// Pausing one HCP: the agent leaves it alone (drift stays unrepaired) and its Policy says
+/// Pending with the reason; removing the annotation resumes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_hcp_is_left_alone_and_resumes() {
+    use hcp_fleet_agent::crd::HostedControlPlane;
+    use hcp_fleet_agent::crd::hostedcontrolplane::PAUSE_ANNOTATION;
+    use kube::api::{Patch, PatchParams};
+    let fleet = LocalFleet::start(FleetOptions::with_hosted(1))
+        .await
+        .expect("fleet");
+    let mgmt = fleet.management.client().await.expect("mgmt");
+    let pods = tempfile::tempdir().expect("tmp");
+    let _kubelet = kubelet::spawn(mgmt.clone(), real_pods(pods.path()));
+    let _agent = start_agent(&mgmt).await;
+    wait_compliant(&mgmt, &["hc-1"]).await;
+    let ns = hcp_namespace("hc-1");
+    let hcps: Api<HostedControlPlane> = Api::namespaced(mgmt.clone(), &ns);
+    let annotate = |v: serde_json::Value| {
+        let hcps = hcps.clone();
+        async move {
+            hcps.patch(
+                "hc-1",
+                &PatchParams::default(),
+                &Patch::Merge(
+                    serde_json::json!({"metadata": {"annotations": {PAUSE_ANNOTATION: v}}}),
+                ),
+            )
+            .await
+            .expect("annotate")
+        }
+    };
+    annotate(serde_json::json!("true")).await;
+    eventually("the Policy says paused", Duration::from_secs(20), || {
+        let mgmt = mgmt.clone();
+        let ns = ns.clone();
+        async move {
+            let p = policy(&mgmt, &ns, POLICY_NAME).await?;
+            let h = history_messages(&p, "hosted-webhooks");
+            match (compliant(&p), h.first()) {
+                (Some("Pending"), Some(m))
+                    if m.contains("paused by hcp-fleet.openshift.io/paused") =>
+                {
+                    Ok(())
+                }
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+    let hc1 = fleet
+        .hosted("hc-1")
+        .expect("hc-1")
+        .client()
+        .await
+        .expect("hc-1");
+    let vapi = Api::<ValidatingWebhookConfiguration>::all(hc1);
+    vapi.delete(VALIDATING_NAME, &DeleteParams::default())
+        .await
+        .expect("delete");
+    // A repair takes well under a second when not paused (drift test above); give it ten
+    // times that and see nothing come back.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        vapi.get_opt(VALIDATING_NAME).await.expect("get").is_none(),
+        "a paused HCP's drift is left alone"
+    );
+    annotate(serde_json::Value::Null).await;
+    eventually(
+        "resumed: the webhook is back",
+        Duration::from_secs(30),
+        || present(&vapi),
+    )
+    .await;
+    wait_compliant(&mgmt, &["hc-1"]).await;
+}
+
+/// Removing the agent cleanly: `uninstall` refuses while an agent leads; then removes the
+/// hosted webhooks before the admission services, keeps both for a hosted cluster it cannot
+/// reach (and fails, so it can be run again), and removes the roll-up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uninstall_removes_webhooks_first_and_keeps_what_it_cannot_reach() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::PostParams;
+    let mut fleet = LocalFleet::start(FleetOptions::with_hosted(2))
+        .await
+        .expect("fleet");
+    let mgmt = fleet.management.client().await.expect("mgmt");
+    let pods = tempfile::tempdir().expect("tmp");
+    let _kubelet = kubelet::spawn(mgmt.clone(), real_pods(pods.path()));
+    let agent = start_agent(&mgmt).await;
+    wait_compliant(&mgmt, &["hc-1", "hc-2"]).await;
+    let kubeconfig = fleet.management.kubeconfig_path.clone();
+    let uninstall = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+            .args(["uninstall", "--namespace", AGENT_NS])
+            .env("KUBECONFIG", &kubeconfig)
+            .output()
+            .expect("uninstall")
+    };
+
+    // An agent that still leads would put everything back: refused, nothing touched.
+    let leases: Api<Lease> = Api::namespaced(mgmt.clone(), AGENT_NS);
+    let lease: Lease = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "hcp-fleet-agent"},
+        "spec": {
+            "holderIdentity": "agent-x",
+            "leaseDurationSeconds": 60,
+            "renewTime": jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S.%6fZ").to_string(),
+        },
+    }))
+    .expect("lease");
+    leases
+        .create(&PostParams::default(), &lease)
+        .await
+        .expect("lease");
+    let out = uninstall();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("agent-x still holds the Lease"));
+    let hc1 = fleet
+        .hosted("hc-1")
+        .expect("hc-1")
+        .client()
+        .await
+        .expect("hc-1");
+    let vapi = Api::<ValidatingWebhookConfiguration>::all(hc1.clone());
+    assert!(vapi.get_opt(VALIDATING_NAME).await.expect("get").is_some());
+    leases
+        .delete("hcp-fleet-agent", &DeleteParams::default())
+        .await
+        .expect("lease gone");
+
+    // The agent is gone, and hc-2's API server is down.
+    drop(agent);
+    fleet.hosted_mut("hc-2").expect("hc-2").stop();
+    let out = uninstall();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("clusters-hc-1: removed 2 hosted webhook configuration(s)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("error: clusters-hc-2: hosted cluster"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("removed the roll-up Policy"), "{stdout}");
+    let owned = kube::api::ListParams::default().labels(&format!("{OWNED_LABEL}=true"));
+    assert!(vapi.list(&owned).await.expect("list").items.is_empty());
+    assert!(
+        Api::<MutatingWebhookConfiguration>::all(hc1)
+            .list(&owned)
+            .await
+            .expect("list")
+            .items
+            .is_empty()
+    );
+    let ns1 = hcp_namespace("hc-1");
+    let ns2 = hcp_namespace("hc-2");
+    let deployments = |ns: &str| Api::<Deployment>::namespaced(mgmt.clone(), ns);
+    assert!(
+        deployments(&ns1)
+            .get_opt("hcp-fleet-admission")
+            .await
+            .expect("get")
+            .is_none()
+    );
+    assert!(
+        Api::<Secret>::namespaced(mgmt.clone(), &ns1)
+            .get_opt("hcp-fleet-admission-tls")
+            .await
+            .expect("get")
+            .is_none()
+    );
+    assert!(
+        Api::<Policy>::namespaced(mgmt.clone(), &ns1)
+            .get_opt(POLICY_NAME)
+            .await
+            .expect("get")
+            .is_none()
+    );
+    // The unreachable cluster's webhooks still point at its admission service: kept.
+    assert!(
+        deployments(&ns2)
+            .get_opt("hcp-fleet-admission")
+            .await
+            .expect("get")
+            .is_some()
+    );
+    assert!(
+        Api::<Policy>::namespaced(mgmt.clone(), AGENT_NS)
+            .get_opt(ROLLUP_NAME)
+            .await
+            .expect("get")
+            .is_none()
+    );
+}

@@ -33,6 +33,8 @@ pub enum Command {
     Render(crate::render::RenderArgs),
     /// Fleet packaging: the chart's values schema, the ACM Policy and SelectorSyncSet.
     Package(crate::packaging::PackageArgs),
+    /// Remove what the agent put into the fleet (after the agent itself is gone).
+    Uninstall(crate::uninstall::UninstallArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -55,6 +57,7 @@ pub fn main() -> ExitCode {
         Command::Status => runtime.block_on(crate::status::run()),
         Command::Render(args) => crate::render::run(args),
         Command::Package(args) => crate::packaging::run(args),
+        Command::Uninstall(args) => runtime.block_on(crate::uninstall::run(args)),
         Command::Webhook(args) => runtime.block_on(crate::admission::run(args)),
     }
 }

@@ -519,6 +519,48 @@ impl AgentConfig {
 mod tests {
     use super::*;
 
+    /// docs/configuration.md is the operators' reference: its example must be a valid file,
+    /// and it must name every field the types accept.
+    #[test]
+    fn the_configuration_reference_documents_every_field() {
+        let doc = include_str!("../docs/configuration.md");
+        let block = doc
+            .split("## The file")
+            .nth(1)
+            .and_then(|s| s.split("```yaml\n").nth(1))
+            .and_then(|s| s.split("```").next())
+            .expect("a yaml block under '## The file'");
+        let cfg: AgentConfig = serde_saphyr::from_str(block).expect("the example parses");
+        assert_eq!(
+            cfg.problems(),
+            Vec::<String>::new(),
+            "the example passes the guardrails"
+        );
+        fn names(v: &serde_json::Value, out: &mut BTreeSet<String>) {
+            match v {
+                serde_json::Value::Object(m) => {
+                    if let Some(serde_json::Value::Object(p)) = m.get("properties") {
+                        out.extend(p.keys().cloned());
+                    }
+                    m.values().for_each(|x| names(x, out));
+                }
+                serde_json::Value::Array(a) => a.iter().for_each(|x| names(x, out)),
+                _ => {}
+            }
+        }
+        let schema = serde_json::to_value(schemars::schema_for!(AgentConfig)).expect("schema");
+        let mut all = BTreeSet::new();
+        names(&schema, &mut all);
+        let missing: Vec<_> = all
+            .iter()
+            .filter(|k| !block.contains(&format!("{k}:")))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "docs/configuration.md does not show {missing:?}"
+        );
+    }
+
     #[test]
     fn defaults_are_valid() {
         assert_eq!(AgentConfig::default().problems(), Vec::<String>::new());

@@ -28,6 +28,7 @@ use tracing::{info, warn};
 
 use crate::certificates::{self, CertBundle};
 use crate::config::AgentConfig;
+use crate::crd::hostedcontrolplane::{PAUSE_ANNOTATION, Pause};
 use crate::crd::{ComplianceState, HostedControlPlane, Policy};
 use crate::hosted::clients::HostedClients;
 use crate::hosted::webhooks::{self, HostedWebhooks, MUTATING_NAME, VALIDATING_NAME};
@@ -198,6 +199,18 @@ pub async fn reconcile(
     let started = Instant::now();
     let mut obs = Observations::new();
     let mut drift_repaired = 0;
+    let until = match hcp.pause(jiff::Timestamp::now()) {
+        Pause::Off => None,
+        Pause::Invalid(why) => {
+            warn!(reason = %why, "pause annotation ignored");
+            None
+        }
+        Pause::Indefinite => Some(None),
+        Pause::Until(t) => Some(Some(t)),
+    };
+    if let Some(until) = until {
+        return paused(&hcp, &ns, &cluster, &ctx, until).await;
+    }
     let result = run_phases(&hcp, &ns, &cluster, &ctx, &mut obs, &mut drift_repaired).await;
     // Phases are gated: what a reconcile did not reach is unknown now, never its old verdict.
     for c in Concern::ALL {
@@ -224,6 +237,48 @@ pub async fn reconcile(
         .reconcile_duration
         .observe(started.elapsed().as_secs_f64());
     result
+}
+
+/// A paused HCP: its drift watch and probe stop, nothing is applied, and the Policy says so
+/// (every concern Pending, so no NonCompliant alert fires for a deliberate pause). Removing
+/// the annotation is an HCP change and resumes it; a pause with a time ends by itself.
+async fn paused(
+    hcp: &HostedControlPlane,
+    ns: &str,
+    cluster: &str,
+    ctx: &Context,
+    until: Option<jiff::Timestamp>,
+) -> Result<Action, ReconcileError> {
+    if let Ok(mut d) = ctx.drift.lock() {
+        d.remove(ns);
+    }
+    if let Ok(mut p) = ctx.probe_states.lock() {
+        p.remove(ns);
+    }
+    let why = match until {
+        Some(t) => format!(
+            "paused by {PAUSE_ANNOTATION} until {}; the agent changes nothing for this HCP",
+            t.strftime("%Y-%m-%dT%H:%M:%SZ")
+        ),
+        None => format!("paused by {PAUSE_ANNOTATION}; the agent changes nothing for this HCP"),
+    };
+    info!(%why, "paused");
+    let obs: Observations = Concern::ALL
+        .into_iter()
+        .map(|c| (c, Observation::pending(why.clone())))
+        .collect();
+    if ctx.is_deleted(hcp) {
+        ctx.forget(ns, cluster);
+        return Ok(Action::await_change());
+    }
+    report(ctx, hcp, ns, cluster, &obs, 0).await;
+    Ok(match until {
+        Some(t) => {
+            let left = jiff::Timestamp::now().duration_until(t);
+            Action::requeue(std::time::Duration::try_from(left).unwrap_or_default())
+        }
+        None => Action::await_change(),
+    })
 }
 
 async fn run_phases(

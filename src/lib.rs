@@ -20,3 +20,4 @@ pub mod reporting;
 pub mod status;
 pub mod telemetry;
 pub mod tls;
+pub mod uninstall;

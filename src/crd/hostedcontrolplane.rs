@@ -64,7 +64,45 @@ pub struct HcpCondition {
     pub last_transition_time: Option<String>,
 }
 
+/// Annotation on a HostedControlPlane that stops the agent from changing anything for it:
+/// `"true"`, or an RFC 3339 time until which it holds (like HyperShift's `pausedUntil`).
+pub const PAUSE_ANNOTATION: &str = "hcp-fleet.openshift.io/paused";
+
+/// Whether the agent leaves an HCP alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pause {
+    /// No annotation, or its time has passed.
+    Off,
+    Indefinite,
+    Until(jiff::Timestamp),
+    /// A value that is neither; the agent goes on and says why.
+    Invalid(String),
+}
+
 impl HostedControlPlane {
+    /// The pause the annotation asks for, at `now`.
+    pub fn pause(&self, now: jiff::Timestamp) -> Pause {
+        let Some(v) = self
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(PAUSE_ANNOTATION))
+        else {
+            return Pause::Off;
+        };
+        match v.trim() {
+            "true" => Pause::Indefinite,
+            "false" | "" => Pause::Off,
+            t => match t.parse::<jiff::Timestamp>() {
+                Ok(until) if until > now => Pause::Until(until),
+                Ok(_) => Pause::Off,
+                Err(_) => Pause::Invalid(format!(
+                    "{PAUSE_ANNOTATION}={t:?} is neither \"true\" nor an RFC 3339 time; not paused"
+                )),
+            },
+        }
+    }
+
     /// Ready for the agent: `status.ready` and a published `status.kubeConfig`.
     pub fn is_ready(&self) -> bool {
         self.status
@@ -76,6 +114,35 @@ impl HostedControlPlane {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn with_pause(v: &str) -> HostedControlPlane {
+        let mut h = HostedControlPlane::new("hc", Default::default());
+        h.metadata.annotations = Some([(PAUSE_ANNOTATION.to_string(), v.to_string())].into());
+        h
+    }
+
+    #[test]
+    fn pause_reads_true_a_future_time_or_nothing() {
+        let now: jiff::Timestamp = "2026-11-22T12:00:00Z".parse().expect("ts");
+        assert_eq!(
+            HostedControlPlane::new("hc", Default::default()).pause(now),
+            Pause::Off
+        );
+        assert_eq!(with_pause("true").pause(now), Pause::Indefinite);
+        assert_eq!(with_pause("false").pause(now), Pause::Off);
+        assert_eq!(
+            with_pause("2026-11-23T00:00:00Z").pause(now),
+            Pause::Until("2026-11-23T00:00:00Z".parse().expect("ts"))
+        );
+        assert_eq!(
+            with_pause("2026-11-21T00:00:00Z").pause(now),
+            Pause::Off,
+            "expired"
+        );
+        assert!(
+            matches!(with_pause("yes please").pause(now), Pause::Invalid(m) if m.contains("yes please"))
+        );
+    }
 
     #[test]
     fn unknown_fields_survive_a_round_trip() {

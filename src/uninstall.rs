@@ -1,0 +1,368 @@
+//! `uninstall`: removes what the agent put into the fleet, after the agent itself is gone.
+//!
+//! Order matters for the hosted clusters: their webhook configurations go first, and only once
+//! they are gone does the admission service they call go. A hosted cluster that cannot be
+//! reached keeps its webhooks and its admission service (a webhook with `failurePolicy: Fail`
+//! pointing at nothing would block its users), is reported, and makes the command fail, so it
+//! can be run again.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams};
+use kube::core::GroupVersionKind;
+use kube::{Api, Client, Resource, ResourceExt};
+
+use crate::agent::LEASE_NAME;
+use crate::config::AgentConfig;
+use crate::crd::{HostedControlPlane, Policy};
+use crate::hosted::clients::HostedClients;
+use crate::hosted::webhooks;
+use crate::{management, reporting};
+
+#[derive(Debug, clap::Args)]
+pub struct UninstallArgs {
+    /// The agent's configuration file (names of the objects to remove); default: built-in.
+    #[arg(long, env = "HCP_FLEET_CONFIG")]
+    pub config: Option<std::path::PathBuf>,
+    /// The agent's namespace (its Lease and the roll-up Policy).
+    #[arg(long, default_value = "hcp-fleet-agent")]
+    pub namespace: String,
+    /// Go on even though an agent still holds the leader Lease (it would put everything back).
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// What happened in one HCP namespace.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Removed {
+    pub hosted_webhooks: usize,
+    pub management_objects: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum UninstallError {
+    #[error("{namespace}: hosted cluster: {reason}; its webhooks and admission service are kept")]
+    Hosted { namespace: String, reason: String },
+    #[error("{namespace}: deleting {what}: {source}")]
+    Delete {
+        namespace: String,
+        what: String,
+        source: kube::Error,
+    },
+}
+
+/// Whether `lease` is held by someone, renewed within its duration, at `now`.
+pub fn lease_is_held(lease: &Lease, now: jiff::Timestamp) -> Option<String> {
+    let spec = lease.spec.as_ref()?;
+    let holder = spec.holder_identity.clone().filter(|h| !h.is_empty())?;
+    let renewed = spec.renew_time.as_ref()?.0;
+    let duration = jiff::SignedDuration::from_secs(i64::from(spec.lease_duration_seconds?));
+    (renewed + duration > now).then_some(holder)
+}
+
+async fn delete_named<K>(api: &Api<K>, name: &str) -> Result<bool, kube::Error>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, &DeleteParams::background()).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Deletes the agent's webhook configurations in one hosted cluster (by the owned label, so
+/// configurations of an older naming go too).
+async fn remove_hosted(hosted: &Client) -> Result<usize, kube::Error> {
+    let lp = ListParams::default().labels(&webhooks::owned_selector());
+    let mut n = 0;
+    let vapi: Api<ValidatingWebhookConfiguration> = Api::all(hosted.clone());
+    for v in vapi.list(&lp).await? {
+        n += usize::from(delete_named(&vapi, &v.name_any()).await?);
+    }
+    let mapi: Api<MutatingWebhookConfiguration> = Api::all(hosted.clone());
+    for m in mapi.list(&lp).await? {
+        n += usize::from(delete_named(&mapi, &m.name_any()).await?);
+    }
+    Ok(n)
+}
+
+/// One HCP namespace: hosted webhooks first, then the management-side objects.
+async fn remove_hcp(
+    client: &Client,
+    clients: &HostedClients,
+    cfg: &AgentConfig,
+    ns: &str,
+) -> Result<Removed, UninstallError> {
+    let hosted_err = |reason: String| UninstallError::Hosted {
+        namespace: ns.to_string(),
+        reason,
+    };
+    let access = &cfg.hosted_access;
+    let secret = Api::<Secret>::namespaced(client.clone(), ns)
+        .get_opt(&access.kubeconfig_secret)
+        .await
+        .map_err(|e| hosted_err(format!("reading {}: {e}", access.kubeconfig_secret)))?
+        .ok_or_else(|| hosted_err(format!("secret {} not found", access.kubeconfig_secret)))?;
+    let raw = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(&access.kubeconfig_key))
+        .map(|b| b.0.clone())
+        .ok_or_else(|| hosted_err(format!("secret has no key {}", access.kubeconfig_key)))?;
+    let (hosted, server) = clients
+        .get(
+            ns,
+            &access.kubeconfig_secret,
+            &raw,
+            access,
+            Default::default(),
+        )
+        .await
+        .map_err(|e| hosted_err(e.to_string()))?;
+    let timeout = Duration::from_secs(u64::from(access.request_timeout_seconds) * 3);
+    let hosted_webhooks = tokio::time::timeout(timeout, remove_hosted(&hosted))
+        .await
+        .map_err(|_| hosted_err(format!("{server} did not answer within {timeout:?}")))?
+        .map_err(|e| hosted_err(format!("{server}: {e}")))?;
+
+    let del = |what: String| {
+        move |source| UninstallError::Delete {
+            namespace: ns.to_string(),
+            what,
+            source,
+        }
+    };
+    let svc = &cfg.admission.service_name;
+    let mut n = 0;
+    let c = || client.clone();
+    n += usize::from(
+        delete_named(&Api::<Deployment>::namespaced(c(), ns), svc)
+            .await
+            .map_err(del(format!("Deployment {svc}")))?,
+    );
+    n += usize::from(
+        delete_named(&Api::<Service>::namespaced(c(), ns), svc)
+            .await
+            .map_err(del(format!("Service {svc}")))?,
+    );
+    n += usize::from(
+        delete_named(&Api::<ServiceAccount>::namespaced(c(), ns), svc)
+            .await
+            .map_err(del(format!("ServiceAccount {svc}")))?,
+    );
+    n += usize::from(
+        delete_named(&Api::<NetworkPolicy>::namespaced(c(), ns), svc)
+            .await
+            .map_err(del(format!("NetworkPolicy {svc}")))?,
+    );
+    let pdb = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("policy", "v1", "PodDisruptionBudget"),
+        "poddisruptionbudgets",
+    );
+    match delete_named(&Api::<DynamicObject>::namespaced_with(c(), ns, &pdb), svc).await {
+        Ok(d) => n += usize::from(d),
+        // No policy/v1 on this server: the agent never created one.
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => return Err(del(format!("PodDisruptionBudget {svc}"))(e)),
+    }
+    for name in [
+        management::ca_secret_name(cfg),
+        management::tls_secret_name(cfg),
+    ] {
+        n += usize::from(
+            delete_named(&Api::<Secret>::namespaced(c(), ns), &name)
+                .await
+                .map_err(del(format!("Secret {name}")))?,
+        );
+    }
+    match delete_named(&Api::<Policy>::namespaced(c(), ns), reporting::POLICY_NAME).await {
+        Ok(d) => n += usize::from(d),
+        // No Policy CRD: nothing was reported there.
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => return Err(del(format!("Policy {}", reporting::POLICY_NAME))(e)),
+    }
+    Ok(Removed {
+        hosted_webhooks,
+        management_objects: n,
+    })
+}
+
+/// Removes the agent's objects from every HCP and the roll-up. Returns one line per HCP
+/// namespace and whether all succeeded.
+pub async fn uninstall(
+    client: &Client,
+    cfg: &AgentConfig,
+    agent_namespace: &str,
+) -> Result<(Vec<String>, bool), kube::Error> {
+    let hcps = Api::<HostedControlPlane>::all(client.clone())
+        .list(&ListParams::default())
+        .await?;
+    let mut namespaces: Vec<String> = hcps.iter().filter_map(|h| h.namespace()).collect();
+    namespaces.sort();
+    namespaces.dedup();
+    let clients = HostedClients::default();
+    let results: Vec<(String, Result<Removed, UninstallError>)> = futures::stream::iter(namespaces)
+        .map(|ns| {
+            let clients = &clients;
+            async move {
+                let r = remove_hcp(client, clients, cfg, &ns).await;
+                (ns, r)
+            }
+        })
+        .buffer_unordered(usize::from(cfg.concurrency.max(1)))
+        .collect()
+        .await;
+    let mut lines = Vec::new();
+    let mut ok = true;
+    let mut results = results;
+    results.sort_by(|a, b| a.0.cmp(&b.0));
+    for (ns, r) in results {
+        match r {
+            Ok(r) => lines.push(format!(
+                "{ns}: removed {} hosted webhook configuration(s) and {} management object(s)",
+                r.hosted_webhooks, r.management_objects
+            )),
+            Err(e) => {
+                ok = false;
+                lines.push(format!("error: {e}"));
+            }
+        }
+    }
+    match delete_named(
+        &Api::<Policy>::namespaced(client.clone(), agent_namespace),
+        reporting::ROLLUP_NAME,
+    )
+    .await
+    {
+        Ok(true) => lines.push(format!(
+            "{agent_namespace}: removed the roll-up Policy {}",
+            reporting::ROLLUP_NAME
+        )),
+        Ok(false) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => {
+            ok = false;
+            lines.push(format!(
+                "error: {agent_namespace}: deleting Policy {}: {e}",
+                reporting::ROLLUP_NAME
+            ));
+        }
+    }
+    Ok((lines, ok))
+}
+
+pub async fn run(args: UninstallArgs) -> ExitCode {
+    let cfg = match &args.config {
+        Some(p) => AgentConfig::load(p),
+        None => Ok(AgentConfig::default()),
+    };
+    let cfg = match cfg {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let client = match Client::try_default().await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: no management cluster to talk to: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if !args.force {
+        let lease = Api::<Lease>::namespaced(client.clone(), &args.namespace)
+            .get_opt(LEASE_NAME)
+            .await;
+        match lease {
+            Ok(Some(l)) => {
+                if let Some(holder) = lease_is_held(&l, jiff::Timestamp::now()) {
+                    eprintln!(
+                        "error: agent {holder} still holds the Lease {}/{LEASE_NAME} and would put everything back; \
+                         remove the agent first (helm uninstall, or take it out of the ACM Policy), or pass --force",
+                        args.namespace
+                    );
+                    return ExitCode::from(2);
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                eprintln!(
+                    "error: cannot read the Lease {}/{LEASE_NAME} to check that no agent runs: {e}",
+                    args.namespace
+                );
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    match uninstall(&client, &cfg, &args.namespace).await {
+        Ok((lines, ok)) => {
+            for l in &lines {
+                println!("{l}");
+            }
+            if ok {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!(
+                    "some hosted clusters kept their webhooks; fix what is reported and run uninstall again"
+                );
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("error: listing HostedControlPlanes: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    fn lease(holder: Option<&str>, renewed: &str, secs: i32) -> Lease {
+        Lease {
+            spec: Some(LeaseSpec {
+                holder_identity: holder.map(str::to_string),
+                renew_time: Some(MicroTime(renewed.parse().expect("ts"))),
+                lease_duration_seconds: Some(secs),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_lease_is_held_only_by_someone_within_its_duration() {
+        let now: jiff::Timestamp = "2026-11-22T12:00:10Z".parse().expect("ts");
+        assert_eq!(
+            lease_is_held(&lease(Some("a"), "2026-11-22T12:00:00Z", 15), now),
+            Some("a".into())
+        );
+        assert_eq!(
+            lease_is_held(&lease(Some("a"), "2026-11-22T12:00:00Z", 5), now),
+            None
+        );
+        assert_eq!(
+            lease_is_held(&lease(None, "2026-11-22T12:00:05Z", 15), now),
+            None
+        );
+        assert_eq!(
+            lease_is_held(&lease(Some(""), "2026-11-22T12:00:05Z", 15), now),
+            None
+        );
+        assert_eq!(lease_is_held(&Lease::default(), now), None);
+    }
+}
