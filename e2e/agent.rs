@@ -49,14 +49,6 @@ fn history_messages(p: &Policy, template: &str) -> Vec<String> {
         .collect()
 }
 
-/// The stand-in kubelet running the real `webhook` command for each admission Deployment.
-fn real_pods(dir: &std::path::Path) -> kubelet::KubeletOptions {
-    kubelet::KubeletOptions {
-        binary: Some(env!("CARGO_BIN_EXE_hcp-fleet-agent").into()),
-        dir: dir.to_path_buf(),
-    }
-}
-
 async fn start_agent(mgmt: &Client) -> agent::AgentHandle {
     agent::start(
         mgmt.clone(),
@@ -172,12 +164,7 @@ async fn versions(mgmt: &Client, hosted: &Client, ns: &str) -> BTreeMap<String, 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
-    let fleet = LocalFleet::start(FleetOptions::with_hosted(3))
-        .await
-        .expect("fleet");
-    let mgmt = fleet.management.client().await.expect("mgmt");
-    let pods = tempfile::tempdir().expect("tmp");
-    let _kubelet = kubelet::spawn(mgmt.clone(), real_pods(pods.path()));
+    let (fleet, mgmt, _pods) = support::fleet_with_pods(3).await;
     let agent = start_agent(&mgmt).await;
     let names = ["hc-1", "hc-2", "hc-3"];
     wait_compliant(&mgmt, &names).await;
@@ -488,7 +475,7 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
         .await
         .expect("unready");
     let pods = tempfile::tempdir().expect("tmp");
-    let _kubelet = kubelet::spawn(mgmt.clone(), real_pods(pods.path()));
+    let _kubelet = kubelet::spawn(mgmt.clone(), support::real_pods(pods.path()));
     let agent = start_agent(&mgmt).await;
     assert!(
         !agent.context.caps.pending_supported,
@@ -702,12 +689,7 @@ fn metric(text: &str, name: &str) -> Option<f64> {
 /// takes over within the lease duration and repairs drift.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_one_leader_and_a_takeover() {
-    let fleet = LocalFleet::start(FleetOptions::with_hosted(2))
-        .await
-        .expect("fleet");
-    let mgmt = fleet.management.client().await.expect("mgmt");
-    let pods = tempfile::tempdir().expect("tmp");
-    let _kubelet = kubelet::spawn(mgmt.clone(), real_pods(pods.path()));
+    let (fleet, mgmt, _pods) = support::fleet_with_pods(2).await;
     let lease_seconds = 6u64;
     let mut agents = Vec::new();
     for name in ["agent-a", "agent-b"] {
@@ -817,12 +799,7 @@ async fn leader_gauge(addr: std::net::SocketAddr) -> Option<f64> {
 /// standby that takes over never writes beside it. Healed, it stays a standby.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_leader_stops_before_the_standby_takes_over() {
-    let fleet = LocalFleet::start(FleetOptions::with_hosted(1))
-        .await
-        .expect("fleet");
-    let mgmt = fleet.management.client().await.expect("mgmt");
-    let pods = tempfile::tempdir().expect("tmp");
-    let _kubelet = kubelet::spawn(mgmt.clone(), real_pods(pods.path()));
+    let (fleet, mgmt, _pods) = support::fleet_with_pods(1).await;
     let upstream: std::net::SocketAddr = fleet
         .management
         .url()
@@ -946,12 +923,7 @@ async fn a_paused_hcp_is_left_alone_and_resumes() {
     use hcp_fleet_agent::crd::HostedControlPlane;
     use hcp_fleet_agent::crd::hostedcontrolplane::PAUSE_ANNOTATION;
     use kube::api::{Patch, PatchParams};
-    let fleet = LocalFleet::start(FleetOptions::with_hosted(1))
-        .await
-        .expect("fleet");
-    let mgmt = fleet.management.client().await.expect("mgmt");
-    let pods = tempfile::tempdir().expect("tmp");
-    let _kubelet = kubelet::spawn(mgmt.clone(), real_pods(pods.path()));
+    let (fleet, mgmt, _pods) = support::fleet_with_pods(1).await;
     let _agent = start_agent(&mgmt).await;
     wait_compliant(&mgmt, &["hc-1"]).await;
     let ns = hcp_namespace("hc-1");
@@ -1022,12 +994,7 @@ async fn a_paused_hcp_is_left_alone_and_resumes() {
 async fn uninstall_removes_webhooks_first_and_keeps_what_it_cannot_reach() {
     use k8s_openapi::api::coordination::v1::Lease;
     use kube::api::PostParams;
-    let mut fleet = LocalFleet::start(FleetOptions::with_hosted(2))
-        .await
-        .expect("fleet");
-    let mgmt = fleet.management.client().await.expect("mgmt");
-    let pods = tempfile::tempdir().expect("tmp");
-    let _kubelet = kubelet::spawn(mgmt.clone(), real_pods(pods.path()));
+    let (mut fleet, mgmt, _pods) = support::fleet_with_pods(2).await;
     let agent = start_agent(&mgmt).await;
     wait_compliant(&mgmt, &["hc-1", "hc-2"]).await;
     let kubeconfig = fleet.management.kubeconfig_path.clone();

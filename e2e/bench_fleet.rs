@@ -121,6 +121,9 @@ async fn run() -> Result<(), String> {
     fixtures::install_crds(&mgmt)
         .await
         .map_err(|e| e.to_string())?;
+    fixtures::create_agent_namespace(&mgmt)
+        .await
+        .map_err(|e| e.to_string())?;
     let _kubelet = kubelet::spawn(
         mgmt.clone(),
         kubelet::KubeletOptions {
@@ -142,6 +145,8 @@ async fn run() -> Result<(), String> {
             &addr.to_string(),
             "--namespace",
             "hcp-fleet-agent",
+            // As the chart runs it: the idle figures include the Lease's renewals and watch.
+            "--leader-elect",
         ])
         .env("KUBECONFIG", &fleet.management.kubeconfig_path)
         .env("RUST_LOG", "warn")

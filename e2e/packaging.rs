@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use hcp_fleet_agent::localcp::fixtures::{AGENT_NAMESPACE, hcp_namespace};
-use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet, kubelet};
+use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet};
 use hcp_fleet_agent::metrics::Metrics;
 use hcp_fleet_agent::packaging;
 use hcp_fleet_agent::reporting::{POLICY_NAME, ROLLUP_NAME};
@@ -256,20 +256,12 @@ async fn rendered_chart_and_policies_pass_server_side_dry_run() {
     // The test bed is Kubernetes 1.20: the chart picks policy/v1beta1 for the PDB there.
     let objs = render(&["--kube-version", "v1.20.2"]);
     let kinds: Vec<&str> = objs.iter().filter_map(|o| o["kind"].as_str()).collect();
-    for k in [
-        "ServiceAccount",
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "Role",
-        "RoleBinding",
-        "ConfigMap",
-        "Service",
-        "Deployment",
-        "PodDisruptionBudget",
-        "ServiceMonitor",
-        "PrometheusRule",
-    ] {
-        assert!(kinds.contains(&k), "the chart renders a {k}: {kinds:?}");
+    // Every kind the Policy orders, but the Namespace it adds itself.
+    for k in packaging::INSTALL_ORDER
+        .iter()
+        .filter(|k| **k != "Namespace")
+    {
+        assert!(kinds.contains(k), "the chart renders a {k}: {kinds:?}");
     }
     dry_run_all(&client, &objs).await;
 
@@ -317,18 +309,7 @@ fn status_code(r: Result<impl Sized, kube::Error>) -> Option<u16> {
 /// events, the roll-up, the Lease), and the same identity is refused what it need not do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
-    let fleet = LocalFleet::start(FleetOptions::with_hosted(2))
-        .await
-        .expect("fleet");
-    let admin = fleet.management.client().await.expect("admin");
-    let pods = tempfile::tempdir().expect("tmp");
-    let _kubelet = kubelet::spawn(
-        admin.clone(),
-        kubelet::KubeletOptions {
-            binary: Some(env!("CARGO_BIN_EXE_hcp-fleet-agent").into()),
-            dir: pods.path().to_path_buf(),
-        },
-    );
+    let (fleet, admin, _pods) = support::fleet_with_pods(2).await;
     let rbac_kinds = [
         "ServiceAccount",
         "ClusterRole",

@@ -326,6 +326,14 @@ fn is_dns_subdomain(s: &str) -> bool {
 }
 
 impl AgentConfig {
+    /// The file if one is given, else the built-in defaults (commands that read the agent's
+    /// configuration only for its names).
+    pub fn load_or_default(path: Option<&Path>) -> Result<Self, ConfigError> {
+        path.map_or_else(|| Ok(Self::default()), Self::load)
+    }
+}
+
+impl AgentConfig {
     /// Every guardrail violation, as sentences an operator can act on.
     pub fn problems(&self) -> Vec<String> {
         let mut p = Vec::new();

@@ -70,23 +70,28 @@ pub fn parse_label(s: &str) -> Result<(String, String), String> {
     }
 }
 
-/// Install order within the ConfigurationPolicy: what others refer to comes first.
+/// The kinds the chart renders (and the Policy adds its Namespace), in install order within
+/// the ConfigurationPolicy: what others refer to comes first.
+pub const INSTALL_ORDER: &[&str] = &[
+    "Namespace",
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+    "ConfigMap",
+    "Service",
+    "Deployment",
+    "PodDisruptionBudget",
+    "ServiceMonitor",
+    "PrometheusRule",
+];
+
 fn kind_rank(kind: &str) -> usize {
-    const ORDER: &[&str] = &[
-        "Namespace",
-        "ServiceAccount",
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "Role",
-        "RoleBinding",
-        "ConfigMap",
-        "Service",
-        "Deployment",
-        "PodDisruptionBudget",
-        "ServiceMonitor",
-        "PrometheusRule",
-    ];
-    ORDER.iter().position(|k| *k == kind).unwrap_or(ORDER.len())
+    INSTALL_ORDER
+        .iter()
+        .position(|k| *k == kind)
+        .unwrap_or(INSTALL_ORDER.len())
 }
 
 fn str_at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a str> {

@@ -109,11 +109,7 @@ pub fn render_all(
 }
 
 pub fn run(args: RenderArgs) -> ExitCode {
-    let cfg = match &args.config {
-        Some(p) => AgentConfig::load(p),
-        None => Ok(AgentConfig::default()),
-    };
-    let cfg = match cfg {
+    let cfg = match AgentConfig::load_or_default(args.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");

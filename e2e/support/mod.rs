@@ -168,3 +168,40 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// The stand-in kubelet running the real `webhook` command for each admission Deployment.
+pub fn real_pods(dir: &std::path::Path) -> hcp_fleet_agent::localcp::kubelet::KubeletOptions {
+    hcp_fleet_agent::localcp::kubelet::KubeletOptions {
+        binary: Some(env!("CARGO_BIN_EXE_hcp-fleet-agent").into()),
+        dir: dir.to_path_buf(),
+    }
+}
+
+/// The stand-in kubelet and the directory of its pods, kept for the test's length.
+pub struct Pods {
+    _dir: tempfile::TempDir,
+    _kubelet: tokio::task::JoinHandle<()>,
+}
+
+/// A fleet of `n` hosted clusters whose admission Deployments run as real `webhook` processes,
+/// with an admin client for the management cluster.
+pub async fn fleet_with_pods(
+    n: usize,
+) -> (hcp_fleet_agent::localcp::LocalFleet, kube::Client, Pods) {
+    let fleet = hcp_fleet_agent::localcp::LocalFleet::start(
+        hcp_fleet_agent::localcp::FleetOptions::with_hosted(n),
+    )
+    .await
+    .expect("fleet");
+    let mgmt = fleet.management.client().await.expect("mgmt");
+    let dir = tempfile::tempdir().expect("tmp");
+    let kubelet = hcp_fleet_agent::localcp::kubelet::spawn(mgmt.clone(), real_pods(dir.path()));
+    (
+        fleet,
+        mgmt,
+        Pods {
+            _dir: dir,
+            _kubelet: kubelet,
+        },
+    )
+}
