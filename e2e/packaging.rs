@@ -104,6 +104,39 @@ fn helm_lint_passes_and_the_schema_refuses_bad_values() {
         "leaderElection.enabled=false",
     ]);
     assert!(!ok.iter().any(|o| o["kind"] == "PodDisruptionBudget"));
+    // Renaming what the agent manages renames the RBAC grants with it.
+    let renamed = render(&[
+        "--set",
+        "config.admission.serviceName=fleet-webhooks",
+        "--set",
+        "config.hostedAccess.kubeconfigSecret=admin-kubeconfig",
+    ]);
+    let role = renamed
+        .iter()
+        .find(|o| o["kind"] == "ClusterRole")
+        .expect("ClusterRole");
+    let named: Vec<&str> = role["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .flat_map(|r| r["resourceNames"].as_array().into_iter().flatten())
+        .filter_map(|n| n.as_str())
+        .collect();
+    for want in [
+        "admin-kubeconfig",
+        "fleet-webhooks",
+        "fleet-webhooks-ca",
+        "fleet-webhooks-tls",
+    ] {
+        assert!(named.contains(&want), "{want} in {named:?}");
+    }
+    assert!(
+        !named
+            .iter()
+            .any(|n| n.starts_with("hcp-fleet-admission-")
+                || *n == "service-network-admin-kubeconfig"),
+        "the default names are gone: {named:?}"
+    );
 }
 
 #[test]

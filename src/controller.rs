@@ -199,17 +199,11 @@ pub async fn reconcile(
     let started = Instant::now();
     let mut obs = Observations::new();
     let mut drift_repaired = 0;
-    let until = match hcp.pause(jiff::Timestamp::now()) {
-        Pause::Off => None,
-        Pause::Invalid(why) => {
-            warn!(reason = %why, "pause annotation ignored");
-            None
-        }
-        Pause::Indefinite => Some(None),
-        Pause::Until(t) => Some(Some(t)),
-    };
-    if let Some(until) = until {
-        return paused(&hcp, &ns, &cluster, &ctx, until).await;
+    match hcp.pause(jiff::Timestamp::now()) {
+        Pause::Off => {}
+        Pause::Invalid(why) => warn!(reason = %why, "pause annotation ignored"),
+        Pause::Indefinite => return paused(&hcp, &ns, &cluster, &ctx, None).await,
+        Pause::Until(t) => return paused(&hcp, &ns, &cluster, &ctx, Some(t)).await,
     }
     let result = run_phases(&hcp, &ns, &cluster, &ctx, &mut obs, &mut drift_repaired).await;
     // Phases are gated: what a reconcile did not reach is unknown now, never its old verdict.

@@ -29,8 +29,6 @@ pub enum PackagingError {
     NoAgentNamespace,
     #[error("the rendered chart puts objects in several namespaces: {0:?}")]
     SeveralNamespaces(Vec<String>),
-    #[error("{0}")]
-    Option(String),
     #[error("serializing {what}: {reason}")]
     Serialize { what: String, reason: String },
 }
