@@ -337,7 +337,9 @@ async fn run_leader_elected(
                             }
                         }
                     }
-                    Some(Err(e)) => tracing::debug!(error = %e, "watching the leader lease"),
+                    // Retried with backoff; a refusal (RBAC) shows here, and without renewals seen
+                    // the leader stops at its deadline, which the NoLeader alert reports.
+                    Some(Err(e)) => tracing::warn!(error = %e, "watching the leader lease"),
                     None => break,
                 }
             }
