@@ -690,7 +690,7 @@ fn metric(text: &str, name: &str) -> Option<f64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_one_leader_and_a_takeover() {
     let (fleet, mgmt, _pods) = support::fleet_with_pods(2).await;
-    let lease_seconds = 6u64;
+    let lease_seconds = 10u64;
     let mut agents = Vec::new();
     for name in ["agent-a", "agent-b"] {
         let port = hcp_fleet_agent::localcp::free_port().expect("port");
@@ -817,7 +817,7 @@ async fn a_partitioned_leader_stops_before_the_standby_takes_over() {
             .replace(&fleet.management.url(), &format!("https://{}", relay.addr)),
     )
     .expect("kubeconfig");
-    let lease_seconds = 6u64;
+    let lease_seconds = 10u64;
     let spawn = |name: &str, kubeconfig: &std::path::Path| {
         let port = hcp_fleet_agent::localcp::free_port().expect("port");
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))

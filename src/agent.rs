@@ -260,10 +260,7 @@ async fn run_leader_elected(
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| format!("hcp-fleet-agent-{}", std::process::id()));
     let duration = args.lease_duration_seconds;
-    // The lease manager renews `grace` before expiry; the deadline keeps half of that as a
-    // margin, so a renewal has the other half to be seen.
-    let grace = duration.div_ceil(3).max(1);
-    let margin = std::time::Duration::from_millis(grace * 500);
+    let (grace, margin) = lease_timing(duration);
     let lease_duration = std::time::Duration::from_secs(duration);
     let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), LEASE_NAME)
         .with_namespace(args.namespace.clone())
@@ -375,6 +372,18 @@ async fn run_leader_elected(
     ExitCode::SUCCESS
 }
 
+/// For a lease of `duration` seconds: how long before expiry the lease manager renews
+/// (`grace`, seconds), and how long before expiry a leader that has seen no renewal stops
+/// (`margin`). Renewing at half the lease leaves the renewal most of the other half to land
+/// and be seen before the deadline (2.4 s for a 6 s lease, 6.5 s for 15 s), so a slow API
+/// server delays a renewal without making the leader stop; a margin of a tenth (at least
+/// 0.5 s) keeps the stop ahead of a standby's takeover.
+pub fn lease_timing(duration: u64) -> (u64, std::time::Duration) {
+    let grace = duration.saturating_sub(duration / 2).max(1);
+    let margin = std::time::Duration::from_millis((duration * 100).max(500));
+    (grace, margin)
+}
+
 /// The Lease the replicas elect a leader on, in the agent's namespace.
 pub const LEASE_NAME: &str = "hcp-fleet-agent";
 
@@ -470,6 +479,28 @@ mod tests {
         // Expired long ago: the deadline is already here, never in the future.
         let gone = lease_deadline(&lease("me", 60), "me", d, m).expect("holder");
         assert!(gone.duration_since(now) < Duration::from_millis(100));
+    }
+
+    #[test]
+    fn a_renewal_has_time_to_land_before_the_deadline() {
+        for d in [3u64, 6, 10, 15, 60] {
+            let (grace, margin) = lease_timing(d);
+            let renew_at = Duration::from_secs(d - grace);
+            let deadline = Duration::from_secs(d) - margin;
+            assert!(
+                renew_at < deadline,
+                "{d}s: renew {renew_at:?}, deadline {deadline:?}"
+            );
+            assert!(
+                deadline - renew_at >= Duration::from_millis(1500),
+                "{d}s: {:?} of slack",
+                deadline - renew_at
+            );
+            assert!(
+                margin >= Duration::from_millis(500),
+                "{d}s: stop ahead of a takeover"
+            );
+        }
     }
 
     #[test]
