@@ -693,24 +693,13 @@ async fn two_replicas_one_leader_and_a_takeover() {
     let lease_seconds = 10u64;
     let mut agents = Vec::new();
     for name in ["agent-a", "agent-b"] {
-        let port = hcp_fleet_agent::localcp::free_port().expect("port");
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
-            .args([
-                "agent",
-                "--local-mode",
-                "--leader-elect",
-                "--namespace",
-                AGENT_NS,
-            ])
-            .args(["--lease-duration-seconds", &lease_seconds.to_string()])
-            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
-            .env("KUBECONFIG", &fleet.management.kubeconfig_path)
-            .env("POD_NAME", name)
-            .env("RUST_LOG", "warn")
-            .spawn()
-            .expect("agent process");
-        let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-        agents.push((name, support::KillOnDrop(child), addr));
+        let (child, addr) = support::spawn_elected_agent(
+            name,
+            &fleet.management.kubeconfig_path,
+            AGENT_NS,
+            Some(lease_seconds),
+        );
+        agents.push((name, child, addr));
     }
     wait_compliant(&mgmt, &["hc-1", "hc-2"]).await;
 
@@ -819,19 +808,7 @@ async fn a_partitioned_leader_stops_before_the_standby_takes_over() {
     .expect("kubeconfig");
     let lease_seconds = 10u64;
     let spawn = |name: &str, kubeconfig: &std::path::Path| {
-        let port = hcp_fleet_agent::localcp::free_port().expect("port");
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
-            .args(["agent", "--local-mode", "--leader-elect"])
-            .args(["--namespace", AGENT_NS])
-            .args(["--lease-duration-seconds", &lease_seconds.to_string()])
-            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
-            .env("KUBECONFIG", kubeconfig)
-            .env("POD_NAME", name)
-            .env("RUST_LOG", "warn")
-            .spawn()
-            .expect("agent process");
-        let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-        (support::KillOnDrop(child), addr)
+        support::spawn_elected_agent(name, kubeconfig, AGENT_NS, Some(lease_seconds))
     };
     // A leads, through the relay; B waits, directly connected.
     let (_a, a_addr) = spawn("agent-a", &relayed);

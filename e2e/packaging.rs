@@ -374,19 +374,8 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
         impersonating_kubeconfig(&fleet.management.kubeconfig_yaml),
     )
     .expect("write kubeconfig");
-    let port = hcp_fleet_agent::localcp::free_port().expect("port");
-    let _agent = support::KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
-            .args(["agent", "--local-mode", "--leader-elect"])
-            .args(["--namespace", AGENT_NAMESPACE])
-            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
-            .env("KUBECONFIG", &kubeconfig)
-            .env("POD_NAME", "agent-rbac")
-            .env("RUST_LOG", "warn")
-            .spawn()
-            .expect("agent"),
-    );
-    let metrics_addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let (_agent, metrics_addr) =
+        support::spawn_elected_agent("agent-rbac", &kubeconfig, AGENT_NAMESPACE, None);
 
     // The whole job: both hosted clusters Compliant (admission service deployed, certificate
     // issued, webhooks installed, probe answered), the roll-up written, events recorded.

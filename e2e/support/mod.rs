@@ -205,3 +205,28 @@ pub async fn fleet_with_pods(
         },
     )
 }
+
+/// An agent process with leader election, as the chart runs it (in local mode for the test
+/// bed), as `name` (POD_NAME), with its metrics on a free loopback port. `lease_seconds`
+/// `None` keeps the agent's default.
+pub fn spawn_elected_agent(
+    name: &str,
+    kubeconfig: &Path,
+    namespace: &str,
+    lease_seconds: Option<u64>,
+) -> (KillOnDrop, std::net::SocketAddr) {
+    let port = hcp_fleet_agent::localcp::free_port().expect("port");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"));
+    cmd.args(["agent", "--local-mode", "--leader-elect"])
+        .args(["--namespace", namespace])
+        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .env("KUBECONFIG", kubeconfig)
+        .env("POD_NAME", name)
+        .env("RUST_LOG", "warn");
+    if let Some(s) = lease_seconds {
+        cmd.args(["--lease-duration-seconds", &s.to_string()]);
+    }
+    let child = cmd.spawn().expect("agent process");
+    let addr = format!("127.0.0.1:{port}").parse().expect("addr");
+    (KillOnDrop(child), addr)
+}
