@@ -114,6 +114,25 @@ async fn wait_verdict(mgmt: &Client, ns: &str, template: &str, overall: &str, ne
 }
 
 /// The agent's validating configuration exists (again).
+/// Drift, as someone in the hosted cluster makes it: deletes the agent's validating
+/// configuration in `cluster`, and returns the API to see whether it comes back.
+async fn delete_validating(
+    fleet: &LocalFleet,
+    cluster: &str,
+) -> Api<ValidatingWebhookConfiguration> {
+    let hosted = fleet
+        .hosted(cluster)
+        .expect("hosted cluster")
+        .client()
+        .await
+        .expect("client");
+    let vapi = Api::<ValidatingWebhookConfiguration>::all(hosted);
+    vapi.delete(VALIDATING_NAME, &DeleteParams::default())
+        .await
+        .expect("delete");
+    vapi
+}
+
 fn present(
     vapi: &Api<ValidatingWebhookConfiguration>,
 ) -> impl std::future::Future<Output = Result<(), String>> + use<> {
@@ -741,16 +760,7 @@ async fn two_replicas_one_leader_and_a_takeover() {
     let (_, leader, _) = agents.remove(idx);
     drop(leader);
     let killed = Instant::now();
-    let hc1 = fleet
-        .hosted("hc-1")
-        .expect("hc-1")
-        .client()
-        .await
-        .expect("client");
-    let vapi = Api::<ValidatingWebhookConfiguration>::all(hc1);
-    vapi.delete(VALIDATING_NAME, &DeleteParams::default())
-        .await
-        .expect("delete");
+    let vapi = delete_validating(&fleet, "hc-1").await;
     let bound = Duration::from_secs(lease_seconds + 10);
     eventually(
         "the standby took over and repaired the drift",
@@ -859,16 +869,7 @@ async fn a_partitioned_leader_stops_before_the_standby_takes_over() {
     );
 
     // The new leader repairs drift; the old one, healed, stays a standby.
-    let hc1 = fleet
-        .hosted("hc-1")
-        .expect("hc-1")
-        .client()
-        .await
-        .expect("hc-1");
-    let vapi = Api::<ValidatingWebhookConfiguration>::all(hc1);
-    vapi.delete(VALIDATING_NAME, &DeleteParams::default())
-        .await
-        .expect("delete");
+    let vapi = delete_validating(&fleet, "hc-1").await;
     eventually(
         "agent-b repaired the drift",
         Duration::from_secs(20),
@@ -937,16 +938,7 @@ async fn a_paused_hcp_is_left_alone_and_resumes() {
         }
     })
     .await;
-    let hc1 = fleet
-        .hosted("hc-1")
-        .expect("hc-1")
-        .client()
-        .await
-        .expect("hc-1");
-    let vapi = Api::<ValidatingWebhookConfiguration>::all(hc1);
-    vapi.delete(VALIDATING_NAME, &DeleteParams::default())
-        .await
-        .expect("delete");
+    let vapi = delete_validating(&fleet, "hc-1").await;
     // A repair takes well under a second when not paused (drift test above); give it ten
     // times that and see nothing come back.
     tokio::time::sleep(Duration::from_secs(3)).await;
