@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use hcp_fleet_agent::agent::{self, AgentHandle, StartOptions};
 use hcp_fleet_agent::certificates::{self, KeyedCert, Usage};
 use hcp_fleet_agent::config::{AgentConfig, Mode};
+use hcp_fleet_agent::controller::AdmissionEndpoints;
 use hcp_fleet_agent::crd::Policy;
 use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet, kubelet};
 use hcp_fleet_agent::management;
@@ -53,8 +54,7 @@ async fn bed(cfg: AgentConfig) -> Bed {
         cfg,
         StartOptions {
             agent_namespace: "hcp-fleet-agent".into(),
-            local_mode: true,
-            url_base: None,
+            endpoints: kubelet::endpoints(),
         },
     )
     .await
@@ -400,6 +400,8 @@ fn webhook_pids(pods: &Path) -> Vec<u32> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// Sends signals to child processes (libc::kill).
+#[allow(unsafe_code)]
 async fn a_stopped_admission_service_fails_open_and_the_probe_says_so() {
     let cfg = AgentConfig {
         probe_interval_seconds: 5,
@@ -491,7 +493,11 @@ async fn a_certificate_replaced_under_load_loses_no_request() {
                 cert_pem: text("ca.crt"),
                 key_pem: text("ca.key"),
             };
-            let sans = management::serving_sans(&AgentConfig::default(), NS, true);
+            let sans = management::serving_sans(
+                &AgentConfig::default(),
+                NS,
+                &kubelet::LocalEndpoints.extra_sans(),
+            );
             let new = certificates::issue(
                 &ca,
                 &sans[0],
@@ -570,6 +576,8 @@ async fn https_post(
 
 /// Malformed input gets a clear 4xx, never a crash; SIGTERM drains and exits cleanly.
 #[tokio::test]
+// Sends signals to child processes (libc::kill).
+#[allow(unsafe_code)]
 async fn malformed_requests_get_clear_client_errors() {
     hcp_fleet_agent::tls::install_crypto_provider();
     let dir = tempfile::tempdir().expect("tmp");

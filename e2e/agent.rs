@@ -55,8 +55,7 @@ async fn start_agent(mgmt: &Client) -> agent::AgentHandle {
         AgentConfig::default(),
         StartOptions {
             agent_namespace: AGENT_NS.into(),
-            local_mode: true,
-            url_base: None,
+            endpoints: kubelet::endpoints(),
         },
     )
     .await
@@ -660,7 +659,7 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
     .await;
 
     // hc-3's HCP is deleted: its row, its series and its cached client go.
-    let clients_before = agent.context.clients.len();
+    let clients_before = agent.context.hosted_clients();
     Api::<hcp_fleet_agent::crd::HostedControlPlane>::namespaced(mgmt.clone(), "clusters-hc-3")
         .delete("hc-3", &DeleteParams::default())
         .await
@@ -682,13 +681,13 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
                 && rows.len() == 2
                 && !body.contains("clusters-hc-3")
                 && body.contains("hcp_fleet_hosted_clusters 2")
-                && ctx.clients.len() + 1 == clients_before
+                && ctx.hosted_clients() + 1 == clients_before
             {
                 Ok(())
             } else {
                 Err(format!(
                     "rows={rows:?} clients={} metrics mention hc-3: {}",
-                    ctx.clients.len(),
+                    ctx.hosted_clients(),
                     body.contains("clusters-hc-3")
                 ))
             }

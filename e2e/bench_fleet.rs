@@ -81,6 +81,8 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[idx.min(sorted.len() - 1)]
 }
 
+// Sets RUST_LOG before any thread starts (std::env::set_var).
+#[allow(unsafe_code)]
 fn main() {
     hcp_fleet_agent::tls::install_crypto_provider();
     // Warnings from the test bed (its kubelet) must be visible when a run goes wrong.

@@ -244,6 +244,8 @@ async fn an_apiserver_that_fails_to_start_shows_its_log_tail() {
 
 /// `dev` as a user runs it: up, reachable with kubectl, Ctrl-C, nothing left.
 #[tokio::test]
+// Sends signals to child processes (libc::kill).
+#[allow(unsafe_code)]
 async fn dev_runs_until_ctrl_c_and_leaves_no_orphans() {
     let assets = assets_or_skip_reason().expect("test bed assets");
     let parent = tempfile::tempdir().expect("tempdir");
@@ -397,6 +399,8 @@ async fn render_prints_objects_a_real_apiserver_accepts() {
         vec![
             "Deployment",
             "NetworkPolicy",
+            // policy/v1beta1 on 1.20, which has no policy/v1.
+            "PodDisruptionBudget",
             "Policy",
             "Secret",
             "Secret",

@@ -15,8 +15,8 @@ if ! { [ -x "$DENY" ] && "$DENY" --version 2>/dev/null | grep -q "$DENY_VERSION"
   cargo install --locked --quiet --root "$TOOLS" --version "$DENY_VERSION" cargo-deny >&2
 fi
 
-"$DENY" --log-level warn check bans sources
-say "bans and sources: ok"
+"$DENY" --log-level warn check bans licenses sources
+say "bans, licences and sources: ok"
 
 DB_ROOT="${CARGO_HOME:-$HOME/.cargo}/advisory-dbs"
 if compgen -G "$DB_ROOT/*/crates" >/dev/null; then

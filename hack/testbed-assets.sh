@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Yields a KUBEBUILDER_ASSETS directory holding kube-apiserver, etcd and kubectl.
 #
-#   dir=$(hack/testbed-assets.sh)   # stdout: the directory, nothing else
+#   dir=$(hack/testbed-assets.sh)        # v1.20.2 (stdout: the directory, nothing else)
+#   dir=$(hack/testbed-assets.sh 1.36)   # v1.36.2 from the source bundle (see below)
 #
 # - An existing KUBEBUILDER_ASSETS is honoured (and checked) rather than rebuilt.
 # - Otherwise the binaries are built once from Debian's packages and cached outside the
@@ -11,6 +12,15 @@
 # - Idempotent: a second run finds the cache and returns in well under a second.
 # - Progress goes to stderr; failures say what broke and exit non-zero.
 set -euo pipefail
+
+WANT="${1:-1.20}"
+case "$WANT" in
+  1.20|v1.20.2|1.20.2) ;;
+  1.36|v1.36.2|1.36.2)
+    [ -z "${KUBEBUILDER_ASSETS:-}" ] || { printf '%s\n' "$KUBEBUILDER_ASSETS"; exit 0; }
+    exec bash "$(dirname "$0")/testbed-assets-1.36.sh" ;;
+  *) printf '[testbed-assets] error: unknown version %s (1.20 or 1.36)\n' "$WANT" >&2; exit 2 ;;
+esac
 
 K8S_VERSION="v1.20.2"
 K8S_MAJOR="1"

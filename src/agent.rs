@@ -10,8 +10,7 @@ use kube::Client;
 use tokio::task::JoinHandle;
 
 use crate::config::AgentConfig;
-use crate::controller::{self, Context, RunOptions, UrlBase};
-use crate::hosted::webhooks::default_url_base;
+use crate::controller::{self, AdmissionEndpoints, Context, RunOptions};
 use crate::metrics::Metrics;
 
 #[derive(Debug, clap::Args)]
@@ -29,7 +28,8 @@ pub struct AgentArgs {
     #[arg(long, env = "HCP_FLEET_ADMISSION_IMAGE")]
     pub admission_image: Option<String>,
     /// The local test bed: loopback SANs, and admission URLs from the address the stand-in
-    /// kubelet publishes. Never for a real cluster.
+    /// kubelet publishes (the command line wires the test bed's `AdmissionEndpoints`). Never
+    /// for a real cluster.
     #[arg(long, hide = true)]
     pub local_mode: bool,
     /// Run the controller only while holding the Lease `hcp-fleet-agent` in `--namespace`
@@ -132,10 +132,12 @@ pub fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) -> JoinHa
     })
 }
 
+#[derive(Clone)]
 pub struct StartOptions {
     pub agent_namespace: String,
-    pub local_mode: bool,
-    pub url_base: Option<UrlBase>,
+    /// How the hosted kube-apiserver reaches the admission services (`controller::InCluster`
+    /// in a real cluster).
+    pub endpoints: Arc<dyn AdmissionEndpoints>,
 }
 
 pub async fn start(
@@ -154,9 +156,6 @@ pub async fn start_with_metrics(
     metrics: Arc<Metrics>,
 ) -> Result<AgentHandle, kube::Error> {
     let caps = controller::discover(&client).await;
-    let url_base = opts
-        .url_base
-        .unwrap_or_else(|| Arc::new(|cfg: &AgentConfig, ns: &str| default_url_base(cfg, ns)));
     let (ctx, rx) = Context::new(
         client,
         Arc::new(RwLock::new(Arc::new(cfg))),
@@ -164,8 +163,7 @@ pub async fn start_with_metrics(
         caps,
         RunOptions {
             agent_namespace: opts.agent_namespace,
-            local_mode: opts.local_mode,
-            url_base,
+            endpoints: opts.endpoints,
         },
     );
     let c2 = ctx.clone();
@@ -180,7 +178,9 @@ pub async fn start_with_metrics(
     })
 }
 
-pub async fn run(args: AgentArgs) -> ExitCode {
+/// `endpoints`: how hosted kube-apiservers reach the admission services (the command line
+/// passes `controller::InCluster`, or the test bed's with `--local-mode`).
+pub async fn run(args: AgentArgs, endpoints: Arc<dyn AdmissionEndpoints>) -> ExitCode {
     let cfg = match load_config(&args) {
         Ok(c) => c,
         Err(e) => {
@@ -213,8 +213,7 @@ pub async fn run(args: AgentArgs) -> ExitCode {
     tracing::info!(addr = %args.metrics_addr, "serving /metrics, /healthz and /readyz");
     let opts = || StartOptions {
         agent_namespace: args.namespace.clone(),
-        local_mode: args.local_mode,
-        url_base: None,
+        endpoints: endpoints.clone(),
     };
     let code = if args.leader_elect {
         run_leader_elected(client, &args, metrics, opts).await

@@ -97,30 +97,7 @@ fn san(name: &str) -> Result<SanType, CertError> {
     Ok(SanType::DnsName(dns))
 }
 
-/// RFC 1123 host names only: rcgen accepts any ASCII, and a certificate naming something no
-/// client can ask for is a silent misconfiguration.
-pub fn validate_dns_name(name: &str) -> Result<(), String> {
-    if name.is_empty() || name.len() > 253 {
-        return Err("must be 1 to 253 characters".into());
-    }
-    for label in name.split('.') {
-        if label.is_empty() || label.len() > 63 {
-            return Err(format!("label {label:?} must be 1 to 63 characters"));
-        }
-        if !label
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        {
-            return Err(format!(
-                "label {label:?} may hold only lower-case letters, digits and '-'"
-            ));
-        }
-        if label.starts_with('-') || label.ends_with('-') {
-            return Err(format!("label {label:?} must not start or end with '-'"));
-        }
-    }
-    Ok(())
-}
+pub use crate::names::validate_dns_name;
 
 /// A certificate issued by `ca` for `common_name`.
 pub fn issue(

@@ -1,4 +1,4 @@
-//! The command line: one binary, several commands (DESIGN.md, "One binary").
+//! The command line: one binary, several commands (docs/architecture.md).
 
 use std::process::ExitCode;
 
@@ -53,7 +53,16 @@ pub fn main() -> ExitCode {
     };
     match cli.command {
         Command::Dev(args) => runtime.block_on(crate::dev::run(args)),
-        Command::Agent(args) => runtime.block_on(crate::agent::run(args)),
+        Command::Agent(args) => {
+            // The composition root: the only place that picks the test bed's seam.
+            let endpoints: std::sync::Arc<dyn crate::controller::AdmissionEndpoints> =
+                if args.local_mode {
+                    crate::localcp::kubelet::endpoints()
+                } else {
+                    std::sync::Arc::new(crate::controller::InCluster)
+                };
+            runtime.block_on(crate::agent::run(args, endpoints))
+        }
         Command::Status => runtime.block_on(crate::status::run()),
         Command::Render(args) => crate::render::run(args),
         Command::Package(args) => crate::packaging::run(args),

@@ -1,11 +1,18 @@
 //! The agent's configuration: a YAML file (the chart mounts it from a ConfigMap) with flag and
-//! environment overrides. Validated at load against DESIGN.md's guardrails (step 5): a bad file
+//! environment overrides. Validated at load against the guardrails (docs/configuration.md): a bad file
 //! is refused with every problem listed, and a running agent keeps its last good configuration.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+
+// The definition types live in the catalogue (a leaf module the admission service uses too);
+// re-exported here because they are part of the configuration file's schema.
+pub use crate::catalogue::{
+    FailurePolicy, LabelSelector, LabelSelectorRequirement, Mode, Rule, WebhookDefinition,
+    WebhookKind,
+};
 
 /// Namespaces whose requests webhooks never see (prefixes end in '-').
 pub const CRITICAL_NAMESPACES: &[&str] = &["kube-", "openshift-", "hypershift", "default"];
@@ -62,89 +69,6 @@ impl Default for AgentConfig {
             probe_interval_seconds: default_probe_interval(),
         }
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-pub enum WebhookKind {
-    Validating,
-    Mutating,
-}
-
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// Deny with a clear message.
-    #[default]
-    Enforce,
-    /// Allow, with a warning and an audit annotation.
-    Warn,
-    /// Not installed in the hosted cluster.
-    Off,
-}
-
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema,
-)]
-pub enum FailurePolicy {
-    #[default]
-    Ignore,
-    Fail,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct WebhookDefinition {
-    /// Fully qualified webhook name, e.g. `protected-rbac.hcp-fleet.openshift.io`.
-    pub name: String,
-    pub kind: WebhookKind,
-    /// The admission service's path for this webhook, e.g. `/validate/protected-rbac`.
-    pub path: String,
-    pub rules: Vec<Rule>,
-    #[serde(default)]
-    pub failure_policy: FailurePolicy,
-    #[serde(default = "default_timeout")]
-    pub timeout_seconds: i32,
-    #[serde(default)]
-    pub namespace_selector: Option<LabelSelector>,
-    #[serde(default)]
-    pub object_selector: Option<LabelSelector>,
-    #[serde(default)]
-    pub mode: Mode,
-}
-
-fn default_timeout() -> i32 {
-    2
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Rule {
-    pub operations: Vec<String>,
-    pub api_groups: Vec<String>,
-    pub api_versions: Vec<String>,
-    pub resources: Vec<String>,
-    #[serde(default)]
-    pub scope: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct LabelSelector {
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub match_labels: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub match_expressions: Vec<LabelSelectorRequirement>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct LabelSelectorRequirement {
-    pub key: String,
-    pub operator: String,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub values: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -286,9 +210,9 @@ impl Default for CertificateConfig {
     }
 }
 
-/// The built-in webhooks, declared beside their handlers in the admission service.
+/// The built-in webhooks, from the catalogue's table.
 pub fn default_webhooks() -> Vec<WebhookDefinition> {
-    crate::admission::policies::builtin_definitions()
+    crate::catalogue::builtin_definitions()
 }
 
 /// HyperShift control-plane Service names (a guest webhook URL whose host starts with one of
@@ -322,7 +246,7 @@ fn rule_hits_webhook_configs(r: &Rule) -> bool {
 }
 
 fn is_dns_subdomain(s: &str) -> bool {
-    crate::certificates::validate_dns_name(s).is_ok()
+    crate::names::validate_dns_name(s).is_ok()
 }
 
 impl AgentConfig {
@@ -416,11 +340,13 @@ impl AgentConfig {
                     w.path
                 ));
             }
-            if !crate::admission::policies::BUILTIN_PATHS.contains(&w.path.as_str()) {
+            if crate::catalogue::Builtin::for_path(&w.path).is_none() {
                 p.push(format!(
                     "{at}: path {:?} has no handler in the admission service (one of {})",
                     w.path,
-                    crate::admission::policies::BUILTIN_PATHS.join(", ")
+                    crate::catalogue::builtin_paths()
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ));
             }
             if !paths.insert(&w.path) {

@@ -103,10 +103,7 @@ fn print_summary(fleet: &LocalFleet, assets: Option<&std::path::Path>) {
         );
     }
     println!();
-    println!(
-        "Try (kubectl {} matches the servers):",
-        localcp::assets::KUBE_VERSION
-    );
+    println!("Try (the servers run Kubernetes {}):", fleet.version);
     println!(
         "  {kubectl} --kubeconfig {} get hostedcontrolplanes -A",
         fleet.management.kubeconfig_path.display()
@@ -140,8 +137,7 @@ async fn start_agent(
         crate::config::AgentConfig::default(),
         crate::agent::StartOptions {
             agent_namespace: "hcp-fleet-agent".into(),
-            local_mode: true,
-            url_base: None,
+            endpoints: localcp::kubelet::endpoints(),
         },
     )
     .await

@@ -4,6 +4,7 @@
 
 pub mod admission;
 pub mod agent;
+pub mod catalogue;
 pub mod certificates;
 pub mod cli;
 pub mod config;
@@ -14,6 +15,7 @@ pub mod hosted;
 pub mod localcp;
 pub mod management;
 pub mod metrics;
+pub mod names;
 pub mod packaging;
 pub mod render;
 pub mod reporting;

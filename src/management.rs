@@ -1,16 +1,32 @@
 //! Management-side objects in each HCP namespace: the admission service's ServiceAccount,
 //! certificate Secrets, Deployment, Service, NetworkPolicy and PodDisruptionBudget.
 //!
-//! `render` is pure (HCP + config + certificates in, objects out); the controller applies the
-//! result with server-side apply under one field manager.
+//! `render` is pure (HCP + config + certificates in, objects out), built as typed k8s-openapi
+//! values so a misspelt field does not compile; the controller applies the result with
+//! server-side apply under one field manager.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use serde_json::json;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
+use k8s_openapi::api::core::v1::{
+    Affinity, Capabilities, Container, ContainerPort, EnvVar, HTTPGetAction, NodeAffinity,
+    NodeSelectorRequirement, NodeSelectorTerm, PodAffinityTerm, PodAntiAffinity,
+    PodSecurityContext, PodSpec, PodTemplateSpec, PreferredSchedulingTerm, Probe,
+    ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Service,
+    ServiceAccount, ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
+    WeightedPodAffinityTerm,
+};
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::certificates::CertBundle;
 use crate::config::AgentConfig;
@@ -26,11 +42,33 @@ pub const ALLOW_GUEST_WEBHOOKS: &str = "hypershift.openshift.io/allow-guest-webh
 pub const CERT_DIR: &str = "/etc/hcp-fleet/tls";
 
 #[derive(Debug, thiserror::Error)]
-#[error("rendering {kind} for {namespace}: {reason}")]
+#[error("rendering {kind} for {namespace}: {source}")]
 pub struct RenderError {
     pub namespace: String,
     pub kind: &'static str,
-    pub reason: String,
+    #[source]
+    pub source: serde_json::Error,
+}
+
+/// Which PodDisruptionBudget API the management cluster serves (discovered at start).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PdbApi {
+    /// `policy/v1` (Kubernetes 1.21 and later).
+    V1,
+    /// Only `policy/v1beta1` (1.20): the same spec under the older version.
+    V1Beta1,
+    /// Neither: no PodDisruptionBudget is rendered.
+    None,
+}
+
+impl PdbApi {
+    pub fn api_version(self) -> Option<&'static str> {
+        match self {
+            PdbApi::V1 => Some("policy/v1"),
+            PdbApi::V1Beta1 => Some("policy/v1beta1"),
+            PdbApi::None => None,
+        }
+    }
 }
 
 /// Everything the agent keeps in one HCP namespace.
@@ -42,8 +80,10 @@ pub struct ManagementObjects {
     pub deployment: Deployment,
     pub service: Service,
     pub network_policy: NetworkPolicy,
-    /// `policy/v1` PodDisruptionBudget as JSON; `None` where the server lacks policy/v1.
-    pub pdb: Option<serde_json::Value>,
+    /// `None` where the server serves no PodDisruptionBudget API; `pdb_api` says which
+    /// version to apply it as.
+    pub pdb: Option<PodDisruptionBudget>,
+    pub pdb_api: PdbApi,
 }
 
 /// Inputs that vary per HCP.
@@ -51,7 +91,7 @@ pub struct HcpInputs<'a> {
     pub namespace: &'a str,
     pub owner: Option<OwnerReference>,
     pub certs: &'a CertBundle,
-    pub has_policy_v1: bool,
+    pub pdb_api: PdbApi,
 }
 
 pub fn ca_secret_name(cfg: &AgentConfig) -> String {
@@ -62,17 +102,15 @@ pub fn tls_secret_name(cfg: &AgentConfig) -> String {
     format!("{}-tls", cfg.admission.service_name)
 }
 
-/// SANs of the serving certificate (DESIGN.md step 2).
-pub fn serving_sans(cfg: &AgentConfig, namespace: &str, local: bool) -> Vec<String> {
+/// SANs of the serving certificate: the Service's in-cluster names, plus whatever the
+/// environment adds (`extra`, e.g. loopback on the local test bed).
+pub fn serving_sans(cfg: &AgentConfig, namespace: &str, extra: &[String]) -> Vec<String> {
     let svc = &cfg.admission.service_name;
     let mut sans = vec![
         format!("{svc}.{namespace}.svc"),
         format!("{svc}.{namespace}.svc.cluster.local"),
     ];
-    if local {
-        sans.push("127.0.0.1".into());
-        sans.push("localhost".into());
-    }
+    sans.extend(extra.iter().cloned());
     sans
 }
 
@@ -86,192 +124,330 @@ fn labels(cfg: &AgentConfig) -> BTreeMap<String, String> {
     ])
 }
 
-fn meta(cfg: &AgentConfig, name: &str, inp: &HcpInputs<'_>) -> serde_json::Value {
-    let mut m = json!({
-        "name": name,
-        "namespace": inp.namespace,
-        "labels": labels(cfg),
-    });
-    if let Some(o) = &inp.owner {
-        m["ownerReferences"] = json!([o]);
+fn selector(cfg: &AgentConfig) -> BTreeMap<String, String> {
+    BTreeMap::from([(
+        COMPONENT_LABEL.to_string(),
+        cfg.admission.service_name.clone(),
+    )])
+}
+
+fn meta(cfg: &AgentConfig, name: &str, inp: &HcpInputs<'_>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_string()),
+        namespace: Some(inp.namespace.to_string()),
+        labels: Some(labels(cfg)),
+        owner_references: inp.owner.clone().map(|o| vec![o]),
+        ..Default::default()
     }
-    m
 }
 
 // `data`, not `stringData`: stringData is write-only, so re-applying it could never be
 // recognised as a no-op.
-fn b64_map(m: BTreeMap<String, String>) -> BTreeMap<String, String> {
-    use base64::Engine;
+fn secret_data(m: BTreeMap<String, String>) -> BTreeMap<String, ByteString> {
     m.into_iter()
-        .map(|(k, v)| (k, base64::engine::general_purpose::STANDARD.encode(v)))
+        .map(|(k, v)| (k, ByteString(v.into_bytes())))
         .collect()
 }
 
-fn typed<T: serde::de::DeserializeOwned>(
-    ns: &str,
-    kind: &'static str,
-    v: serde_json::Value,
-) -> Result<T, RenderError> {
-    serde_json::from_value(v).map_err(|e| RenderError {
+fn strings(xs: &[&str]) -> Vec<String> {
+    xs.iter().map(|s| s.to_string()).collect()
+}
+
+fn match_labels(m: BTreeMap<String, String>) -> LabelSelector {
+    LabelSelector {
+        match_labels: Some(m),
+        ..Default::default()
+    }
+}
+
+fn preferred_node(weight: i32, key: &str, value: &str) -> PreferredSchedulingTerm {
+    PreferredSchedulingTerm {
+        weight,
+        preference: NodeSelectorTerm {
+            match_expressions: Some(vec![NodeSelectorRequirement {
+                key: key.into(),
+                operator: "In".into(),
+                values: Some(vec![value.into()]),
+            }]),
+            ..Default::default()
+        },
+    }
+}
+
+fn spread(cfg: &AgentConfig, weight: i32, topology_key: &str) -> WeightedPodAffinityTerm {
+    WeightedPodAffinityTerm {
+        weight,
+        pod_affinity_term: PodAffinityTerm {
+            label_selector: Some(match_labels(selector(cfg))),
+            topology_key: topology_key.into(),
+            ..Default::default()
+        },
+    }
+}
+
+fn toleration(key: &str, value: &str) -> Toleration {
+    Toleration {
+        key: Some(key.into()),
+        operator: Some("Equal".into()),
+        value: Some(value.into()),
+        effect: Some("NoSchedule".into()),
+        ..Default::default()
+    }
+}
+
+fn https_probe(path: &str, period: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String("https".into()),
+            scheme: Some("HTTPS".into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        ..Default::default()
+    }
+}
+
+const CONTROL_PLANE_TAINT: &str = "hypershift.openshift.io/control-plane";
+const CLUSTER_TAINT: &str = "hypershift.openshift.io/cluster";
+
+fn deployment(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<Deployment, RenderError> {
+    let a = &cfg.admission;
+    let ns = inp.namespace;
+    let settings = serde_json::to_string(&crate::admission::policies::Settings::from_config(cfg))
+        .map_err(|source| RenderError {
         namespace: ns.to_string(),
-        kind,
-        reason: e.to_string(),
+        kind: "Deployment",
+        source,
+    })?;
+    let container = Container {
+        name: "webhook".into(),
+        image: Some(a.image.clone()),
+        args: Some(vec![
+            "webhook".into(),
+            "--cert-dir".into(),
+            CERT_DIR.into(),
+            "--port".into(),
+            a.port.to_string(),
+        ]),
+        // Modes and exemptions: a change rolls out like any Deployment change.
+        env: Some(vec![EnvVar {
+            name: crate::admission::policies::SETTINGS_ENV.into(),
+            value: Some(settings),
+            ..Default::default()
+        }]),
+        ports: Some(vec![ContainerPort {
+            name: Some("https".into()),
+            container_port: a.port,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        readiness_probe: Some(https_probe("/readyz", 5)),
+        liveness_probe: Some(https_probe("/healthz", 10)),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".into(), Quantity(a.resources.cpu_request.clone())),
+                (
+                    "memory".into(),
+                    Quantity(a.resources.memory_request.clone()),
+                ),
+            ])),
+            limits: Some(BTreeMap::from([(
+                "memory".into(),
+                Quantity(a.resources.memory_limit.clone()),
+            )])),
+            ..Default::default()
+        }),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(strings(&["ALL"])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        volume_mounts: Some(vec![VolumeMount {
+            name: "tls".into(),
+            mount_path: CERT_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    let pod = PodSpec {
+        service_account_name: Some(a.service_name.clone()),
+        automount_service_account_token: Some(false),
+        priority_class_name: Some("hypershift-control-plane".into()),
+        tolerations: Some(vec![
+            toleration(CONTROL_PLANE_TAINT, "true"),
+            toleration(CLUSTER_TAINT, ns),
+        ]),
+        affinity: Some(Affinity {
+            node_affinity: Some(NodeAffinity {
+                preferred_during_scheduling_ignored_during_execution: Some(vec![
+                    preferred_node(50, CONTROL_PLANE_TAINT, "true"),
+                    preferred_node(100, CLUSTER_TAINT, ns),
+                ]),
+                ..Default::default()
+            }),
+            pod_anti_affinity: Some(PodAntiAffinity {
+                preferred_during_scheduling_ignored_during_execution: Some(vec![
+                    spread(cfg, 100, "topology.kubernetes.io/zone"),
+                    spread(cfg, 50, "kubernetes.io/hostname"),
+                ]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        // Restricted, with no fixed UID: OpenShift assigns one from the namespace range.
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        containers: vec![container],
+        volumes: Some(vec![Volume {
+            name: "tls".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(tls_secret_name(cfg)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    Ok(Deployment {
+        metadata: meta(cfg, &a.service_name, inp),
+        spec: Some(DeploymentSpec {
+            replicas: Some(a.replicas),
+            selector: match_labels(selector(cfg)),
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_unavailable: Some(IntOrString::Int(0)),
+                    max_surge: Some(IntOrString::Int(1)),
+                }),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels(cfg)),
+                    ..Default::default()
+                }),
+                spec: Some(pod),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
     })
 }
 
 pub fn render(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<ManagementObjects, RenderError> {
-    let ns = inp.namespace;
     let a = &cfg.admission;
     let name = &a.service_name;
-    let sel = json!({ COMPONENT_LABEL: name });
-
-    let service_account = typed(
-        ns,
-        "ServiceAccount",
-        json!({
-            "apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": meta(cfg, name, inp),
-            // The admission service never calls the API server.
-            "automountServiceAccountToken": false,
-        }),
-    )?;
-    let ca_secret = typed(
-        ns,
-        "Secret",
-        json!({
-            "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": meta(cfg, &ca_secret_name(cfg), inp),
-            "data": b64_map(inp.certs.ca_secret_data()),
-        }),
-    )?;
-    let tls_secret = typed(
-        ns,
-        "Secret",
-        json!({
-            "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
-            "metadata": meta(cfg, &tls_secret_name(cfg), inp),
-            "data": b64_map(inp.certs.tls_secret_data()),
-        }),
-    )?;
-
-    let cluster_toleration_key = "hypershift.openshift.io/cluster";
-    let settings_json = serde_json::to_string(&crate::admission::policies::Settings::from_config(
-        cfg,
-    ))
-    .map_err(|e| RenderError {
-        namespace: ns.to_string(),
-        kind: "Deployment",
-        reason: e.to_string(),
-    })?;
-    let deployment = typed(
-        ns,
-        "Deployment",
-        json!({
-            "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": meta(cfg, name, inp),
-            "spec": {
-                "replicas": a.replicas,
-                "selector": {"matchLabels": sel},
-                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
-                "template": {
-                    "metadata": {"labels": labels(cfg)},
-                    "spec": {
-                        "serviceAccountName": name,
-                        "automountServiceAccountToken": false,
-                        "priorityClassName": "hypershift-control-plane",
-                        "tolerations": [
-                            {"key": "hypershift.openshift.io/control-plane", "operator": "Equal", "value": "true", "effect": "NoSchedule"},
-                            {"key": cluster_toleration_key, "operator": "Equal", "value": ns, "effect": "NoSchedule"},
-                        ],
-                        "affinity": {
-                            "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-                                {"weight": 50, "preference": {"matchExpressions": [{"key": "hypershift.openshift.io/control-plane", "operator": "In", "values": ["true"]}]}},
-                                {"weight": 100, "preference": {"matchExpressions": [{"key": cluster_toleration_key, "operator": "In", "values": [ns]}]}},
-                            ]},
-                            "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-                                {"weight": 100, "podAffinityTerm": {"labelSelector": {"matchLabels": sel}, "topologyKey": "topology.kubernetes.io/zone"}},
-                                {"weight": 50, "podAffinityTerm": {"labelSelector": {"matchLabels": sel}, "topologyKey": "kubernetes.io/hostname"}},
-                            ]},
-                        },
-                        // Restricted, with no fixed UID: OpenShift assigns one from the namespace range.
-                        "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
-                        "containers": [{
-                            "name": "webhook",
-                            "image": a.image,
-                            "args": ["webhook", "--cert-dir", CERT_DIR, "--port", a.port.to_string()],
-                            // Modes and exemptions: a change rolls out like any Deployment change.
-                            "env": [{"name": crate::admission::policies::SETTINGS_ENV, "value": settings_json}],
-                            "ports": [{"name": "https", "containerPort": a.port, "protocol": "TCP"}],
-                            "readinessProbe": {"httpGet": {"path": "/readyz", "port": "https", "scheme": "HTTPS"}, "periodSeconds": 5},
-                            "livenessProbe": {"httpGet": {"path": "/healthz", "port": "https", "scheme": "HTTPS"}, "periodSeconds": 10},
-                            "resources": {
-                                "requests": {"cpu": a.resources.cpu_request, "memory": a.resources.memory_request},
-                                "limits": {"memory": a.resources.memory_limit},
-                            },
-                            "securityContext": {
-                                "allowPrivilegeEscalation": false,
-                                "readOnlyRootFilesystem": true,
-                                "capabilities": {"drop": ["ALL"]},
-                            },
-                            "volumeMounts": [{"name": "tls", "mountPath": CERT_DIR, "readOnly": true}],
-                        }],
-                        "volumes": [{"name": "tls", "secret": {"secretName": tls_secret_name(cfg)}}],
-                    },
-                },
-            },
-        }),
-    )?;
+    let service_account = ServiceAccount {
+        metadata: meta(cfg, name, inp),
+        // The admission service never calls the API server.
+        automount_service_account_token: Some(false),
+        ..Default::default()
+    };
+    let ca_secret = Secret {
+        metadata: meta(cfg, &ca_secret_name(cfg), inp),
+        type_: Some("Opaque".into()),
+        data: Some(secret_data(inp.certs.ca_secret_data())),
+        ..Default::default()
+    };
+    let tls_secret = Secret {
+        metadata: meta(cfg, &tls_secret_name(cfg), inp),
+        type_: Some("kubernetes.io/tls".into()),
+        data: Some(secret_data(inp.certs.tls_secret_data())),
+        ..Default::default()
+    };
     let mut svc_meta = meta(cfg, name, inp);
-    svc_meta["labels"][ALLOW_GUEST_WEBHOOKS] = json!("true");
-    let service = typed(
-        ns,
-        "Service",
-        json!({
-            "apiVersion": "v1", "kind": "Service",
-            "metadata": svc_meta,
-            "spec": {
-                "type": "ClusterIP",
-                "selector": sel,
-                "ports": [{"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP"}],
-            },
+    svc_meta
+        .labels
+        .get_or_insert_with(BTreeMap::new)
+        .insert(ALLOW_GUEST_WEBHOOKS.into(), "true".into());
+    let service = Service {
+        metadata: svc_meta,
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".into()),
+            selector: Some(selector(cfg)),
+            ports: Some(vec![ServicePort {
+                name: Some("https".into()),
+                port: 443,
+                target_port: Some(IntOrString::String("https".into())),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
         }),
-    )?;
-    let network_policy = typed(
-        ns,
-        "NetworkPolicy",
-        json!({
-            "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": meta(cfg, name, inp),
-            "spec": {
-                "podSelector": {"matchLabels": sel},
-                "policyTypes": ["Ingress"],
-                "ingress": [{
-                    // The hosted kube-apiserver calls the webhooks; monitoring scrapes /metrics.
-                    "from": [
-                        {"podSelector": {"matchLabels": {"app": "kube-apiserver"}}},
-                        {"namespaceSelector": {"matchLabels": {"network.openshift.io/policy-group": "monitoring"}}},
-                    ],
-                    "ports": [{"port": a.port, "protocol": "TCP"}],
-                }],
-            },
+        ..Default::default()
+    };
+    let network_policy = NetworkPolicy {
+        metadata: meta(cfg, name, inp),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(match_labels(selector(cfg))),
+            policy_types: Some(strings(&["Ingress"])),
+            ingress: Some(vec![NetworkPolicyIngressRule {
+                // The hosted kube-apiserver calls the webhooks; monitoring scrapes /metrics.
+                from: Some(vec![
+                    NetworkPolicyPeer {
+                        pod_selector: Some(match_labels(BTreeMap::from([(
+                            "app".into(),
+                            "kube-apiserver".into(),
+                        )]))),
+                        ..Default::default()
+                    },
+                    NetworkPolicyPeer {
+                        namespace_selector: Some(match_labels(BTreeMap::from([(
+                            "network.openshift.io/policy-group".into(),
+                            "monitoring".into(),
+                        )]))),
+                        ..Default::default()
+                    },
+                ]),
+                ports: Some(vec![NetworkPolicyPort {
+                    port: Some(IntOrString::Int(a.port)),
+                    protocol: Some("TCP".into()),
+                    ..Default::default()
+                }]),
+            }]),
+            ..Default::default()
         }),
-    )?;
-    let pdb = inp.has_policy_v1.then(|| {
-        json!({
-            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-            "metadata": meta(cfg, name, inp),
-            "spec": {"minAvailable": 1, "selector": {"matchLabels": sel}},
-        })
+    };
+    let pdb = (inp.pdb_api != PdbApi::None).then(|| PodDisruptionBudget {
+        metadata: meta(cfg, name, inp),
+        spec: Some(PodDisruptionBudgetSpec {
+            min_available: Some(IntOrString::Int(1)),
+            selector: Some(match_labels(selector(cfg))),
+            ..Default::default()
+        }),
+        ..Default::default()
     });
     Ok(ManagementObjects {
         service_account,
         ca_secret,
         tls_secret,
-        deployment,
+        deployment: deployment(cfg, inp)?,
         service,
         network_policy,
         pdb,
+        pdb_api: inp.pdb_api,
     })
+}
+
+/// The PDB as the server's API version: `policy/v1beta1` takes the same spec (minAvailable
+/// and a selector), so the typed `policy/v1` object is written under the older version.
+pub fn pdb_as(pdb: &PodDisruptionBudget, api: PdbApi) -> Option<serde_json::Value> {
+    let version = api.api_version()?;
+    let mut v = serde_json::to_value(pdb).ok()?;
+    v["apiVersion"] = serde_json::Value::String(version.into());
+    v["kind"] = serde_json::Value::String("PodDisruptionBudget".into());
+    Some(v)
 }
 
 /// Available like a package-operator availability probe: the Deployment's controller has
@@ -293,17 +469,17 @@ mod tests {
     use super::*;
     use crate::certificates::CertBundle;
 
-    fn objects(has_v1: bool) -> ManagementObjects {
+    fn objects(pdb_api: PdbApi) -> ManagementObjects {
         let cfg = AgentConfig::default();
         let certs =
-            CertBundle::generate(&cfg, &serving_sans(&cfg, "clusters-hc-1", false)).expect("certs");
+            CertBundle::generate(&cfg, &serving_sans(&cfg, "clusters-hc-1", &[])).expect("certs");
         render(
             &cfg,
             &HcpInputs {
                 namespace: "clusters-hc-1",
                 owner: None,
                 certs: &certs,
-                has_policy_v1: has_v1,
+                pdb_api,
             },
         )
         .expect("render")
@@ -311,7 +487,7 @@ mod tests {
 
     #[test]
     fn service_carries_allow_guest_webhooks() {
-        let o = objects(true);
+        let o = objects(PdbApi::V1);
         let labels = o.service.metadata.labels.expect("labels");
         assert_eq!(
             labels.get(ALLOW_GUEST_WEBHOOKS).map(String::as_str),
@@ -321,7 +497,7 @@ mod tests {
 
     #[test]
     fn deployment_is_restricted_without_a_fixed_uid() {
-        let o = objects(true);
+        let o = objects(PdbApi::V1);
         let spec = o.deployment.spec.expect("spec").template.spec.expect("pod");
         assert_eq!(
             o.deployment.metadata.namespace.as_deref(),
@@ -343,7 +519,7 @@ mod tests {
 
     #[test]
     fn the_ca_key_is_never_mounted_into_the_pods() {
-        let o = objects(true);
+        let o = objects(PdbApi::V1);
         let pod = o.deployment.spec.expect("spec").template.spec.expect("pod");
         let vols = pod.volumes.expect("volumes");
         assert_eq!(vols.len(), 1);
@@ -356,20 +532,44 @@ mod tests {
     }
 
     #[test]
-    fn pdb_only_where_policy_v1_is_served() {
-        assert!(objects(true).pdb.is_some());
-        assert!(objects(false).pdb.is_none());
+    fn pdb_in_the_version_the_server_serves() {
+        let v1 = objects(PdbApi::V1);
+        let pdb = v1.pdb.as_ref().expect("pdb");
+        assert_eq!(
+            pdb_as(pdb, PdbApi::V1).expect("v1")["apiVersion"],
+            "policy/v1"
+        );
+        let old = pdb_as(pdb, PdbApi::V1Beta1).expect("v1beta1");
+        assert_eq!(old["apiVersion"], "policy/v1beta1");
+        assert_eq!(old["spec"]["minAvailable"], 1);
+        assert!(objects(PdbApi::None).pdb.is_none());
+    }
+
+    #[test]
+    fn secrets_hold_raw_pem_in_data() {
+        let o = objects(PdbApi::V1);
+        let tls = o.tls_secret.data.expect("data");
+        let crt = String::from_utf8(tls["tls.crt"].0.clone()).expect("utf8");
+        assert!(crt.starts_with("-----BEGIN CERTIFICATE-----"), "{crt}");
+        let wire = serde_json::to_value(&o.ca_secret).expect("json");
+        assert!(
+            !wire["data"]["ca.crt"]
+                .as_str()
+                .expect("base64 on the wire")
+                .contains("BEGIN"),
+            "the wire form is base64"
+        );
     }
 
     #[test]
     fn render_is_deterministic_for_the_same_inputs() {
         let cfg = AgentConfig::default();
-        let certs = CertBundle::generate(&cfg, &serving_sans(&cfg, "ns", false)).expect("c");
+        let certs = CertBundle::generate(&cfg, &serving_sans(&cfg, "ns", &[])).expect("c");
         let inp = HcpInputs {
             namespace: "ns",
             owner: None,
             certs: &certs,
-            has_policy_v1: true,
+            pdb_api: PdbApi::V1,
         };
         assert_eq!(
             render(&cfg, &inp).expect("a"),

@@ -24,7 +24,7 @@ pub struct RenderArgs {
     /// Configuration file (YAML); built-in defaults when absent.
     #[arg(long, env = "HCP_FLEET_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Render for a server without policy/v1 (no PodDisruptionBudget).
+    /// Render for a server without policy/v1 (the PodDisruptionBudget as policy/v1beta1).
     #[arg(long)]
     pub no_policy_v1: bool,
 }
@@ -52,7 +52,7 @@ pub fn render_all(
     name: &str,
     policy_v1: bool,
 ) -> Result<String, String> {
-    let certs = CertBundle::generate(cfg, &management::serving_sans(cfg, namespace, false))
+    let certs = CertBundle::generate(cfg, &management::serving_sans(cfg, namespace, &[]))
         .map_err(|e| e.to_string())?;
     let objs = management::render(
         cfg,
@@ -60,7 +60,11 @@ pub fn render_all(
             namespace,
             owner: None,
             certs: &certs,
-            has_policy_v1: policy_v1,
+            pdb_api: if policy_v1 {
+                management::PdbApi::V1
+            } else {
+                management::PdbApi::V1Beta1
+            },
         },
     )
     .map_err(|e| e.to_string())?;
@@ -86,7 +90,11 @@ pub fn render_all(
     push(mgmt, serde_json::to_value(&objs.deployment))?;
     push(mgmt, serde_json::to_value(&objs.service))?;
     push(mgmt, serde_json::to_value(&objs.network_policy))?;
-    if let Some(pdb) = objs.pdb {
+    if let Some(pdb) = objs
+        .pdb
+        .as_ref()
+        .and_then(|p| management::pdb_as(p, objs.pdb_api))
+    {
         push(mgmt, Ok(pdb))?;
     }
     push(
@@ -170,8 +178,9 @@ mod tests {
         for doc in out.split("---\n").filter(|d| !d.trim().is_empty()) {
             let _: Value = serde_saphyr::from_str(doc).expect("valid YAML");
         }
-        let no_pdb =
+        assert!(out.contains("apiVersion: policy/v1\n"));
+        let old =
             render_all(&AgentConfig::default(), "clusters-hc-1", "hc-1", false).expect("render");
-        assert!(!no_pdb.contains("kind: PodDisruptionBudget"));
+        assert!(old.contains("apiVersion: policy/v1beta1\n"), "{old}");
     }
 }

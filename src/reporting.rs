@@ -1,4 +1,4 @@
-//! Reporting, ACM-style (DESIGN.md "Reporting"): one Policy per HCP with a template per
+//! Reporting, ACM-style (docs/reporting.md): one Policy per HCP with a template per
 //! concern and bounded history, and a fleet roll-up Policy with a row per hosted cluster.
 //!
 //! Everything here is pure; the controller reads the current status, calls `next_status` and

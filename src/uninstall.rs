@@ -24,7 +24,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use crate::agent::LEASE_NAME;
 use crate::config::AgentConfig;
 use crate::crd::{HostedControlPlane, Policy};
-use crate::hosted::clients::HostedClients;
+use crate::hosted::clients::HostedClient;
 use crate::hosted::webhooks;
 use crate::{management, reporting};
 
@@ -99,7 +99,6 @@ async fn remove_hosted(hosted: &Client) -> Result<usize, kube::Error> {
 /// One HCP namespace: hosted webhooks first, then the management-side objects.
 async fn remove_hcp(
     client: &Client,
-    clients: &HostedClients,
     cfg: &AgentConfig,
     ns: &str,
 ) -> Result<Removed, UninstallError> {
@@ -119,16 +118,19 @@ async fn remove_hcp(
         .and_then(|d| d.get(&access.kubeconfig_key))
         .map(|b| b.0.clone())
         .ok_or_else(|| hosted_err(format!("secret has no key {}", access.kubeconfig_key)))?;
-    let (hosted, server) = clients
-        .get(
-            ns,
-            &access.kubeconfig_secret,
-            &raw,
-            access,
-            Default::default(),
-        )
-        .await
-        .map_err(|e| hosted_err(e.to_string()))?;
+    let HostedClient {
+        client: hosted,
+        server,
+        ..
+    } = HostedClient::build(
+        ns,
+        &access.kubeconfig_secret,
+        &raw,
+        access,
+        Default::default(),
+    )
+    .await
+    .map_err(|e| hosted_err(e.to_string()))?;
     let timeout = Duration::from_secs(u64::from(access.request_timeout_seconds) * 3);
     let hosted_webhooks = tokio::time::timeout(timeout, remove_hosted(&hosted))
         .await
@@ -165,15 +167,21 @@ async fn remove_hcp(
             .await
             .map_err(del(format!("NetworkPolicy {svc}")))?,
     );
-    let pdb = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("policy", "v1", "PodDisruptionBudget"),
-        "poddisruptionbudgets",
-    );
-    match delete_named(&Api::<DynamicObject>::namespaced_with(c(), ns, &pdb), svc).await {
-        Ok(d) => n += usize::from(d),
-        // No policy/v1 on this server: the agent never created one.
-        Err(kube::Error::Api(s)) if s.code == 404 => {}
-        Err(e) => return Err(del(format!("PodDisruptionBudget {svc}"))(e)),
+    // The agent wrote the PDB as policy/v1 or, on servers without it, policy/v1beta1.
+    for version in ["v1", "v1beta1"] {
+        let pdb = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("policy", version, "PodDisruptionBudget"),
+            "poddisruptionbudgets",
+        );
+        // A version the server does not serve answers 404 like a missing object: either way
+        // the next version is worth a try.
+        let deleted = delete_named(&Api::<DynamicObject>::namespaced_with(c(), ns, &pdb), svc)
+            .await
+            .map_err(del(format!("PodDisruptionBudget {svc}")))?;
+        if deleted {
+            n += 1;
+            break;
+        }
     }
     for name in [
         management::ca_secret_name(cfg),
@@ -210,14 +218,10 @@ pub async fn uninstall(
     let mut namespaces: Vec<String> = hcps.iter().filter_map(|h| h.namespace()).collect();
     namespaces.sort();
     namespaces.dedup();
-    let clients = HostedClients::default();
     let results: Vec<(String, Result<Removed, UninstallError>)> = futures::stream::iter(namespaces)
-        .map(|ns| {
-            let clients = &clients;
-            async move {
-                let r = remove_hcp(client, clients, cfg, &ns).await;
-                (ns, r)
-            }
+        .map(|ns| async move {
+            let r = remove_hcp(client, cfg, &ns).await;
+            (ns, r)
         })
         .buffer_unordered(usize::from(cfg.concurrency.max(1)))
         .collect()

@@ -1,9 +1,7 @@
-//! Clients for hosted kube-apiservers, built only from validated kubeconfigs and cached by a
-//! hash of the secret's data: a rotated secret gets a new client, an unchanged one never
-//! rebuilds.
+//! Clients for hosted kube-apiservers, built only from validated kubeconfigs. Each remembers
+//! a hash of the secret data it was built from, so the controller (which keeps one per HCP in
+//! that HCP's state) rebuilds it when the secret rotates and never otherwise.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use kube::Client;
@@ -14,6 +12,13 @@ use crate::config::HostedAccessConfig;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HostedAccessError {
+    #[error("{namespace}: reading kubeconfig secret {secret}: {source}")]
+    ReadSecret {
+        namespace: String,
+        secret: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error("{namespace}: kubeconfig secret {secret} not found")]
     SecretMissing { namespace: String, secret: String },
     #[error("{namespace}: kubeconfig secret {secret} has no key {key}")]
@@ -26,6 +31,7 @@ pub enum HostedAccessError {
     Invalid {
         namespace: String,
         secret: String,
+        #[source]
         source: KubeconfigError,
     },
     #[error("{namespace}: building a client for {server}: {reason}")]
@@ -36,15 +42,12 @@ pub enum HostedAccessError {
     },
 }
 
-struct Cached {
+/// A client for one hosted kube-apiserver and the (rewritten) server URL it talks to.
+#[derive(Clone)]
+pub struct HostedClient {
     secret_hash: Vec<u8>,
-    client: Client,
-    server: String,
-}
-
-#[derive(Default)]
-pub struct HostedClients {
-    cache: Mutex<HashMap<String, Cached>>,
+    pub client: Client,
+    pub server: String,
 }
 
 fn digest(data: &[u8]) -> Vec<u8> {
@@ -53,24 +56,21 @@ fn digest(data: &[u8]) -> Vec<u8> {
         .to_vec()
 }
 
-impl HostedClients {
-    /// The client for `namespace`, from the secret's kubeconfig bytes. Returns the client and
-    /// the (rewritten) server URL.
-    pub async fn get(
-        &self,
+impl HostedClient {
+    /// Was this client built from exactly these kubeconfig bytes?
+    pub fn is_from(&self, raw: &[u8]) -> bool {
+        self.secret_hash == digest(raw)
+    }
+
+    /// A client from the secret's kubeconfig bytes, refused unless the kubeconfig is
+    /// self-contained (see `kubeconfig::validate`). Every request is counted in `requests`.
+    pub async fn build(
         namespace: &str,
         secret_name: &str,
         raw: &[u8],
         access: &HostedAccessConfig,
         requests: prometheus_client::metrics::counter::Counter,
-    ) -> Result<(Client, String), HostedAccessError> {
-        let hash = digest(raw);
-        if let Ok(c) = self.cache.lock()
-            && let Some(hit) = c.get(namespace)
-            && hit.secret_hash == hash
-        {
-            return Ok((hit.client.clone(), hit.server.clone()));
-        }
+    ) -> Result<Self, HostedAccessError> {
         let valid = validate(raw, namespace, &access.server_rewrites).map_err(|source| {
             HostedAccessError::Invalid {
                 namespace: namespace.to_string(),
@@ -95,30 +95,10 @@ impl HostedClients {
         // disguise, seen in `make bench`). The install step has its own deadline.
         let client = crate::metrics::counted_client(config, requests)
             .map_err(|e| client_err(e.to_string()))?;
-        if let Ok(mut c) = self.cache.lock() {
-            c.insert(
-                namespace.to_string(),
-                Cached {
-                    secret_hash: hash,
-                    client: client.clone(),
-                    server: valid.server.clone(),
-                },
-            );
-        }
-        Ok((client, valid.server))
-    }
-
-    pub fn forget(&self, namespace: &str) {
-        if let Ok(mut c) = self.cache.lock() {
-            c.remove(namespace);
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        self.cache.lock().map(|c| c.len()).unwrap_or(0)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        Ok(Self {
+            secret_hash: digest(raw),
+            client,
+            server: valid.server,
+        })
     }
 }

@@ -1,5 +1,5 @@
 //! Hosted cluster kubeconfigs: strict validation of a secret's kubeconfig before anything
-//! uses it (DESIGN.md step 4), and the server rewrite.
+//! uses it (docs/architecture.md, step 4), and the server rewrite.
 //!
 //! The check is an allow-list on the raw document, not on kube's typed `Kubeconfig`: a typed
 //! parse would silently drop fields it does not know, and keep ones (exec, tokenFile) that run

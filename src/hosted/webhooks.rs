@@ -1,4 +1,4 @@
-//! The webhook configurations the agent installs in a hosted cluster (DESIGN.md step 5):
+//! The webhook configurations the agent installs in a hosted cluster (docs/architecture.md, step 5):
 //! rendered purely from the configuration, the HCP namespace and the CA bundle.
 //!
 //! One ValidatingWebhookConfiguration and one MutatingWebhookConfiguration per hosted cluster,

@@ -15,6 +15,52 @@ pub struct Assets {
     pub kube_apiserver: PathBuf,
     pub etcd: PathBuf,
     pub kubectl: PathBuf,
+    /// What `kube-apiserver --version` says, so the test bed passes only the flags that
+    /// version accepts (any binaries from 1.20 up, ours or a user's own).
+    pub version: KubeVersion,
+}
+
+/// A kube-apiserver's major.minor (and the full string it printed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeVersion {
+    pub major: u32,
+    pub minor: u32,
+    pub full: String,
+}
+
+impl KubeVersion {
+    /// From `kube-apiserver --version` output: `Kubernetes v1.36.2` (forks may add suffixes,
+    /// e.g. `v1.36.2-rc.1+abc`).
+    pub fn parse(text: &str) -> Option<Self> {
+        let v = text
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix('v'))?
+            .to_string();
+        let mut parts = v.split(['.', '-', '+']);
+        let major = parts.next()?.parse().ok()?;
+        let minor = parts.next()?.parse().ok()?;
+        Some(Self {
+            major,
+            minor,
+            full: format!("v{v}"),
+        })
+    }
+
+    /// `--insecure-port` was removed in 1.24: passing it makes the server exit.
+    pub fn has_insecure_port_flag(&self) -> bool {
+        (self.major, self.minor) < (1, 24)
+    }
+
+    /// At least `major.minor`.
+    pub fn at_least(&self, major: u32, minor: u32) -> bool {
+        (self.major, self.minor) >= (major, minor)
+    }
+}
+
+impl std::fmt::Display for KubeVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.full)
+    }
 }
 
 /// The cache directory the asset script writes to (same rules as the script).
@@ -60,19 +106,58 @@ impl Assets {
             }
             p
         };
-        let assets = Assets {
-            dir: dir.to_path_buf(),
-            kube_apiserver: find("kube-apiserver"),
-            etcd: find("etcd"),
-            kubectl: find("kubectl"),
+        let kube_apiserver = find("kube-apiserver");
+        let etcd = find("etcd");
+        let kubectl = find("kubectl");
+        let version = if problems.is_empty() {
+            let out = std::process::Command::new(&kube_apiserver)
+                .arg("--version")
+                .output();
+            let text = out
+                .as_ref()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            let v = KubeVersion::parse(&text);
+            if v.is_none() {
+                problems.push(format!(
+                    "kube-apiserver --version did not name a version (said {:?})",
+                    text.trim()
+                ));
+            }
+            v
+        } else {
+            None
         };
-        if problems.is_empty() {
-            Ok(assets)
+        if let (true, Some(version)) = (problems.is_empty(), version) {
+            Ok(Assets {
+                dir: dir.to_path_buf(),
+                kube_apiserver,
+                etcd,
+                kubectl,
+                version,
+            })
         } else {
             Err(LocalCpError::Assets {
                 dir: dir.to_path_buf(),
                 problem: problems.join(", "),
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_are_read_from_the_binary_output() {
+        let v = KubeVersion::parse("Kubernetes v1.20.2\n").expect("1.20");
+        assert_eq!((v.major, v.minor), (1, 20));
+        assert!(v.has_insecure_port_flag());
+        let v = KubeVersion::parse("Kubernetes v1.36.2-rc.0+abcdef").expect("1.36");
+        assert_eq!((v.major, v.minor), (1, 36));
+        assert!(!v.has_insecure_port_flag());
+        assert!(v.at_least(1, 30) && !v.at_least(1, 37));
+        assert!(KubeVersion::parse("garbage").is_none());
     }
 }

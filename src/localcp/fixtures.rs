@@ -18,7 +18,7 @@ use crate::crd::{
 };
 
 const FIELD_MANAGER: &str = "hcp-fleet-agent-testbed";
-/// The secret the agent reads by default (DESIGN.md step 4).
+/// The secret the agent reads by default (docs/architecture.md, step 4).
 pub const SERVICE_NETWORK_KUBECONFIG: &str = "service-network-admin-kubeconfig";
 /// The secret HyperShift publishes in `status.kubeConfig`.
 pub const ADMIN_KUBECONFIG: &str = "admin-kubeconfig";

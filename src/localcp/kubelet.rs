@@ -19,11 +19,48 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::task::JoinHandle;
 
+use futures::future::BoxFuture;
+
 use super::free_port;
 use super::process::ManagedProcess;
+use crate::config::AgentConfig;
+use crate::controller::AdmissionEndpoints;
 use crate::management::{MANAGED_BY, MANAGED_BY_VALUE, deployment_available};
 
 pub const LOCAL_ENDPOINT_ANNOTATION: &str = "hcp-fleet.openshift.io/local-endpoint";
+
+/// The test bed's answer to "how does the hosted kube-apiserver reach the admission
+/// service": the loopback address this kubelet published on the Service, and loopback names
+/// on the serving certificate.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LocalEndpoints;
+
+pub fn endpoints() -> Arc<dyn AdmissionEndpoints> {
+    Arc::new(LocalEndpoints)
+}
+
+impl AdmissionEndpoints for LocalEndpoints {
+    fn extra_sans(&self) -> Vec<String> {
+        vec!["127.0.0.1".into(), "localhost".into()]
+    }
+
+    fn url_base<'a>(
+        &'a self,
+        management: &'a Client,
+        cfg: &'a AgentConfig,
+        namespace: &'a str,
+    ) -> BoxFuture<'a, String> {
+        Box::pin(async move {
+            let published = Api::<Service>::namespaced(management.clone(), namespace)
+                .get_opt(&cfg.admission.service_name)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|svc| svc.annotations().get(LOCAL_ENDPOINT_ANNOTATION).cloned());
+            published.unwrap_or_else(|| crate::hosted::webhooks::default_url_base(cfg, namespace))
+        })
+    }
+}
 
 struct Pod {
     generation: i64,

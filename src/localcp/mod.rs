@@ -1,6 +1,6 @@
 //! The local control plane: one etcd, a management kube-apiserver and N hosted
 //! kube-apiservers (one `--etcd-prefix` each), with generated certificates and kubeconfigs.
-//! `dev` runs on it and every e2e test talks to it. See DESIGN.md, "Test bed".
+//! `dev` runs on it and every e2e test talks to it. See docs/testbed.md.
 //!
 //! Dropping a [`LocalFleet`] stops every process and removes its state directory.
 
@@ -191,6 +191,8 @@ pub struct LocalFleet {
     // Field order is drop order: API servers, then etcd, then the directory they wrote into.
     pub management: ApiServer,
     pub hosted: BTreeMap<String, ApiServer>,
+    /// The Kubernetes version every API server of this fleet runs.
+    pub version: assets::KubeVersion,
     etcd: ManagedProcess,
     etcd_url: String,
     pki: Pki,
@@ -256,6 +258,7 @@ impl LocalFleet {
         let fleet = LocalFleet {
             management,
             hosted,
+            version: assets.version.clone(),
             etcd,
             etcd_url,
             pki,
@@ -513,7 +516,6 @@ fn new_apiserver(
         format!("--etcd-servers={etcd_url}"),
         format!("--etcd-prefix={etcd_prefix}"),
         format!("--secure-port={port}"),
-        "--insecure-port=0".into(),
         "--bind-address=127.0.0.1".into(),
         "--advertise-address=127.0.0.1".into(),
         format!("--cert-dir={}", sdir.display()),
@@ -535,6 +537,10 @@ fn new_apiserver(
         // At --v=1 and above the flag dump buries the one line that says why start-up failed.
         "--v=0".into(),
     ];
+    if assets.version.has_insecure_port_flag() {
+        // Off where the flag exists (before 1.24 it defaulted to an open local port).
+        args.push("--insecure-port=0".into());
+    }
     args.extend(opts.extra_apiserver_args.iter().cloned());
     let kubeconfig_yaml = pki.admin_kubeconfig(name, &format!("https://127.0.0.1:{port}"))?;
     let kubeconfig_path = dir.join(format!("{name}.kubeconfig"));

@@ -60,6 +60,7 @@ impl ManagedProcess {
             .process_group(0);
         // SAFETY: the closure runs in the forked child before exec and only calls prctl(2),
         // which is async-signal-safe; it touches no memory shared with the parent.
+        #[allow(unsafe_code)]
         unsafe {
             cmd.pre_exec(|| {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {

@@ -1,0 +1,381 @@
+//! The webhook catalogue: what a webhook definition is, and the table of built-in webhooks.
+//!
+//! A leaf module (it names nothing else in the crate), so the configuration (which validates
+//! definitions and takes the built-ins as its default) and the admission service (which serves
+//! each built-in's path with its handler) can both use it without importing each other.
+//!
+//! Adding a built-in webhook: one `Builtin` variant, one row in `BUILTINS`, and one handler in
+//! `admission::policies::handle` (an exhaustive match, so the compiler asks for it).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum WebhookKind {
+    Validating,
+    Mutating,
+}
+
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Deny with a clear message.
+    #[default]
+    Enforce,
+    /// Allow, with a warning and an audit annotation.
+    Warn,
+    /// Not installed in the hosted cluster.
+    Off,
+}
+
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema,
+)]
+pub enum FailurePolicy {
+    #[default]
+    Ignore,
+    Fail,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WebhookDefinition {
+    /// Fully qualified webhook name, e.g. `protected-rbac.hcp-fleet.openshift.io`.
+    pub name: String,
+    pub kind: WebhookKind,
+    /// The admission service's path for this webhook, e.g. `/validate/protected-rbac`.
+    pub path: String,
+    pub rules: Vec<Rule>,
+    #[serde(default)]
+    pub failure_policy: FailurePolicy,
+    #[serde(default = "default_timeout")]
+    pub timeout_seconds: i32,
+    #[serde(default)]
+    pub namespace_selector: Option<LabelSelector>,
+    #[serde(default)]
+    pub object_selector: Option<LabelSelector>,
+    #[serde(default)]
+    pub mode: Mode,
+}
+
+fn default_timeout() -> i32 {
+    2
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Rule {
+    pub operations: Vec<String>,
+    pub api_groups: Vec<String>,
+    pub api_versions: Vec<String>,
+    pub resources: Vec<String>,
+    #[serde(default)]
+    pub scope: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LabelSelector {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub match_labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub match_expressions: Vec<LabelSelectorRequirement>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LabelSelectorRequirement {
+    pub key: String,
+    pub operator: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<String>,
+}
+
+/// Objects carrying this label are the agent's end-to-end probe: always answered with a
+/// denial naming the service, whatever the mode or the user.
+pub const PROBE_LABEL: &str = "hcp-fleet.openshift.io/probe";
+pub const PROBE_ANSWER: &str = "hcp-fleet-admission answered the end-to-end probe";
+
+/// API groups that belong to the managed service's own operators.
+pub const MANAGED_API_GROUPS: &[&str] = &[
+    "managed.openshift.io",
+    "upgrade.managed.openshift.io",
+    "ocmagent.managed.openshift.io",
+    "splunkforwarder.managed.openshift.io",
+    "cloudingress.managed.openshift.io",
+];
+
+/// The built-in webhooks the admission service serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Builtin {
+    ProtectedRbac,
+    FeatureGate,
+    Scc,
+    IngressConfig,
+    NetworkMigration,
+    ManagedGroups,
+    Probe,
+    ServiceAnnotation,
+}
+
+/// One admission rule, as the table writes it.
+pub struct RuleRow {
+    pub operations: &'static [&'static str],
+    pub api_groups: &'static [&'static str],
+    pub resources: &'static [&'static str],
+}
+
+/// One built-in webhook: its route, and everything its default definition needs.
+pub struct BuiltinRow {
+    pub builtin: Builtin,
+    pub name: &'static str,
+    pub kind: WebhookKind,
+    /// The admission service's route, and the path in the hosted webhook's URL.
+    pub path: &'static str,
+    pub rules: &'static [RuleRow],
+    pub mode: Mode,
+    /// Only objects carrying this label (`=true`) reach it.
+    pub only_labelled: Option<&'static str>,
+}
+
+const fn rule(
+    operations: &'static [&'static str],
+    api_groups: &'static [&'static str],
+    resources: &'static [&'static str],
+) -> RuleRow {
+    RuleRow {
+        operations,
+        api_groups,
+        resources,
+    }
+}
+
+/// The table, in the order the webhooks appear in the hosted configurations.
+pub const BUILTINS: &[BuiltinRow] = &[
+    BuiltinRow {
+        builtin: Builtin::ProtectedRbac,
+        name: "protected-rbac.hcp-fleet.openshift.io",
+        kind: WebhookKind::Validating,
+        path: "/validate/protected-rbac",
+        rules: &[rule(
+            &["DELETE"],
+            &["rbac.authorization.k8s.io"],
+            &["clusterroles", "clusterrolebindings"],
+        )],
+        mode: Mode::Enforce,
+        only_labelled: None,
+    },
+    BuiltinRow {
+        builtin: Builtin::FeatureGate,
+        name: "featuregate.hcp-fleet.openshift.io",
+        kind: WebhookKind::Validating,
+        path: "/validate/featuregate",
+        rules: &[rule(
+            &["CREATE", "UPDATE"],
+            &["config.openshift.io"],
+            &["featuregates"],
+        )],
+        mode: Mode::Enforce,
+        only_labelled: None,
+    },
+    BuiltinRow {
+        builtin: Builtin::Scc,
+        name: "scc.hcp-fleet.openshift.io",
+        kind: WebhookKind::Validating,
+        path: "/validate/scc",
+        rules: &[rule(
+            &["UPDATE", "DELETE"],
+            &["security.openshift.io"],
+            &["securitycontextconstraints"],
+        )],
+        mode: Mode::Enforce,
+        only_labelled: None,
+    },
+    BuiltinRow {
+        builtin: Builtin::IngressConfig,
+        name: "ingress-config.hcp-fleet.openshift.io",
+        kind: WebhookKind::Validating,
+        path: "/validate/ingress-config",
+        rules: &[rule(
+            &["UPDATE", "DELETE"],
+            &["config.openshift.io"],
+            &["ingresses"],
+        )],
+        mode: Mode::Enforce,
+        only_labelled: None,
+    },
+    BuiltinRow {
+        builtin: Builtin::NetworkMigration,
+        name: "network-migration.hcp-fleet.openshift.io",
+        kind: WebhookKind::Validating,
+        path: "/validate/network-migration",
+        rules: &[rule(&["UPDATE"], &["operator.openshift.io"], &["networks"])],
+        mode: Mode::Enforce,
+        only_labelled: None,
+    },
+    BuiltinRow {
+        builtin: Builtin::ManagedGroups,
+        name: "managed-api-groups.hcp-fleet.openshift.io",
+        kind: WebhookKind::Validating,
+        path: "/validate/managed-api-groups",
+        rules: &[rule(
+            &["CREATE", "UPDATE", "DELETE"],
+            MANAGED_API_GROUPS,
+            &["*"],
+        )],
+        mode: Mode::Enforce,
+        only_labelled: None,
+    },
+    BuiltinRow {
+        builtin: Builtin::Probe,
+        name: "probe.hcp-fleet.openshift.io",
+        kind: WebhookKind::Validating,
+        path: "/validate/probe",
+        rules: &[rule(&["CREATE"], &[""], &["configmaps"])],
+        mode: Mode::Enforce,
+        only_labelled: Some(PROBE_LABEL),
+    },
+    BuiltinRow {
+        builtin: Builtin::ServiceAnnotation,
+        name: "service-annotation.hcp-fleet.openshift.io",
+        kind: WebhookKind::Mutating,
+        path: "/mutate/service-annotation",
+        rules: &[rule(&["CREATE"], &[""], &["services"])],
+        mode: Mode::Warn,
+        only_labelled: None,
+    },
+];
+
+impl Builtin {
+    /// The built-in served on `path`, if any.
+    pub fn for_path(path: &str) -> Option<Self> {
+        BUILTINS.iter().find(|r| r.path == path).map(|r| r.builtin)
+    }
+
+    pub fn row(self) -> &'static BuiltinRow {
+        // Every variant has a row (a unit test holds the table to that); the first row is
+        // never reached, it only keeps this total without a panic.
+        BUILTINS
+            .iter()
+            .find(|r| r.builtin == self)
+            .unwrap_or(&BUILTINS[0])
+    }
+
+    pub fn path(self) -> &'static str {
+        self.row().path
+    }
+}
+
+/// Every path the admission service serves a webhook on.
+pub fn builtin_paths() -> impl Iterator<Item = &'static str> {
+    BUILTINS.iter().map(|r| r.path)
+}
+
+impl BuiltinRow {
+    /// The default definition the agent installs in a hosted cluster.
+    pub fn definition(&self) -> WebhookDefinition {
+        let strings = |xs: &[&str]| xs.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        WebhookDefinition {
+            name: self.name.into(),
+            kind: self.kind,
+            path: self.path.into(),
+            rules: self
+                .rules
+                .iter()
+                .map(|r| Rule {
+                    operations: strings(r.operations),
+                    api_groups: strings(r.api_groups),
+                    api_versions: vec!["*".into()],
+                    resources: strings(r.resources),
+                    scope: None,
+                })
+                .collect(),
+            failure_policy: FailurePolicy::Ignore,
+            timeout_seconds: default_timeout(),
+            namespace_selector: None,
+            object_selector: self.only_labelled.map(|label| LabelSelector {
+                match_labels: BTreeMap::from([(label.to_string(), "true".to_string())]),
+                match_expressions: Vec::new(),
+            }),
+            mode: self.mode,
+        }
+    }
+}
+
+/// The built-in webhooks' default definitions, in table order.
+pub fn builtin_definitions() -> Vec<WebhookDefinition> {
+    BUILTINS.iter().map(BuiltinRow::definition).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    /// Every variant, listed by an exhaustive match: a new variant fails to compile here until
+    /// it is added, and the test then asks for its row.
+    fn every_variant() -> Vec<Builtin> {
+        let all = [
+            Builtin::ProtectedRbac,
+            Builtin::FeatureGate,
+            Builtin::Scc,
+            Builtin::IngressConfig,
+            Builtin::NetworkMigration,
+            Builtin::ManagedGroups,
+            Builtin::Probe,
+            Builtin::ServiceAnnotation,
+        ];
+        for b in all {
+            match b {
+                Builtin::ProtectedRbac
+                | Builtin::FeatureGate
+                | Builtin::Scc
+                | Builtin::IngressConfig
+                | Builtin::NetworkMigration
+                | Builtin::ManagedGroups
+                | Builtin::Probe
+                | Builtin::ServiceAnnotation => {}
+            }
+        }
+        all.to_vec()
+    }
+
+    #[test]
+    fn every_builtin_has_exactly_one_row_with_a_unique_name_and_path() {
+        for b in every_variant() {
+            let rows = BUILTINS.iter().filter(|r| r.builtin == b).count();
+            assert_eq!(rows, 1, "{b:?}");
+            assert_eq!(Builtin::for_path(b.path()), Some(b));
+        }
+        assert_eq!(BUILTINS.len(), every_variant().len());
+        let names: BTreeSet<_> = BUILTINS.iter().map(|r| r.name).collect();
+        let paths: BTreeSet<_> = builtin_paths().collect();
+        assert_eq!(names.len(), BUILTINS.len());
+        assert_eq!(paths.len(), BUILTINS.len());
+    }
+
+    #[test]
+    fn the_probe_sees_only_labelled_objects() {
+        let d = Builtin::Probe.row().definition();
+        let sel = d.object_selector.expect("selector");
+        assert_eq!(
+            sel.match_labels.get(PROBE_LABEL).map(String::as_str),
+            Some("true")
+        );
+        assert!(
+            Builtin::ProtectedRbac
+                .row()
+                .definition()
+                .object_selector
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn unknown_paths_are_no_builtin() {
+        assert_eq!(Builtin::for_path("/nope"), None);
+    }
+}

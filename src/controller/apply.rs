@@ -1,0 +1,127 @@
+//! Writing what the agent owns, after Stackable's `ClusterResources`: server-side apply under
+//! the agent's one field manager, only where the live object differs, and pruning of owned
+//! objects that are no longer wanted. The same helpers serve management-side objects and the
+//! webhook configurations in hosted clusters.
+
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Api, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::management::FIELD_MANAGER;
+
+/// How often a forced apply is tried when the server reports a write race.
+const APPLY_ATTEMPTS: usize = 3;
+
+/// Server-side apply by the agent's field manager (forced: the agent owns these fields).
+///
+/// A forced apply has no field conflicts, but a write by someone else between the server's
+/// read and its write can still end in 409 "the object has been modified" (seen on 1.20 when
+/// the test bed's kubelet annotates the Service the agent is applying). The apply carries no
+/// resourceVersion, so trying again at once is safe and is what the server would have done.
+pub async fn apply<K>(api: &Api<K>, name: &str, obj: &K) -> Result<K, kube::Error>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+{
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let mut attempt = 1;
+    loop {
+        match api.patch(name, &params, &Patch::Apply(obj)).await {
+            Err(kube::Error::Api(s)) if is_write_race(&s) && attempt < APPLY_ATTEMPTS => {
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+fn is_write_race(s: &kube::core::Status) -> bool {
+    s.code == 409 && s.reason == "Conflict"
+}
+
+/// Applies only what differs from the live object (compared by `same(desired, live)` on their
+/// JSON): some API servers (1.20 among them) bump a no-op apply's managedFields timestamp, and
+/// with it the resourceVersion, which every watcher then sees as a change. Returns whether it
+/// wrote.
+pub async fn apply_if_changed<K>(
+    api: &Api<K>,
+    name: &str,
+    desired: &K,
+    same: fn(&Value, &Value) -> bool,
+) -> Result<bool, kube::Error>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+{
+    if let Some(live) = api.get_opt(name).await? {
+        let want = serde_json::to_value(desired).map_err(kube::Error::SerdeError)?;
+        let have = serde_json::to_value(&live).map_err(kube::Error::SerdeError)?;
+        if same(&want, &have) {
+            return Ok(false);
+        }
+    }
+    apply(api, name, desired).await.map(|_| true)
+}
+
+/// Deletes `name` if it exists; a missing object is what was wanted.
+pub async fn delete_if_present<K>(api: &Api<K>, name: &str) -> Result<bool, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// One owned object of a kind: `desired` applied under `name` (or deleted when `None`), then
+/// every other object of the kind that carries the agent's `owned` label selector pruned (an
+/// older agent's, or one renamed by a configuration change).
+pub async fn apply_and_prune<K>(
+    api: &Api<K>,
+    name: &str,
+    desired: Option<&K>,
+    owned: &str,
+    same: fn(&Value, &Value) -> bool,
+) -> Result<(), kube::Error>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+{
+    match desired {
+        Some(d) => {
+            apply_if_changed(api, name, d, same).await?;
+        }
+        None => {
+            delete_if_present(api, name).await?;
+        }
+    }
+    for o in api
+        .list_metadata(&ListParams::default().labels(owned))
+        .await?
+    {
+        let other = o.name_any();
+        if other != name {
+            delete_if_present(api, &other).await?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_write_race_is_retried() {
+        let status = |code: u16, reason: &str| {
+            let mut s = kube::core::Status::failure("x", reason);
+            s.code = code;
+            s
+        };
+        assert!(is_write_race(&status(409, "Conflict")));
+        assert!(!is_write_race(&status(409, "AlreadyExists")));
+        assert!(!is_write_race(&status(403, "Forbidden")));
+        assert!(!is_write_race(&status(422, "Invalid")));
+    }
+}

@@ -1,0 +1,70 @@
+//! Phase 2: the HCP's CA and serving certificate, read back from their Secrets and renewed or
+//! rotated by the pure policy in `crate::certificates`. Writing them is the admission
+//! service phase's job (they are applied with the other management objects).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use tracing::info;
+
+use super::context::{Context, hcp_labels};
+use super::error::Failure;
+use crate::certificates::{self, CertBundle};
+use crate::config::AgentConfig;
+use crate::management;
+
+/// The certificates this reconcile will apply, and when the serving one expires.
+pub struct Certificates {
+    pub bundle: CertBundle,
+    /// RFC 3339.
+    pub expires: String,
+}
+
+pub fn secret_bytes(s: &Secret) -> BTreeMap<String, Vec<u8>> {
+    s.data
+        .as_ref()
+        .map(|d| d.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
+        .unwrap_or_default()
+}
+
+async fn read(secrets: &Api<Secret>, name: &str) -> Result<Option<Secret>, Failure> {
+    secrets
+        .get_opt(name)
+        .await
+        .map_err(|source| Failure::ReadCertificates {
+            name: name.to_string(),
+            source,
+        })
+}
+
+pub async fn ensure(
+    ctx: &Context,
+    cfg: &AgentConfig,
+    ns: &str,
+    cluster: &str,
+) -> Result<Certificates, Failure> {
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let ca = read(&secrets, &management::ca_secret_name(cfg)).await?;
+    let tls = read(&secrets, &management::tls_secret_name(cfg)).await?;
+    let existing = match (&ca, &tls) {
+        (Some(a), Some(b)) => CertBundle::from_secret_data(&secret_bytes(a), &secret_bytes(b)),
+        _ => None,
+    };
+    let sans = management::serving_sans(cfg, ns, &ctx.endpoints.extra_sans());
+    let now = jiff::Timestamp::now().as_second();
+    let (bundle, why) =
+        certificates::plan(existing.as_ref(), cfg, &sans, now).map_err(Failure::Certificate)?;
+    if let Some(why) = &why {
+        info!(reason = %why, "certificates updated");
+    }
+    let facts = certificates::inspect(&bundle.serving.cert_pem).map_err(Failure::Certificate)?;
+    ctx.metrics
+        .cert_expiry
+        .get_or_create(&hcp_labels(ns, cluster))
+        .set(facts.not_after);
+    let expires = jiff::Timestamp::from_second(facts.not_after)
+        .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+        .unwrap_or_else(|_| facts.not_after.to_string());
+    Ok(Certificates { bundle, expires })
+}

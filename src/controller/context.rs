@@ -1,0 +1,199 @@
+//! The controller's context: the clients and settings every reconcile shares, and one
+//! `HcpState` per HCP namespace holding what lives between reconciles (the hosted client, the
+//! drift watch and probe tasks, the failure count, the roll-up row). Forgetting an HCP is one
+//! removal from one map. Nothing here must survive a restart: certificates live in Secrets,
+//! history and drift totals on the Policy.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Client, ResourceExt};
+use tokio::sync::{Notify, mpsc};
+
+use super::discovery::Capabilities;
+use super::endpoints::AdmissionEndpoints;
+use crate::config::AgentConfig;
+use crate::crd::{ComplianceState, HostedControlPlane};
+use crate::hosted::clients::HostedClient;
+use crate::hosted::webhooks::HostedWebhooks;
+use crate::metrics::{HcpLabels, Metrics};
+use crate::reporting::RollupRow;
+
+/// A lock that survives a panic elsewhere: every critical section here leaves the data
+/// consistent, so a poisoned lock is taken as it is rather than skipping the work.
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A spawned task that ends with its owner.
+pub(super) struct AbortOnDrop(pub(super) tokio::task::JoinHandle<()>);
+
+impl AbortOnDrop {
+    pub(super) fn is_running(&self) -> bool {
+        !self.0.is_finished()
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// What one HCP's background tasks share with its reconciles.
+#[derive(Default)]
+pub(super) struct WatchShared {
+    /// What the agent last applied (the drift watch compares live objects with it).
+    pub desired: Option<HostedWebhooks>,
+    /// Drift seen since the last reconcile (reported, then cleared).
+    pub drift_notes: Vec<String>,
+    /// The last end-to-end probe verdict.
+    pub probe: Option<ComplianceState>,
+}
+
+/// The tasks that run between reconciles for one hosted cluster.
+pub(super) struct HostedWatch {
+    pub server: String,
+    pub shared: Arc<Mutex<WatchShared>>,
+    pub drift: AbortOnDrop,
+    pub probe: Option<AbortOnDrop>,
+}
+
+/// Everything the agent holds for one HCP namespace between reconciles.
+#[derive(Default)]
+pub struct HcpState {
+    pub(super) failures: u32,
+    pub(super) rollup: Option<RollupRow>,
+    pub(super) hosted_client: Option<HostedClient>,
+    pub(super) watch: Option<HostedWatch>,
+}
+
+/// How to run the controller.
+pub struct RunOptions {
+    /// Where the fleet roll-up Policy lives.
+    pub agent_namespace: String,
+    /// How the hosted kube-apiserver reaches the admission services.
+    pub endpoints: Arc<dyn AdmissionEndpoints>,
+}
+
+pub struct Context {
+    pub client: Client,
+    pub config: Arc<RwLock<Arc<AgentConfig>>>,
+    pub metrics: Arc<Metrics>,
+    pub caps: Capabilities,
+    pub agent_namespace: String,
+    pub endpoints: Arc<dyn AdmissionEndpoints>,
+    /// Queues a reconcile of one HCP (drift seen, probe verdict changed).
+    pub(super) requeue: mpsc::UnboundedSender<ObjectRef<HostedControlPlane>>,
+    hcps: Mutex<HashMap<String, HcpState>>,
+    /// UIDs of deleted HCPs (a UID is never reused, so a recreated HCP is not affected).
+    tombstones: Mutex<HashSet<String>>,
+    pub(super) rollup_changed: Notify,
+    pub(super) recorder: Recorder,
+}
+
+/// The metric labels of one hosted cluster.
+pub fn hcp_labels(ns: &str, cluster: &str) -> HcpLabels {
+    HcpLabels {
+        hcp_namespace: ns.to_string(),
+        hosted_cluster: cluster.to_string(),
+    }
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        config: Arc<RwLock<Arc<AgentConfig>>>,
+        metrics: Arc<Metrics>,
+        caps: Capabilities,
+        opts: RunOptions,
+    ) -> (
+        Arc<Self>,
+        mpsc::UnboundedReceiver<ObjectRef<HostedControlPlane>>,
+    ) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "hcp-fleet-agent".into(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        );
+        let ctx = Arc::new(Self {
+            client,
+            config,
+            metrics,
+            caps,
+            agent_namespace: opts.agent_namespace,
+            endpoints: opts.endpoints,
+            requeue: tx,
+            hcps: Mutex::new(HashMap::new()),
+            tombstones: Mutex::new(HashSet::new()),
+            rollup_changed: Notify::new(),
+            recorder,
+        });
+        (ctx, rx)
+    }
+
+    /// The configuration in force (swapped whole on reload).
+    pub fn config(&self) -> Arc<AgentConfig> {
+        self.config
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Runs `f` on the state of `ns`, creating it if this is the HCP's first reconcile.
+    pub(super) fn with_hcp<R>(&self, ns: &str, f: impl FnOnce(&mut HcpState) -> R) -> R {
+        f(lock(&self.hcps).entry(ns.to_string()).or_default())
+    }
+
+    /// All HCP states, for the few places that need the whole fleet at once.
+    pub(super) fn hcps(&self) -> MutexGuard<'_, HashMap<String, HcpState>> {
+        lock(&self.hcps)
+    }
+
+    /// How many hosted clients the agent holds (one per reachable hosted cluster).
+    pub fn hosted_clients(&self) -> usize {
+        lock(&self.hcps)
+            .values()
+            .filter(|s| s.hosted_client.is_some())
+            .count()
+    }
+
+    /// The roll-up rows, by HCP namespace.
+    pub(super) fn rollup_rows(&self) -> BTreeMap<String, RollupRow> {
+        lock(&self.hcps)
+            .iter()
+            .filter_map(|(ns, s)| s.rollup.clone().map(|r| (ns.clone(), r)))
+            .collect()
+    }
+
+    /// This HCP (by UID, never reused) was seen deleted.
+    pub(super) fn is_deleted(&self, hcp: &HostedControlPlane) -> bool {
+        hcp.uid()
+            .is_some_and(|uid| lock(&self.tombstones).contains(&uid))
+    }
+
+    /// Records a deletion before `forget`, so a reconcile still in flight cannot bring the HCP
+    /// back.
+    pub(super) fn tombstone(&self, uid: String) {
+        lock(&self.tombstones).insert(uid);
+    }
+
+    /// Everything the agent holds for an HCP that went away: its state (which stops its
+    /// tasks and drops its client), its metric series and its roll-up row.
+    /// `cluster` is the HCP's name (which names its metric series).
+    pub fn forget(&self, ns: &str, cluster: &str) {
+        let known = {
+            let mut hcps = lock(&self.hcps);
+            hcps.remove(ns);
+            hcps.values().filter(|s| s.rollup.is_some()).count()
+        };
+        self.metrics.forget(ns, cluster);
+        self.metrics.hosted_clusters.set(known as i64);
+        self.rollup_changed.notify_one();
+    }
+}

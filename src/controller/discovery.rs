@@ -1,0 +1,107 @@
+//! What the management cluster offers, discovered once when the controller starts: which
+//! PodDisruptionBudget API it serves, whether the Policy CRD is installed, and whether that
+//! CRD's compliance enum has `Pending` (older ACM CRDs do not).
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::{Api, Client};
+use serde_json::Value;
+use tracing::warn;
+
+use crate::management::PdbApi;
+
+const POLICY_CRD: &str = "policies.policy.open-cluster-management.io";
+
+#[derive(Debug, Clone, Copy)]
+pub struct Capabilities {
+    pub pdb_api: PdbApi,
+    pub policy_crd: bool,
+    pub pending_supported: bool,
+}
+
+pub async fn discover(client: &Client) -> Capabilities {
+    let pdb_api = match client.list_api_groups().await {
+        Ok(groups) => {
+            let served = |v: &str| {
+                groups
+                    .groups
+                    .iter()
+                    .any(|g| g.name == "policy" && g.versions.iter().any(|x| x.version == v))
+            };
+            if served("v1") {
+                PdbApi::V1
+            } else if served("v1beta1") {
+                PdbApi::V1Beta1
+            } else {
+                PdbApi::None
+            }
+        }
+        Err(e) => {
+            warn!(error = %e, "API discovery failed; rendering no PodDisruptionBudget");
+            PdbApi::None
+        }
+    };
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let (policy_crd, pending_supported) = match crds.get_opt(POLICY_CRD).await {
+        Ok(Some(crd)) => (true, pending_in_enum(&crd)),
+        Ok(None) => (false, false),
+        Err(e) => {
+            warn!(error = %e, "cannot read the Policy CRD; reporting through metrics only");
+            (false, false)
+        }
+    };
+    Capabilities {
+        pdb_api,
+        policy_crd,
+        pending_supported,
+    }
+}
+
+/// Does the v1 schema's `status.compliant` accept `Pending` (or leave the value open)?
+pub fn pending_in_enum(crd: &CustomResourceDefinition) -> bool {
+    let v = serde_json::to_value(crd).unwrap_or(Value::Null);
+    v["spec"]["versions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|ver| ver["name"] == "v1")
+        .any(|ver| {
+            ver["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["compliant"]
+                ["enum"]
+                .as_array()
+                .is_none_or(|e| e.iter().any(|x| x == "Pending"))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn crd(values: Value) -> CustomResourceDefinition {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": POLICY_CRD},
+            "spec": {
+                "group": "policy.open-cluster-management.io",
+                "names": {"kind": "Policy", "plural": "policies"},
+                "scope": "Namespaced",
+                "versions": [{"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "properties": {"status": {"type": "object", "properties": {"compliant": values}}}
+                }}}]
+            }
+        }))
+        .expect("crd")
+    }
+
+    #[test]
+    fn pending_is_read_from_the_enum() {
+        let with = crd(
+            serde_json::json!({"type": "string", "enum": ["Compliant", "Pending", "NonCompliant"]}),
+        );
+        let without =
+            crd(serde_json::json!({"type": "string", "enum": ["Compliant", "NonCompliant"]}));
+        let open = crd(serde_json::json!({"type": "string"}));
+        assert!(pending_in_enum(&with));
+        assert!(!pending_in_enum(&without));
+        assert!(pending_in_enum(&open));
+    }
+}

@@ -1,0 +1,168 @@
+//! What can stop a reconcile: one variant per failure, each keeping its source error and
+//! knowing the phase it belongs to, and through the phase the concern it is reported under.
+
+use crate::certificates::CertError;
+use crate::hosted::clients::HostedAccessError;
+use crate::hosted::webhooks::WebhookRenderError;
+use crate::management::RenderError;
+use crate::reporting::Concern;
+
+/// The phases of one reconcile (docs/architecture.md, "The flow for one HCP"), each gated on
+/// the one before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Phase {
+    Certificates,
+    AdmissionService,
+    HostedAccess,
+    HostedWebhooks,
+    Probe,
+}
+
+impl Phase {
+    /// The `phase` label of `hcp_fleet_reconcile_errors_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Certificates => "certificates",
+            Phase::AdmissionService => "admission-service",
+            Phase::HostedAccess => "hosted-access",
+            Phase::HostedWebhooks => "hosted-webhooks",
+            Phase::Probe => "probe",
+        }
+    }
+
+    /// The Policy template a failure in this phase is reported under.
+    pub fn concern(self) -> Concern {
+        match self {
+            Phase::Certificates => Concern::Certificate,
+            Phase::AdmissionService => Concern::AdmissionService,
+            // Without access there are no webhooks: the operator looks there first.
+            Phase::HostedAccess | Phase::HostedWebhooks => Concern::HostedWebhooks,
+            Phase::Probe => Concern::EndToEndProbe,
+        }
+    }
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A failed reconcile of the HCP in `namespace`.
+#[derive(Debug, thiserror::Error)]
+#[error("{namespace}: {}: {failure}", failure.phase())]
+pub struct ReconcileError {
+    pub namespace: String,
+    #[source]
+    pub failure: Failure,
+}
+
+/// What failed. The message is what the Policy's history shows (without the namespace: the
+/// Policy lives in it), so each carries its source's text as well as the source itself.
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    #[error("certificate: reading Secret {name}: {source}")]
+    ReadCertificates {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("certificate: {0}")]
+    Certificate(#[source] CertError),
+    #[error("rendering the admission service: {0}")]
+    RenderAdmission(#[source] RenderError),
+    #[error("applying the admission service: {kind} {name}: {source}")]
+    ApplyAdmission {
+        kind: &'static str,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{0}")]
+    HostedAccess(#[source] HostedAccessError),
+    #[error("{0}")]
+    RenderWebhooks(#[source] WebhookRenderError),
+    #[error("hosted kube-apiserver {server}: {source}")]
+    HostedApi {
+        server: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("hosted kube-apiserver {server} did not answer within {seconds}s")]
+    HostedTimeout { server: String, seconds: u64 },
+}
+
+impl Failure {
+    pub fn phase(&self) -> Phase {
+        match self {
+            Failure::ReadCertificates { .. } | Failure::Certificate(_) => Phase::Certificates,
+            Failure::RenderAdmission(_) | Failure::ApplyAdmission { .. } => Phase::AdmissionService,
+            Failure::HostedAccess(_) => Phase::HostedAccess,
+            Failure::RenderWebhooks(_)
+            | Failure::HostedApi { .. }
+            | Failure::HostedTimeout { .. } => Phase::HostedWebhooks,
+        }
+    }
+
+    pub fn in_namespace(self, namespace: &str) -> ReconcileError {
+        ReconcileError {
+            namespace: namespace.to_string(),
+            failure: self,
+        }
+    }
+}
+
+impl ReconcileError {
+    pub fn phase(&self) -> Phase {
+        self.failure.phase()
+    }
+
+    pub fn concern(&self) -> Concern {
+        self.phase().concern()
+    }
+
+    /// The violation as the Policy reports it.
+    pub fn violation(&self) -> String {
+        self.failure.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_name_the_namespace_and_phase_and_keep_the_source() {
+        let e = Failure::HostedTimeout {
+            server: "https://kube-apiserver.clusters-a.svc:6443".into(),
+            seconds: 10,
+        }
+        .in_namespace("clusters-a");
+        assert_eq!(
+            e.to_string(),
+            "clusters-a: hosted-webhooks: hosted kube-apiserver https://kube-apiserver.clusters-a.svc:6443 did not answer within 10s"
+        );
+        assert_eq!(e.concern(), Concern::HostedWebhooks);
+        assert!(!e.violation().contains("clusters-a:"));
+        let e = Failure::HostedAccess(HostedAccessError::SecretMissing {
+            namespace: "clusters-a".into(),
+            secret: "kc".into(),
+        })
+        .in_namespace("clusters-a");
+        assert_eq!(e.phase(), Phase::HostedAccess);
+        assert!(std::error::Error::source(&e).is_some());
+    }
+
+    #[test]
+    fn every_phase_reports_under_a_concern() {
+        for (p, c) in [
+            (Phase::Certificates, Concern::Certificate),
+            (Phase::AdmissionService, Concern::AdmissionService),
+            (Phase::HostedAccess, Concern::HostedWebhooks),
+            (Phase::HostedWebhooks, Concern::HostedWebhooks),
+            (Phase::Probe, Concern::EndToEndProbe),
+        ] {
+            assert_eq!(p.concern(), c, "{p}");
+        }
+    }
+}

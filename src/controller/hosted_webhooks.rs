@@ -1,0 +1,98 @@
+//! Phase 5 and 6: the webhook configurations in the hosted cluster, applied where they differ
+//! and pruned where no longer wanted, with the drift watch told the new desired state before
+//! the write so the agent's own write is never taken for drift.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use kube::{Api, Client};
+
+use super::apply::apply_and_prune;
+use super::context::{Context, hcp_labels, lock};
+use super::error::Failure;
+use super::watches;
+use crate::certificates::CertBundle;
+use crate::config::AgentConfig;
+use crate::hosted::clients::HostedClient;
+use crate::hosted::webhooks::{self, HostedWebhooks, MUTATING_NAME, VALIDATING_NAME};
+
+/// What the phase found: how many configurations are installed, and the drift repaired since
+/// the last reconcile (one note per change by someone else).
+pub struct Installed {
+    pub configurations: usize,
+    pub drift: Vec<String>,
+}
+
+pub async fn ensure(
+    ctx: &Context,
+    cfg: &AgentConfig,
+    ns: &str,
+    cluster: &str,
+    hosted: &HostedClient,
+    certs: &CertBundle,
+) -> Result<Installed, Failure> {
+    let url_base = ctx.endpoints.url_base(&ctx.client, cfg, ns).await;
+    let desired = webhooks::render(cfg, ns, &url_base, &certs.ca_bundle_pem())
+        .map_err(Failure::RenderWebhooks)?;
+    let want = usize::from(desired.validating.is_some()) + usize::from(desired.mutating.is_some());
+    let labels = hcp_labels(ns, cluster);
+    let m = &ctx.metrics;
+    m.webhooks_desired.get_or_create(&labels).set(want as i64);
+    let timeout = Duration::from_secs(u64::from(cfg.hosted_access.request_timeout_seconds));
+    watches::ensure_drift_watch(ctx, ns, cluster, hosted, desired.clone());
+    let t0 = Instant::now();
+    let installed = tokio::time::timeout(timeout, install(&hosted.client, &desired)).await;
+    m.hosted_latency
+        .get_or_create(&labels)
+        .observe(t0.elapsed().as_secs_f64());
+    let failure = match installed {
+        Ok(Ok(())) => None,
+        Ok(Err(source)) => Some(Failure::HostedApi {
+            server: hosted.server.clone(),
+            source,
+        }),
+        Err(_) => Some(Failure::HostedTimeout {
+            server: hosted.server.clone(),
+            seconds: timeout.as_secs(),
+        }),
+    };
+    if let Some(f) = failure {
+        m.hosted_errors.get_or_create(&labels).inc();
+        m.webhooks_installed.get_or_create(&labels).set(0);
+        return Err(f);
+    }
+    m.webhooks_installed.get_or_create(&labels).set(want as i64);
+    let drift = ctx.with_hcp(ns, |s| {
+        s.watch
+            .as_ref()
+            .map(|w| std::mem::take(&mut lock(&w.shared).drift_notes))
+            .unwrap_or_default()
+    });
+    Ok(Installed {
+        configurations: want,
+        drift,
+    })
+}
+
+/// Both configuration kinds through the one apply-and-prune helper.
+pub async fn install(hosted: &Client, desired: &HostedWebhooks) -> Result<(), kube::Error> {
+    let owned = webhooks::owned_selector();
+    apply_and_prune(
+        &Api::<ValidatingWebhookConfiguration>::all(hosted.clone()),
+        VALIDATING_NAME,
+        desired.validating.as_ref(),
+        &owned,
+        webhooks::webhooks_match,
+    )
+    .await?;
+    apply_and_prune(
+        &Api::<MutatingWebhookConfiguration>::all(hosted.clone()),
+        MUTATING_NAME,
+        desired.mutating.as_ref(),
+        &owned,
+        webhooks::webhooks_match,
+    )
+    .await
+}

@@ -1,0 +1,236 @@
+//! The HCP controller: one kube-runtime Controller over HostedControlPlanes, reconciling each
+//! through the phases of docs/architecture.md ("The flow for one HCP").
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | `mod.rs` (this file) | wiring: the Controller, what it watches, the tasks beside it |
+//! | `context` | shared clients and settings; one `HcpState` per HCP namespace |
+//! | `discovery` | what the management cluster serves (PDB API, Policy CRD) |
+//! | `reconcile` | the orchestrator, `error_policy`, backoff, pause |
+//! | `certificates` | phase 2: the CA and serving certificate |
+//! | `admission_service` | phase 3: management-side objects, availability gate |
+//! | `hosted_access` | phase 4: the hosted client from the kubeconfig secret |
+//! | `hosted_webhooks` | phases 5-6: webhook configurations in the hosted cluster |
+//! | `probe` | phase 7: the end-to-end probe and its periodic task |
+//! | `report` | Policy status, history, Events, the roll-up Policy |
+//! | `watches` | drift watch per hosted cluster, HCP deletion watch |
+//! | `apply` | server-side apply, apply-if-changed, apply-and-prune |
+//! | `endpoints` | the seam: how the hosted kube-apiserver reaches an admission service |
+//! | `error` | `ReconcileError`: phase, concern, source |
+
+mod admission_service;
+mod apply;
+mod certificates;
+mod context;
+mod discovery;
+mod endpoints;
+mod error;
+mod hosted_access;
+mod hosted_webhooks;
+mod probe;
+mod reconcile;
+mod report;
+mod watches;
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{Controller, watcher};
+use kube::{Api, ResourceExt};
+use tokio::sync::mpsc;
+use tracing::warn;
+
+pub use context::{Context, HcpState, RunOptions, hcp_labels};
+pub use discovery::{Capabilities, discover};
+pub use endpoints::{AdmissionEndpoints, InCluster};
+pub use error::{Failure, Phase, ReconcileError};
+pub use hosted_webhooks::install as install_hosted_webhooks;
+pub use reconcile::{backoff, error_policy, reconcile};
+
+use crate::crd::HostedControlPlane;
+use crate::management;
+use context::AbortOnDrop;
+
+/// Runs the controller until `shutdown` resolves. Each item of `reload` (a new configuration)
+/// reconciles every HCP.
+pub async fn run(
+    ctx: Arc<Context>,
+    requeue: mpsc::UnboundedReceiver<ObjectRef<HostedControlPlane>>,
+    reload: mpsc::UnboundedReceiver<()>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    if !ctx.caps.policy_crd {
+        warn!(
+            "the Policy CRD (policy.open-cluster-management.io/v1) is not installed; reporting through metrics only"
+        );
+    }
+    // Tied to this future: when the controller stops (or its task is aborted) they stop too,
+    // and with them the last references to the context, its drift watches and probes.
+    let _rollup = ctx
+        .caps
+        .policy_crd
+        .then(|| AbortOnDrop(tokio::spawn(report::rollup_writer(ctx.clone()))));
+    let _deletions = AbortOnDrop(tokio::spawn(watches::deletion_watcher(ctx.clone())));
+    let cfg = ctx.config();
+    let hcps: Api<HostedControlPlane> = Api::all(ctx.client.clone());
+    let deployments: Api<Deployment> = Api::all(ctx.client.clone());
+    let owned = watcher::Config::default().labels(&format!(
+        "{}={}",
+        management::MANAGED_BY,
+        management::MANAGED_BY_VALUE
+    ));
+    // A rotated (or repaired) kubeconfig secret must reach the hosted cluster's reconcile
+    // without polling: watch those secrets by name and map each to its namespace's HCPs.
+    let secrets: Api<Secret> = Api::all(ctx.client.clone());
+    let by_name = watcher::Config::default().fields(&format!(
+        "metadata.name={}",
+        cfg.hosted_access.kubeconfig_secret
+    ));
+    let controller = Controller::new(hcps, watcher::Config::default());
+    let store = controller.store();
+    controller
+        .owns(deployments, owned)
+        .watches(secrets, by_name, move |s: Secret| {
+            let ns = s.namespace();
+            store
+                .state()
+                .iter()
+                .filter(|h| h.namespace() == ns)
+                .map(|h| ObjectRef::from_obj(h.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        .reconcile_on(receiver_stream(requeue))
+        .reconcile_all_on(receiver_stream(reload))
+        .with_config(kube::runtime::controller::Config::default().concurrency(cfg.concurrency))
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(|_| futures::future::ready(()))
+        .await;
+}
+
+fn receiver_stream<T>(rx: mpsc::UnboundedReceiver<T>) -> impl futures::Stream<Item = T> {
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::AgentConfig;
+    use crate::metrics::Metrics;
+    use crate::reporting::{Concern, Observation, Observations};
+
+    fn test_context() -> Arc<Context> {
+        let url = "https://127.0.0.1:1".parse().expect("url");
+        let client = kube::Client::try_from(kube::Config::new(url)).expect("client");
+        let caps = Capabilities {
+            pdb_api: management::PdbApi::V1,
+            policy_crd: false,
+            pending_supported: true,
+        };
+        let opts = RunOptions {
+            agent_namespace: "agent".into(),
+            endpoints: Arc::new(InCluster),
+        };
+        let cfg = Arc::new(std::sync::RwLock::new(Arc::new(AgentConfig::default())));
+        Context::new(client, cfg, Arc::new(Metrics::new()), caps, opts).0
+    }
+
+    fn hcp(uid: &str) -> HostedControlPlane {
+        let mut h = HostedControlPlane::new("hc-1", Default::default());
+        h.metadata.namespace = Some("clusters-hc-1".into());
+        h.metadata.uid = Some(uid.into());
+        h
+    }
+
+    fn all_compliant() -> Observations {
+        Concern::ALL
+            .iter()
+            .map(|c| (*c, Observation::compliant("ok")))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_late_report_never_resurrects_a_deleted_hcp() {
+        let ctx = test_context();
+        ctx.tombstone("uid-1".into());
+        let (ns, hc) = ("clusters-hc-1", "hc-1");
+        report::report(&ctx, &hcp("uid-1"), ns, hc, &all_compliant(), 0).await;
+        assert!(ctx.rollup_rows().is_empty());
+        assert!(!ctx.metrics.encode().contains("clusters-hc-1"));
+        // A recreated HCP (new UID) in the same namespace is reported normally.
+        report::report(&ctx, &hcp("uid-2"), ns, hc, &all_compliant(), 0).await;
+        assert_eq!(ctx.rollup_rows().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn forget_drops_the_state_and_every_series_even_without_a_rollup_row() {
+        let ctx = test_context();
+        let l = hcp_labels("clusters-hc-1", "hc-1");
+        ctx.metrics.cert_expiry.get_or_create(&l).set(1);
+        ctx.metrics.hosted_requests.get_or_create(&l).inc();
+        ctx.with_hcp("clusters-hc-1", |s| s.failures = 3);
+        ctx.forget("clusters-hc-1", "hc-1");
+        assert!(!ctx.metrics.encode().contains("clusters-hc-1"));
+        assert!(ctx.hcps().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_failure_counts_by_phase_and_backs_off_per_hcp() {
+        let ctx = test_context();
+        let err = Failure::HostedTimeout {
+            server: "https://x".into(),
+            seconds: 1,
+        }
+        .in_namespace("clusters-hc-1");
+        let first = error_policy(Arc::new(hcp("u")), &err, ctx.clone());
+        let second = error_policy(Arc::new(hcp("u")), &err, ctx.clone());
+        assert_eq!(
+            first,
+            kube::runtime::controller::Action::requeue(backoff(1))
+        );
+        assert_eq!(
+            second,
+            kube::runtime::controller::Action::requeue(backoff(2))
+        );
+        let text = ctx.metrics.encode();
+        assert!(
+            text.contains("hcp_fleet_reconcile_errors_total{phase=\"hosted-webhooks\"} 2"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn stopping_the_agent_stops_its_background_tasks() {
+        let ctx = test_context();
+        let (_tx, rx) = mpsc::unbounded_channel();
+        let (_rtx, rrx) = mpsc::unbounded_channel();
+        let weak = Arc::downgrade(&ctx);
+        let run = tokio::spawn(run(ctx, rx, rrx, futures::future::pending::<()>()));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        run.abort();
+        let _ = run.await;
+        // Aborted tasks drop their futures on the runtime; give it a moment.
+        for _ in 0..50 {
+            if weak.strong_count() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            weak.strong_count(),
+            0,
+            "nothing keeps the context (and its watches) alive"
+        );
+    }
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let secs: Vec<u64> = (1..=8).map(|n| backoff(n).as_secs()).collect();
+        assert_eq!(secs, vec![2, 4, 8, 16, 32, 60, 60, 60]);
+    }
+}

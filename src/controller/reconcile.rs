@@ -1,0 +1,232 @@
+//! One reconcile of one HCP (after kube-rs's controller-rs): the phases in order, each gated
+//! on the one before, then a report of everything observed, whether or not a phase failed.
+//! `error_policy` counts every failure by phase and backs off per HCP.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+use tracing::{info, instrument, warn};
+
+use super::context::{Context, hcp_labels};
+use super::error::{Failure, ReconcileError};
+use super::{admission_service, certificates, hosted_access, hosted_webhooks, probe, report};
+use crate::crd::hostedcontrolplane::{PAUSE_ANNOTATION, Pause};
+use crate::crd::{ComplianceState, HostedControlPlane};
+use crate::management::deployment_available;
+use crate::metrics::PhaseLabels;
+use crate::reporting::{Concern, Observation, Observations};
+
+/// What one pass found: an observation per concern reached, the drift it repaired, and how it
+/// ended.
+struct Outcome {
+    observations: Observations,
+    drift_repaired: u64,
+    result: Result<Action, ReconcileError>,
+}
+
+#[instrument(skip_all, fields(hcp_namespace = %hcp.namespace().unwrap_or_default(), hosted_cluster = %hcp.name_any()))]
+pub async fn reconcile(
+    hcp: Arc<HostedControlPlane>,
+    ctx: Arc<Context>,
+) -> Result<Action, ReconcileError> {
+    let ns = hcp.namespace().unwrap_or_default();
+    // HyperShift names the HCP after its HostedCluster.
+    let cluster = hcp.name_any();
+    let started = Instant::now();
+    let mut outcome = match hcp.pause(jiff::Timestamp::now()) {
+        Pause::Off => run_phases(&ctx, &hcp, &ns, &cluster).await,
+        Pause::Invalid(why) => {
+            warn!(reason = %why, "pause annotation ignored");
+            run_phases(&ctx, &hcp, &ns, &cluster).await
+        }
+        Pause::Indefinite => paused(&ctx, &ns, None),
+        Pause::Until(t) => paused(&ctx, &ns, Some(t)),
+    };
+    // Phases are gated: what a pass did not reach is unknown now, never its old verdict.
+    for c in Concern::ALL {
+        outcome.observations.entry(c).or_insert_with(|| {
+            Observation::pending("not checked: an earlier phase did not complete")
+        });
+    }
+    // A reconcile that was in flight when its HCP was deleted must not bring the row, the
+    // series or the client back: it repeats the cleanup instead of reporting.
+    if ctx.is_deleted(&hcp) {
+        ctx.forget(&ns, &cluster);
+        return Ok(Action::await_change());
+    }
+    match &outcome.result {
+        Err(e) => warn!(error = %e, "reconcile failed"),
+        Ok(_) => ctx.with_hcp(&ns, |s| s.failures = 0),
+    }
+    report::report(
+        &ctx,
+        &hcp,
+        &ns,
+        &cluster,
+        &outcome.observations,
+        outcome.drift_repaired,
+    )
+    .await;
+    ctx.metrics
+        .reconcile_duration
+        .observe(started.elapsed().as_secs_f64());
+    outcome.result
+}
+
+/// Owned for garbage collection, but never blocking HyperShift's deletion of the HCP.
+fn owner(hcp: &HostedControlPlane) -> Option<OwnerReference> {
+    hcp.controller_owner_ref(&()).map(|o| OwnerReference {
+        block_owner_deletion: Some(false),
+        controller: Some(false),
+        ..o
+    })
+}
+
+async fn run_phases(ctx: &Context, hcp: &HostedControlPlane, ns: &str, cluster: &str) -> Outcome {
+    let cfg = ctx.config();
+    let mut seen = Observations::new();
+    let mut drift_repaired = 0;
+    let result: Result<Action, Failure> = async {
+        // 1. Discovery: a ready HCP with its kubeconfig published.
+        if !hcp.is_ready() {
+            let waiting = Observation::pending("waiting for the HostedControlPlane to be ready");
+            seen.extend(Concern::ALL.map(|c| (c, waiting.clone())));
+            return Ok(Action::await_change());
+        }
+        // 2. Certificates. 3. The admission service, gated on its Deployment.
+        let certs = certificates::ensure(ctx, &cfg, ns, cluster).await?;
+        let deployment =
+            admission_service::ensure(ctx, &cfg, ns, owner(hcp), &certs.bundle).await?;
+        let valid_until = format!("serving certificate valid until {}", certs.expires);
+        seen.insert(Concern::Certificate, Observation::compliant(valid_until));
+        if !deployment_available(&deployment) {
+            let waiting = "waiting for the admission Deployment to become available";
+            seen.insert(Concern::AdmissionService, Observation::pending(waiting));
+            let waiting = Observation::pending("waiting for the admission service");
+            seen.insert(Concern::HostedWebhooks, waiting);
+            // The Deployment watch (owns) brings us back when its status changes.
+            return Ok(Action::requeue(Duration::from_secs(300)));
+        }
+        let ready = deployment
+            .status
+            .as_ref()
+            .and_then(|s| s.available_replicas);
+        let available = format!(
+            "Deployment available ({}/{} replicas)",
+            ready.unwrap_or(0),
+            cfg.admission.replicas
+        );
+        seen.insert(Concern::AdmissionService, Observation::compliant(available));
+        // 4. Hosted access. 5-6. Webhook configurations there, kept from drifting.
+        let hosted = hosted_access::connect(ctx, &cfg, ns, cluster).await?;
+        let installed =
+            hosted_webhooks::ensure(ctx, &cfg, ns, cluster, &hosted, &certs.bundle).await?;
+        drift_repaired = installed.drift.len() as u64;
+        let webhooks = if installed.drift.is_empty() {
+            let n = installed.configurations;
+            format!("{n} webhook configuration(s) installed and current")
+        } else {
+            format!("drift repaired: {}", installed.drift.join("; "))
+        };
+        seen.insert(Concern::HostedWebhooks, Observation::compliant(webhooks));
+        if drift_repaired > 0 {
+            // Once more, so the history also records the steady state after the repair.
+            return Ok(Action::requeue(Duration::from_millis(500)));
+        }
+        // 7. Prove it end to end, through the hosted kube-apiserver.
+        let timeout = Duration::from_secs(u64::from(cfg.hosted_access.request_timeout_seconds));
+        let verdict = probe::probe(&hosted.client, timeout).await;
+        let ok = verdict.state == ComplianceState::Compliant;
+        let labels = hcp_labels(ns, cluster);
+        ctx.metrics
+            .probe_success
+            .get_or_create(&labels)
+            .set(i64::from(ok));
+        let every = Duration::from_secs(u64::from(cfg.probe_interval_seconds));
+        probe::ensure_task(
+            ctx,
+            ns,
+            cluster,
+            &hosted.client,
+            verdict.state,
+            timeout,
+            every,
+        );
+        seen.insert(Concern::EndToEndProbe, verdict);
+        // Between reconciles only the probe task runs; it queues one when its verdict changes.
+        Ok(Action::await_change())
+    }
+    .await;
+    let result = result.map_err(|f| {
+        let e = f.in_namespace(ns);
+        seen.insert(e.concern(), Observation::violation(e.violation()));
+        e
+    });
+    Outcome {
+        observations: seen,
+        drift_repaired,
+        result,
+    }
+}
+
+/// A paused HCP: its drift watch and probe stop, nothing is applied, and the report says so
+/// (every concern Pending, so no NonCompliant alert fires for a deliberate pause). Removing
+/// the annotation is an HCP change and resumes it; a pause with a time ends by itself.
+fn paused(ctx: &Context, ns: &str, until: Option<jiff::Timestamp>) -> Outcome {
+    ctx.with_hcp(ns, |s| s.watch = None);
+    let why = match until {
+        Some(t) => format!(
+            "paused by {PAUSE_ANNOTATION} until {}; the agent changes nothing for this HCP",
+            t.strftime("%Y-%m-%dT%H:%M:%SZ")
+        ),
+        None => format!("paused by {PAUSE_ANNOTATION}; the agent changes nothing for this HCP"),
+    };
+    info!(%why, "paused");
+    let action = match until {
+        Some(t) => {
+            let left = jiff::Timestamp::now().duration_until(t);
+            Action::requeue(Duration::try_from(left).unwrap_or_default())
+        }
+        None => Action::await_change(),
+    };
+    Outcome {
+        observations: Concern::ALL
+            .map(|c| (c, Observation::pending(why.clone())))
+            .into_iter()
+            .collect(),
+        drift_repaired: 0,
+        result: Ok(action),
+    }
+}
+
+/// Counts the failure by phase and retries the HCP on its own schedule (`backoff`), so one
+/// broken hosted cluster never holds up the others.
+pub fn error_policy(
+    hcp: Arc<HostedControlPlane>,
+    err: &ReconcileError,
+    ctx: Arc<Context>,
+) -> Action {
+    ctx.metrics
+        .reconcile_errors
+        .get_or_create(&PhaseLabels {
+            phase: err.phase().as_str().into(),
+        })
+        .inc();
+    if ctx.is_deleted(&hcp) {
+        return Action::await_change();
+    }
+    let ns = hcp.namespace().unwrap_or_default();
+    let failures = ctx.with_hcp(&ns, |s| {
+        s.failures = s.failures.saturating_add(1);
+        s.failures
+    });
+    Action::requeue(backoff(failures))
+}
+
+/// Per-HCP exponential backoff: 2 s, 4 s, … capped at 60 s; a success resets it.
+pub fn backoff(failures: u32) -> Duration {
+    Duration::from_secs(2u64.saturating_pow(failures.min(6)).min(60))
+}
