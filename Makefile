@@ -11,15 +11,20 @@ build:
 	$(CARGO) build --all-targets
 
 assets:
-	@bash hack/testbed-assets.sh
+	@bash hack/testbed-versions.sh
 
 helm:
 	@bash hack/helm.sh
 
-# Unit tests, then e2e tests against real kube-apiservers (and helm, for the chart's tests).
+# Unit tests once, then the e2e suite against every test-bed version available here
+# (hack/testbed-versions.sh: 1.20.2, and 1.36.2 where its source bundle is present).
 test:
-	@assets="$$(bash hack/testbed-assets.sh)" && helm="$$(bash hack/helm.sh)" && \
-	KUBEBUILDER_ASSETS="$$assets" HELM="$$helm" $(CARGO) test --lib --bins --tests
+	@helm="$$(bash hack/helm.sh)" && versions="$$(bash hack/testbed-versions.sh)" && \
+	$(CARGO) test --lib --bins && \
+	for assets in $$versions; do \
+	  echo "== e2e on $$("$$assets/kube-apiserver" --version) ($$assets) =="; \
+	  KUBEBUILDER_ASSETS="$$assets" HELM="$$helm" $(CARGO) test --test '*'; \
+	done
 
 # The chart's values.schema.json, derived from the configuration types.
 chart-schema:
@@ -35,12 +40,15 @@ unit:
 	$(CARGO) test --lib
 
 e2e:
-	@assets="$$(bash hack/testbed-assets.sh)" && helm="$$(bash hack/helm.sh)" && \
-	KUBEBUILDER_ASSETS="$$assets" HELM="$$helm" $(CARGO) test --test '*'
+	@helm="$$(bash hack/helm.sh)" && versions="$$(bash hack/testbed-versions.sh)" && \
+	for assets in $$versions; do \
+	  KUBEBUILDER_ASSETS="$$assets" HELM="$$helm" $(CARGO) test --test '*'; \
+	done
 
-# A local fleet of three hosted clusters; Ctrl-C stops it and removes everything.
+# A local fleet of three hosted clusters on the newest test-bed version; Ctrl-C stops it and
+# removes everything.
 demo:
-	@assets="$$(bash hack/testbed-assets.sh)" && $(CARGO) build --bin hcp-fleet-agent && \
+	@assets="$$(bash hack/testbed-versions.sh | tail -n 1)" && $(CARGO) build --bin hcp-fleet-agent && \
 	KUBEBUILDER_ASSETS="$$assets" ./target/debug/hcp-fleet-agent dev --hosted-clusters 3
 
 lint:
@@ -55,7 +63,7 @@ fmt:
 # kube-apiservers (BENCH_HOSTED, BENCH_IDLE_SECONDS).
 bench:
 	$(CARGO) bench --bench admission
-	@assets="$$(bash hack/testbed-assets.sh)" && \
+	@assets="$$(bash hack/testbed-versions.sh | tail -n 1)" && \
 	KUBEBUILDER_ASSETS="$$assets" $(CARGO) bench --bench fleet
 
 clean:

@@ -474,13 +474,25 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
         .await
         .expect("fleet");
     let mgmt = fleet.management.client().await.expect("mgmt");
-    // An ACM hub whose Policy CRD predates Pending: the same schema minus that enum value.
+    // An ACM hub whose Policy CRD predates Pending: ACM's own CRD of such a release where the
+    // asset script provided it, else the repository's schema minus that enum value.
     let own = hcp_fleet_agent::crd::CRD_MANIFESTS[1].1;
-    let old = own.replace(
-        "enum: [Compliant, Pending, NonCompliant]",
-        "enum: [Compliant, NonCompliant]",
+    let old = fleet
+        .upstream_crd(hcp_fleet_agent::localcp::assets::UPSTREAM_POLICY_CRD)
+        .unwrap_or_else(|| {
+            own.replace(
+                "enum: [Compliant, Pending, NonCompliant]",
+                "enum: [Compliant, NonCompliant]",
+            )
+        });
+    let crd: serde_json::Value = serde_saphyr::from_str(&old).expect("CRD parses");
+    let states = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+        ["compliant"]["enum"];
+    assert_eq!(
+        states,
+        &serde_json::json!(["Compliant", "NonCompliant"]),
+        "the variant really lacks Pending"
     );
-    assert_ne!(own, old, "the variant really lacks Pending");
     hcp_fleet_agent::localcp::fixtures::install_crd_manifests(
         &mgmt,
         [("policies.policy.open-cluster-management.io", old.as_str())],

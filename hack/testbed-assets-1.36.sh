@@ -20,6 +20,18 @@ OUT="$CACHE_ROOT/assets/$K8S_VERSION"
 say() { printf '[testbed-assets 1.36] %s\n' "$*" >&2; }
 die() { printf '[testbed-assets 1.36] error: %s\n' "$*" >&2; exit 1; }
 
+# See sync_upstream_crds in testbed-assets.sh: 1.36 accepts both upstream CRDs (HyperShift's
+# uses CEL rules, which 1.20 refuses).
+sync_upstream_crds() {
+  local src="${HCP_FLEET_UPSTREAM_CRDS:-$ROOT/../shared/crds/upstream}" f
+  [ -d "$src" ] || return 0
+  mkdir -p "$OUT/upstream-crds"
+  for f in policy.open-cluster-management.io_policies.yaml hostedcontrolplanes-Hypershift-Default.crd.yaml; do
+    [ -f "$src/$f" ] && cp -f "$src/$f" "$OUT/upstream-crds/$f"
+  done
+  return 0
+}
+
 cache_ok() {
   [ -x "$OUT/kube-apiserver" ] && [ -x "$OUT/etcd" ] && [ -x "$OUT/kubectl" ] \
     && [ "$(cat "$OUT/.recipe" 2>/dev/null)" = "$RECIPE" ] \
@@ -27,6 +39,7 @@ cache_ok() {
 }
 if cache_ok; then
   say "using cached assets in $OUT"
+  sync_upstream_crds
   printf '%s\n' "$OUT"
   exit 0
 fi
@@ -34,7 +47,7 @@ fi
 src="${HCP_FLEET_K8S_SRC:-$ROOT/../shared/testbed}"
 [ -d "$src" ] && src="$src/k8s-1.36-src.tar.xz"
 if [ ! -f "$src" ]; then
-  say "no source bundle at $src (set HCP_FLEET_K8S_SRC); the 1.36 test bed is not available here"
+  say "no source bundle at $src (or HCP_FLEET_K8S_SRC): e2e tests run on 1.20 only"
   exit 3
 fi
 got=$(sha256sum "$src" | cut -d' ' -f1)
@@ -45,7 +58,7 @@ exec 9>"$CACHE_ROOT/.build-1.36.lock"
 if ! flock -n 9; then
   say "another build of the 1.36 assets is running; waiting for it"
   flock 9
-  if cache_ok; then printf '%s\n' "$OUT"; exit 0; fi
+  if cache_ok; then sync_upstream_crds; printf '%s\n' "$OUT"; exit 0; fi
 fi
 
 # kubectl: the bundle has none. The tests speak to the API through the project's own client
@@ -92,5 +105,6 @@ mkdir -p "$(dirname "$OUT")"
 rm -rf "$OUT.tmp" && mv "$WORK/out" "$OUT.tmp" && rm -rf "$OUT" && mv "$OUT.tmp" "$OUT"
 printf '%s\n' "$RECIPE" >"$OUT/.recipe"
 rm -rf "$WORK"
+sync_upstream_crds
 say "assets ready in $OUT ($v)"
 printf '%s\n' "$OUT"

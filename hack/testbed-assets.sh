@@ -13,12 +13,13 @@
 # - Progress goes to stderr; failures say what broke and exit non-zero.
 set -euo pipefail
 
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 WANT="${1:-1.20}"
 case "$WANT" in
   1.20|v1.20.2|1.20.2) ;;
   1.36|v1.36.2|1.36.2)
     [ -z "${KUBEBUILDER_ASSETS:-}" ] || { printf '%s\n' "$KUBEBUILDER_ASSETS"; exit 0; }
-    exec bash "$(dirname "$0")/testbed-assets-1.36.sh" ;;
+    exec bash "$ROOT/hack/testbed-assets-1.36.sh" ;;
   *) printf '[testbed-assets] error: unknown version %s (1.20 or 1.36)\n' "$WANT" >&2; exit 2 ;;
 esac
 
@@ -33,6 +34,23 @@ BINARIES=(kube-apiserver etcd kubectl)
 
 say() { printf '[testbed-assets] %s\n' "$*" >&2; }
 die() { printf '[testbed-assets] error: %s\n' "$*" >&2; exit 1; }
+
+# Upstream CRDs (ACM's Policy, HyperShift's HostedControlPlane) are reference data the e2e
+# tests install where the server accepts them. They are read from ../shared/crds/upstream (or
+# HCP_FLEET_UPSTREAM_CRDS) now, at asset time, and copied beside the binaries; the test bed
+# never reads ../shared itself, and without these files it uses the repository's own CRDs.
+# sync_upstream_crds DIR FILE...: copy those files into DIR/upstream-crds (when present).
+sync_upstream_crds() {
+  local dir="$1" src="${HCP_FLEET_UPSTREAM_CRDS:-$ROOT/../shared/crds/upstream}" f
+  shift
+  [ -d "$src" ] || return 0
+  mkdir -p "$dir/upstream-crds"
+  for f in "$@"; do
+    [ -f "$src/$f" ] && cp -f "$src/$f" "$dir/upstream-crds/$f"
+  done
+  return 0
+}
+POLICY_CRD_FILE="policy.open-cluster-management.io_policies.yaml"
 
 # check_dir DIR: every binary present, executable and answering --version.
 check_dir() {
@@ -58,6 +76,7 @@ cache_ok() { check_dir "$OUT" >/dev/null 2>&1 && [ "$(cat "$OUT/.recipe" 2>/dev/
 
 if cache_ok; then
   say "using cached assets in $OUT"
+  sync_upstream_crds "$OUT" "$POLICY_CRD_FILE"
   printf '%s\n' "$OUT"
   exit 0
 fi
@@ -72,7 +91,7 @@ exec 9>"$CACHE_ROOT/.build.lock"
 if ! flock -n 9; then
   say "another build of the assets is running; waiting for it"
   flock 9
-  if cache_ok; then printf '%s\n' "$OUT"; exit 0; fi
+  if cache_ok; then sync_upstream_crds "$OUT" "$POLICY_CRD_FILE"; printf '%s\n' "$OUT"; exit 0; fi
 fi
 
 export DEBIAN_FRONTEND=noninteractive
@@ -197,5 +216,6 @@ printf '%s\n' "$RECIPE" >"$OUT/.recipe"
 check_dir "$OUT" >&2 || die "assets in $OUT failed their check"
 # The source tree and GOPATH are large; the Go build cache stays for a faster rebuild.
 rm -rf "$WORK"
+sync_upstream_crds "$OUT" "$POLICY_CRD_FILE"
 say "assets ready in $OUT ($got)"
 printf '%s\n' "$OUT"

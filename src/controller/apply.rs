@@ -24,7 +24,11 @@ pub async fn apply<K>(api: &Api<K>, name: &str, obj: &K) -> Result<K, kube::Erro
 where
     K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
 {
-    let params = PatchParams::apply(FIELD_MANAGER).force();
+    // Strict: a field the server does not know is an error, not silently dropped (servers
+    // before 1.23 ignore the directive).
+    let params = PatchParams::apply(FIELD_MANAGER)
+        .force()
+        .validation_strict();
     let mut attempt = 1;
     loop {
         match api.patch(name, &params, &Patch::Apply(obj)).await {

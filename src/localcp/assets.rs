@@ -20,6 +20,19 @@ pub struct Assets {
     pub version: KubeVersion,
 }
 
+/// HyperShift's own HostedControlPlane CRD, as its project ships it (uses CEL rules: 1.25+).
+pub const UPSTREAM_HCP_CRD: &str = "hostedcontrolplanes-Hypershift-Default.crd.yaml";
+/// ACM's Policy CRD, an older release whose compliance enum has no `Pending`.
+pub const UPSTREAM_POLICY_CRD: &str = "policy.open-cluster-management.io_policies.yaml";
+
+impl Assets {
+    /// An upstream CRD the asset script placed beside the binaries (`upstream-crds/`), if it
+    /// did: reference data from the projects themselves, used where the server accepts it.
+    pub fn upstream_crd(&self, file: &str) -> Option<String> {
+        std::fs::read_to_string(self.dir.join("upstream-crds").join(file)).ok()
+    }
+}
+
 /// A kube-apiserver's major.minor (and the full string it printed).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KubeVersion {

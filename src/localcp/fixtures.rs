@@ -33,8 +33,12 @@ fn kube_err(context: String) -> impl FnOnce(kube::Error) -> LocalCpError {
 }
 
 /// Installs (server-side apply) the project's CRDs and waits until they are served.
-pub async fn install_crds(client: &Client) -> Result<(), LocalCpError> {
-    install_crd_manifests(client, CRD_MANIFESTS.iter().map(|(n, y)| (*n, *y))).await
+/// The CRDs of the management cluster: the HostedControlPlane CRD given (HyperShift's own, or
+/// the trimmed one; see `LocalFleet::hcp_crd`), then the others the project ships.
+pub async fn install_crds(client: &Client, hcp_crd: &str) -> Result<(), LocalCpError> {
+    let (hcp_name, _) = CRD_MANIFESTS[0];
+    let rest = CRD_MANIFESTS[1..].iter().map(|(n, y)| (*n, *y));
+    install_crd_manifests(client, std::iter::once((hcp_name, hcp_crd)).chain(rest)).await
 }
 
 /// Installs CRD manifests given as (name, YAML) and waits for each to be Established.
@@ -133,12 +137,7 @@ pub async fn create_hcp(
     }
 
     let hcps: Api<HostedControlPlane> = Api::namespaced(client.clone(), &ns);
-    let mut extra = BTreeMap::new();
-    extra.insert("platform".to_string(), serde_json::json!({"type": "None"}));
-    extra.insert(
-        "releaseImage".to_string(),
-        serde_json::json!("quay.io/openshift-release-dev/ocp-release:4.17.0-x86_64"),
-    );
+    let extra = aws_hcp_spec(name);
     let mut hcp = HostedControlPlane::new(
         name,
         HostedControlPlaneSpec {
@@ -153,6 +152,66 @@ pub async fn create_hcp(
         Err(e) => return Err(kube_err(format!("creating HostedControlPlane {ns}/{name}"))(e)),
     }
     set_hcp_ready(client, &ns, name, true).await
+}
+
+/// The spec of a HostedControlPlane as HyperShift writes one for an AWS hosted cluster: every
+/// field HyperShift's own CRD requires (dns, etcd, infraID, issuerURL, platform with region
+/// and IAM roles, pullSecret, releaseImage, the four published services, sshKey), with the
+/// values a ROSA-style cluster carries. The agent reads none of it; it is here so the upstream
+/// CRD's schema and CEL rules accept the fixtures as they would a real cluster's.
+fn aws_hcp_spec(name: &str) -> BTreeMap<String, serde_json::Value> {
+    let infra_id = format!("{name}-x7k2p");
+    let role = |r: &str| format!("arn:aws:iam::123456789012:role/{infra_id}-{r}");
+    let route = |svc: &str, host: &str| {
+        serde_json::json!({"service": svc, "servicePublishingStrategy": {
+            "type": "Route", "route": {"hostname": format!("{host}.{name}.hypershift.example.com")},
+        }})
+    };
+    let spec = serde_json::json!({
+        "releaseImage": "quay.io/openshift-release-dev/ocp-release:4.17.0-x86_64",
+        "infraID": infra_id,
+        "issuerURL": format!("https://oidc.example.com/{infra_id}"),
+        "dns": {"baseDomain": format!("{name}.hypershift.example.com")},
+        "etcd": {"managementType": "Managed", "managed": {"storage": {
+            "type": "PersistentVolume", "persistentVolume": {"size": "8Gi"},
+        }}},
+        "pullSecret": {"name": "pull-secret"},
+        "sshKey": {"name": "ssh-key"},
+        "networking": {
+            "networkType": "OVNKubernetes",
+            "clusterNetwork": [{"cidr": "10.132.0.0/14"}],
+            "serviceNetwork": [{"cidr": "172.31.0.0/16"}],
+            "machineNetwork": [{"cidr": "10.0.0.0/16"}],
+        },
+        "platform": {
+            "type": "AWS",
+            "aws": {
+                "region": "us-east-1",
+                "endpointAccess": "Public",
+                "rolesRef": {
+                    "ingressARN": role("openshift-ingress"),
+                    "imageRegistryARN": role("openshift-image-registry"),
+                    "storageARN": role("aws-ebs-csi-driver-controller"),
+                    "networkARN": role("cloud-network-config-controller"),
+                    "kubeCloudControllerARN": role("kube-controller-manager"),
+                    "nodePoolManagementARN": role("node-pool"),
+                    "controlPlaneOperatorARN": role("control-plane-operator"),
+                },
+            },
+        },
+        "services": [
+            {"service": "APIServer", "servicePublishingStrategy": {"type": "LoadBalancer"}},
+            route("OAuthServer", "oauth"),
+            route("Konnectivity", "konnectivity"),
+            route("Ignition", "ignition"),
+        ],
+        "controllerAvailabilityPolicy": "HighlyAvailable",
+        "infrastructureAvailabilityPolicy": "SingleReplica",
+    });
+    match spec {
+        serde_json::Value::Object(m) => m.into_iter().collect(),
+        _ => BTreeMap::new(),
+    }
 }
 
 /// Writes `status.ready` (and the published kubeconfig reference) of a HostedControlPlane.
@@ -173,14 +232,23 @@ pub async fn set_hcp_ready(
             type_: "Available".into(),
             status: if ready { "True" } else { "False" }.into(),
             reason: Some("AsExpected".into()),
-            message: None,
+            // metav1.Condition requires a message (HyperShift's CRD enforces it).
+            message: Some(
+                if ready {
+                    "the control plane is available"
+                } else {
+                    "the control plane is not available"
+                }
+                .into(),
+            ),
             last_transition_time: Some(
                 jiff::Timestamp::now()
                     .strftime("%Y-%m-%dT%H:%M:%SZ")
                     .to_string(),
             ),
         }],
-        extra: BTreeMap::new(),
+        // Required by HyperShift's CRD beside `ready`.
+        extra: BTreeMap::from([("initialized".to_string(), serde_json::json!(true))]),
     };
     let patch = serde_json::json!({"status": status});
     hcps.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))

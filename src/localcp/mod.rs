@@ -193,6 +193,7 @@ pub struct LocalFleet {
     pub hosted: BTreeMap<String, ApiServer>,
     /// The Kubernetes version every API server of this fleet runs.
     pub version: assets::KubeVersion,
+    assets: Assets,
     etcd: ManagedProcess,
     etcd_url: String,
     pki: Pki,
@@ -259,6 +260,7 @@ impl LocalFleet {
             management,
             hosted,
             version: assets.version.clone(),
+            assets,
             etcd,
             etcd_url,
             pki,
@@ -266,7 +268,7 @@ impl LocalFleet {
         };
         if opts.install_fixtures {
             let mgmt = fleet.management.client().await?;
-            fixtures::install_crds(&mgmt).await?;
+            fixtures::install_crds(&mgmt, &fleet.hcp_crd()).await?;
             fixtures::create_agent_namespace(&mgmt).await?;
             for (name, s) in &fleet.hosted {
                 fixtures::create_hcp(&mgmt, name, &s.kubeconfig_yaml).await?;
@@ -285,6 +287,22 @@ impl LocalFleet {
 
     pub fn state_dir(&self) -> &Path {
         self.state.path()
+    }
+
+    /// An upstream CRD placed beside the binaries by the asset script (see `Assets`).
+    pub fn upstream_crd(&self, file: &str) -> Option<String> {
+        self.assets.upstream_crd(file)
+    }
+
+    /// The HostedControlPlane CRD this fleet's management cluster gets: HyperShift's own
+    /// where the server accepts it (CEL rules need 1.25) and the asset script provided it,
+    /// else the repository's trimmed one.
+    pub fn hcp_crd(&self) -> String {
+        self.version
+            .at_least(1, 25)
+            .then(|| self.upstream_crd(assets::UPSTREAM_HCP_CRD))
+            .flatten()
+            .unwrap_or_else(|| crate::crd::CRD_MANIFESTS[0].1.to_string())
     }
 
     pub fn etcd_url(&self) -> &str {
