@@ -12,7 +12,11 @@ say() { printf '[advisories] %s\n' "$*" >&2; }
 
 if ! { [ -x "$DENY" ] && "$DENY" --version 2>/dev/null | grep -q "$DENY_VERSION"; }; then
   say "installing cargo-deny $DENY_VERSION into $TOOLS (once; a few minutes)"
-  cargo install --locked --quiet --root "$TOOLS" --version "$DENY_VERSION" cargo-deny >&2
+  # A cheap release profile: the tool's own speed does not matter here (a check takes under a
+  # second either way), its build time does on a cold CI run (2 min 25 s instead of 3 min 42 s).
+  CARGO_PROFILE_RELEASE_OPT_LEVEL=1 CARGO_PROFILE_RELEASE_LTO=false \
+    CARGO_PROFILE_RELEASE_CODEGEN_UNITS=256 CARGO_PROFILE_RELEASE_DEBUG=false \
+    cargo install --locked --quiet --root "$TOOLS" --version "$DENY_VERSION" cargo-deny >&2
 fi
 
 "$DENY" --log-level warn check bans licenses sources
