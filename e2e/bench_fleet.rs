@@ -255,7 +255,8 @@ async fn run() -> Result<(), String> {
     let cpu_pct = (ticks1.saturating_sub(ticks0)) as f64 / hz / idle.as_secs_f64() * 100.0;
 
     println!(
-        "fleet benchmark: {n} hosted kube-apiservers (v1.20.2), agent as a separate release process"
+        "fleet benchmark: {n} hosted kube-apiservers ({}), agent as a separate release process",
+        fleet.version
     );
     println!(
         "  HCP ready -> Policy Compliant   p50 {:>7.0} ms   p99 {:>7.0} ms   max {:>7.0} ms",
