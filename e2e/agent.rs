@@ -706,6 +706,24 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
         }
     })
     .await;
+    // Its Policy lingers (no garbage collector runs here), but `status` lists only HCPs that
+    // exist.
+    policy(&mgmt, "clusters-hc-3", POLICY_NAME)
+        .await
+        .expect("hc-3's Policy is still there");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+        .arg("status")
+        .env("KUBECONFIG", &fleet.management.kubeconfig_path)
+        .output()
+        .expect("status");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!table.lines().any(|l| l.starts_with("hc-3 ")), "{table}");
+    assert!(table.lines().any(|l| l.starts_with("hc-1 ")), "{table}");
 }
 
 fn metric(text: &str, name: &str) -> Option<f64> {

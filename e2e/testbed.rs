@@ -482,3 +482,88 @@ async fn render_prints_objects_a_real_apiserver_accepts() {
         ]
     );
 }
+
+/// The stand-in kubelet retries a pod whose Secret is missing, as a real kubelet does: the
+/// admission service starts (and its Deployment becomes available) once the Secret appears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubelet_retries_a_pod_until_its_secret_appears() {
+    use hcp_fleet_agent::certificates::CertBundle;
+    use hcp_fleet_agent::config::AgentConfig;
+    use hcp_fleet_agent::controller::AdmissionEndpoints;
+    use hcp_fleet_agent::management::{self, HcpInputs, PdbApi};
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::Service;
+
+    let fleet = LocalFleet::start(FleetOptions::with_hosted(0))
+        .await
+        .expect("fleet");
+    let mgmt = fleet.management.client().await.expect("client");
+    let ns = "clusters-retry";
+    Api::<Namespace>::all(mgmt.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": ns}})).expect("ns"),
+        )
+        .await
+        .expect("namespace");
+    let cfg = AgentConfig::default();
+    let sans = management::serving_sans(&cfg, ns, &localcp::kubelet::LocalEndpoints.extra_sans());
+    let certs = CertBundle::generate(&cfg, &sans).expect("certs");
+    let objs = management::render(
+        &cfg,
+        &HcpInputs {
+            namespace: ns,
+            owner: None,
+            certs: &certs,
+            pdb_api: PdbApi::None,
+        },
+    )
+    .expect("render");
+    let pp = PostParams::default();
+    Api::<Service>::namespaced(mgmt.clone(), ns)
+        .create(&pp, &objs.service)
+        .await
+        .expect("service");
+    let deployments = Api::<Deployment>::namespaced(mgmt.clone(), ns);
+    deployments
+        .create(&pp, &objs.deployment)
+        .await
+        .expect("deployment");
+    let dir = tempfile::tempdir().expect("tmp");
+    let kubelet = localcp::kubelet::spawn(
+        mgmt.clone(),
+        localcp::kubelet::KubeletOptions {
+            binary: Some(env!("CARGO_BIN_EXE_hcp-fleet-agent").into()),
+            dir: dir.path().to_path_buf(),
+        },
+    );
+    let name = cfg.admission.service_name.clone();
+    let available = |d: &Deployment| management::deployment_available(d);
+    // No TLS Secret yet: the pod cannot start, however long it waits.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let d = deployments.get(&name).await.expect("deployment");
+    assert!(
+        !available(&d),
+        "available without its Secret: {:?}",
+        d.status
+    );
+    // The Secret appears (as the agent would write it): the kubelet starts the pod.
+    Api::<Secret>::namespaced(mgmt.clone(), ns)
+        .create(&pp, &objs.tls_secret)
+        .await
+        .expect("secret");
+    support::eventually("the Deployment available", Duration::from_secs(30), || {
+        let deployments = deployments.clone();
+        let name = name.clone();
+        async move {
+            let d = deployments.get(&name).await.map_err(|e| e.to_string())?;
+            if available(&d) {
+                Ok(())
+            } else {
+                Err(format!("{:?}", d.status))
+            }
+        }
+    })
+    .await;
+    kubelet.abort();
+}

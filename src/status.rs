@@ -56,37 +56,73 @@ pub fn row(p: &Policy) -> FleetRow {
     }
 }
 
+const HEADERS: [&str; 8] = [
+    "CLUSTER",
+    "COMPLIANT",
+    "ADMISSION-SERVICE",
+    "CERTIFICATE",
+    "HOSTED-WEBHOOKS",
+    "E2E-PROBE",
+    "DRIFT",
+    "LAST-CHANGE",
+];
+
+/// The table, each column as wide as its widest cell (a hosted cluster name of any length keeps
+/// the rows in line), two spaces between columns, no trailing padding.
 pub fn render_table(rows: &[FleetRow]) -> String {
-    let mut out = format!(
-        "{:<14} {:<13} {:<18} {:<13} {:<16} {:<13} {:<6} {}\n",
-        "CLUSTER",
-        "COMPLIANT",
-        "ADMISSION-SERVICE",
-        "CERTIFICATE",
-        "HOSTED-WEBHOOKS",
-        "E2E-PROBE",
-        "DRIFT",
-        "LAST-CHANGE"
-    );
-    for r in rows {
-        let c = |i: usize| r.concerns.get(i).map(String::as_str).unwrap_or("-");
-        out.push_str(&format!(
-            "{:<14} {:<13} {:<18} {:<13} {:<16} {:<13} {:<6} {}\n",
-            r.cluster,
-            r.compliant,
-            c(0),
-            c(1),
-            c(2),
-            c(3),
-            r.drift_repairs,
-            r.last_change
-        ));
+    let cells: Vec<[String; 8]> = rows
+        .iter()
+        .map(|r| {
+            let c = |i: usize| r.concerns.get(i).cloned().unwrap_or_else(|| "-".into());
+            [
+                r.cluster.clone(),
+                r.compliant.clone(),
+                c(0),
+                c(1),
+                c(2),
+                c(3),
+                r.drift_repairs.to_string(),
+                r.last_change.clone(),
+            ]
+        })
+        .collect();
+    let mut widths = HEADERS.map(|h| h.chars().count());
+    for row in &cells {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |row: &[&str]| {
+        let mut l = String::new();
+        for (i, (cell, w)) in row.iter().zip(widths).enumerate() {
+            if i + 1 == row.len() {
+                l.push_str(cell);
+            } else {
+                l.push_str(&format!("{cell:<w$}  "));
+            }
+        }
+        l.push('\n');
+        l
+    };
+    let mut out = line(&HEADERS);
+    for row in &cells {
+        out.push_str(&line(&row.each_ref().map(String::as_str)));
     }
     out
 }
 
-/// Every per-HCP Policy the agent wrote, sorted by cluster.
+/// Every per-HCP Policy the agent wrote whose HCP still exists, sorted by cluster. A deleted
+/// HCP's Policy lingers until the garbage collector removes it (never, where none runs); its
+/// row would report a cluster that is gone.
 pub async fn fleet_rows(client: &Client) -> Result<Vec<FleetRow>, kube::Error> {
+    let existing: std::collections::BTreeSet<String> =
+        Api::<crate::crd::HostedControlPlane>::all(client.clone())
+            .list_metadata(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter_map(|h| h.namespace())
+            .collect();
     let api: Api<Policy> = Api::all(client.clone());
     let lp = ListParams::default().labels(&format!(
         "{}={}",
@@ -99,6 +135,7 @@ pub async fn fleet_rows(client: &Client) -> Result<Vec<FleetRow>, kube::Error> {
         .items
         .iter()
         .filter(|p| p.name_any() == POLICY_NAME)
+        .filter(|p| p.namespace().is_some_and(|ns| existing.contains(&ns)))
         .map(row)
         .collect();
     rows.sort_by(|a, b| a.cluster.cmp(&b.cluster));
@@ -174,5 +211,55 @@ mod tests {
             t.lines().nth(1).is_some_and(|l| l.starts_with("hc-1 ")),
             "{t}"
         );
+    }
+
+    fn fleet_row(cluster: &str, compliant: &str) -> FleetRow {
+        FleetRow {
+            cluster: cluster.into(),
+            namespace: format!("clusters-{cluster}"),
+            compliant: compliant.into(),
+            concerns: vec![compliant.into(); 4],
+            drift_repairs: 12,
+            last_change: "2026-11-22T10:00:00Z".into(),
+        }
+    }
+
+    /// Where each column starts on a line: after every run of two or more spaces.
+    fn column_starts(line: &str) -> Vec<usize> {
+        let b = line.as_bytes();
+        (1..b.len())
+            .filter(|&i| b[i] != b' ' && i >= 2 && b[i - 1] == b' ' && b[i - 2] == b' ')
+            .collect()
+    }
+
+    #[test]
+    fn columns_fit_the_longest_name_and_stay_in_line() {
+        let long = "hostile-authprovider-with-a-very-long-hosted-cluster-name";
+        let t = render_table(&[
+            fleet_row("hc-1", "Compliant"),
+            fleet_row(long, "NonCompliant"),
+            fleet_row("x", "Pending"),
+        ]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 4, "{t}");
+        let header = column_starts(lines[0]);
+        assert_eq!(header.len(), 7, "{t}");
+        for l in &lines[1..] {
+            assert_eq!(column_starts(l), header, "out of line:\n{t}");
+            assert!(!l.ends_with(' '), "no trailing padding: {l:?}");
+        }
+        assert!(lines[2].starts_with(long), "{t}");
+    }
+
+    #[test]
+    fn a_thousand_rows_stay_in_line() {
+        let rows: Vec<FleetRow> = (0..1000)
+            .map(|i| fleet_row(&format!("hc-{i}"), "Compliant"))
+            .collect();
+        let t = render_table(&rows);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 1001);
+        let header = column_starts(lines[0]);
+        assert!(lines.iter().all(|l| column_starts(l) == header));
     }
 }

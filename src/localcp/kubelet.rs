@@ -96,17 +96,35 @@ pub fn spawn(client: Client, opts: KubeletOptions) -> JoinHandle<()> {
         .map(|e| e.map(|ev| Either::Secret(Box::new(ev))));
         let mut events = std::pin::pin!(futures::stream::select(deployments, secrets));
         let mut pods: HashMap<String, Pod> = HashMap::new();
-        while let Some(ev) = events.next().await {
-            let Ok(ev) = ev else { continue };
+        // Deployments whose pod could not start (its Secret missing, say), by namespace. A
+        // real kubelet keeps retrying such a pod; so does this one: when a Secret appears in
+        // the namespace, and every second while any wait.
+        let mut waiting: HashMap<String, Deployment> = HashMap::new();
+        let mut retry = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            let ev = tokio::select! {
+                ev = events.next() => match ev {
+                    Some(Ok(ev)) => ev,
+                    Some(Err(_)) => continue,
+                    None => break,
+                },
+                _ = retry.tick(), if !waiting.is_empty() => {
+                    let due: Vec<Deployment> = waiting.drain().map(|(_, d)| d).collect();
+                    for d in due {
+                        attempt(&client, &opts, &mut pods, &mut waiting, d).await;
+                    }
+                    continue;
+                }
+            };
             match ev {
                 Either::Deployment(ev) => match *ev {
                     watcher::Event::Apply(d) | watcher::Event::InitApply(d) => {
-                        if let Err(e) = sync_pod(&client, &opts, &mut pods, &d).await {
-                            tracing::warn!(namespace = %d.namespace().unwrap_or_default(), error = %e, "test bed kubelet");
-                        }
+                        attempt(&client, &opts, &mut pods, &mut waiting, d).await;
                     }
                     watcher::Event::Delete(d) => {
-                        pods.remove(&d.namespace().unwrap_or_default());
+                        let ns = d.namespace().unwrap_or_default();
+                        pods.remove(&ns);
+                        waiting.remove(&ns);
                     }
                     _ => {}
                 },
@@ -116,11 +134,34 @@ pub fn spawn(client: Client, opts: KubeletOptions) -> JoinHandle<()> {
                         if let Some(pod) = pods.get(&ns).filter(|p| p.secret == s.name_any()) {
                             let _ = write_certs(&pod.dir, &s);
                         }
+                        if let Some(d) = waiting.remove(&ns) {
+                            attempt(&client, &opts, &mut pods, &mut waiting, d).await;
+                        }
                     }
                 }
             }
         }
     })
+}
+
+/// One try at running the Deployment's pod; a failure leaves it waiting for a retry.
+async fn attempt(
+    client: &Client,
+    opts: &KubeletOptions,
+    pods: &mut HashMap<String, Pod>,
+    waiting: &mut HashMap<String, Deployment>,
+    d: Deployment,
+) {
+    let ns = d.namespace().unwrap_or_default();
+    match sync_pod(client, opts, pods, &d).await {
+        Ok(()) => {
+            waiting.remove(&ns);
+        }
+        Err(e) => {
+            tracing::warn!(namespace = %ns, error = %e, "test bed kubelet; retrying");
+            waiting.insert(ns, d);
+        }
+    }
 }
 
 /// Both watches in one stream (boxed: the events differ a lot in size).
