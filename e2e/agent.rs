@@ -569,17 +569,7 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
     );
 
     // `status`, as an SRE runs it.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
-        .arg("status")
-        .env("KUBECONFIG", &fleet.management.kubeconfig_path)
-        .output()
-        .expect("status");
-    let table = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let table = status_table(&fleet);
     let line = |c: &str| {
         table
             .lines()
@@ -711,19 +701,24 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
     policy(&mgmt, "clusters-hc-3", POLICY_NAME)
         .await
         .expect("hc-3's Policy is still there");
+    let table = status_table(&fleet);
+    assert!(!table.lines().any(|l| l.starts_with("hc-3 ")), "{table}");
+    assert!(table.lines().any(|l| l.starts_with("hc-1 ")), "{table}");
+}
+
+/// The `status` command's table, run as an SRE runs it against the management cluster.
+fn status_table(fleet: &LocalFleet) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
         .arg("status")
         .env("KUBECONFIG", &fleet.management.kubeconfig_path)
         .output()
         .expect("status");
-    let table = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(!table.lines().any(|l| l.starts_with("hc-3 ")), "{table}");
-    assert!(table.lines().any(|l| l.starts_with("hc-1 ")), "{table}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn metric(text: &str, name: &str) -> Option<f64> {
