@@ -18,26 +18,25 @@ pub async fn connect(
 ) -> Result<HostedClient, Failure> {
     let access = &cfg.hosted_access;
     let secret_name = &access.kubeconfig_secret;
-    let refused = |e: HostedAccessError| Failure::HostedAccess(e);
     let secret = Api::<Secret>::namespaced(ctx.client.clone(), ns)
         .get_opt(secret_name)
         .await
         .map_err(|source| {
-            refused(HostedAccessError::ReadSecret {
+            Failure::HostedAccess(HostedAccessError::ReadSecret {
                 namespace: ns.to_string(),
                 secret: secret_name.clone(),
                 source,
             })
         })?
         .ok_or_else(|| {
-            refused(HostedAccessError::SecretMissing {
+            Failure::HostedAccess(HostedAccessError::SecretMissing {
                 namespace: ns.to_string(),
                 secret: secret_name.clone(),
             })
         })?;
     let data = secret_bytes(&secret);
     let raw = data.get(&access.kubeconfig_key).ok_or_else(|| {
-        refused(HostedAccessError::KeyMissing {
+        Failure::HostedAccess(HostedAccessError::KeyMissing {
             namespace: ns.to_string(),
             secret: secret_name.clone(),
             key: access.kubeconfig_key.clone(),
@@ -56,7 +55,7 @@ pub async fn connect(
         .clone();
     let built = HostedClient::build(ns, secret_name, raw, access, requests)
         .await
-        .map_err(refused)?;
+        .map_err(Failure::HostedAccess)?;
     ctx.with_hcp(ns, |s| s.hosted_client = Some(built.clone()));
     Ok(built)
 }

@@ -47,7 +47,6 @@ pub use context::{Context, HcpState, RunOptions, hcp_labels};
 pub use discovery::{Capabilities, discover};
 pub use endpoints::{AdmissionEndpoints, InCluster};
 pub use error::{Failure, Phase, ReconcileError};
-pub use hosted_webhooks::install as install_hosted_webhooks;
 pub use reconcile::{backoff, error_policy, reconcile};
 
 use crate::crd::HostedControlPlane;
