@@ -27,6 +27,8 @@ use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec}
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::DynamicObject;
+use kube::core::{ApiResource, GroupVersionKind};
 
 use crate::certificates::CertBundle;
 use crate::config::AgentConfig;
@@ -62,12 +64,21 @@ pub enum PdbApi {
 }
 
 impl PdbApi {
-    pub fn api_version(self) -> Option<&'static str> {
+    fn version(self) -> Option<&'static str> {
         match self {
-            PdbApi::V1 => Some("policy/v1"),
-            PdbApi::V1Beta1 => Some("policy/v1beta1"),
+            PdbApi::V1 => Some("v1"),
+            PdbApi::V1Beta1 => Some("v1beta1"),
             PdbApi::None => None,
         }
+    }
+
+    /// Where PodDisruptionBudgets of this version live; `None` for `PdbApi::None`.
+    pub fn api_resource(self) -> Option<ApiResource> {
+        let gvk = GroupVersionKind::gvk("policy", self.version()?, "PodDisruptionBudget");
+        Some(ApiResource::from_gvk_with_plural(
+            &gvk,
+            "poddisruptionbudgets",
+        ))
     }
 }
 
@@ -80,10 +91,9 @@ pub struct ManagementObjects {
     pub deployment: Deployment,
     pub service: Service,
     pub network_policy: NetworkPolicy,
-    /// `None` where the server serves no PodDisruptionBudget API; `pdb_api` says which
-    /// version to apply it as.
-    pub pdb: Option<PodDisruptionBudget>,
-    pub pdb_api: PdbApi,
+    /// Already in the server's version (`HcpInputs::pdb_api`); `None` where the server serves
+    /// no PodDisruptionBudget API.
+    pub pdb: Option<DynamicObject>,
 }
 
 /// Inputs that vary per HCP.
@@ -419,15 +429,6 @@ pub fn render(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<ManagementObject
             ..Default::default()
         }),
     };
-    let pdb = (inp.pdb_api != PdbApi::None).then(|| PodDisruptionBudget {
-        metadata: meta(cfg, name, inp),
-        spec: Some(PodDisruptionBudgetSpec {
-            min_available: Some(IntOrString::Int(1)),
-            selector: Some(match_labels(selector(cfg))),
-            ..Default::default()
-        }),
-        ..Default::default()
-    });
     Ok(ManagementObjects {
         service_account,
         ca_secret,
@@ -435,19 +436,34 @@ pub fn render(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<ManagementObject
         deployment: deployment(cfg, inp)?,
         service,
         network_policy,
-        pdb,
-        pdb_api: inp.pdb_api,
+        pdb: pdb(cfg, inp)?,
     })
 }
 
-/// The PDB as the server's API version: `policy/v1beta1` takes the same spec (minAvailable
-/// and a selector), so the typed `policy/v1` object is written under the older version.
-pub fn pdb_as(pdb: &PodDisruptionBudget, api: PdbApi) -> Option<serde_json::Value> {
-    let version = api.api_version()?;
-    let mut v = serde_json::to_value(pdb).ok()?;
-    v["apiVersion"] = serde_json::Value::String(version.into());
+/// The PDB, typed as `policy/v1` and written under the version the server serves:
+/// `policy/v1beta1` takes the same spec (minAvailable and a selector).
+fn pdb(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<Option<DynamicObject>, RenderError> {
+    let Some(version) = inp.pdb_api.version() else {
+        return Ok(None);
+    };
+    let typed = PodDisruptionBudget {
+        metadata: meta(cfg, &cfg.admission.service_name, inp),
+        spec: Some(PodDisruptionBudgetSpec {
+            min_available: Some(IntOrString::Int(1)),
+            selector: Some(match_labels(selector(cfg))),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let failed = |source| RenderError {
+        namespace: inp.namespace.to_string(),
+        kind: "PodDisruptionBudget",
+        source,
+    };
+    let mut v = serde_json::to_value(&typed).map_err(failed)?;
+    v["apiVersion"] = serde_json::Value::String(format!("policy/{version}"));
     v["kind"] = serde_json::Value::String("PodDisruptionBudget".into());
-    Some(v)
+    serde_json::from_value(v).map(Some).map_err(failed)
 }
 
 /// Available like a package-operator availability probe: the Deployment's controller has
@@ -533,16 +549,18 @@ mod tests {
 
     #[test]
     fn pdb_in_the_version_the_server_serves() {
-        let v1 = objects(PdbApi::V1);
-        let pdb = v1.pdb.as_ref().expect("pdb");
-        assert_eq!(
-            pdb_as(pdb, PdbApi::V1).expect("v1")["apiVersion"],
-            "policy/v1"
-        );
-        let old = pdb_as(pdb, PdbApi::V1Beta1).expect("v1beta1");
+        let wire = |api| serde_json::to_value(objects(api).pdb.expect("pdb")).expect("json");
+        assert_eq!(wire(PdbApi::V1)["apiVersion"], "policy/v1");
+        let old = wire(PdbApi::V1Beta1);
         assert_eq!(old["apiVersion"], "policy/v1beta1");
+        assert_eq!(old["kind"], "PodDisruptionBudget");
         assert_eq!(old["spec"]["minAvailable"], 1);
         assert!(objects(PdbApi::None).pdb.is_none());
+        assert!(PdbApi::None.api_resource().is_none());
+        assert_eq!(
+            PdbApi::V1Beta1.api_resource().expect("v1beta1").api_version,
+            "policy/v1beta1"
+        );
     }
 
     #[test]

@@ -90,12 +90,8 @@ pub fn render_all(
     push(mgmt, serde_json::to_value(&objs.deployment))?;
     push(mgmt, serde_json::to_value(&objs.service))?;
     push(mgmt, serde_json::to_value(&objs.network_policy))?;
-    if let Some(pdb) = objs
-        .pdb
-        .as_ref()
-        .and_then(|p| management::pdb_as(p, objs.pdb_api))
-    {
-        push(mgmt, Ok(pdb))?;
+    if let Some(pdb) = &objs.pdb {
+        push(mgmt, serde_json::to_value(pdb))?;
     }
     push(
         mgmt,

@@ -17,8 +17,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams};
-use kube::core::GroupVersionKind;
+use kube::api::{DeleteParams, DynamicObject, ListParams};
 use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::agent::LEASE_NAME;
@@ -26,7 +25,8 @@ use crate::config::AgentConfig;
 use crate::crd::{HostedControlPlane, Policy};
 use crate::hosted::clients::HostedClient;
 use crate::hosted::webhooks;
-use crate::{management, reporting};
+use crate::management::{self, PdbApi};
+use crate::reporting;
 
 #[derive(Debug, clap::Args)]
 pub struct UninstallArgs {
@@ -168,11 +168,11 @@ async fn remove_hcp(
             .map_err(del(format!("NetworkPolicy {svc}")))?,
     );
     // The agent wrote the PDB as policy/v1 or, on servers without it, policy/v1beta1.
-    for version in ["v1", "v1beta1"] {
-        let pdb = ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("policy", version, "PodDisruptionBudget"),
-            "poddisruptionbudgets",
-        );
+    for pdb in [PdbApi::V1, PdbApi::V1Beta1]
+        .map(PdbApi::api_resource)
+        .into_iter()
+        .flatten()
+    {
         // A version the server does not serve answers 404 like a missing object: either way
         // the next version is worth a try.
         let deleted = delete_named(&Api::<DynamicObject>::namespaced_with(c(), ns, &pdb), svc)

@@ -7,7 +7,6 @@ use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::DynamicObject;
-use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Api, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -88,31 +87,9 @@ pub async fn ensure(
         &objs.network_policy,
     )
     .await?;
-    if let Some(pdb) = objs
-        .pdb
-        .as_ref()
-        .and_then(|p| management::pdb_as(p, objs.pdb_api))
-    {
-        // The server's version, which may be older than the typed one.
-        let (group, version) = pdb["apiVersion"]
-            .as_str()
-            .and_then(|v| v.split_once('/'))
-            .unwrap_or(("policy", "v1"));
-        let gvk = GroupVersionKind::gvk(group, version, "PodDisruptionBudget");
-        let ar = ApiResource::from_gvk_with_plural(&gvk, "poddisruptionbudgets");
-        let obj: DynamicObject =
-            serde_json::from_value(pdb.clone()).map_err(|e| Failure::ApplyAdmission {
-                kind: "PodDisruptionBudget",
-                name: name.to_string(),
-                source: kube::Error::SerdeError(e),
-            })?;
-        put(
-            Api::<DynamicObject>::namespaced_with(c(), ns, &ar),
-            "PodDisruptionBudget",
-            name,
-            &obj,
-        )
-        .await?;
+    if let (Some(pdb), Some(ar)) = (&objs.pdb, ctx.caps.pdb_api.api_resource()) {
+        let api = Api::<DynamicObject>::namespaced_with(c(), ns, &ar);
+        put(api, "PodDisruptionBudget", name, pdb).await?;
     }
     put(
         Api::<Deployment>::namespaced(c(), ns),
