@@ -187,13 +187,18 @@ impl Context {
     /// tasks and drops its client), its metric series and its roll-up row.
     /// `cluster` is the HCP's name (which names its metric series).
     pub fn forget(&self, ns: &str, cluster: &str) {
-        let known = {
+        {
             let mut hcps = lock(&self.hcps);
             hcps.remove(ns);
-            hcps.values().filter(|s| s.rollup.is_some()).count()
-        };
+            self.count_known(&hcps);
+        }
         self.metrics.forget(ns, cluster);
-        self.metrics.hosted_clusters.set(known as i64);
         self.rollup_changed.notify_one();
+    }
+
+    /// `hcp_fleet_hosted_clusters`: the HCPs that have a roll-up row (were reported).
+    pub(super) fn count_known(&self, hcps: &HashMap<String, HcpState>) {
+        let known = hcps.values().filter(|s| s.rollup.is_some()).count();
+        self.metrics.hosted_clusters.set(known as i64);
     }
 }

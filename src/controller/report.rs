@@ -58,8 +58,7 @@ pub async fn report(
             state.rollup = Some(row);
             ctx.rollup_changed.notify_one();
         }
-        let known = hcps.values().filter(|s| s.rollup.is_some()).count();
-        ctx.metrics.hosted_clusters.set(known as i64);
+        ctx.count_known(&hcps);
     }
     if !ctx.caps.policy_crd {
         return;
