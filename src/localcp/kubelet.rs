@@ -101,6 +101,9 @@ pub fn spawn(client: Client, opts: KubeletOptions) -> JoinHandle<()> {
         // the namespace, and every second while any wait.
         let mut waiting: HashMap<String, Deployment> = HashMap::new();
         let mut retry = tokio::time::interval(Duration::from_secs(1));
+        // The tick is polled only while something waits; after a quiet spell it must fire
+        // once, not once per second missed (tokio's default bursts to catch up).
+        retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let ev = tokio::select! {
                 ev = events.next() => match ev {
