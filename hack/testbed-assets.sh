@@ -14,15 +14,6 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-WANT="${1:-1.20}"
-case "$WANT" in
-  1.20|v1.20.2|1.20.2) ;;
-  1.36|v1.36.2|1.36.2)
-    [ -z "${KUBEBUILDER_ASSETS:-}" ] || { printf '%s\n' "$KUBEBUILDER_ASSETS"; exit 0; }
-    exec bash "$ROOT/hack/testbed-assets-1.36.sh" ;;
-  *) printf '[testbed-assets] error: unknown version %s (1.20 or 1.36)\n' "$WANT" >&2; exit 2 ;;
-esac
-
 K8S_VERSION="v1.20.2"
 K8S_MAJOR="1"
 K8S_MINOR="20"
@@ -51,6 +42,22 @@ sync_upstream_crds() {
   return 0
 }
 POLICY_CRD_FILE="policy.open-cluster-management.io_policies.yaml"
+HCP_CRD_FILE="hostedcontrolplanes-Hypershift-Default.crd.yaml"
+
+WANT="${1:-1.20}"
+case "$WANT" in
+  1.20|v1.20.2|1.20.2) ;;
+  1.36|v1.36.2|1.36.2)
+    [ -z "${KUBEBUILDER_ASSETS:-}" ] || { printf '%s\n' "$KUBEBUILDER_ASSETS"; exit 0; }
+    # Built (or found cached) by its own script; exit 3 there means no bundle here. 1.36
+    # accepts both upstream CRDs (HyperShift's uses CEL rules, which 1.20 refuses).
+    dir=$(bash "$ROOT/hack/testbed-assets-1.36.sh") || exit $?
+    sync_upstream_crds "$dir" "$POLICY_CRD_FILE" "$HCP_CRD_FILE"
+    printf '%s\n' "$dir"
+    exit 0 ;;
+  *) printf '[testbed-assets] error: unknown version %s (1.20 or 1.36)\n' "$WANT" >&2; exit 2 ;;
+esac
+
 
 # check_dir DIR: every binary present, executable and answering --version.
 check_dir() {
