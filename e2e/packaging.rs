@@ -307,12 +307,13 @@ async fn rendered_chart_and_policies_pass_server_side_dry_run() {
 
     // The hub objects go into their namespace; the SelectorSyncSet is cluster-scoped.
     let hub = read_docs(&repo().join("policies/policy.yaml"));
-    let ns: k8s_openapi::api::core::v1::Namespace =
-        serde_json::from_value(json!({"metadata": {"name": "hcp-fleet-policies"}})).expect("ns");
-    Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .expect("namespace");
+    hcp_fleet_agent::localcp::fixtures::ensure_namespace(
+        &client,
+        "hcp-fleet-policies",
+        Default::default(),
+    )
+    .await
+    .expect("namespace");
     dry_run_all(&fleet, &client, &hub).await;
     let sss = read_docs(&repo().join("policies/selectorsyncset.yaml"));
     assert_eq!(sss.len(), 1);

@@ -423,12 +423,7 @@ async fn render_prints_objects_a_real_apiserver_accepts() {
     let yaml = String::from_utf8(out.stdout).expect("utf8");
     assert!(!yaml.contains("PRIVATE KEY"));
     let mgmt = fleet.management.client().await.expect("client");
-    Api::<Namespace>::all(mgmt.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(serde_json::json!({"metadata": {"name": "clusters-hc-1"}}))
-                .expect("ns"),
-        )
+    localcp::fixtures::ensure_namespace(&mgmt, "clusters-hc-1", Default::default())
         .await
         .expect("namespace");
     let mut kinds = Vec::new();
@@ -499,11 +494,7 @@ async fn the_kubelet_retries_a_pod_until_its_secret_appears() {
         .expect("fleet");
     let mgmt = fleet.management.client().await.expect("client");
     let ns = "clusters-retry";
-    Api::<Namespace>::all(mgmt.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(serde_json::json!({"metadata": {"name": ns}})).expect("ns"),
-        )
+    localcp::fixtures::ensure_namespace(&mgmt, ns, Default::default())
         .await
         .expect("namespace");
     let cfg = AgentConfig::default();

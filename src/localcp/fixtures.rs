@@ -88,23 +88,31 @@ pub const AGENT_NAMESPACE: &str = "hcp-fleet-agent";
 
 /// Creates the agent's namespace, as installing the chart would.
 pub async fn create_agent_namespace(client: &Client) -> Result<(), LocalCpError> {
-    let namespace: Namespace = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Namespace",
-        "metadata": {"name": AGENT_NAMESPACE},
-    }))
-    .map_err(|e| LocalCpError::Crd {
-        name: "Namespace".into(),
-        reason: e.to_string(),
-    })?;
+    ensure_namespace(client, AGENT_NAMESPACE, BTreeMap::new()).await
+}
+
+/// Creates (or updates) namespace `name` with `labels`, by server-side apply.
+pub async fn ensure_namespace(
+    client: &Client,
+    name: &str,
+    labels: BTreeMap<String, String>,
+) -> Result<(), LocalCpError> {
+    let namespace = Namespace {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_string()),
+            labels: (!labels.is_empty()).then_some(labels),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
     Api::<Namespace>::all(client.clone())
         .patch(
-            AGENT_NAMESPACE,
+            name,
             &PatchParams::apply(FIELD_MANAGER).force(),
             &Patch::Apply(&namespace),
         )
         .await
-        .map_err(kube_err(format!("creating namespace {AGENT_NAMESPACE}")))?;
+        .map_err(kube_err(format!("creating namespace {name}")))?;
     Ok(())
 }
 
@@ -116,20 +124,8 @@ pub async fn create_hcp(
     hosted_kubeconfig: &str,
 ) -> Result<(), LocalCpError> {
     let ns = hcp_namespace(name);
-    let pp = PatchParams::apply(FIELD_MANAGER).force();
-    let namespace: Namespace = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Namespace",
-        "metadata": {"name": ns, "labels": {HCP_NAMESPACE_LABEL: "true"}},
-    }))
-    .map_err(|e| LocalCpError::Crd {
-        name: "Namespace".into(),
-        reason: e.to_string(),
-    })?;
-    Api::<Namespace>::all(client.clone())
-        .patch(&ns, &pp, &Patch::Apply(&namespace))
-        .await
-        .map_err(kube_err(format!("creating namespace {ns}")))?;
+    let labels = BTreeMap::from([(HCP_NAMESPACE_LABEL.to_string(), "true".to_string())]);
+    ensure_namespace(client, &ns, labels).await?;
 
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     for secret_name in [SERVICE_NETWORK_KUBECONFIG, ADMIN_KUBECONFIG] {
