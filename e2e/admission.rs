@@ -8,7 +8,7 @@ use support::eventually;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use hcp_fleet_agent::agent::{self, AgentHandle, StartOptions};
@@ -457,10 +457,9 @@ async fn a_stopped_admission_service_fails_open_and_the_probe_says_so() {
     assert!(!ok && out.contains(PROTECTED), "{out}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_certificate_replaced_under_load_loses_no_request() {
-    let bed = bed(AgentConfig::default()).await;
-    // alice's client, impersonated through the admin kubeconfig.
+/// alice's client in the hosted cluster (impersonated through the admin kubeconfig): a
+/// regular user whom the guard must stop from deleting a protected ClusterRole.
+async fn alice(bed: &Bed) -> Api<ClusterRole> {
     let kc = kube::config::Kubeconfig::from_yaml(
         &bed.fleet.hosted("hc-1").expect("hc-1").kubeconfig_yaml,
     )
@@ -469,78 +468,119 @@ async fn a_certificate_replaced_under_load_loses_no_request() {
         .await
         .expect("config");
     config.auth_info.impersonate = Some("alice".into());
-    let alice = Client::try_from(config).expect("client");
-    let roles: Api<ClusterRole> = Api::all(alice);
+    Api::all(Client::try_from(config).expect("client"))
+}
 
-    let total = 1000usize; // 50 requests/s for 20 s
-    let wrong = Arc::new(AtomicUsize::new(0));
-    let samples = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let mut tick = tokio::time::interval(Duration::from_millis(20));
-    let mut tasks = Vec::with_capacity(total);
-    let secrets: Api<Secret> = Api::namespaced(bed.mgmt.clone(), NS);
-    let started = Instant::now();
-    for i in 0..total {
-        tick.tick().await;
-        if i == total / 2 {
-            // Renew the serving certificate as the agent does: same CA, new key.
-            let ca = secrets
-                .get("hcp-fleet-admission-ca")
-                .await
-                .expect("ca secret");
-            let data = ca.data.unwrap_or_default();
-            let text = |k: &str| String::from_utf8(data.get(k).expect(k).0.clone()).expect("utf8");
-            let ca = KeyedCert {
-                cert_pem: text("ca.crt"),
-                key_pem: text("ca.key"),
+/// Guarded requests at a steady 50 per second through the hosted kube-apiserver (alice
+/// deleting cluster-admin, dry run), counted by outcome until stopped.
+struct GuardLoad {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<LoadCounts>,
+}
+
+#[derive(Debug, Default)]
+struct LoadCounts {
+    sent: usize,
+    denied: usize,
+    /// Let through: what failurePolicy Ignore does when the service cannot be reached.
+    allowed: usize,
+    other: usize,
+    samples: Vec<String>,
+}
+
+impl GuardLoad {
+    fn start(roles: Api<ClusterRole>) -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(20));
+            let mut sent = Vec::new();
+            while !flag.load(Ordering::Relaxed) {
+                tick.tick().await;
+                let roles = roles.clone();
+                sent.push(tokio::spawn(async move {
+                    let dp = DeleteParams {
+                        dry_run: true,
+                        ..DeleteParams::default()
+                    };
+                    roles.delete("cluster-admin", &dp).await.map(|_| ())
+                }));
+            }
+            let mut c = LoadCounts {
+                sent: sent.len(),
+                ..Default::default()
             };
-            let sans = management::serving_sans(
-                &AgentConfig::default(),
-                NS,
-                &kubelet::LocalEndpoints.extra_sans(),
-            );
-            let new = certificates::issue(
-                &ca,
-                &sans[0],
-                &Usage::Server { sans: sans.clone() },
-                time::Duration::days(30),
-            )
-            .expect("issue");
-            use base64::Engine;
-            let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
-            let patch = serde_json::json!({"data": {"tls.crt": b64(&new.cert_pem), "tls.key": b64(&new.key_pem)}});
-            secrets
-                .patch(
-                    "hcp-fleet-admission-tls",
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
-                .await
-                .expect("rotate");
-        }
-        let roles = roles.clone();
-        let wrong = wrong.clone();
-        let samples = samples.clone();
-        tasks.push(tokio::spawn(async move {
-            let dp = DeleteParams {
-                dry_run: true,
-                ..DeleteParams::default()
-            };
-            match roles.delete("cluster-admin", &dp).await {
-                Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains(PROTECTED) => {}
-                other => {
-                    wrong.fetch_add(1, Ordering::Relaxed);
-                    if let Ok(mut v) = samples.lock()
-                        && v.len() < 5
+            for t in sent {
+                match t.await {
+                    Ok(Err(kube::Error::Api(s)))
+                        if s.code == 403 && s.message.contains(PROTECTED) =>
                     {
-                        v.push(format!("{other:?}"));
+                        c.denied += 1
+                    }
+                    Ok(Ok(())) => c.allowed += 1,
+                    other => {
+                        c.other += 1;
+                        if c.samples.len() < 5 {
+                            c.samples.push(format!("{other:?}"));
+                        }
                     }
                 }
             }
-        }));
+            c
+        });
+        Self { stop, task }
     }
-    for t in tasks {
-        t.await.expect("task");
+
+    async fn stop(self) -> LoadCounts {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.expect("load")
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_replaced_under_load_loses_no_request() {
+    let bed = bed(AgentConfig::default()).await;
+    let load = GuardLoad::start(alice(&bed).await);
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    // Renew the serving certificate as the agent does: same CA, new key.
+    let secrets: Api<Secret> = Api::namespaced(bed.mgmt.clone(), NS);
+    let ca = secrets
+        .get("hcp-fleet-admission-ca")
+        .await
+        .expect("ca secret");
+    let data = ca.data.unwrap_or_default();
+    let text = |k: &str| String::from_utf8(data.get(k).expect(k).0.clone()).expect("utf8");
+    let ca = KeyedCert {
+        cert_pem: text("ca.crt"),
+        key_pem: text("ca.key"),
+    };
+    let sans = management::serving_sans(
+        &AgentConfig::default(),
+        NS,
+        &kubelet::LocalEndpoints.extra_sans(),
+    );
+    let new = certificates::issue(
+        &ca,
+        &sans[0],
+        &Usage::Server { sans: sans.clone() },
+        time::Duration::days(30),
+    )
+    .expect("issue");
+    use base64::Engine;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let patch =
+        serde_json::json!({"data": {"tls.crt": b64(&new.cert_pem), "tls.key": b64(&new.key_pem)}});
+    secrets
+        .patch(
+            "hcp-fleet-admission-tls",
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .expect("rotate");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let counts = load.stop().await;
     let elapsed = started.elapsed();
     let log =
         std::fs::read_to_string(bed.pods.path().join(NS).join("webhook.log")).unwrap_or_default();
@@ -548,14 +588,78 @@ async fn a_certificate_replaced_under_load_loses_no_request() {
         log.contains("serving certificate reloaded"),
         "the certificate was really replaced: {log}"
     );
+    assert!(counts.sent >= 900, "{counts:?}");
     assert_eq!(
-        wrong.load(Ordering::Relaxed),
-        0,
-        "requests not answered by the service: {:?}",
-        samples.lock().map(|v| v.clone())
+        (counts.allowed, counts.other),
+        (0, 0),
+        "requests not answered by the service: {counts:?}"
     );
     eprintln!(
-        "{total} requests in {elapsed:?} across a certificate rotation, all answered by the admission service"
+        "{} requests in {elapsed:?} across a certificate renewal: {} denied, {} allowed",
+        counts.sent, counts.denied, counts.allowed
+    );
+}
+
+/// Both certificate Secrets deleted under load: the agent makes a new CA, but the hosted
+/// caBundle trusts it before any replica serves a certificate from it, and keeps the old CA
+/// until every replica has moved on. Not one guarded request gets through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_certificate_secrets_deleted_under_load_let_nothing_through() {
+    let bed = bed(AgentConfig::default()).await;
+    let hosted = bed
+        .fleet
+        .hosted("hc-1")
+        .expect("hc-1")
+        .client()
+        .await
+        .expect("hosted");
+    let trust = || async {
+        hcp_fleet_agent::controller::installed_trust(&hosted)
+            .await
+            .expect("trust")
+    };
+    let before = trust().await;
+    let load = GuardLoad::start(alice(&bed).await);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let secrets: Api<Secret> = Api::namespaced(bed.mgmt.clone(), NS);
+    for s in ["hcp-fleet-admission-ca", "hcp-fleet-admission-tls"] {
+        secrets
+            .delete(s, &DeleteParams::default())
+            .await
+            .expect("delete");
+    }
+    // The old CA goes from the caBundle once the service serves the new certificate.
+    eventually(
+        "the caBundle holds only the new CA",
+        Duration::from_secs(20),
+        || {
+            let before = before.clone();
+            async move {
+                let now = trust().await;
+                let n = certificates::bundle_ders(&now).len();
+                if n == 1 && now != before {
+                    Ok(())
+                } else {
+                    Err(format!("{n} certificate(s) in the caBundle"))
+                }
+            }
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let counts = load.stop().await;
+    let log =
+        std::fs::read_to_string(bed.pods.path().join(NS).join("webhook.log")).unwrap_or_default();
+    assert!(log.contains("serving certificate reloaded"), "{log}");
+    assert!(counts.sent >= 400, "{counts:?}");
+    assert_eq!(
+        (counts.allowed, counts.other),
+        (0, 0),
+        "guarded requests let through: {counts:?}"
+    );
+    eprintln!(
+        "Secrets deleted under load: {} requests, {} denied, {} allowed",
+        counts.sent, counts.denied, counts.allowed
     );
 }
 

@@ -746,34 +746,72 @@ async fn two_replicas_one_leader_and_a_takeover() {
     }
     wait_compliant(&mgmt, &["hc-1", "hc-2"]).await;
 
-    // Exactly one holds the lease and reconciles; the other only waits.
+    // Exactly one holds the lease and reconciles; the other only waits. Three processes cannot
+    // be read at one instant, so a snapshot counts only when the Lease is the same (holder and
+    // renewal count) before and after the agents' gauges are read.
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(mgmt.clone(), AGENT_NS);
-    let holder = leases
-        .get("hcp-fleet-agent")
-        .await
-        .expect("lease")
-        .spec
-        .and_then(|s| s.holder_identity)
-        .expect("holder");
-    let mut reconciles = Vec::new();
-    for (name, _, addr) in &agents {
-        let (_, body) = support::http_get(*addr, "/metrics").await.expect("metrics");
-        let leader = metric(&body, "hcp_fleet_leader").unwrap_or(-1.0);
-        let count = metric(&body, "hcp_fleet_reconcile_duration_seconds_count").unwrap_or(0.0);
-        assert_eq!(
-            leader == 1.0,
-            *name == holder,
-            "{name}: leader={leader} holder={holder}"
-        );
-        reconciles.push((*name, count));
-    }
-    for (name, count) in &reconciles {
-        if *name == holder {
-            assert!(*count > 0.0, "the leader reconciled");
-        } else {
-            assert_eq!(*count, 0.0, "the standby wrote nothing: {reconciles:?}");
+    let lease_state = || async {
+        let spec = leases.get("hcp-fleet-agent").await.ok()?.spec?;
+        Some((spec.holder_identity?, spec.lease_transitions.unwrap_or(0)))
+    };
+    let mut snapshot = None;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = String::new();
+    while snapshot.is_none() && Instant::now() < deadline {
+        let before = lease_state().await;
+        let mut gauges = Vec::new();
+        for (name, _, addr) in &agents {
+            let (_, body) = support::http_get(*addr, "/metrics").await.expect("metrics");
+            let leader = metric(&body, "hcp_fleet_leader").unwrap_or(-1.0);
+            let count = metric(&body, "hcp_fleet_reconcile_duration_seconds_count").unwrap_or(0.0);
+            gauges.push((*name, leader, count));
         }
+        let after = lease_state().await;
+        last = format!("lease {before:?} then {after:?}, gauges {gauges:?}");
+        match (before, after) {
+            (Some(b), Some(a)) if a == b => snapshot = Some((a.0, a.1, gauges)),
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+    let Some((holder, transitions, gauges)) = snapshot else {
+        panic!("no consistent snapshot of the Lease and the agents: {last}");
+    };
+    for (name, leader, _) in &gauges {
+        assert_eq!(
+            *leader == 1.0,
+            *name == holder,
+            "{name}: leader={leader} holder={holder} ({last})"
+        );
+    }
+    let (standby_name, _, standby_count) = *gauges
+        .iter()
+        .find(|(name, _, _)| *name != holder)
+        .expect("a standby");
+    assert!(
+        gauges.iter().any(|(n, _, c)| *n == holder && *c > 0.0),
+        "the leader reconciled: {gauges:?}"
+    );
+    if transitions == 0 {
+        // The lease never changed hands, so the standby never led.
+        assert_eq!(standby_count, 0.0, "the standby wrote nothing: {gauges:?}");
+    }
+    // And whatever it once did, a standby does nothing while it stands by.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let standby_addr = agents
+        .iter()
+        .find(|(n, _, _)| *n == standby_name)
+        .map(|(_, _, a)| *a)
+        .expect("standby");
+    let (_, body) = support::http_get(standby_addr, "/metrics")
+        .await
+        .expect("metrics");
+    if lease_state().await.map(|l| l.0).as_deref() == Some(holder.as_str()) {
+        assert_eq!(
+            metric(&body, "hcp_fleet_reconcile_duration_seconds_count").unwrap_or(0.0),
+            standby_count,
+            "{standby_name} reconciled while standing by"
+        );
     }
 
     // Kill the leader without letting it release the lease, then drift a hosted cluster.
@@ -1099,4 +1137,157 @@ async fn uninstall_removes_webhooks_first_and_keeps_what_it_cannot_reach() {
             .expect("get")
             .is_none()
     );
+}
+
+/// Every object of the admission service on the management side is watched: deleted or
+/// edited by someone else, it is back as rendered within a second, and counted as drift on
+/// the metric and the Policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn management_objects_deleted_or_edited_come_back_within_a_second() {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+    let (_fleet, mgmt, _pods) = support::fleet_with_pods(1).await;
+    let agent = start_agent(&mgmt).await;
+    wait_compliant(&mgmt, &["hc-1"]).await;
+    let ns = "clusters-hc-1";
+    let svc = "hcp-fleet-admission";
+    let caps = hcp_fleet_agent::controller::discover(&mgmt).await;
+    let mut objects: Vec<(&str, ApiResource, String)> = vec![
+        (
+            "Secret",
+            ApiResource::erase::<Secret>(&()),
+            format!("{svc}-ca"),
+        ),
+        (
+            "Secret",
+            ApiResource::erase::<Secret>(&()),
+            format!("{svc}-tls"),
+        ),
+        ("Service", ApiResource::erase::<Service>(&()), svc.into()),
+        (
+            "NetworkPolicy",
+            ApiResource::erase::<NetworkPolicy>(&()),
+            svc.into(),
+        ),
+        (
+            "ServiceAccount",
+            ApiResource::erase::<ServiceAccount>(&()),
+            svc.into(),
+        ),
+    ];
+    let pdb = caps
+        .pdb_api
+        .api_resource()
+        .expect("both versions serve a PDB API");
+    objects.push(("PodDisruptionBudget", pdb, svc.into()));
+    let drift_of = |kind: &str| {
+        let needle = format!(
+            "hcp_fleet_management_drift_total{{hcp_namespace=\"{ns}\",hosted_cluster=\"hc-1\",kind=\"{kind}\"}}"
+        );
+        metric(&agent.context.metrics.encode(), &needle).unwrap_or(0.0)
+    };
+    let mut took = Vec::new();
+    for (kind, ar, name) in &objects {
+        let api = Api::<DynamicObject>::namespaced_with(mgmt.clone(), ns, ar);
+        let before = api.get(name).await.expect("in place").uid();
+        let counted = drift_of(kind);
+        api.delete(name, &DeleteParams::default())
+            .await
+            .expect("delete");
+        let t0 = Instant::now();
+        eventually(
+            &format!("{kind} {name} recreated"),
+            Duration::from_secs(10),
+            || {
+                let api = api.clone();
+                let before = before.clone();
+                async move {
+                    match api.get_opt(name).await {
+                        Ok(Some(o)) if o.uid() != before => Ok(()),
+                        other => Err(format!("{:?}", other.map(|o| o.map(|o| o.uid())))),
+                    }
+                }
+            },
+        )
+        .await;
+        let back = t0.elapsed();
+        assert!(
+            back < Duration::from_secs(1),
+            "{kind} {name} back after {back:?}"
+        );
+        eventually(
+            &format!("{kind} drift counted"),
+            Duration::from_secs(5),
+            || {
+                let now = drift_of(kind);
+                async move {
+                    if now > counted {
+                        Ok(())
+                    } else {
+                        Err(format!("{now}"))
+                    }
+                }
+            },
+        )
+        .await;
+        took.push(format!("{kind}/{name} {back:?}"));
+    }
+    // An edit, not a deletion: the NetworkPolicy opened to everyone is closed again.
+    let np = Api::<NetworkPolicy>::namespaced(mgmt.clone(), ns);
+    let counted = drift_of("NetworkPolicy");
+    let open = serde_json::json!({"spec": {"ingress": [{}]}});
+    np.patch(svc, &PatchParams::default(), &Patch::Merge(&open))
+        .await
+        .expect("edit");
+    let t0 = Instant::now();
+    eventually("NetworkPolicy restored", Duration::from_secs(10), || {
+        let np = np.clone();
+        async move {
+            let p = np.get(svc).await.map_err(|e| e.to_string())?;
+            let from = p
+                .spec
+                .and_then(|s| s.ingress)
+                .and_then(|i| i.first().and_then(|r| r.from.clone()));
+            if from.is_some_and(|f| !f.is_empty()) {
+                Ok(())
+            } else {
+                Err("still open".into())
+            }
+        }
+    })
+    .await;
+    let back = t0.elapsed();
+    assert!(
+        back < Duration::from_secs(1),
+        "NetworkPolicy restored after {back:?}"
+    );
+    took.push(format!("NetworkPolicy edit {back:?}"));
+    assert!(
+        drift_of("NetworkPolicy") > counted,
+        "the edit counts as drift"
+    );
+    // The Policy says so, and the HCP ends Compliant with its (new) certificate in the
+    // hosted cluster.
+    eventually(
+        "the Policy records the repair",
+        Duration::from_secs(10),
+        || {
+            let mgmt = mgmt.clone();
+            async move {
+                let p = policy(&mgmt, ns, POLICY_NAME).await?;
+                let h = history_messages(&p, "admission-service");
+                if h.iter()
+                    .any(|m| m.contains("NetworkPolicy hcp-fleet-admission changed; restored"))
+                {
+                    Ok(())
+                } else {
+                    Err(format!("{h:?}"))
+                }
+            }
+        },
+    )
+    .await;
+    wait_compliant(&mgmt, &["hc-1"]).await;
+    eprintln!("management drift repaired: {}", took.join(", "));
 }

@@ -504,6 +504,7 @@ async fn the_kubelet_retries_a_pod_until_its_secret_appears() {
         &cfg,
         &HcpInputs {
             namespace: ns,
+            agent_namespace: "hcp-fleet-agent",
             owner: None,
             certs: &certs,
             pdb_api: PdbApi::None,

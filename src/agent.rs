@@ -331,6 +331,12 @@ async fn run_leader_elected(
                                 tracing::info!(%identity, "the leader lease is confirmed again");
                                 start_now = true;
                             }
+                        } else if handle.is_some() && held_by_another(&lease, &identity) {
+                            // A starved leader's deadline timer can fire late; the Lease naming
+                            // someone else is proof enough, and the lease manager would only
+                            // tell us at its next poll.
+                            tracing::warn!(%identity, "the leader lease names another holder; stopping the controller");
+                            stop(&mut handle);
                         }
                     }
                     // Retried with backoff; a refusal (RBAC) shows here, and without renewals seen
@@ -385,6 +391,16 @@ pub fn lease_timing(duration: u64) -> (u64, std::time::Duration) {
 
 /// The Lease the replicas elect a leader on, in the agent's namespace.
 pub const LEASE_NAME: &str = "hcp-fleet-agent";
+
+/// Whether `lease` names a holder other than `identity` (an empty or missing holder is a
+/// released lease, not a rival).
+pub fn held_by_another(lease: &k8s_openapi::api::coordination::v1::Lease, identity: &str) -> bool {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref())
+        .is_some_and(|h| !h.is_empty() && h != identity)
+}
 
 /// If `identity` holds `lease`, until when it may write: the recorded renewal plus the lease
 /// duration, less `margin`. The lease manager writes renewTime from this replica's own clock,
@@ -506,6 +522,10 @@ mod tests {
     fn another_holder_gives_no_deadline() {
         let d = Duration::from_secs(15);
         assert!(lease_deadline(&lease("other", 0), "me", d, Duration::ZERO).is_none());
+        assert!(held_by_another(&lease("other", 0), "me"));
+        assert!(!held_by_another(&lease("me", 0), "me"));
+        assert!(!held_by_another(&lease("", 0), "me"));
+        assert!(!held_by_another(&Lease::default(), "me"));
         assert!(lease_deadline(&Lease::default(), "me", d, Duration::ZERO).is_none());
     }
 }

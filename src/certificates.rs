@@ -369,9 +369,56 @@ pub fn plan(
     }
 }
 
+/// The DER of each certificate in a PEM bundle, in order (other blocks and garbage skipped:
+/// a bundle read from a live object may hold anything).
+pub fn bundle_ders(bundle_pem: &str) -> Vec<Vec<u8>> {
+    pem::parse_many(bundle_pem.as_bytes())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p.tag() == "CERTIFICATE")
+        .map(|p| p.into_contents())
+        .collect()
+}
+
+/// `first`'s certificates, then each of `also`'s that `first` lacks: the trust a client needs
+/// while replicas may serve a certificate from either.
+pub fn union_bundle(first: &str, also: &str) -> String {
+    let mut seen = bundle_ders(first);
+    let mut out = first.to_string();
+    for der in bundle_ders(also) {
+        if !seen.contains(&der) {
+            out.push_str(&pem::encode(&pem::Pem::new("CERTIFICATE", der.clone())));
+            seen.push(der);
+        }
+    }
+    out
+}
+
+/// Whether `bundle` trusts every certificate of `required` (compared by DER).
+pub fn bundle_contains(bundle: &str, required: &str) -> bool {
+    let have = bundle_ders(bundle);
+    bundle_ders(required).iter().all(|d| have.contains(d))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_union_keeps_the_first_bundle_and_adds_only_what_it_lacks() {
+        let a = generate_ca("a", Duration::days(1)).expect("a").cert_pem;
+        let b = generate_ca("b", Duration::days(1)).expect("b").cert_pem;
+        let c = generate_ca("c", Duration::days(1)).expect("c").cert_pem;
+        let first = format!("{a}{b}");
+        let u = union_bundle(&first, &format!("{b}{c}garbage"));
+        assert!(u.starts_with(&first));
+        assert_eq!(bundle_ders(&u).len(), 3);
+        assert!(bundle_contains(&u, &c));
+        assert!(bundle_contains(&u, &first));
+        assert!(!bundle_contains(&first, &c));
+        assert_eq!(union_bundle(&first, ""), first);
+        assert_eq!(union_bundle(&first, "not a pem"), first);
+    }
 
     #[test]
     fn server_cert_chains_to_ca_and_carries_sans() {

@@ -7,6 +7,7 @@ pub mod agent;
 pub mod catalogue;
 pub mod certificates;
 pub mod cli;
+pub mod compare;
 pub mod config;
 pub mod controller;
 pub mod crd;

@@ -99,6 +99,9 @@ pub struct ManagementObjects {
 /// Inputs that vary per HCP.
 pub struct HcpInputs<'a> {
     pub namespace: &'a str,
+    /// Where the agent runs: its handshake with each replica (which proves what they serve
+    /// before an old CA leaves the hosted trust) must pass the NetworkPolicy.
+    pub agent_namespace: &'a str,
     pub owner: Option<OwnerReference>,
     pub certs: &'a CertBundle,
     pub pdb_api: PdbApi,
@@ -403,7 +406,8 @@ pub fn render(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<ManagementObject
             pod_selector: Some(match_labels(selector(cfg))),
             policy_types: Some(strings(&["Ingress"])),
             ingress: Some(vec![NetworkPolicyIngressRule {
-                // The hosted kube-apiserver calls the webhooks; monitoring scrapes /metrics.
+                // The hosted kube-apiserver calls the webhooks; monitoring scrapes /metrics;
+                // the agent shakes hands with each replica to see what it serves.
                 from: Some(vec![
                     NetworkPolicyPeer {
                         pod_selector: Some(match_labels(BTreeMap::from([(
@@ -416,6 +420,13 @@ pub fn render(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<ManagementObject
                         namespace_selector: Some(match_labels(BTreeMap::from([(
                             "network.openshift.io/policy-group".into(),
                             "monitoring".into(),
+                        )]))),
+                        ..Default::default()
+                    },
+                    NetworkPolicyPeer {
+                        namespace_selector: Some(match_labels(BTreeMap::from([(
+                            "kubernetes.io/metadata.name".into(),
+                            inp.agent_namespace.to_string(),
                         )]))),
                         ..Default::default()
                     },
@@ -493,6 +504,7 @@ mod tests {
             &cfg,
             &HcpInputs {
                 namespace: "clusters-hc-1",
+                agent_namespace: "hcp-fleet-agent",
                 owner: None,
                 certs: &certs,
                 pdb_api,
@@ -585,6 +597,7 @@ mod tests {
         let certs = CertBundle::generate(&cfg, &serving_sans(&cfg, "ns", &[])).expect("c");
         let inp = HcpInputs {
             namespace: "ns",
+            agent_namespace: "hcp-fleet-agent",
             owner: None,
             certs: &certs,
             pdb_api: PdbApi::V1,

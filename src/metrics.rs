@@ -43,10 +43,21 @@ pub fn counted_client(config: kube::Config, counter: Counter) -> Result<kube::Cl
         .build())
 }
 
+/// The `kind` label values of `hcp_fleet_management_drift_total`.
+pub const MANAGEMENT_KINDS: [&str; 6] = [
+    "Secret",
+    "ServiceAccount",
+    "Service",
+    "NetworkPolicy",
+    "PodDisruptionBudget",
+    "Deployment",
+];
+
 pub struct Metrics {
     registry: Mutex<Registry>,
     pub compliance: Family<HcpLabels, Gauge>,
     pub drift: Family<DriftLabels, Counter>,
+    pub management_drift: Family<DriftLabels, Counter>,
     pub webhooks_desired: Family<HcpLabels, Gauge>,
     pub webhooks_installed: Family<HcpLabels, Gauge>,
     pub cert_expiry: Family<HcpLabels, Gauge>,
@@ -73,6 +84,7 @@ impl Metrics {
             registry: Mutex::new(Registry::with_prefix("hcp_fleet")),
             compliance: Family::default(),
             drift: Family::default(),
+            management_drift: Family::default(),
             webhooks_desired: Family::default(),
             webhooks_installed: Family::default(),
             cert_expiry: Family::default(),
@@ -96,6 +108,11 @@ impl Metrics {
                 "webhook_drift",
                 "Webhook configurations changed or deleted in a hosted cluster by someone else and repaired",
                 m.drift.clone(),
+            );
+            r.register(
+                "management_drift",
+                "Objects of the admission service in an HCP namespace (Secrets, Service, NetworkPolicy, PodDisruptionBudget, ServiceAccount, Deployment) deleted or changed by someone else and repaired",
+                m.management_drift.clone(),
             );
             r.register(
                 "webhook_configurations_desired",
@@ -175,6 +192,7 @@ impl Metrics {
     pub fn forget_fleet(&self) {
         self.compliance.clear();
         self.drift.clear();
+        self.management_drift.clear();
         self.webhooks_desired.clear();
         self.webhooks_installed.clear();
         self.cert_expiry.clear();
@@ -199,15 +217,19 @@ impl Metrics {
         self.hosted_errors.remove(&l);
         self.probe_success.remove(&l);
         self.hosted_requests.remove(&l);
+        let drift = |kind: &str| DriftLabels {
+            hcp_namespace: l.hcp_namespace.clone(),
+            hosted_cluster: l.hosted_cluster.clone(),
+            kind: kind.to_string(),
+        };
         for kind in [
             "ValidatingWebhookConfiguration",
             "MutatingWebhookConfiguration",
         ] {
-            self.drift.remove(&DriftLabels {
-                hcp_namespace: l.hcp_namespace.clone(),
-                hosted_cluster: l.hosted_cluster.clone(),
-                kind: kind.to_string(),
-            });
+            self.drift.remove(&drift(kind));
+        }
+        for kind in MANAGEMENT_KINDS {
+            self.management_drift.remove(&drift(kind));
         }
     }
 }

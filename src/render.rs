@@ -24,6 +24,9 @@ pub struct RenderArgs {
     /// Configuration file (YAML); built-in defaults when absent.
     #[arg(long, env = "HCP_FLEET_CONFIG")]
     pub config: Option<PathBuf>,
+    /// The agent's own namespace (its replicas' handshakes pass the NetworkPolicy from there).
+    #[arg(long, default_value = "hcp-fleet-agent")]
+    pub agent_namespace: String,
     /// Render for a server without policy/v1 (the PodDisruptionBudget as policy/v1beta1).
     #[arg(long)]
     pub no_policy_v1: bool,
@@ -50,6 +53,7 @@ pub fn render_all(
     cfg: &AgentConfig,
     namespace: &str,
     name: &str,
+    agent_namespace: &str,
     policy_v1: bool,
 ) -> Result<String, String> {
     let certs = CertBundle::generate(cfg, &management::serving_sans(cfg, namespace, &[]))
@@ -58,6 +62,7 @@ pub fn render_all(
         cfg,
         &HcpInputs {
             namespace,
+            agent_namespace,
             owner: None,
             certs: &certs,
             pdb_api: if policy_v1 {
@@ -131,7 +136,13 @@ pub fn run(args: RenderArgs) -> ExitCode {
             .unwrap_or(&args.namespace)
             .to_string()
     });
-    match render_all(&cfg, &args.namespace, &name, !args.no_policy_v1) {
+    match render_all(
+        &cfg,
+        &args.namespace,
+        &name,
+        &args.agent_namespace,
+        !args.no_policy_v1,
+    ) {
         Ok(s) => {
             print!("{s}");
             ExitCode::SUCCESS
@@ -149,8 +160,14 @@ mod tests {
 
     #[test]
     fn renders_every_object_and_never_a_private_key() {
-        let out =
-            render_all(&AgentConfig::default(), "clusters-hc-1", "hc-1", true).expect("render");
+        let out = render_all(
+            &AgentConfig::default(),
+            "clusters-hc-1",
+            "hc-1",
+            "hcp-fleet-agent",
+            true,
+        )
+        .expect("render");
         for kind in [
             "kind: ServiceAccount",
             "kind: Secret",
@@ -175,8 +192,14 @@ mod tests {
             let _: Value = serde_saphyr::from_str(doc).expect("valid YAML");
         }
         assert!(out.contains("apiVersion: policy/v1\n"));
-        let old =
-            render_all(&AgentConfig::default(), "clusters-hc-1", "hc-1", false).expect("render");
+        let old = render_all(
+            &AgentConfig::default(),
+            "clusters-hc-1",
+            "hc-1",
+            "hcp-fleet-agent",
+            false,
+        )
+        .expect("render");
         assert!(old.contains("apiVersion: policy/v1beta1\n"), "{old}");
     }
 }

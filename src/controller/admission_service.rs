@@ -15,34 +15,85 @@ use super::apply::apply;
 use super::context::Context;
 use super::error::Failure;
 use crate::certificates::CertBundle;
+use crate::compare;
 use crate::config::AgentConfig;
 use crate::management::{self, HcpInputs};
+use crate::metrics::DriftLabels;
 
-async fn put<K>(api: Api<K>, kind: &'static str, name: &str, obj: &K) -> Result<K, Failure>
+/// One management-side object: read, and written only where it differs from what is
+/// rendered. A write to an object that was in place as rendered before (same desired state,
+/// seen matching) is drift: someone else deleted or changed it. Returns the object as the
+/// server has it, and a note when it repaired drift.
+async fn put<K>(
+    ctx: &Context,
+    ns: &str,
+    api: Api<K>,
+    kind: &'static str,
+    name: &str,
+    obj: &K,
+) -> Result<(K, Option<String>), Failure>
 where
     K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
 {
-    apply(&api, name, obj)
-        .await
-        .map_err(|source| Failure::ApplyAdmission {
-            kind,
-            name: name.to_string(),
-            source,
-        })
+    let failed = |source| Failure::ApplyAdmission {
+        kind,
+        name: name.to_string(),
+        source,
+    };
+    let want = serde_json::to_value(obj)
+        .map_err(kube::Error::SerdeError)
+        .map_err(failed)?;
+    let key = format!("{kind}/{name}");
+    let print = compare::fingerprint(&want);
+    let live = api.get_opt(name).await.map_err(failed)?;
+    if let Some(live) = live.as_ref().filter(|l| matches(&want, *l)) {
+        ctx.with_hcp(ns, |s| s.management.insert(key, print));
+        return Ok((live.clone(), None));
+    }
+    let seen = ctx.with_hcp(ns, |s| s.management.get(&key).copied());
+    let note = match (&live, seen) {
+        // Gone, though it was in place: whatever it held (a certificate, say) is new now.
+        (None, Some(_)) => Some(format!("{kind} {name} deleted; recreated")),
+        (Some(_), Some(p)) if p == print => Some(format!("{kind} {name} changed; restored")),
+        _ => None,
+    };
+    let written = apply(&api, name, obj).await.map_err(failed)?;
+    // Only an object seen to match can later be said to have drifted.
+    ctx.with_hcp(ns, |s| {
+        if matches(&want, &written) {
+            s.management.insert(key, print);
+        } else {
+            s.management.remove(&key);
+        }
+    });
+    Ok((written, note))
 }
 
-/// Applies the admission service; returns the Deployment as the server has it now.
+fn matches<K: Serialize>(want: &serde_json::Value, live: &K) -> bool {
+    serde_json::to_value(live).is_ok_and(|l| compare::subset(want, &l))
+}
+
+/// What the phase found: the Deployment as the server has it, and the drift it repaired.
+pub struct AdmissionService {
+    pub deployment: Deployment,
+    pub drift: Vec<String>,
+}
+
+/// Applies the admission service where it differs from the rendering; returns the
+/// Deployment as the server has it now.
 pub async fn ensure(
     ctx: &Context,
     cfg: &AgentConfig,
     ns: &str,
+    cluster: &str,
     owner: Option<OwnerReference>,
     certs: &CertBundle,
-) -> Result<Deployment, Failure> {
+) -> Result<AdmissionService, Failure> {
     let objs = management::render(
         cfg,
         &HcpInputs {
             namespace: ns,
+            agent_namespace: &ctx.agent_namespace,
             owner,
             certs,
             pdb_api: ctx.caps.pdb_api,
@@ -52,50 +103,84 @@ pub async fn ensure(
     let c = || ctx.client.clone();
     let name = cfg.admission.service_name.as_str();
     let secrets = || Api::<Secret>::namespaced(c(), ns);
-    put(
+    let mut drift = Vec::new();
+    let mut note = |n: Option<String>, kind: &str| {
+        if let Some(n) = n {
+            ctx.metrics
+                .management_drift
+                .get_or_create(&DriftLabels {
+                    hcp_namespace: ns.to_string(),
+                    hosted_cluster: cluster.to_string(),
+                    kind: kind.to_string(),
+                })
+                .inc();
+            drift.push(n);
+        }
+    };
+    let (_, n) = put(
+        ctx,
+        ns,
         secrets(),
         "Secret",
         &management::ca_secret_name(cfg),
         &objs.ca_secret,
     )
     .await?;
-    put(
+    note(n, "Secret");
+    let (_, n) = put(
+        ctx,
+        ns,
         secrets(),
         "Secret",
         &management::tls_secret_name(cfg),
         &objs.tls_secret,
     )
     .await?;
-    put(
+    note(n, "Secret");
+    let (_, n) = put(
+        ctx,
+        ns,
         Api::<ServiceAccount>::namespaced(c(), ns),
         "ServiceAccount",
         name,
         &objs.service_account,
     )
     .await?;
-    put(
+    note(n, "ServiceAccount");
+    let (_, n) = put(
+        ctx,
+        ns,
         Api::<Service>::namespaced(c(), ns),
         "Service",
         name,
         &objs.service,
     )
     .await?;
-    put(
+    note(n, "Service");
+    let (_, n) = put(
+        ctx,
+        ns,
         Api::<NetworkPolicy>::namespaced(c(), ns),
         "NetworkPolicy",
         name,
         &objs.network_policy,
     )
     .await?;
+    note(n, "NetworkPolicy");
     if let (Some(pdb), Some(ar)) = (&objs.pdb, ctx.caps.pdb_api.api_resource()) {
         let api = Api::<DynamicObject>::namespaced_with(c(), ns, &ar);
-        put(api, "PodDisruptionBudget", name, pdb).await?;
+        let (_, n) = put(ctx, ns, api, "PodDisruptionBudget", name, pdb).await?;
+        note(n, "PodDisruptionBudget");
     }
-    put(
+    let (deployment, n) = put(
+        ctx,
+        ns,
         Api::<Deployment>::namespaced(c(), ns),
         "Deployment",
         name,
         &objs.deployment,
     )
-    .await
+    .await?;
+    note(n, "Deployment");
+    Ok(AdmissionService { deployment, drift })
 }

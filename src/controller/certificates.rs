@@ -19,6 +19,9 @@ pub struct Certificates {
     pub bundle: CertBundle,
     /// RFC 3339.
     pub expires: String,
+    /// Whether the serving certificate differs from the one in the TLS Secret (or there is
+    /// none): the replicas are about to load a new one, which the hosted side must trust first.
+    pub serving_changes: bool,
 }
 
 pub fn secret_bytes(s: &Secret) -> BTreeMap<String, Vec<u8>> {
@@ -66,5 +69,11 @@ pub async fn ensure(
     let expires = jiff::Timestamp::from_second(facts.not_after)
         .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
         .unwrap_or_else(|_| facts.not_after.to_string());
-    Ok(Certificates { bundle, expires })
+    let live_serving = tls.as_ref().and_then(|t| secret_bytes(t).remove("tls.crt"));
+    let serving_changes = live_serving.as_deref() != Some(bundle.serving.cert_pem.as_bytes());
+    Ok(Certificates {
+        bundle,
+        expires,
+        serving_changes,
+    })
 }

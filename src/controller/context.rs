@@ -68,6 +68,13 @@ pub struct HcpState {
     pub(super) rollup: Option<RollupRow>,
     pub(super) hosted_client: Option<HostedClient>,
     pub(super) watch: Option<HostedWatch>,
+    /// Management-side objects seen in place as rendered, by `Kind/name`, with the
+    /// fingerprint of that rendering: a later write to one of them is drift. A cache only: a
+    /// restarted agent counts drift from its first look.
+    pub(super) management: HashMap<String, u64>,
+    /// Reconciles in a row that found a replica not yet serving the current certificate
+    /// (the previous CA stays trusted meanwhile); paces the next look.
+    pub(super) unsettled: u32,
 }
 
 /// How to run the controller.

@@ -90,12 +90,17 @@ pub enum Failure {
     },
     #[error("hosted kube-apiserver {server} did not answer within {seconds}s")]
     HostedTimeout { server: String, seconds: u64 },
+    /// A new serving certificate is held back until the hosted cluster trusts its CA.
+    #[error("certificate: the new certificate waits until the hosted cluster trusts its CA: {0}")]
+    TrustFirst(#[source] Box<Failure>),
 }
 
 impl Failure {
     pub fn phase(&self) -> Phase {
         match self {
-            Failure::ReadCertificates { .. } | Failure::Certificate(_) => Phase::Certificates,
+            Failure::ReadCertificates { .. } | Failure::Certificate(_) | Failure::TrustFirst(_) => {
+                Phase::Certificates
+            }
             Failure::RenderAdmission(_) | Failure::ApplyAdmission { .. } => Phase::AdmissionService,
             Failure::HostedAccess(_) => Phase::HostedAccess,
             Failure::RenderWebhooks(_)

@@ -13,7 +13,6 @@ use super::apply::apply_and_prune;
 use super::context::{Context, hcp_labels, lock};
 use super::error::Failure;
 use super::watches;
-use crate::certificates::CertBundle;
 use crate::config::AgentConfig;
 use crate::hosted::clients::HostedClient;
 use crate::hosted::webhooks::{self, HostedWebhooks, MUTATING_NAME, VALIDATING_NAME};
@@ -31,11 +30,11 @@ pub async fn ensure(
     ns: &str,
     cluster: &str,
     hosted: &HostedClient,
-    certs: &CertBundle,
+    ca_bundle: &str,
 ) -> Result<Installed, Failure> {
     let url_base = ctx.endpoints.url_base(&ctx.client, cfg, ns).await;
-    let desired = webhooks::render(cfg, ns, &url_base, &certs.ca_bundle_pem())
-        .map_err(Failure::RenderWebhooks)?;
+    let desired =
+        webhooks::render(cfg, ns, &url_base, ca_bundle).map_err(Failure::RenderWebhooks)?;
     let want = usize::from(desired.validating.is_some()) + usize::from(desired.mutating.is_some());
     let labels = hcp_labels(ns, cluster);
     let m = &ctx.metrics;

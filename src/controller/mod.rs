@@ -13,6 +13,7 @@
 //! | `hosted_webhooks` | phases 5-6: webhook configurations in the hosted cluster |
 //! | `probe` | phase 7: the end-to-end probe and its periodic task |
 //! | `report` | Policy status, history, Events, the roll-up Policy |
+//! | `trust` | the hosted caBundle trusts whatever any replica serves (trust first, retire last) |
 //! | `watches` | drift watch per hosted cluster, HCP deletion watch |
 //! | `apply` | server-side apply, apply-if-changed, apply-and-prune |
 //! | `endpoints` | the seam: how the hosted kube-apiserver reaches an admission service |
@@ -30,13 +31,16 @@ mod hosted_webhooks;
 mod probe;
 mod reconcile;
 mod report;
+mod trust;
 mod watches;
 
 use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::DynamicObject;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, ResourceExt};
@@ -48,6 +52,7 @@ pub use discovery::{Capabilities, discover};
 pub use endpoints::{AdmissionEndpoints, InCluster};
 pub use error::{Failure, Phase, ReconcileError};
 pub use reconcile::{backoff, error_policy, reconcile};
+pub use trust::installed_trust;
 
 use crate::crd::HostedControlPlane;
 use crate::management;
@@ -88,10 +93,27 @@ pub async fn run(
         "metadata.name={}",
         cfg.hosted_access.kubeconfig_secret
     ));
+    // Every other object of the admission service is watched too, so a deletion or an edit
+    // is repaired at once rather than at the next unrelated reconcile. Its Secrets by name:
+    // the agent may read only those two (RBAC resourceNames), not every Secret.
+    let by = |name: String| watcher::Config::default().fields(&format!("metadata.name={name}"));
     let controller = Controller::new(hcps, watcher::Config::default());
     let store = controller.store();
+    let mut controller = controller
+        .owns(deployments, owned.clone())
+        .owns(
+            Api::<ServiceAccount>::all(ctx.client.clone()),
+            owned.clone(),
+        )
+        .owns(Api::<Service>::all(ctx.client.clone()), owned.clone())
+        .owns(Api::<NetworkPolicy>::all(ctx.client.clone()), owned.clone())
+        .owns(secrets.clone(), by(management::ca_secret_name(&cfg)))
+        .owns(secrets.clone(), by(management::tls_secret_name(&cfg)));
+    if let Some(ar) = ctx.caps.pdb_api.api_resource() {
+        let pdbs = Api::<DynamicObject>::all_with(ctx.client.clone(), &ar);
+        controller = controller.owns_with(pdbs, ar, owned);
+    }
     controller
-        .owns(deployments, owned)
         .watches(secrets, by_name, move |s: Secret| {
             let ns = s.namespace();
             store

@@ -12,7 +12,9 @@ use tracing::{info, instrument, warn};
 
 use super::context::{Context, hcp_labels};
 use super::error::{Failure, ReconcileError};
-use super::{admission_service, certificates, hosted_access, hosted_webhooks, probe, report};
+use super::{
+    admission_service, certificates, hosted_access, hosted_webhooks, probe, report, trust,
+};
 use crate::crd::hostedcontrolplane::{PAUSE_ANNOTATION, Pause};
 use crate::crd::{ComplianceState, HostedControlPlane};
 use crate::management::deployment_available;
@@ -98,8 +100,18 @@ async fn run_phases(ctx: &Context, hcp: &HostedControlPlane, ns: &str, cluster: 
         }
         // 2. Certificates. 3. The admission service, gated on its Deployment.
         let certs = certificates::ensure(ctx, &cfg, ns, cluster).await?;
-        let deployment =
-            admission_service::ensure(ctx, &cfg, ns, owner(hcp), &certs.bundle).await?;
+        // Trust first: a new certificate reaches the replicas only once the hosted side
+        // trusts its CA.
+        let mut hosted_drift = if certs.serving_changes {
+            trust::pre_trust(ctx, &cfg, ns, cluster, &certs.bundle).await?
+        } else {
+            Vec::new()
+        };
+        let service =
+            admission_service::ensure(ctx, &cfg, ns, cluster, owner(hcp), &certs.bundle).await?;
+        let deployment = service.deployment;
+        let management_drift = service.drift;
+        drift_repaired = management_drift.len() as u64;
         let valid_until = format!("serving certificate valid until {}", certs.expires);
         seen.insert(Concern::Certificate, Observation::compliant(valid_until));
         if !deployment_available(&deployment) {
@@ -114,25 +126,43 @@ async fn run_phases(ctx: &Context, hcp: &HostedControlPlane, ns: &str, cluster: 
             .status
             .as_ref()
             .and_then(|s| s.available_replicas);
-        let available = format!(
+        let mut available = format!(
             "Deployment available ({}/{} replicas)",
             ready.unwrap_or(0),
             cfg.admission.replicas
         );
+        if !management_drift.is_empty() {
+            available.push_str(&format!("; drift repaired: {}", management_drift.join("; ")));
+        }
         seen.insert(Concern::AdmissionService, Observation::compliant(available));
         // 4. Hosted access. 5-6. Webhook configurations there, kept from drifting.
         let hosted = hosted_access::connect(ctx, &cfg, ns, cluster).await?;
-        let installed =
-            hosted_webhooks::ensure(ctx, &cfg, ns, cluster, &hosted, &certs.bundle).await?;
-        drift_repaired = installed.drift.len() as u64;
-        let webhooks = if installed.drift.is_empty() {
+        // Retire last: the previous CA leaves the caBundle once every replica serves the new
+        // certificate.
+        let (bundle, settled) =
+            trust::hosted_bundle(ctx, &cfg, ns, &hosted, &certs.bundle).await?;
+        let installed = hosted_webhooks::ensure(ctx, &cfg, ns, cluster, &hosted, &bundle).await?;
+        hosted_drift.extend(installed.drift);
+        drift_repaired += hosted_drift.len() as u64;
+        let mut webhooks = if hosted_drift.is_empty() {
             let n = installed.configurations;
             format!("{n} webhook configuration(s) installed and current")
         } else {
-            format!("drift repaired: {}", installed.drift.join("; "))
+            format!("drift repaired: {}", hosted_drift.join("; "))
         };
+        let unsettled = ctx.with_hcp(ns, |s| {
+            s.unsettled = if settled { 0 } else { s.unsettled.saturating_add(1) };
+            s.unsettled
+        });
+        if !settled {
+            webhooks.push_str(
+                "; the previous CA stays in the caBundle until every replica serves the new certificate",
+            );
+            seen.insert(Concern::HostedWebhooks, Observation::compliant(webhooks));
+            return Ok(Action::requeue(backoff(unsettled)));
+        }
         seen.insert(Concern::HostedWebhooks, Observation::compliant(webhooks));
-        if drift_repaired > 0 {
+        if !hosted_drift.is_empty() || !management_drift.is_empty() {
             // Once more, so the history also records the steady state after the repair.
             return Ok(Action::requeue(Duration::from_millis(500)));
         }

@@ -202,7 +202,9 @@ pub fn webhooks_match(desired: &Value, live: &Value) -> bool {
         return desired.get("webhooks").is_none() && live.get("webhooks").is_none();
     };
     d.len() == l.len()
-        && d.iter().zip(l).all(|(dw, lw)| subset(dw, lw))
+        && d.iter()
+            .zip(l)
+            .all(|(dw, lw)| crate::compare::subset(dw, lw))
         && desired["metadata"]["labels"]
             .as_object()
             .is_some_and(|labels| {
@@ -210,19 +212,6 @@ pub fn webhooks_match(desired: &Value, live: &Value) -> bool {
                     .iter()
                     .all(|(k, v)| live["metadata"]["labels"][k] == *v)
             })
-}
-
-/// Every field of `a` is in `b` with the same value (recursively; arrays element-wise).
-fn subset(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::Object(ao), Value::Object(bo)) => ao
-            .iter()
-            .all(|(k, av)| bo.get(k).is_some_and(|bv| subset(av, bv))),
-        (Value::Array(aa), Value::Array(ba)) => {
-            aa.len() == ba.len() && aa.iter().zip(ba).all(|(x, y)| subset(x, y))
-        }
-        _ => a == b,
-    }
 }
 
 #[cfg(test)]

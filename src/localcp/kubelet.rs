@@ -60,10 +60,31 @@ impl AdmissionEndpoints for LocalEndpoints {
             published.unwrap_or_else(|| crate::hosted::webhooks::default_url_base(cfg, namespace))
         })
     }
+
+    /// The published address: behind it, this kubelet's one process per Deployment.
+    fn replicas<'a>(
+        &'a self,
+        management: &'a Client,
+        cfg: &'a AgentConfig,
+        namespace: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<std::net::SocketAddr>, String>> {
+        Box::pin(async move {
+            let svc = Api::<Service>::namespaced(management.clone(), namespace)
+                .get_opt(&cfg.admission.service_name)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(svc
+                .and_then(|s| s.annotations().get(LOCAL_ENDPOINT_ANNOTATION).cloned())
+                .and_then(|url| url.strip_prefix("https://").and_then(|a| a.parse().ok()))
+                .into_iter()
+                .collect())
+        })
+    }
 }
 
 struct Pod {
     generation: i64,
+    port: u16,
     dir: PathBuf,
     secret: String,
     _process: ManagedProcess,
@@ -94,7 +115,17 @@ pub fn spawn(client: Client, opts: KubeletOptions) -> JoinHandle<()> {
         )
         .default_backoff()
         .map(|e| e.map(|ev| Either::Secret(Box::new(ev))));
-        let mut events = std::pin::pin!(futures::stream::select(deployments, secrets));
+        // A recreated Service gets its address again, as kube-proxy would route it again.
+        let services = watcher(
+            Api::<Service>::all(client.clone()),
+            watcher::Config::default().labels(&label),
+        )
+        .default_backoff()
+        .map(|e| e.map(|ev| Either::Service(Box::new(ev))));
+        let mut events = std::pin::pin!(futures::stream::select(
+            futures::stream::select(deployments, secrets),
+            services
+        ));
         let mut pods: HashMap<String, Pod> = HashMap::new();
         // Deployments whose pod could not start (its Secret missing, say), by namespace. A
         // real kubelet keeps retrying such a pod; so does this one: when a Secret appears in
@@ -131,6 +162,17 @@ pub fn spawn(client: Client, opts: KubeletOptions) -> JoinHandle<()> {
                     }
                     _ => {}
                 },
+                Either::Service(ev) => {
+                    if let watcher::Event::Apply(svc) = *ev {
+                        let ns = svc.namespace().unwrap_or_default();
+                        if let Some(pod) = pods.get(&ns) {
+                            let url = format!("https://127.0.0.1:{}", pod.port);
+                            if svc.annotations().get(LOCAL_ENDPOINT_ANNOTATION) != Some(&url) {
+                                let _ = publish(&client, &ns, &svc.name_any(), &url).await;
+                            }
+                        }
+                    }
+                }
                 Either::Secret(ev) => {
                     if let watcher::Event::Apply(s) | watcher::Event::InitApply(s) = *ev {
                         let ns = s.namespace().unwrap_or_default();
@@ -171,6 +213,17 @@ async fn attempt(
 enum Either {
     Deployment(Box<watcher::Event<Deployment>>),
     Secret(Box<watcher::Event<Secret>>),
+    Service(Box<watcher::Event<Service>>),
+}
+
+/// Writes the address of a namespace's admission process on its Service.
+async fn publish(client: &Client, ns: &str, svc: &str, url: &str) -> Result<(), String> {
+    let patch = serde_json::json!({"metadata": {"annotations": {LOCAL_ENDPOINT_ANNOTATION: url}}});
+    Api::<Service>::namespaced(client.clone(), ns)
+        .patch(svc, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 fn write_certs(dir: &Path, s: &Secret) -> Result<(), String> {
@@ -280,18 +333,20 @@ async fn sync_pod(
         ns.clone(),
         Pod {
             generation,
+            port,
             dir,
             secret: secret_name,
             _process: process,
         },
     );
     // Publish, then mark available: the agent renders URLs only after the availability gate.
-    let svc_name = d.name_any();
-    let patch = serde_json::json!({"metadata": {"annotations": {LOCAL_ENDPOINT_ANNOTATION: format!("https://127.0.0.1:{port}")}}});
-    Api::<Service>::namespaced(client.clone(), &ns)
-        .patch(&svc_name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map_err(|e| e.to_string())?;
+    publish(
+        client,
+        &ns,
+        &d.name_any(),
+        &format!("https://127.0.0.1:{port}"),
+    )
+    .await?;
     mark_available(client, d).await
 }
 

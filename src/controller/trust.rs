@@ -1,0 +1,165 @@
+//! No window where the guard is silently off: the hosted caBundle always trusts whatever any
+//! replica of the admission service serves, because with failurePolicy Ignore an untrusted
+//! certificate lets every request through.
+//!
+//! - Trust first: before a new serving certificate is written (renewal, CA rotation, Secrets
+//!   deleted and made anew), the hosted configurations get the new CA *added* to the caBundle
+//!   they already carry (`pre_trust`). Only then may a replica load the new certificate.
+//! - Retire last: the caBundle narrows to the current bundle only once a TLS handshake with
+//!   each ready replica shows the new certificate (`hosted_bundle`); until then it keeps the
+//!   union, and the reconcile looks again in a second.
+
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::{Api, Client};
+use tracing::info;
+
+use super::context::Context;
+use super::error::Failure;
+use super::{hosted_access, hosted_webhooks};
+use crate::certificates::{CertBundle, bundle_ders, union_bundle};
+use crate::config::AgentConfig;
+use crate::hosted::clients::HostedClient;
+use crate::hosted::webhooks::{MUTATING_NAME, VALIDATING_NAME};
+
+/// How long one handshake with a replica may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Every caBundle the agent's configurations in the hosted cluster carry now, as one bundle
+/// (empty when none is installed).
+pub async fn installed_trust(hosted: &Client) -> Result<String, kube::Error> {
+    let mut bundle = String::new();
+    let mut add = |b: Option<&k8s_openapi::ByteString>| {
+        if let Some(b) = b {
+            bundle = union_bundle(&bundle, &String::from_utf8_lossy(&b.0));
+        }
+    };
+    if let Some(v) = Api::<ValidatingWebhookConfiguration>::all(hosted.clone())
+        .get_opt(VALIDATING_NAME)
+        .await?
+    {
+        for w in v.webhooks.iter().flatten() {
+            add(w.client_config.ca_bundle.as_ref());
+        }
+    }
+    if let Some(m) = Api::<MutatingWebhookConfiguration>::all(hosted.clone())
+        .get_opt(MUTATING_NAME)
+        .await?
+    {
+        for w in m.webhooks.iter().flatten() {
+            add(w.client_config.ca_bundle.as_ref());
+        }
+    }
+    Ok(bundle)
+}
+
+/// Before `certs` (with a serving certificate the replicas do not have yet) is written: if
+/// replicas may be serving (the Deployment exists), the hosted configurations that are
+/// installed get the new bundle added to their trust. Fails, holding the certificate back,
+/// when the hosted cluster cannot be reached to do so.
+pub async fn pre_trust(
+    ctx: &Context,
+    cfg: &AgentConfig,
+    ns: &str,
+    cluster: &str,
+    certs: &CertBundle,
+) -> Result<Vec<String>, Failure> {
+    let held = |f: Failure| Failure::TrustFirst(Box::new(f));
+    let deployment = Api::<Deployment>::namespaced(ctx.client.clone(), ns)
+        .get_opt(&cfg.admission.service_name)
+        .await
+        .map_err(|source| {
+            held(Failure::ApplyAdmission {
+                kind: "Deployment",
+                name: cfg.admission.service_name.clone(),
+                source,
+            })
+        })?;
+    if deployment.is_none() {
+        return Ok(Vec::new()); // nothing serves yet
+    }
+    let hosted = hosted_access::connect(ctx, cfg, ns, cluster)
+        .await
+        .map_err(held)?;
+    let installed = installed_trust(&hosted.client).await.map_err(|source| {
+        held(Failure::HostedApi {
+            server: hosted.server.clone(),
+            source,
+        })
+    })?;
+    if installed.is_empty() {
+        return Ok(Vec::new()); // nothing installed that could distrust the new certificate
+    }
+    let want = certs.ca_bundle_pem();
+    let have = bundle_ders(&installed);
+    if bundle_ders(&want).iter().all(|d| have.contains(d)) {
+        return Ok(Vec::new());
+    }
+    info!("adding the new CA to the hosted caBundle before the new certificate is served");
+    let widened = union_bundle(&want, &installed);
+    let done = hosted_webhooks::ensure(ctx, cfg, ns, cluster, &hosted, &widened)
+        .await
+        .map_err(held)?;
+    Ok(done.drift)
+}
+
+/// The caBundle the hosted configurations should carry now, and whether it is final: the
+/// current bundle once every ready replica serves `certs.serving`; until then the current
+/// bundle plus what is installed.
+pub async fn hosted_bundle(
+    ctx: &Context,
+    cfg: &AgentConfig,
+    ns: &str,
+    hosted: &HostedClient,
+    certs: &CertBundle,
+) -> Result<(String, bool), Failure> {
+    let want = certs.ca_bundle_pem();
+    if replicas_serve(ctx, cfg, ns, &certs.serving.cert_pem).await {
+        return Ok((want, true));
+    }
+    let installed = installed_trust(&hosted.client)
+        .await
+        .map_err(|source| Failure::HostedApi {
+            server: hosted.server.clone(),
+            source,
+        })?;
+    Ok((
+        union_bundle(&want, &installed),
+        bundle_ders(&installed).is_empty(),
+    ))
+}
+
+/// Whether a handshake with every ready replica shows `serving_pem` (and there is at least
+/// one replica to ask).
+async fn replicas_serve(ctx: &Context, cfg: &AgentConfig, ns: &str, serving_pem: &str) -> bool {
+    let Some(expected) = bundle_ders(serving_pem).into_iter().next() else {
+        return false;
+    };
+    let replicas = match ctx.endpoints.replicas(&ctx.client, cfg, ns).await {
+        Ok(r) if !r.is_empty() => r,
+        Ok(_) => return false,
+        Err(e) => {
+            info!(error = %e, "replicas unknown; keeping the old CA trusted");
+            return false;
+        }
+    };
+    let name = format!("{}.{ns}.svc", cfg.admission.service_name);
+    for addr in replicas {
+        match crate::tls::served_certificate(addr, &name, HANDSHAKE_TIMEOUT).await {
+            Ok(der) if der == expected => {}
+            Ok(_) => {
+                info!(%addr, "a replica still serves the previous certificate");
+                return false;
+            }
+            Err(e) => {
+                info!(%addr, error = %e, "no handshake with a replica");
+                return false;
+            }
+        }
+    }
+    true
+}
