@@ -51,7 +51,7 @@ async fn bed(cfg: AgentConfig) -> Bed {
     );
     let agent = agent::start(
         mgmt.clone(),
-        cfg,
+        hcp_fleet_agent::localcp::allow_loopback(cfg),
         StartOptions {
             agent_namespace: "hcp-fleet-agent".into(),
             endpoints: kubelet::endpoints(),

@@ -52,7 +52,7 @@ fn history_messages(p: &Policy, template: &str) -> Vec<String> {
 async fn start_agent(mgmt: &Client) -> agent::AgentHandle {
     agent::start(
         mgmt.clone(),
-        AgentConfig::default(),
+        hcp_fleet_agent::localcp::allow_loopback(AgentConfig::default()),
         StartOptions {
             agent_namespace: AGENT_NS.into(),
             endpoints: kubelet::endpoints(),
@@ -621,10 +621,10 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
     );
     assert_eq!(
         *agent.context.config(),
-        AgentConfig::default(),
+        hcp_fleet_agent::localcp::allow_loopback(AgentConfig::default()),
         "last good configuration kept"
     );
-    let mut cfg = AgentConfig::default();
+    let mut cfg = hcp_fleet_agent::localcp::allow_loopback(AgentConfig::default());
     for w in &mut cfg.webhooks {
         if w.kind == hcp_fleet_agent::config::WebhookKind::Mutating {
             w.mode = hcp_fleet_agent::config::Mode::Off;
@@ -1290,4 +1290,101 @@ async fn management_objects_deleted_or_edited_come_back_within_a_second() {
     .await;
     wait_compliant(&mgmt, &["hc-1"]).await;
     eprintln!("management drift repaired: {}", took.join(", "));
+}
+
+/// No confused deputy: a kubeconfig naming the management cluster itself, one naming a hosted
+/// cluster another HCP namespace already holds, and one naming a server outside the allow-list
+/// are each refused with the reason, and nothing is written where they point. The claim is
+/// recorded in the hosted cluster, so a restarted agent refuses the same namespace again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_management_cluster_a_claimed_cluster_and_a_foreign_server_are_refused() {
+    use hcp_fleet_agent::hosted::webhooks::CLAIM_ANNOTATION;
+    use hcp_fleet_agent::localcp::fixtures::create_hcp;
+    let (fleet, mgmt, _pods) = support::fleet_with_pods(1).await;
+    let agent = start_agent(&mgmt).await;
+    wait_compliant(&mgmt, &["hc-1"]).await;
+    let hc1 = fleet.hosted("hc-1").expect("hc-1");
+    // The management cluster's own kubeconfig (admin credentials, a loopback server the test
+    // bed allows: only its identity gives it away).
+    create_hcp(&mgmt, "deputy", &fleet.management.kubeconfig_yaml)
+        .await
+        .expect("deputy");
+    // hc-1's kubeconfig again, in a second namespace.
+    create_hcp(&mgmt, "twin", &hc1.kubeconfig_yaml)
+        .await
+        .expect("twin");
+    // The same cluster under a name the allow-list does not hold.
+    let foreign = hc1
+        .kubeconfig_yaml
+        .replace("https://127.0.0.1:", "https://localhost:");
+    assert_ne!(foreign, hc1.kubeconfig_yaml);
+    create_hcp(&mgmt, "foreign", &foreign)
+        .await
+        .expect("foreign");
+    let verdicts = [
+        ("clusters-deputy", "names the management cluster itself"),
+        (
+            "clusters-twin",
+            "already claimed by HCP namespace clusters-hc-1",
+        ),
+        (
+            "clusters-foreign",
+            "is not allowed (hostedAccess.allowedServers",
+        ),
+    ];
+    for (ns, why) in verdicts {
+        wait_verdict(&mgmt, ns, "hosted-webhooks", "NonCompliant", why).await;
+    }
+    let claim_of_hc1 = || async {
+        let hosted = hc1.client().await.expect("hc-1 client");
+        Api::<ValidatingWebhookConfiguration>::all(hosted)
+            .get(VALIDATING_NAME)
+            .await
+            .expect("hc-1's configuration")
+            .annotations()
+            .get(CLAIM_ANNOTATION)
+            .cloned()
+    };
+    let claim = claim_of_hc1().await.expect("claimed");
+    assert!(claim.ends_with("/clusters-hc-1"), "{claim}");
+    let assert_management_untouched = || async {
+        let v = Api::<ValidatingWebhookConfiguration>::all(mgmt.clone())
+            .list(&Default::default())
+            .await
+            .expect("list");
+        let m = Api::<MutatingWebhookConfiguration>::all(mgmt.clone())
+            .list(&Default::default())
+            .await
+            .expect("list");
+        let names: Vec<String> = v
+            .items
+            .iter()
+            .map(|o| o.name_any())
+            .chain(m.items.iter().map(|o| o.name_any()))
+            .collect();
+        assert!(
+            !names.iter().any(|n| n.starts_with("hcp-fleet")),
+            "the management cluster got the fleet's webhooks: {names:?}"
+        );
+    };
+    assert_management_untouched().await;
+    wait_compliant(&mgmt, &["hc-1"]).await;
+
+    // A restarted agent finds the claim where it left it: the twin is refused again (had it
+    // been first in line this time, it would otherwise have taken hc-1).
+    drop(agent);
+    for (ns, _) in verdicts {
+        Api::<Policy>::namespaced(mgmt.clone(), ns)
+            .delete(POLICY_NAME, &DeleteParams::default())
+            .await
+            .expect("delete the old verdict");
+    }
+    let agent = start_agent(&mgmt).await;
+    for (ns, why) in verdicts {
+        wait_verdict(&mgmt, ns, "hosted-webhooks", "NonCompliant", why).await;
+    }
+    wait_compliant(&mgmt, &["hc-1"]).await;
+    assert_eq!(claim_of_hc1().await, Some(claim));
+    assert_management_untouched().await;
+    drop(agent);
 }

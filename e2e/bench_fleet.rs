@@ -139,9 +139,13 @@ async fn run() -> Result<(), String> {
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}")
         .parse()
         .map_err(|e| format!("{e}"))?;
+    let config = fleet.state_dir().join("agent-config.yaml");
+    std::fs::write(&config, hcp_fleet_agent::localcp::agent_config_yaml())
+        .map_err(|e| e.to_string())?;
     let mut agent = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+        .args(["agent", "--config"])
+        .arg(&config)
         .args([
-            "agent",
             "--local-mode",
             "--metrics-addr",
             &addr.to_string(),

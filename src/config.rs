@@ -163,6 +163,11 @@ pub struct HostedAccessConfig {
     /// Server URL rewrites, applied in order to the kubeconfig's server (first match wins).
     /// `{namespace}` in `to` is the HCP namespace.
     pub server_rewrites: Vec<ServerRewrite>,
+    /// The API servers a kubeconfig may name, after rewriting: `{namespace}` is the HCP
+    /// namespace, `*` any run of characters without `/`. By default only that HCP's own
+    /// kube-apiserver Service, so a secret naming the management cluster (or another HCP)
+    /// is refused before anything is read or written there.
+    pub allowed_servers: Vec<String>,
     /// Timeout of every call to a hosted kube-apiserver.
     pub request_timeout_seconds: u32,
 }
@@ -178,6 +183,7 @@ impl Default for HostedAccessConfig {
                 from: "https://kube-apiserver:6443".into(),
                 to: "https://kube-apiserver.{namespace}.svc:6443".into(),
             }],
+            allowed_servers: vec!["https://kube-apiserver.{namespace}.svc:6443".into()],
             request_timeout_seconds: 10,
         }
     }
@@ -306,6 +312,16 @@ impl AgentConfig {
                 p.push(format!(
                     "hostedAccess.serverRewrites: {:?} must be an https:// URL",
                     rw.to
+                ));
+            }
+        }
+        if h.allowed_servers.is_empty() {
+            p.push("hostedAccess.allowedServers must name at least one server".into());
+        }
+        for a in &h.allowed_servers {
+            if !a.starts_with("https://") {
+                p.push(format!(
+                    "hostedAccess.allowedServers: {a:?} must be an https:// URL pattern"
                 ));
             }
         }

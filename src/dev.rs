@@ -134,7 +134,7 @@ async fn start_agent(
     );
     let agent = crate::agent::start(
         mgmt,
-        crate::config::AgentConfig::default(),
+        localcp::allow_loopback(crate::config::AgentConfig::default()),
         crate::agent::StartOptions {
             agent_namespace: "hcp-fleet-agent".into(),
             endpoints: localcp::kubelet::endpoints(),

@@ -216,8 +216,13 @@ pub fn spawn_elected_agent(
     lease_seconds: Option<u64>,
 ) -> (KillOnDrop, std::net::SocketAddr) {
     let port = hcp_fleet_agent::localcp::free_port().expect("port");
+    // The test bed's configuration, beside the kubeconfig (which outlives the agent).
+    let config = kubeconfig.with_file_name(format!("agent-{name}-{port}.yaml"));
+    std::fs::write(&config, hcp_fleet_agent::localcp::agent_config_yaml()).expect("config");
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"));
     cmd.args(["agent", "--local-mode", "--leader-elect"])
+        .arg("--config")
+        .arg(&config)
         .args(["--namespace", namespace])
         .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
         .env("KUBECONFIG", kubeconfig)

@@ -75,6 +75,9 @@ pub struct HcpState {
     /// Reconciles in a row that found a replica not yet serving the current certificate
     /// (the previous CA stays trusted meanwhile); paces the next look.
     pub(super) unsettled: u32,
+    /// The hosted cluster's identity (kube-system UID), once this namespace's claim on it
+    /// is confirmed; cleared with the hosted client.
+    pub(super) hosted_identity: Option<String>,
 }
 
 /// How to run the controller.
@@ -98,6 +101,8 @@ pub struct Context {
     /// UIDs of deleted HCPs (a UID is never reused, so a recreated HCP is not affected).
     tombstones: Mutex<HashSet<String>>,
     pub(super) rollup_changed: Notify,
+    /// The management cluster's identity (the UID of its kube-system namespace), read once.
+    management_identity: tokio::sync::OnceCell<String>,
     pub(super) recorder: Recorder,
 }
 
@@ -139,6 +144,7 @@ impl Context {
             hcps: Mutex::new(HashMap::new()),
             tombstones: Mutex::new(HashSet::new()),
             rollup_changed: Notify::new(),
+            management_identity: tokio::sync::OnceCell::new(),
             recorder,
         });
         (ctx, rx)
@@ -155,6 +161,26 @@ impl Context {
     /// Runs `f` on the state of `ns`, creating it if this is the HCP's first reconcile.
     pub(super) fn with_hcp<R>(&self, ns: &str, f: impl FnOnce(&mut HcpState) -> R) -> R {
         f(lock(&self.hcps).entry(ns.to_string()).or_default())
+    }
+
+    /// The management cluster's identity: the UID of its kube-system namespace, read on first
+    /// use and kept (a UID never changes).
+    pub(super) async fn management_identity(&self) -> Result<String, kube::Error> {
+        self.management_identity
+            .get_or_try_init(|| async {
+                let ns =
+                    kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(self.client.clone())
+                        .get("kube-system")
+                        .await?;
+                Ok(ns.metadata.uid.unwrap_or_default())
+            })
+            .await
+            .cloned()
+    }
+
+    /// The management cluster's identity if it has been read.
+    pub(super) fn management_uid(&self) -> Option<String> {
+        self.management_identity.get().cloned()
     }
 
     /// All HCP states, for the few places that need the whole fleet at once.

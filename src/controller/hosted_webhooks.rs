@@ -33,8 +33,12 @@ pub async fn ensure(
     ca_bundle: &str,
 ) -> Result<Installed, Failure> {
     let url_base = ctx.endpoints.url_base(&ctx.client, cfg, ns).await;
-    let desired =
+    let mut desired =
         webhooks::render(cfg, ns, &url_base, ca_bundle).map_err(Failure::RenderWebhooks)?;
+    // Hosted access has confirmed the claim (and read the management identity) first.
+    if let Some(uid) = ctx.management_uid() {
+        desired = desired.claimed(&webhooks::claim_value(&uid, ns));
+    }
     let want = usize::from(desired.validating.is_some()) + usize::from(desired.mutating.is_some());
     let labels = hcp_labels(ns, cluster);
     let m = &ctx.metrics;

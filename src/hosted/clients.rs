@@ -40,6 +40,39 @@ pub enum HostedAccessError {
         server: String,
         reason: String,
     },
+    #[error(
+        "{namespace}: the management cluster's identity (the UID of its namespace kube-system) cannot be read: {source}; nothing is installed in any hosted cluster until it is known"
+    )]
+    ManagementIdentity {
+        namespace: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(
+        "{namespace}: reading the identity of {server} (the UID of its namespace kube-system): {reason}"
+    )]
+    HostedIdentity {
+        namespace: String,
+        server: String,
+        reason: String,
+    },
+    #[error(
+        "{namespace}: the kubeconfig names the management cluster itself ({server}, kube-system UID {uid}); nothing is installed there"
+    )]
+    IsManagementCluster {
+        namespace: String,
+        server: String,
+        uid: String,
+    },
+    #[error(
+        "{namespace}: the hosted cluster at {server} (kube-system UID {uid}) is already claimed by {claimed_by}; nothing is installed there"
+    )]
+    Claimed {
+        namespace: String,
+        server: String,
+        uid: String,
+        claimed_by: String,
+    },
 }
 
 /// A client for one hosted kube-apiserver and the (rewritten) server URL it talks to.
@@ -71,12 +104,16 @@ impl HostedClient {
         access: &HostedAccessConfig,
         requests: prometheus_client::metrics::counter::Counter,
     ) -> Result<Self, HostedAccessError> {
-        let valid = validate(raw, namespace, &access.server_rewrites).map_err(|source| {
-            HostedAccessError::Invalid {
-                namespace: namespace.to_string(),
-                secret: secret_name.to_string(),
-                source,
-            }
+        let valid = validate(
+            raw,
+            namespace,
+            &access.server_rewrites,
+            &access.allowed_servers,
+        )
+        .map_err(|source| HostedAccessError::Invalid {
+            namespace: namespace.to_string(),
+            secret: secret_name.to_string(),
+            source,
         })?;
         let client_err = |reason: String| HostedAccessError::Client {
             namespace: namespace.to_string(),

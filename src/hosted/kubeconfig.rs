@@ -50,6 +50,13 @@ pub enum KubeconfigError {
     Forbidden { field: String, why: &'static str },
     #[error("kubeconfig is incomplete: {0}")]
     Incomplete(String),
+    #[error(
+        "kubeconfig server {server} is not allowed (hostedAccess.allowedServers for this namespace: {allowed:?}); a kubeconfig naming any other API server, the management cluster's own among them, is refused"
+    )]
+    ServerNotAllowed {
+        server: String,
+        allowed: Vec<String>,
+    },
 }
 
 /// A kubeconfig that passed validation, with its server already rewritten.
@@ -136,6 +143,7 @@ pub fn validate(
     raw: &[u8],
     namespace: &str,
     rewrites: &[ServerRewrite],
+    allowed: &[String],
 ) -> Result<ValidKubeconfig, KubeconfigError> {
     if raw.len() > MAX_KUBECONFIG_BYTES {
         return Err(KubeconfigError::TooLarge(raw.len()));
@@ -224,12 +232,54 @@ pub fn validate(
             }
         }
     }
+    if !server_allowed(&rewritten, namespace, allowed) {
+        return Err(KubeconfigError::ServerNotAllowed {
+            server: rewritten,
+            allowed: allowed
+                .iter()
+                .map(|p| p.replace("{namespace}", namespace))
+                .collect(),
+        });
+    }
     // JSON is YAML; kube's parser takes it as is.
     let yaml = serde_json::to_string(&doc).map_err(|e| KubeconfigError::Syntax(e.to_string()))?;
     Ok(ValidKubeconfig {
         yaml,
         server: rewritten,
     })
+}
+
+/// Whether `server` (after rewriting) matches one of `patterns`: `{namespace}` stands for the
+/// HCP namespace, `*` for any run of characters other than `/` (a port, say), and a
+/// trailing `/` is ignored on both sides.
+pub fn server_allowed(server: &str, namespace: &str, patterns: &[String]) -> bool {
+    let server = server.trim_end_matches('/');
+    patterns.iter().any(|p| {
+        let p = p.replace("{namespace}", namespace);
+        glob(p.trim_end_matches('/').as_bytes(), server.as_bytes())
+    })
+}
+
+/// `*` matches any run of bytes without `/`; everything else matches itself.
+fn glob(pattern: &[u8], text: &[u8]) -> bool {
+    match pattern.split_first() {
+        None => text.is_empty(),
+        Some((b'*', rest)) => {
+            let mut i = 0;
+            loop {
+                if glob(rest, &text[i..]) {
+                    return true;
+                }
+                if i == text.len() || text[i] == b'/' {
+                    return false;
+                }
+                i += 1;
+            }
+        }
+        Some((c, rest)) => text
+            .split_first()
+            .is_some_and(|(t, trest)| t == c && glob(rest, trest)),
+    }
 }
 
 /// The first rewrite whose `from` equals the server (ignoring a trailing '/') wins.
@@ -256,10 +306,12 @@ mod tests {
     const CERT_USER: &str = "    client-certificate-data: Zm9v\n    client-key-data: YmFy\n";
 
     fn check(doc: &str) -> Result<ValidKubeconfig, KubeconfigError> {
+        let h = HostedAccessConfig::default();
         validate(
             doc.as_bytes(),
             "clusters-hc-1",
-            &HostedAccessConfig::default().server_rewrites,
+            &h.server_rewrites,
+            &h.allowed_servers,
         )
     }
 
@@ -356,11 +408,11 @@ mod tests {
         ));
         let big = vec![b'a'; MAX_KUBECONFIG_BYTES + 1];
         assert!(matches!(
-            validate(&big, "ns", &[]),
+            validate(&big, "ns", &[], &[]),
             Err(KubeconfigError::TooLarge(_))
         ));
         assert!(matches!(
-            validate(&[0xff, 0xfe], "ns", &[]),
+            validate(&[0xff, 0xfe], "ns", &[], &[]),
             Err(KubeconfigError::Syntax(_))
         ));
     }
@@ -390,5 +442,63 @@ mod tests {
             ),
             "https://kube-apiserver.ns.svc:6443"
         );
+    }
+
+    #[test]
+    fn only_allowed_servers_pass_by_default_the_hcps_own_kube_apiserver() {
+        // The management cluster's own API server, or another HCP's, is refused by name.
+        for other in [
+            "https://kubernetes.default.svc:443",
+            "https://api.management.example.com:6443",
+            "https://kube-apiserver.clusters-hc-2.svc:6443",
+        ] {
+            let doc = kc("", CERT_USER).replace("https://kube-apiserver:6443", other);
+            let err = check(&doc).expect_err(other);
+            assert!(
+                matches!(err, KubeconfigError::ServerNotAllowed { .. }),
+                "{err}"
+            );
+            let msg = err.to_string();
+            assert!(msg.contains(other), "{msg}");
+            assert!(
+                msg.contains("kube-apiserver.clusters-hc-1.svc:6443"),
+                "{msg}"
+            );
+        }
+        // Already in its long form, the HCP's own is accepted too.
+        let own = kc("", CERT_USER).replace(
+            "https://kube-apiserver:6443",
+            "https://kube-apiserver.clusters-hc-1.svc:6443/",
+        );
+        check(&own).expect("its own kube-apiserver");
+    }
+
+    #[test]
+    fn allow_patterns_take_the_namespace_and_a_star_within_one_segment() {
+        let p = |xs: &[&str]| xs.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let loopback = p(&["https://127.0.0.1:*"]);
+        assert!(server_allowed("https://127.0.0.1:40123", "ns", &loopback));
+        assert!(server_allowed("https://127.0.0.1:40123/", "ns", &loopback));
+        assert!(!server_allowed("https://127.0.0.1:1/evil", "ns", &loopback));
+        assert!(!server_allowed(
+            "https://127.0.0.10:1",
+            "ns",
+            &p(&["https://127.0.0.1:1"])
+        ));
+        let own = p(&["https://kube-apiserver.{namespace}.svc:6443"]);
+        assert!(server_allowed(
+            "https://kube-apiserver.a.svc:6443",
+            "a",
+            &own
+        ));
+        assert!(!server_allowed(
+            "https://kube-apiserver.b.svc:6443",
+            "a",
+            &own
+        ));
+        assert!(!server_allowed("https://x", "a", &[]));
+        let star = p(&["https://*.{namespace}.svc:6443"]);
+        assert!(server_allowed("https://kas.a.svc:6443", "a", &star));
+        assert!(!server_allowed("https://kas.b.svc:6443", "a", &star));
     }
 }

@@ -18,6 +18,10 @@ pub const VALIDATING_NAME: &str = "hcp-fleet-agent-validating";
 pub const MUTATING_NAME: &str = "hcp-fleet-agent-mutating";
 /// Label on everything the agent owns in a hosted cluster (selects what to repair or delete).
 pub const OWNED_LABEL: &str = "hcp-fleet.openshift.io/owned";
+/// Which management cluster and HCP namespace installed the configurations:
+/// `<management kube-system UID>/<HCP namespace>`. The durable record of the claim on a
+/// hosted cluster, so two namespaces (or two management clusters) never fight over one.
+pub const CLAIM_ANNOTATION: &str = "hcp-fleet.openshift.io/claimed-by";
 /// A label-selector string for the agent's own objects.
 pub fn owned_selector() -> String {
     format!("{OWNED_LABEL}=true")
@@ -37,6 +41,29 @@ const PROTECTED_NAMESPACE_NAMES: &[&str] = &[
 pub struct HostedWebhooks {
     pub validating: Option<ValidatingWebhookConfiguration>,
     pub mutating: Option<MutatingWebhookConfiguration>,
+}
+
+/// The claim value for `CLAIM_ANNOTATION`.
+pub fn claim_value(management_uid: &str, hcp_namespace: &str) -> String {
+    format!("{management_uid}/{hcp_namespace}")
+}
+
+impl HostedWebhooks {
+    /// Both configurations carrying `claim` (see `CLAIM_ANNOTATION`).
+    pub fn claimed(mut self, claim: &str) -> Self {
+        let mark = |m: &mut kube::api::ObjectMeta| {
+            m.annotations
+                .get_or_insert_with(Default::default)
+                .insert(CLAIM_ANNOTATION.into(), claim.into());
+        };
+        if let Some(v) = self.validating.as_mut() {
+            mark(&mut v.metadata);
+        }
+        if let Some(m) = self.mutating.as_mut() {
+            mark(&mut m.metadata);
+        }
+        self
+    }
 }
 
 /// The base URL of the admission service as the hosted kube-apiserver must call it. A
@@ -205,13 +232,11 @@ pub fn webhooks_match(desired: &Value, live: &Value) -> bool {
         && d.iter()
             .zip(l)
             .all(|(dw, lw)| crate::compare::subset(dw, lw))
-        && desired["metadata"]["labels"]
-            .as_object()
-            .is_some_and(|labels| {
-                labels
-                    .iter()
-                    .all(|(k, v)| live["metadata"]["labels"][k] == *v)
-            })
+        && ["labels", "annotations"].iter().all(|field| {
+            desired["metadata"][field]
+                .as_object()
+                .is_none_or(|want| want.iter().all(|(k, v)| live["metadata"][field][k] == *v))
+        })
 }
 
 #[cfg(test)]

@@ -399,6 +399,26 @@ impl ApiServer {
     }
 }
 
+/// The test bed's API servers listen on loopback ports, which the agent's default
+/// `hostedAccess.allowedServers` refuses; the test bed's configuration allows them by name.
+pub const LOOPBACK_SERVERS: &str = "https://127.0.0.1:*";
+
+/// `cfg` with the test bed's loopback API servers allowed.
+pub fn allow_loopback(mut cfg: crate::config::AgentConfig) -> crate::config::AgentConfig {
+    let allowed = &mut cfg.hosted_access.allowed_servers;
+    if !allowed.iter().any(|a| a == LOOPBACK_SERVERS) {
+        allowed.push(LOOPBACK_SERVERS.into());
+    }
+    cfg
+}
+
+/// The test bed's agent configuration file (YAML): the defaults, with loopback allowed.
+pub fn agent_config_yaml() -> String {
+    format!(
+        "hostedAccess:\n  allowedServers:\n  - \"https://kube-apiserver.{{namespace}}.svc:6443\"\n  - \"{LOOPBACK_SERVERS}\"\n"
+    )
+}
+
 /// Hosted cluster names become namespace and etcd-prefix parts: DNS-1123 labels only.
 pub fn validate_cluster_name(name: &str) -> Result<(), LocalCpError> {
     let bad = |reason: &str| LocalCpError::InvalidName {
