@@ -399,50 +399,72 @@ fn webhook_pids(pods: &Path) -> Vec<u32> {
     support::processes_mentioning(&pods.join(NS))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-// Sends signals to child processes (libc::kill).
-#[allow(unsafe_code)]
-async fn a_stopped_admission_service_fails_open_and_the_probe_says_so() {
-    let cfg = AgentConfig {
-        probe_interval_seconds: 5,
-        ..AgentConfig::default()
-    };
-    let bed = bed(cfg).await;
-    let pids = webhook_pids(bed.pods.path());
-    assert_eq!(pids.len(), 1, "one admission pod for hc-1: {pids:?}");
-    assert_eq!(unsafe { libc::kill(pids[0] as i32, libc::SIGKILL) }, 0);
-    assert!(support::wait_gone(pids[0], Duration::from_secs(5)));
-
-    // Requests still succeed: failurePolicy Ignore.
-    let (ok, out) = kubectl(&bed, DELETE_AS_ALICE);
-    assert!(ok, "fail open: {out}");
-    // And the probe reports it.
-    wait_concern(&bed.mgmt, "e2e-probe", "NonCompliant").await;
-    let p = Api::<Policy>::namespaced(bed.mgmt.clone(), NS)
+/// The newest history message of `template` in hc-1's Policy, and the Policy's verdict.
+async fn newest(mgmt: &Client, template: &str) -> (Option<String>, String) {
+    let p = Api::<Policy>::namespaced(mgmt.clone(), NS)
         .get(POLICY_NAME)
         .await
         .expect("policy");
-    assert_eq!(
-        p.status.as_ref().and_then(|s| s.compliant.as_deref()),
-        Some("NonCompliant")
-    );
-    let newest = p
-        .status
-        .unwrap_or_default()
+    let st = p.status.unwrap_or_default();
+    let msg = st
         .details
         .into_iter()
-        .find(|d| d.template_meta.name == "e2e-probe")
-        .and_then(|d| d.history.first().cloned())
-        .expect("history");
-    assert!(
-        newest
-            .message
-            .contains("did not reach the admission service"),
-        "{}",
-        newest.message
-    );
+        .find(|d| d.template_meta.name == template)
+        .and_then(|d| d.history.first().map(|h| h.message.clone()))
+        .unwrap_or_default();
+    (st.compliant, msg)
+}
 
-    // It comes back (kubectl rollout restart): Compliant again, and enforcing.
+/// An admission service that stops answering (SIGSTOP) is reported NonCompliant within 5 s,
+/// from the Deployment the agent already watches (the readiness probe takes the replica out),
+/// not from the once-a-minute probe; meanwhile the guard is off (failurePolicy Ignore), which
+/// is exactly why it must be reported. Resumed, it is Compliant again. Killed, likewise, until
+/// a rollout restart brings it back enforcing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// Sends signals to child processes (libc::kill).
+#[allow(unsafe_code)]
+async fn a_stopped_admission_service_is_reported_within_five_seconds() {
+    let bed = bed(AgentConfig::default()).await;
+    let pids = webhook_pids(bed.pods.path());
+    assert_eq!(pids.len(), 1, "one admission pod for hc-1: {pids:?}");
+    let pid = pids[0] as i32;
+    let reported = || async {
+        eventually(
+            "admission-service NonCompliant",
+            Duration::from_secs(30),
+            || async {
+                match newest(&bed.mgmt, "admission-service").await {
+                    (Some(c), m) if c == "NonCompliant" && m.contains("no ready replica") => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        )
+        .await;
+    };
+
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let stopped = Instant::now();
+    reported().await;
+    let detected = stopped.elapsed();
+    // Fail open meanwhile: the call times out and Ignore lets the request through.
+    let (ok, out) = kubectl(&bed, DELETE_AS_ALICE);
+    assert!(ok, "fail open: {out}");
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    let resumed = Instant::now();
+    wait_concern(&bed.mgmt, "admission-service", "Compliant").await;
+    wait_concern(&bed.mgmt, "e2e-probe", "Compliant").await;
+    let recovered = resumed.elapsed();
+    assert!(
+        detected <= Duration::from_secs(5),
+        "a stopped admission service reported after {detected:?}"
+    );
+    let (ok, out) = kubectl(&bed, DELETE_AS_ALICE);
+    assert!(!ok && out.contains(PROTECTED), "enforcing again: {out}");
+
+    // Killed: reported the same way, and back (kubectl rollout restart) enforcing.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    assert!(support::wait_gone(pids[0], Duration::from_secs(5)));
+    reported().await;
     let patch = serde_json::json!({"spec": {"template": {"metadata": {"annotations": {"kubectl.kubernetes.io/restartedAt": jiff::Timestamp::now().to_string()}}}}});
     Api::<Deployment>::namespaced(bed.mgmt.clone(), NS)
         .patch(
@@ -455,6 +477,9 @@ async fn a_stopped_admission_service_fails_open_and_the_probe_says_so() {
     wait_concern(&bed.mgmt, "e2e-probe", "Compliant").await;
     let (ok, out) = kubectl(&bed, DELETE_AS_ALICE);
     assert!(!ok && out.contains(PROTECTED), "{out}");
+    eprintln!(
+        "stopped admission service: NonCompliant after {detected:?}, Compliant {recovered:?} after SIGCONT"
+    );
 }
 
 /// alice's client in the hosted cluster (impersonated through the admin kubeconfig): a
@@ -659,6 +684,132 @@ async fn the_certificate_secrets_deleted_under_load_let_nothing_through() {
     );
     eprintln!(
         "Secrets deleted under load: {} requests, {} denied, {} allowed",
+        counts.sent, counts.denied, counts.allowed
+    );
+}
+
+/// A planned CA rotation under load: the agent's CA comes due while guarded requests flow. It
+/// is rotated at the time it comes due (no event announces it), the new CA reaches the
+/// hosted caBundle before any replica serves a certificate from it, and the previous CA stays
+/// there. Not one guarded request gets through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planned_ca_rotation_under_load_lets_nothing_through() {
+    let bed = bed(AgentConfig::default()).await;
+    let hosted = bed
+        .fleet
+        .hosted("hc-1")
+        .expect("hc-1")
+        .client()
+        .await
+        .expect("hosted");
+    // A CA that comes due about 25 s from now: generated with a lifetime L (back-dated five
+    // minutes, as the agent's are), it is renewed with less than p% of L + 300 s left.
+    let pct = i64::from(
+        AgentConfig::default()
+            .certificates
+            .renew_at_remaining_percent,
+    );
+    let lifetime: i64 = (25 * 100 + 300 * pct) / (100 - pct);
+    let ca = certificates::generate_ca("hcp-fleet-admission CA", time::Duration::seconds(lifetime))
+        .expect("ca");
+    let due = Instant::now() + Duration::from_secs(25);
+    let sans = management::serving_sans(
+        &AgentConfig::default(),
+        NS,
+        &kubelet::LocalEndpoints.extra_sans(),
+    );
+    let serving = certificates::issue(
+        &ca,
+        &sans[0],
+        &Usage::Server { sans: sans.clone() },
+        time::Duration::days(30),
+    )
+    .expect("serving");
+    use base64::Engine;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let secrets: Api<Secret> = Api::namespaced(bed.mgmt.clone(), NS);
+    // Set up before the load: the agent takes this CA as its own (it is valid and not yet due).
+    for (name, data) in [
+        (
+            "hcp-fleet-admission-ca",
+            serde_json::json!({"ca.crt": b64(&ca.cert_pem), "ca.key": b64(&ca.key_pem)}),
+        ),
+        (
+            "hcp-fleet-admission-tls",
+            serde_json::json!({"tls.crt": b64(&serving.cert_pem), "tls.key": b64(&serving.key_pem), "ca.crt": b64(&ca.cert_pem)}),
+        ),
+    ] {
+        secrets
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&serde_json::json!({"data": data})),
+            )
+            .await
+            .expect("secret");
+    }
+    let trust = || async {
+        hcp_fleet_agent::controller::installed_trust(&hosted)
+            .await
+            .expect("trust")
+    };
+    eventually(
+        "the hosted side trusts the near-due CA",
+        Duration::from_secs(20),
+        || async {
+            let now = trust().await;
+            if certificates::bundle_ders(&now) == certificates::bundle_ders(&ca.cert_pem) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{} certificate(s)",
+                    certificates::bundle_ders(&now).len()
+                ))
+            }
+        },
+    )
+    .await;
+    assert!(Instant::now() < due, "set up before the CA came due");
+
+    let load = GuardLoad::start(alice(&bed).await);
+    // Rotated when due: a new CA first in the bundle, the old one kept after it.
+    eventually("the CA rotated", Duration::from_secs(60), || async {
+        let now = trust().await;
+        let ders = certificates::bundle_ders(&now);
+        let old = certificates::bundle_ders(&ca.cert_pem);
+        if ders.len() == 2 && ders[1] == old[0] {
+            Ok(())
+        } else {
+            Err(format!("{} certificate(s)", ders.len()))
+        }
+    })
+    .await;
+    let rotated_after_due = Instant::now().saturating_duration_since(due);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let counts = load.stop().await;
+    let secret = secrets.get("hcp-fleet-admission-ca").await.expect("ca");
+    let data = secret.data.unwrap_or_default();
+    let text = |k: &str| {
+        data.get(k)
+            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+    };
+    assert_ne!(
+        text("ca.crt").as_deref(),
+        Some(ca.cert_pem.as_str()),
+        "a new CA"
+    );
+    assert_eq!(
+        text("previous-ca.crt").as_deref(),
+        Some(ca.cert_pem.as_str())
+    );
+    assert!(counts.sent >= 250, "{counts:?}");
+    assert_eq!(
+        (counts.allowed, counts.other),
+        (0, 0),
+        "guarded requests let through: {counts:?}"
+    );
+    eprintln!(
+        "planned CA rotation under load: rotated {rotated_after_due:?} after it came due; {} requests, {} denied, {} allowed",
         counts.sent, counts.denied, counts.allowed
     );
 }

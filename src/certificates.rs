@@ -303,6 +303,30 @@ pub fn needs_renewal(facts: &CertFacts, now: i64, percent: u32) -> bool {
     left * 100 < life * i64::from(percent)
 }
 
+/// When `plan` will next change `bundle` by itself (Unix seconds): the earliest of the CA's
+/// and the serving certificate's renewal, and the previous CA's expiry (when it leaves the
+/// bundle). Time-driven changes need a reconcile at that moment; nothing else would come.
+pub fn next_change(bundle: &CertBundle, percent: u32) -> Option<i64> {
+    let due = |pem: &str| {
+        inspect(pem).ok().map(|f| {
+            let life = (f.not_after - f.not_before).max(1);
+            f.not_after - life * i64::from(percent) / 100
+        })
+    };
+    [
+        due(&bundle.ca.cert_pem),
+        due(&bundle.serving.cert_pem),
+        bundle
+            .previous_ca_pem
+            .as_deref()
+            .and_then(|p| inspect(p).ok())
+            .map(|f| f.not_after),
+    ]
+    .into_iter()
+    .flatten()
+    .min()
+}
+
 /// The certificate policy: what the bundle should be now, and why it changed (`None` when the
 /// existing bundle stands). Pure apart from key generation.
 pub fn plan(
@@ -403,6 +427,43 @@ pub fn bundle_contains(bundle: &str, required: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_next_change_is_the_earliest_renewal_or_expiry() {
+        let cfg = crate::config::AgentConfig::default();
+        let b = CertBundle::generate(&cfg, &["svc".into()]).expect("bundle");
+        let pct = cfg.certificates.renew_at_remaining_percent;
+        let serving = inspect(&b.serving.cert_pem).expect("facts");
+        let life = serving.not_after - serving.not_before;
+        // The serving certificate (30 days) comes due before the CA (a year).
+        assert_eq!(
+            next_change(&b, pct),
+            Some(serving.not_after - life * i64::from(pct) / 100)
+        );
+        // At that moment the plan does renew it, and not a second before.
+        let due = next_change(&b, pct).expect("due");
+        let sans = ["svc".to_string()];
+        assert!(
+            plan(Some(&b), &cfg, &sans, due - 1)
+                .expect("plan")
+                .1
+                .is_none()
+        );
+        assert!(
+            plan(Some(&b), &cfg, &sans, due + 1)
+                .expect("plan")
+                .1
+                .is_some()
+        );
+        // A previous CA that expires sooner is the next change.
+        let short = generate_ca("old", Duration::seconds(60)).expect("old");
+        let with_prev = CertBundle {
+            previous_ca_pem: Some(short.cert_pem.clone()),
+            ..b.clone()
+        };
+        let prev = inspect(&short.cert_pem).expect("facts");
+        assert_eq!(next_change(&with_prev, pct), Some(prev.not_after));
+    }
 
     #[test]
     fn a_union_keeps_the_first_bundle_and_adds_only_what_it_lacks() {

@@ -208,7 +208,7 @@ fn toleration(key: &str, value: &str) -> Toleration {
     }
 }
 
-fn https_probe(path: &str, period: i32) -> Probe {
+fn https_probe(path: &str, period: i32, failures: i32) -> Probe {
     Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.into()),
@@ -217,6 +217,8 @@ fn https_probe(path: &str, period: i32) -> Probe {
             ..Default::default()
         }),
         period_seconds: Some(period),
+        timeout_seconds: Some(1),
+        failure_threshold: Some(failures),
         ..Default::default()
     }
 }
@@ -255,8 +257,10 @@ fn deployment(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<Deployment, Rend
             protocol: Some("TCP".into()),
             ..Default::default()
         }]),
-        readiness_probe: Some(https_probe("/readyz", 5)),
-        liveness_probe: Some(https_probe("/healthz", 10)),
+        // A replica that stops answering leaves the endpoints within about 2 s, and the
+        // agent, watching the Deployment, reports the outage (the guard is off meanwhile).
+        readiness_probe: Some(https_probe("/readyz", 1, 2)),
+        liveness_probe: Some(https_probe("/healthz", 10, 3)),
         resources: Some(ResourceRequirements {
             requests: Some(BTreeMap::from([
                 ("cpu".into(), Quantity(a.resources.cpu_request.clone())),

@@ -22,6 +22,9 @@ pub struct Certificates {
     /// Whether the serving certificate differs from the one in the TLS Secret (or there is
     /// none): the replicas are about to load a new one, which the hosted side must trust first.
     pub serving_changes: bool,
+    /// When the plan will next change the bundle by itself (a renewal, a rotation, a previous
+    /// CA expiring): the reconcile is queued for then.
+    pub next_change: Option<std::time::Duration>,
 }
 
 pub fn secret_bytes(s: &Secret) -> BTreeMap<String, Vec<u8>> {
@@ -71,9 +74,13 @@ pub async fn ensure(
         .unwrap_or_else(|_| facts.not_after.to_string());
     let live_serving = tls.as_ref().and_then(|t| secret_bytes(t).remove("tls.crt"));
     let serving_changes = live_serving.as_deref() != Some(bundle.serving.cert_pem.as_bytes());
+    let next_change =
+        certificates::next_change(&bundle, cfg.certificates.renew_at_remaining_percent)
+            .map(|at| std::time::Duration::from_secs(u64::try_from(at - now).unwrap_or(0).max(1)));
     Ok(Certificates {
         bundle,
         expires,
         serving_changes,
+        next_change,
     })
 }

@@ -51,6 +51,9 @@ pub(super) struct WatchShared {
     pub drift_notes: Vec<String>,
     /// The last end-to-end probe verdict.
     pub probe: Option<ComplianceState>,
+    /// Why the connection to the hosted cluster is down, while it is (set and cleared by the
+    /// drift watch: a dropped watch, then an answer again).
+    pub lost: Option<String>,
 }
 
 /// The tasks that run between reconciles for one hosted cluster.
@@ -78,6 +81,9 @@ pub struct HcpState {
     /// The hosted cluster's identity (kube-system UID), once this namespace's claim on it
     /// is confirmed; cleared with the hosted client.
     pub(super) hosted_identity: Option<String>,
+    /// Whether the admission Deployment was available at the last look: losing it afterwards
+    /// is an outage (NonCompliant), not a rollout in progress (Pending).
+    pub(super) served: bool,
 }
 
 /// How to run the controller.

@@ -90,6 +90,18 @@ pub enum Failure {
     },
     #[error("hosted kube-apiserver {server} did not answer within {seconds}s")]
     HostedTimeout { server: String, seconds: u64 },
+    #[error(
+        "hosted kube-apiserver {server} stopped answering: the agent's connection to it was dropped ({why}); it is asked again every 2s"
+    )]
+    HostedUnreachable { server: String, why: String },
+    /// Replicas are listed, but not one completes a TLS handshake.
+    #[error("admission service: no replica completes a TLS handshake: {why}")]
+    AdmissionUnreachable { why: String },
+    /// The Deployment was available and is not any more.
+    #[error(
+        "admission service: no ready replica ({ready} of {want}); the hosted kube-apiserver's calls fail and failurePolicy Ignore lets them through"
+    )]
+    AdmissionDown { ready: i32, want: i32 },
     /// A new serving certificate is held back until the hosted cluster trusts its CA.
     #[error("certificate: the new certificate waits until the hosted cluster trusts its CA: {0}")]
     TrustFirst(#[source] Box<Failure>),
@@ -101,11 +113,15 @@ impl Failure {
             Failure::ReadCertificates { .. } | Failure::Certificate(_) | Failure::TrustFirst(_) => {
                 Phase::Certificates
             }
-            Failure::RenderAdmission(_) | Failure::ApplyAdmission { .. } => Phase::AdmissionService,
+            Failure::RenderAdmission(_)
+            | Failure::ApplyAdmission { .. }
+            | Failure::AdmissionUnreachable { .. }
+            | Failure::AdmissionDown { .. } => Phase::AdmissionService,
             Failure::HostedAccess(_) => Phase::HostedAccess,
             Failure::RenderWebhooks(_)
             | Failure::HostedApi { .. }
-            | Failure::HostedTimeout { .. } => Phase::HostedWebhooks,
+            | Failure::HostedTimeout { .. }
+            | Failure::HostedUnreachable { .. } => Phase::HostedWebhooks,
         }
     }
 

@@ -45,6 +45,19 @@ pub async fn ensure(
     m.webhooks_desired.get_or_create(&labels).set(want as i64);
     let timeout = Duration::from_secs(u64::from(cfg.hosted_access.request_timeout_seconds));
     watches::ensure_drift_watch(ctx, ns, cluster, hosted, desired.clone());
+    // A connection the drift watch saw drop (keepalive unanswered) is reported at once,
+    // not after another request's timeout.
+    let lost = ctx.with_hcp(ns, |s| {
+        s.watch.as_ref().and_then(|w| lock(&w.shared).lost.clone())
+    });
+    if let Some(why) = lost {
+        m.hosted_errors.get_or_create(&labels).inc();
+        m.webhooks_installed.get_or_create(&labels).set(0);
+        return Err(Failure::HostedUnreachable {
+            server: hosted.server.clone(),
+            why,
+        });
+    }
     let t0 = Instant::now();
     let installed = tokio::time::timeout(timeout, install(&hosted.client, &desired)).await;
     m.hosted_latency

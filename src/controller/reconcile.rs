@@ -87,6 +87,10 @@ fn owner(hcp: &HostedControlPlane) -> Option<OwnerReference> {
     })
 }
 
+/// The longest a healthy HCP goes without a reconcile: a certificate coming due weeks ahead
+/// is looked at again daily, so a clock step or a lost timer cannot postpone it for long.
+const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
+
 async fn run_phases(ctx: &Context, hcp: &HostedControlPlane, ns: &str, cluster: &str) -> Outcome {
     let cfg = ctx.config();
     let mut seen = Observations::new();
@@ -114,7 +118,23 @@ async fn run_phases(ctx: &Context, hcp: &HostedControlPlane, ns: &str, cluster: 
         drift_repaired = management_drift.len() as u64;
         let valid_until = format!("serving certificate valid until {}", certs.expires);
         seen.insert(Concern::Certificate, Observation::compliant(valid_until));
-        if !deployment_available(&deployment) {
+        let available = deployment_available(&deployment);
+        // Once available, every later unavailability (in this agent's life) is an outage: the
+        // Deployment rolls with maxUnavailable 0, so a rollout never makes it unavailable.
+        let was_available = ctx.with_hcp(ns, |s| {
+            let was = s.served;
+            s.served |= available;
+            was
+        });
+        if !available && was_available {
+            // An outage, not a rollout that has yet to finish: the guard is off.
+            let status = deployment.status.as_ref();
+            return Err(Failure::AdmissionDown {
+                ready: status.and_then(|s| s.ready_replicas).unwrap_or(0),
+                want: cfg.admission.replicas,
+            });
+        }
+        if !available {
             let waiting = "waiting for the admission Deployment to become available";
             seen.insert(Concern::AdmissionService, Observation::pending(waiting));
             let waiting = Observation::pending("waiting for the admission service");
@@ -158,8 +178,6 @@ async fn run_phases(ctx: &Context, hcp: &HostedControlPlane, ns: &str, cluster: 
             webhooks.push_str(
                 "; the previous CA stays in the caBundle until every replica serves the new certificate",
             );
-            seen.insert(Concern::HostedWebhooks, Observation::compliant(webhooks));
-            return Ok(Action::requeue(backoff(unsettled)));
         }
         seen.insert(Concern::HostedWebhooks, Observation::compliant(webhooks));
         if !hosted_drift.is_empty() || !management_drift.is_empty() {
@@ -186,8 +204,16 @@ async fn run_phases(ctx: &Context, hcp: &HostedControlPlane, ns: &str, cluster: 
             every,
         );
         seen.insert(Concern::EndToEndProbe, verdict);
+        if !settled {
+            // Look again until every replica serves the new certificate.
+            return Ok(Action::requeue(backoff(unsettled)));
+        }
         // Between reconciles only the probe task runs; it queues one when its verdict changes.
-        Ok(Action::await_change())
+        // And the certificates come due at a known time, which no event announces.
+        Ok(match certs.next_change {
+            Some(at) => Action::requeue(at.min(MAX_WAIT)),
+            None => Action::await_change(),
+        })
     }
     .await;
     let result = result.map_err(|f| {

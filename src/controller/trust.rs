@@ -109,7 +109,8 @@ pub async fn pre_trust(
 
 /// The caBundle the hosted configurations should carry now, and whether it is final: the
 /// current bundle once every ready replica serves `certs.serving`; until then the current
-/// bundle plus what is installed.
+/// bundle plus what is installed. Fails when replicas are listed but none completes a TLS
+/// handshake: the service is down for the hosted kube-apiserver too.
 pub async fn hosted_bundle(
     ctx: &Context,
     cfg: &AgentConfig,
@@ -118,7 +119,13 @@ pub async fn hosted_bundle(
     certs: &CertBundle,
 ) -> Result<(String, bool), Failure> {
     let want = certs.ca_bundle_pem();
-    if replicas_serve(ctx, cfg, ns, &certs.serving.cert_pem).await {
+    let served = replicas_serve(ctx, cfg, ns, &certs.serving.cert_pem).await;
+    if served.replicas > 0 && served.failures.len() == served.replicas {
+        return Err(Failure::AdmissionUnreachable {
+            why: served.failures.join("; "),
+        });
+    }
+    if served.replicas > 0 && served.current == served.replicas {
         return Ok((want, true));
     }
     let installed = installed_trust(&hosted.client)
@@ -133,33 +140,38 @@ pub async fn hosted_bundle(
     ))
 }
 
-/// Whether a handshake with every ready replica shows `serving_pem` (and there is at least
-/// one replica to ask).
-async fn replicas_serve(ctx: &Context, cfg: &AgentConfig, ns: &str, serving_pem: &str) -> bool {
+/// What the replicas serve: how many are listed, how many present `serving_pem`, and the
+/// handshakes that failed.
+struct Served {
+    replicas: usize,
+    current: usize,
+    failures: Vec<String>,
+}
+
+async fn replicas_serve(ctx: &Context, cfg: &AgentConfig, ns: &str, serving_pem: &str) -> Served {
+    let mut served = Served {
+        replicas: 0,
+        current: 0,
+        failures: Vec::new(),
+    };
     let Some(expected) = bundle_ders(serving_pem).into_iter().next() else {
-        return false;
+        return served;
     };
     let replicas = match ctx.endpoints.replicas(&ctx.client, cfg, ns).await {
-        Ok(r) if !r.is_empty() => r,
-        Ok(_) => return false,
+        Ok(r) => r,
         Err(e) => {
             info!(error = %e, "replicas unknown; keeping the old CA trusted");
-            return false;
+            return served;
         }
     };
+    served.replicas = replicas.len();
     let name = format!("{}.{ns}.svc", cfg.admission.service_name);
     for addr in replicas {
         match crate::tls::served_certificate(addr, &name, HANDSHAKE_TIMEOUT).await {
-            Ok(der) if der == expected => {}
-            Ok(_) => {
-                info!(%addr, "a replica still serves the previous certificate");
-                return false;
-            }
-            Err(e) => {
-                info!(%addr, error = %e, "no handshake with a replica");
-                return false;
-            }
+            Ok(der) if der == expected => served.current += 1,
+            Ok(_) => info!(%addr, "a replica still serves the previous certificate"),
+            Err(e) => served.failures.push(e),
         }
     }
-    true
+    served
 }

@@ -42,6 +42,7 @@ pub fn ensure_drift_watch(
         let carried = s.watch.take().map(|w| std::mem::take(&mut *lock(&w.shared)));
         let shared = Arc::new(Mutex::new(WatchShared {
             desired: Some(desired),
+            lost: None,
             ..carried.unwrap_or_default()
         }));
         let span = tracing::info_span!(parent: None, "drift_watch", hcp_namespace = %ns, hosted_cluster = %cluster);
@@ -75,20 +76,66 @@ fn drift_task(
             cfg.clone(),
         )
         .default_backoff()
-        .map(|e| {
-            e.ok()
-                .and_then(|ev| classify("ValidatingWebhookConfiguration", ev))
-        });
-        let m = watcher(Api::<MutatingWebhookConfiguration>::all(client), cfg)
-            .default_backoff()
-            .map(|e| {
-                e.ok()
-                    .and_then(|ev| classify("MutatingWebhookConfiguration", ev))
-            });
+        .map(|e| classify("ValidatingWebhookConfiguration", e));
+        let m = watcher(
+            Api::<MutatingWebhookConfiguration>::all(client.clone()),
+            cfg,
+        )
+        .default_backoff()
+        .map(|e| classify("MutatingWebhookConfiguration", e));
         let mut events = std::pin::pin!(futures::stream::select(v, m));
-        while let Some(ev) = events.next().await {
-            let Some((kind, what, live)) = ev else {
-                continue;
+        // Set while the connection is down: a dropped watch (the HTTP/2 keepalive gave up on
+        // a hung server, or the server went away) queues a reconcile at once, which then
+        // reports the cluster; a look every RECOVERY_CHECK brings it back as soon as the
+        // server answers again (only while it is down: a quiet watch costs nothing).
+        let mut lost: Option<String> = None;
+        let mut recovery = tokio::time::interval(RECOVERY_CHECK);
+        recovery.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let seen = tokio::select! {
+                ev = events.next() => match ev {
+                    Some(ev) => ev,
+                    None => break,
+                },
+                _ = recovery.tick(), if lost.is_some() => {
+                    let alive = tokio::time::timeout(RECOVERY_CHECK, client.apiserver_version()).await;
+                    if matches!(alive, Ok(Ok(_))) {
+                        Seen::Alive
+                    } else {
+                        continue;
+                    }
+                }
+            };
+            let mut back = || {
+                if lost.take().is_some() {
+                    lock(&shared).lost = None;
+                    info!("the hosted cluster answers again");
+                    let _ = tx.send(hcp_ref.clone());
+                }
+            };
+            let (kind, what, live) = match seen {
+                Seen::Lost(why) => {
+                    if lost.is_none() {
+                        warn!(error = %why, "lost the connection to the hosted cluster; reporting it");
+                        recovery.reset();
+                        lock(&shared).lost = Some(why.clone());
+                        let _ = tx.send(hcp_ref.clone());
+                    }
+                    lost = Some(why);
+                    continue;
+                }
+                Seen::Refused(why) => {
+                    warn!(error = %why, "the hosted cluster refused the drift watch; retrying");
+                    continue;
+                }
+                Seen::Alive => {
+                    back();
+                    continue;
+                }
+                Seen::Change(kind, what, live) => {
+                    back();
+                    (kind, what, live)
+                }
             };
             let want = {
                 let s = lock(&shared);
@@ -128,17 +175,43 @@ fn drift_task(
     }
 }
 
-/// A live change to one of the agent's configurations: (kind, what happened, the live
-/// object). Initial listings are not changes: the reconcile that started the watch applied
-/// them.
+/// While a hosted cluster's watch is down, how often the drift task asks whether it answers
+/// again (and how long it waits for the answer).
+const RECOVERY_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// What one item of a drift watch means.
+enum Seen {
+    /// A live change to one of the agent's configurations: kind, what happened, the object.
+    Change(&'static str, &'static str, Option<Value>),
+    /// The watch (re)started, or the server answered: the connection is up.
+    Alive,
+    /// The connection is down.
+    Lost(String),
+    /// The server answered the watch with an error (retried with backoff).
+    Refused(String),
+}
+
+/// Initial listings are not changes: the reconcile that started the watch applied them.
 fn classify<K: serde::Serialize>(
     kind: &'static str,
-    ev: watcher::Event<K>,
-) -> Option<(&'static str, &'static str, Option<Value>)> {
+    ev: Result<watcher::Event<K>, watcher::Error>,
+) -> Seen {
     match ev {
-        watcher::Event::Apply(o) => Some((kind, "changed", serde_json::to_value(o).ok())),
-        watcher::Event::Delete(_) => Some((kind, "deleted", None)),
-        _ => None,
+        Ok(watcher::Event::Apply(o)) => Seen::Change(kind, "changed", serde_json::to_value(o).ok()),
+        Ok(watcher::Event::Delete(_)) => Seen::Change(kind, "deleted", None),
+        Ok(_) => Seen::Alive,
+        // The connection failed (a refused or dropped connection, a keepalive that went
+        // unanswered), as opposed to the server answering with an error status.
+        Err(e) => match &e {
+            watcher::Error::InitialListFailed(k)
+            | watcher::Error::WatchStartFailed(k)
+            | watcher::Error::WatchFailed(k)
+                if !matches!(k, kube::Error::Api(_)) =>
+            {
+                Seen::Lost(e.to_string())
+            }
+            _ => Seen::Refused(e.to_string()),
+        },
     }
 }
 

@@ -127,15 +127,71 @@ impl HostedClient {
         let t = Duration::from_secs(u64::from(access.request_timeout_seconds));
         config.connect_timeout = Some(t);
         config.write_timeout = Some(t);
-        // Reads keep kube's default: the drift watches are quiet for minutes between events,
-        // and a short read timeout would cut and reopen them every few seconds (polling in
-        // disguise, seen in `make bench`). The install step has its own deadline.
-        let client = crate::metrics::counted_client(config, requests)
-            .map_err(|e| client_err(e.to_string()))?;
+        // No read timeout: the drift watches are quiet for minutes between events, and a
+        // short one would cut and reopen them every few seconds (polling in disguise, seen in
+        // `make bench`). Liveness comes from HTTP/2 pings instead (`keepalive_client`); the
+        // install step has its own deadline.
+        let client = keepalive_client(config, requests).map_err(client_err)?;
         Ok(Self {
             secret_hash: digest(raw),
             client,
             server: valid.server,
         })
     }
+}
+
+/// How often an HTTP/2 connection to a hosted kube-apiserver is pinged, and how long a ping
+/// may go unanswered before the connection (and every watch on it) is dropped. A stopped
+/// server (SIGSTOP, a frozen node) keeps TCP alive from the kernel, so only a ping the
+/// server's own process must answer tells it apart from a quiet one. Costs no API request:
+/// a PING frame each way every `KEEPALIVE_INTERVAL`.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(3);
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// kube's client stack (base URI, credentials, headers) over an HTTP/2 connection with
+/// keepalive pings (HTTP/1.1 where the server does not offer h2, without pings), every
+/// request counted in `requests`.
+pub fn keepalive_client(
+    config: kube::Config,
+    requests: prometheus_client::metrics::counter::Counter,
+) -> Result<Client, String> {
+    use hyper_util::client::legacy::connect::HttpConnector;
+    use hyper_util::rt::{TokioExecutor, TokioTimer};
+    use kube::client::ConfigExt;
+    use tower::ServiceBuilder;
+    crate::tls::install_crypto_provider();
+    let tls = config.rustls_client_config().map_err(|e| e.to_string())?;
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_connect_timeout(config.connect_timeout);
+    http.set_nodelay(true);
+    let mut https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_only();
+    if let Some(name) = &config.tls_server_name {
+        let name = rustls::pki_types::ServerName::try_from(name.clone())
+            .map_err(|e| format!("tls-server-name {name:?}: {e}"))?;
+        https = https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
+    }
+    let https = https.enable_all_versions().wrap_connector(http);
+    let client = hyper_util::client::legacy::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .http2_keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .http2_keep_alive_while_idle(true)
+        .build(https);
+    let count = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
+        requests.inc();
+        req
+    });
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer().map_err(|e| e.to_string())?)
+        .layer(config.extra_headers_layer().map_err(|e| e.to_string())?)
+        .layer(count)
+        .map_err(|e: hyper_util::client::legacy::Error| {
+            Box::new(e) as Box<dyn std::error::Error + Send + Sync>
+        })
+        .service(client);
+    Ok(Client::new(service, config.default_namespace))
 }

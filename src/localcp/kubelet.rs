@@ -85,6 +85,12 @@ impl AdmissionEndpoints for LocalEndpoints {
 struct Pod {
     generation: i64,
     port: u16,
+    /// The Deployment's readiness probe: (period, timeout, failure threshold).
+    readiness: (Duration, Duration, u32),
+    /// Readiness probes failed in a row, and whether the Deployment is marked ready.
+    failed: u32,
+    ready: bool,
+    deployment: Deployment,
     dir: PathBuf,
     secret: String,
     _process: ManagedProcess,
@@ -131,6 +137,12 @@ pub fn spawn(client: Client, opts: KubeletOptions) -> JoinHandle<()> {
         // real kubelet keeps retrying such a pod; so does this one: when a Secret appears in
         // the namespace, and every second while any wait.
         let mut waiting: HashMap<String, Deployment> = HashMap::new();
+        // Readiness, as a kubelet probes it: each pod's /readyz on its own period; after the
+        // failure threshold the Deployment is marked unavailable, and available again on
+        // the first success.
+        let mut readiness = tokio::time::interval(Duration::from_millis(250));
+        readiness.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_probe: HashMap<String, Instant> = HashMap::new();
         let mut retry = tokio::time::interval(Duration::from_secs(1));
         // The tick is polled only while something waits; after a quiet spell it must fire
         // once, not once per second missed (tokio's default bursts to catch up).
@@ -142,6 +154,10 @@ pub fn spawn(client: Client, opts: KubeletOptions) -> JoinHandle<()> {
                     Some(Err(_)) => continue,
                     None => break,
                 },
+                _ = readiness.tick(), if !pods.is_empty() => {
+                    probe_readiness(&client, &mut pods, &mut last_probe).await;
+                    continue;
+                }
                 _ = retry.tick(), if !waiting.is_empty() => {
                     let due: Vec<Deployment> = waiting.drain().map(|(_, d)| d).collect();
                     for d in due {
@@ -187,6 +203,98 @@ pub fn spawn(client: Client, opts: KubeletOptions) -> JoinHandle<()> {
             }
         }
     })
+}
+
+/// Probes every pod whose period has come round; flips its Deployment's availability when
+/// the failure threshold is reached, and back on the next success.
+async fn probe_readiness(
+    client: &Client,
+    pods: &mut HashMap<String, Pod>,
+    last: &mut HashMap<String, Instant>,
+) {
+    for (ns, pod) in pods.iter_mut() {
+        let (period, timeout, threshold) = pod.readiness;
+        if last.get(ns).is_some_and(|t| t.elapsed() < period) {
+            continue;
+        }
+        last.insert(ns.clone(), Instant::now());
+        let ca = std::fs::read_to_string(pod.dir.join("ca.crt")).unwrap_or_default();
+        let ok = matches!(
+            tokio::time::timeout(timeout, https_get(pod.port, &ca, "/readyz")).await,
+            Ok(Ok((200, _)))
+        );
+        pod.failed = if ok { 0 } else { pod.failed.saturating_add(1) };
+        let ready = ok || (pod.ready && pod.failed < threshold);
+        if ready != pod.ready {
+            tracing::info!(namespace = %ns, ready, "test bed kubelet: readiness changed");
+            let marked = if ready {
+                mark_available(client, &pod.deployment).await
+            } else {
+                mark_unavailable(client, &pod.deployment).await
+            };
+            if marked.is_ok() {
+                pod.ready = ready;
+            }
+        }
+    }
+}
+
+async fn mark_unavailable(client: &Client, d: &Deployment) -> Result<(), String> {
+    let ns = d.namespace().unwrap_or_default();
+    let replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let now = jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    let status = serde_json::json!({"status": {
+        "observedGeneration": d.metadata.generation.unwrap_or(1),
+        "replicas": replicas,
+        "updatedReplicas": replicas,
+        "readyReplicas": 0,
+        "availableReplicas": 0,
+        "unavailableReplicas": replicas,
+        "conditions": [{
+            "type": "Available", "status": "False",
+            "reason": "MinimumReplicasUnavailable",
+            "message": "readiness probe failing (test bed)",
+            "lastUpdateTime": now, "lastTransitionTime": now,
+        }],
+    }});
+    Api::<Deployment>::namespaced(client.clone(), &ns)
+        .patch_status(
+            &d.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&status),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// The container's readiness probe as (period, timeout, failure threshold), with a
+/// kubelet's defaults for what it leaves out.
+fn readiness_of(d: &Deployment) -> (Duration, Duration, u32) {
+    let probe = d
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.containers.first())
+        .and_then(|c| c.readiness_probe.as_ref());
+    let secs = |v: Option<i32>, default: u64| {
+        Duration::from_secs(
+            v.and_then(|v| u64::try_from(v).ok())
+                .unwrap_or(default)
+                .max(1),
+        )
+    };
+    (
+        secs(probe.and_then(|p| p.period_seconds), 10),
+        secs(probe.and_then(|p| p.timeout_seconds), 1),
+        probe
+            .and_then(|p| p.failure_threshold)
+            .and_then(|f| u32::try_from(f).ok())
+            .unwrap_or(3)
+            .max(1),
+    )
 }
 
 /// One try at running the Deployment's pod; a failure leaves it waiting for a retry.
@@ -254,8 +362,9 @@ async fn sync_pod(
         }
         return Ok(());
     };
-    if pods.get(&ns).is_some_and(|p| p.generation == generation) {
-        if !deployment_available(d) {
+    if let Some(p) = pods.get(&ns).filter(|p| p.generation == generation) {
+        // The readiness probes own availability once the pod runs.
+        if p.ready && !deployment_available(d) {
             mark_available(client, d).await?;
         }
         return Ok(());
@@ -334,6 +443,10 @@ async fn sync_pod(
         Pod {
             generation,
             port,
+            readiness: readiness_of(d),
+            failed: 0,
+            ready: true,
+            deployment: d.clone(),
             dir,
             secret: secret_name,
             _process: process,
