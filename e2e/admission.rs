@@ -426,8 +426,12 @@ async fn newest(mgmt: &Client, template: &str) -> (Option<String>, String) {
 async fn a_stopped_admission_service_is_reported_within_five_seconds() {
     let bed = bed(AgentConfig::default()).await;
     let pids = webhook_pids(bed.pods.path());
-    assert_eq!(pids.len(), 1, "one admission pod for hc-1: {pids:?}");
-    let pid = pids[0] as i32;
+    assert_eq!(pids.len(), 2, "two admission replicas for hc-1: {pids:?}");
+    let signal = |sig: i32| {
+        for pid in &pids {
+            assert_eq!(unsafe { libc::kill(*pid as i32, sig) }, 0);
+        }
+    };
     let reported = || async {
         eventually(
             "admission-service NonCompliant",
@@ -442,14 +446,14 @@ async fn a_stopped_admission_service_is_reported_within_five_seconds() {
         .await;
     };
 
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    signal(libc::SIGSTOP);
     let stopped = Instant::now();
     reported().await;
     let detected = stopped.elapsed();
     // Fail open meanwhile: the call times out and Ignore lets the request through.
     let (ok, out) = kubectl(&bed, DELETE_AS_ALICE);
     assert!(ok, "fail open: {out}");
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    signal(libc::SIGCONT);
     let resumed = Instant::now();
     wait_concern(&bed.mgmt, "admission-service", "Compliant").await;
     wait_concern(&bed.mgmt, "e2e-probe", "Compliant").await;
@@ -462,8 +466,10 @@ async fn a_stopped_admission_service_is_reported_within_five_seconds() {
     assert!(!ok && out.contains(PROTECTED), "enforcing again: {out}");
 
     // Killed: reported the same way, and back (kubectl rollout restart) enforcing.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
-    assert!(support::wait_gone(pids[0], Duration::from_secs(5)));
+    signal(libc::SIGKILL);
+    for pid in &pids {
+        assert!(support::wait_gone(*pid, Duration::from_secs(5)));
+    }
     reported().await;
     let patch = serde_json::json!({"spec": {"template": {"metadata": {"annotations": {"kubectl.kubernetes.io/restartedAt": jiff::Timestamp::now().to_string()}}}}});
     Api::<Deployment>::namespaced(bed.mgmt.clone(), NS)
@@ -702,17 +708,21 @@ async fn a_planned_ca_rotation_under_load_lets_nothing_through() {
         .client()
         .await
         .expect("hosted");
-    // A CA that comes due about 25 s from now: generated with a lifetime L (back-dated five
+    // A CA that comes due about 30 s from now: generated with a lifetime L (back-dated five
     // minutes, as the agent's are), it is renewed with less than p% of L + 300 s left.
     let pct = i64::from(
         AgentConfig::default()
             .certificates
             .renew_at_remaining_percent,
     );
-    let lifetime: i64 = (25 * 100 + 300 * pct) / (100 - pct);
+    let lifetime: i64 = (30 * 100 + 300 * pct) / (100 - pct);
     let ca = certificates::generate_ca("hcp-fleet-admission CA", time::Duration::seconds(lifetime))
         .expect("ca");
-    let due = Instant::now() + Duration::from_secs(25);
+    // When the agent's plan will rotate it, from the certificate itself (whole seconds).
+    let facts = certificates::inspect(&ca.cert_pem).expect("facts");
+    let due_unix = facts.not_after - (facts.not_after - facts.not_before) * pct / 100;
+    let left = due_unix - jiff::Timestamp::now().as_second();
+    let due = Instant::now() + Duration::from_secs(u64::try_from(left).expect("due ahead"));
     let sans = management::serving_sans(
         &AgentConfig::default(),
         NS,
@@ -772,6 +782,11 @@ async fn a_planned_ca_rotation_under_load_lets_nothing_through() {
     assert!(Instant::now() < due, "set up before the CA came due");
 
     let load = GuardLoad::start(alice(&bed).await);
+    assert_eq!(
+        certificates::bundle_ders(&trust().await),
+        certificates::bundle_ders(&ca.cert_pem),
+        "not rotated before the load began"
+    );
     // Rotated when due: a new CA first in the bundle, the old one kept after it.
     eventually("the CA rotated", Duration::from_secs(60), || async {
         let now = trust().await;
@@ -810,6 +825,78 @@ async fn a_planned_ca_rotation_under_load_lets_nothing_through() {
     );
     eprintln!(
         "planned CA rotation under load: rotated {rotated_after_due:?} after it came due; {} requests, {} denied, {} allowed",
+        counts.sent, counts.denied, counts.allowed
+    );
+}
+
+/// A rolling restart under load (`kubectl rollout restart`): replicas are replaced one at a
+/// time, never fewer ready than wanted (maxUnavailable 0, maxSurge 1), each old one drained
+/// out of the routes before it stops. Not one guarded request gets through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_under_load_lets_nothing_through() {
+    let bed = bed(AgentConfig::default()).await;
+    let before = webhook_pids(bed.pods.path());
+    assert_eq!(before.len(), 2, "{before:?}");
+    let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(bed.mgmt.clone(), NS);
+    let ready_replicas = || async {
+        services
+            .get("hcp-fleet-admission")
+            .await
+            .ok()
+            .and_then(|s| {
+                s.metadata
+                    .annotations?
+                    .get(kubelet::LOCAL_REPLICAS_ANNOTATION)
+                    .map(|a| a.split(',').filter(|x| !x.is_empty()).count())
+            })
+            .unwrap_or(0)
+    };
+    let load = GuardLoad::start(alice(&bed).await);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let patch = serde_json::json!({"spec": {"template": {"metadata": {"annotations": {"kubectl.kubernetes.io/restartedAt": jiff::Timestamp::now().to_string()}}}}});
+    Api::<Deployment>::namespaced(bed.mgmt.clone(), NS)
+        .patch(
+            "hcp-fleet-admission",
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .expect("restart");
+    // Until every replica is new: how many were ready, sampled all along.
+    let started = Instant::now();
+    let mut samples = Vec::new();
+    loop {
+        samples.push(ready_replicas().await);
+        let now = webhook_pids(bed.pods.path());
+        if now.len() == 2 && now.iter().all(|p| !before.contains(p)) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "rollout did not finish: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let rollout = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let counts = load.stop().await;
+    let (min, max) = (
+        samples.iter().min().copied().unwrap_or(0),
+        samples.iter().max().copied().unwrap_or(0),
+    );
+    assert!(
+        min >= 2,
+        "fewer ready replicas than wanted during the rollout: {samples:?}"
+    );
+    assert!(max <= 3, "more than one surge replica: {samples:?}");
+    assert_eq!(
+        (counts.allowed, counts.other),
+        (0, 0),
+        "guarded requests let through: {counts:?}"
+    );
+    assert!(counts.sent >= 200, "{counts:?}");
+    eprintln!(
+        "rolling restart under load: {rollout:?}, ready replicas between {min} and {max}; {} requests, {} denied, {} allowed",
         counts.sent, counts.denied, counts.allowed
     );
 }

@@ -1029,9 +1029,13 @@ async fn uninstall_removes_webhooks_first_and_keeps_what_it_cannot_reach() {
     let agent = start_agent(&mgmt).await;
     wait_compliant(&mgmt, &["hc-1", "hc-2"]).await;
     let kubeconfig = fleet.management.kubeconfig_path.clone();
+    // The test bed's configuration: uninstall talks only to the API servers it allows.
+    let config = kubeconfig.with_file_name("uninstall-config.yaml");
+    std::fs::write(&config, hcp_fleet_agent::localcp::agent_config_yaml()).expect("config");
     let uninstall = || {
         std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
-            .args(["uninstall", "--namespace", AGENT_NS])
+            .args(["uninstall", "--namespace", AGENT_NS, "--config"])
+            .arg(&config)
             .env("KUBECONFIG", &kubeconfig)
             .output()
             .expect("uninstall")

@@ -105,3 +105,23 @@ impl rustls::client::danger::ServerCertVerifier for Capture {
         self.algorithms.supported_schemes()
     }
 }
+
+/// A client configuration that accepts any server certificate (handshake signatures still
+/// checked): what a kubelet's HTTPS probe does, which never verifies the pod's certificate.
+pub fn accept_any_server() -> Result<rustls::ClientConfig, String> {
+    use std::sync::{Arc, Mutex};
+    install_crypto_provider();
+    let provider = rustls::crypto::ring::default_provider();
+    let verifier = Arc::new(Capture {
+        seen: Arc::new(Mutex::new(None)),
+        algorithms: provider.signature_verification_algorithms,
+    });
+    Ok(
+        rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .dangerous()
+            .with_custom_certificate_verifier(verifier)
+            .with_no_client_auth(),
+    )
+}

@@ -49,7 +49,7 @@ pub enum HostedAccessError {
         source: kube::Error,
     },
     #[error(
-        "{namespace}: reading the identity of {server} (the UID of its namespace kube-system): {reason}"
+        "{namespace}: hosted kube-apiserver {server}: reading its identity (the UID of namespace kube-system): {reason}"
     )]
     HostedIdentity {
         namespace: String,
@@ -145,8 +145,8 @@ impl HostedClient {
 /// server (SIGSTOP, a frozen node) keeps TCP alive from the kernel, so only a ping the
 /// server's own process must answer tells it apart from a quiet one. Costs no API request:
 /// a PING frame each way every `KEEPALIVE_INTERVAL`.
-pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(3);
-pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(3);
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// kube's client stack (base URI, credentials, headers) over an HTTP/2 connection with
 /// keepalive pings (HTTP/1.1 where the server does not offer h2, without pings), every

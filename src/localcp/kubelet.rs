@@ -1,10 +1,15 @@
-//! No kubelet runs in the test bed, so this plays one for the admission Deployments the agent
-//! creates. For each it runs the real `hcp-fleet-agent webhook` command with the Deployment's
-//! own args and environment (only the listen address and certificate directory are mapped to
-//! loopback), waits for `/readyz` over TLS, publishes the address on the Service (annotation
-//! `hcp-fleet.openshift.io/local-endpoint`, which the agent reads in local mode), and marks the
-//! Deployment available. A new Deployment generation restarts the process; a changed
-//! certificate Secret is written to the process's directory, where the service reloads it.
+//! No kubelet runs in the test bed, so this plays one (and kube-proxy) for the admission
+//! Deployments the agent creates. For each it runs `replicas` copies of the real
+//! `hcp-fleet-agent webhook` command with the Deployment's own args and environment (only the
+//! listen address and certificate directory are mapped to loopback), probes each one's
+//! `/readyz` as the Deployment's readiness probe says, and routes the Service's one loopback
+//! address (annotation `hcp-fleet.openshift.io/local-endpoint`, read by the agent in local
+//! mode) to the ready ones (`proxy.rs`). The ready replicas' own addresses are published too
+//! (`hcp-fleet.openshift.io/local-replicas`, the test bed's EndpointSlice). A new Deployment
+//! generation rolls out as a Deployment with maxSurge 1 and maxUnavailable 0 does: one new
+//! replica, ready, in the routes, then one old one out of the routes and stopped with SIGTERM
+//! (it drains). A changed certificate Secret is written to the pods' directory, where the
+//! service reloads it.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -23,6 +28,7 @@ use futures::future::BoxFuture;
 
 use super::free_port;
 use super::process::ManagedProcess;
+use super::proxy::ServiceProxy;
 use crate::config::AgentConfig;
 use crate::controller::AdmissionEndpoints;
 use crate::management::{MANAGED_BY, MANAGED_BY_VALUE, deployment_available};
@@ -61,7 +67,7 @@ impl AdmissionEndpoints for LocalEndpoints {
         })
     }
 
-    /// The published address: behind it, this kubelet's one process per Deployment.
+    /// The ready replicas' addresses this kubelet publishes (its EndpointSlice).
     fn replicas<'a>(
         &'a self,
         management: &'a Client,
@@ -74,27 +80,43 @@ impl AdmissionEndpoints for LocalEndpoints {
                 .await
                 .map_err(|e| e.to_string())?;
             Ok(svc
-                .and_then(|s| s.annotations().get(LOCAL_ENDPOINT_ANNOTATION).cloned())
-                .and_then(|url| url.strip_prefix("https://").and_then(|a| a.parse().ok()))
-                .into_iter()
+                .and_then(|s| s.annotations().get(LOCAL_REPLICAS_ANNOTATION).cloned())
+                .unwrap_or_default()
+                .split(',')
+                .filter_map(|a| a.parse().ok())
                 .collect())
         })
     }
 }
 
-struct Pod {
+/// One running replica: its process, address and readiness.
+struct Replica {
     generation: i64,
     port: u16,
-    /// The Deployment's readiness probe: (period, timeout, failure threshold).
-    readiness: (Duration, Duration, u32),
-    /// Readiness probes failed in a row, and whether the Deployment is marked ready.
+    process: ManagedProcess,
+    /// Readiness probes failed in a row, and whether it is in the routes.
     failed: u32,
     ready: bool,
-    deployment: Deployment,
+}
+
+/// One admission Deployment as this kubelet runs it.
+struct Workload {
+    proxy: ServiceProxy,
+    /// The pods' certificate directory (one Secret, the same files for every replica).
     dir: PathBuf,
     secret: String,
-    _process: ManagedProcess,
+    deployment: Deployment,
+    /// The readiness probe: (period, timeout, failure threshold).
+    readiness: (Duration, Duration, u32),
+    replicas: Vec<Replica>,
 }
+
+/// Published on the Service: the ready replicas' addresses, comma-separated (the test bed's
+/// EndpointSlice; the agent shakes hands with each to see which certificate it serves).
+pub const LOCAL_REPLICAS_ANNOTATION: &str = "hcp-fleet.openshift.io/local-replicas";
+
+/// How long a stopped replica may drain before it is killed.
+const TERMINATION_GRACE: Duration = Duration::from_secs(10);
 
 /// How the stand-in kubelet runs admission pods.
 #[derive(Clone)]
@@ -132,7 +154,7 @@ pub fn spawn(client: Client, opts: KubeletOptions) -> JoinHandle<()> {
             futures::stream::select(deployments, secrets),
             services
         ));
-        let mut pods: HashMap<String, Pod> = HashMap::new();
+        let mut pods: HashMap<String, Workload> = HashMap::new();
         // Deployments whose pod could not start (its Secret missing, say), by namespace. A
         // real kubelet keeps retrying such a pod; so does this one: when a Secret appears in
         // the namespace, and every second while any wait.
@@ -181,10 +203,13 @@ pub fn spawn(client: Client, opts: KubeletOptions) -> JoinHandle<()> {
                 Either::Service(ev) => {
                     if let watcher::Event::Apply(svc) = *ev {
                         let ns = svc.namespace().unwrap_or_default();
-                        if let Some(pod) = pods.get(&ns) {
-                            let url = format!("https://127.0.0.1:{}", pod.port);
-                            if svc.annotations().get(LOCAL_ENDPOINT_ANNOTATION) != Some(&url) {
-                                let _ = publish(&client, &ns, &svc.name_any(), &url).await;
+                        if let Some(w) = pods.get(&ns) {
+                            let (url, ready) = w.addresses();
+                            let a = svc.annotations();
+                            if a.get(LOCAL_ENDPOINT_ANNOTATION) != Some(&url)
+                                || a.get(LOCAL_REPLICAS_ANNOTATION) != Some(&ready)
+                            {
+                                let _ = publish(&client, &ns, &svc.name_any(), &url, &ready).await;
                             }
                         }
                     }
@@ -205,69 +230,115 @@ pub fn spawn(client: Client, opts: KubeletOptions) -> JoinHandle<()> {
     })
 }
 
-/// Probes every pod whose period has come round; flips its Deployment's availability when
-/// the failure threshold is reached, and back on the next success.
+/// Probes every replica whose period has come round. A replica leaves the routes when its
+/// failure threshold is reached and comes back on its next success; the Deployment's status
+/// and the published addresses follow.
 async fn probe_readiness(
     client: &Client,
-    pods: &mut HashMap<String, Pod>,
+    pods: &mut HashMap<String, Workload>,
     last: &mut HashMap<String, Instant>,
 ) {
-    for (ns, pod) in pods.iter_mut() {
-        let (period, timeout, threshold) = pod.readiness;
+    for (ns, w) in pods.iter_mut() {
+        let (period, timeout, threshold) = w.readiness;
         if last.get(ns).is_some_and(|t| t.elapsed() < period) {
             continue;
         }
         last.insert(ns.clone(), Instant::now());
-        let ca = std::fs::read_to_string(pod.dir.join("ca.crt")).unwrap_or_default();
-        let ok = matches!(
-            tokio::time::timeout(timeout, https_get(pod.port, &ca, "/readyz")).await,
-            Ok(Ok((200, _)))
-        );
-        pod.failed = if ok { 0 } else { pod.failed.saturating_add(1) };
-        let ready = ok || (pod.ready && pod.failed < threshold);
-        if ready != pod.ready {
-            tracing::info!(namespace = %ns, ready, "test bed kubelet: readiness changed");
-            let marked = if ready {
-                mark_available(client, &pod.deployment).await
-            } else {
-                mark_unavailable(client, &pod.deployment).await
-            };
-            if marked.is_ok() {
-                pod.ready = ready;
+        let mut changed = false;
+        // All replicas at once, as a kubelet probes each pod on its own; like a kubelet's
+        // HTTPS probe, without judging the certificate (a replica mid-reload is not unready).
+        let results = futures::future::join_all(w.replicas.iter().map(|r| async move {
+            matches!(
+                tokio::time::timeout(timeout, probe_get(r.port, "/readyz")).await,
+                Ok(Ok(200))
+            )
+        }))
+        .await;
+        for (r, ok) in w.replicas.iter_mut().zip(results) {
+            r.failed = if ok { 0 } else { r.failed.saturating_add(1) };
+            let ready = ok || (r.ready && r.failed < threshold);
+            if ready != r.ready {
+                tracing::info!(namespace = %ns, port = r.port, ready, "test bed kubelet: readiness changed");
+                r.ready = ready;
+                changed = true;
             }
+        }
+        if changed {
+            let _ = w.publish(client).await;
         }
     }
 }
 
-async fn mark_unavailable(client: &Client, d: &Deployment) -> Result<(), String> {
-    let ns = d.namespace().unwrap_or_default();
-    let replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-    let now = jiff::Timestamp::now()
-        .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string();
-    let status = serde_json::json!({"status": {
-        "observedGeneration": d.metadata.generation.unwrap_or(1),
-        "replicas": replicas,
-        "updatedReplicas": replicas,
-        "readyReplicas": 0,
-        "availableReplicas": 0,
-        "unavailableReplicas": replicas,
-        "conditions": [{
-            "type": "Available", "status": "False",
-            "reason": "MinimumReplicasUnavailable",
-            "message": "readiness probe failing (test bed)",
-            "lastUpdateTime": now, "lastTransitionTime": now,
-        }],
-    }});
-    Api::<Deployment>::namespaced(client.clone(), &ns)
-        .patch_status(
-            &d.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&status),
+impl Workload {
+    /// The Service's address and the ready replicas' addresses, as published.
+    fn addresses(&self) -> (String, String) {
+        let ready: Vec<String> = self
+            .replicas
+            .iter()
+            .filter(|r| r.ready)
+            .map(|r| format!("127.0.0.1:{}", r.port))
+            .collect();
+        (
+            format!("https://127.0.0.1:{}", self.proxy.port),
+            ready.join(","),
         )
-        .await
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+    }
+
+    /// Routes, published addresses and the Deployment's status, from the replicas' state.
+    async fn publish(&self, client: &Client) -> Result<(), String> {
+        self.proxy.set_backends(
+            self.replicas
+                .iter()
+                .filter(|r| r.ready)
+                .map(|r| r.port)
+                .collect(),
+        );
+        let ns = self.deployment.namespace().unwrap_or_default();
+        let (url, ready) = self.addresses();
+        publish(client, &ns, &self.deployment.name_any(), &url, &ready).await?;
+        self.mark_status(client).await
+    }
+
+    async fn mark_status(&self, client: &Client) -> Result<(), String> {
+        let d = &self.deployment;
+        let generation = d.metadata.generation.unwrap_or(1);
+        let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+        let count = |f: &dyn Fn(&Replica) -> bool| {
+            i32::try_from(self.replicas.iter().filter(|r| f(r)).count()).unwrap_or(i32::MAX)
+        };
+        let ready = count(&|r| r.ready);
+        let updated = count(&|r| r.generation == generation);
+        let total = count(&|_| true);
+        // maxUnavailable 0: available while at least `want` replicas are ready.
+        let available = ready >= want;
+        let now = jiff::Timestamp::now()
+            .strftime("%Y-%m-%dT%H:%M:%SZ")
+            .to_string();
+        let status = serde_json::json!({"status": {
+            "observedGeneration": generation,
+            "replicas": total,
+            "updatedReplicas": updated,
+            "readyReplicas": ready,
+            "availableReplicas": ready,
+            "unavailableReplicas": (want - ready).max(0),
+            "conditions": [{
+                "type": "Available",
+                "status": if available { "True" } else { "False" },
+                "reason": if available { "MinimumReplicasAvailable" } else { "MinimumReplicasUnavailable" },
+                "message": "set by the test bed kubelet",
+                "lastUpdateTime": now, "lastTransitionTime": now,
+            }],
+        }});
+        Api::<Deployment>::namespaced(client.clone(), &d.namespace().unwrap_or_default())
+            .patch_status(
+                &d.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&status),
+            )
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
 }
 
 /// The container's readiness probe as (period, timeout, failure threshold), with a
@@ -297,16 +368,16 @@ fn readiness_of(d: &Deployment) -> (Duration, Duration, u32) {
     )
 }
 
-/// One try at running the Deployment's pod; a failure leaves it waiting for a retry.
+/// One try at running the Deployment; a failure leaves it waiting for a retry.
 async fn attempt(
     client: &Client,
     opts: &KubeletOptions,
-    pods: &mut HashMap<String, Pod>,
+    pods: &mut HashMap<String, Workload>,
     waiting: &mut HashMap<String, Deployment>,
     d: Deployment,
 ) {
     let ns = d.namespace().unwrap_or_default();
-    match sync_pod(client, opts, pods, &d).await {
+    match sync(client, opts, pods, &d).await {
         Ok(()) => {
             waiting.remove(&ns);
         }
@@ -324,9 +395,18 @@ enum Either {
     Service(Box<watcher::Event<Service>>),
 }
 
-/// Writes the address of a namespace's admission process on its Service.
-async fn publish(client: &Client, ns: &str, svc: &str, url: &str) -> Result<(), String> {
-    let patch = serde_json::json!({"metadata": {"annotations": {LOCAL_ENDPOINT_ANNOTATION: url}}});
+/// Writes the Service's address and its ready replicas' on the Service.
+async fn publish(
+    client: &Client,
+    ns: &str,
+    svc: &str,
+    url: &str,
+    ready: &str,
+) -> Result<(), String> {
+    let patch = serde_json::json!({"metadata": {"annotations": {
+        LOCAL_ENDPOINT_ANNOTATION: url,
+        LOCAL_REPLICAS_ANNOTATION: ready,
+    }}});
     Api::<Service>::namespaced(client.clone(), ns)
         .patch(svc, &PatchParams::default(), &Patch::Merge(&patch))
         .await
@@ -348,47 +428,96 @@ fn write_certs(dir: &Path, s: &Secret) -> Result<(), String> {
     Ok(())
 }
 
-async fn sync_pod(
+/// Brings the Deployment's replicas to its spec: the first start, a rolling update of a new
+/// generation (one replica at a time: start one, wait until ready, route to it, then take an
+/// old one out of the routes and stop it), or just its status.
+async fn sync(
     client: &Client,
     opts: &KubeletOptions,
-    pods: &mut HashMap<String, Pod>,
+    pods: &mut HashMap<String, Workload>,
     d: &Deployment,
 ) -> Result<(), String> {
     let ns = d.namespace().unwrap_or_default();
     let generation = d.metadata.generation.unwrap_or(0);
+    let want = usize::try_from(d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)).unwrap_or(1);
     let Some(binary) = &opts.binary else {
         if !deployment_available(d) {
             mark_available(client, d).await?;
         }
         return Ok(());
     };
-    if let Some(p) = pods.get(&ns).filter(|p| p.generation == generation) {
-        // The readiness probes own availability once the pod runs.
-        if p.ready && !deployment_available(d) {
-            mark_available(client, d).await?;
-        }
-        return Ok(());
+    if !pods.contains_key(&ns) {
+        let pod_spec = d
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.clone())
+            .ok_or("no pod spec")?;
+        let secret_name = pod_spec
+            .volumes
+            .iter()
+            .flatten()
+            .find_map(|v| v.secret.as_ref().and_then(|s| s.secret_name.clone()))
+            .ok_or("no secret volume")?;
+        let secret = Api::<Secret>::namespaced(client.clone(), &ns)
+            .get(&secret_name)
+            .await
+            .map_err(|e| e.to_string())?;
+        let dir = opts.dir.join(&ns);
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        write_certs(&dir, &secret)?;
+        let proxy = ServiceProxy::start().await.map_err(|e| e.to_string())?;
+        pods.insert(
+            ns.clone(),
+            Workload {
+                proxy,
+                dir,
+                secret: secret_name,
+                deployment: d.clone(),
+                readiness: readiness_of(d),
+                replicas: Vec::new(),
+            },
+        );
     }
-    pods.remove(&ns); // a new generation replaces the old pod
-    let pod_spec = d
+    let w = pods.get_mut(&ns).ok_or("workload")?;
+    w.deployment = d.clone();
+    w.readiness = readiness_of(d);
+    // Old replicas out, one at a time, each only once its replacement is ready.
+    while let Some(old) = w.replicas.iter().position(|r| r.generation != generation) {
+        let fresh = start_replica(binary, w, d).await?;
+        w.replicas.push(fresh);
+        w.publish(client).await?;
+        let gone = w.replicas.remove(old);
+        w.publish(client).await?;
+        gone.process.terminate(TERMINATION_GRACE);
+    }
+    while w.replicas.len() < want {
+        let fresh = start_replica(binary, w, d).await?;
+        w.replicas.push(fresh);
+        w.publish(client).await?;
+    }
+    while w.replicas.len() > want {
+        let gone = w.replicas.remove(0);
+        w.publish(client).await?;
+        gone.process.terminate(TERMINATION_GRACE);
+    }
+    // The status follows the readiness probes; make sure it names this generation.
+    if !deployment_available(d)
+        || d.status.as_ref().and_then(|s| s.observed_generation) != Some(generation)
+    {
+        w.publish(client).await?;
+    }
+    Ok(())
+}
+
+/// Starts one replica of `d` and waits until it answers `/readyz` over TLS.
+async fn start_replica(binary: &Path, w: &Workload, d: &Deployment) -> Result<Replica, String> {
+    let ns = d.namespace().unwrap_or_default();
+    let container = d
         .spec
         .as_ref()
-        .and_then(|s| s.template.spec.clone())
-        .ok_or("no pod spec")?;
-    let container = pod_spec.containers.first().ok_or("no container")?;
-    let secret_name = pod_spec
-        .volumes
-        .iter()
-        .flatten()
-        .find_map(|v| v.secret.as_ref().and_then(|s| s.secret_name.clone()))
-        .ok_or("no secret volume")?;
-    let secret = Api::<Secret>::namespaced(client.clone(), &ns)
-        .get(&secret_name)
-        .await
-        .map_err(|e| e.to_string())?;
-    let dir = opts.dir.join(&ns);
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    write_certs(&dir, &secret)?;
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.containers.first())
+        .ok_or("no container")?;
     let port = free_port().map_err(|e| e.to_string())?;
     // The container's own args, with the listen address and cert dir mapped to this machine.
     let mut args: Vec<String> = Vec::new();
@@ -403,7 +532,7 @@ async fn sync_pod(
     }
     args.extend([
         "--cert-dir".into(),
-        dir.display().to_string(),
+        w.dir.display().to_string(),
         "--port".into(),
         port.to_string(),
         "--bind".into(),
@@ -417,17 +546,16 @@ async fn sync_pod(
         .collect();
     cmd_env.push(("RUST_LOG".into(), "info".into()));
     let process = ManagedProcess::spawn_with_env(
-        &format!("webhook {ns}"),
+        &format!("webhook {ns}:{port}"),
         binary,
         &args,
         &cmd_env,
-        &dir.join("webhook.log"),
+        &w.dir.join("webhook.log"),
     )
     .map_err(|e| e.to_string())?;
-    let ca = data_str(&secret, "ca.crt")?;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        if let Ok((200, _)) = https_get(port, &ca, "/readyz").await {
+        if let Ok(200) = probe_get(port, "/readyz").await {
             break;
         }
         if Instant::now() > deadline {
@@ -438,37 +566,13 @@ async fn sync_pod(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    pods.insert(
-        ns.clone(),
-        Pod {
-            generation,
-            port,
-            readiness: readiness_of(d),
-            failed: 0,
-            ready: true,
-            deployment: d.clone(),
-            dir,
-            secret: secret_name,
-            _process: process,
-        },
-    );
-    // Publish, then mark available: the agent renders URLs only after the availability gate.
-    publish(
-        client,
-        &ns,
-        &d.name_any(),
-        &format!("https://127.0.0.1:{port}"),
-    )
-    .await?;
-    mark_available(client, d).await
-}
-
-fn data_str(s: &Secret, key: &str) -> Result<String, String> {
-    s.data
-        .as_ref()
-        .and_then(|d| d.get(key))
-        .and_then(|v| String::from_utf8(v.0.clone()).ok())
-        .ok_or_else(|| format!("secret has no {key}"))
+    Ok(Replica {
+        generation: d.metadata.generation.unwrap_or(0),
+        port,
+        process,
+        failed: 0,
+        ready: true,
+    })
 }
 
 async fn mark_available(client: &Client, d: &Deployment) -> Result<(), String> {
@@ -499,6 +603,34 @@ async fn mark_available(client: &Client, d: &Deployment) -> Result<(), String> {
         .await
         .map(|_| ())
         .map_err(|e| e.to_string())
+}
+
+/// A kubelet's HTTPS probe: GET `path` on 127.0.0.1:`port`, any certificate accepted;
+/// returns the status code.
+async fn probe_get(port: u16, path: &str) -> Result<u16, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut cfg = crate::tls::accept_any_server()?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
+    let mut tls = connector
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let head = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    tls.write_all(head.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    let _ = tls.read_to_end(&mut buf).await;
+    String::from_utf8_lossy(&buf)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| "no status".to_string())
 }
 
 /// A TLS connector that trusts only `ca_pem` and speaks HTTP/1.1.

@@ -9,6 +9,7 @@ pub mod fixtures;
 pub mod kubelet;
 mod pki;
 pub mod process;
+mod proxy;
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;

@@ -105,6 +105,32 @@ impl ManagedProcess {
     }
 
     /// Kills and reaps the process. Idempotent.
+    /// Stops the process as a kubelet stops a container: SIGTERM, then SIGKILL if it has not
+    /// exited within `grace`. Returns at once; the wait happens on a thread of its own.
+    pub fn terminate(mut self, grace: std::time::Duration) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if let Ok(pid) = i32::try_from(child.id()) {
+            // SAFETY: kill(2) with our own child's pid; no memory is involved.
+            #[allow(unsafe_code)]
+            unsafe {
+                libc::kill(pid, libc::SIGTERM);
+            }
+        }
+        std::thread::spawn(move || {
+            let deadline = std::time::Instant::now() + grace;
+            while std::time::Instant::now() < deadline {
+                if matches!(child.try_wait(), Ok(Some(_))) {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        });
+    }
+
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             // The test bed's servers hold nothing worth a graceful shutdown, and SIGKILL
