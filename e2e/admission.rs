@@ -631,9 +631,10 @@ async fn a_certificate_replaced_under_load_loses_no_request() {
     );
 }
 
-/// Both certificate Secrets deleted under load: the agent makes a new CA, but the hosted
-/// caBundle trusts it before any replica serves a certificate from it, and keeps the old CA
-/// until every replica has moved on. Not one guarded request gets through.
+/// Both certificate Secrets deleted and the Deployment touched under load: the agent makes a
+/// new CA, but the hosted caBundle trusts it before any replica serves a certificate from it,
+/// and keeps the old CA until every replica has moved on. Not one guarded request gets
+/// through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_certificate_secrets_deleted_under_load_let_nothing_through() {
     let bed = bed(AgentConfig::default()).await;
@@ -659,6 +660,17 @@ async fn the_certificate_secrets_deleted_under_load_let_nothing_through() {
             .await
             .expect("delete");
     }
+    // And the Deployment touched at once, as in the incident this guards against: replicas
+    // restart while the certificates are being replaced.
+    let patch = serde_json::json!({"spec": {"template": {"metadata": {"annotations": {"kubectl.kubernetes.io/restartedAt": jiff::Timestamp::now().to_string()}}}}});
+    Api::<Deployment>::namespaced(bed.mgmt.clone(), NS)
+        .patch(
+            "hcp-fleet-admission",
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .expect("restart");
     // The old CA goes from the caBundle once the service serves the new certificate.
     eventually(
         "the caBundle holds only the new CA",

@@ -53,7 +53,7 @@ pub async fn connect(
         s.hosted_client.as_ref().filter(|c| c.is_from(raw)).cloned()
     });
     if let Some(c) = cached {
-        claim(ctx, cfg, ns, &c).await?;
+        claim(ctx, cfg, ns, cluster, &c).await?;
         return Ok(c);
     }
     let requests = ctx
@@ -68,7 +68,7 @@ pub async fn connect(
         s.hosted_client = Some(built.clone());
         s.hosted_identity = None;
     });
-    claim(ctx, cfg, ns, &built).await?;
+    claim(ctx, cfg, ns, cluster, &built).await?;
     Ok(built)
 }
 
@@ -81,6 +81,7 @@ async fn claim(
     ctx: &Context,
     cfg: &AgentConfig,
     ns: &str,
+    cluster: &str,
     hosted: &HostedClient,
 ) -> Result<(), Failure> {
     if ctx.with_hcp(ns, |s| s.hosted_identity.is_some()) {
@@ -95,6 +96,11 @@ async fn claim(
     })?;
     let timeout = Duration::from_secs(u64::from(cfg.hosted_access.request_timeout_seconds));
     let identity_err = |reason: String| {
+        // A failed call to the hosted kube-apiserver, like any other.
+        ctx.metrics
+            .hosted_errors
+            .get_or_create(&hcp_labels(ns, cluster))
+            .inc();
         refuse(HostedAccessError::HostedIdentity {
             namespace: ns.to_string(),
             server: hosted.server.clone(),
