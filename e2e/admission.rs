@@ -502,6 +502,11 @@ async fn alice(bed: &Bed) -> Api<ClusterRole> {
     Api::all(Client::try_from(config).expect("client"))
 }
 
+/// One load test at a time: each claims 50 guarded requests per second on a machine of two
+/// cores; four at once would measure the machine, not the guard (a webhook call then misses
+/// its 2 s timeout now and then, and failurePolicy Ignore lets it through).
+static LOAD_TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Guarded requests at a steady 50 per second through the hosted kube-apiserver (alice
 /// deleting cluster-admin, dry run), counted by outcome until stopped.
 struct GuardLoad {
@@ -570,6 +575,7 @@ impl GuardLoad {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_certificate_replaced_under_load_loses_no_request() {
+    let _turn = LOAD_TURN.lock().await;
     let bed = bed(AgentConfig::default()).await;
     let load = GuardLoad::start(alice(&bed).await);
     let started = Instant::now();
@@ -637,6 +643,7 @@ async fn a_certificate_replaced_under_load_loses_no_request() {
 /// through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_certificate_secrets_deleted_under_load_let_nothing_through() {
+    let _turn = LOAD_TURN.lock().await;
     let bed = bed(AgentConfig::default()).await;
     let hosted = bed
         .fleet
@@ -712,6 +719,7 @@ async fn the_certificate_secrets_deleted_under_load_let_nothing_through() {
 /// there. Not one guarded request gets through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_planned_ca_rotation_under_load_lets_nothing_through() {
+    let _turn = LOAD_TURN.lock().await;
     let bed = bed(AgentConfig::default()).await;
     let hosted = bed
         .fleet
@@ -846,6 +854,7 @@ async fn a_planned_ca_rotation_under_load_lets_nothing_through() {
 /// out of the routes before it stops. Not one guarded request gets through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_under_load_lets_nothing_through() {
+    let _turn = LOAD_TURN.lock().await;
     let bed = bed(AgentConfig::default()).await;
     let before = webhook_pids(bed.pods.path());
     assert_eq!(before.len(), 2, "{before:?}");

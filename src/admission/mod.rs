@@ -30,6 +30,13 @@ pub struct WebhookArgs {
     /// How often the certificate files are checked for a change.
     #[arg(long, default_value_t = 1000)]
     pub cert_check_ms: u64,
+    /// After SIGTERM, how long the service goes on answering before it drains: readiness
+    /// fails at once (the endpoints drop it), and meanwhile every HTTP/1.1 answer asks the
+    /// client to close its connection, so no client is left sending on a connection the
+    /// service is about to close (a request lost that way is let through by failurePolicy
+    /// Ignore).
+    #[arg(long, default_value_t = 5)]
+    pub shutdown_delay_seconds: u64,
     /// Benchmark baseline: answer every review with a fixed response (`make bench`).
     #[arg(long, hide = true)]
     pub baseline: bool,
@@ -82,6 +89,7 @@ pub async fn run(args: WebhookArgs) -> ExitCode {
     };
     tracing::info!(%addr, "admission service listening");
     let drain_state = state.clone();
+    let delay = Duration::from_secs(args.shutdown_delay_seconds);
     let shutdown = async move {
         use tokio::signal::unix::{SignalKind, signal};
         if let (Ok(mut term), Ok(mut int)) = (
@@ -95,9 +103,11 @@ pub async fn run(args: WebhookArgs) -> ExitCode {
         } else {
             let _ = tokio::signal::ctrl_c().await;
         }
-        // Fail readiness first so endpoints stop sending new connections, then drain.
+        // Fail readiness first so endpoints stop sending new connections; keep answering
+        // (closing each HTTP/1.1 connection after its answer) while they catch up; then drain.
         drain_state.draining.store(true, Ordering::Relaxed);
-        tracing::info!("draining");
+        tracing::info!(delay_seconds = delay.as_secs(), "draining");
+        tokio::time::sleep(delay).await;
     };
     server::serve(
         listener,

@@ -317,7 +317,30 @@ pub fn router(st: Arc<AppState>) -> axum::Router {
                 )
             }),
         )
+        .layer(axum::middleware::from_fn_with_state(
+            st.clone(),
+            close_while_draining,
+        ))
         .with_state(st)
+}
+
+/// While draining, an HTTP/1.1 answer carries `Connection: close`: the client learns with the
+/// answer that the connection is done, rather than finding it closed under its next request.
+/// (HTTP/2 needs nothing: the drain's GOAWAY tells the client the same.)
+async fn close_while_draining(
+    State(st): State<Arc<AppState>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let http1 = req.version() <= http::Version::HTTP_11;
+    let mut resp = next.run(req).await;
+    if http1 && st.draining.load(Ordering::Relaxed) {
+        resp.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+    }
+    resp
 }
 
 /// Serves `app` over TLS on `listener` until `shutdown` resolves, then drains.

@@ -293,10 +293,11 @@ impl Workload {
                 .map(|r| r.port)
                 .collect(),
         );
+        // The status first: it is what tells the agent about an outage.
+        self.mark_status(client).await?;
         let ns = self.deployment.namespace().unwrap_or_default();
         let (url, ready) = self.addresses();
-        publish(client, &ns, &self.deployment.name_any(), &url, &ready).await?;
-        self.mark_status(client).await
+        publish(client, &ns, &self.deployment.name_any(), &url, &ready).await
     }
 
     async fn mark_status(&self, client: &Client) -> Result<(), String> {
