@@ -1340,7 +1340,7 @@ async fn the_management_cluster_a_claimed_cluster_and_a_foreign_server_are_refus
             "already claimed by HCP namespace clusters-hc-1",
         ),
         (
-            "clusters-foreign",
+            "clusters-foreign-hosted-cluster-with-a-long-name-of-46",
             "is not allowed (hostedAccess.allowedServers",
         ),
     ];
