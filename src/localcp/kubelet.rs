@@ -303,42 +303,17 @@ impl Workload {
     async fn mark_status(&self, client: &Client) -> Result<(), String> {
         let d = &self.deployment;
         let generation = d.metadata.generation.unwrap_or(1);
-        let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
         let count = |f: &dyn Fn(&Replica) -> bool| {
             i32::try_from(self.replicas.iter().filter(|r| f(r)).count()).unwrap_or(i32::MAX)
         };
-        let ready = count(&|r| r.ready);
-        let updated = count(&|r| r.generation == generation);
-        let total = count(&|_| true);
-        // maxUnavailable 0: available while at least `want` replicas are ready.
-        let available = ready >= want;
-        let now = jiff::Timestamp::now()
-            .strftime("%Y-%m-%dT%H:%M:%SZ")
-            .to_string();
-        let status = serde_json::json!({"status": {
-            "observedGeneration": generation,
-            "replicas": total,
-            "updatedReplicas": updated,
-            "readyReplicas": ready,
-            "availableReplicas": ready,
-            "unavailableReplicas": (want - ready).max(0),
-            "conditions": [{
-                "type": "Available",
-                "status": if available { "True" } else { "False" },
-                "reason": if available { "MinimumReplicasAvailable" } else { "MinimumReplicasUnavailable" },
-                "message": "set by the test bed kubelet",
-                "lastUpdateTime": now, "lastTransitionTime": now,
-            }],
-        }});
-        Api::<Deployment>::namespaced(client.clone(), &d.namespace().unwrap_or_default())
-            .patch_status(
-                &d.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&status),
-            )
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        write_status(
+            client,
+            d,
+            count(&|_| true),
+            count(&|r| r.generation == generation),
+            count(&|r| r.ready),
+        )
+        .await
     }
 }
 
@@ -576,26 +551,43 @@ async fn start_replica(binary: &Path, w: &Workload, d: &Deployment) -> Result<Re
     })
 }
 
+/// Without processes (`KubeletOptions::binary` unset): every replica ready at once.
 async fn mark_available(client: &Client, d: &Deployment) -> Result<(), String> {
-    let ns = d.namespace().unwrap_or_default();
     let replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    write_status(client, d, replicas, replicas, replicas).await
+}
+
+/// The Deployment's status as its controller would write it for `total` replicas, `updated`
+/// of the current generation and `ready` of them ready (maxUnavailable 0: available while
+/// at least the wanted number are ready).
+async fn write_status(
+    client: &Client,
+    d: &Deployment,
+    total: i32,
+    updated: i32,
+    ready: i32,
+) -> Result<(), String> {
+    let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let available = ready >= want;
     let now = jiff::Timestamp::now()
         .strftime("%Y-%m-%dT%H:%M:%SZ")
         .to_string();
     let status = serde_json::json!({"status": {
         "observedGeneration": d.metadata.generation.unwrap_or(1),
-        "replicas": replicas,
-        "updatedReplicas": replicas,
-        "readyReplicas": replicas,
-        "availableReplicas": replicas,
+        "replicas": total,
+        "updatedReplicas": updated,
+        "readyReplicas": ready,
+        "availableReplicas": ready,
+        "unavailableReplicas": (want - ready).max(0),
         "conditions": [{
-            "type": "Available", "status": "True",
-            "reason": "MinimumReplicasAvailable",
-            "message": "marked available by the test bed",
+            "type": "Available",
+            "status": if available { "True" } else { "False" },
+            "reason": if available { "MinimumReplicasAvailable" } else { "MinimumReplicasUnavailable" },
+            "message": "set by the test bed kubelet",
             "lastUpdateTime": now, "lastTransitionTime": now,
         }],
     }});
-    Api::<Deployment>::namespaced(client.clone(), &ns)
+    Api::<Deployment>::namespaced(client.clone(), &d.namespace().unwrap_or_default())
         .patch_status(
             &d.name_any(),
             &PatchParams::default(),
