@@ -711,6 +711,66 @@ async fn the_certificate_secrets_deleted_under_load_let_nothing_through() {
     );
 }
 
+/// A rolling restart under load (`kubectl rollout restart`): replicas are replaced one at a
+/// time, never fewer ready than wanted (maxUnavailable 0, maxSurge 1), each old one drained
+/// out of the routes before it stops. Not one guarded request gets through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_under_load_lets_nothing_through() {
+    let _turn = LOAD_TURN.lock().await;
+    let bed = bed(AgentConfig::default()).await;
+    let before = webhook_pids(bed.pods.path());
+    assert_eq!(before.len(), 2, "{before:?}");
+    let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(bed.mgmt.clone(), NS);
+    let ready_replicas = || async {
+        services
+            .get("hcp-fleet-admission")
+            .await
+            .ok()
+            .and_then(|s| {
+                s.metadata
+                    .annotations?
+                    .get(kubelet::LOCAL_REPLICAS_ANNOTATION)
+                    .map(|a| a.split(',').filter(|x| !x.is_empty()).count())
+            })
+            .unwrap_or(0)
+    };
+    let load = GuardLoad::start(alice(&bed).await);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    rollout_restart(&bed).await;
+    // Until every replica is new: how many were ready, sampled all along.
+    let started = Instant::now();
+    let mut samples = Vec::new();
+    loop {
+        samples.push(ready_replicas().await);
+        let now = webhook_pids(bed.pods.path());
+        if now.len() == 2 && now.iter().all(|p| !before.contains(p)) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "rollout did not finish: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let rollout = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let counts = load.stop().await;
+    let (min, max) = (
+        samples.iter().min().copied().unwrap_or(0),
+        samples.iter().max().copied().unwrap_or(0),
+    );
+    assert!(
+        min >= 2,
+        "fewer ready replicas than wanted during the rollout: {samples:?}"
+    );
+    assert!(max <= 3, "more than one surge replica: {samples:?}");
+    assert_nothing_let_through(&counts, 200);
+    eprintln!(
+        "rolling restart under load: {rollout:?}, ready replicas between {min} and {max}; {} requests, {} denied, {} allowed",
+        counts.sent, counts.denied, counts.allowed
+    );
+}
+
 /// POST over TLS to the service; returns (status, body).
 async fn https_post(
     port: u16,
