@@ -25,19 +25,8 @@ pub async fn served_certificate(
     timeout: std::time::Duration,
 ) -> Result<Vec<u8>, String> {
     use std::sync::{Arc, Mutex};
-    install_crypto_provider();
-    let provider = rustls::crypto::ring::default_provider();
     let seen = Arc::new(Mutex::new(None));
-    let verifier = Arc::new(Capture {
-        seen: seen.clone(),
-        algorithms: provider.signature_verification_algorithms,
-    });
-    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .dangerous()
-        .with_custom_certificate_verifier(verifier)
-        .with_no_client_auth();
+    let cfg = capturing_client(seen.clone())?;
     let name = rustls::pki_types::ServerName::try_from(server_name.to_string())
         .map_err(|e| format!("{server_name}: {e}"))?;
     let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
@@ -109,15 +98,22 @@ impl rustls::client::danger::ServerCertVerifier for Capture {
 /// A client configuration that accepts any server certificate (handshake signatures still
 /// checked): what a kubelet's HTTPS probe does, which never verifies the pod's certificate.
 pub fn accept_any_server() -> Result<rustls::ClientConfig, String> {
-    use std::sync::{Arc, Mutex};
+    capturing_client(std::sync::Arc::default())
+}
+
+/// A client configuration whose verifier accepts any chain and puts the end-entity
+/// certificate in `seen`.
+fn capturing_client(
+    seen: std::sync::Arc<std::sync::Mutex<Option<Vec<u8>>>>,
+) -> Result<rustls::ClientConfig, String> {
     install_crypto_provider();
     let provider = rustls::crypto::ring::default_provider();
-    let verifier = Arc::new(Capture {
-        seen: Arc::new(Mutex::new(None)),
+    let verifier = std::sync::Arc::new(Capture {
+        seen,
         algorithms: provider.signature_verification_algorithms,
     });
     Ok(
-        rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(provider))
             .with_safe_default_protocol_versions()
             .map_err(|e| e.to_string())?
             .dangerous()

@@ -11,7 +11,7 @@ use kube::{Api, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::apply::apply;
+use super::apply::{Applied, apply_if_changed};
 use super::context::Context;
 use super::error::Failure;
 use crate::certificates::CertBundle;
@@ -45,31 +45,32 @@ where
         .map_err(failed)?;
     let key = format!("{kind}/{name}");
     let print = compare::fingerprint(&want);
-    let live = api.get_opt(name).await.map_err(failed)?;
-    if let Some(live) = live.as_ref().filter(|l| matches(&want, *l)) {
-        ctx.with_hcp(ns, |s| s.management.insert(key, print));
-        return Ok((live.clone(), None));
-    }
     let seen = ctx.with_hcp(ns, |s| s.management.get(&key).copied());
-    let note = match (&live, seen) {
+    let applied = apply_if_changed(&api, name, obj, compare::subset)
+        .await
+        .map_err(failed)?;
+    let note = match (&applied, seen) {
         // Gone, though it was in place: whatever it held (a certificate, say) is new now.
-        (None, Some(_)) => Some(format!("{kind} {name} deleted; recreated")),
-        (Some(_), Some(p)) if p == print => Some(format!("{kind} {name} changed; restored")),
+        (Applied::Created(_), Some(_)) => Some(format!("{kind} {name} deleted; recreated")),
+        (Applied::Updated(_), Some(p)) if p == print => {
+            Some(format!("{kind} {name} changed; restored"))
+        }
         _ => None,
     };
-    let written = apply(&api, name, obj).await.map_err(failed)?;
     // Only an object seen to match can later be said to have drifted.
+    let in_place =
+        matches!(applied, Applied::Unchanged(_)) || written_matches(&want, applied.object());
     ctx.with_hcp(ns, |s| {
-        if matches(&want, &written) {
+        if in_place {
             s.management.insert(key, print);
         } else {
             s.management.remove(&key);
         }
     });
-    Ok((written, note))
+    Ok((applied.into_object(), note))
 }
 
-fn matches<K: Serialize>(want: &serde_json::Value, live: &K) -> bool {
+fn written_matches<K: Serialize>(want: &serde_json::Value, live: &K) -> bool {
     serde_json::to_value(live).is_ok_and(|l| compare::subset(want, &l))
 }
 

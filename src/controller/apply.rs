@@ -44,27 +44,52 @@ fn is_write_race(s: &kube::core::Status) -> bool {
     s.code == 409 && s.reason == "Conflict"
 }
 
+/// What `apply_if_changed` did, with the object as the server has it afterwards.
+pub enum Applied<K> {
+    /// The live object already said what was rendered; nothing was written.
+    Unchanged(K),
+    /// There was none; it was created.
+    Created(K),
+    /// It differed and was written.
+    Updated(K),
+}
+
+impl<K> Applied<K> {
+    pub fn object(&self) -> &K {
+        match self {
+            Applied::Unchanged(k) | Applied::Created(k) | Applied::Updated(k) => k,
+        }
+    }
+
+    pub fn into_object(self) -> K {
+        match self {
+            Applied::Unchanged(k) | Applied::Created(k) | Applied::Updated(k) => k,
+        }
+    }
+}
+
 /// Applies only what differs from the live object (compared by `same(desired, live)` on their
 /// JSON): some API servers (1.20 among them) bump a no-op apply's managedFields timestamp, and
-/// with it the resourceVersion, which every watcher then sees as a change. Returns whether it
-/// wrote.
+/// with it the resourceVersion, which every watcher then sees as a change. Says what it did.
 pub async fn apply_if_changed<K>(
     api: &Api<K>,
     name: &str,
     desired: &K,
     same: fn(&Value, &Value) -> bool,
-) -> Result<bool, kube::Error>
+) -> Result<Applied<K>, kube::Error>
 where
     K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
 {
-    if let Some(live) = api.get_opt(name).await? {
+    let live = api.get_opt(name).await?;
+    if let Some(live) = live {
         let want = serde_json::to_value(desired).map_err(kube::Error::SerdeError)?;
         let have = serde_json::to_value(&live).map_err(kube::Error::SerdeError)?;
         if same(&want, &have) {
-            return Ok(false);
+            return Ok(Applied::Unchanged(live));
         }
+        return apply(api, name, desired).await.map(Applied::Updated);
     }
-    apply(api, name, desired).await.map(|_| true)
+    apply(api, name, desired).await.map(Applied::Created)
 }
 
 /// Deletes `name` if it exists; a missing object is what was wanted.

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::Api;
 
 use super::certificates::secret_bytes;
-use super::context::{Context, hcp_labels};
+use super::context::{Context, hcp_labels, lock};
 use super::error::Failure;
 use crate::config::AgentConfig;
 use crate::crd::HostedControlPlane;
@@ -53,6 +53,7 @@ pub async fn connect(
         s.hosted_client.as_ref().filter(|c| c.is_from(raw)).cloned()
     });
     if let Some(c) = cached {
+        reachable(ctx, ns, cluster, &c)?;
         claim(ctx, cfg, ns, cluster, &c).await?;
         return Ok(c);
     }
@@ -68,8 +69,27 @@ pub async fn connect(
         s.hosted_client = Some(built.clone());
         s.hosted_identity = None;
     });
+    reachable(ctx, ns, cluster, &built)?;
     claim(ctx, cfg, ns, cluster, &built).await?;
     Ok(built)
+}
+
+/// A connection the drift watch saw drop (keepalive unanswered) is reported at once, before
+/// any request to the hosted cluster (every hosted step starts here), not after another request's timeout.
+fn reachable(ctx: &Context, ns: &str, cluster: &str, hosted: &HostedClient) -> Result<(), Failure> {
+    let lost = ctx.with_hcp(ns, |s| {
+        s.watch.as_ref().and_then(|w| lock(&w.shared).lost.clone())
+    });
+    let Some(why) = lost else {
+        return Ok(());
+    };
+    let labels = hcp_labels(ns, cluster);
+    ctx.metrics.hosted_errors.get_or_create(&labels).inc();
+    ctx.metrics.webhooks_installed.get_or_create(&labels).set(0);
+    Err(Failure::HostedUnreachable {
+        server: hosted.server.clone(),
+        why,
+    })
 }
 
 /// No confused deputy: the hosted cluster must be neither the management cluster nor one

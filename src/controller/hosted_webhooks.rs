@@ -45,7 +45,6 @@ pub async fn ensure(
     m.webhooks_desired.get_or_create(&labels).set(want as i64);
     let timeout = Duration::from_secs(u64::from(cfg.hosted_access.request_timeout_seconds));
     watches::ensure_drift_watch(ctx, ns, cluster, hosted, desired.clone());
-    reachable(ctx, ns, cluster, hosted)?;
     let t0 = Instant::now();
     let installed = tokio::time::timeout(timeout, install(&hosted.client, &desired)).await;
     m.hosted_latency
@@ -77,29 +76,6 @@ pub async fn ensure(
     Ok(Installed {
         configurations: want,
         drift,
-    })
-}
-
-/// A connection the drift watch saw drop (keepalive unanswered) is reported at once, before
-/// any request to the hosted cluster, not after another request's timeout.
-pub fn reachable(
-    ctx: &Context,
-    ns: &str,
-    cluster: &str,
-    hosted: &HostedClient,
-) -> Result<(), Failure> {
-    let lost = ctx.with_hcp(ns, |s| {
-        s.watch.as_ref().and_then(|w| lock(&w.shared).lost.clone())
-    });
-    let Some(why) = lost else {
-        return Ok(());
-    };
-    let labels = hcp_labels(ns, cluster);
-    ctx.metrics.hosted_errors.get_or_create(&labels).inc();
-    ctx.metrics.webhooks_installed.get_or_create(&labels).set(0);
-    Err(Failure::HostedUnreachable {
-        server: hosted.server.clone(),
-        why,
     })
 }
 

@@ -157,7 +157,6 @@ async fn run_phases(ctx: &Context, hcp: &HostedControlPlane, ns: &str, cluster: 
         seen.insert(Concern::AdmissionService, Observation::compliant(available));
         // 4. Hosted access. 5-6. Webhook configurations there, kept from drifting.
         let hosted = hosted_access::connect(ctx, &cfg, ns, cluster).await?;
-        hosted_webhooks::reachable(ctx, ns, cluster, &hosted)?;
         // Retire last: the previous CA leaves the caBundle once every replica serves the new
         // certificate.
         let (bundle, settled) =

@@ -7,7 +7,7 @@
 //!   they already carry (`pre_trust`). Only then may a replica load the new certificate.
 //! - Retire last: the caBundle narrows to the current bundle only once a TLS handshake with
 //!   each ready replica shows the new certificate (`hosted_bundle`); until then it keeps the
-//!   union, and the reconcile looks again in a second.
+//!   union, and the reconcile looks again with backoff (2 s, doubling).
 
 use std::time::Duration;
 

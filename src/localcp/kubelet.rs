@@ -601,29 +601,16 @@ async fn write_status(
 /// A kubelet's HTTPS probe: GET `path` on 127.0.0.1:`port`, any certificate accepted;
 /// returns the status code.
 async fn probe_get(port: u16, path: &str) -> Result<u16, String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut cfg = crate::tls::accept_any_server()?;
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+    exchange(&connector, port, &get_head(path), b"")
         .await
-        .map_err(|e| e.to_string())?;
-    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
-    let mut tls = connector
-        .connect(name, tcp)
-        .await
-        .map_err(|e| e.to_string())?;
-    let head = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
-    tls.write_all(head.as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut buf = Vec::new();
-    let _ = tls.read_to_end(&mut buf).await;
-    String::from_utf8_lossy(&buf)
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| "no status".to_string())
+        .map(|(code, _)| code)
+}
+
+fn get_head(path: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
 }
 
 /// A TLS connector that trusts only `ca_pem` and speaks HTTP/1.1.
@@ -652,8 +639,18 @@ pub async fn https_request(
     head: &str,
     body: &[u8],
 ) -> Result<(u16, String), String> {
+    exchange(&tls_connector(ca_pem)?, port, head, body).await
+}
+
+/// One HTTP/1.1 exchange with 127.0.0.1:`port` over a fresh TLS connection made by
+/// `connector`, within 3 s.
+async fn exchange(
+    connector: &tokio_rustls::TlsConnector,
+    port: u16,
+    head: &str,
+    body: &[u8],
+) -> Result<(u16, String), String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let connector = tls_connector(ca_pem)?;
     let fut = async {
         let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
@@ -690,6 +687,5 @@ pub async fn https_request(
 
 /// GET `path` on 127.0.0.1:`port` over TLS, trusting `ca_pem`; returns (status, body).
 pub async fn https_get(port: u16, ca_pem: &str, path: &str) -> Result<(u16, String), String> {
-    let head = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
-    https_request(port, ca_pem, &head, b"").await
+    https_request(port, ca_pem, &get_head(path), b"").await
 }
