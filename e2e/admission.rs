@@ -711,6 +711,144 @@ async fn the_certificate_secrets_deleted_under_load_let_nothing_through() {
     );
 }
 
+/// Two CA changes under load, one after the other.
+///
+/// - The CA Secret replaced on its own (a restore from backup, say): the serving certificate
+///   in the TLS Secret was not issued by it. The agent issues one from the new CA, trusting it
+///   on the hosted side first.
+/// - That CA comes due: the agent rotates it when due (no event announces it), the new CA
+///   reaches the hosted caBundle before any replica serves a certificate from it, and the
+///   previous CA stays there.
+///
+/// Not one guarded request gets through either change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_ca_and_a_planned_rotation_under_load_let_nothing_through() {
+    let _turn = LOAD_TURN.lock().await;
+    let bed = bed(AgentConfig::default()).await;
+    let hosted = bed
+        .fleet
+        .hosted("hc-1")
+        .expect("hc-1")
+        .client()
+        .await
+        .expect("hosted");
+    let trust = || async {
+        hcp_fleet_agent::controller::installed_trust(&hosted)
+            .await
+            .expect("trust")
+    };
+    let secrets: Api<Secret> = Api::namespaced(bed.mgmt.clone(), NS);
+    let secret_text = |name: &'static str, key: &'static str| {
+        let secrets = secrets.clone();
+        async move {
+            let s = secrets.get(name).await.expect(name);
+            let data = s.data.unwrap_or_default();
+            data.get(key)
+                .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+        }
+    };
+    // A CA that comes due about 45 s from now: generated with a lifetime L (back-dated five
+    // minutes, as the agent's are), it is rotated with less than p% of L left.
+    let pct = i64::from(
+        AgentConfig::default()
+            .certificates
+            .renew_at_remaining_percent,
+    );
+    let lifetime: i64 = (45 * 100 + 300 * pct) / (100 - pct);
+    let name = certificates::agent_ca_name(time::OffsetDateTime::now_utc());
+    let ca = certificates::generate_ca(&name, time::Duration::seconds(lifetime)).expect("ca");
+    let facts = certificates::inspect(&ca.cert_pem).expect("facts");
+    let due_unix = facts.not_after - (facts.not_after - facts.not_before) * pct / 100;
+    let left = due_unix - jiff::Timestamp::now().as_second();
+    let due = Instant::now() + Duration::from_secs(u64::try_from(left).expect("due ahead"));
+
+    // 1. The CA Secret replaced on its own, under load.
+    let load = GuardLoad::start(alice(&bed).await);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    use base64::Engine;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let patch = serde_json::json!({"data": {
+        "ca.crt": b64(&ca.cert_pem),
+        "ca.key": b64(&ca.key_pem),
+        "previous-ca.crt": null,
+    }});
+    secrets
+        .patch(
+            "hcp-fleet-admission-ca",
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .expect("replace the CA");
+    eventually(
+        "the hosted side trusts only the replaced CA",
+        Duration::from_secs(20),
+        || async {
+            let ders = certificates::bundle_ders(&trust().await);
+            if ders == certificates::bundle_ders(&ca.cert_pem) {
+                Ok(())
+            } else {
+                Err(format!("{} certificate(s)", ders.len()))
+            }
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let replaced = load.stop().await;
+    assert_nothing_let_through(&replaced, 150);
+    let serving = secret_text("hcp-fleet-admission-tls", "tls.crt")
+        .await
+        .expect("tls.crt");
+    assert!(
+        certificates::issued_by(&serving, &ca.cert_pem).expect("parse"),
+        "the serving certificate is issued by the replaced CA"
+    );
+    assert!(
+        Instant::now() + Duration::from_secs(5) < due,
+        "set up before the CA came due"
+    );
+
+    // 2. The replaced CA comes due, under load.
+    let load = GuardLoad::start(alice(&bed).await);
+    // Rotated when due: the CA Secret's new CA first in the bundle, the old one kept after it.
+    eventually("the CA rotated", Duration::from_secs(90), || async {
+        let ders = certificates::bundle_ders(&trust().await);
+        let current = secret_text("hcp-fleet-admission-ca", "ca.crt")
+            .await
+            .unwrap_or_default();
+        let old = certificates::bundle_ders(&ca.cert_pem);
+        let new = certificates::bundle_ders(&current);
+        if ders.len() == 2 && ders[1] == old[0] && new.first() == ders.first() {
+            Ok(())
+        } else {
+            Err(format!("{} certificate(s)", ders.len()))
+        }
+    })
+    .await;
+    let rotated_after_due = Instant::now().saturating_duration_since(due);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let rotated = load.stop().await;
+    assert_eq!(
+        secret_text("hcp-fleet-admission-ca", "previous-ca.crt")
+            .await
+            .as_deref(),
+        Some(ca.cert_pem.as_str())
+    );
+    let log =
+        std::fs::read_to_string(bed.pods.path().join(NS).join("webhook.log")).unwrap_or_default();
+    assert!(log.contains("serving certificate reloaded"), "{log}");
+    assert_nothing_let_through(&rotated, 250);
+    eprintln!(
+        "CA replaced under load: {} requests, {} denied, {} allowed; planned CA rotation under load: in the caBundle {rotated_after_due:?} after it came due; {} requests, {} denied, {} allowed",
+        replaced.sent,
+        replaced.denied,
+        replaced.allowed,
+        rotated.sent,
+        rotated.denied,
+        rotated.allowed
+    );
+}
+
 /// A rolling restart under load (`kubectl rollout restart`): replicas are replaced one at a
 /// time, never fewer ready than wanted (maxUnavailable 0, maxSurge 1), each old one drained
 /// out of the routes before it stops. Not one guarded request gets through.

@@ -55,6 +55,16 @@ fn validity(now: OffsetDateTime, lifetime: Duration) -> (OffsetDateTime, OffsetD
     (now - Duration::minutes(5), now + lifetime)
 }
 
+/// The common name of an agent CA: the creation time makes each one distinct, so a TLS error
+/// naming the CA ("… candidate authority certificate 'hcp-fleet-admission CA 2026-…'") says
+/// which generation a client was offered, and a client looking a CA up by name finds one.
+pub fn agent_ca_name(now: OffsetDateTime) -> String {
+    let stamp = jiff::Timestamp::from_second(now.unix_timestamp())
+        .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+        .unwrap_or_else(|_| now.unix_timestamp().to_string());
+    format!("hcp-fleet-admission CA {stamp}")
+}
+
 /// A new self-signed CA.
 pub fn generate_ca(common_name: &str, lifetime: Duration) -> Result<KeyedCert, CertError> {
     let key = KeyPair::generate()?;
@@ -212,7 +222,7 @@ fn days(d: u32) -> Duration {
 impl CertBundle {
     pub fn generate(cfg: &crate::config::AgentConfig, sans: &[String]) -> Result<Self, CertError> {
         let ca = generate_ca(
-            "hcp-fleet-admission CA",
+            &agent_ca_name(OffsetDateTime::now_utc()),
             days(cfg.certificates.ca_lifetime_days),
         )?;
         let serving = issue_serving(&ca, cfg, sans)?;
@@ -327,6 +337,24 @@ pub fn next_change(bundle: &CertBundle, percent: u32) -> Option<i64> {
     .min()
 }
 
+fn first_der(pem_text: &str) -> Result<Vec<u8>, CertError> {
+    bundle_ders(pem_text)
+        .into_iter()
+        .next()
+        .ok_or_else(|| CertError::Pem("no CERTIFICATE block".into()))
+}
+
+/// Whether `ca_pem`'s key signed `cert_pem` (signature checked, not names compared: every
+/// generation of the agent's CA looks alike by name to a careless client).
+pub fn issued_by(cert_pem: &str, ca_pem: &str) -> Result<bool, CertError> {
+    let (cert_der, ca_der) = (first_der(cert_pem)?, first_der(ca_pem)?);
+    let (_, cert) = x509_parser::parse_x509_certificate(&cert_der)
+        .map_err(|e| CertError::X509(e.to_string()))?;
+    let (_, ca) =
+        x509_parser::parse_x509_certificate(&ca_der).map_err(|e| CertError::X509(e.to_string()))?;
+    Ok(cert.verify_signature(Some(ca.public_key())).is_ok())
+}
+
 /// The certificate policy: what the bundle should be now, and why it changed (`None` when the
 /// existing bundle stands). Pure apart from key generation.
 pub fn plan(
@@ -347,7 +375,7 @@ pub fn plan(
         .filter(|p| inspect(p).is_ok_and(|f| f.not_after > now));
     if needs_renewal(&ca_facts, now, pct) {
         let ca = generate_ca(
-            "hcp-fleet-admission CA",
+            &agent_ca_name(OffsetDateTime::now_utc()),
             days(cfg.certificates.ca_lifetime_days),
         )?;
         let serving = issue_serving(&ca, cfg, sans)?;
@@ -365,7 +393,11 @@ pub fn plan(
     want.sort();
     let mut have: Vec<&String> = srv.dns_sans.iter().collect();
     have.sort();
-    let reason = if want != have {
+    // A serving certificate the CA did not sign (a CA Secret restored or replaced on its
+    // own) would be served while the hosted side trusts only the CA's bundle: the guard off.
+    let reason = if !issued_by(&old.serving.cert_pem, &old.ca.cert_pem)? {
+        Some("serving certificate not issued by the current CA")
+    } else if want != have {
         Some("serving certificate SANs changed")
     } else if needs_renewal(&srv, now, pct) {
         Some("serving certificate renewed before expiry")
@@ -570,6 +602,43 @@ mod tests {
             Some("serving certificate renewed before expiry")
         );
         assert_eq!(b3.ca, b2.ca);
+    }
+
+    #[test]
+    fn a_serving_certificate_from_another_ca_is_reissued_from_the_current_one() {
+        let cfg = crate::config::AgentConfig::default();
+        let sans = vec!["a.ns.svc".to_string()];
+        let (old, _) = plan(None, &cfg, &sans, now()).expect("old");
+        let (new, _) = plan(None, &cfg, &sans, now()).expect("new");
+        assert!(issued_by(&old.serving.cert_pem, &old.ca.cert_pem).expect("parse"));
+        assert!(!issued_by(&old.serving.cert_pem, &new.ca.cert_pem).expect("parse"));
+        // The CA Secret replaced on its own: the new CA, the old serving certificate.
+        let mixed = CertBundle {
+            ca: new.ca.clone(),
+            previous_ca_pem: None,
+            serving: old.serving.clone(),
+        };
+        let (fixed, why) = plan(Some(&mixed), &cfg, &sans, now()).expect("plan");
+        assert_eq!(
+            why.as_deref(),
+            Some("serving certificate not issued by the current CA")
+        );
+        assert_eq!(fixed.ca, new.ca, "the CA stands");
+        assert!(issued_by(&fixed.serving.cert_pem, &fixed.ca.cert_pem).expect("parse"));
+        assert!(matches!(
+            issued_by("garbage", &new.ca.cert_pem),
+            Err(CertError::Pem(_))
+        ));
+    }
+
+    #[test]
+    fn every_ca_generation_has_its_own_name() {
+        let t = OffsetDateTime::from_unix_timestamp(1_795_000_000).expect("time");
+        assert_eq!(
+            agent_ca_name(t),
+            "hcp-fleet-admission CA 2026-11-18T11:06:40Z"
+        );
+        assert_ne!(agent_ca_name(t), agent_ca_name(t + Duration::seconds(1)));
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //!
 //! rustls asks the resolver for a certificate at each handshake; swapping the `Arc` behind it
 //! means new connections get the new certificate while established ones carry on untouched, so
-//! a rotation drops nothing. A file that does not parse (a half-written update) is ignored and
-//! the previous certificate kept.
+//! a rotation drops nothing. A file that does not parse, or a certificate with another one's key
+//! (an update half written), is ignored and the previous certificate kept.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -54,9 +54,16 @@ pub fn load(cert: &Path, key: &Path) -> Result<(CertifiedKey, Vec<u8>), TlsError
             path: key.to_path_buf(),
             reason: e.to_string(),
         })?;
+    let ck = CertifiedKey::new(certs, signing);
+    // The files are replaced one after the other; between the two, a certificate with the
+    // other one's key would fail every handshake. Such a pair is not loaded.
+    ck.keys_match().map_err(|e| TlsError::Parse {
+        path: key.to_path_buf(),
+        reason: format!("the key does not belong to {}: {e}", cert.display()),
+    })?;
     let mut fingerprint = cert_pem;
     fingerprint.extend_from_slice(&key_pem);
-    Ok((CertifiedKey::new(certs, signing), fingerprint))
+    Ok((ck, fingerprint))
 }
 
 #[derive(Debug)]
@@ -116,5 +123,49 @@ impl ReloadingCert {
 impl ResolvesServerCert for ReloadingCert {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         self.current.read().ok().map(|c| c.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::certificates::{Usage, generate_ca, issue};
+
+    fn pair(dir: &Path, cert: &str, key: &str) -> (PathBuf, PathBuf) {
+        let (c, k) = (dir.join("tls.crt"), dir.join("tls.key"));
+        std::fs::write(&c, cert).expect("write cert");
+        std::fs::write(&k, key).expect("write key");
+        (c, k)
+    }
+
+    #[test]
+    fn a_certificate_with_another_ones_key_is_not_loaded_and_the_current_one_stays() {
+        let dir = std::env::temp_dir().join(format!("hcp-fleet-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let ca = generate_ca("test CA", time::Duration::days(1)).expect("ca");
+        let usage = Usage::Server {
+            sans: vec!["svc".into()],
+        };
+        let first = issue(&ca, "svc", &usage, time::Duration::days(1)).expect("first");
+        let second = issue(&ca, "svc", &usage, time::Duration::days(1)).expect("second");
+        let (c, k) = pair(&dir, &first.cert_pem, &first.key_pem);
+        let cert = ReloadingCert::new(c, k).expect("a matching pair loads");
+        let served = || {
+            cert.current
+                .read()
+                .map(|c| c.end_entity_cert().map(|d| d.to_vec()).unwrap_or_default())
+                .unwrap_or_default()
+        };
+        let before = served();
+        // Half an update: the new certificate, the old key.
+        pair(&dir, &second.cert_pem, &first.key_pem);
+        let err = cert.reload().expect_err("a mismatched pair is refused");
+        assert!(err.to_string().contains("does not belong to"), "{err}");
+        assert_eq!(served(), before, "the current certificate stays");
+        // The update completed: loaded.
+        pair(&dir, &second.cert_pem, &second.key_pem);
+        assert!(cert.reload().expect("complete pair"));
+        assert_ne!(served(), before);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
