@@ -1022,6 +1022,54 @@ async fn a_paused_hcp_is_left_alone_and_resumes() {
     )
     .await;
     wait_compliant(&mgmt, &["hc-1"]).await;
+
+    // HyperShift's own pause, spec.pausedUntil, pauses the agent for this HCP the same way.
+    let paused_until = |v: serde_json::Value| {
+        let hcps = hcps.clone();
+        async move {
+            hcps.patch(
+                "hc-1",
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"spec": {"pausedUntil": v}})),
+            )
+            .await
+            .expect("pausedUntil")
+        }
+    };
+    paused_until(serde_json::json!("true")).await;
+    eventually(
+        "the Policy says paused by spec.pausedUntil",
+        Duration::from_secs(20),
+        || {
+            let mgmt = mgmt.clone();
+            let ns = ns.clone();
+            async move {
+                let p = policy(&mgmt, &ns, POLICY_NAME).await?;
+                let h = history_messages(&p, "hosted-webhooks");
+                match (compliant(&p), h.first()) {
+                    (Some("Pending"), Some(m)) if m.contains("paused by spec.pausedUntil") => {
+                        Ok(())
+                    }
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await;
+    let vapi = delete_validating(&fleet, "hc-1").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        vapi.get_opt(VALIDATING_NAME).await.expect("get").is_none(),
+        "an HCP paused by HyperShift is left alone"
+    );
+    paused_until(serde_json::Value::Null).await;
+    eventually(
+        "resumed after spec.pausedUntil: the webhook is back",
+        Duration::from_secs(30),
+        || present(&vapi),
+    )
+    .await;
+    wait_compliant(&mgmt, &["hc-1"]).await;
 }
 
 /// Removing the agent cleanly: `uninstall` refuses while an agent leads; then removes the

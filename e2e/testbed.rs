@@ -508,6 +508,7 @@ async fn the_kubelet_retries_a_pod_until_its_secret_appears() {
             owner: None,
             certs: &certs,
             pdb_api: PdbApi::None,
+            scheduling: &Default::default(),
         },
     )
     .expect("render");

@@ -296,14 +296,30 @@ fn issue_serving(
 ) -> Result<KeyedCert, CertError> {
     issue(
         ca,
-        sans.first()
-            .map(String::as_str)
-            .unwrap_or("hcp-fleet-admission"),
+        &serving_common_name(sans),
         &Usage::Server {
             sans: sans.to_vec(),
         },
         days(cfg.certificates.serving_lifetime_days),
     )
+}
+
+/// X.509's upper bound for a common name (RFC 5280, ub-common-name).
+pub const MAX_COMMON_NAME: usize = 64;
+
+/// The serving certificate's subject: the first SAN where it fits in 64 characters, else its
+/// first label (the Service name). Clients verify the SANs; the subject is for people, and a
+/// long ROSA namespace (`ocm-production-<32 hex>-<cluster>`) makes the full name too long.
+pub fn serving_common_name(sans: &[String]) -> String {
+    let first = sans
+        .first()
+        .map(String::as_str)
+        .unwrap_or("hcp-fleet-admission");
+    if first.len() <= MAX_COMMON_NAME {
+        return first.to_string();
+    }
+    let label = first.split('.').next().unwrap_or(first);
+    label.chars().take(MAX_COMMON_NAME).collect()
 }
 
 /// Time to renew: less than `percent` of the lifetime left.
@@ -629,6 +645,33 @@ mod tests {
             issued_by("garbage", &new.ca.cert_pem),
             Err(CertError::Pem(_))
         ));
+    }
+
+    #[test]
+    fn subjects_fit_in_64_characters_on_long_rosa_namespaces() {
+        let ns = format!("ocm-production-{}-hc", "0123456789abcdef".repeat(2));
+        let sans = vec![
+            format!("hcp-fleet-admission.{ns}.svc"),
+            format!("hcp-fleet-admission.{ns}.svc.cluster.local"),
+        ];
+        assert!(sans[0].len() > MAX_COMMON_NAME);
+        assert_eq!(serving_common_name(&sans), "hcp-fleet-admission");
+        let short = vec!["hcp-fleet-admission.ns.svc".to_string()];
+        assert_eq!(serving_common_name(&short), short[0]);
+        // The certificate itself: issued, subject within bounds, every long SAN kept.
+        let cfg = crate::config::AgentConfig::default();
+        let b = CertBundle::generate(&cfg, &sans).expect("bundle");
+        let der = bundle_ders(&b.serving.cert_pem).remove(0);
+        let (_, cert) = x509_parser::parse_x509_certificate(&der).expect("parse");
+        for cn in cert.subject().iter_common_name() {
+            assert!(cn.as_str().expect("utf8").len() <= MAX_COMMON_NAME);
+        }
+        let ca_der = bundle_ders(&b.ca.cert_pem).remove(0);
+        let (_, ca) = x509_parser::parse_x509_certificate(&ca_der).expect("parse");
+        for cn in ca.subject().iter_common_name() {
+            assert!(cn.as_str().expect("utf8").len() <= MAX_COMMON_NAME);
+        }
+        assert_eq!(inspect(&b.serving.cert_pem).expect("facts").dns_sans, sans);
     }
 
     #[test]

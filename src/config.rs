@@ -160,8 +160,9 @@ pub struct HostedAccessConfig {
     /// The secret in each HCP namespace holding the hosted cluster's kubeconfig.
     pub kubeconfig_secret: String,
     pub kubeconfig_key: String,
-    /// Server URL rewrites, applied in order to the kubeconfig's server (first match wins).
-    /// `{namespace}` in `to` is the HCP namespace.
+    /// Server rewrites, tried in order on the kubeconfig's server (first match wins): `from` a
+    /// host replaces the host and keeps scheme, port and path; `from` a whole URL must match
+    /// exactly and is replaced by `to`. `{namespace}` in `to` is the HCP namespace.
     pub server_rewrites: Vec<ServerRewrite>,
     /// The API servers a kubeconfig may name, after rewriting: `{namespace}` is the HCP
     /// namespace, `*` any run of characters without `/`. By default only that HCP's own
@@ -179,11 +180,12 @@ impl Default for HostedAccessConfig {
             kubeconfig_key: "kubeconfig".into(),
             // The in-namespace name resolves only inside the HCP namespace; the agent runs
             // elsewhere.
+            // By host: HyperShift's port differs by platform (6443, 2040 on IBM Cloud).
             server_rewrites: vec![ServerRewrite {
-                from: "https://kube-apiserver:6443".into(),
-                to: "https://kube-apiserver.{namespace}.svc:6443".into(),
+                from: "kube-apiserver".into(),
+                to: "kube-apiserver.{namespace}.svc".into(),
             }],
-            allowed_servers: vec!["https://kube-apiserver.{namespace}.svc:6443".into()],
+            allowed_servers: vec!["https://kube-apiserver.{namespace}.svc:*".into()],
             request_timeout_seconds: 10,
         }
     }
@@ -308,10 +310,20 @@ impl AgentConfig {
             p.push("hostedAccess.requestTimeoutSeconds must be 1 to 60".into());
         }
         for rw in &h.server_rewrites {
-            if !rw.to.starts_with("https://") {
+            if rw.from.contains("://") {
+                if !rw.to.starts_with("https://") {
+                    p.push(format!(
+                        "hostedAccess.serverRewrites: {:?} must be an https:// URL (its from is a URL)",
+                        rw.to
+                    ));
+                }
+            } else if rw.from.is_empty()
+                || !is_dns_subdomain(&rw.from)
+                || !is_dns_subdomain(&rw.to.replace("{namespace}", "ns"))
+            {
                 p.push(format!(
-                    "hostedAccess.serverRewrites: {:?} must be an https:// URL",
-                    rw.to
+                    "hostedAccess.serverRewrites: from {:?} to {:?} must both be host names (or from a whole URL)",
+                    rw.from, rw.to
                 ));
             }
         }

@@ -13,7 +13,7 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, Container, ContainerPort, EnvVar, HTTPGetAction, NodeAffinity,
-    NodeSelectorRequirement, NodeSelectorTerm, PodAffinityTerm, PodAntiAffinity,
+    NodeSelectorRequirement, NodeSelectorTerm, PodAffinity, PodAffinityTerm, PodAntiAffinity,
     PodSecurityContext, PodSpec, PodTemplateSpec, PreferredSchedulingTerm, Probe,
     ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Service,
     ServiceAccount, ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
@@ -32,6 +32,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 
 use crate::certificates::CertBundle;
 use crate::config::AgentConfig;
+use crate::crd::hostedcontrolplane::Scheduling;
 
 pub const FIELD_MANAGER: &str = "hcp-fleet-agent";
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
@@ -105,6 +106,8 @@ pub struct HcpInputs<'a> {
     pub owner: Option<OwnerReference>,
     pub certs: &'a CertBundle,
     pub pdb_api: PdbApi,
+    /// The HCP's own scheduling (node selector, tolerations, availability policy).
+    pub scheduling: &'a Scheduling,
 }
 
 pub fn ca_secret_name(cfg: &AgentConfig) -> String {
@@ -225,6 +228,19 @@ fn https_probe(path: &str, period: i32, failures: i32) -> Probe {
 
 const CONTROL_PLANE_TAINT: &str = "hypershift.openshift.io/control-plane";
 const CLUSTER_TAINT: &str = "hypershift.openshift.io/cluster";
+/// HyperShift labels every control-plane pod of an HCP with this (value: the HCP namespace)
+/// and has each prefer the nodes where the others run.
+pub const COLOCATION_LABEL: &str = "hypershift.openshift.io/hosted-control-plane";
+
+/// Replicas as HyperShift sizes its own ordinary components: one for a `SingleReplica`
+/// control plane, else the configured number.
+pub fn replicas(cfg: &AgentConfig, scheduling: &Scheduling) -> i32 {
+    if scheduling.single_replica {
+        1
+    } else {
+        cfg.admission.replicas
+    }
+}
 
 fn deployment(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<Deployment, RenderError> {
     let a = &cfg.admission;
@@ -296,15 +312,38 @@ fn deployment(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<Deployment, Rend
         service_account_name: Some(a.service_name.clone()),
         automount_service_account_token: Some(false),
         priority_class_name: Some("hypershift-control-plane".into()),
-        tolerations: Some(vec![
-            toleration(CONTROL_PLANE_TAINT, "true"),
-            toleration(CLUSTER_TAINT, ns),
-        ]),
+        node_selector: (!inp.scheduling.node_selector.is_empty())
+            .then(|| inp.scheduling.node_selector.clone()),
+        tolerations: Some(
+            [
+                toleration(CONTROL_PLANE_TAINT, "true"),
+                toleration(CLUSTER_TAINT, ns),
+            ]
+            .into_iter()
+            .chain(inp.scheduling.tolerations.iter().cloned())
+            .collect(),
+        ),
         affinity: Some(Affinity {
             node_affinity: Some(NodeAffinity {
                 preferred_during_scheduling_ignored_during_execution: Some(vec![
                     preferred_node(50, CONTROL_PLANE_TAINT, "true"),
                     preferred_node(100, CLUSTER_TAINT, ns),
+                ]),
+                ..Default::default()
+            }),
+            pod_affinity: Some(PodAffinity {
+                preferred_during_scheduling_ignored_during_execution: Some(vec![
+                    WeightedPodAffinityTerm {
+                        weight: 100,
+                        pod_affinity_term: PodAffinityTerm {
+                            label_selector: Some(match_labels(BTreeMap::from([(
+                                COLOCATION_LABEL.to_string(),
+                                ns.to_string(),
+                            )]))),
+                            topology_key: "kubernetes.io/hostname".into(),
+                            ..Default::default()
+                        },
+                    },
                 ]),
                 ..Default::default()
             }),
@@ -315,7 +354,6 @@ fn deployment(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<Deployment, Rend
                 ]),
                 ..Default::default()
             }),
-            ..Default::default()
         }),
         // Restricted, with no fixed UID: OpenShift assigns one from the namespace range.
         security_context: Some(PodSecurityContext {
@@ -340,7 +378,7 @@ fn deployment(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<Deployment, Rend
     Ok(Deployment {
         metadata: meta(cfg, &a.service_name, inp),
         spec: Some(DeploymentSpec {
-            replicas: Some(a.replicas),
+            replicas: Some(replicas(cfg, inp.scheduling)),
             selector: match_labels(selector(cfg)),
             strategy: Some(DeploymentStrategy {
                 type_: Some("RollingUpdate".into()),
@@ -351,7 +389,12 @@ fn deployment(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<Deployment, Rend
             }),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(labels(cfg)),
+                    // Not in the selector, which cannot change once created.
+                    labels: Some({
+                        let mut l = labels(cfg);
+                        l.insert(COLOCATION_LABEL.into(), ns.to_string());
+                        l
+                    }),
                     ..Default::default()
                 }),
                 spec: Some(pod),
@@ -464,9 +507,15 @@ fn pdb(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<Option<DynamicObject>, 
     let typed = PodDisruptionBudget {
         metadata: meta(cfg, &cfg.admission.service_name, inp),
         spec: Some(PodDisruptionBudgetSpec {
-            min_available: Some(IntOrString::Int(1)),
+            // One replica: a PDB that protects it would block every drain of its node.
+            min_available: (!inp.scheduling.single_replica).then_some(IntOrString::Int(1)),
+            max_unavailable: inp.scheduling.single_replica.then_some(IntOrString::Int(1)),
             selector: Some(match_labels(selector(cfg))),
-            ..Default::default()
+            // As HyperShift sets on its own control-plane PDBs: a pod that is not ready
+            // protects nothing, and must not block a node drain (policy/v1 only; the field
+            // is kept from Kubernetes 1.27).
+            unhealthy_pod_eviction_policy: (inp.pdb_api == PdbApi::V1)
+                .then(|| "AlwaysAllow".to_string()),
         }),
         ..Default::default()
     };
@@ -479,6 +528,29 @@ fn pdb(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<Option<DynamicObject>, 
     v["apiVersion"] = serde_json::Value::String(format!("policy/{version}"));
     v["kind"] = serde_json::Value::String("PodDisruptionBudget".into());
     serde_json::from_value(v).map(Some).map_err(failed)
+}
+
+/// The Services of an HCP namespace that would make HyperShift delete guest webhooks calling
+/// `url`. HyperShift's hosted-cluster-config-operator (its `webhookvalidation` controller,
+/// `buildDisallowedURLs` and `isAllowedWebhookURL`) deletes a guest webhook configuration
+/// when any webhook's URL *contains* `https://<name>` for a Service in the HCP namespace
+/// without the `hypershift.openshift.io/allow-guest-webhooks` label. So an unlabelled Service
+/// whose name is a prefix of the admission Service's host condemns it too, not only
+/// HyperShift's own. Returns their names, sorted.
+pub fn services_condemning(url: &str, services: &[Service]) -> Vec<String> {
+    let mut names: Vec<String> = services
+        .iter()
+        .filter(|s| {
+            !s.metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(ALLOW_GUEST_WEBHOOKS))
+        })
+        .filter_map(|s| s.metadata.name.clone())
+        .filter(|name| url.contains(&format!("https://{name}")))
+        .collect();
+    names.sort();
+    names
 }
 
 /// Available like a package-operator availability probe: the Deployment's controller has
@@ -501,6 +573,10 @@ mod tests {
     use crate::certificates::CertBundle;
 
     fn objects(pdb_api: PdbApi) -> ManagementObjects {
+        objects_with(pdb_api, &Scheduling::default())
+    }
+
+    fn objects_with(pdb_api: PdbApi, scheduling: &Scheduling) -> ManagementObjects {
         let cfg = AgentConfig::default();
         let certs =
             CertBundle::generate(&cfg, &serving_sans(&cfg, "clusters-hc-1", &[])).expect("certs");
@@ -512,9 +588,95 @@ mod tests {
                 owner: None,
                 certs: &certs,
                 pdb_api,
+                scheduling,
             },
         )
         .expect("render")
+    }
+
+    #[test]
+    fn the_deployment_follows_the_hcps_scheduling_as_hypershifts_own_pods_do() {
+        let infra = Toleration {
+            key: Some("infra".into()),
+            operator: Some("Exists".into()),
+            effect: Some("NoSchedule".into()),
+            ..Default::default()
+        };
+        let scheduling = Scheduling {
+            node_selector: BTreeMap::from([(
+                "node-role.kubernetes.io/infra".into(),
+                String::new(),
+            )]),
+            tolerations: vec![infra.clone()],
+            single_replica: false,
+            ignored: Vec::new(),
+        };
+        let o = objects_with(PdbApi::V1, &scheduling);
+        let spec = o.deployment.spec.expect("spec");
+        assert_eq!(
+            spec.replicas,
+            Some(2),
+            "HighlyAvailable: the configured replicas"
+        );
+        let template = spec.template;
+        let labels = template.metadata.expect("meta").labels.expect("labels");
+        assert_eq!(
+            labels.get(COLOCATION_LABEL).map(String::as_str),
+            Some("clusters-hc-1")
+        );
+        assert!(
+            !spec
+                .selector
+                .match_labels
+                .expect("selector")
+                .contains_key(COLOCATION_LABEL),
+            "the selector is immutable and stays as it was"
+        );
+        let pod = template.spec.expect("pod");
+        assert_eq!(pod.node_selector, Some(scheduling.node_selector.clone()));
+        let tolerations = pod.tolerations.expect("tolerations");
+        assert_eq!(tolerations.len(), 3, "HyperShift's two, then the HCP's");
+        assert_eq!(tolerations[2], infra);
+        let colocate = pod
+            .affinity
+            .expect("affinity")
+            .pod_affinity
+            .expect("pod affinity")
+            .preferred_during_scheduling_ignored_during_execution
+            .expect("preferred");
+        assert_eq!(colocate[0].weight, 100);
+        assert_eq!(
+            colocate[0].pod_affinity_term.topology_key,
+            "kubernetes.io/hostname"
+        );
+        assert_eq!(
+            colocate[0]
+                .pod_affinity_term
+                .label_selector
+                .as_ref()
+                .and_then(|s| s.match_labels.as_ref())
+                .and_then(|m| m.get(COLOCATION_LABEL))
+                .map(String::as_str),
+            Some("clusters-hc-1")
+        );
+        let pdb = serde_json::to_value(o.pdb.expect("pdb")).expect("json");
+        assert_eq!(pdb["spec"]["minAvailable"], 1);
+
+        // SingleReplica: one replica, and a PDB that never blocks a drain.
+        let single = Scheduling {
+            single_replica: true,
+            ..Default::default()
+        };
+        let o = objects_with(PdbApi::V1, &single);
+        assert_eq!(o.deployment.spec.expect("spec").replicas, Some(1));
+        let pdb = serde_json::to_value(o.pdb.expect("pdb")).expect("json");
+        assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+        assert!(pdb["spec"].get("minAvailable").is_none());
+        // Nothing asked: no node selector at all.
+        let o = objects(PdbApi::V1);
+        let pod = o.deployment.spec.expect("spec").template.spec.expect("pod");
+        assert!(pod.node_selector.is_none());
+        assert_eq!(pod.tolerations.expect("tolerations").len(), 2);
     }
 
     #[test]
@@ -564,10 +726,47 @@ mod tests {
     }
 
     #[test]
+    fn any_unlabelled_service_whose_name_prefixes_the_url_condemns_the_webhooks() {
+        let svc = |name: &str, labelled: bool| Service {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: labelled.then(|| {
+                    BTreeMap::from([(ALLOW_GUEST_WEBHOOKS.to_string(), "true".to_string())])
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let url = "https://hcp-fleet-admission.clusters-hc-1.svc.cluster.local/validate";
+        let services = [
+            svc("hcp-fleet-admission", true),    // the agent's own, labelled
+            svc("kube-apiserver", false),        // HyperShift's: not a prefix
+            svc("hcp", false),                   // a prefix: condemns
+            svc("hcp-fleet", false),             // likewise
+            svc("hcp-fleet-admission-x", false), // longer than the host part: no
+            svc("h", true),                      // labelled: allowed
+        ];
+        assert_eq!(services_condemning(url, &services), ["hcp", "hcp-fleet"]);
+        // The agent's own Service without its label condemns its own webhooks.
+        assert_eq!(
+            services_condemning(url, &[svc("hcp-fleet-admission", false)]),
+            ["hcp-fleet-admission"]
+        );
+        assert!(services_condemning(url, &[]).is_empty());
+    }
+
+    #[test]
     fn pdb_in_the_version_the_server_serves() {
         let wire = |api| serde_json::to_value(objects(api).pdb.expect("pdb")).expect("json");
-        assert_eq!(wire(PdbApi::V1)["apiVersion"], "policy/v1");
+        let v1 = wire(PdbApi::V1);
+        assert_eq!(v1["apiVersion"], "policy/v1");
+        // Not-ready admission pods never block a drain of the node they sit on.
+        assert_eq!(v1["spec"]["unhealthyPodEvictionPolicy"], "AlwaysAllow");
         let old = wire(PdbApi::V1Beta1);
+        assert!(
+            old["spec"].get("unhealthyPodEvictionPolicy").is_none(),
+            "policy/v1beta1 has no such field"
+        );
         assert_eq!(old["apiVersion"], "policy/v1beta1");
         assert_eq!(old["kind"], "PodDisruptionBudget");
         assert_eq!(old["spec"]["minAvailable"], 1);
@@ -605,6 +804,7 @@ mod tests {
             owner: None,
             certs: &certs,
             pdb_api: PdbApi::V1,
+            scheduling: &Scheduling::default(),
         };
         assert_eq!(
             render(&cfg, &inp).expect("a"),

@@ -70,6 +70,7 @@ pub fn render_all(
             } else {
                 management::PdbApi::V1Beta1
             },
+            scheduling: &Default::default(),
         },
     )
     .map_err(|e| e.to_string())?;

@@ -116,6 +116,24 @@ pub fn acm_message(state: ComplianceState, msg: &str) -> String {
     }
 }
 
+/// The API server refuses an Event whose note exceeds 1 KiB (events.k8s.io/v1); a long
+/// violation (a TLS error chain, a list of refused fields) would lose its whole Event.
+pub const MAX_EVENT_NOTE: usize = 1024;
+
+/// `message` cut to `MAX_EVENT_NOTE` bytes on a character boundary, marked with an ellipsis
+/// when cut. The full message stays in the Policy's history.
+pub fn event_note(message: &str) -> String {
+    if message.len() <= MAX_EVENT_NOTE {
+        return message.to_string();
+    }
+    const MORE: &str = "…";
+    let mut end = MAX_EVENT_NOTE - MORE.len();
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{MORE}", &message[..end])
+}
+
 /// The per-HCP Policy's spec: one ConfigurationPolicy template per concern.
 pub fn render_policy(namespace: &str, cluster: &str) -> Policy {
     let templates = Concern::ALL
@@ -287,6 +305,26 @@ pub fn render_rollup(namespace: &str) -> Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn event_notes_fit_the_apis_limit() {
+        assert_eq!(
+            event_note("NonCompliant; violation - short"),
+            "NonCompliant; violation - short"
+        );
+        for long in [
+            "x".repeat(5000),
+            "é".repeat(3000),
+            format!("a{}", "€".repeat(600)),
+        ] {
+            let n = event_note(&long);
+            assert!(n.len() <= MAX_EVENT_NOTE, "{}", n.len());
+            assert!(n.ends_with('…'));
+            assert!(long.starts_with(n.trim_end_matches('…')));
+        }
+        let exact = "y".repeat(MAX_EVENT_NOTE);
+        assert_eq!(event_note(&exact), exact);
+    }
 
     fn all(state: ComplianceState, msg: &str) -> Observations {
         Concern::ALL

@@ -17,6 +17,7 @@ use super::error::Failure;
 use crate::certificates::CertBundle;
 use crate::compare;
 use crate::config::AgentConfig;
+use crate::crd::hostedcontrolplane::Scheduling;
 use crate::management::{self, HcpInputs};
 use crate::metrics::DriftLabels;
 
@@ -89,6 +90,7 @@ pub async fn ensure(
     cluster: &str,
     owner: Option<OwnerReference>,
     certs: &CertBundle,
+    scheduling: &Scheduling,
 ) -> Result<AdmissionService, Failure> {
     let objs = management::render(
         cfg,
@@ -98,6 +100,7 @@ pub async fn ensure(
             owner,
             certs,
             pdb_api: ctx.caps.pdb_api,
+            scheduling,
         },
     )
     .map_err(Failure::RenderAdmission)?;

@@ -102,6 +102,13 @@ pub enum Failure {
         "admission service: no ready replica ({ready} of {want}); the hosted kube-apiserver's calls fail and failurePolicy Ignore lets them through"
     )]
     AdmissionDown { ready: i32, want: i32 },
+    /// HyperShift would delete the configurations as soon as they were installed.
+    #[error(
+        "not installed: HyperShift deletes guest webhooks whose URL ({url}) contains https://<Service> for a Service in the HCP namespace without the label hypershift.openshift.io/allow-guest-webhooks, and {services:?} match; label them or choose another admission.serviceName"
+    )]
+    GuestWebhooksCondemned { url: String, services: Vec<String> },
+    #[error("listing the Services of the HCP namespace: {0}")]
+    ListServices(#[source] kube::Error),
     /// A new serving certificate is held back until the hosted cluster trusts its CA.
     #[error("certificate: the new certificate waits until the hosted cluster trusts its CA: {0}")]
     TrustFirst(#[source] Box<Failure>),
@@ -119,6 +126,8 @@ impl Failure {
             | Failure::AdmissionDown { .. } => Phase::AdmissionService,
             Failure::HostedAccess(_) => Phase::HostedAccess,
             Failure::RenderWebhooks(_)
+            | Failure::GuestWebhooksCondemned { .. }
+            | Failure::ListServices(_)
             | Failure::HostedApi { .. }
             | Failure::HostedTimeout { .. }
             | Failure::HostedUnreachable { .. } => Phase::HostedWebhooks,

@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
+use k8s_openapi::api::core::v1::Service;
+use kube::api::ListParams;
 use kube::{Api, Client};
 
 use super::apply::apply_and_prune;
@@ -33,6 +35,18 @@ pub async fn ensure(
     ca_bundle: &str,
 ) -> Result<Installed, Failure> {
     let url_base = ctx.endpoints.url_base(&ctx.client, cfg, ns).await;
+    // Installing what HyperShift deletes at once would be a fight counted as drift forever.
+    let services = Api::<Service>::namespaced(ctx.client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .map_err(Failure::ListServices)?;
+    let condemning = crate::management::services_condemning(&url_base, &services.items);
+    if !condemning.is_empty() {
+        return Err(Failure::GuestWebhooksCondemned {
+            url: url_base,
+            services: condemning,
+        });
+    }
     let mut desired =
         webhooks::render(cfg, ns, &url_base, ca_bundle).map_err(Failure::RenderWebhooks)?;
     // Hosted access has confirmed the claim (and read the management identity) first.

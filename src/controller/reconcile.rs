@@ -15,7 +15,7 @@ use super::error::{Failure, ReconcileError};
 use super::{
     admission_service, certificates, hosted_access, hosted_webhooks, probe, report, trust,
 };
-use crate::crd::hostedcontrolplane::{PAUSE_ANNOTATION, Pause};
+use crate::crd::hostedcontrolplane::Pause;
 use crate::crd::{ComplianceState, HostedControlPlane};
 use crate::management::deployment_available;
 use crate::metrics::PhaseLabels;
@@ -44,8 +44,8 @@ pub async fn reconcile(
             warn!(reason = %why, "pause annotation ignored");
             run_phases(&ctx, &hcp, &ns, &cluster).await
         }
-        Pause::Indefinite => paused(&ctx, &ns, None),
-        Pause::Until(t) => paused(&ctx, &ns, Some(t)),
+        Pause::Indefinite => paused(&ctx, &ns, &hcp, None),
+        Pause::Until(t) => paused(&ctx, &ns, &hcp, Some(t)),
     };
     // Phases are gated: what a pass did not reach is unknown now, never its old verdict.
     for c in Concern::ALL {
@@ -111,8 +111,20 @@ async fn run_phases(ctx: &Context, hcp: &HostedControlPlane, ns: &str, cluster: 
         } else {
             Vec::new()
         };
-        let service =
-            admission_service::ensure(ctx, &cfg, ns, cluster, owner(hcp), &certs.bundle).await?;
+        let scheduling = hcp.scheduling();
+        if !scheduling.ignored.is_empty() {
+            warn!(ignored = ?scheduling.ignored, "malformed HCP scheduling fields not followed");
+        }
+        let service = admission_service::ensure(
+            ctx,
+            &cfg,
+            ns,
+            cluster,
+            owner(hcp),
+            &certs.bundle,
+            &scheduling,
+        )
+        .await?;
         let deployment = service.deployment;
         let management_drift = service.drift;
         drift_repaired = management_drift.len() as u64;
@@ -131,7 +143,7 @@ async fn run_phases(ctx: &Context, hcp: &HostedControlPlane, ns: &str, cluster: 
             let status = deployment.status.as_ref();
             return Err(Failure::AdmissionDown {
                 ready: status.and_then(|s| s.ready_replicas).unwrap_or(0),
-                want: cfg.admission.replicas,
+                want: crate::management::replicas(&cfg, &scheduling),
             });
         }
         if !available {
@@ -149,8 +161,14 @@ async fn run_phases(ctx: &Context, hcp: &HostedControlPlane, ns: &str, cluster: 
         let mut available = format!(
             "Deployment available ({}/{} replicas)",
             ready.unwrap_or(0),
-            cfg.admission.replicas
+            crate::management::replicas(&cfg, &scheduling)
         );
+        if !scheduling.ignored.is_empty() {
+            available.push_str(&format!(
+                "; not followed (malformed): {}",
+                scheduling.ignored.join("; ")
+            ));
+        }
         if !management_drift.is_empty() {
             available.push_str(&format!("; drift repaired: {}", management_drift.join("; ")));
         }
@@ -231,14 +249,20 @@ async fn run_phases(ctx: &Context, hcp: &HostedControlPlane, ns: &str, cluster: 
 /// A paused HCP: its drift watch and probe stop, nothing is applied, and the report says so
 /// (every concern Pending, so no NonCompliant alert fires for a deliberate pause). Removing
 /// the annotation is an HCP change and resumes it; a pause with a time ends by itself.
-fn paused(ctx: &Context, ns: &str, until: Option<jiff::Timestamp>) -> Outcome {
+fn paused(
+    ctx: &Context,
+    ns: &str,
+    hcp: &HostedControlPlane,
+    until: Option<jiff::Timestamp>,
+) -> Outcome {
     ctx.with_hcp(ns, |s| s.watch = None);
+    let by = hcp.paused_by(jiff::Timestamp::now());
     let why = match until {
         Some(t) => format!(
-            "paused by {PAUSE_ANNOTATION} until {}; the agent changes nothing for this HCP",
+            "paused by {by} until {}; the agent changes nothing for this HCP",
             t.strftime("%Y-%m-%dT%H:%M:%SZ")
         ),
-        None => format!("paused by {PAUSE_ANNOTATION}; the agent changes nothing for this HCP"),
+        None => format!("paused by {by}; the agent changes nothing for this HCP"),
     };
     info!(%why, "paused");
     let action = match until {

@@ -131,7 +131,7 @@ async fn write_policy(
                 EventType::Warning
             },
             reason: format!("policy: {ns}/{}", e.template),
-            note: Some(e.message),
+            note: Some(reporting::event_note(&e.message)),
             action: "ComplianceStateUpdated".into(),
             secondary: None,
         };

@@ -79,28 +79,114 @@ pub enum Pause {
     Invalid(String),
 }
 
+/// One pause value (`"true"`, an RFC 3339 time, or nothing), from `what`, at `now`.
+fn read_pause(what: &str, value: Option<&str>, now: jiff::Timestamp) -> Pause {
+    let Some(v) = value else {
+        return Pause::Off;
+    };
+    match v.trim() {
+        "true" => Pause::Indefinite,
+        "false" | "" => Pause::Off,
+        t => match t.parse::<jiff::Timestamp>() {
+            Ok(until) if until > now => Pause::Until(until),
+            Ok(_) => Pause::Off,
+            Err(_) => Pause::Invalid(format!(
+                "{what}={t:?} is neither \"true\" nor an RFC 3339 time; not paused"
+            )),
+        },
+    }
+}
+
+/// The HCP's `controllerAvailabilityPolicy` is `SingleReplica` (the CRD's default is
+/// `HighlyAvailable`).
+pub const SINGLE_REPLICA: &str = "SingleReplica";
+
+/// Where and how many: what the HCP's spec says about scheduling its control plane, which
+/// the admission service follows like HyperShift's own components.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Scheduling {
+    pub node_selector: BTreeMap<String, String>,
+    pub tolerations: Vec<k8s_openapi::api::core::v1::Toleration>,
+    pub single_replica: bool,
+    /// Fields present but malformed: not applied, and said so.
+    pub ignored: Vec<String>,
+}
+
 impl HostedControlPlane {
-    /// The pause the annotation asks for, at `now`.
+    /// The pause asked for at `now`, by the agent's annotation or by HyperShift's own
+    /// `spec.pausedUntil` (whichever holds longer): while HyperShift leaves the control plane
+    /// alone, the agent leaves its admission service alone too.
     pub fn pause(&self, now: jiff::Timestamp) -> Pause {
-        let Some(v) = self
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(PAUSE_ANNOTATION))
-        else {
-            return Pause::Off;
-        };
-        match v.trim() {
-            "true" => Pause::Indefinite,
-            "false" | "" => Pause::Off,
-            t => match t.parse::<jiff::Timestamp>() {
-                Ok(until) if until > now => Pause::Until(until),
-                Ok(_) => Pause::Off,
-                Err(_) => Pause::Invalid(format!(
-                    "{PAUSE_ANNOTATION}={t:?} is neither \"true\" nor an RFC 3339 time; not paused"
-                )),
-            },
+        let annotation = read_pause(
+            PAUSE_ANNOTATION,
+            self.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(PAUSE_ANNOTATION))
+                .map(String::as_str),
+            now,
+        );
+        let spec = read_pause(
+            "spec.pausedUntil",
+            self.spec.extra.get("pausedUntil").and_then(|v| v.as_str()),
+            now,
+        );
+        match (annotation, spec) {
+            (Pause::Indefinite, _) | (_, Pause::Indefinite) => Pause::Indefinite,
+            (Pause::Until(a), Pause::Until(b)) => Pause::Until(a.max(b)),
+            (p @ Pause::Until(_), _) | (_, p @ Pause::Until(_)) => p,
+            (p @ Pause::Invalid(_), _) | (_, p @ Pause::Invalid(_)) => p,
+            (Pause::Off, Pause::Off) => Pause::Off,
         }
+    }
+
+    /// What pauses the HCP at `now`: the agent's annotation, HyperShift's `spec.pausedUntil`,
+    /// or both (for the report).
+    pub fn paused_by(&self, now: jiff::Timestamp) -> String {
+        let holds = |p: Pause| matches!(p, Pause::Indefinite | Pause::Until(_));
+        let annotation = holds(read_pause(
+            PAUSE_ANNOTATION,
+            self.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(PAUSE_ANNOTATION))
+                .map(String::as_str),
+            now,
+        ));
+        let spec = holds(read_pause(
+            "spec.pausedUntil",
+            self.spec.extra.get("pausedUntil").and_then(|v| v.as_str()),
+            now,
+        ));
+        match (annotation, spec) {
+            (true, true) => format!("{PAUSE_ANNOTATION} and spec.pausedUntil"),
+            (false, true) => "spec.pausedUntil".into(),
+            _ => PAUSE_ANNOTATION.into(),
+        }
+    }
+
+    /// `spec.nodeSelector`, `spec.tolerations` and `spec.controllerAvailabilityPolicy`, read
+    /// leniently: a malformed field is left out (and named), never a reason to drop the HCP.
+    pub fn scheduling(&self) -> Scheduling {
+        let mut out = Scheduling::default();
+        let extra = &self.spec.extra;
+        if let Some(v) = extra.get("nodeSelector").filter(|v| !v.is_null()) {
+            match serde_json::from_value(v.clone()) {
+                Ok(m) => out.node_selector = m,
+                Err(e) => out.ignored.push(format!("spec.nodeSelector: {e}")),
+            }
+        }
+        if let Some(v) = extra.get("tolerations").filter(|v| !v.is_null()) {
+            match serde_json::from_value(v.clone()) {
+                Ok(t) => out.tolerations = t,
+                Err(e) => out.ignored.push(format!("spec.tolerations: {e}")),
+            }
+        }
+        out.single_replica = extra
+            .get("controllerAvailabilityPolicy")
+            .and_then(|v| v.as_str())
+            == Some(SINGLE_REPLICA);
+        out
     }
 
     /// Ready for the agent: `status.ready` and a published `status.kubeConfig`.
@@ -142,6 +228,77 @@ mod tests {
         assert!(
             matches!(with_pause("yes please").pause(now), Pause::Invalid(m) if m.contains("yes please"))
         );
+    }
+
+    #[test]
+    fn hypershifts_paused_until_pauses_too_and_the_longer_pause_wins() {
+        let now: jiff::Timestamp = "2026-11-22T12:00:00Z".parse().expect("ts");
+        let spec = |v: &str| HostedControlPlaneSpec {
+            extra: [("pausedUntil".to_string(), serde_json::json!(v))].into(),
+            ..Default::default()
+        };
+        let hcp = HostedControlPlane::new("hc", spec("true"));
+        assert_eq!(hcp.pause(now), Pause::Indefinite);
+        let hcp = HostedControlPlane::new("hc", spec("2026-11-23T00:00:00Z"));
+        assert_eq!(
+            hcp.pause(now),
+            Pause::Until("2026-11-23T00:00:00Z".parse().expect("ts"))
+        );
+        // Both: the later time holds.
+        let mut both = with_pause("2026-11-24T00:00:00Z");
+        both.spec = spec("2026-11-23T00:00:00Z");
+        assert_eq!(
+            both.pause(now),
+            Pause::Until("2026-11-24T00:00:00Z".parse().expect("ts"))
+        );
+        // A malformed spec value is reported, an expired one ignored.
+        assert_eq!(hcp.paused_by(now), "spec.pausedUntil");
+        assert_eq!(
+            both.paused_by(now),
+            format!("{PAUSE_ANNOTATION} and spec.pausedUntil")
+        );
+        let bad = HostedControlPlane::new("hc", spec("soon"));
+        assert!(matches!(bad.pause(now), Pause::Invalid(m) if m.contains("spec.pausedUntil")));
+        let old = HostedControlPlane::new("hc", spec("2026-11-21T00:00:00Z"));
+        assert_eq!(old.pause(now), Pause::Off);
+    }
+
+    #[test]
+    fn scheduling_is_read_leniently_from_the_spec() {
+        let raw = serde_json::json!({
+            "apiVersion": "hypershift.openshift.io/v1beta1",
+            "kind": "HostedControlPlane",
+            "metadata": {"name": "hc1", "namespace": "clusters-hc1"},
+            "spec": {
+                "nodeSelector": {"node-role.kubernetes.io/infra": ""},
+                "tolerations": [{"key": "infra", "operator": "Exists", "effect": "NoSchedule"}],
+                "controllerAvailabilityPolicy": "SingleReplica"
+            }
+        });
+        let hcp: HostedControlPlane = serde_json::from_value(raw).expect("parse");
+        let s = hcp.scheduling();
+        assert_eq!(
+            s.node_selector
+                .get("node-role.kubernetes.io/infra")
+                .map(String::as_str),
+            Some("")
+        );
+        assert_eq!(s.tolerations.len(), 1);
+        assert_eq!(s.tolerations[0].key.as_deref(), Some("infra"));
+        assert!(s.single_replica);
+        assert!(s.ignored.is_empty());
+        // Malformed: named and left out; the HCP itself still parses.
+        let raw = serde_json::json!({
+            "apiVersion": "hypershift.openshift.io/v1beta1",
+            "kind": "HostedControlPlane",
+            "metadata": {"name": "hc1", "namespace": "clusters-hc1"},
+            "spec": {"nodeSelector": ["not", "a", "map"], "tolerations": "none"}
+        });
+        let hcp: HostedControlPlane = serde_json::from_value(raw).expect("parse");
+        let s = hcp.scheduling();
+        assert!(s.node_selector.is_empty() && s.tolerations.is_empty());
+        assert!(!s.single_replica, "HighlyAvailable is the CRD's default");
+        assert_eq!(s.ignored.len(), 2, "{:?}", s.ignored);
     }
 
     #[test]

@@ -282,12 +282,39 @@ fn glob(pattern: &[u8], text: &[u8]) -> bool {
     }
 }
 
-/// The first rewrite whose `from` equals the server (ignoring a trailing '/') wins.
+/// `host[:port]` of a URL's authority; an IPv6 literal keeps its brackets.
+fn split_authority(authority: &str) -> (&str, Option<&str>) {
+    let host_end = if authority.starts_with('[') {
+        authority.find(']').map_or(authority.len(), |i| i + 1)
+    } else {
+        authority.find(':').unwrap_or(authority.len())
+    };
+    let (host, rest) = authority.split_at(host_end);
+    (host, rest.strip_prefix(':'))
+}
+
+/// The first rewrite that matches wins:
+/// - `from` a host (no `://`): the server's host is replaced by `to`, its scheme, port and
+///   path kept. HyperShift publishes `https://kube-apiserver:<port>` with the port the
+///   platform uses (6443, 2040 on IBM Cloud), so the host is what identifies it.
+/// - `from` a whole URL: the server must equal it (ignoring a trailing '/') and becomes `to`.
 pub fn rewrite_server(server: &str, namespace: &str, rewrites: &[ServerRewrite]) -> String {
     let norm = server.trim_end_matches('/');
     for rw in rewrites {
-        if rw.from.trim_end_matches('/') == norm {
-            return rw.to.replace("{namespace}", namespace);
+        if rw.from.contains("://") {
+            if rw.from.trim_end_matches('/') == norm {
+                return rw.to.replace("{namespace}", namespace);
+            }
+            continue;
+        }
+        if let Some((scheme, rest)) = norm.split_once("://") {
+            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            let (host, port) = split_authority(authority);
+            if host.eq_ignore_ascii_case(&rw.from) {
+                let to = rw.to.replace("{namespace}", namespace);
+                let port = port.map(|p| format!(":{p}")).unwrap_or_default();
+                return format!("{scheme}://{to}{port}{path}");
+            }
         }
     }
     server.to_string()
@@ -445,6 +472,54 @@ mod tests {
     }
 
     #[test]
+    fn the_rewrite_matches_the_host_and_keeps_the_port() {
+        let rw = &HostedAccessConfig::default().server_rewrites;
+        // IBM Cloud publishes port 2040; any port, and no port, keep theirs.
+        for (from, to) in [
+            (
+                "https://kube-apiserver:2040",
+                "https://kube-apiserver.ns.svc:2040",
+            ),
+            (
+                "https://kube-apiserver:6443",
+                "https://kube-apiserver.ns.svc:6443",
+            ),
+            ("https://kube-apiserver", "https://kube-apiserver.ns.svc"),
+            (
+                "https://kube-apiserver:6443/x/",
+                "https://kube-apiserver.ns.svc:6443/x",
+            ),
+            // Not the host: left alone.
+            (
+                "https://kube-apiserver-x:6443",
+                "https://kube-apiserver-x:6443",
+            ),
+            ("https://[::1]:6443", "https://[::1]:6443"),
+        ] {
+            assert_eq!(rewrite_server(from, "ns", rw), to, "{from}");
+        }
+        // A whole-URL rewrite still matches exactly.
+        let exact = [ServerRewrite {
+            from: "https://kas.example:443".into(),
+            to: "https://kas.{namespace}.svc:443".into(),
+        }];
+        assert_eq!(
+            rewrite_server("https://kas.example:443", "ns", &exact),
+            "https://kas.ns.svc:443"
+        );
+        assert_eq!(
+            rewrite_server("https://kas.example:444", "ns", &exact),
+            "https://kas.example:444"
+        );
+        // And port 2040 passes the default allow-list once rewritten.
+        let doc = kc("", CERT_USER).replace("kube-apiserver:6443", "kube-apiserver:2040");
+        assert_eq!(
+            check(&doc).expect("port 2040").server,
+            "https://kube-apiserver.clusters-hc-1.svc:2040"
+        );
+    }
+
+    #[test]
     fn only_allowed_servers_pass_by_default_the_hcps_own_kube_apiserver() {
         // The management cluster's own API server, or another HCP's, is refused by name.
         for other in [
@@ -460,10 +535,7 @@ mod tests {
             );
             let msg = err.to_string();
             assert!(msg.contains(other), "{msg}");
-            assert!(
-                msg.contains("kube-apiserver.clusters-hc-1.svc:6443"),
-                "{msg}"
-            );
+            assert!(msg.contains("kube-apiserver.clusters-hc-1.svc:*"), "{msg}");
         }
         // Already in its long form, the HCP's own is accepted too.
         let own = kc("", CERT_USER).replace(

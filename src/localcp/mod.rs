@@ -416,7 +416,7 @@ pub fn allow_loopback(mut cfg: crate::config::AgentConfig) -> crate::config::Age
 /// The test bed's agent configuration file (YAML): the defaults, with loopback allowed.
 pub fn agent_config_yaml() -> String {
     format!(
-        "hostedAccess:\n  allowedServers:\n  - \"https://kube-apiserver.{{namespace}}.svc:6443\"\n  - \"{LOOPBACK_SERVERS}\"\n"
+        "hostedAccess:\n  allowedServers:\n  - \"https://kube-apiserver.{{namespace}}.svc:*\"\n  - \"{LOOPBACK_SERVERS}\"\n"
     )
 }
 
