@@ -493,6 +493,23 @@ async fn rollout_restart(bed: &Bed) {
         .expect("restart");
 }
 
+/// hc-1's admin client.
+async fn hc1_admin(bed: &Bed) -> Client {
+    bed.fleet
+        .hosted("hc-1")
+        .expect("hc-1")
+        .client()
+        .await
+        .expect("hosted")
+}
+
+/// Every CA the agent's configurations in `hosted` trust now, as one bundle.
+async fn trust_of(hosted: &Client) -> String {
+    hcp_fleet_agent::controller::installed_trust(hosted)
+        .await
+        .expect("trust")
+}
+
 /// Every guarded request sent (at least `min`) was answered by the service, and denied.
 fn assert_nothing_let_through(counts: &LoadCounts, min: usize) {
     assert!(counts.sent >= min, "{counts:?}");
@@ -656,18 +673,8 @@ async fn a_certificate_replaced_under_load_loses_no_request() {
 async fn the_certificate_secrets_deleted_under_load_let_nothing_through() {
     let _turn = LOAD_TURN.lock().await;
     let bed = bed(AgentConfig::default()).await;
-    let hosted = bed
-        .fleet
-        .hosted("hc-1")
-        .expect("hc-1")
-        .client()
-        .await
-        .expect("hosted");
-    let trust = || async {
-        hcp_fleet_agent::controller::installed_trust(&hosted)
-            .await
-            .expect("trust")
-    };
+    let hosted = hc1_admin(&bed).await;
+    let trust = || trust_of(&hosted);
     let before = trust().await;
     let load = GuardLoad::start(alice(&bed).await);
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -725,18 +732,8 @@ async fn the_certificate_secrets_deleted_under_load_let_nothing_through() {
 async fn a_replaced_ca_and_a_planned_rotation_under_load_let_nothing_through() {
     let _turn = LOAD_TURN.lock().await;
     let bed = bed(AgentConfig::default()).await;
-    let hosted = bed
-        .fleet
-        .hosted("hc-1")
-        .expect("hc-1")
-        .client()
-        .await
-        .expect("hosted");
-    let trust = || async {
-        hcp_fleet_agent::controller::installed_trust(&hosted)
-            .await
-            .expect("trust")
-    };
+    let hosted = hc1_admin(&bed).await;
+    let trust = || trust_of(&hosted);
     let secrets: Api<Secret> = Api::namespaced(bed.mgmt.clone(), NS);
     let secret_text = |name: &'static str, key: &'static str| {
         let secrets = secrets.clone();

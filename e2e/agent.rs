@@ -974,102 +974,59 @@ async fn a_paused_hcp_is_left_alone_and_resumes() {
     wait_compliant(&mgmt, &["hc-1"]).await;
     let ns = hcp_namespace("hc-1");
     let hcps: Api<HostedControlPlane> = Api::namespaced(mgmt.clone(), &ns);
-    let annotate = |v: serde_json::Value| {
+    let patch = |body: serde_json::Value| {
         let hcps = hcps.clone();
         async move {
-            hcps.patch(
-                "hc-1",
-                &PatchParams::default(),
-                &Patch::Merge(
-                    serde_json::json!({"metadata": {"annotations": {PAUSE_ANNOTATION: v}}}),
-                ),
-            )
-            .await
-            .expect("annotate")
+            hcps.patch("hc-1", &PatchParams::default(), &Patch::Merge(body))
+                .await
+                .expect("patch the HCP")
         }
     };
-    annotate(serde_json::json!("true")).await;
-    eventually("the Policy says paused", Duration::from_secs(20), || {
-        let mgmt = mgmt.clone();
-        let ns = ns.clone();
-        async move {
-            let p = policy(&mgmt, &ns, POLICY_NAME).await?;
-            let h = history_messages(&p, "hosted-webhooks");
-            match (compliant(&p), h.first()) {
-                (Some("Pending"), Some(m))
-                    if m.contains("paused by hcp-fleet.openshift.io/paused") =>
-                {
-                    Ok(())
-                }
-                other => Err(format!("{other:?}")),
-            }
-        }
-    })
-    .await;
-    let vapi = delete_validating(&fleet, "hc-1").await;
-    // A repair takes well under a second when not paused (drift test above); give it ten
-    // times that and see nothing come back.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(
-        vapi.get_opt(VALIDATING_NAME).await.expect("get").is_none(),
-        "a paused HCP's drift is left alone"
-    );
-    annotate(serde_json::Value::Null).await;
-    eventually(
-        "resumed: the webhook is back",
-        Duration::from_secs(30),
-        || present(&vapi),
-    )
-    .await;
-    wait_compliant(&mgmt, &["hc-1"]).await;
-
-    // HyperShift's own pause, spec.pausedUntil, pauses the agent for this HCP the same way.
-    let paused_until = |v: serde_json::Value| {
-        let hcps = hcps.clone();
-        async move {
-            hcps.patch(
-                "hc-1",
-                &PatchParams::default(),
-                &Patch::Merge(serde_json::json!({"spec": {"pausedUntil": v}})),
-            )
-            .await
-            .expect("pausedUntil")
-        }
-    };
-    paused_until(serde_json::json!("true")).await;
-    eventually(
-        "the Policy says paused by spec.pausedUntil",
-        Duration::from_secs(20),
-        || {
+    // The agent's annotation, then HyperShift's own spec.pausedUntil: each pauses it alike.
+    let ways = [
+        (
+            serde_json::json!({"metadata": {"annotations": {PAUSE_ANNOTATION: "true"}}}),
+            serde_json::json!({"metadata": {"annotations": {PAUSE_ANNOTATION: null}}}),
+            "paused by hcp-fleet.openshift.io/paused",
+        ),
+        (
+            serde_json::json!({"spec": {"pausedUntil": "true"}}),
+            serde_json::json!({"spec": {"pausedUntil": null}}),
+            "paused by spec.pausedUntil",
+        ),
+    ];
+    for (pause, resume, reason) in ways {
+        patch(pause).await;
+        eventually(reason, Duration::from_secs(20), || {
             let mgmt = mgmt.clone();
             let ns = ns.clone();
             async move {
                 let p = policy(&mgmt, &ns, POLICY_NAME).await?;
                 let h = history_messages(&p, "hosted-webhooks");
                 match (compliant(&p), h.first()) {
-                    (Some("Pending"), Some(m)) if m.contains("paused by spec.pausedUntil") => {
-                        Ok(())
-                    }
+                    (Some("Pending"), Some(m)) if m.contains(reason) => Ok(()),
                     other => Err(format!("{other:?}")),
                 }
             }
-        },
-    )
-    .await;
-    let vapi = delete_validating(&fleet, "hc-1").await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(
-        vapi.get_opt(VALIDATING_NAME).await.expect("get").is_none(),
-        "an HCP paused by HyperShift is left alone"
-    );
-    paused_until(serde_json::Value::Null).await;
-    eventually(
-        "resumed after spec.pausedUntil: the webhook is back",
-        Duration::from_secs(30),
-        || present(&vapi),
-    )
-    .await;
-    wait_compliant(&mgmt, &["hc-1"]).await;
+        })
+        .await;
+        let vapi = delete_validating(&fleet, "hc-1").await;
+        // A repair takes well under a second when not paused (drift test above); give it
+        // ten times that and see nothing come back.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(
+            vapi.get_opt(VALIDATING_NAME).await.expect("get").is_none(),
+            "{reason}: a paused HCP's drift is left alone"
+        );
+        patch(resume).await;
+        eventually(
+            "resumed: the webhook is back",
+            Duration::from_secs(30),
+            || present(&vapi),
+        )
+        .await;
+        wait_compliant(&mgmt, &["hc-1"]).await;
+    }
 }
 
 /// Removing the agent cleanly: `uninstall` refuses while an agent leads; then removes the

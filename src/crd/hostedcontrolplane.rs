@@ -113,25 +113,27 @@ pub struct Scheduling {
 }
 
 impl HostedControlPlane {
+    /// Each pause source at `now`: the agent's annotation, then HyperShift's
+    /// `spec.pausedUntil`.
+    fn pauses(&self, now: jiff::Timestamp) -> (Pause, Pause) {
+        let annotation = self
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(PAUSE_ANNOTATION))
+            .map(String::as_str);
+        let spec = self.spec.extra.get("pausedUntil").and_then(|v| v.as_str());
+        (
+            read_pause(PAUSE_ANNOTATION, annotation, now),
+            read_pause("spec.pausedUntil", spec, now),
+        )
+    }
+
     /// The pause asked for at `now`, by the agent's annotation or by HyperShift's own
     /// `spec.pausedUntil` (whichever holds longer): while HyperShift leaves the control plane
     /// alone, the agent leaves its admission service alone too.
     pub fn pause(&self, now: jiff::Timestamp) -> Pause {
-        let annotation = read_pause(
-            PAUSE_ANNOTATION,
-            self.metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(PAUSE_ANNOTATION))
-                .map(String::as_str),
-            now,
-        );
-        let spec = read_pause(
-            "spec.pausedUntil",
-            self.spec.extra.get("pausedUntil").and_then(|v| v.as_str()),
-            now,
-        );
-        match (annotation, spec) {
+        match self.pauses(now) {
             (Pause::Indefinite, _) | (_, Pause::Indefinite) => Pause::Indefinite,
             (Pause::Until(a), Pause::Until(b)) => Pause::Until(a.max(b)),
             (p @ Pause::Until(_), _) | (_, p @ Pause::Until(_)) => p,
@@ -143,22 +145,9 @@ impl HostedControlPlane {
     /// What pauses the HCP at `now`: the agent's annotation, HyperShift's `spec.pausedUntil`,
     /// or both (for the report).
     pub fn paused_by(&self, now: jiff::Timestamp) -> String {
-        let holds = |p: Pause| matches!(p, Pause::Indefinite | Pause::Until(_));
-        let annotation = holds(read_pause(
-            PAUSE_ANNOTATION,
-            self.metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(PAUSE_ANNOTATION))
-                .map(String::as_str),
-            now,
-        ));
-        let spec = holds(read_pause(
-            "spec.pausedUntil",
-            self.spec.extra.get("pausedUntil").and_then(|v| v.as_str()),
-            now,
-        ));
-        match (annotation, spec) {
+        let holds = |p: &Pause| matches!(p, Pause::Indefinite | Pause::Until(_));
+        let (annotation, spec) = self.pauses(now);
+        match (holds(&annotation), holds(&spec)) {
             (true, true) => format!("{PAUSE_ANNOTATION} and spec.pausedUntil"),
             (false, true) => "spec.pausedUntil".into(),
             _ => PAUSE_ANNOTATION.into(),
