@@ -26,11 +26,14 @@ test:
 	  KUBEBUILDER_ASSETS="$$assets" HELM="$$helm" $(CARGO) test --test '*'; \
 	done
 
-# The chart's values.schema.json, derived from the configuration types.
+# The chart's generated files: values.schema.json from the configuration types, and
+# templates/crds.yaml from the agent's own resource types (src/crd/health.rs).
 chart-schema:
 	$(CARGO) build -q --bin hcp-fleet-agent
 	./target/debug/hcp-fleet-agent package values-schema > charts/hcp-fleet-agent/values.schema.json.tmp
 	mv charts/hcp-fleet-agent/values.schema.json.tmp charts/hcp-fleet-agent/values.schema.json
+	./target/debug/hcp-fleet-agent package crds > charts/hcp-fleet-agent/templates/crds.yaml.tmp
+	mv charts/hcp-fleet-agent/templates/crds.yaml.tmp charts/hcp-fleet-agent/templates/crds.yaml
 
 # policies/ from the rendered chart; never edit those files by hand (make test compares).
 policies: chart-schema

@@ -15,10 +15,10 @@ use hcp_fleet_agent::agent::{self, AgentHandle, StartOptions};
 use hcp_fleet_agent::certificates::{self, KeyedCert, Usage};
 use hcp_fleet_agent::config::{AgentConfig, Mode};
 use hcp_fleet_agent::controller::AdmissionEndpoints;
-use hcp_fleet_agent::crd::Policy;
+use hcp_fleet_agent::crd::AdmissionHealth;
 use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet, kubelet};
 use hcp_fleet_agent::management;
-use hcp_fleet_agent::reporting::POLICY_NAME;
+use hcp_fleet_agent::reporting::HEALTH_NAME;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::ClusterRole;
@@ -76,17 +76,17 @@ async fn wait_concern(mgmt: &Client, template: &str, want: &str) {
         &format!("{template} {want}"),
         Duration::from_secs(60),
         || {
-            let api: Api<Policy> = Api::namespaced(mgmt.clone(), NS);
+            let api: Api<AdmissionHealth> = Api::namespaced(mgmt.clone(), NS);
             async move {
-                let p = api.get(POLICY_NAME).await.map_err(|e| e.to_string())?;
+                let p = api.get(HEALTH_NAME).await.map_err(|e| e.to_string())?;
                 let d = p
                     .status
                     .unwrap_or_default()
-                    .details
+                    .concerns
                     .into_iter()
-                    .find(|d| d.template_meta.name == template);
+                    .find(|d| d.name == template);
                 match d {
-                    Some(d) if d.compliant.as_deref() == Some(want) => Ok(()),
+                    Some(d) if d.compliant.map(|c| c.as_str()) == Some(want) => Ok(()),
                     other => Err(format!("{other:?}")),
                 }
             }
@@ -399,20 +399,21 @@ fn webhook_pids(pods: &Path) -> Vec<u32> {
     support::processes_mentioning(&pods.join(NS))
 }
 
-/// The newest history message of `template` in hc-1's Policy, and the Policy's verdict.
+/// The newest history message of `template` (a concern) in hc-1's health record, and the
+/// record's verdict.
 async fn newest(mgmt: &Client, template: &str) -> (Option<String>, String) {
-    let p = Api::<Policy>::namespaced(mgmt.clone(), NS)
-        .get(POLICY_NAME)
+    let p = Api::<AdmissionHealth>::namespaced(mgmt.clone(), NS)
+        .get(HEALTH_NAME)
         .await
-        .expect("policy");
+        .expect("health record");
     let st = p.status.unwrap_or_default();
     let msg = st
-        .details
+        .concerns
         .into_iter()
-        .find(|d| d.template_meta.name == template)
+        .find(|d| d.name == template)
         .and_then(|d| d.history.first().map(|h| h.message.clone()))
         .unwrap_or_default();
-    (st.compliant, msg)
+    (st.compliant.map(|c| c.as_str().to_string()), msg)
 }
 
 /// An admission service that stops answering (SIGSTOP) is reported NonCompliant within 5 s,

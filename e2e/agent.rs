@@ -11,14 +11,16 @@ use std::time::{Duration, Instant};
 
 use hcp_fleet_agent::agent::{self, StartOptions};
 use hcp_fleet_agent::config::AgentConfig;
-use hcp_fleet_agent::crd::Policy;
+use hcp_fleet_agent::crd::{
+    AdmissionHealth, AdmissionHealthPolicy, AdmissionHealthPolicySpec, Policy,
+};
 use hcp_fleet_agent::hosted::webhooks::{MUTATING_NAME, OWNED_LABEL, VALIDATING_NAME};
 use hcp_fleet_agent::localcp::fixtures::{
     SERVICE_NETWORK_KUBECONFIG, hcp_namespace, put_kubeconfig_secret,
 };
 use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet, kubelet};
 use hcp_fleet_agent::management::ALLOW_GUEST_WEBHOOKS;
-use hcp_fleet_agent::reporting::{POLICY_NAME, ROLLUP_NAME};
+use hcp_fleet_agent::reporting::HEALTH_NAME;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
@@ -29,24 +31,80 @@ use kube::{Api, Client, ResourceExt};
 
 const AGENT_NS: &str = "hcp-fleet-agent";
 
-async fn policy(client: &Client, ns: &str, name: &str) -> Result<Policy, String> {
-    Api::<Policy>::namespaced(client.clone(), ns)
-        .get(name)
+async fn health(client: &Client, ns: &str) -> Result<AdmissionHealth, String> {
+    Api::<AdmissionHealth>::namespaced(client.clone(), ns)
+        .get(HEALTH_NAME)
         .await
-        .map_err(|e| format!("{ns}/{name}: {e}"))
+        .map_err(|e| format!("{ns}/{HEALTH_NAME}: {e}"))
 }
 
-fn compliant(p: &Policy) -> Option<&str> {
-    p.status.as_ref().and_then(|s| s.compliant.as_deref())
+fn compliant(h: &AdmissionHealth) -> Option<&'static str> {
+    h.status
+        .as_ref()
+        .and_then(|s| s.compliant)
+        .map(|c| c.as_str())
 }
 
-fn history_messages(p: &Policy, template: &str) -> Vec<String> {
-    p.status
+fn history_messages(h: &AdmissionHealth, concern: &str) -> Vec<String> {
+    h.status
         .iter()
-        .flat_map(|s| s.details.iter())
-        .filter(|d| d.template_meta.name == template)
+        .flat_map(|s| s.concerns.iter())
+        .filter(|d| d.name == concern)
         .flat_map(|d| d.history.iter().map(|h| h.message.clone()))
         .collect()
+}
+
+/// An `AdmissionHealthPolicy` template with no parent Policy: the agent still writes its
+/// verdict (one row per hosted cluster) into its status.
+async fn create_template(mgmt: &Client, ns: &str, name: &str) {
+    let t = AdmissionHealthPolicy::new(name, AdmissionHealthPolicySpec::default());
+    Api::<AdmissionHealthPolicy>::namespaced(mgmt.clone(), ns)
+        .create(&Default::default(), &t)
+        .await
+        .expect("create the template");
+}
+
+/// Waits until the template `fleet` in the agent's namespace says `state` over `rows` hosted
+/// clusters.
+async fn wait_template(mgmt: &Client, state: &str, rows: usize) {
+    eventually(
+        &format!("the template says {state} over {rows} rows"),
+        Duration::from_secs(10),
+        || {
+            let mgmt = mgmt.clone();
+            async move {
+                let (have, list) = template_rows(&mgmt, AGENT_NS, "fleet").await?;
+                if have == state && list.len() == rows {
+                    Ok(())
+                } else {
+                    Err(format!("{have} {list:?}"))
+                }
+            }
+        },
+    )
+    .await;
+}
+
+/// The template's verdict and the HCP namespaces of its rows.
+async fn template_rows(
+    mgmt: &Client,
+    ns: &str,
+    name: &str,
+) -> Result<(String, Vec<String>), String> {
+    let t = Api::<AdmissionHealthPolicy>::namespaced(mgmt.clone(), ns)
+        .get(name)
+        .await
+        .map_err(|e| e.to_string())?;
+    let st = t.status.unwrap_or_default();
+    Ok((
+        st.compliant
+            .map(|c| c.as_str().to_string())
+            .unwrap_or_default(),
+        st.related_objects
+            .iter()
+            .map(|r| r.object.metadata.namespace.clone())
+            .collect(),
+    ))
 }
 
 async fn start_agent(mgmt: &Client) -> agent::AgentHandle {
@@ -69,7 +127,7 @@ async fn wait_compliant(mgmt: &Client, names: &[&str]) {
             let mgmt = mgmt.clone();
             let ns = ns.clone();
             async move {
-                let p = policy(&mgmt, &ns, POLICY_NAME).await?;
+                let p = health(&mgmt, &ns).await?;
                 match compliant(&p) {
                     Some("Compliant") => Ok(()),
                     other => Err(format!("{other:?}: {:?}", p.status)),
@@ -80,13 +138,13 @@ async fn wait_compliant(mgmt: &Client, names: &[&str]) {
     }
 }
 
-/// Waits until the Policy in `ns` says `overall` and the newest history entry of `template`
-/// is in ACM's form for that verdict and mentions `needle`.
+/// Waits until the health record in `ns` says `overall` and the newest history entry of
+/// `template` (a concern) is in ACM's form for that verdict and mentions `needle`.
 async fn wait_verdict(mgmt: &Client, ns: &str, template: &str, overall: &str, needle: &str) {
-    let prefix = if overall == "Compliant" {
-        "Compliant; notification - "
-    } else {
-        "NonCompliant; violation - "
+    let prefix = match overall {
+        "Compliant" => "Compliant; notification - ",
+        "Pending" => "Pending; notification - ",
+        _ => "NonCompliant; violation - ",
     };
     eventually(
         &format!("{ns} {template}: {overall} mentioning {needle:?}"),
@@ -94,7 +152,7 @@ async fn wait_verdict(mgmt: &Client, ns: &str, template: &str, overall: &str, ne
         || {
             let mgmt = mgmt.clone();
             async move {
-                let p = policy(&mgmt, ns, POLICY_NAME).await?;
+                let p = health(&mgmt, ns).await?;
                 let h = history_messages(&p, template);
                 match h.first() {
                     Some(m)
@@ -165,8 +223,8 @@ async fn versions(mgmt: &Client, hosted: &Client, ns: &str) -> BTreeMap<String, 
         .await
         .expect("svc");
     v.insert("service".into(), rv(s.metadata.resource_version));
-    let p = policy(mgmt, ns, POLICY_NAME).await.expect("policy");
-    v.insert("policy".into(), rv(p.metadata.resource_version));
+    let p = health(mgmt, ns).await.expect("health");
+    v.insert("health".into(), rv(p.metadata.resource_version));
     let vw = Api::<ValidatingWebhookConfiguration>::all(hosted.clone())
         .get(VALIDATING_NAME)
         .await
@@ -187,29 +245,10 @@ async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
     let names = ["hc-1", "hc-2", "hc-3"];
     wait_compliant(&mgmt, &names).await;
 
-    // The roll-up lists all three.
-    eventually(
-        "roll-up lists three Compliant rows",
-        Duration::from_secs(10),
-        || {
-            let mgmt = mgmt.clone();
-            async move {
-                let p = policy(&mgmt, AGENT_NS, ROLLUP_NAME).await?;
-                let st = p.status.clone().unwrap_or_default();
-                let rows: Vec<_> = st
-                    .status
-                    .iter()
-                    .map(|r| (r.clustername.clone(), r.compliant.clone()))
-                    .collect();
-                if st.compliant.as_deref() == Some("Compliant") && rows.len() == 3 {
-                    Ok(())
-                } else {
-                    Err(format!("{rows:?} {:?}", st.compliant))
-                }
-            }
-        },
-    )
-    .await;
+    // An AdmissionHealthPolicy template (ACM's framework addon creates it; here without a
+    // parent Policy) gets one row per hosted cluster.
+    create_template(&mgmt, AGENT_NS, "fleet").await;
+    wait_template(&mgmt, "Compliant", 3).await;
 
     for name in names {
         let ns = hcp_namespace(name);
@@ -349,7 +388,7 @@ async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
     )
     .await;
     eventually(
-        "drift counted and in the Policy history",
+        "drift counted and in the health record's history",
         Duration::from_secs(10),
         || {
             let text = agent.context.metrics.encode();
@@ -363,7 +402,7 @@ async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
                     })
                     .filter_map(|l| l.rsplit(" ").next().and_then(|n| n.parse::<u64>().ok()))
                     .sum();
-                let p = policy(&mgmt, "clusters-hc-1", POLICY_NAME).await?;
+                let p = health(&mgmt, "clusters-hc-1").await?;
                 let hist = history_messages(&p, "hosted-webhooks");
                 // Both repairs recorded, in one history entry or two (the two changes can
                 // land in one reconcile).
@@ -382,8 +421,8 @@ async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
     )
     .await;
     eprintln!("drift repair (delete to restored, as seen by the test): {repair_time:?}");
-    // Events on the Policy, as ACM tooling reads them (core/v1).
-    eventually("Policy events", Duration::from_secs(10), || {
+    // Events on the health record.
+    eventually("health events", Duration::from_secs(10), || {
         let events =
             Api::<k8s_openapi::api::core::v1::Event>::namespaced(mgmt.clone(), "clusters-hc-1");
         async move {
@@ -394,10 +433,15 @@ async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
             let ours: Vec<_> = list
                 .items
                 .iter()
-                .filter(|e| e.reason.as_deref() == Some("policy: clusters-hc-1/hosted-webhooks"))
-                .filter(|e| e.involved_object.kind.as_deref() == Some("Policy"))
+                .filter(|e| e.reason.as_deref() == Some("Compliant"))
+                .filter(|e| e.involved_object.kind.as_deref() == Some("AdmissionHealth"))
                 .collect();
-            let normal = ours.iter().any(|e| e.type_.as_deref() == Some("Normal"));
+            let normal = ours.iter().any(|e| {
+                e.type_.as_deref() == Some("Normal")
+                    && e.message.as_deref().is_some_and(|m| {
+                        m.starts_with("hosted-webhooks: Compliant; notification - ")
+                    })
+            });
             if normal {
                 Ok(())
             } else {
@@ -522,6 +566,7 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     let _server = agent::serve(listener, agent.context.metrics.clone());
+    create_template(&mgmt, AGENT_NS, "fleet").await;
 
     let started = Instant::now();
     wait_compliant(&mgmt, &["hc-1"]).await;
@@ -538,7 +583,7 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
         &mgmt,
         "clusters-hc-2",
         "admission-service",
-        "NonCompliant",
+        "Pending",
         "waiting for the HostedControlPlane to be ready",
     )
     .await;
@@ -547,9 +592,9 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
         "hc-1 was not held up by hc-3: {hc1_time:?}"
     );
 
-    // The roll-up aggregates as ACM does and stays within the old enum.
-    let roll = policy(&mgmt, AGENT_NS, ROLLUP_NAME).await.expect("rollup");
-    assert_eq!(compliant(&roll), Some("NonCompliant"));
+    // The fleet verdict for ACM aggregates as ACM does and stays within the old enum (hc-2 is
+    // Pending in its own record, which has Pending).
+    wait_template(&mgmt, "NonCompliant", 3).await;
 
     // Metrics over HTTP, OpenMetrics text.
     let (code, body) = support::http_get(addr, "/metrics").await.expect("metrics");
@@ -676,14 +721,7 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
         let mgmt = mgmt.clone();
         let ctx = agent.context.clone();
         async move {
-            let roll = policy(&mgmt, AGENT_NS, ROLLUP_NAME).await?;
-            let rows: Vec<String> = roll
-                .status
-                .unwrap_or_default()
-                .status
-                .iter()
-                .map(|r| r.clusternamespace.clone())
-                .collect();
+            let (_, rows) = template_rows(&mgmt, AGENT_NS, "fleet").await?;
             let (_, body) = support::http_get(addr, "/metrics").await?;
             if !rows.contains(&"clusters-hc-3".to_string())
                 && rows.len() == 2
@@ -702,11 +740,11 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
         }
     })
     .await;
-    // Its Policy lingers (no garbage collector runs here), but `status` lists only HCPs that
-    // exist.
-    policy(&mgmt, "clusters-hc-3", POLICY_NAME)
+    // Its health record lingers (no garbage collector runs here), but `status` lists only
+    // HCPs that exist.
+    health(&mgmt, "clusters-hc-3")
         .await
-        .expect("hc-3's Policy is still there");
+        .expect("hc-3's record is still there");
     let table = status_table(&fleet);
     assert!(!table.lines().any(|l| l.starts_with("hc-3 ")), "{table}");
     assert!(table.lines().any(|l| l.starts_with("hc-1 ")), "{table}");
@@ -1001,7 +1039,7 @@ async fn a_paused_hcp_is_left_alone_and_resumes() {
             let mgmt = mgmt.clone();
             let ns = ns.clone();
             async move {
-                let p = policy(&mgmt, &ns, POLICY_NAME).await?;
+                let p = health(&mgmt, &ns).await?;
                 let h = history_messages(&p, "hosted-webhooks");
                 match (compliant(&p), h.first()) {
                     (Some("Pending"), Some(m)) if m.contains(reason) => Ok(()),
@@ -1102,7 +1140,6 @@ async fn uninstall_removes_webhooks_first_and_keeps_what_it_cannot_reach() {
         stdout.contains("error: clusters-hc-2: hosted cluster"),
         "{stdout}"
     );
-    assert!(stdout.contains("removed the roll-up Policy"), "{stdout}");
     let owned = kube::api::ListParams::default().labels(&format!("{OWNED_LABEL}=true"));
     assert!(vapi.list(&owned).await.expect("list").items.is_empty());
     assert!(
@@ -1131,8 +1168,8 @@ async fn uninstall_removes_webhooks_first_and_keeps_what_it_cannot_reach() {
             .is_none()
     );
     assert!(
-        Api::<Policy>::namespaced(mgmt.clone(), &ns1)
-            .get_opt(POLICY_NAME)
+        Api::<AdmissionHealth>::namespaced(mgmt.clone(), &ns1)
+            .get_opt(HEALTH_NAME)
             .await
             .expect("get")
             .is_none()
@@ -1144,13 +1181,6 @@ async fn uninstall_removes_webhooks_first_and_keeps_what_it_cannot_reach() {
             .await
             .expect("get")
             .is_some()
-    );
-    assert!(
-        Api::<Policy>::namespaced(mgmt.clone(), AGENT_NS)
-            .get_opt(ROLLUP_NAME)
-            .await
-            .expect("get")
-            .is_none()
     );
 }
 
@@ -1290,7 +1320,7 @@ async fn management_objects_deleted_or_edited_come_back_within_a_second() {
         || {
             let mgmt = mgmt.clone();
             async move {
-                let p = policy(&mgmt, ns, POLICY_NAME).await?;
+                let p = health(&mgmt, ns).await?;
                 let h = history_messages(&p, "admission-service");
                 if h.iter()
                     .any(|m| m.contains("NetworkPolicy hcp-fleet-admission changed; restored"))
@@ -1407,8 +1437,8 @@ async fn the_management_cluster_a_claimed_cluster_and_a_foreign_server_are_refus
     // been first in line this time, it would otherwise have taken hc-1).
     drop(agent);
     for (ns, _) in verdicts {
-        Api::<Policy>::namespaced(mgmt.clone(), ns)
-            .delete(POLICY_NAME, &DeleteParams::default())
+        Api::<AdmissionHealth>::namespaced(mgmt.clone(), ns)
+            .delete(HEALTH_NAME, &DeleteParams::default())
             .await
             .expect("delete the old verdict");
     }
@@ -1475,7 +1505,7 @@ async fn a_hung_hosted_api_server_is_reported_within_twenty_seconds() {
     eventually("hc-2 NonCompliant", Duration::from_secs(30), || {
         let mgmt = mgmt.clone();
         async move {
-            let p = policy(&mgmt, "clusters-hc-2", POLICY_NAME).await?;
+            let p = health(&mgmt, "clusters-hc-2").await?;
             match compliant(&p) {
                 Some("NonCompliant") => Ok(()),
                 other => Err(format!("{other:?}")),
@@ -1488,9 +1518,7 @@ async fn a_hung_hosted_api_server_is_reported_within_twenty_seconds() {
         detected <= Duration::from_secs(20),
         "a hung hosted API server reported after {detected:?}"
     );
-    let p = policy(&mgmt, "clusters-hc-2", POLICY_NAME)
-        .await
-        .expect("policy");
+    let p = health(&mgmt, "clusters-hc-2").await.expect("health");
     let h = history_messages(&p, "hosted-webhooks");
     // Said of hc-2's server: at once from the dropped connection ("stopped answering"), or,
     // when a request was already on its way, that request's failure.
@@ -1524,4 +1552,322 @@ async fn a_hung_hosted_api_server_is_reported_within_twenty_seconds() {
     eprintln!(
         "hung hosted kube-apiserver: NonCompliant after {detected:?}, Compliant {recovered:?} after SIGCONT; hc-1 repaired in {hc1_repair:?} meanwhile; hc-2 requests {requests_before:?} -> {requests_during:?} during the hang"
     );
+}
+
+/// What ACM's framework addon does on the managed cluster, step by step, on ACM's own Policy
+/// CRD (where the asset script provided it): the fleet Policy of `policies/` replicated into
+/// the cluster's namespace, its `AdmissionHealthPolicy` template created next to it
+/// (template-sync), and the Policy's status computed from the compliance Events found there
+/// (status-sync: governance-policy-framework-addon, `controllers/statussync/
+/// policy_status_sync.go`, `getEventsInCluster`, `mergeDetails`, `parseComplianceFromMessage`).
+/// The agent writes no Policy of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acm_reads_the_fleet_verdict_from_events_on_the_replicated_policy() {
+    let (mut fleet, mgmt, _pods) = support::fleet_with_pods(2).await;
+    if let Some(acm) = fleet.upstream_crd(hcp_fleet_agent::localcp::assets::UPSTREAM_POLICY_CRD) {
+        hcp_fleet_agent::localcp::fixtures::install_crd_manifests(
+            &mgmt,
+            [("policies.policy.open-cluster-management.io", acm.as_str())],
+        )
+        .await
+        .expect("ACM's Policy CRD");
+    }
+    // Template-sync syncs only kinds whose CRD carries this label (hasPolicyTemplateLabel).
+    let crd = Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(mgmt.clone())
+        .get("admissionhealthpolicies.hcp-fleet.openshift.io")
+        .await
+        .expect("template CRD");
+    assert_eq!(
+        crd.labels()
+            .get("policy.open-cluster-management.io/policy-type")
+            .map(String::as_str),
+        Some("template")
+    );
+    // What an earlier release wrote outside ACM's flow: removed when the agent starts.
+    for (ns, name) in [
+        ("clusters-hc-1", "hcp-fleet-admission"),
+        (AGENT_NS, "hcp-fleet-rollup"),
+    ] {
+        let legacy: Policy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "policy.open-cluster-management.io/v1", "kind": "Policy",
+            "metadata": {"name": name, "namespace": ns,
+                "labels": {"app.kubernetes.io/managed-by": "hcp-fleet-agent"}},
+            "spec": {"disabled": false, "policy-templates": []},
+        }))
+        .expect("legacy Policy");
+        Api::<Policy>::namespaced(mgmt.clone(), ns)
+            .create(&Default::default(), &legacy)
+            .await
+            .expect("create legacy Policy");
+    }
+    let _agent = start_agent(&mgmt).await;
+    wait_compliant(&mgmt, &["hc-1", "hc-2"]).await;
+
+    // The propagator's replica of the fleet Policy, in the managed cluster's namespace.
+    let cluster_ns = "local-cluster";
+    hcp_fleet_agent::localcp::fixtures::ensure_namespace(&mgmt, cluster_ns, Default::default())
+        .await
+        .expect("cluster namespace");
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/policies/policy.yaml"))
+            .expect("policies/policy.yaml");
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_str_multiple(&text).expect("yaml");
+    let root = docs
+        .iter()
+        .find(|d| d["kind"] == "Policy")
+        .expect("the fleet Policy");
+    let root_name = format!(
+        "{}.{}",
+        root["metadata"]["namespace"].as_str().expect("ns"),
+        root["metadata"]["name"].as_str().expect("name")
+    );
+    let mut replica = root.clone();
+    replica["metadata"] = serde_json::json!({
+        "name": root_name,
+        "namespace": cluster_ns,
+        "labels": {
+            "policy.open-cluster-management.io/root-policy": root_name,
+            "policy.open-cluster-management.io/cluster-name": cluster_ns,
+            "policy.open-cluster-management.io/cluster-namespace": cluster_ns,
+        },
+    });
+    let policies: Api<Policy> = Api::namespaced(mgmt.clone(), cluster_ns);
+    let replica: Policy = policies
+        .create(
+            &Default::default(),
+            &serde_json::from_value(replica).expect("typed Policy"),
+        )
+        .await
+        .expect("replicated Policy");
+    let uid = replica.uid().expect("uid");
+
+    // Template-sync: the template of the agent's kind, owned by the replicated Policy.
+    let mut template = replica.spec.policy_templates[1].object_definition.clone();
+    assert_eq!(template["kind"], "AdmissionHealthPolicy");
+    let template_name = template["metadata"]["name"]
+        .as_str()
+        .expect("name")
+        .to_string();
+    template["metadata"]["namespace"] = cluster_ns.into();
+    template["metadata"]["ownerReferences"] = serde_json::json!([{
+        "apiVersion": "policy.open-cluster-management.io/v1", "kind": "Policy",
+        "name": root_name, "uid": uid, "controller": true, "blockOwnerDeletion": true,
+    }]);
+    template["spec"]["remediationAction"] = "enforce".into();
+    Api::<AdmissionHealthPolicy>::namespaced(mgmt.clone(), cluster_ns)
+        .create(
+            &Default::default(),
+            &serde_json::from_value(template).expect("typed template"),
+        )
+        .await
+        .expect("template");
+
+    let reason = format!("policy: {cluster_ns}/{template_name}");
+    let synced = |want: &'static str, needle: &'static str| {
+        let mgmt = mgmt.clone();
+        let policies = policies.clone();
+        let root_name = root_name.clone();
+        let template_name = template_name.clone();
+        let reason = reason.clone();
+        let uid = uid.clone();
+        async move {
+            eventually(
+                &format!("status sync says {want}"),
+                Duration::from_secs(20),
+                || {
+                    let mgmt = mgmt.clone();
+                    let policies = policies.clone();
+                    let root_name = root_name.clone();
+                    let template_name = template_name.clone();
+                    let reason = reason.clone();
+                    let uid = uid.clone();
+                    async move {
+                        let p = policies.get(&root_name).await.map_err(|e| e.to_string())?;
+                        let status = status_sync(&mgmt, &p).await?;
+                        // Written through the status subresource: ACM's schema must take it.
+                        policies
+                            .patch_status(
+                                &root_name,
+                                &Default::default(),
+                                &kube::api::Patch::Merge(serde_json::json!({"status": status})),
+                            )
+                            .await
+                            .map_err(|e| format!("ACM's schema refused the status: {e}"))?;
+                        let d = status
+                            .details
+                            .iter()
+                            .find(|d| d.template_meta.name == template_name)
+                            .ok_or("no details for the template")?;
+                        let newest = d
+                            .history
+                            .first()
+                            .map(|h| h.message.clone())
+                            .unwrap_or_default();
+                        let ok = d.compliant.as_deref() == Some(want) && newest.contains(needle);
+                        let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(
+                            mgmt.clone(),
+                            "local-cluster",
+                        )
+                        .list(&Default::default())
+                        .await
+                        .map_err(|e| e.to_string())?;
+                        let ours = events
+                            .items
+                            .iter()
+                            .filter(|e| {
+                                e.reason.as_deref() == Some(reason.as_str())
+                                    && e.involved_object.uid.as_deref() == Some(uid.as_str())
+                            })
+                            .count();
+                        if ok {
+                            Ok(())
+                        } else {
+                            Err(format!(
+                                "{:?} {newest:?} ({ours} compliance events)",
+                                d.compliant
+                            ))
+                        }
+                    }
+                },
+            )
+            .await;
+            let p = policies.get(&root_name).await.expect("Policy");
+            let status = status_sync(&mgmt, &p).await.expect("status sync");
+            status
+                .details
+                .into_iter()
+                .find(|d| d.template_meta.name == template_name)
+                .map(|d| d.history)
+                .unwrap_or_default()
+        }
+    };
+    let history = synced("Compliant", "2 of 2 hosted cluster(s) compliant").await;
+    assert!(
+        history[0].message.starts_with("Compliant; notification - "),
+        "{history:?}"
+    );
+
+    // hc-2's kube-apiserver goes away: the verdict names it, newest first, the old one kept.
+    fleet.hosted_mut("hc-2").expect("hc-2").stop();
+    let history = synced(
+        "NonCompliant",
+        "clusters-hc-2/hc-2 NonCompliant: hosted-webhooks",
+    )
+    .await;
+    assert!(
+        history[0]
+            .message
+            .starts_with("NonCompliant; violation - 1 non-compliant"),
+        "{history:?}"
+    );
+    assert!(
+        history
+            .iter()
+            .any(|h| h.message.starts_with("Compliant; notification - 2 of 2")),
+        "{history:?}"
+    );
+    // The template's own status: a row per hosted cluster.
+    let (state, rows) = template_rows(&mgmt, cluster_ns, &template_name)
+        .await
+        .expect("rows");
+    assert_eq!(state, "NonCompliant");
+    assert_eq!(rows, ["clusters-hc-1", "clusters-hc-2"]);
+    // No Policy but ACM's own replica: the agent writes none, and removed the old ones.
+    let all = Api::<Policy>::all(mgmt.clone())
+        .list(&Default::default())
+        .await
+        .expect("list");
+    assert_eq!(
+        all.items.iter().map(|p| p.name_any()).collect::<Vec<_>>(),
+        [root_name]
+    );
+}
+
+/// ACM's status sync for one replicated Policy, as its source reads (see above): core/v1 Events
+/// in the Policy's namespace with the Policy's UID and a `policy: [ns/]template` reason, per
+/// template newest first (the client-go name suffix gives the precise time), at most 10, the
+/// compliance from the newest message's prefix.
+async fn status_sync(
+    mgmt: &Client,
+    p: &Policy,
+) -> Result<hcp_fleet_agent::crd::PolicyStatus, String> {
+    use hcp_fleet_agent::crd::policy::TemplateMeta;
+    use hcp_fleet_agent::crd::{ComplianceHistory, PolicyStatus, TemplateDetails};
+    let ns = p.namespace().unwrap_or_default();
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(mgmt.clone(), &ns)
+        .list(&Default::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut details = Vec::new();
+    let mut overall: Option<&str> = Some("Compliant");
+    for t in &p.spec.policy_templates {
+        let name = t.object_definition["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default();
+        let mut hist: Vec<(i128, ComplianceHistory)> = events
+            .items
+            .iter()
+            .filter(|e| e.involved_object.uid == p.uid())
+            .filter(|e| {
+                e.reason
+                    .as_deref()
+                    .and_then(|r| r.strip_prefix("policy:"))
+                    .map(|r| r.trim().rsplit_once('/').map_or(r.trim(), |(_, t)| t))
+                    == Some(name)
+            })
+            .map(|e| {
+                let event_name = e.metadata.name.clone().unwrap_or_default();
+                let nanos = event_name
+                    .rsplit('.')
+                    .next()
+                    .and_then(|h| i128::from_str_radix(h, 16).ok())
+                    .unwrap_or_default();
+                let ts = e
+                    .last_timestamp
+                    .as_ref()
+                    .map(|t| t.0.to_string())
+                    .unwrap_or_default();
+                (
+                    nanos,
+                    ComplianceHistory {
+                        event_name,
+                        last_timestamp: ts,
+                        message: e.message.clone().unwrap_or_default(),
+                    },
+                )
+            })
+            .collect();
+        hist.sort_by_key(|h| std::cmp::Reverse(h.0));
+        hist.truncate(10);
+        let history: Vec<ComplianceHistory> = hist.into_iter().map(|(_, h)| h).collect();
+        let compliant = history.first().map(|h| {
+            let m = h.message.trim().to_lowercase();
+            if m.starts_with("compliant") {
+                "Compliant"
+            } else if m.starts_with("pending") {
+                "Pending"
+            } else {
+                "NonCompliant"
+            }
+        });
+        match compliant {
+            Some("NonCompliant") => overall = Some("NonCompliant"),
+            Some("Pending") if overall != Some("NonCompliant") => overall = Some("Pending"),
+            Some(_) => {}
+            None if overall == Some("Compliant") => overall = None,
+            None => {}
+        }
+        details.push(TemplateDetails {
+            compliant: compliant.map(str::to_string),
+            template_meta: TemplateMeta {
+                name: name.to_string(),
+            },
+            history,
+        });
+    }
+    Ok(PolicyStatus {
+        compliant: overall.map(str::to_string),
+        details,
+        status: Vec::new(),
+    })
 }

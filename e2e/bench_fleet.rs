@@ -1,6 +1,6 @@
 //! `make bench`: the agent (a separate release process, so its memory and CPU are its own)
 //! against 16 real hosted kube-apiservers. Prints:
-//! - time from an HCP becoming ready to its Policy being Compliant (p50, p99, max);
+//! - time from an HCP becoming ready to its health record being Compliant (p50, p99, max);
 //! - the agent's resident memory (now and peak) and CPU over 60 idle seconds;
 //! - API requests the agent sent per hosted cluster (its own counters) during convergence
 //!   and during the 60 idle seconds, and to the management cluster.
@@ -15,10 +15,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use hcp_fleet_agent::crd::Policy;
+use hcp_fleet_agent::crd::AdmissionHealth;
 use hcp_fleet_agent::localcp::fixtures::{self, hcp_namespace};
 use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet, free_port, kubelet};
-use hcp_fleet_agent::reporting::POLICY_NAME;
+use hcp_fleet_agent::reporting::HEALTH_NAME;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
 
@@ -170,9 +170,9 @@ async fn run() -> Result<(), String> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    // Watch Policies to timestamp each hosted cluster's first Compliant.
+    // Watch the health records to timestamp each hosted cluster's first Compliant.
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, Instant)>();
-    let policies: Api<Policy> = Api::all(mgmt.clone());
+    let policies: Api<AdmissionHealth> = Api::all(mgmt.clone());
     let watch = tokio::spawn(async move {
         let mut s = std::pin::pin!(
             watcher(policies, watcher::Config::default())
@@ -180,8 +180,9 @@ async fn run() -> Result<(), String> {
                 .applied_objects()
         );
         while let Some(Ok(p)) = s.next().await {
-            if p.name_any() == POLICY_NAME
-                && p.status.as_ref().and_then(|s| s.compliant.as_deref()) == Some("Compliant")
+            if p.name_any() == HEALTH_NAME
+                && p.status.as_ref().and_then(|s| s.compliant)
+                    == Some(hcp_fleet_agent::crd::ComplianceState::Compliant)
             {
                 let _ = tx.send((p.namespace().unwrap_or_default(), Instant::now()));
             }
@@ -263,7 +264,7 @@ async fn run() -> Result<(), String> {
         fleet.version
     );
     println!(
-        "  HCP ready -> Policy Compliant   p50 {:>7.0} ms   p99 {:>7.0} ms   max {:>7.0} ms",
+        "  HCP ready -> record Compliant   p50 {:>7.0} ms   p99 {:>7.0} ms   max {:>7.0} ms",
         percentile(&lat, 50.0).as_secs_f64() * 1000.0,
         percentile(&lat, 99.0).as_secs_f64() * 1000.0,
         lat.last().copied().unwrap_or_default().as_secs_f64() * 1000.0

@@ -12,7 +12,7 @@ use hcp_fleet_agent::localcp::fixtures::{AGENT_NAMESPACE, hcp_namespace};
 use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet};
 use hcp_fleet_agent::metrics::Metrics;
 use hcp_fleet_agent::packaging;
-use hcp_fleet_agent::reporting::{POLICY_NAME, ROLLUP_NAME};
+use hcp_fleet_agent::reporting::HEALTH_NAME;
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::{Scope, pinned_kind};
@@ -362,7 +362,8 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
         .into_iter()
         .filter(|o| rbac_kinds.contains(&o["kind"].as_str().unwrap_or_default()))
         .collect();
-    assert_eq!(rbac.len(), rbac_kinds.len());
+    // ... and the role and binding that let ACM's framework addon create the agent's templates.
+    assert_eq!(rbac.len(), rbac_kinds.len() + 2);
     for obj in &rbac {
         let api = api_for(&admin, obj).await;
         let d: DynamicObject = serde_json::from_value(obj.clone()).expect("object");
@@ -385,41 +386,76 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
     let (_agent, metrics_addr) =
         support::spawn_elected_agent("agent-rbac", &kubeconfig, AGENT_NAMESPACE, None);
 
+    // An ACM template of the agent's kind, owned by a Policy as ACM's framework addon leaves
+    // it: the agent must write its status and the compliance Event on that Policy.
+    let parent: hcp_fleet_agent::crd::Policy = serde_json::from_value(json!({
+        "apiVersion": "policy.open-cluster-management.io/v1", "kind": "Policy",
+        "metadata": {"name": "fleet", "namespace": AGENT_NAMESPACE},
+        "spec": {"disabled": false, "policy-templates": []},
+    }))
+    .expect("Policy");
+    let parent = Api::<hcp_fleet_agent::crd::Policy>::namespaced(admin.clone(), AGENT_NAMESPACE)
+        .create(&PostParams::default(), &parent)
+        .await
+        .expect("create Policy");
+    let template: hcp_fleet_agent::crd::AdmissionHealthPolicy = serde_json::from_value(json!({
+        "apiVersion": "hcp-fleet.openshift.io/v1alpha1", "kind": "AdmissionHealthPolicy",
+        "metadata": {"name": "fleet-report", "namespace": AGENT_NAMESPACE, "ownerReferences": [{
+            "apiVersion": "policy.open-cluster-management.io/v1", "kind": "Policy",
+            "name": "fleet", "uid": parent.metadata.uid, "controller": true,
+        }]},
+        "spec": {"remediationAction": "inform"},
+    }))
+    .expect("template");
+    let templates: Api<hcp_fleet_agent::crd::AdmissionHealthPolicy> =
+        Api::namespaced(admin.clone(), AGENT_NAMESPACE);
+    templates
+        .create(&PostParams::default(), &template)
+        .await
+        .expect("create template");
+
     // The whole job: both hosted clusters Compliant (admission service deployed, certificate
-    // issued, webhooks installed, probe answered), the roll-up written, events recorded.
-    let policies: Api<hcp_fleet_agent::crd::Policy> = Api::all(admin.clone());
+    // issued, webhooks installed, probe answered) in their health records, the template's
+    // verdict written, events recorded.
+    let records: Api<hcp_fleet_agent::crd::AdmissionHealth> = Api::all(admin.clone());
     eventually(
         "the fleet is Compliant under the chart's RBAC",
         Duration::from_secs(90),
         || {
-            let policies = policies.clone();
+            let records = records.clone();
+            let templates = templates.clone();
             async move {
-                let list = policies
+                let list = records
                     .list(&ListParams::default())
                     .await
                     .map_err(|e| e.to_string())?;
-                let state = |ns: &str, name: &str| {
+                let state = |ns: &str| {
                     list.items
                         .iter()
                         .find(|p| {
                             p.metadata.namespace.as_deref() == Some(ns)
-                                && p.metadata.name.as_deref() == Some(name)
+                                && p.metadata.name.as_deref() == Some(HEALTH_NAME)
                         })
-                        .and_then(|p| p.status.as_ref()?.compliant.clone())
+                        .and_then(|p| p.status.as_ref()?.compliant)
+                        .map(|c| c.as_str())
                 };
-                let want = Some("Compliant".to_string());
                 for hc in ["hc-1", "hc-2"] {
-                    if state(&hcp_namespace(hc), POLICY_NAME) != want {
-                        return Err(format!(
-                            "{hc}: {:?}",
-                            state(&hcp_namespace(hc), POLICY_NAME)
-                        ));
+                    if state(&hcp_namespace(hc)) != Some("Compliant") {
+                        return Err(format!("{hc}: {:?}", state(&hcp_namespace(hc))));
                     }
                 }
-                if state(AGENT_NAMESPACE, ROLLUP_NAME) != want {
+                let t = templates
+                    .get("fleet-report")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let st = t.status.unwrap_or_default();
+                if st.compliant.map(|c| c.as_str()) != Some("Compliant")
+                    || st.related_objects.len() != 2
+                {
                     return Err(format!(
-                        "roll-up: {:?}",
-                        state(AGENT_NAMESPACE, ROLLUP_NAME)
+                        "template: {:?} {} rows",
+                        st.compliant,
+                        st.related_objects.len()
                     ));
                 }
                 Ok(())
@@ -427,30 +463,47 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
         },
     )
     .await;
-    let events: Api<k8s_openapi::api::events::v1::Event> =
+    let health_events: Api<k8s_openapi::api::events::v1::Event> =
         Api::namespaced(admin.clone(), &hcp_namespace("hc-1"));
+    let acm_events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(admin.clone(), AGENT_NAMESPACE);
+    let parent_uid = parent.metadata.uid.clone();
     eventually(
-        "events recorded on the Policy",
+        "events on the health record and on the template's Policy",
         Duration::from_secs(30),
         || {
-            let events = events.clone();
+            let health_events = health_events.clone();
+            let acm_events = acm_events.clone();
+            let parent_uid = parent_uid.clone();
             async move {
-                let n = events
+                let health = health_events
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .items
+                    .iter()
+                    .filter(|e| e.reason.as_deref() == Some("Compliant"))
+                    .count();
+                let acm = acm_events
                     .list(&ListParams::default())
                     .await
                     .map_err(|e| e.to_string())?
                     .items
                     .iter()
                     .filter(|e| {
-                        e.reason
-                            .as_deref()
-                            .is_some_and(|r| r.starts_with("policy: "))
+                        e.reason.as_deref() == Some("policy: hcp-fleet-agent/fleet-report")
+                            && e.involved_object.uid == parent_uid
+                            && e.message
+                                .as_deref()
+                                .is_some_and(|m| m.starts_with("Compliant; "))
                     })
                     .count();
-                if n > 0 {
+                if health > 0 && acm > 0 {
                     Ok(())
                 } else {
-                    Err("no policy events".into())
+                    Err(format!(
+                        "{health} health event(s), {acm} compliance event(s)"
+                    ))
                 }
             }
         },

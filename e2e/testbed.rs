@@ -465,11 +465,11 @@ async fn render_prints_objects_a_real_apiserver_accepts() {
     assert_eq!(
         kinds,
         vec![
+            "AdmissionHealth",
             "Deployment",
             "NetworkPolicy",
             // policy/v1, or v1beta1 on 1.20.
             "PodDisruptionBudget",
-            "Policy",
             "Secret",
             "Secret",
             "Service",

@@ -18,7 +18,7 @@ pub struct AgentArgs {
     /// Configuration file (YAML); built-in defaults when absent.
     #[arg(long, env = "HCP_FLEET_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Namespace of the agent (where the roll-up Policy lives).
+    /// Namespace of the agent (its Lease).
     #[arg(long, env = "POD_NAMESPACE", default_value = "hcp-fleet-agent")]
     pub namespace: String,
     /// Overrides `concurrency` from the file.

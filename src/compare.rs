@@ -28,6 +28,19 @@ pub fn fingerprint(desired: &Value) -> u64 {
     h.finish()
 }
 
+/// A hash that is the same in every build and on every machine (FNV-1a, 64 bits, as 16 hex
+/// digits), for what is written to the cluster and compared by a later agent.
+pub fn stable_hash(parts: &[&[u8]]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for b in part.iter().chain(std::iter::once(&0xff)) {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    format!("{h:016x}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -54,6 +67,19 @@ mod tests {
             &json!({"data": {"a": "x"}, "list": [1, 2, 3]})
         ));
         assert!(!subset(&desired, &Value::Null));
+    }
+
+    #[test]
+    fn the_stable_hash_is_fnv1a_and_separates_parts() {
+        // FNV-1a 64 of "a" followed by the separator byte, computed by hand.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in [b'a', 0xff] {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        assert_eq!(stable_hash(&[b"a"]), format!("{h:016x}"));
+        assert_ne!(stable_hash(&[b"ab", b"c"]), stable_hash(&[b"a", b"bc"]));
+        assert_eq!(stable_hash(&[b"x"]).len(), 16);
     }
 
     #[test]

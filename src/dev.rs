@@ -145,7 +145,7 @@ async fn start_agent(
     Ok((agent, kubelet))
 }
 
-/// Waits (60 s at most) until every hosted cluster's Policy has a verdict, then renders the
+/// Waits (60 s at most) until every hosted cluster's health record has a verdict, then renders the
 /// fleet table (the same one `hcp-fleet-agent status` prints).
 async fn wait_for_fleet(fleet: &LocalFleet, names: &[String]) -> Result<String, String> {
     let mgmt = fleet.management.client().await.map_err(|e| e.to_string())?;

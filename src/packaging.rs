@@ -15,6 +15,10 @@ use serde_json::{Map, Value, json};
 
 use crate::config::AgentConfig;
 
+/// The name of the `AdmissionHealthPolicy` template in the fleet Policy (the reason of its
+/// compliance Events is `policy: <cluster namespace>/<this>`).
+pub const HEALTH_TEMPLATE_NAME: &str = "hcp-fleet-hosted-clusters";
+
 /// The label ACM puts on clusters that are HyperShift management clusters.
 pub const MANAGEMENT_CLUSTER_LABEL: &str =
     "hypershift.open-cluster-management.io/management-cluster";
@@ -71,6 +75,7 @@ pub fn parse_label(s: &str) -> Result<(String, String), String> {
 /// The kinds the chart renders (and the Policy adds its Namespace), in install order within
 /// the ConfigurationPolicy: what others refer to comes first.
 pub const INSTALL_ORDER: &[&str] = &[
+    "CustomResourceDefinition",
     "Namespace",
     "ServiceAccount",
     "ClusterRole",
@@ -189,7 +194,7 @@ pub fn hub_objects(rendered: &str, opts: &FleetOptions) -> Result<Vec<Value>, Pa
                 "policy.open-cluster-management.io/categories": "CM Configuration Management",
                 "policy.open-cluster-management.io/controls": "CM-2 Baseline Configuration",
                 "policy.open-cluster-management.io/description":
-                    "Installs hcp-fleet-agent on every HyperShift management cluster.",
+                    "Installs hcp-fleet-agent on every HyperShift management cluster and reports the admission health of its hosted clusters.",
             },
         },
         "spec": {
@@ -213,6 +218,18 @@ pub fn hub_objects(rendered: &str, opts: &FleetOptions) -> Result<Vec<Value>, Pa
                         "pruneObjectBehavior": "DeleteIfCreated",
                         "object-templates": templates,
                     },
+                },
+            }, {
+                // The agent's own template kind (its CRD carries ACM's policy-type: template
+                // label): ACM's framework addon creates it next to the replicated Policy, and
+                // the agent answers with compliance Events naming every hosted cluster that is
+                // not compliant (docs/reporting.md). Until the first template has installed the
+                // CRD, the addon reports this one as not mapped, and retries.
+                "objectDefinition": {
+                    "apiVersion": format!("{}/v1alpha1", crate::crd::health::GROUP),
+                    "kind": "AdmissionHealthPolicy",
+                    "metadata": {"name": HEALTH_TEMPLATE_NAME},
+                    "spec": {"remediationAction": "inform", "severity": "high"},
                 },
             }],
         },
@@ -396,6 +413,19 @@ pub fn values_schema() -> Value {
                 "type": "object", "additionalProperties": false,
                 "properties": {"enabled": flag("The Grafana dashboard as a ConfigMap."), "labels": labels},
             },
+            "acm": {
+                "type": "object", "additionalProperties": false,
+                "properties": {
+                    "frameworkAddon": {
+                        "type": "object", "additionalProperties": false,
+                        "properties": {
+                            "enabled": flag("Let ACM's framework addon create the AdmissionHealthPolicy templates it finds in Policies."),
+                            "namespace": {"type": "string", "minLength": 1},
+                            "serviceAccount": {"type": "string", "minLength": 1},
+                        },
+                    },
+                },
+            },
             "managedBy": {"type": "string",
                 "description": "app.kubernetes.io/managed-by of every object; empty for Helm."},
             "config": config,
@@ -423,6 +453,8 @@ pub struct PackageArgs {
 pub enum PackageCommand {
     /// Print the chart's values.schema.json.
     ValuesSchema,
+    /// Print the chart's templates/crds.yaml (the agent's own CRDs).
+    Crds,
     /// Write policies/ from a rendered chart (`helm template` output).
     Policies {
         /// The rendered chart; `-` for standard input.
@@ -444,6 +476,10 @@ pub fn run(args: PackageArgs) -> ExitCode {
     match args.what {
         PackageCommand::ValuesSchema => {
             print!("{}", values_schema_text());
+            ExitCode::SUCCESS
+        }
+        PackageCommand::Crds => {
+            print!("{}", crate::crd::health::crds_yaml());
             ExitCode::SUCCESS
         }
         PackageCommand::Policies {
@@ -516,6 +552,11 @@ mod tests {
         );
         let cp = &hub[0]["spec"]["policy-templates"][0]["objectDefinition"];
         assert_eq!(cp["kind"], "ConfigurationPolicy");
+        // The second template is the agent's report to the hub.
+        let report = &hub[0]["spec"]["policy-templates"][1]["objectDefinition"];
+        assert_eq!(report["kind"], "AdmissionHealthPolicy");
+        assert_eq!(report["apiVersion"], "hcp-fleet.openshift.io/v1alpha1");
+        assert_eq!(report["metadata"]["name"], HEALTH_TEMPLATE_NAME);
         assert_eq!(
             cp["metadata"]["annotations"]["policy.open-cluster-management.io/disable-templates"],
             "true",

@@ -101,7 +101,7 @@ pub fn render_all(
     }
     push(
         mgmt,
-        serde_json::to_value(reporting::render_policy(namespace, name)),
+        serde_json::to_value(reporting::render_health(namespace, name)),
     )?;
     let hc = "hosted cluster";
     if let Some(v) = &hosted.validating {
@@ -176,7 +176,7 @@ mod tests {
             "kind: Service",
             "kind: NetworkPolicy",
             "kind: PodDisruptionBudget",
-            "kind: Policy",
+            "kind: AdmissionHealth",
             "kind: ValidatingWebhookConfiguration",
             "kind: MutatingWebhookConfiguration",
         ] {

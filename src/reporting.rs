@@ -1,28 +1,30 @@
-//! Reporting, ACM-style (docs/reporting.md): one Policy per HCP with a template per
-//! concern and bounded history, and a fleet roll-up Policy with a row per hosted cluster.
+//! Reporting (docs/reporting.md): one `AdmissionHealth` record per HCP with an entry per
+//! concern and bounded history, and the verdict of ACM's `AdmissionHealthPolicy` templates over
+//! the whole fleet, with a row per hosted cluster.
 //!
-//! Everything here is pure; the controller reads the current status, calls `next_status` and
-//! writes only when the result differs, so a steady fleet causes no writes.
+//! Everything here is pure; the controller reads the current status, calls `next_status` /
+//! `evaluate_template` and writes only when the result differs, so a steady fleet causes no
+//! writes.
 
 use std::collections::BTreeMap;
 
-use serde_json::json;
-
-use crate::crd::policy::TemplateMeta;
+use crate::crd::health::{ObjectMeta, ObjectRef, RelatedObject};
 use crate::crd::{
-    ClusterCompliance, ComplianceHistory, ComplianceState, Policy, PolicySpec, PolicyStatus,
-    TemplateDetails,
+    AdmissionHealth, AdmissionHealthPolicyStatus, AdmissionHealthSpec, AdmissionHealthStatus,
+    ComplianceState, ConcernStatus, HistoryEntry,
 };
 
-pub const POLICY_NAME: &str = "hcp-fleet-admission";
-pub const ROLLUP_NAME: &str = "hcp-fleet-rollup";
+/// The name of the health record in each HCP namespace.
+pub const HEALTH_NAME: &str = "hcp-fleet-admission";
+/// What earlier releases wrote outside ACM's flow, removed once at start: a Policy of this
+/// name in every HCP namespace, and the roll-up Policy in the agent's namespace.
+pub const LEGACY_POLICY_NAME: &str = "hcp-fleet-admission";
+pub const LEGACY_ROLLUP_NAME: &str = "hcp-fleet-rollup";
 pub const MAX_HISTORY: usize = 10;
-/// Policy annotation holding the drift repairs so far (survives agent restarts).
-pub const DRIFT_ANNOTATION: &str = "hcp-fleet.openshift.io/drift-repairs";
-/// Policy label naming the hosted cluster (the HCP's name).
+/// Label naming the hosted cluster (the HCP's name).
 pub const CLUSTER_LABEL: &str = "hcp-fleet.openshift.io/hosted-cluster";
 
-/// The concerns, in the order they appear in the Policy.
+/// The concerns, in the order they appear in the health record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Concern {
     AdmissionService,
@@ -121,7 +123,7 @@ pub fn acm_message(state: ComplianceState, msg: &str) -> String {
 pub const MAX_EVENT_NOTE: usize = 1024;
 
 /// `message` cut to `MAX_EVENT_NOTE` bytes on a character boundary, marked with an ellipsis
-/// when cut. The full message stays in the Policy's history.
+/// when cut. The full message stays in the health record's history.
 pub fn event_note(message: &str) -> String {
     if message.len() <= MAX_EVENT_NOTE {
         return message.to_string();
@@ -134,120 +136,100 @@ pub fn event_note(message: &str) -> String {
     format!("{}{MORE}", &message[..end])
 }
 
-/// The per-HCP Policy's spec: one ConfigurationPolicy template per concern.
-pub fn render_policy(namespace: &str, cluster: &str) -> Policy {
-    let templates = Concern::ALL
-        .iter()
-        .map(|c| crate::crd::PolicyTemplate {
-            object_definition: json!({
-                "apiVersion": "policy.open-cluster-management.io/v1",
-                "kind": "ConfigurationPolicy",
-                "metadata": {"name": c.template_name()},
-                "spec": {"remediationAction": "enforce", "severity": "high"},
-            }),
-        })
-        .collect();
-    let mut p = Policy::new(
-        POLICY_NAME,
-        PolicySpec {
-            disabled: false,
-            remediation_action: Some("enforce".into()),
-            policy_templates: templates,
+/// The per-HCP health record, without status.
+pub fn render_health(namespace: &str, cluster: &str) -> AdmissionHealth {
+    let mut h = AdmissionHealth::new(
+        HEALTH_NAME,
+        AdmissionHealthSpec {
+            cluster: cluster.to_string(),
         },
     );
-    p.metadata.namespace = Some(namespace.to_string());
-    p.metadata.labels = Some(BTreeMap::from([
+    h.metadata.namespace = Some(namespace.to_string());
+    h.metadata.labels = Some(BTreeMap::from([
         (
             crate::management::MANAGED_BY.to_string(),
             crate::management::MANAGED_BY_VALUE.to_string(),
         ),
         (CLUSTER_LABEL.to_string(), cluster.to_string()),
     ]));
-    p
+    h
 }
 
 /// A history entry that `next_status` added: what an Event should announce.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewEntry {
-    pub template: String,
-    pub compliant: bool,
+    pub concern: String,
+    pub state: ComplianceState,
     pub message: String,
 }
 
-/// The entries `next` added on top of `prev`, one per template at most.
-pub fn new_entries(prev: Option<&PolicyStatus>, next: &PolicyStatus) -> Vec<NewEntry> {
-    next.details
+/// The entries `next` added on top of `prev`, one per concern at most.
+pub fn new_entries(
+    prev: Option<&AdmissionHealthStatus>,
+    next: &AdmissionHealthStatus,
+) -> Vec<NewEntry> {
+    next.concerns
         .iter()
-        .filter_map(|d| {
-            let newest = d.history.first()?;
+        .filter_map(|c| {
+            let newest = c.history.first()?;
             let before = prev
-                .and_then(|p| {
-                    p.details
-                        .iter()
-                        .find(|x| x.template_meta.name == d.template_meta.name)
-                })
+                .and_then(|p| p.concerns.iter().find(|x| x.name == c.name))
                 .and_then(|x| x.history.first());
             (before != Some(newest)).then(|| NewEntry {
-                template: d.template_meta.name.clone(),
-                compliant: d.compliant.as_deref() == Some("Compliant"),
+                concern: c.name.clone(),
+                state: c.compliant.unwrap_or(ComplianceState::Pending),
                 message: newest.message.clone(),
             })
         })
         .collect()
 }
 
-/// The next status from the previous one and this reconcile's observations. A template's
-/// history gains an entry only when its message changes, so repeating the same observation
-/// is a no-op (no write, no event).
+/// The next status from the previous one, this reconcile's observations and the drift
+/// repairs it made. A concern's history gains an entry only when its message changes, so
+/// repeating the same observation is a no-op (no write, no event).
 pub fn next_status(
-    namespace: &str,
-    prev: Option<&PolicyStatus>,
+    prev: Option<&AdmissionHealthStatus>,
     obs: &Observations,
     now: &str,
-    pending_supported: bool,
-) -> PolicyStatus {
-    let mut details = Vec::new();
+    drift_repaired: u64,
+    revision: &str,
+) -> AdmissionHealthStatus {
+    let mut concerns = Vec::new();
     let mut states = Vec::new();
     for c in Concern::ALL {
         let name = c.template_name();
-        let prev_d = prev.and_then(|p| p.details.iter().find(|d| d.template_meta.name == name));
+        let prev_c = prev.and_then(|p| p.concerns.iter().find(|d| d.name == name));
         let Some(o) = obs.get(&c) else {
-            if let Some(d) = prev_d {
-                details.push(d.clone());
-                if let Some(s) = d.compliant.as_deref().and_then(parse_state) {
-                    states.push(s);
-                }
+            if let Some(d) = prev_c {
+                concerns.push(d.clone());
+                states.extend(d.compliant);
             }
             continue;
         };
-        let state = writable(o.state, pending_supported);
-        states.push(state);
-        let msg = acm_message(state, &o.message);
-        let mut history = prev_d.map(|d| d.history.clone()).unwrap_or_default();
+        states.push(o.state);
+        let msg = acm_message(o.state, &o.message);
+        let mut history = prev_c.map(|d| d.history.clone()).unwrap_or_default();
         if history.first().map(|h| h.message.as_str()) != Some(msg.as_str()) {
             history.insert(
                 0,
-                ComplianceHistory {
-                    event_name: format!("{namespace}.{POLICY_NAME}.{name}"),
+                HistoryEntry {
                     last_timestamp: now.to_string(),
                     message: msg,
                 },
             );
             history.truncate(MAX_HISTORY);
         }
-        details.push(TemplateDetails {
-            compliant: Some(state.as_str().to_string()),
-            template_meta: TemplateMeta {
-                name: name.to_string(),
-            },
+        concerns.push(ConcernStatus {
+            name: name.to_string(),
+            compliant: Some(o.state),
             history,
         });
     }
-    let overall = writable(aggregate(states.iter()), pending_supported);
-    PolicyStatus {
-        compliant: Some(overall.as_str().to_string()),
-        details,
-        status: Vec::new(),
+    AdmissionHealthStatus {
+        compliant: Some(aggregate(states.iter())),
+        concerns,
+        drift_repairs: prev.map_or(0, |p| p.drift_repairs) + drift_repaired,
+        revision: Some(revision.to_string()),
     }
 }
 
@@ -260,46 +242,91 @@ pub fn parse_state(s: &str) -> Option<ComplianceState> {
     }
 }
 
-/// One hosted cluster's row in the roll-up.
+/// One hosted cluster's row in the fleet report.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RollupRow {
     pub cluster_name: String,
     pub state: ComplianceState,
+    /// Why, when not Compliant: each such concern and its message.
+    pub reason: String,
 }
 
-/// The roll-up status: a row per hosted cluster (sorted by namespace), aggregated as ACM does.
-pub fn rollup_status(rows: &BTreeMap<String, RollupRow>, pending_supported: bool) -> PolicyStatus {
-    let status = rows
+/// The row of one hosted cluster from its observations.
+pub fn rollup_row(cluster: &str, obs: &Observations) -> RollupRow {
+    let state = aggregate(obs.values().map(|o| &o.state));
+    let reason = obs
         .iter()
-        .map(|(ns, r)| ClusterCompliance {
-            clustername: r.cluster_name.clone(),
-            clusternamespace: ns.clone(),
-            compliant: Some(writable(r.state, pending_supported).as_str().to_string()),
+        .filter(|(_, o)| o.state != ComplianceState::Compliant)
+        .map(|(c, o)| format!("{}: {}", c.template_name(), o.message))
+        .collect::<Vec<_>>()
+        .join("; ");
+    RollupRow {
+        cluster_name: cluster.to_string(),
+        state,
+        reason,
+    }
+}
+
+/// An `AdmissionHealthPolicy` template's verdict over the fleet: its status (one related object
+/// per hosted cluster) and the message of its compliance Event.
+pub fn evaluate_template(
+    rows: &BTreeMap<String, RollupRow>,
+    pending_supported: bool,
+) -> AdmissionHealthPolicyStatus {
+    let related_objects = rows
+        .iter()
+        .map(|(ns, r)| RelatedObject {
+            object: ObjectRef {
+                api_version: format!("{}/v1alpha1", crate::crd::health::GROUP),
+                kind: "AdmissionHealth".into(),
+                metadata: ObjectMeta {
+                    name: HEALTH_NAME.into(),
+                    namespace: ns.clone(),
+                },
+            },
+            compliant: Some(r.state),
+            reason: Some(if r.state == ComplianceState::Compliant {
+                format!("hosted cluster {} is compliant", r.cluster_name)
+            } else {
+                format!("hosted cluster {}: {}", r.cluster_name, r.reason)
+            }),
         })
         .collect();
-    let overall = if rows.is_empty() {
+    // No hosted cluster yet is nothing wrong: a management cluster may be empty.
+    let state = if rows.is_empty() {
         ComplianceState::Compliant
     } else {
         aggregate(rows.values().map(|r| &r.state))
     };
-    PolicyStatus {
-        compliant: Some(writable(overall, pending_supported).as_str().to_string()),
-        details: Vec::new(),
-        status,
+    let count = |s: ComplianceState| rows.values().filter(|r| r.state == s).count();
+    let total = rows.len();
+    let summary = match state {
+        ComplianceState::Compliant => {
+            format!("{total} of {total} hosted cluster(s) compliant")
+        }
+        _ => {
+            let bad: Vec<String> = rows
+                .iter()
+                .filter(|(_, r)| r.state != ComplianceState::Compliant)
+                .map(|(ns, r)| {
+                    format!("{ns}/{} {}: {}", r.cluster_name, r.state.as_str(), r.reason)
+                })
+                .collect();
+            format!(
+                "{} non-compliant, {} pending, {} of {total} hosted cluster(s) compliant: {}",
+                count(ComplianceState::NonCompliant),
+                count(ComplianceState::Pending),
+                count(ComplianceState::Compliant),
+                bad.join("; ")
+            )
+        }
+    };
+    let state = writable(state, pending_supported);
+    AdmissionHealthPolicyStatus {
+        compliant: Some(state),
+        message: Some(event_note(&acm_message(state, &summary))),
+        related_objects,
     }
-}
-
-pub fn render_rollup(namespace: &str) -> Policy {
-    let mut p = Policy::new(
-        ROLLUP_NAME,
-        PolicySpec {
-            disabled: false,
-            remediation_action: Some("inform".into()),
-            policy_templates: Vec::new(),
-        },
-    );
-    p.metadata.namespace = Some(namespace.to_string());
-    p
 }
 
 #[cfg(test)]
@@ -365,11 +392,20 @@ mod tests {
     #[test]
     fn same_observation_twice_is_a_no_op() {
         let o = all(ComplianceState::Compliant, "fine");
-        let s1 = next_status("ns", None, &o, "2026-01-01T00:00:00Z", true);
-        let s2 = next_status("ns", Some(&s1), &o, "2026-01-01T00:05:00Z", true);
+        let s1 = next_status(None, &o, "2026-01-01T00:00:00Z", 0, "r1");
+        let s2 = next_status(Some(&s1), &o, "2026-01-01T00:05:00Z", 0, "r1");
         assert_eq!(s1, s2);
-        assert_eq!(s1.compliant.as_deref(), Some("Compliant"));
-        assert_eq!(s1.details.len(), 4);
+        assert_eq!(s1.compliant, Some(ComplianceState::Compliant));
+        assert_eq!(s1.concerns.len(), 4);
+        assert_eq!(s1.revision.as_deref(), Some("r1"));
+    }
+
+    #[test]
+    fn drift_repairs_add_up_across_reconciles() {
+        let o = all(ComplianceState::Compliant, "fine");
+        let s1 = next_status(None, &o, "t1", 2, "r");
+        let s2 = next_status(Some(&s1), &o, "t2", 3, "r");
+        assert_eq!((s1.drift_repairs, s2.drift_repairs), (2, 5));
     }
 
     #[test]
@@ -378,83 +414,154 @@ mod tests {
         for i in 0..15 {
             let o = all(ComplianceState::NonCompliant, &format!("problem {i}"));
             s = Some(next_status(
-                "ns",
                 s.as_ref(),
                 &o,
                 &format!("2026-01-01T00:00:{i:02}Z"),
-                true,
+                0,
+                "r",
             ));
         }
         let s = s.expect("status");
-        let h = &s.details[0].history;
+        let h = &s.concerns[0].history;
         assert_eq!(h.len(), MAX_HISTORY);
         assert_eq!(h[0].message, "NonCompliant; violation - problem 14");
+        assert_eq!(h[0].last_timestamp, "2026-01-01T00:00:14Z");
         assert_eq!(h[9].message, "NonCompliant; violation - problem 5");
-        assert_eq!(h[0].event_name, "ns.hcp-fleet-admission.admission-service");
     }
 
     #[test]
-    fn pending_maps_to_noncompliant_on_old_crds() {
+    fn the_record_keeps_pending_whatever_acms_crd_says() {
         let o = all(ComplianceState::Pending, "waiting");
-        let s = next_status("ns", None, &o, "t", false);
-        assert_eq!(s.compliant.as_deref(), Some("NonCompliant"));
-        assert!(
-            s.details
-                .iter()
-                .all(|d| d.compliant.as_deref() == Some("NonCompliant"))
-        );
-        let s = next_status("ns", None, &o, "t", true);
-        assert_eq!(s.compliant.as_deref(), Some("Pending"));
+        let s = next_status(None, &o, "t", 0, "r");
+        assert_eq!(s.compliant, Some(ComplianceState::Pending));
+    }
+
+    fn row(cluster: &str, state: ComplianceState, reason: &str) -> RollupRow {
+        RollupRow {
+            cluster_name: cluster.into(),
+            state,
+            reason: reason.into(),
+        }
     }
 
     #[test]
-    fn rollup_rows_and_aggregate() {
+    fn the_template_names_every_cluster_and_every_violation() {
         let mut rows = BTreeMap::new();
         rows.insert(
             "clusters-a".into(),
-            RollupRow {
-                cluster_name: "a".into(),
-                state: ComplianceState::Compliant,
-            },
+            row("a", ComplianceState::Compliant, ""),
         );
         rows.insert(
             "clusters-b".into(),
-            RollupRow {
-                cluster_name: "b".into(),
-                state: ComplianceState::NonCompliant,
-            },
+            row("b", ComplianceState::NonCompliant, "hosted-webhooks: down"),
         );
-        let s = rollup_status(&rows, true);
-        assert_eq!(s.compliant.as_deref(), Some("NonCompliant"));
-        assert_eq!(s.status.len(), 2);
-        assert_eq!(s.status[0].clustername, "a");
-        assert_eq!(s.status[1].clusternamespace, "clusters-b");
+        rows.insert(
+            "clusters-c".into(),
+            row("c", ComplianceState::Pending, "admission-service: waiting"),
+        );
+        let s = evaluate_template(&rows, true);
+        assert_eq!(s.compliant, Some(ComplianceState::NonCompliant));
+        assert_eq!(
+            s.message.as_deref(),
+            Some(
+                "NonCompliant; violation - 1 non-compliant, 1 pending, 1 of 3 hosted cluster(s) compliant: \
+                 clusters-b/b NonCompliant: hosted-webhooks: down; clusters-c/c Pending: admission-service: waiting"
+            )
+        );
+        assert_eq!(s.related_objects.len(), 3);
+        assert_eq!(s.related_objects[1].object.metadata.namespace, "clusters-b");
+        assert_eq!(s.related_objects[1].object.kind, "AdmissionHealth");
+        assert_eq!(
+            s.related_objects[1].reason.as_deref(),
+            Some("hosted cluster b: hosted-webhooks: down")
+        );
         let json = serde_json::to_value(&s).expect("json");
         assert!(
-            json["status"][0].get("clustername").is_some(),
-            "lower-case keys: {json}"
+            json["relatedObjects"][0]["object"]
+                .get("apiVersion")
+                .is_some(),
+            "{json}"
         );
+
         rows.remove("clusters-b");
+        let s = evaluate_template(&rows, true);
+        assert_eq!(s.compliant, Some(ComplianceState::Pending));
+        assert!(
+            s.message
+                .as_deref()
+                .is_some_and(|m| m.starts_with("Pending; notification - "))
+        );
+        // A hub whose Policy CRD predates Pending gets NonCompliant.
+        let s = evaluate_template(&rows, false);
+        assert_eq!(s.compliant, Some(ComplianceState::NonCompliant));
+        assert!(
+            s.message
+                .as_deref()
+                .is_some_and(|m| m.starts_with("NonCompliant; violation - "))
+        );
+
+        rows.remove("clusters-c");
+        let s = evaluate_template(&rows, true);
         assert_eq!(
-            rollup_status(&rows, true).compliant.as_deref(),
-            Some("Compliant")
+            s.message.as_deref(),
+            Some("Compliant; notification - 1 of 1 hosted cluster(s) compliant")
+        );
+        let s = evaluate_template(&BTreeMap::new(), true);
+        assert_eq!(s.compliant, Some(ComplianceState::Compliant));
+    }
+
+    #[test]
+    fn a_thousand_violations_still_make_one_event() {
+        let rows: BTreeMap<String, RollupRow> = (0..1000)
+            .map(|i| {
+                (
+                    format!("clusters-hc-{i}"),
+                    row(
+                        &format!("hc-{i}"),
+                        ComplianceState::NonCompliant,
+                        "e2e-probe: no answer",
+                    ),
+                )
+            })
+            .collect();
+        let s = evaluate_template(&rows, true);
+        let m = s.message.expect("message");
+        assert!(m.len() <= MAX_EVENT_NOTE, "{}", m.len());
+        assert!(
+            m.starts_with("NonCompliant; violation - 1000 non-compliant"),
+            "{m}"
+        );
+        assert_eq!(s.related_objects.len(), 1000);
+    }
+
+    #[test]
+    fn a_row_names_each_failing_concern() {
+        let mut o = all(ComplianceState::Compliant, "fine");
+        o.insert(Concern::HostedWebhooks, Observation::violation("down"));
+        o.insert(Concern::EndToEndProbe, Observation::pending("not checked"));
+        let r = rollup_row("hc-1", &o);
+        assert_eq!(r.state, ComplianceState::NonCompliant);
+        assert_eq!(r.reason, "hosted-webhooks: down; e2e-probe: not checked");
+        assert_eq!(
+            rollup_row("hc-1", &all(ComplianceState::Compliant, "ok")).reason,
+            ""
         );
     }
 
     #[test]
     fn new_entries_are_only_the_changes() {
         let a = all(ComplianceState::Compliant, "fine");
-        let s1 = next_status("ns", None, &a, "t1", true);
+        let s1 = next_status(None, &a, "t1", 0, "r");
         assert_eq!(new_entries(None, &s1).len(), 4);
         let mut b = a.clone();
         b.insert(Concern::HostedWebhooks, Observation::violation("down"));
-        let s2 = next_status("ns", Some(&s1), &b, "t2", true);
+        let s2 = next_status(Some(&s1), &b, "t2", 0, "r");
         let e = new_entries(Some(&s1), &s2);
         assert_eq!(
             e,
             vec![NewEntry {
-                template: "hosted-webhooks".into(),
-                compliant: false,
+                concern: "hosted-webhooks".into(),
+                state: ComplianceState::NonCompliant,
                 message: "NonCompliant; violation - down".into(),
             }]
         );
@@ -465,7 +572,7 @@ mod tests {
     fn status_never_holds_empty_strings() {
         // The test bed (and some API servers) turn "" into null in status merge patches.
         let o = all(ComplianceState::Compliant, "fine");
-        let s = next_status("ns", None, &o, "2026-01-01T00:00:00Z", true);
+        let s = next_status(None, &o, "2026-01-01T00:00:00Z", 0, "r");
         let text = serde_json::to_string(&s).expect("json");
         assert!(!text.contains("\"\""), "{text}");
     }

@@ -1,13 +1,13 @@
 //! `hcp-fleet-agent status`: the fleet table (hosted cluster, compliance, each concern, drift
-//! repairs, last change) read from the per-HCP Policies.
+//! repairs, last change) read from the per-HCP `AdmissionHealth` records.
 
 use std::process::ExitCode;
 
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 
-use crate::crd::Policy;
-use crate::reporting::{CLUSTER_LABEL, Concern, DRIFT_ANNOTATION, POLICY_NAME};
+use crate::crd::AdmissionHealth;
+use crate::reporting::{Concern, HEALTH_NAME};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FleetRow {
@@ -20,38 +20,33 @@ pub struct FleetRow {
     pub last_change: String,
 }
 
-/// A row from one per-HCP Policy.
-pub fn row(p: &Policy) -> FleetRow {
-    let st = p.status.clone().unwrap_or_default();
+/// A row from one health record.
+pub fn row(h: &AdmissionHealth) -> FleetRow {
+    let st = h.status.clone().unwrap_or_default();
+    let state = |s: Option<crate::crd::ComplianceState>| {
+        s.map_or_else(|| "-".to_string(), |s| s.as_str().to_string())
+    };
     let of = |t: &str| {
-        st.details
-            .iter()
-            .find(|d| d.template_meta.name == t)
-            .and_then(|d| d.compliant.clone())
-            .unwrap_or_else(|| "-".into())
+        state(
+            st.concerns
+                .iter()
+                .find(|d| d.name == t)
+                .and_then(|d| d.compliant),
+        )
     };
     let last_change = st
-        .details
+        .concerns
         .iter()
         .filter_map(|d| d.history.first())
         .map(|h| h.last_timestamp.clone())
         .max()
         .unwrap_or_else(|| "-".into());
-    let namespace = p.namespace().unwrap_or_default();
     FleetRow {
-        cluster: p
-            .labels()
-            .get(CLUSTER_LABEL)
-            .cloned()
-            .unwrap_or_else(|| namespace.clone()),
-        namespace,
-        compliant: st.compliant.clone().unwrap_or_else(|| "-".into()),
+        cluster: h.spec.cluster.clone(),
+        namespace: h.namespace().unwrap_or_default(),
+        compliant: state(st.compliant),
         concerns: Concern::ALL.iter().map(|c| of(c.template_name())).collect(),
-        drift_repairs: p
-            .annotations()
-            .get(DRIFT_ANNOTATION)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0),
+        drift_repairs: st.drift_repairs,
         last_change,
     }
 }
@@ -111,9 +106,9 @@ pub fn render_table(rows: &[FleetRow]) -> String {
     out
 }
 
-/// Every per-HCP Policy the agent wrote whose HCP still exists, sorted by cluster. A deleted
-/// HCP's Policy lingers until the garbage collector removes it (never, where none runs); its
-/// row would report a cluster that is gone.
+/// Every health record whose HCP still exists, sorted by cluster. A deleted HCP's record
+/// lingers until the garbage collector removes it (never, where none runs); its row would
+/// report a cluster that is gone.
 pub async fn fleet_rows(client: &Client) -> Result<Vec<FleetRow>, kube::Error> {
     let existing: std::collections::BTreeSet<String> =
         Api::<crate::crd::HostedControlPlane>::all(client.clone())
@@ -123,7 +118,7 @@ pub async fn fleet_rows(client: &Client) -> Result<Vec<FleetRow>, kube::Error> {
             .iter()
             .filter_map(|h| h.namespace())
             .collect();
-    let api: Api<Policy> = Api::all(client.clone());
+    let api: Api<AdmissionHealth> = Api::all(client.clone());
     let lp = ListParams::default().labels(&format!(
         "{}={}",
         crate::management::MANAGED_BY,
@@ -134,7 +129,7 @@ pub async fn fleet_rows(client: &Client) -> Result<Vec<FleetRow>, kube::Error> {
         .await?
         .items
         .iter()
-        .filter(|p| p.name_any() == POLICY_NAME)
+        .filter(|p| p.name_any() == HEALTH_NAME)
         .filter(|p| p.namespace().is_some_and(|ns| existing.contains(&ns)))
         .map(row)
         .collect();
@@ -161,12 +156,12 @@ pub async fn run() -> ExitCode {
         }
         Err(kube::Error::Api(s)) if s.code == 404 => {
             eprintln!(
-                "error: the Policy CRD (policy.open-cluster-management.io/v1) is not installed here; the agent reports through metrics only"
+                "error: the AdmissionHealth CRD (admissionhealths.hcp-fleet.openshift.io) is not installed here; the agent reports through metrics only"
             );
             ExitCode::FAILURE
         }
         Err(e) => {
-            eprintln!("error: listing Policies: {e}");
+            eprintln!("error: listing AdmissionHealth records: {e}");
             ExitCode::FAILURE
         }
     }
@@ -175,28 +170,17 @@ pub async fn run() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reporting::{Observation, next_status, render_policy};
-    use std::collections::BTreeMap;
+    use crate::reporting::{Observation, next_status, render_health};
 
     #[test]
     fn a_row_shows_each_concern_and_the_drift_count() {
-        let mut p = render_policy("clusters-hc-1", "hc-1");
+        let mut p = render_health("clusters-hc-1", "hc-1");
         let mut obs: crate::reporting::Observations = Concern::ALL
             .iter()
             .map(|c| (*c, Observation::compliant("ok")))
             .collect();
         obs.insert(Concern::HostedWebhooks, Observation::violation("no answer"));
-        p.status = Some(next_status(
-            "clusters-hc-1",
-            None,
-            &obs,
-            "2026-11-22T10:00:00Z",
-            true,
-        ));
-        p.metadata.annotations = Some(BTreeMap::from([(
-            DRIFT_ANNOTATION.to_string(),
-            "3".to_string(),
-        )]));
+        p.status = Some(next_status(None, &obs, "2026-11-22T10:00:00Z", 3, "r"));
         let r = row(&p);
         assert_eq!(r.cluster, "hc-1");
         assert_eq!(r.compliant, "NonCompliant");

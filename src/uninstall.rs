@@ -22,7 +22,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::agent::LEASE_NAME;
 use crate::config::AgentConfig;
-use crate::crd::{HostedControlPlane, Policy};
+use crate::crd::{AdmissionHealth, HostedControlPlane};
 use crate::hosted::clients::HostedClient;
 use crate::hosted::webhooks;
 use crate::management::{self, PdbApi};
@@ -33,7 +33,7 @@ pub struct UninstallArgs {
     /// The agent's configuration file (names of the objects to remove); default: built-in.
     #[arg(long, env = "HCP_FLEET_CONFIG")]
     pub config: Option<std::path::PathBuf>,
-    /// The agent's namespace (its Lease and the roll-up Policy).
+    /// The agent's namespace (its Lease).
     #[arg(long, default_value = "hcp-fleet-agent")]
     pub namespace: String,
     /// Go on even though an agent still holds the leader Lease (it would put everything back).
@@ -193,11 +193,20 @@ async fn remove_hcp(
                 .map_err(del(format!("Secret {name}")))?,
         );
     }
-    match delete_named(&Api::<Policy>::namespaced(c(), ns), reporting::POLICY_NAME).await {
+    match delete_named(
+        &Api::<AdmissionHealth>::namespaced(c(), ns),
+        reporting::HEALTH_NAME,
+    )
+    .await
+    {
         Ok(d) => n += usize::from(d),
-        // No Policy CRD: nothing was reported there.
+        // No AdmissionHealth CRD: nothing was recorded there.
         Err(kube::Error::Api(s)) if s.code == 404 => {}
-        Err(e) => return Err(del(format!("Policy {}", reporting::POLICY_NAME))(e)),
+        Err(e) => {
+            return Err(del(format!("AdmissionHealth {}", reporting::HEALTH_NAME))(
+                e,
+            ));
+        }
     }
     Ok(Removed {
         hosted_webhooks,
@@ -205,12 +214,11 @@ async fn remove_hcp(
     })
 }
 
-/// Removes the agent's objects from every HCP and the roll-up. Returns one line per HCP
+/// Removes the agent's objects from every HCP. Returns one line per HCP
 /// namespace and whether all succeeded.
 pub async fn uninstall(
     client: &Client,
     cfg: &AgentConfig,
-    agent_namespace: &str,
 ) -> Result<(Vec<String>, bool), kube::Error> {
     let hcps = Api::<HostedControlPlane>::all(client.clone())
         .list(&ListParams::default())
@@ -240,26 +248,6 @@ pub async fn uninstall(
                 ok = false;
                 lines.push(format!("error: {e}"));
             }
-        }
-    }
-    match delete_named(
-        &Api::<Policy>::namespaced(client.clone(), agent_namespace),
-        reporting::ROLLUP_NAME,
-    )
-    .await
-    {
-        Ok(true) => lines.push(format!(
-            "{agent_namespace}: removed the roll-up Policy {}",
-            reporting::ROLLUP_NAME
-        )),
-        Ok(false) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 => {}
-        Err(e) => {
-            ok = false;
-            lines.push(format!(
-                "error: {agent_namespace}: deleting Policy {}: {e}",
-                reporting::ROLLUP_NAME
-            ));
         }
     }
     Ok((lines, ok))
@@ -305,7 +293,7 @@ pub async fn run(args: UninstallArgs) -> ExitCode {
             }
         }
     }
-    match uninstall(&client, &cfg, &args.namespace).await {
+    match uninstall(&client, &cfg).await {
         Ok((lines, ok)) => {
             for l in &lines {
                 println!("{l}");

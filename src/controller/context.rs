@@ -2,7 +2,7 @@
 //! `HcpState` per HCP namespace holding what lives between reconciles (the hosted client, the
 //! drift watch and probe tasks, the failure count, the roll-up row). Forgetting an HCP is one
 //! removal from one map. Nothing here must survive a restart: certificates live in Secrets,
-//! history and drift totals on the Policy.
+//! history and drift totals in each HCP's `AdmissionHealth`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
@@ -88,7 +88,7 @@ pub struct HcpState {
 
 /// How to run the controller.
 pub struct RunOptions {
-    /// Where the fleet roll-up Policy lives.
+    /// The agent's namespace (its Lease).
     pub agent_namespace: String,
     /// How the hosted kube-apiserver reaches the admission services.
     pub endpoints: Arc<dyn AdmissionEndpoints>,
@@ -154,6 +154,13 @@ impl Context {
             recorder,
         });
         (ctx, rx)
+    }
+
+    /// The revision of what the agent rolls out to every HCP: a stable hash of its version and
+    /// the configuration in force (so it changes on reload, never on a certificate renewal).
+    pub fn revision(&self) -> String {
+        let cfg = serde_json::to_vec(&*self.config()).unwrap_or_default();
+        crate::compare::stable_hash(&[env!("CARGO_PKG_VERSION").as_bytes(), &cfg])
     }
 
     /// The configuration in force (swapped whole on reload).

@@ -1,6 +1,7 @@
 //! What the management cluster offers, discovered once when the controller starts: which
-//! PodDisruptionBudget API it serves, whether the Policy CRD is installed, and whether that
-//! CRD's compliance enum has `Pending` (older ACM CRDs do not).
+//! PodDisruptionBudget API it serves, whether the agent's own CRDs are installed (the chart
+//! ships them), whether ACM's Policy CRD is, and whether that CRD's compliance enum has
+//! `Pending` (older ACM CRDs do not).
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{Api, Client};
@@ -10,12 +11,18 @@ use tracing::warn;
 use crate::management::PdbApi;
 
 const POLICY_CRD: &str = "policies.policy.open-cluster-management.io";
+pub const HEALTH_CRD: &str = "admissionhealths.hcp-fleet.openshift.io";
+pub const TEMPLATE_CRD: &str = "admissionhealthpolicies.hcp-fleet.openshift.io";
 
 #[derive(Debug, Clone, Copy)]
 pub struct Capabilities {
     pub pdb_api: PdbApi,
     pub policy_crd: bool,
     pub pending_supported: bool,
+    /// `admissionhealths.hcp-fleet.openshift.io`: without it, metrics only.
+    pub health_crd: bool,
+    /// `admissionhealthpolicies.hcp-fleet.openshift.io`: without it, no ACM reporting.
+    pub template_crd: bool,
 }
 
 pub async fn discover(client: &Client) -> Capabilities {
@@ -49,10 +56,24 @@ pub async fn discover(client: &Client) -> Capabilities {
             (false, false)
         }
     };
+    let installed = |name: &'static str| {
+        let crds = crds.clone();
+        async move {
+            match crds.get_opt(name).await {
+                Ok(found) => found.is_some(),
+                Err(e) => {
+                    warn!(error = %e, crd = name, "cannot read a CRD; taking it as absent");
+                    false
+                }
+            }
+        }
+    };
     Capabilities {
         pdb_api,
         policy_crd,
         pending_supported,
+        health_crd: installed(HEALTH_CRD).await,
+        template_crd: installed(TEMPLATE_CRD).await,
     }
 }
 

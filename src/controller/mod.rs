@@ -5,14 +5,14 @@
 //! |---|---|
 //! | `mod.rs` (this file) | wiring: the Controller, what it watches, the tasks beside it |
 //! | `context` | shared clients and settings; one `HcpState` per HCP namespace |
-//! | `discovery` | what the management cluster serves (PDB API, Policy CRD) |
+//! | `discovery` | what the management cluster serves (PDB API, the agent's CRDs, ACM's Policy CRD) |
 //! | `reconcile` | the orchestrator, `error_policy`, backoff, pause |
 //! | `certificates` | phase 2: the CA and serving certificate |
 //! | `admission_service` | phase 3: management-side objects, availability gate |
 //! | `hosted_access` | phase 4: the hosted client from the kubeconfig secret |
 //! | `hosted_webhooks` | phases 5-6: webhook configurations in the hosted cluster |
 //! | `probe` | phase 7: the end-to-end probe and its periodic task |
-//! | `report` | Policy status, history, Events, the roll-up Policy |
+//! | `report` | AdmissionHealth status, history, Events; ACM's templates and their compliance Events |
 //! | `trust` | the hosted caBundle trusts whatever any replica serves (trust first, retire last) |
 //! | `watches` | drift watch per hosted cluster, HCP deletion watch |
 //! | `apply` | server-side apply, apply-if-changed, apply-and-prune |
@@ -66,17 +66,25 @@ pub async fn run(
     reload: mpsc::UnboundedReceiver<()>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    if !ctx.caps.policy_crd {
+    if !ctx.caps.health_crd {
         warn!(
-            "the Policy CRD (policy.open-cluster-management.io/v1) is not installed; reporting through metrics only"
+            "the AdmissionHealth CRD ({}) is not installed; reporting through metrics only",
+            discovery::HEALTH_CRD
         );
     }
+    if !ctx.caps.template_crd {
+        warn!(
+            "the AdmissionHealthPolicy CRD ({}) is not installed; nothing is reported to ACM",
+            discovery::TEMPLATE_CRD
+        );
+    }
+    report::remove_legacy_policies(&ctx).await;
     // Tied to this future: when the controller stops (or its task is aborted) they stop too,
     // and with them the last references to the context, its drift watches and probes.
-    let _rollup = ctx
+    let _templates = ctx
         .caps
-        .policy_crd
-        .then(|| AbortOnDrop(tokio::spawn(report::rollup_writer(ctx.clone()))));
+        .template_crd
+        .then(|| AbortOnDrop(tokio::spawn(report::template_reporter(ctx.clone()))));
     let _deletions = AbortOnDrop(tokio::spawn(watches::deletion_watcher(ctx.clone())));
     let cfg = ctx.config();
     let hcps: Api<HostedControlPlane> = Api::all(ctx.client.clone());
@@ -152,6 +160,8 @@ mod tests {
             pdb_api: management::PdbApi::V1,
             policy_crd: false,
             pending_supported: true,
+            health_crd: false,
+            template_crd: false,
         };
         let opts = RunOptions {
             agent_namespace: "agent".into(),

@@ -1,19 +1,27 @@
-//! Reporting writes: the per-HCP Policy (status, history, Events, drift total), the metrics
-//! that mirror it, and the fleet roll-up Policy. What to write is computed by the pure
-//! functions in `crate::reporting`; this module only reads, compares and writes.
+//! Reporting writes: each HCP's `AdmissionHealth` (status, history, Events, drift total), the
+//! metrics that mirror it, and the verdict of ACM's `AdmissionHealthPolicy` templates as
+//! compliance Events on their parent Policies. What to write is computed by the pure functions
+//! in `crate::reporting`; this module only reads, compares and writes.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Patch, PatchParams};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType};
+use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::apply::apply;
 use super::context::{Context, hcp_labels};
-use crate::crd::{ComplianceState, HostedControlPlane, Policy, PolicyStatus};
+use crate::crd::{
+    AdmissionHealth, AdmissionHealthPolicy, AdmissionHealthPolicyStatus, ComplianceState,
+    HostedControlPlane, Policy,
+};
 use crate::reporting::{self, Observations, RollupRow};
 
 fn now_rfc3339() -> String {
@@ -22,8 +30,8 @@ fn now_rfc3339() -> String {
         .to_string()
 }
 
-/// Reports one reconcile's observations: the compliance gauge and roll-up row at once, then
-/// the Policy (where the CRD is installed).
+/// Reports one reconcile's observations: the compliance gauge and fleet row at once, then
+/// the health record (where its CRD is installed).
 pub async fn report(
     ctx: &Context,
     hcp: &HostedControlPlane,
@@ -32,8 +40,8 @@ pub async fn report(
     obs: &Observations,
     drift_repaired: u64,
 ) {
-    let overall = reporting::aggregate(obs.values().map(|o| &o.state));
-    let gauge = match overall {
+    let row = reporting::rollup_row(cluster, obs);
+    let gauge = match row.state {
         ComplianceState::Compliant => 0,
         ComplianceState::NonCompliant => 1,
         ComplianceState::Pending => -1,
@@ -49,10 +57,6 @@ pub async fn report(
             .compliance
             .get_or_create(&hcp_labels(ns, cluster))
             .set(gauge);
-        let row = RollupRow {
-            cluster_name: cluster.to_string(),
-            state: overall,
-        };
         let state = hcps.entry(ns.to_string()).or_default();
         if state.rollup.as_ref() != Some(&row) {
             state.rollup = Some(row);
@@ -60,15 +64,15 @@ pub async fn report(
         }
         ctx.count_known(&hcps);
     }
-    if !ctx.caps.policy_crd {
+    if !ctx.caps.health_crd {
         return;
     }
-    if let Err(e) = write_policy(ctx, hcp, ns, cluster, obs, drift_repaired).await {
-        warn!(error = %e, "writing the Policy failed");
+    if let Err(e) = write_health(ctx, hcp, ns, cluster, obs, drift_repaired).await {
+        warn!(error = %e, "writing the AdmissionHealth record failed");
     }
 }
 
-async fn write_policy(
+async fn write_health(
     ctx: &Context,
     hcp: &HostedControlPlane,
     ns: &str,
@@ -76,122 +80,262 @@ async fn write_policy(
     obs: &Observations,
     drift_repaired: u64,
 ) -> Result<(), kube::Error> {
-    let api: Api<Policy> = Api::namespaced(ctx.client.clone(), ns);
-    let mut desired = reporting::render_policy(ns, cluster);
+    let api: Api<AdmissionHealth> = Api::namespaced(ctx.client.clone(), ns);
+    let mut desired = reporting::render_health(ns, cluster);
     if let Some(o) = hcp.controller_owner_ref(&()) {
+        // Garbage-collected with its HCP, but never blocking the HCP's deletion.
         desired.metadata.owner_references = Some(vec![OwnerReference {
             controller: Some(false),
             block_owner_deletion: Some(false),
             ..o
         }]);
     }
-    let mut current = match api.get_opt(reporting::POLICY_NAME).await? {
+    let current = match api.get_opt(reporting::HEALTH_NAME).await? {
         Some(c)
             if c.spec == desired.spec
                 && c.labels().get(reporting::CLUSTER_LABEL) == Some(&cluster.to_string()) =>
         {
             c
         }
-        _ => apply(&api, reporting::POLICY_NAME, &desired).await?,
+        _ => apply(&api, reporting::HEALTH_NAME, &desired).await?,
     };
-    if drift_repaired > 0 {
-        // The running total lives on the Policy, so it survives agent restarts.
-        let before: u64 = current
-            .annotations()
-            .get(reporting::DRIFT_ANNOTATION)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        let patch = serde_json::json!({"metadata": {"annotations": {reporting::DRIFT_ANNOTATION: (before + drift_repaired).to_string()}}});
-        current = api
-            .patch(
-                reporting::POLICY_NAME,
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await?;
-    }
     let next = reporting::next_status(
-        ns,
         current.status.as_ref(),
         obs,
         &now_rfc3339(),
-        ctx.caps.pending_supported,
+        drift_repaired,
+        &ctx.revision(),
     );
     if current.status.as_ref() == Some(&next) {
         return Ok(());
     }
-    patch_status(&api, reporting::POLICY_NAME, &next).await?;
-    // Events on the Policy, as ACM's own controllers emit them.
+    // The status is entirely the agent's; a merge patch replaces its arrays whole.
+    let patch = serde_json::json!({ "status": next });
+    api.patch_status(
+        reporting::HEALTH_NAME,
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await?;
     let reference = current.object_ref(&());
     for e in reporting::new_entries(current.status.as_ref(), &next) {
         let ev = Event {
-            type_: if e.compliant {
+            type_: if e.state == ComplianceState::Compliant {
                 EventType::Normal
             } else {
                 EventType::Warning
             },
-            reason: format!("policy: {ns}/{}", e.template),
-            note: Some(reporting::event_note(&e.message)),
+            reason: e.state.as_str().to_string(),
+            note: Some(reporting::event_note(&format!(
+                "{}: {}",
+                e.concern, e.message
+            ))),
             action: "ComplianceStateUpdated".into(),
             secondary: None,
         };
         if let Err(err) = ctx.recorder.publish(&ev, &reference).await {
-            warn!(error = %err, "publishing a Policy event failed");
+            warn!(error = %err, "publishing a health event failed");
         }
     }
     Ok(())
 }
 
-/// A whole status, by merge patch on the status subresource (the Policy's status is entirely
-/// the agent's; arrays are replaced whole).
-async fn patch_status(
-    api: &Api<Policy>,
-    name: &str,
-    status: &PolicyStatus,
+/// Re-evaluates every `AdmissionHealthPolicy` template whenever a hosted cluster's row changes
+/// or a template appears or changes (debounced, so a fleet converging at once costs a few
+/// writes, not one per HCP).
+pub async fn template_reporter(ctx: Arc<Context>) {
+    let api: Api<AdmissionHealthPolicy> = Api::all(ctx.client.clone());
+    // A new or changed template (ACM's framework addon creates it) must be reported at once,
+    // not at the next change of a hosted cluster: watch them and wake the loop.
+    let wake = {
+        let ctx = ctx.clone();
+        let api = api.clone();
+        super::context::AbortOnDrop(tokio::spawn(async move {
+            let mut events = watcher(api, watcher::Config::default()).boxed();
+            while let Some(ev) = events.next().await {
+                match ev {
+                    Ok(watcher::Event::Apply(_) | watcher::Event::InitDone) => {
+                        ctx.rollup_changed.notify_one()
+                    }
+                    Ok(_) => {}
+                    Err(e) => warn!(error = %e, "watching AdmissionHealthPolicy templates"),
+                }
+            }
+        }))
+    };
+    loop {
+        ctx.rollup_changed.notified().await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if !wake.is_running() {
+            warn!("the AdmissionHealthPolicy watch ended; ACM reporting stops");
+            return;
+        }
+        let rows: BTreeMap<String, RollupRow> = ctx.rollup_rows();
+        let want = reporting::evaluate_template(&rows, ctx.caps.pending_supported);
+        let templates = match api.list(&Default::default()).await {
+            Ok(l) => l.items,
+            Err(e) => {
+                warn!(error = %e, "listing AdmissionHealthPolicy templates failed; retrying");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                ctx.rollup_changed.notify_one();
+                continue;
+            }
+        };
+        let mut retry = false;
+        for t in &templates {
+            if let Err(e) = report_template(&ctx, t, &want).await {
+                warn!(
+                    error = %e,
+                    namespace = t.namespace().unwrap_or_default(),
+                    template = t.name_any(),
+                    "reporting an AdmissionHealthPolicy failed; retrying"
+                );
+                retry = true;
+            }
+        }
+        if retry {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            ctx.rollup_changed.notify_one();
+        }
+    }
+}
+
+/// One template: its status, then (when the verdict's message changed) a compliance Event on
+/// the Policy that owns it, in the form ACM's status sync reads
+/// (governance-policy-framework-addon, `controllers/statussync/policy_status_sync.go`,
+/// `getEventsInCluster`: core/v1 Events in the Policy's namespace whose involvedObject UID is
+/// the Policy's and whose reason is `policy: <namespace>/<template>`; the compliance is the
+/// message's prefix, `parseComplianceFromMessage`).
+async fn report_template(
+    ctx: &Context,
+    t: &AdmissionHealthPolicy,
+    want: &AdmissionHealthPolicyStatus,
 ) -> Result<(), kube::Error> {
-    let patch = serde_json::json!({ "status": status });
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+    let ns = t.namespace().unwrap_or_default();
+    let name = t.name_any();
+    if t.status.as_ref() == Some(want) {
+        return Ok(());
+    }
+    let before = t.status.as_ref().and_then(|s| s.message.clone());
+    let parent = t
+        .owner_references()
+        .iter()
+        .find(|o| {
+            o.kind == "Policy"
+                && o.api_version
+                    .starts_with("policy.open-cluster-management.io/")
+        })
+        .cloned();
+    // Event first: a status written without its Event would hide the change from the hub.
+    if before != want.message {
+        match &parent {
+            Some(p) => {
+                emit_compliance_event(ctx, &ns, &name, p, want).await?;
+                info!(namespace = %ns, template = %name, message = want.message.as_deref().unwrap_or_default(), "reported to ACM");
+            }
+            None => warn!(
+                namespace = %ns,
+                template = %name,
+                "the AdmissionHealthPolicy has no parent Policy (ACM's framework addon sets one); its verdict stays in its status"
+            ),
+        }
+    }
+    let api: Api<AdmissionHealthPolicy> = Api::namespaced(ctx.client.clone(), &ns);
+    let patch = serde_json::json!({ "status": want });
+    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+async fn emit_compliance_event(
+    ctx: &Context,
+    ns: &str,
+    template: &str,
+    parent: &OwnerReference,
+    want: &AdmissionHealthPolicyStatus,
+) -> Result<(), kube::Error> {
+    let now = jiff::Timestamp::now();
+    let nanos = now.as_nanosecond();
+    let compliant = want.compliant == Some(ComplianceState::Compliant);
+    let event = CoreEvent {
+        metadata: kube::api::ObjectMeta {
+            // client-go's convention, which the status sync reads for a precise timestamp.
+            name: Some(format!("{}.{nanos:x}", parent.name)),
+            namespace: Some(ns.to_string()),
+            ..Default::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some(parent.api_version.clone()),
+            kind: Some(parent.kind.clone()),
+            name: Some(parent.name.clone()),
+            namespace: Some(ns.to_string()),
+            uid: Some(parent.uid.clone()),
+            ..Default::default()
+        },
+        reason: Some(format!("policy: {ns}/{template}")),
+        message: want.message.clone(),
+        type_: Some(if compliant { "Normal" } else { "Warning" }.into()),
+        source: Some(EventSource {
+            component: Some("hcp-fleet-agent".into()),
+            host: None,
+        }),
+        first_timestamp: Some(Time(now)),
+        last_timestamp: Some(Time(now)),
+        count: Some(1),
+        reporting_component: Some("hcp-fleet-agent".into()),
+        reporting_instance: Some(
+            std::env::var("POD_NAME").unwrap_or_else(|_| "hcp-fleet-agent".into()),
+        ),
+        ..Default::default()
+    };
+    Api::<CoreEvent>::namespaced(ctx.client.clone(), ns)
+        .create(&PostParams::default(), &event)
         .await
         .map(|_| ())
 }
 
-/// Writes the roll-up Policy whenever a row changes (debounced, so a fleet converging at once
-/// costs a few writes, not one per HCP).
-pub async fn rollup_writer(ctx: Arc<Context>) {
-    let api: Api<Policy> = Api::namespaced(ctx.client.clone(), &ctx.agent_namespace);
-    let mut last: Option<PolicyStatus> = None;
-    loop {
-        ctx.rollup_changed.notified().await;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let rows: std::collections::BTreeMap<String, RollupRow> = ctx.rollup_rows();
-        let status = reporting::rollup_status(&rows, ctx.caps.pending_supported);
-        if last.as_ref() == Some(&status) {
-            continue;
+/// Removes what earlier releases wrote outside ACM's flow (docs/reporting.md): the Policy in
+/// each HCP namespace and the roll-up Policy in the agent's namespace. On a hub, ACM's
+/// propagator takes such Policies for unplaced root policies and wipes their status.
+pub async fn remove_legacy_policies(ctx: &Context) {
+    if !ctx.caps.policy_crd {
+        return;
+    }
+    let lp = kube::api::ListParams::default().labels(&format!(
+        "{}={}",
+        crate::management::MANAGED_BY,
+        crate::management::MANAGED_BY_VALUE
+    ));
+    let mut targets: Vec<(String, String)> = vec![(
+        ctx.agent_namespace.clone(),
+        reporting::LEGACY_ROLLUP_NAME.to_string(),
+    )];
+    match Api::<Policy>::all(ctx.client.clone())
+        .list_metadata(&lp)
+        .await
+    {
+        Ok(l) => targets.extend(
+            l.items
+                .iter()
+                .filter(|p| p.name_any() == reporting::LEGACY_POLICY_NAME)
+                .filter_map(|p| Some((p.namespace()?, p.name_any()))),
+        ),
+        Err(e) => {
+            warn!(error = %e, "listing the Policies earlier releases wrote failed; they stay");
+            return;
         }
-        let res: Result<(), kube::Error> = async {
-            let current = match api.get_opt(reporting::ROLLUP_NAME).await? {
-                Some(p) => p,
-                None => {
-                    apply(
-                        &api,
-                        reporting::ROLLUP_NAME,
-                        &reporting::render_rollup(&ctx.agent_namespace),
-                    )
-                    .await?
-                }
-            };
-            if current.status.as_ref() != Some(&status) {
-                patch_status(&api, reporting::ROLLUP_NAME, &status).await?;
+    }
+    for (ns, name) in targets {
+        match Api::<Policy>::namespaced(ctx.client.clone(), &ns)
+            .delete(&name, &Default::default())
+            .await
+        {
+            Ok(_) => {
+                info!(namespace = %ns, policy = %name, "removed a Policy an earlier release wrote outside ACM's flow")
             }
-            Ok(())
-        }
-        .await;
-        match res {
-            Ok(()) => last = Some(status),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => {
-                warn!(error = %e, "writing the roll-up Policy failed; retrying");
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                ctx.rollup_changed.notify_one();
+                warn!(error = %e, namespace = %ns, policy = %name, "removing a legacy Policy failed")
             }
         }
     }

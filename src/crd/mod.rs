@@ -1,13 +1,19 @@
 //! Typed custom resources the agent reads and writes, and the CRD manifests the local control
 //! plane installs for them.
 //!
-//! The CRD manifests are hand-written (not derived from these structs) because they must match
-//! what HyperShift and ACM ship, not what serde would infer; `e2e/testbed.rs` proves the typed
-//! structs read and write objects that the served schemas accept.
+//! HyperShift's and ACM's CRD manifests are hand-written (not derived from these structs)
+//! because they must match what HyperShift and ACM ship, not what serde would infer;
+//! `e2e/testbed.rs` proves the typed structs read and write objects that the served schemas
+//! accept. The agent's own CRDs (`health`) are derived from their structs.
 
+pub mod health;
 pub mod hostedcontrolplane;
 pub mod policy;
 
+pub use health::{
+    AdmissionHealth, AdmissionHealthPolicy, AdmissionHealthPolicySpec, AdmissionHealthPolicyStatus,
+    AdmissionHealthSpec, AdmissionHealthStatus, ConcernStatus, HistoryEntry,
+};
 pub use hostedcontrolplane::{HostedControlPlane, HostedControlPlaneStatus, SecretKeyRef};
 pub use policy::{
     ClusterCompliance, ComplianceHistory, ComplianceState, Policy, PolicySpec, PolicyStatus,

@@ -32,7 +32,19 @@ pub struct PolicyTemplate {
 }
 
 /// ACM's compliance states. `Pending` exists only in newer CRDs.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Serialize,
+    Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    schemars::JsonSchema,
+)]
 pub enum ComplianceState {
     Compliant,
     Pending,
@@ -55,7 +67,7 @@ pub struct PolicyStatus {
     pub compliant: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub details: Vec<TemplateDetails>,
-    /// The roll-up's per-cluster rows (keys all lower-case, as ACM writes them).
+    /// A root Policy's per-cluster rows (keys all lower-case, as ACM writes them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub status: Vec<ClusterCompliance>,
 }

@@ -38,7 +38,26 @@ fn kube_err(context: String) -> impl FnOnce(kube::Error) -> LocalCpError {
 pub async fn install_crds(client: &Client, hcp_crd: &str) -> Result<(), LocalCpError> {
     let (hcp_name, _) = CRD_MANIFESTS[0];
     let rest = CRD_MANIFESTS[1..].iter().map(|(n, y)| (*n, *y));
-    install_crd_manifests(client, std::iter::once((hcp_name, hcp_crd)).chain(rest)).await
+    // The agent's own CRDs, as the chart ships them.
+    let own: Vec<(String, String)> = crate::crd::health::crds()
+        .iter()
+        .map(|c| {
+            (
+                c["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                serde_saphyr::to_string(c).unwrap_or_default(),
+            )
+        })
+        .collect();
+    install_crd_manifests(
+        client,
+        std::iter::once((hcp_name, hcp_crd))
+            .chain(rest)
+            .chain(own.iter().map(|(n, y)| (n.as_str(), y.as_str()))),
+    )
+    .await
 }
 
 /// Installs CRD manifests given as (name, YAML) and waits for each to be Established.

@@ -1,0 +1,223 @@
+//! The agent's own resources, which nothing else writes:
+//!
+//! - `AdmissionHealth`: one per HCP namespace, the record of that hosted cluster's health
+//!   (verdict, one entry per concern with bounded history, drift repairs, revision). `status`,
+//!   metrics and the ACM report are all read from what it says.
+//! - `AdmissionHealthPolicy`: an ACM policy template kind (its CRD carries ACM's
+//!   `policy-type: template` label). ACM's framework addon creates one in the managed cluster's
+//!   namespace from the Policy in `policies/`; the agent evaluates it against every
+//!   `AdmissionHealth` and reports the verdict as compliance Events on the parent Policy
+//!   (docs/reporting.md).
+//!
+//! Unlike the HyperShift and ACM types, these CRDs are derived from the structs: the agent
+//! owns them, and the chart's `templates/crds.yaml` is generated from here (`make
+//! chart-schema`), so the schema the API server enforces is the one the code writes.
+
+use kube::CustomResource;
+use kube::core::CustomResourceExt;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::ComplianceState;
+
+pub const GROUP: &str = "hcp-fleet.openshift.io";
+/// The label ACM's framework addon looks for on a CRD before it syncs templates of that kind
+/// (governance-policy-framework-addon, `controllers/templatesync/template_sync.go`,
+/// `hasPolicyTemplateLabel`).
+pub const ACM_POLICY_TYPE_LABEL: &str = "policy.open-cluster-management.io/policy-type";
+
+/// One hosted cluster's admission health, in its HCP namespace.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "hcp-fleet.openshift.io",
+    version = "v1alpha1",
+    kind = "AdmissionHealth",
+    plural = "admissionhealths",
+    shortname = "ahealth",
+    namespaced,
+    status = "AdmissionHealthStatus",
+    printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.cluster"}"#,
+    printcolumn = r#"{"name":"Compliant","type":"string","jsonPath":".status.compliant"}"#,
+    printcolumn = r#"{"name":"Drift","type":"integer","jsonPath":".status.driftRepairs"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+pub struct AdmissionHealthSpec {
+    /// The hosted cluster this record is about (the HostedControlPlane's name).
+    pub cluster: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionHealthStatus {
+    /// NonCompliant if any concern is, else Pending if any is, else Compliant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compliant: Option<ComplianceState>,
+    /// One entry per concern: admission-service, certificate, hosted-webhooks, e2e-probe.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub concerns: Vec<ConcernStatus>,
+    /// Drift repairs on this hosted cluster so far (kept across agent restarts).
+    #[serde(default)]
+    pub drift_repairs: u64,
+    /// Hash of what the agent rolls out to this HCP (agent version and configuration).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConcernStatus {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compliant: Option<ComplianceState>,
+    /// Newest first, at most 10 entries; an entry is added only when the message changes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<HistoryEntry>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HistoryEntry {
+    /// RFC 3339, seconds.
+    pub last_timestamp: String,
+    /// In ACM's form: `Compliant; notification - …`, `NonCompliant; violation - …`.
+    pub message: String,
+}
+
+/// The ACM policy template that reports the fleet's hosted clusters on the hub.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "hcp-fleet.openshift.io",
+    version = "v1alpha1",
+    kind = "AdmissionHealthPolicy",
+    plural = "admissionhealthpolicies",
+    namespaced,
+    status = "AdmissionHealthPolicyStatus",
+    printcolumn = r#"{"name":"Compliant","type":"string","jsonPath":".status.compliant"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionHealthPolicySpec {
+    /// Set by ACM from the parent Policy. The agent only reports: `enforce` changes nothing
+    /// (the agent repairs drift whatever this says).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remediation_action: Option<RemediationAction>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub severity: Option<Severity>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum RemediationAction {
+    #[serde(rename = "inform", alias = "Inform")]
+    Inform,
+    #[serde(rename = "enforce", alias = "Enforce")]
+    Enforce,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Low,
+    Medium,
+    High,
+    Critical,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionHealthPolicyStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compliant: Option<ComplianceState>,
+    /// The message of the last compliance Event, so a restarted agent does not repeat it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// One row per hosted cluster, in ConfigurationPolicy's shape.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub related_objects: Vec<RelatedObject>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct RelatedObject {
+    pub object: ObjectRef,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compliant: Option<ComplianceState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectRef {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct ObjectMeta {
+    pub name: String,
+    pub namespace: String,
+}
+
+/// The two CRDs as the chart ships them (`templates/crds.yaml`), the template kind labelled
+/// for ACM's framework addon.
+pub fn crds() -> Vec<serde_json::Value> {
+    let mut template = serde_json::to_value(AdmissionHealthPolicy::crd()).unwrap_or_default();
+    template["metadata"]["labels"] = serde_json::json!({ ACM_POLICY_TYPE_LABEL: "template" });
+    vec![
+        serde_json::to_value(AdmissionHealth::crd()).unwrap_or_default(),
+        template,
+    ]
+}
+
+/// `templates/crds.yaml`: the CRDs as YAML documents, with a header saying where they come from.
+pub fn crds_yaml() -> String {
+    let mut out = String::from(
+        "# Generated by `make chart-schema` from src/crd/health.rs; do not edit by hand.\n",
+    );
+    for crd in crds() {
+        out.push_str("---\n");
+        out.push_str(&serde_saphyr::to_string(&crd).unwrap_or_default());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_template_crd_carries_acms_label_and_both_have_status() {
+        let crds = crds();
+        assert_eq!(crds.len(), 2);
+        assert_eq!(
+            crds[0]["metadata"]["name"],
+            "admissionhealths.hcp-fleet.openshift.io"
+        );
+        assert_eq!(
+            crds[1]["metadata"]["labels"][ACM_POLICY_TYPE_LABEL],
+            "template"
+        );
+        for crd in &crds {
+            let v = &crd["spec"]["versions"][0];
+            assert_eq!(v["subresources"]["status"], serde_json::json!({}));
+            let status = &v["schema"]["openAPIV3Schema"]["properties"]["status"];
+            let states = status["properties"]["compliant"]["enum"].clone();
+            for s in ["Compliant", "Pending", "NonCompliant"] {
+                assert!(
+                    states.as_array().is_some_and(|e| e.contains(&s.into())),
+                    "{status}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_chart_ships_the_crds_of_this_build() {
+        let committed = include_str!("../../charts/hcp-fleet-agent/templates/crds.yaml");
+        assert_eq!(
+            committed,
+            crds_yaml(),
+            "charts/hcp-fleet-agent/templates/crds.yaml is stale: run `make chart-schema`"
+        );
+    }
+}
