@@ -163,10 +163,38 @@ pub struct ObjectMeta {
 pub fn crds() -> Vec<serde_json::Value> {
     let mut template = serde_json::to_value(AdmissionHealthPolicy::crd()).unwrap_or_default();
     template["metadata"]["labels"] = serde_json::json!({ ACM_POLICY_TYPE_LABEL: "template" });
-    vec![
+    let mut crds = vec![
         serde_json::to_value(AdmissionHealth::crd()).unwrap_or_default(),
         template,
-    ]
+    ];
+    crds.iter_mut().for_each(normalize_schema);
+    crds
+}
+
+/// What older API servers would refuse or rewrite in schemars' output:
+/// - `null` among an optional enum's values (`nullable: true` already says it): Kubernetes 1.20
+///   refuses the CRD ("per-version schemas may not all be set to identical values");
+/// - a whole-number bound written as a float (`minimum: 0.0`), which 1.20 hands back as `0`,
+///   so the applied CRD would never match the chart's.
+fn normalize_schema(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(map) => {
+            if let Some(serde_json::Value::Array(values)) = map.get_mut("enum") {
+                values.retain(|x| !x.is_null());
+            }
+            for key in ["minimum", "maximum"] {
+                if let Some(n) = map.get(key).and_then(serde_json::Value::as_f64)
+                    && n.fract() == 0.0
+                    && n.abs() < 9.0e15
+                {
+                    map.insert(key.to_string(), serde_json::json!(n as i64));
+                }
+            }
+            map.values_mut().for_each(normalize_schema);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(normalize_schema),
+        _ => {}
+    }
 }
 
 /// `templates/crds.yaml`: the CRDs as YAML documents, with a header saying where they come from.
@@ -201,13 +229,12 @@ mod tests {
             let v = &crd["spec"]["versions"][0];
             assert_eq!(v["subresources"]["status"], serde_json::json!({}));
             let status = &v["schema"]["openAPIV3Schema"]["properties"]["status"];
-            let states = status["properties"]["compliant"]["enum"].clone();
-            for s in ["Compliant", "Pending", "NonCompliant"] {
-                assert!(
-                    states.as_array().is_some_and(|e| e.contains(&s.into())),
-                    "{status}"
-                );
-            }
+            assert_eq!(
+                status["properties"]["compliant"]["enum"],
+                serde_json::json!(["Compliant", "Pending", "NonCompliant"]),
+                "{status}"
+            );
+            assert_eq!(status["properties"]["compliant"]["nullable"], true);
         }
     }
 
