@@ -346,8 +346,8 @@ fn status_code(r: Result<impl Sized, kube::Error>) -> Option<u16> {
 }
 
 /// The chart's RBAC, applied for real, with the agent process acting as the chart's
-/// ServiceAccount: it converges the fleet (admission services, certificates, Policies,
-/// events, the roll-up, the Lease), and the same identity is refused what it need not do.
+/// ServiceAccount: it converges the fleet (admission services, certificates, health
+/// records, events, an ACM template's verdict, the Lease), and the same identity is refused what it need not do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
     let (fleet, admin, _pods) = support::fleet_with_pods(2).await;

@@ -11,9 +11,11 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use kube::Resource;
 use serde_json::{Map, Value, json};
 
 use crate::config::AgentConfig;
+use crate::crd::AdmissionHealthPolicy;
 
 /// The name of the `AdmissionHealthPolicy` template in the fleet Policy (the reason of its
 /// compliance Events is `policy: <cluster namespace>/<this>`).
@@ -226,8 +228,8 @@ pub fn hub_objects(rendered: &str, opts: &FleetOptions) -> Result<Vec<Value>, Pa
                 // not compliant (docs/reporting.md). Until the first template has installed the
                 // CRD, the addon reports this one as not mapped, and retries.
                 "objectDefinition": {
-                    "apiVersion": format!("{}/v1alpha1", crate::crd::health::GROUP),
-                    "kind": "AdmissionHealthPolicy",
+                    "apiVersion": AdmissionHealthPolicy::api_version(&()),
+                    "kind": AdmissionHealthPolicy::kind(&()),
                     "metadata": {"name": HEALTH_TEMPLATE_NAME},
                     "spec": {"remediationAction": "inform", "severity": "high"},
                 },

@@ -8,6 +8,8 @@
 
 use std::collections::BTreeMap;
 
+use kube::Resource;
+
 use crate::crd::health::{ObjectMeta, ObjectRef, RelatedObject};
 use crate::crd::{
     AdmissionHealth, AdmissionHealthPolicyStatus, AdmissionHealthSpec, AdmissionHealthStatus,
@@ -233,15 +235,6 @@ pub fn next_status(
     }
 }
 
-pub fn parse_state(s: &str) -> Option<ComplianceState> {
-    match s {
-        "Compliant" => Some(ComplianceState::Compliant),
-        "NonCompliant" => Some(ComplianceState::NonCompliant),
-        "Pending" => Some(ComplianceState::Pending),
-        _ => None,
-    }
-}
-
 /// One hosted cluster's row in the fleet report.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RollupRow {
@@ -277,8 +270,8 @@ pub fn evaluate_template(
         .iter()
         .map(|(ns, r)| RelatedObject {
             object: ObjectRef {
-                api_version: format!("{}/v1alpha1", crate::crd::health::GROUP),
-                kind: "AdmissionHealth".into(),
+                api_version: AdmissionHealth::api_version(&()).into_owned(),
+                kind: AdmissionHealth::kind(&()).into_owned(),
                 metadata: ObjectMeta {
                     name: HEALTH_NAME.into(),
                     namespace: ns.clone(),

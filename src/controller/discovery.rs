@@ -48,32 +48,23 @@ pub async fn discover(client: &Client) -> Capabilities {
         }
     };
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let (policy_crd, pending_supported) = match crds.get_opt(POLICY_CRD).await {
-        Ok(Some(crd)) => (true, pending_in_enum(&crd)),
-        Ok(None) => (false, false),
-        Err(e) => {
-            warn!(error = %e, "cannot read the Policy CRD; reporting through metrics only");
-            (false, false)
-        }
-    };
-    let installed = |name: &'static str| {
+    // A CRD that cannot be read is taken as absent: the agent then does without it.
+    let read = |name: &'static str| {
         let crds = crds.clone();
         async move {
-            match crds.get_opt(name).await {
-                Ok(found) => found.is_some(),
-                Err(e) => {
-                    warn!(error = %e, crd = name, "cannot read a CRD; taking it as absent");
-                    false
-                }
-            }
+            crds.get_opt(name).await.unwrap_or_else(|e| {
+                warn!(error = %e, crd = name, "cannot read a CRD; taking it as absent");
+                None
+            })
         }
     };
+    let policy = read(POLICY_CRD).await;
     Capabilities {
         pdb_api,
-        policy_crd,
-        pending_supported,
-        health_crd: installed(HEALTH_CRD).await,
-        template_crd: installed(TEMPLATE_CRD).await,
+        policy_crd: policy.is_some(),
+        pending_supported: policy.as_ref().is_some_and(pending_in_enum),
+        health_crd: read(HEALTH_CRD).await.is_some(),
+        template_crd: read(TEMPLATE_CRD).await.is_some(),
     }
 }
 

@@ -20,7 +20,6 @@ use serde::{Deserialize, Serialize};
 
 use super::ComplianceState;
 
-pub const GROUP: &str = "hcp-fleet.openshift.io";
 /// The label ACM's framework addon looks for on a CRD before it syncs templates of that kind
 /// (governance-policy-framework-addon, `controllers/templatesync/template_sync.go`,
 /// `hasPolicyTemplateLabel`).
