@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 CARGO ?= cargo
 
-.PHONY: all build test unit e2e demo lint fmt bench assets tools clean chart-schema policies helm
+.PHONY: all build test unit e2e demo lint fmt bench assets tools clean chart-schema policies helm image image-binary
 
 all: build
 
@@ -17,14 +17,16 @@ helm:
 	@bash hack/helm.sh
 
 # Unit tests once, then the e2e suite against every test-bed version available here
-# (hack/testbed-versions.sh: 1.20.2, and 1.36.2 where its source bundle is present).
+# (hack/testbed-versions.sh: 1.20.2, and 1.36.2 where its source bundle is present), then the
+# container image built and run alone (hack/image-check.sh).
 test:
 	@helm="$$(bash hack/helm.sh)" && versions="$$(bash hack/testbed-versions.sh)" && \
 	$(CARGO) test --lib --bins && \
 	for assets in $$versions; do \
 	  echo "== e2e on $$("$$assets/kube-apiserver" --version) ($$assets) =="; \
 	  KUBEBUILDER_ASSETS="$$assets" HELM="$$helm" $(CARGO) test --test '*'; \
-	done
+	done && \
+	echo "== the container image ==" && bash hack/image.sh >/dev/null && bash hack/image-check.sh
 
 # The chart's generated files: values.schema.json from the configuration types, and
 # templates/crds.yaml from the agent's own resource types (src/crd/health.rs).
@@ -68,6 +70,14 @@ bench:
 	$(CARGO) bench --bench admission
 	@assets="$$(bash hack/testbed-versions.sh | tail -n 1)" && \
 	KUBEBUILDER_ASSETS="$$assets" $(CARGO) bench --bench fleet
+
+# The container image of Containerfile, as an OCI archive (target/image/hcp-fleet-agent.oci.tar),
+# without a container engine; `image-binary` builds only its static binary.
+image:
+	@bash hack/image.sh
+
+image-binary:
+	@bash hack/image.sh binary
 
 clean:
 	$(CARGO) clean

@@ -1339,6 +1339,226 @@ async fn management_objects_deleted_or_edited_come_back_within_a_second() {
     eprintln!("management drift repaired: {}", took.join(", "));
 }
 
+/// Admission metrics reach the monitoring OpenShift runs on a management cluster. The test
+/// plays a Prometheus that, like OpenShift's user-workload one, reads a ServiceMonitor only in
+/// its own namespace and refuses file references: from the monitor alone it finds the Service,
+/// its pods, the CA and the name to verify, and scrapes each replica over verified TLS. The
+/// platform Prometheus's RoleBinding is there; both objects are repaired when deleted; moving
+/// to the Observability Operator's API group moves the monitor, and `none` removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_admission_service_is_scraped_from_its_own_namespace_over_verified_tls() {
+    use hcp_fleet_agent::config::MonitoringApi;
+    use hcp_fleet_agent::localcp::kubelet::LOCAL_REPLICAS_ANNOTATION;
+    use hcp_fleet_agent::management::{
+        METRICS_READER_ROLE, PLATFORM_PROMETHEUS, service_monitor_resource,
+    };
+    use k8s_openapi::api::rbac::v1::RoleBinding;
+    use kube::api::{DynamicObject, ListParams};
+    let (_fleet, mgmt, _pods) = support::fleet_with_pods(1).await;
+    support::install_monitoring_crds(&mgmt).await;
+    let agent = start_agent(&mgmt).await;
+    wait_compliant(&mgmt, &["hc-1"]).await;
+    let ns = "clusters-hc-1";
+    let svc = "hcp-fleet-admission";
+    let monitors = |api: MonitoringApi| {
+        let ar = service_monitor_resource(api).expect("a group");
+        Api::<DynamicObject>::namespaced_with(mgmt.clone(), ns, &ar)
+    };
+    let coreos = monitors(MonitoringApi::Coreos);
+    let rhobs = monitors(MonitoringApi::Rhobs);
+    let bindings = Api::<RoleBinding>::namespaced(mgmt.clone(), ns);
+
+    // Prometheus's view: the monitor, and nothing but what it names.
+    let sm = coreos.get(svc).await.expect("the ServiceMonitor");
+    let spec = &sm.data["spec"];
+    assert!(spec.get("namespaceSelector").is_none(), "{spec}");
+    let selector = spec["selector"]["matchLabels"]
+        .as_object()
+        .expect("matchLabels")
+        .iter()
+        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+        .collect::<Vec<_>>()
+        .join(",");
+    let found = Api::<Service>::namespaced(mgmt.clone(), ns)
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .expect("services");
+    assert_eq!(found.items.len(), 1, "the selector names one Service");
+    let service = &found.items[0];
+    let ep = &spec["endpoints"][0];
+    let port_name = ep["port"].as_str().expect("port");
+    assert!(
+        service
+            .spec
+            .as_ref()
+            .and_then(|s| s.ports.as_ref())
+            .is_some_and(|ps| ps.iter().any(|p| p.name.as_deref() == Some(port_name))),
+        "the Service has the port {port_name}"
+    );
+    assert_eq!(ep["scheme"], "https");
+    let tls = &ep["tlsConfig"];
+    assert!(tls.get("insecureSkipVerify").is_none(), "{tls}");
+    let secret_name = tls["ca"]["secret"]["name"].as_str().expect("CA secret");
+    let key = tls["ca"]["secret"]["key"].as_str().expect("CA key");
+    let server_name = tls["serverName"].as_str().expect("serverName");
+    let ca = Api::<Secret>::namespaced(mgmt.clone(), ns)
+        .get(secret_name)
+        .await
+        .expect("the CA Secret")
+        .data
+        .and_then(|d| {
+            d.get(key)
+                .map(|b| String::from_utf8_lossy(&b.0).to_string())
+        })
+        .expect("the CA key");
+    // The pods behind the Service (the test bed's EndpointSlice).
+    let replicas: Vec<std::net::SocketAddr> = service
+        .annotations()
+        .get(LOCAL_REPLICAS_ANNOTATION)
+        .expect("ready replicas")
+        .split(',')
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    assert!(!replicas.is_empty());
+    let path = ep["path"].as_str().expect("path");
+    let mut scraped = String::new();
+    for addr in &replicas {
+        let (code, body) = kubelet::https_get_as(addr.port(), &ca, server_name, path)
+            .await
+            .unwrap_or_else(|e| panic!("scraping {addr} as {server_name}: {e}"));
+        assert_eq!(code, 200, "{body}");
+        assert!(body.trim_end().ends_with("# EOF"), "{addr}: {body}");
+        scraped.push_str(&body);
+    }
+    // The probe that made the HCP Compliant went through one of them.
+    assert!(
+        scraped.contains("hcp_fleet_admission_requests_total{"),
+        "{scraped}"
+    );
+    // Verification is real: the same pods under another name are refused.
+    let wrong = format!("{svc}.clusters-other.svc");
+    assert!(
+        kubelet::https_get_as(replicas[0].port(), &ca, &wrong, path)
+            .await
+            .is_err(),
+        "a certificate for {server_name} must not pass as {wrong}"
+    );
+
+    let rb = bindings
+        .get(&format!("{svc}-prometheus"))
+        .await
+        .expect("the platform Prometheus's RoleBinding");
+    assert_eq!(rb.role_ref.name, METRICS_READER_ROLE);
+    let subject = &rb.subjects.expect("subjects")[0];
+    assert_eq!(
+        (subject.namespace.as_deref(), subject.name.as_str()),
+        (Some(PLATFORM_PROMETHEUS.0), PLATFORM_PROMETHEUS.1)
+    );
+
+    // Deleted by someone else: back, and counted.
+    let recreated = |what: &'static str, api: Api<DynamicObject>, name: String| async move {
+        let before = api.get(&name).await.expect("in place").uid();
+        api.delete(&name, &DeleteParams::default())
+            .await
+            .expect("delete");
+        eventually(what, Duration::from_secs(10), || {
+            let api = api.clone();
+            let (name, before) = (name.clone(), before.clone());
+            async move {
+                match api.get_opt(&name).await {
+                    Ok(Some(o)) if o.uid() != before => Ok(()),
+                    other => Err(format!("{:?}", other.map(|o| o.map(|o| o.uid())))),
+                }
+            }
+        })
+        .await;
+    };
+    let rb_ar = kube::api::ApiResource::erase::<RoleBinding>(&());
+    recreated(
+        "RoleBinding recreated",
+        Api::<DynamicObject>::namespaced_with(mgmt.clone(), ns, &rb_ar),
+        format!("{svc}-prometheus"),
+    )
+    .await;
+    recreated("ServiceMonitor recreated", coreos.clone(), svc.into()).await;
+    for kind in ["ServiceMonitor", "RoleBinding"] {
+        let needle = format!(
+            "hcp_fleet_management_drift_total{{hcp_namespace=\"{ns}\",hosted_cluster=\"hc-1\",kind=\"{kind}\"}}"
+        );
+        eventually(
+            &format!("{kind} drift counted"),
+            Duration::from_secs(5),
+            || {
+                let n = metric(&agent.context.metrics.encode(), &needle).unwrap_or(0.0);
+                async move {
+                    if n >= 1.0 {
+                        Ok(())
+                    } else {
+                        Err(format!("{n}"))
+                    }
+                }
+            },
+        )
+        .await;
+    }
+
+    // The Observability Operator's group instead: the monitor moves; the platform
+    // Prometheus (which reads only monitoring.coreos.com) loses its binding.
+    let mut cfg = hcp_fleet_agent::localcp::allow_loopback(AgentConfig::default());
+    cfg.admission.service_monitor.api_group = MonitoringApi::Rhobs;
+    agent.set_config(cfg.clone());
+    eventually(
+        "the monitor moved to monitoring.rhobs",
+        Duration::from_secs(30),
+        || {
+            let (coreos, rhobs, bindings) = (coreos.clone(), rhobs.clone(), bindings.clone());
+            async move {
+                let old = coreos.get_opt(svc).await.map_err(|e| e.to_string())?;
+                let new = rhobs.get_opt(svc).await.map_err(|e| e.to_string())?;
+                let rb = bindings
+                    .get_opt(&format!("{svc}-prometheus"))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                match (old, new, rb) {
+                    (None, Some(n), None)
+                        if n.data["spec"]["endpoints"][0]["tlsConfig"]["serverName"]
+                            == server_name =>
+                    {
+                        Ok(())
+                    }
+                    (o, n, rb) => Err(format!(
+                        "coreos {} rhobs {} binding {}",
+                        o.is_some(),
+                        n.is_some(),
+                        rb.is_some()
+                    )),
+                }
+            }
+        },
+    )
+    .await;
+    cfg.admission.service_monitor.api_group = MonitoringApi::None;
+    agent.set_config(cfg);
+    eventually(
+        "no monitor with apiGroup none",
+        Duration::from_secs(30),
+        || {
+            let (coreos, rhobs) = (coreos.clone(), rhobs.clone());
+            async move {
+                let a = coreos.get_opt(svc).await.map_err(|e| e.to_string())?;
+                let b = rhobs.get_opt(svc).await.map_err(|e| e.to_string())?;
+                if a.is_none() && b.is_none() {
+                    Ok(())
+                } else {
+                    Err(format!("{} {}", a.is_some(), b.is_some()))
+                }
+            }
+        },
+    )
+    .await;
+    wait_compliant(&mgmt, &["hc-1"]).await;
+}
+
 /// No confused deputy: a kubeconfig naming the management cluster itself, one naming a hosted
 /// cluster another HCP namespace already holds, and one naming a server outside the allow-list
 /// are each refused with the reason, and nothing is written where they point. The claim is

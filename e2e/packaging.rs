@@ -111,32 +111,50 @@ fn helm_lint_passes_and_the_schema_refuses_bad_values() {
         "--set",
         "config.hostedAccess.kubeconfigSecret=admin-kubeconfig",
     ]);
-    let role = renamed
-        .iter()
-        .find(|o| o["kind"] == "ClusterRole")
-        .expect("ClusterRole");
-    let named: Vec<&str> = role["rules"]
-        .as_array()
-        .expect("rules")
-        .iter()
-        .flat_map(|r| r["resourceNames"].as_array().into_iter().flatten())
-        .filter_map(|n| n.as_str())
-        .collect();
-    for want in [
-        "admin-kubeconfig",
-        "fleet-webhooks",
-        "fleet-webhooks-ca",
-        "fleet-webhooks-tls",
+    // The agent's ClusterRole, and the uninstall hook's.
+    for (role_name, wanted) in [
+        (
+            "hcp-fleet-agent",
+            &[
+                "admin-kubeconfig",
+                "fleet-webhooks",
+                "fleet-webhooks-ca",
+                "fleet-webhooks-tls",
+                "fleet-webhooks-prometheus",
+            ][..],
+        ),
+        (
+            "hcp-fleet-agent-uninstall",
+            &[
+                "admin-kubeconfig",
+                "fleet-webhooks",
+                "fleet-webhooks-ca",
+                "fleet-webhooks-tls",
+                "fleet-webhooks-prometheus",
+            ][..],
+        ),
     ] {
-        assert!(named.contains(&want), "{want} in {named:?}");
-    }
-    assert!(
-        !named
+        let role = renamed
             .iter()
-            .any(|n| n.starts_with("hcp-fleet-admission-")
+            .find(|o| o["kind"] == "ClusterRole" && o["metadata"]["name"] == role_name)
+            .unwrap_or_else(|| panic!("ClusterRole {role_name}"));
+        let named: Vec<&str> = role["rules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .flat_map(|r| r["resourceNames"].as_array().into_iter().flatten())
+            .filter_map(|n| n.as_str())
+            .collect();
+        for want in wanted {
+            assert!(named.contains(want), "{role_name}: {want} in {named:?}");
+        }
+        assert!(
+            !named.iter().any(|n| (n.starts_with("hcp-fleet-admission-")
+                && *n != hcp_fleet_agent::management::METRICS_READER_ROLE)
                 || *n == "service-network-admin-kubeconfig"),
-        "the default names are gone: {named:?}"
-    );
+            "{role_name}: the default names are gone: {named:?}"
+        );
+    }
 }
 
 #[test]
@@ -325,16 +343,41 @@ async fn rendered_chart_and_policies_pass_server_side_dry_run() {
     assert_eq!(&carried[1..], hub.as_slice());
 }
 
+/// Server-side applies each object, as an administrator installing it would.
+async fn apply_all<'a>(admin: &Client, objs: impl IntoIterator<Item = &'a Value>) {
+    for obj in objs {
+        let api = api_for(admin, obj).await;
+        let d: DynamicObject = serde_json::from_value(obj.clone()).expect("object");
+        api.patch(
+            obj["metadata"]["name"].as_str().expect("name"),
+            &PatchParams::apply("packaging-test"),
+            &Patch::Apply(&d),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("applying {} {}: {e}", obj["kind"], obj["metadata"]["name"]));
+    }
+}
+
 fn impersonating_kubeconfig(admin: &str) -> String {
+    impersonating(admin, SA)
+}
+
+/// A kubeconfig that acts as the ServiceAccount `sa` of the agent's namespace.
+fn impersonating(admin: &str, sa: &str) -> String {
     let mut v: Value = serde_saphyr::from_str(admin).expect("kubeconfig");
     let user = &mut v["users"][0]["user"];
-    user["as"] = json!(SA);
+    user["as"] = json!(sa);
     user["as-groups"] = json!([
         "system:serviceaccounts",
         "system:serviceaccounts:hcp-fleet-agent",
         "system:authenticated"
     ]);
     serde_json::to_string(&v).expect("json")
+}
+
+/// A Helm hook: not part of the release, run by `helm` at one moment (here: pre-delete).
+fn is_hook(o: &Value) -> bool {
+    o["metadata"]["annotations"]["helm.sh/hook"].is_string()
 }
 
 fn status_code(r: Result<impl Sized, kube::Error>) -> Option<u16> {
@@ -360,21 +403,19 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
     ];
     let rbac: Vec<Value> = render(&[])
         .into_iter()
-        .filter(|o| rbac_kinds.contains(&o["kind"].as_str().unwrap_or_default()))
+        .filter(|o| rbac_kinds.contains(&o["kind"].as_str().unwrap_or_default()) && !is_hook(o))
         .collect();
-    // ... and the role and binding that let ACM's framework addon create the agent's templates.
-    assert_eq!(rbac.len(), rbac_kinds.len() + 2);
-    for obj in &rbac {
-        let api = api_for(&admin, obj).await;
-        let d: DynamicObject = serde_json::from_value(obj.clone()).expect("object");
-        api.patch(
-            obj["metadata"]["name"].as_str().expect("name"),
-            &PatchParams::apply("packaging-test"),
-            &Patch::Apply(&d),
-        )
-        .await
-        .expect("apply RBAC");
-    }
+    // ... the role and binding that let ACM's framework addon create the agent's templates, and
+    // the metrics-reader role the agent binds the platform Prometheus to.
+    assert_eq!(rbac.len(), rbac_kinds.len() + 3);
+    assert!(
+        rbac.iter().any(|o| o["kind"] == "ClusterRole"
+            && o["metadata"]["name"] == hcp_fleet_agent::management::METRICS_READER_ROLE),
+        "the chart ships the ClusterRole the agent binds"
+    );
+    // With a Prometheus Operator on the cluster, the agent writes monitors and bindings too.
+    support::install_monitoring_crds(&admin).await;
+    apply_all(&admin, &rbac).await;
 
     let dir = tempfile::tempdir().expect("tmp");
     let kubeconfig = dir.path().join("agent.kubeconfig");
@@ -509,6 +550,21 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
         },
     )
     .await;
+    let monitor = hcp_fleet_agent::management::service_monitor_resource(
+        hcp_fleet_agent::config::MonitoringApi::Coreos,
+    )
+    .expect("group");
+    for hc in ["hc-1", "hc-2"] {
+        let ns = hcp_namespace(hc);
+        Api::<DynamicObject>::namespaced_with(admin.clone(), &ns, &monitor)
+            .get("hcp-fleet-admission")
+            .await
+            .expect("the agent wrote the ServiceMonitor");
+        Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(admin.clone(), &ns)
+            .get("hcp-fleet-admission-prometheus")
+            .await
+            .expect("the agent bound the platform Prometheus");
+    }
     let (_, body) = support::http_get(metrics_addr, "/metrics")
         .await
         .expect("metrics");
@@ -576,6 +632,23 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
                         "hcp-fleet-agent",
                         &PatchParams::default(),
                         &Patch::Merge(json!({"rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]})),
+                    )
+                    .await,
+            ),
+        ),
+        (
+            "bind cluster-admin under the name of its Prometheus binding",
+            status_code(
+                Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(sa.clone(), "kube-system")
+                    .patch(
+                        "hcp-fleet-admission-prometheus",
+                        &PatchParams::apply("x"),
+                        &Patch::Apply(json!({
+                            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                            "metadata": {"name": "hcp-fleet-admission-prometheus"},
+                            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+                            "subjects": [{"kind": "ServiceAccount", "name": "hcp-fleet-agent", "namespace": AGENT_NAMESPACE}],
+                        })),
                     )
                     .await,
             ),
@@ -891,4 +964,209 @@ fn promql_metric_names_are_found_and_labels_are_not() {
         ["a_bucket"]
     );
     assert_eq!(metric_names("sum(x) < 1 or absent(y)"), ["x", "y"]);
+}
+
+/// `helm uninstall`'s pre-delete Job, as the chart renders it: its ServiceAccount and RBAC
+/// applied for real, its own arguments, acting as that ServiceAccount. It scales the agent's
+/// Deployment to zero and waits for the leader to hand back the Lease (the test plays the
+/// kubelet: the agent process gets SIGTERM once its Deployment is at zero), then removes the
+/// hosted webhooks and, after them, the admission service and everything beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(unsafe_code)]
+async fn the_uninstall_hook_stops_the_agent_then_removes_webhooks_and_admission_services() {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::rbac::v1::RoleBinding;
+    let (fleet, admin, _pods) = support::fleet_with_pods(1).await;
+    support::install_monitoring_crds(&admin).await;
+    let objs = render(&[]);
+    let hooks: Vec<&Value> = objs.iter().filter(|o| is_hook(o)).collect();
+    let kinds: Vec<&str> = hooks.iter().filter_map(|o| o["kind"].as_str()).collect();
+    for k in [
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "Job",
+    ] {
+        assert!(kinds.contains(&k), "the hook has a {k}: {kinds:?}");
+    }
+    let weight = |o: &Value| -> i64 {
+        o["metadata"]["annotations"]["helm.sh/hook-weight"]
+            .as_str()
+            .and_then(|w| w.parse().ok())
+            .unwrap_or(0)
+    };
+    let job = *hooks.iter().find(|o| o["kind"] == "Job").expect("Job");
+    for h in &hooks {
+        assert_eq!(h["metadata"]["annotations"]["helm.sh/hook"], "pre-delete");
+        if h["kind"] != "Job" {
+            assert!(
+                weight(h) < weight(job),
+                "RBAC before the Job: {}",
+                h["metadata"]["name"]
+            );
+        }
+    }
+    // The agent's Deployment as the chart renders it (the object the hook scales; no kubelet
+    // runs it, the agent below is its pod), and the hook's RBAC.
+    let deployment = objs
+        .iter()
+        .find(|o| o["kind"] == "Deployment" && !is_hook(o))
+        .expect("the agent's Deployment");
+    apply_all(
+        &admin,
+        hooks
+            .iter()
+            .filter(|o| o["kind"] != "Job")
+            .copied()
+            .chain([deployment]),
+    )
+    .await;
+    let agent_name = deployment["metadata"]["name"].as_str().expect("name");
+
+    // The agent, leading, until the fleet is Compliant.
+    let dir = tempfile::tempdir().expect("tmp");
+    let (mut agent, _) = support::spawn_elected_agent(
+        "agent-hook",
+        &fleet.management.kubeconfig_path,
+        AGENT_NAMESPACE,
+        None,
+    );
+    let ns = hcp_namespace("hc-1");
+    let records: Api<hcp_fleet_agent::crd::AdmissionHealth> = Api::namespaced(admin.clone(), &ns);
+    eventually("hc-1 Compliant", Duration::from_secs(90), || {
+        let records = records.clone();
+        async move {
+            let r = records.get(HEALTH_NAME).await.map_err(|e| e.to_string())?;
+            match r.status.and_then(|s| s.compliant).map(|c| c.as_str()) {
+                Some("Compliant") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+    let monitor = hcp_fleet_agent::management::service_monitor_resource(
+        hcp_fleet_agent::config::MonitoringApi::Coreos,
+    )
+    .expect("group");
+    let monitors = Api::<DynamicObject>::namespaced_with(admin.clone(), &ns, &monitor);
+    monitors
+        .get("hcp-fleet-admission")
+        .await
+        .expect("a ServiceMonitor to remove");
+
+    // The Job's command, as the Job's ServiceAccount; only the configuration file is the
+    // test bed's (its loopback API servers).
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, hcp_fleet_agent::localcp::agent_config_yaml()).expect("config");
+    let container = &job["spec"]["template"]["spec"]["containers"][0];
+    let args: Vec<String> = container["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| {
+            let a = a.as_str().expect("arg");
+            if a.starts_with("--config=") {
+                format!("--config={}", config.display())
+            } else {
+                a.to_string()
+            }
+        })
+        .collect();
+    let sa = format!(
+        "system:serviceaccount:{AGENT_NAMESPACE}:{}",
+        job["spec"]["template"]["spec"]["serviceAccountName"]
+            .as_str()
+            .expect("serviceAccountName")
+    );
+    let kubeconfig = dir.path().join("hook.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        impersonating(&fleet.management.kubeconfig_yaml, &sa),
+    )
+    .expect("kubeconfig");
+    let hook = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+        .args(&args)
+        .env("KUBECONFIG", &kubeconfig)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the hook's command");
+    let hook = tokio::task::spawn_blocking(move || hook.wait_with_output());
+
+    // The kubelet's part: a Deployment at zero replicas stops its pod (SIGTERM: the leader
+    // hands the Lease back as it would in a pod).
+    let deployments = Api::<Deployment>::namespaced(admin.clone(), AGENT_NAMESPACE);
+    eventually(
+        "the hook scales the agent to zero",
+        Duration::from_secs(30),
+        || {
+            let deployments = deployments.clone();
+            async move {
+                let d = deployments
+                    .get(agent_name)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                match d.spec.and_then(|s| s.replicas) {
+                    Some(0) => Ok(()),
+                    other => Err(format!("replicas {other:?}")),
+                }
+            }
+        },
+    )
+    .await;
+    let pid = i32::try_from(agent.0.id()).expect("pid");
+    // SAFETY: signalling a child process this test started and still owns.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let _ = agent.0.wait();
+
+    let out = tokio::time::timeout(Duration::from_secs(90), hook)
+        .await
+        .expect("the hook finishes")
+        .expect("join")
+        .expect("output");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("scaled to 0"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("{ns}: removed 2 hosted webhook configuration(s)")),
+        "{stdout}"
+    );
+    let hc1 = fleet
+        .hosted("hc-1")
+        .expect("hc-1")
+        .client()
+        .await
+        .expect("hc-1");
+    let owned = ListParams::default().labels(&format!(
+        "{}=true",
+        hcp_fleet_agent::hosted::webhooks::OWNED_LABEL
+    ));
+    assert!(
+        Api::<ValidatingWebhookConfiguration>::all(hc1)
+            .list(&owned)
+            .await
+            .expect("list")
+            .items
+            .is_empty()
+    );
+    let svc = "hcp-fleet-admission";
+    let deployments = Api::<Deployment>::namespaced(admin.clone(), &ns);
+    let bindings = Api::<RoleBinding>::namespaced(admin.clone(), &ns);
+    assert!(
+        support::absent(&deployments, svc).await,
+        "admission Deployment"
+    );
+    assert!(support::absent(&monitors, svc).await, "ServiceMonitor");
+    assert!(
+        support::absent(&bindings, &format!("{svc}-prometheus")).await,
+        "RoleBinding"
+    );
+    assert!(
+        support::absent(&records, HEALTH_NAME).await,
+        "health record"
+    );
 }

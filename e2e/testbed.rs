@@ -426,6 +426,8 @@ async fn render_prints_objects_a_real_apiserver_accepts() {
     localcp::fixtures::ensure_namespace(&mgmt, "clusters-hc-1", Default::default())
         .await
         .expect("namespace");
+    // The ServiceMonitor is judged against the (trimmed) Prometheus Operator CRD.
+    support::install_monitoring_crds(&mgmt).await;
     let mut kinds = Vec::new();
     for doc in yaml.split("---\n").filter(|d| d.contains("kind:")) {
         let v: serde_json::Value = serde_saphyr::from_str(doc).expect("yaml");
@@ -470,10 +472,12 @@ async fn render_prints_objects_a_real_apiserver_accepts() {
             "NetworkPolicy",
             // policy/v1, or v1beta1 on 1.20.
             "PodDisruptionBudget",
+            "RoleBinding",
             "Secret",
             "Secret",
             "Service",
-            "ServiceAccount"
+            "ServiceAccount",
+            "ServiceMonitor"
         ]
     );
 }
@@ -509,6 +513,7 @@ async fn the_kubelet_retries_a_pod_until_its_secret_appears() {
             certs: &certs,
             pdb_api: PdbApi::None,
             scheduling: &Default::default(),
+            monitoring: hcp_fleet_agent::config::MonitoringApi::None,
         },
     )
     .expect("render");

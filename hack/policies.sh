@@ -14,7 +14,8 @@ bin="${HCP_FLEET_AGENT_BIN:-target/debug/hcp-fleet-agent}"
 helm="$(bash hack/helm.sh)"
 rendered="$(mktemp)"
 trap 'rm -f "$rendered"' EXIT
-# managedBy: the objects on management clusters are kept by the ACM Policy, not by Helm.
-"$helm" template hcp-fleet-agent charts/hcp-fleet-agent \
+# managedBy: the objects on management clusters are kept by the ACM Policy, not by Helm; and
+# no hooks: the pre-delete uninstall Job is Helm's, ACM never runs it (docs/operations.md).
+"$helm" template hcp-fleet-agent charts/hcp-fleet-agent --no-hooks \
   --namespace hcp-fleet-agent --set managedBy=acm-policy >"$rendered"
 "$bin" package policies --rendered "$rendered" --out "$out"

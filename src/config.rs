@@ -14,6 +14,13 @@ pub use crate::catalogue::{
     WebhookKind,
 };
 
+/// This release's own image (`make image` builds it; the chart's default is the same), which
+/// also runs the admission service (`webhook` command).
+pub const DEFAULT_IMAGE: &str = concat!(
+    "quay.io/hcp-fleet/hcp-fleet-agent:",
+    env!("CARGO_PKG_VERSION")
+);
+
 /// Namespaces whose requests webhooks never see (prefixes end in '-').
 pub const CRITICAL_NAMESPACES: &[&str] = &["kube-", "openshift-", "hypershift", "default"];
 
@@ -91,6 +98,120 @@ pub struct AdmissionConfig {
     pub protected_cluster_roles: Vec<String>,
     /// The annotation the Service mutation adds.
     pub service_annotation: Annotation,
+    /// How monitoring finds each admission service's `/metrics` (docs/metrics.md).
+    pub service_monitor: ServiceMonitorConfig,
+}
+
+/// The ServiceMonitor the agent writes beside each admission Service, in the HCP namespace
+/// itself: OpenShift's user-workload Prometheus ignores a monitor's namespace selector (it
+/// scrapes only the monitor's own namespace), and its platform Prometheus reads monitors only
+/// from namespaces labelled `openshift.io/cluster-monitoring=true`, which HyperShift puts on
+/// HCP namespaces when it runs with platform monitoring.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ServiceMonitorConfig {
+    /// Whose ServiceMonitor: `monitoring.coreos.com` (the Prometheus Operator, which runs
+    /// OpenShift's platform and user-workload monitoring), `monitoring.rhobs` (the
+    /// Observability Operator, as on managed management clusters with RHOBS monitoring), or
+    /// `none`. Written only where the management cluster serves that API.
+    pub api_group: MonitoringApi,
+    /// Scrape interval (a Prometheus duration, e.g. `30s`).
+    pub interval: String,
+    /// Extra labels on each ServiceMonitor, e.g. the ones a Prometheus selects monitors by.
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// Let OpenShift's platform Prometheus (`openshift-monitoring/prometheus-k8s`) discover
+    /// the admission pods of each HCP namespace: a RoleBinding to the chart's
+    /// `hcp-fleet-admission-metrics-reader` ClusterRole (read of services, endpoints,
+    /// endpointslices and pods). Only with `monitoring.coreos.com`.
+    pub platform_prometheus_access: bool,
+}
+
+impl Default for ServiceMonitorConfig {
+    fn default() -> Self {
+        Self {
+            api_group: MonitoringApi::Coreos,
+            interval: "30s".into(),
+            labels: Default::default(),
+            platform_prometheus_access: true,
+        }
+    }
+}
+
+/// The API group of the Prometheus Operator whose ServiceMonitors the agent writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum MonitoringApi {
+    #[serde(rename = "monitoring.coreos.com")]
+    Coreos,
+    #[serde(rename = "monitoring.rhobs")]
+    Rhobs,
+    #[serde(rename = "none")]
+    None,
+}
+
+impl MonitoringApi {
+    /// Both groups a ServiceMonitor may live in (uninstall and pruning look in each).
+    pub const GROUPS: [MonitoringApi; 2] = [MonitoringApi::Coreos, MonitoringApi::Rhobs];
+
+    pub fn group(self) -> Option<&'static str> {
+        match self {
+            MonitoringApi::Coreos => Some("monitoring.coreos.com"),
+            MonitoringApi::Rhobs => Some("monitoring.rhobs"),
+            MonitoringApi::None => None,
+        }
+    }
+}
+
+/// A Prometheus duration: one or more `<number><unit>` in the order y, w, d, h, m, s, ms
+/// (what the Prometheus Operator's CRD accepts), or `0`.
+pub fn is_prometheus_duration(s: &str) -> bool {
+    const UNITS: [&str; 7] = ["y", "w", "d", "h", "m", "s", "ms"];
+    if s == "0" {
+        return true;
+    }
+    let mut rest = s;
+    let mut next_unit = 0;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return false;
+        }
+        rest = &rest[digits..];
+        // "ms" before "m": the longest unit that matches.
+        let Some(i) = (next_unit..UNITS.len())
+            .filter(|&i| rest.starts_with(UNITS[i]))
+            .max_by_key(|&i| UNITS[i].len())
+        else {
+            return false;
+        };
+        rest = &rest[UNITS[i].len()..];
+        next_unit = i + 1;
+    }
+    !s.is_empty()
+}
+
+/// A label key (optional DNS-subdomain prefix and `/`, then a name) and value, as the API
+/// server checks them.
+pub fn label_problem(key: &str, value: &str) -> Option<String> {
+    fn name_ok(n: &str) -> bool {
+        n.len() <= 63
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            && n.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+            && n.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
+    }
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    if !name_ok(name) || prefix.is_some_and(|p| !is_dns_subdomain(p)) {
+        return Some(format!("label key {key:?} is not a valid label key"));
+    }
+    if !value.is_empty() && !name_ok(value) {
+        return Some(format!(
+            "label {key:?}: value {value:?} is not a valid label value"
+        ));
+    }
+    None
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -104,7 +225,7 @@ impl Default for AdmissionConfig {
     fn default() -> Self {
         let v = |xs: &[&str]| xs.iter().map(|x| x.to_string()).collect::<Vec<_>>();
         Self {
-            image: "quay.io/hcp-fleet/hcp-fleet-agent:latest".into(),
+            image: DEFAULT_IMAGE.into(),
             replicas: 2,
             service_name: "hcp-fleet-admission".into(),
             port: 8443,
@@ -132,6 +253,7 @@ impl Default for AdmissionConfig {
                 key: "hcp-fleet.openshift.io/managed".into(),
                 value: "true".into(),
             },
+            service_monitor: ServiceMonitorConfig::default(),
         }
     }
 }
@@ -334,6 +456,29 @@ impl AgentConfig {
             if !a.starts_with("https://") {
                 p.push(format!(
                     "hostedAccess.allowedServers: {a:?} must be an https:// URL pattern"
+                ));
+            }
+        }
+        let sm = &self.admission.service_monitor;
+        if !is_prometheus_duration(&sm.interval) || sm.interval == "0" {
+            p.push(format!(
+                "admission.serviceMonitor.interval {:?} is not a Prometheus duration such as 30s",
+                sm.interval
+            ));
+        }
+        for (k, v) in &sm.labels {
+            if let Some(why) = label_problem(k, v) {
+                p.push(format!("admission.serviceMonitor.labels: {why}"));
+            }
+            // The agent finds (and prunes) its objects by these.
+            if [
+                crate::management::MANAGED_BY,
+                crate::management::COMPONENT_LABEL,
+            ]
+            .contains(&k.as_str())
+            {
+                p.push(format!(
+                    "admission.serviceMonitor.labels: {k:?} is the agent's own label"
                 ));
             }
         }
@@ -615,6 +760,47 @@ webhooks:
             ..r
         };
         assert!(!rule_hits_webhook_configs(&r2));
+    }
+
+    #[test]
+    fn prometheus_durations_follow_the_operators_pattern() {
+        for ok in ["30s", "1m30s", "500ms", "1h", "2d12h", "0"] {
+            assert!(is_prometheus_duration(ok), "{ok}");
+        }
+        for bad in ["", "30", "s", "30 s", "1s1m", "1ms5s", "-1s", "1.5s"] {
+            assert!(!is_prometheus_duration(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn service_monitor_settings_are_checked() {
+        let yaml = r#"
+admission:
+  serviceMonitor:
+    apiGroup: monitoring.rhobs
+    interval: "30"
+    labels: {"app.kubernetes.io/managed-by": me, "bad key": x, team: "no spaces"}
+"#;
+        let err = AgentConfig::from_yaml("c.yaml", yaml).expect_err("invalid");
+        let all = err.to_string();
+        for needle in [
+            "interval \"30\" is not a Prometheus duration",
+            "\"app.kubernetes.io/managed-by\" is the agent's own label",
+            "label key \"bad key\" is not a valid label key",
+            "value \"no spaces\" is not a valid label value",
+        ] {
+            assert!(all.contains(needle), "missing {needle:?} in:\n{all}");
+        }
+        let err = AgentConfig::from_yaml(
+            "c.yaml",
+            "admission: {serviceMonitor: {apiGroup: monitoring.example.com}}\n",
+        )
+        .expect_err("unknown group");
+        assert!(err.to_string().contains("monitoring.example.com"), "{err}");
+        let cfg =
+            AgentConfig::from_yaml("c.yaml", "admission: {serviceMonitor: {apiGroup: none}}\n")
+                .expect("valid");
+        assert_eq!(cfg.admission.service_monitor.api_group, MonitoringApi::None);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Management-side objects in each HCP namespace: the admission service's ServiceAccount,
-//! certificate Secrets, Deployment, Service, NetworkPolicy and PodDisruptionBudget.
+//! certificate Secrets, Deployment, Service, NetworkPolicy and PodDisruptionBudget, and what
+//! monitoring needs to scrape it (a ServiceMonitor, and the platform Prometheus's RoleBinding).
 //!
 //! `render` is pure (HCP + config + certificates in, objects out), built as typed k8s-openapi
 //! values so a misspelt field does not compile; the controller applies the result with
@@ -24,6 +25,7 @@ use k8s_openapi::api::networking::v1::{
     NetworkPolicySpec,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -31,7 +33,7 @@ use kube::api::DynamicObject;
 use kube::core::{ApiResource, GroupVersionKind};
 
 use crate::certificates::CertBundle;
-use crate::config::AgentConfig;
+use crate::config::{AgentConfig, MonitoringApi};
 use crate::crd::hostedcontrolplane::Scheduling;
 
 pub const FIELD_MANAGER: &str = "hcp-fleet-agent";
@@ -95,6 +97,10 @@ pub struct ManagementObjects {
     /// Already in the server's version (`HcpInputs::pdb_api`); `None` where the server serves
     /// no PodDisruptionBudget API.
     pub pdb: Option<DynamicObject>,
+    /// In the configured monitoring API group; `None` when that is `none` or not served.
+    pub service_monitor: Option<DynamicObject>,
+    /// Lets the platform Prometheus discover the admission pods (`platformPrometheusAccess`).
+    pub prometheus_binding: Option<RoleBinding>,
 }
 
 /// Inputs that vary per HCP.
@@ -108,6 +114,25 @@ pub struct HcpInputs<'a> {
     pub pdb_api: PdbApi,
     /// The HCP's own scheduling (node selector, tolerations, availability policy).
     pub scheduling: &'a Scheduling,
+    /// The monitoring API group to write the ServiceMonitor in: the configured one if the
+    /// management cluster serves it, else `MonitoringApi::None`.
+    pub monitoring: MonitoringApi,
+}
+
+/// The ClusterRole (shipped by the chart) that the platform Prometheus is bound to in each HCP
+/// namespace: read of what it needs to discover the admission pods.
+pub const METRICS_READER_ROLE: &str = "hcp-fleet-admission-metrics-reader";
+/// OpenShift's platform Prometheus.
+pub const PLATFORM_PROMETHEUS: (&str, &str) = ("openshift-monitoring", "prometheus-k8s");
+
+/// Where ServiceMonitors of `api` live; `None` for `MonitoringApi::None`.
+pub fn service_monitor_resource(api: MonitoringApi) -> Option<ApiResource> {
+    let gvk = GroupVersionKind::gvk(api.group()?, "v1", "ServiceMonitor");
+    Some(ApiResource::from_gvk_with_plural(&gvk, "servicemonitors"))
+}
+
+pub fn prometheus_binding_name(cfg: &AgentConfig) -> String {
+    format!("{}-prometheus", cfg.admission.service_name)
 }
 
 pub fn ca_secret_name(cfg: &AgentConfig) -> String {
@@ -495,6 +520,77 @@ pub fn render(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<ManagementObject
         service,
         network_policy,
         pdb: pdb(cfg, inp)?,
+        service_monitor: service_monitor(cfg, inp)?,
+        prometheus_binding: prometheus_binding(cfg, inp),
+    })
+}
+
+/// The admission Service's scrape, in the HCP namespace and without a namespace selector (so
+/// it means the same to a Prometheus that ignores selectors, as OpenShift's user-workload one
+/// does). Verified TLS: the CA bundle from the serving Secret (both CAs during a rotation),
+/// checked against the Service's DNS name; a Secret reference, not a file, since OpenShift's
+/// user-workload monitoring refuses file paths in monitors.
+fn service_monitor(
+    cfg: &AgentConfig,
+    inp: &HcpInputs<'_>,
+) -> Result<Option<DynamicObject>, RenderError> {
+    let Some(ar) = service_monitor_resource(inp.monitoring) else {
+        return Ok(None);
+    };
+    let sm = &cfg.admission.service_monitor;
+    let name = &cfg.admission.service_name;
+    let mut metadata = meta(cfg, name, inp);
+    let own = metadata.labels.get_or_insert_with(BTreeMap::new);
+    for (k, v) in &sm.labels {
+        own.entry(k.clone()).or_insert_with(|| v.clone());
+    }
+    let v = serde_json::json!({
+        "apiVersion": ar.api_version,
+        "kind": ar.kind,
+        "metadata": metadata,
+        "spec": {
+            "selector": {"matchLabels": labels(cfg)},
+            "endpoints": [{
+                "port": "https",
+                "scheme": "https",
+                "path": "/metrics",
+                "interval": sm.interval,
+                "tlsConfig": {
+                    "ca": {"secret": {"name": tls_secret_name(cfg), "key": crate::certificates::CA_CERT_KEY}},
+                    "serverName": format!("{name}.{}.svc", inp.namespace),
+                },
+            }],
+        },
+    });
+    serde_json::from_value(v)
+        .map(Some)
+        .map_err(|source| RenderError {
+            namespace: inp.namespace.to_string(),
+            kind: "ServiceMonitor",
+            source,
+        })
+}
+
+fn prometheus_binding(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Option<RoleBinding> {
+    if inp.monitoring != MonitoringApi::Coreos
+        || !cfg.admission.service_monitor.platform_prometheus_access
+    {
+        return None;
+    }
+    let (namespace, name) = PLATFORM_PROMETHEUS;
+    Some(RoleBinding {
+        metadata: meta(cfg, &prometheus_binding_name(cfg), inp),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: METRICS_READER_ROLE.into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: name.into(),
+            namespace: Some(namespace.into()),
+            ..Default::default()
+        }]),
     })
 }
 
@@ -589,6 +685,7 @@ mod tests {
                 certs: &certs,
                 pdb_api,
                 scheduling,
+                monitoring: MonitoringApi::Coreos,
             },
         )
         .expect("render")
@@ -805,10 +902,100 @@ mod tests {
             certs: &certs,
             pdb_api: PdbApi::V1,
             scheduling: &Scheduling::default(),
+            monitoring: MonitoringApi::Coreos,
         };
         assert_eq!(
             render(&cfg, &inp).expect("a"),
             render(&cfg, &inp).expect("b")
         );
+    }
+
+    fn render_monitoring(cfg: &AgentConfig, monitoring: MonitoringApi) -> ManagementObjects {
+        let certs = CertBundle::generate(cfg, &serving_sans(cfg, "clusters-hc-1", &[])).expect("c");
+        render(
+            cfg,
+            &HcpInputs {
+                namespace: "clusters-hc-1",
+                agent_namespace: "hcp-fleet-agent",
+                owner: None,
+                certs: &certs,
+                pdb_api: PdbApi::V1,
+                scheduling: &Scheduling::default(),
+                monitoring,
+            },
+        )
+        .expect("render")
+    }
+
+    #[test]
+    fn the_service_monitor_scrapes_its_own_namespace_with_verified_tls() {
+        let mut cfg = AgentConfig::default();
+        cfg.admission
+            .service_monitor
+            .labels
+            .insert("openshift.io/user-monitoring".into(), "true".into());
+        let o = render_monitoring(&cfg, MonitoringApi::Coreos);
+        let sm = serde_json::to_value(o.service_monitor.expect("a ServiceMonitor")).expect("json");
+        assert_eq!(sm["apiVersion"], "monitoring.coreos.com/v1");
+        assert_eq!(sm["metadata"]["namespace"], "clusters-hc-1");
+        assert_eq!(
+            sm["metadata"]["labels"]["openshift.io/user-monitoring"],
+            "true"
+        );
+        assert_eq!(sm["metadata"]["labels"][MANAGED_BY], MANAGED_BY_VALUE);
+        // No namespace selector: a Prometheus that ignores selectors reads it the same way.
+        assert!(sm["spec"].get("namespaceSelector").is_none(), "{sm}");
+        // It selects the Service the agent renders, by labels that Service carries.
+        let svc_labels = o.service.metadata.labels.expect("labels");
+        let wanted = sm["spec"]["selector"]["matchLabels"]
+            .as_object()
+            .expect("matchLabels");
+        for (k, v) in wanted {
+            assert_eq!(svc_labels.get(k).map(String::as_str), v.as_str(), "{k}");
+        }
+        let ep = &sm["spec"]["endpoints"][0];
+        let port = o.service.spec.expect("spec").ports.expect("ports")[0]
+            .name
+            .clone();
+        assert_eq!(ep["port"].as_str(), port.as_deref());
+        assert_eq!(ep["scheme"], "https");
+        assert_eq!(ep["interval"], "30s");
+        // Verified against the CA bundle in the serving Secret, under the Service's name
+        // (which the serving certificate carries); no file paths, no skipped verification.
+        let tls = &ep["tlsConfig"];
+        assert_eq!(tls["ca"]["secret"]["name"], tls_secret_name(&cfg));
+        assert_eq!(tls["ca"]["secret"]["key"], "ca.crt");
+        assert!(o.tls_secret.data.expect("data").contains_key("ca.crt"));
+        let server = tls["serverName"].as_str().expect("serverName");
+        assert!(
+            serving_sans(&cfg, "clusters-hc-1", &[])
+                .iter()
+                .any(|s| s == server),
+            "{server}"
+        );
+        assert!(tls.get("insecureSkipVerify").is_none() && tls.get("caFile").is_none());
+        let rb = o.prometheus_binding.expect("platform Prometheus binding");
+        assert_eq!(rb.role_ref.name, METRICS_READER_ROLE);
+        let who = &rb.subjects.expect("subjects")[0];
+        assert_eq!(
+            (who.namespace.as_deref(), who.name.as_str()),
+            (Some("openshift-monitoring"), "prometheus-k8s")
+        );
+    }
+
+    #[test]
+    fn monitoring_objects_follow_the_api_group() {
+        let cfg = AgentConfig::default();
+        let o = render_monitoring(&cfg, MonitoringApi::Rhobs);
+        let sm = serde_json::to_value(o.service_monitor.expect("a ServiceMonitor")).expect("json");
+        assert_eq!(sm["apiVersion"], "monitoring.rhobs/v1");
+        // The platform Prometheus reads only monitoring.coreos.com monitors.
+        assert!(o.prometheus_binding.is_none());
+        let o = render_monitoring(&cfg, MonitoringApi::None);
+        assert!(o.service_monitor.is_none() && o.prometheus_binding.is_none());
+        let mut off = cfg.clone();
+        off.admission.service_monitor.platform_prometheus_access = false;
+        let o = render_monitoring(&off, MonitoringApi::Coreos);
+        assert!(o.service_monitor.is_some() && o.prometheus_binding.is_none());
     }
 }

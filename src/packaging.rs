@@ -398,7 +398,7 @@ pub fn values_schema() -> Value {
             },
             "serviceMonitor": {
                 "type": "object", "additionalProperties": false,
-                "properties": {"enabled": flag("ServiceMonitors for the agent and the admission services."), "interval": duration, "labels": labels},
+                "properties": {"enabled": flag("The agent's ServiceMonitor (the admission services' are the agent's: config.admission.serviceMonitor)."), "interval": duration, "labels": labels},
             },
             "prometheusRule": {
                 "type": "object", "additionalProperties": false,
@@ -414,6 +414,13 @@ pub fn values_schema() -> Value {
             "dashboard": {
                 "type": "object", "additionalProperties": false,
                 "properties": {"enabled": flag("The Grafana dashboard as a ConfigMap."), "labels": labels},
+            },
+            "uninstallHook": {
+                "type": "object", "additionalProperties": false,
+                "properties": {
+                    "enabled": flag("helm uninstall first removes the hosted webhooks and admission services (a pre-delete Job running uninstall)."),
+                    "activeDeadlineSeconds": {"type": "integer", "minimum": 60},
+                },
             },
             "acm": {
                 "type": "object", "additionalProperties": false,
@@ -538,6 +545,56 @@ mod tests {
     use super::*;
 
     const RENDERED: &str = "---\n# Source: x/templates/deployment.yaml\napiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: agent\n  namespace: ns1\n---\n# Source: x/templates/rbac.yaml\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: agent\nrules: []\n---\napiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: agent\n  namespace: ns1\n";
+
+    /// The chart installs the image `make image` builds from Containerfile, and that is the
+    /// image the agent names for its admission services by default.
+    #[test]
+    fn the_charts_default_image_is_the_one_this_repository_builds() {
+        let values: Value =
+            serde_saphyr::from_str(include_str!("../charts/hcp-fleet-agent/values.yaml"))
+                .expect("values.yaml");
+        let chart: Value =
+            serde_saphyr::from_str(include_str!("../charts/hcp-fleet-agent/Chart.yaml"))
+                .expect("Chart.yaml");
+        let image = format!(
+            "{}:{}",
+            values["image"]["repository"].as_str().expect("repository"),
+            chart["appVersion"].as_str().expect("appVersion")
+        );
+        assert_eq!(image, crate::config::DEFAULT_IMAGE);
+        assert_eq!(values["image"]["tag"], "", "the tag defaults to appVersion");
+
+        let lines: Vec<&str> = include_str!("../Containerfile")
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .collect();
+        assert_eq!(
+            lines.first(),
+            Some(&"FROM scratch"),
+            "nothing but the binary"
+        );
+        let arg = |instr: &str| {
+            lines
+                .iter()
+                .find_map(|l| l.strip_prefix(instr).map(str::trim))
+                .unwrap_or_else(|| panic!("Containerfile has no {instr}"))
+        };
+        let (uid, gid) = arg("USER ").split_once(':').expect("USER uid:gid");
+        let uid: u32 = uid.parse().expect("a numeric user");
+        let _: u32 = gid.parse().expect("a numeric group");
+        assert_ne!(uid, 0, "not root");
+        let (src, dst) = arg("COPY ").split_once(' ').expect("COPY src dst");
+        // hack/image.sh builds exactly that file, statically linked.
+        let script = include_str!("../hack/image.sh");
+        let (target, _) = src
+            .strip_prefix("target/")
+            .and_then(|s| s.split_once('/'))
+            .expect("a cargo target directory");
+        assert!(script.contains(&format!("target={target}")), "{src}");
+        assert!(script.contains("+crt-static"));
+        assert_eq!(arg("ENTRYPOINT "), format!("[\"{dst}\"]"));
+    }
 
     #[test]
     fn objects_are_ordered_for_install_and_wrapped_in_one_configuration_policy() {

@@ -71,6 +71,8 @@ pub fn render_all(
                 management::PdbApi::V1Beta1
             },
             scheduling: &Default::default(),
+            // Offline: as on a cluster that serves the configured monitoring API.
+            monitoring: cfg.admission.service_monitor.api_group,
         },
     )
     .map_err(|e| e.to_string())?;
@@ -98,6 +100,12 @@ pub fn render_all(
     push(mgmt, serde_json::to_value(&objs.network_policy))?;
     if let Some(pdb) = &objs.pdb {
         push(mgmt, serde_json::to_value(pdb))?;
+    }
+    if let Some(sm) = &objs.service_monitor {
+        push(mgmt, serde_json::to_value(sm))?;
+    }
+    if let Some(rb) = &objs.prometheus_binding {
+        push(mgmt, serde_json::to_value(rb))?;
     }
     push(
         mgmt,

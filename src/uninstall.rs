@@ -17,11 +17,12 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{DeleteParams, DynamicObject, ListParams};
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::agent::LEASE_NAME;
-use crate::config::AgentConfig;
+use crate::config::{AgentConfig, MonitoringApi};
 use crate::crd::{AdmissionHealth, HostedControlPlane};
 use crate::hosted::clients::HostedClient;
 use crate::hosted::webhooks;
@@ -39,6 +40,13 @@ pub struct UninstallArgs {
     /// Go on even though an agent still holds the leader Lease (it would put everything back).
     #[arg(long)]
     pub force: bool,
+    /// Scale this Deployment (the agent's, in `--namespace`) to zero first and wait until its
+    /// leader hands the Lease back: the chart's pre-delete hook stops the agent this way.
+    #[arg(long, value_name = "DEPLOYMENT")]
+    pub stop_agent: Option<String>,
+    /// How long `--stop-agent` waits for the Lease to be free.
+    #[arg(long, default_value_t = 120)]
+    pub stop_timeout_seconds: u64,
 }
 
 /// What happened in one HCP namespace.
@@ -183,6 +191,25 @@ async fn remove_hcp(
             break;
         }
     }
+    // The ServiceMonitor in whichever group it was written; a group the server does not serve
+    // answers 404, as a missing object does.
+    for ar in MonitoringApi::GROUPS
+        .map(management::service_monitor_resource)
+        .into_iter()
+        .flatten()
+    {
+        n += usize::from(
+            delete_named(&Api::<DynamicObject>::namespaced_with(c(), ns, &ar), svc)
+                .await
+                .map_err(del(format!("ServiceMonitor {svc} ({})", ar.group)))?,
+        );
+    }
+    let rb = management::prometheus_binding_name(cfg);
+    n += usize::from(
+        delete_named(&Api::<RoleBinding>::namespaced(c(), ns), &rb)
+            .await
+            .map_err(del(format!("RoleBinding {rb}")))?,
+    );
     for name in [
         management::ca_secret_name(cfg),
         management::tls_secret_name(cfg),
@@ -253,6 +280,47 @@ pub async fn uninstall(
     Ok((lines, ok))
 }
 
+/// Scales the agent's Deployment to zero and waits until no agent holds the Lease (a leader
+/// that stops hands it back; one that dies lets it expire). A missing Deployment is an agent
+/// already gone.
+async fn stop_agent(
+    client: &Client,
+    namespace: &str,
+    deployment: &str,
+    wait: Duration,
+) -> Result<(), String> {
+    let deployments = Api::<Deployment>::namespaced(client.clone(), namespace);
+    let zero = serde_json::json!({"spec": {"replicas": 0}});
+    match deployments
+        .patch(deployment, &PatchParams::default(), &Patch::Merge(&zero))
+        .await
+    {
+        Ok(_) => println!("{namespace}/{deployment}: scaled to 0; waiting for the Lease"),
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            println!("{namespace}/{deployment}: not found; the agent is already gone")
+        }
+        Err(e) => return Err(format!("scaling {namespace}/{deployment} to 0: {e}")),
+    }
+    let leases = Api::<Lease>::namespaced(client.clone(), namespace);
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let held = match leases.get_opt(LEASE_NAME).await {
+            Ok(l) => l.and_then(|l| lease_is_held(&l, jiff::Timestamp::now())),
+            Err(e) => return Err(format!("reading the Lease {namespace}/{LEASE_NAME}: {e}")),
+        };
+        let Some(holder) = held else {
+            return Ok(());
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!(
+                "agent {holder} still holds the Lease {namespace}/{LEASE_NAME} after {wait:?} with {deployment} scaled to 0"
+            ));
+        }
+        // The Lease frees by time (renewals stop), not by an event a watch would bring.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
 pub async fn run(args: UninstallArgs) -> ExitCode {
     let cfg = match AgentConfig::load_or_default(args.config.as_deref()) {
         Ok(c) => c,
@@ -268,6 +336,13 @@ pub async fn run(args: UninstallArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(deployment) = &args.stop_agent {
+        let wait = Duration::from_secs(args.stop_timeout_seconds);
+        if let Err(e) = stop_agent(&client, &args.namespace, deployment, wait).await {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     if !args.force {
         let lease = Api::<Lease>::namespaced(client.clone(), &args.namespace)
             .get_opt(LEASE_NAME)

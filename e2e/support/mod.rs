@@ -235,3 +235,94 @@ pub fn spawn_elected_agent(
     let addr = format!("127.0.0.1:{port}").parse().expect("addr");
     (KillOnDrop(child), addr)
 }
+
+/// The ServiceMonitor CRDs of both Prometheus Operators the agent writes for: the trimmed
+/// `monitoring.coreos.com` one of e2e/crds, and the same under `monitoring.rhobs` (the
+/// Observability Operator's fork keeps the kind's schema).
+pub async fn install_monitoring_crds(client: &kube::Client) {
+    let coreos = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e/crds/servicemonitors.yaml"),
+    )
+    .expect("e2e/crds/servicemonitors.yaml");
+    let rhobs = coreos.replace("monitoring.coreos.com", "monitoring.rhobs");
+    hcp_fleet_agent::localcp::fixtures::install_crd_manifests(
+        client,
+        [
+            ("servicemonitors.monitoring.coreos.com", coreos.as_str()),
+            ("servicemonitors.monitoring.rhobs", rhobs.as_str()),
+        ],
+    )
+    .await
+    .expect("ServiceMonitor CRDs");
+    for group in ["monitoring.coreos.com", "monitoring.rhobs"] {
+        watches_deliver(client, group).await;
+    }
+}
+
+/// Waits until a watch opened now on `group`'s ServiceMonitors sees an object created after
+/// it. On the 1.36 test bed, the agent's watch was often the first request ever made for a
+/// just-installed resource; its list took a second and the watch then stayed silent (no event
+/// until kube's 290 s watch timeout renews it), in about three runs of four. On a real cluster
+/// the Prometheus Operator has long been watching these; here a canary plays that part, so
+/// the agent starts against a resource in use, as it would there.
+async fn watches_deliver(client: &kube::Client, group: &str) {
+    use futures::StreamExt;
+    use kube::api::{ApiResource, DeleteParams, DynamicObject, PostParams};
+    use kube::runtime::watcher;
+    let ar = ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk(group, "v1", "ServiceMonitor"),
+        "servicemonitors",
+    );
+    let api = kube::Api::<DynamicObject>::namespaced_with(client.clone(), "default", &ar);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for attempt in 0.. {
+        let name = format!("watch-canary-{attempt}");
+        let mut events = std::pin::pin!(watcher(
+            api.clone(),
+            watcher::Config::default().fields(&format!("metadata.name={name}"))
+        ));
+        // Listed: the watch is open from here.
+        while let Some(e) = events.next().await {
+            if matches!(e, Ok(watcher::Event::InitDone)) {
+                break;
+            }
+        }
+        let canary: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": ar.api_version, "kind": "ServiceMonitor",
+            "metadata": {"name": name}, "spec": {"selector": {}},
+        }))
+        .expect("canary");
+        api.create(&PostParams::default(), &canary)
+            .await
+            .expect("create a canary ServiceMonitor");
+        let seen = tokio::time::timeout(Duration::from_secs(3), async {
+            while let Some(e) = events.next().await {
+                if matches!(e, Ok(watcher::Event::Apply(_))) {
+                    return true;
+                }
+            }
+            false
+        })
+        .await
+        .unwrap_or(false);
+        let _ = api.delete(&name, &DeleteParams::default()).await;
+        if seen {
+            if attempt > 0 {
+                eprintln!("{group}: a watch delivered after {attempt} silent one(s)");
+            }
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no watch on {group} ServiceMonitors delivered an event within 60 s"
+        );
+    }
+}
+
+/// Whether `api` has no object `name` (a failed read fails the test).
+pub async fn absent<K>(api: &kube::Api<K>, name: &str) -> bool
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.get_opt(name).await.expect("get").is_none()
+}

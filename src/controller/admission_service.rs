@@ -5,18 +5,19 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::DynamicObject;
 use kube::{Api, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::apply::{Applied, apply_if_changed};
+use super::apply::{Applied, apply_if_changed, delete_if_present};
 use super::context::Context;
 use super::error::Failure;
 use crate::certificates::CertBundle;
 use crate::compare;
-use crate::config::AgentConfig;
+use crate::config::{AgentConfig, MonitoringApi};
 use crate::crd::hostedcontrolplane::Scheduling;
 use crate::management::{self, HcpInputs};
 use crate::metrics::DriftLabels;
@@ -44,7 +45,7 @@ where
     let want = serde_json::to_value(obj)
         .map_err(kube::Error::SerdeError)
         .map_err(failed)?;
-    let key = format!("{kind}/{name}");
+    let key = object_key(&api, name);
     let print = compare::fingerprint(&want);
     let seen = ctx.with_hcp(ns, |s| s.management.get(&key).copied());
     let applied = apply_if_changed(&api, name, obj, compare::subset)
@@ -62,6 +63,7 @@ where
     let in_place =
         matches!(applied, Applied::Unchanged(_)) || written_matches(&want, applied.object());
     ctx.with_hcp(ns, |s| {
+        s.absent.remove(&key);
         if in_place {
             s.management.insert(key, print);
         } else {
@@ -101,6 +103,7 @@ pub async fn ensure(
             certs,
             pdb_api: ctx.caps.pdb_api,
             scheduling,
+            monitoring: ctx.caps.monitoring(cfg.admission.service_monitor.api_group),
         },
     )
     .map_err(Failure::RenderAdmission)?;
@@ -176,6 +179,7 @@ pub async fn ensure(
         let (_, n) = put(ctx, ns, api, "PodDisruptionBudget", name, pdb).await?;
         note(n, "PodDisruptionBudget");
     }
+    monitoring(ctx, cfg, ns, &objs, &mut note).await?;
     let (deployment, n) = put(
         ctx,
         ns,
@@ -187,4 +191,80 @@ pub async fn ensure(
     .await?;
     note(n, "Deployment");
     Ok(AdmissionService { deployment, drift })
+}
+
+/// The ServiceMonitor in the configured API group and the platform Prometheus's RoleBinding;
+/// whatever the configuration no longer asks for (another group, `none`, access turned off)
+/// is removed, in every group the cluster serves.
+async fn monitoring(
+    ctx: &Context,
+    cfg: &AgentConfig,
+    ns: &str,
+    objs: &management::ManagementObjects,
+    note: &mut impl FnMut(Option<String>, &str),
+) -> Result<(), Failure> {
+    let name = cfg.admission.service_name.as_str();
+    let wanted = ctx.caps.monitoring(cfg.admission.service_monitor.api_group);
+    for api in ctx.caps.monitoring_apis() {
+        let Some(ar) = management::service_monitor_resource(api) else {
+            continue;
+        };
+        let monitors = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &ar);
+        match (&objs.service_monitor, api == wanted) {
+            (Some(sm), true) => {
+                let (_, n) = put(ctx, ns, monitors, "ServiceMonitor", name, sm).await?;
+                note(n, "ServiceMonitor");
+            }
+            _ => remove(ctx, ns, &monitors, "ServiceMonitor", name).await?,
+        }
+    }
+    if ctx.caps.monitoring(MonitoringApi::Coreos) == MonitoringApi::Coreos {
+        let bindings = Api::<RoleBinding>::namespaced(ctx.client.clone(), ns);
+        let rb_name = management::prometheus_binding_name(cfg);
+        match &objs.prometheus_binding {
+            Some(rb) => {
+                let (_, n) = put(ctx, ns, bindings, "RoleBinding", &rb_name, rb).await?;
+                note(n, "RoleBinding");
+            }
+            None => remove(ctx, ns, &bindings, "RoleBinding", &rb_name).await?,
+        }
+    }
+    Ok(())
+}
+
+/// Deletes an object the configuration no longer asks for. Only one this agent has seen in
+/// place since it started is certain to exist; after a restart one DELETE per reconcile finds
+/// out (a 404 is what was wanted).
+async fn remove<K>(
+    ctx: &Context,
+    ns: &str,
+    api: &Api<K>,
+    kind: &'static str,
+    name: &str,
+) -> Result<(), Failure>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let key = object_key(api, name);
+    if ctx.with_hcp(ns, |s| s.absent.contains(&key)) {
+        return Ok(());
+    }
+    delete_if_present(api, name)
+        .await
+        .map_err(|source| Failure::ApplyAdmission {
+            kind,
+            name: name.to_string(),
+            source,
+        })?;
+    ctx.with_hcp(ns, |s| {
+        s.management.remove(&key);
+        s.absent.insert(key);
+    });
+    Ok(())
+}
+
+/// One object's key in the HCP's state: its URL, so that the same kind in two API groups (or
+/// versions) are two objects.
+fn object_key<K: Resource>(api: &Api<K>, name: &str) -> String {
+    format!("{}/{name}", api.resource_url())
 }

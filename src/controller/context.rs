@@ -75,6 +75,9 @@ pub struct HcpState {
     /// fingerprint of that rendering: a later write to one of them is drift. A cache only: a
     /// restarted agent counts drift from its first look.
     pub(super) management: HashMap<String, u64>,
+    /// Objects the configuration no longer asks for, seen deleted (same keys): not asked
+    /// about again until the agent writes them once more. A cache only, like `management`.
+    pub(super) absent: std::collections::HashSet<String>,
     /// Reconciles in a row that found a replica not yet serving the current certificate
     /// (the previous CA stays trusted meanwhile); paces the next look.
     pub(super) unsettled: u32,

@@ -1,5 +1,5 @@
 //! What the management cluster offers, discovered once when the controller starts: which
-//! PodDisruptionBudget API it serves, whether the agent's own CRDs are installed (the chart
+//! PodDisruptionBudget API it serves, which Prometheus Operator APIs (ServiceMonitors), whether the agent's own CRDs are installed (the chart
 //! ships them), whether ACM's Policy CRD is, and whether that CRD's compliance enum has
 //! `Pending` (older ACM CRDs do not).
 
@@ -8,6 +8,7 @@ use kube::{Api, Client};
 use serde_json::Value;
 use tracing::warn;
 
+use crate::config::MonitoringApi;
 use crate::management::PdbApi;
 
 const POLICY_CRD: &str = "policies.policy.open-cluster-management.io";
@@ -23,28 +24,52 @@ pub struct Capabilities {
     pub health_crd: bool,
     /// `admissionhealthpolicies.hcp-fleet.openshift.io`: without it, no ACM reporting.
     pub template_crd: bool,
+    /// Which monitoring API groups (`MonitoringApi::GROUPS`) serve ServiceMonitors.
+    pub monitoring_served: [bool; 2],
+}
+
+impl Capabilities {
+    /// The configured monitoring API if the management cluster serves it, else `None`.
+    pub fn monitoring(&self, wanted: MonitoringApi) -> MonitoringApi {
+        let served = MonitoringApi::GROUPS
+            .iter()
+            .zip(self.monitoring_served)
+            .any(|(g, s)| *g == wanted && s);
+        if served { wanted } else { MonitoringApi::None }
+    }
+
+    /// Every monitoring API served here (watched, and pruned when no longer configured).
+    pub fn monitoring_apis(&self) -> impl Iterator<Item = MonitoringApi> + '_ {
+        MonitoringApi::GROUPS
+            .into_iter()
+            .zip(self.monitoring_served)
+            .filter_map(|(g, s)| s.then_some(g))
+    }
 }
 
 pub async fn discover(client: &Client) -> Capabilities {
-    let pdb_api = match client.list_api_groups().await {
+    let (pdb_api, monitoring_served) = match client.list_api_groups().await {
         Ok(groups) => {
-            let served = |v: &str| {
+            let served = |group: &str, v: &str| {
                 groups
                     .groups
                     .iter()
-                    .any(|g| g.name == "policy" && g.versions.iter().any(|x| x.version == v))
+                    .any(|g| g.name == group && g.versions.iter().any(|x| x.version == v))
             };
-            if served("v1") {
+            let pdb = if served("policy", "v1") {
                 PdbApi::V1
-            } else if served("v1beta1") {
+            } else if served("policy", "v1beta1") {
                 PdbApi::V1Beta1
             } else {
                 PdbApi::None
-            }
+            };
+            let monitoring =
+                MonitoringApi::GROUPS.map(|m| m.group().is_some_and(|g| served(g, "v1")));
+            (pdb, monitoring)
         }
         Err(e) => {
-            warn!(error = %e, "API discovery failed; rendering no PodDisruptionBudget");
-            PdbApi::None
+            warn!(error = %e, "API discovery failed; rendering no PodDisruptionBudget and no ServiceMonitor");
+            (PdbApi::None, [false; 2])
         }
     };
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -65,6 +90,7 @@ pub async fn discover(client: &Client) -> Capabilities {
         pending_supported: policy.as_ref().is_some_and(pending_in_enum),
         health_crd: read(HEALTH_CRD).await.is_some(),
         template_crd: read(TEMPLATE_CRD).await.is_some(),
+        monitoring_served,
     }
 }
 

@@ -40,6 +40,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::DynamicObject;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
@@ -54,6 +55,7 @@ pub use error::{Failure, Phase, ReconcileError};
 pub use reconcile::{backoff, error_policy, reconcile};
 pub use trust::installed_trust;
 
+use crate::config::MonitoringApi;
 use crate::crd::HostedControlPlane;
 use crate::management;
 use context::AbortOnDrop;
@@ -119,7 +121,20 @@ pub async fn run(
         .owns(secrets.clone(), by(management::tls_secret_name(&cfg)));
     if let Some(ar) = ctx.caps.pdb_api.api_resource() {
         let pdbs = Api::<DynamicObject>::all_with(ctx.client.clone(), &ar);
-        controller = controller.owns_with(pdbs, ar, owned);
+        controller = controller.owns_with(pdbs, ar, owned.clone());
+    }
+    // Every served monitoring API, not only the configured one: a configuration change that
+    // moves the ServiceMonitor leaves the old one to be pruned, and a deleted one repaired.
+    for ar in ctx
+        .caps
+        .monitoring_apis()
+        .filter_map(management::service_monitor_resource)
+    {
+        let monitors = Api::<DynamicObject>::all_with(ctx.client.clone(), &ar);
+        controller = controller.owns_with(monitors, ar, owned.clone());
+    }
+    if ctx.caps.monitoring(MonitoringApi::Coreos) == MonitoringApi::Coreos {
+        controller = controller.owns(Api::<RoleBinding>::all(ctx.client.clone()), owned);
     }
     controller
         .watches(secrets, by_name, move |s: Secret| {
@@ -162,6 +177,7 @@ mod tests {
             pending_supported: true,
             health_crd: false,
             template_crd: false,
+            monitoring_served: [false; 2],
         };
         let opts = RunOptions {
             agent_namespace: "agent".into(),

@@ -604,7 +604,7 @@ async fn probe_get(port: u16, path: &str) -> Result<u16, String> {
     let mut cfg = crate::tls::accept_any_server()?;
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
-    exchange(&connector, port, &get_head(path), b"")
+    exchange(&connector, port, LOOPBACK, &get_head(path), b"")
         .await
         .map(|(code, _)| code)
 }
@@ -639,14 +639,36 @@ pub async fn https_request(
     head: &str,
     body: &[u8],
 ) -> Result<(u16, String), String> {
-    exchange(&tls_connector(ca_pem)?, port, head, body).await
+    exchange(&tls_connector(ca_pem)?, port, LOOPBACK, head, body).await
 }
 
+/// GET `path` from 127.0.0.1:`port` as a scraper that verifies the certificate against
+/// `ca_pem` under `server_name` (a Service's DNS name, as a ServiceMonitor's `serverName`
+/// says) rather than the loopback address it dials.
+pub async fn https_get_as(
+    port: u16,
+    ca_pem: &str,
+    server_name: &str,
+    path: &str,
+) -> Result<(u16, String), String> {
+    exchange(
+        &tls_connector(ca_pem)?,
+        port,
+        server_name,
+        &get_head(path),
+        b"",
+    )
+    .await
+}
+
+const LOOPBACK: &str = "127.0.0.1";
+
 /// One HTTP/1.1 exchange with 127.0.0.1:`port` over a fresh TLS connection made by
-/// `connector`, within 3 s.
+/// `connector` (verifying `server_name`), within 3 s.
 async fn exchange(
     connector: &tokio_rustls::TlsConnector,
     port: u16,
+    server_name: &str,
     head: &str,
     body: &[u8],
 ) -> Result<(u16, String), String> {
@@ -655,8 +677,8 @@ async fn exchange(
         let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .map_err(|e| e.to_string())?;
-        let name =
-            rustls::pki_types::ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
+        let name = rustls::pki_types::ServerName::try_from(server_name.to_string())
+            .map_err(|e| e.to_string())?;
         let mut tls = connector
             .connect(name, tcp)
             .await

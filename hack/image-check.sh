@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Checks the archive `make image` wrote, as a runtime would take it, and runs its binary alone.
+#
+#   hack/image-check.sh [ARCHIVE]     default target/image/hcp-fleet-agent.oci.tar
+#
+# - every blob matches its digest; the image is named as the chart's default image;
+# - its user is numeric and not root; its entrypoint is the binary;
+# - its one layer unpacks (GNU tar) to exactly that binary;
+# - the binary runs in that filesystem as the image's user, with only what the kubelet adds
+#   (/etc/hosts, the service account's CA, token and namespace): it prints its version, and
+#   with the in-cluster configuration pointing at a name from /etc/hosts on a closed port it
+#   gets as far as connecting (name resolved, CA loaded), which a static glibc binary without
+#   NSS files or a CA bundle would not.
+# chroot needs root; as another user it runs under `unshare -r`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+archive="${1:-target/image/hcp-fleet-agent.oci.tar}"
+say() { echo "[image-check] $*" >&2; }
+die() { say "error: $*"; exit 1; }
+[ -f "$archive" ] || die "$archive not found (make image)"
+repository="$(sed -n 's/^  repository: *//p' charts/hcp-fleet-agent/values.yaml | head -n 1)"
+version="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/hcp-fleet-agent/Chart.yaml)"
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/layout" "$work/rootfs"
+tar -xf "$archive" -C "$work/layout"
+for blob in "$work"/layout/blobs/sha256/*; do
+  [ "$(sha256sum "$blob" | cut -c1-64)" = "$(basename "$blob")" ] || die "blob $(basename "$blob") does not match its digest"
+done
+# index -> manifest -> config and layers; prints: user, entrypoint, then one layer digest per line.
+facts="$(python3 - "$work/layout" "$repository:$version" <<'PY'
+import json, sys
+root, want_ref = sys.argv[1], sys.argv[2]
+def blob(d): return json.load(open(f"{root}/blobs/sha256/{d.split(':', 1)[1]}"))
+index = json.load(open(f"{root}/index.json"))
+[desc] = index["manifests"]
+ref = desc.get("annotations", {}).get("org.opencontainers.image.ref.name")
+if ref != want_ref: sys.exit(f"image name {ref!r}, not the chart's default {want_ref!r}")
+manifest = blob(desc["digest"])
+config = blob(manifest["config"]["digest"])
+c = config["config"]
+print(c.get("User", ""))
+print(" ".join(c.get("Entrypoint") or []))
+for layer in manifest["layers"]: print(layer["digest"].split(":", 1)[1])
+PY
+)" || die "the image's index, manifest or config is not as expected"
+user="$(sed -n 1p <<<"$facts")"
+entrypoint="$(sed -n 2p <<<"$facts")"
+[[ "$user" =~ ^[0-9]+:[0-9]+$ ]] || die "user '$user' is not numeric uid:gid"
+[ "${user%%:*}" != 0 ] || die "the image runs as root"
+for layer in $(sed -n '3,$p' <<<"$facts"); do
+  tar -xzf "$work/layout/blobs/sha256/$layer" -C "$work/rootfs" || die "layer $layer does not unpack"
+done
+files="$(cd "$work/rootfs" && find . -type f | sort)"
+[ "$files" = "./usr/bin/hcp-fleet-agent" ] || die "the image holds more than the binary: $files"
+[ "$entrypoint" = /usr/bin/hcp-fleet-agent ] || die "entrypoint '$entrypoint'"
+
+# What the kubelet adds to every pod.
+sa="$work/rootfs/var/run/secrets/kubernetes.io/serviceaccount"
+mkdir -p "$work/rootfs/etc" "$sa"
+echo "127.0.0.1 kube-apiserver.image-check.svc" >"$work/rootfs/etc/hosts"
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=image-check \
+  -keyout "$work/ca.key" -out "$sa/ca.crt" 2>/dev/null
+printf token >"$sa/token"
+printf hcp-fleet-agent >"$sa/namespace"
+chmod -R a+rX "$work/rootfs"
+chroot_bin="$(command -v chroot)" || die "chroot not found (coreutils)"
+run() {
+  local prefix=()
+  [ "$(id -u)" = 0 ] || prefix=("$(command -v unshare)" -r)
+  # An empty environment but for what the kubelet sets for in-cluster access.
+  env -i KUBERNETES_SERVICE_HOST=kube-apiserver.image-check.svc KUBERNETES_SERVICE_PORT=1 RUST_LOG="${CHECK_LOG:-off}" \
+    "${prefix[@]}" "$chroot_bin" --userspec="$user" "$work/rootfs" "$entrypoint" "$@"
+}
+out="$(run --version)" || die "the binary does not run alone: $out"
+say "runs alone as $user: $out"
+# Nothing listens on port 1: the uninstall command must fail there, having resolved the name
+# to the address /etc/hosts gives (the HTTP connector logs where it connects).
+out="$(CHECK_LOG=hyper_util::client::legacy::connect::http=debug run uninstall --namespace hcp-fleet-agent 2>&1 || true)"
+grep -q "connecting to 127.0.0.1:1" <<<"$out" \
+  || die "in-cluster access does not get as far as connecting:"$'\n'"$out"
+say "in-cluster configuration loaded, kube-apiserver.image-check.svc resolved from /etc/hosts"
+say "ok: $repository:$version"
