@@ -395,6 +395,209 @@ async fn enforce_exempt_warn_and_off_through_the_hosted_apiserver() {
     .await;
 }
 
+/// How many AdmissionReviews for `webhook` the admission service of hc-1 has answered, summed
+/// over its replicas (their `/metrics`, as a Prometheus would scrape them).
+async fn service_requests(bed: &Bed, webhook: &str) -> f64 {
+    use hcp_fleet_agent::localcp::kubelet::LOCAL_REPLICAS_ANNOTATION;
+    use kube::ResourceExt;
+    let svc = Api::<k8s_openapi::api::core::v1::Service>::namespaced(bed.mgmt.clone(), NS)
+        .get("hcp-fleet-admission")
+        .await
+        .expect("service");
+    let ca = Api::<Secret>::namespaced(bed.mgmt.clone(), NS)
+        .get("hcp-fleet-admission-tls")
+        .await
+        .expect("tls secret")
+        .data
+        .and_then(|d| {
+            d.get("ca.crt")
+                .map(|b| String::from_utf8_lossy(&b.0).to_string())
+        })
+        .expect("ca.crt");
+    let needle = format!("webhook=\"{webhook}\"");
+    let mut total = 0.0;
+    for addr in svc
+        .annotations()
+        .get(LOCAL_REPLICAS_ANNOTATION)
+        .map(String::as_str)
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|a| a.parse::<std::net::SocketAddr>().ok())
+    {
+        let (_, body) = kubelet::https_get(addr.port(), &ca, "/metrics")
+            .await
+            .unwrap_or_else(|e| panic!("scraping {addr}: {e}"));
+        total += body
+            .lines()
+            .filter(|l| l.starts_with("hcp_fleet_admission_requests_total{") && l.contains(&needle))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
+    }
+    total
+}
+
+/// The exemptions where the hosted API server can apply them: it keeps webhook
+/// matchConditions (1.28 on), which the agent finds by asking it, so an exempt user, group or
+/// namespace never calls the admission service (its request count stays still); elsewhere
+/// (1.20) the service exempts them after the call. Either way they are allowed, and a regular
+/// user is denied with the same message, through the service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exempt_identities_never_call_the_service_where_the_api_server_filters_them() {
+    use hcp_fleet_agent::hosted::webhooks::VALIDATING_NAME;
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    let bed = bed(AgentConfig::default()).await;
+    let filtered = bed.fleet.version.at_least(1, 28);
+    let hooks = Api::<ValidatingWebhookConfiguration>::all(hc1_admin(&bed).await)
+        .get(VALIDATING_NAME)
+        .await
+        .expect("the validating configuration")
+        .webhooks
+        .unwrap_or_default();
+    for h in &hooks {
+        let conditions = h.match_conditions.clone().unwrap_or_default();
+        let probe = h.name.starts_with("probe.");
+        assert_eq!(
+            !conditions.is_empty(),
+            filtered && !probe,
+            "{}: {conditions:?}",
+            h.name
+        );
+    }
+    // RBAC lets the exempt users (and carol, a regular one) do what is asked below, so only
+    // the admission path decides.
+    let hosted = hc1_admin(&bed).await;
+    let subjects: Vec<serde_json::Value> = [
+        "system:admin",
+        "system:serviceaccount:hypershift:operator",
+        "carol",
+    ]
+    .iter()
+    .map(
+        |u| serde_json::json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": u}),
+    )
+    .collect();
+    let binding: k8s_openapi::api::rbac::v1::ClusterRoleBinding =
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "test-exempt"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+            "subjects": subjects,
+        }))
+        .expect("binding");
+    Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(hosted.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("binding");
+    hcp_fleet_agent::localcp::fixtures::ensure_namespace(&hosted, "team-a", Default::default())
+        .await
+        .expect("namespace");
+    let rbac = "protected-rbac.hcp-fleet.openshift.io";
+    let before = service_requests(&bed, rbac).await;
+    let exempt: [&[&str]; 3] = [
+        &["--as=bob", "--as-group=system:masters"],
+        &["--as=system:admin"],
+        &["--as=system:serviceaccount:hypershift:operator"],
+    ];
+    for who in exempt {
+        let mut args = who.to_vec();
+        args.extend(["delete", "clusterrole", "cluster-admin", "--dry-run=server"]);
+        let (ok, out) = kubectl(&bed, &args);
+        assert!(ok, "{who:?}: {out}");
+    }
+    // The counters are read after the requests were answered: nothing is in flight.
+    let after_exempt = service_requests(&bed, rbac).await;
+    if filtered {
+        assert_eq!(
+            after_exempt, before,
+            "exempt identities called the service although the API server filters them"
+        );
+    } else {
+        assert!(
+            after_exempt >= before + exempt.len() as f64,
+            "the service exempts them after the call: {before} -> {after_exempt}"
+        );
+    }
+    let (ok, out) = kubectl(&bed, DELETE_AS_ALICE);
+    assert!(!ok && out.contains(PROTECTED), "{out}");
+    let after_alice = service_requests(&bed, rbac).await;
+    assert!(
+        after_alice > after_exempt,
+        "a regular user is judged by the service: {after_exempt} -> {after_alice}"
+    );
+    // An exempt namespace (default), for the Service mutation: a regular user's Service there
+    // is left alone by the API server; in team-a the service judges it (warn mode by default:
+    // a warning says what it would have mutated).
+    let mutate = "service-annotation.hcp-fleet.openshift.io";
+    let create_svc = |ns: &'static str| {
+        [
+            "--as=carol",
+            "create",
+            "service",
+            "clusterip",
+            "probe-free",
+            "--tcp=80",
+            "-n",
+            ns,
+            "--dry-run=server",
+            "-o",
+            "yaml",
+        ]
+    };
+    let m0 = service_requests(&bed, mutate).await;
+    let (ok, out) = kubectl(&bed, &create_svc("default"));
+    assert!(ok && !out.contains("would have mutated"), "{out}");
+    let m1 = service_requests(&bed, mutate).await;
+    if filtered {
+        assert_eq!(
+            m1, m0,
+            "a Service in an exempt namespace called the service"
+        );
+    } else {
+        assert!(
+            m1 > m0,
+            "the service exempts the namespace after the call: {m0} -> {m1}"
+        );
+    }
+    let (ok, out) = kubectl(&bed, &create_svc("team-a"));
+    // The mutation is in warn mode by default: the service says what it would have done.
+    assert!(ok && out.contains("would have mutated"), "{out}");
+    assert!(service_requests(&bed, mutate).await > m1);
+
+    // The health record says where the exemptions are applied.
+    let where_ = if filtered {
+        "exemptions applied by the API server (matchConditions)"
+    } else {
+        "exemptions applied by the admission service"
+    };
+    eventually(
+        "the health record names the path",
+        Duration::from_secs(10),
+        || {
+            let api: Api<AdmissionHealth> = Api::namespaced(bed.mgmt.clone(), NS);
+            async move {
+                let h = api.get(HEALTH_NAME).await.map_err(|e| e.to_string())?;
+                let concern = h
+                    .status
+                    .unwrap_or_default()
+                    .concerns
+                    .into_iter()
+                    .find(|c| c.name == "hosted-webhooks")
+                    .ok_or("no hosted-webhooks concern")?;
+                let last = concern
+                    .history
+                    .first()
+                    .map(|e| e.message.clone())
+                    .unwrap_or_default();
+                if last.contains(where_) {
+                    Ok(())
+                } else {
+                    Err(last)
+                }
+            }
+        },
+    )
+    .await;
+}
+
 fn webhook_pids(pods: &Path) -> Vec<u32> {
     support::processes_mentioning(&pods.join(NS))
 }

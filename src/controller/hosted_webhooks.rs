@@ -24,6 +24,9 @@ use crate::hosted::webhooks::{self, HostedWebhooks, MUTATING_NAME, VALIDATING_NA
 pub struct Installed {
     pub configurations: usize,
     pub drift: Vec<String>,
+    /// Where the exemptions are applied: by the API server (matchConditions), or by the
+    /// admission service after the call.
+    pub exemptions_in_api_server: bool,
 }
 
 pub async fn ensure(
@@ -47,8 +50,9 @@ pub async fn ensure(
             services: condemning,
         });
     }
-    let mut desired =
-        webhooks::render(cfg, ns, &url_base, ca_bundle).map_err(Failure::RenderWebhooks)?;
+    let features = hosted.features().await;
+    let mut desired = webhooks::render(cfg, ns, &url_base, ca_bundle, features)
+        .map_err(Failure::RenderWebhooks)?;
     // Hosted access has confirmed the claim (and read the management identity) first.
     if let Some(uid) = ctx.management_uid() {
         desired = desired.claimed(&webhooks::claim_value(&uid, ns));
@@ -90,6 +94,7 @@ pub async fn ensure(
     Ok(Installed {
         configurations: want,
         drift,
+        exemptions_in_api_server: features.match_conditions,
     })
 }
 

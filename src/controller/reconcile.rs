@@ -184,7 +184,12 @@ async fn run_phases(ctx: &Context, hcp: &HostedControlPlane, ns: &str, cluster: 
         drift_repaired += hosted_drift.len() as u64;
         let mut webhooks = if hosted_drift.is_empty() {
             let n = installed.configurations;
-            format!("{n} webhook configuration(s) installed and current")
+            let exemptions = if installed.exemptions_in_api_server {
+                "exemptions applied by the API server (matchConditions)"
+            } else {
+                "exemptions applied by the admission service"
+            };
+            format!("{n} webhook configuration(s) installed and current; {exemptions}")
         } else {
             format!("drift repaired: {}", hosted_drift.join("; "))
         };

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource, ObjectReferenc
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
 use tracing::{info, warn};
 
@@ -151,7 +151,11 @@ pub async fn template_reporter(ctx: Arc<Context>) {
         let ctx = ctx.clone();
         let api = api.clone();
         super::context::AbortOnDrop(tokio::spawn(async move {
-            let mut events = watcher(api, watcher::Config::default()).boxed();
+            // With backoff: an unreachable API server must not turn this into a busy loop
+            // (it did, at 100% of two cores, in the admission e2e suite).
+            let mut events = watcher(api, watcher::Config::default())
+                .default_backoff()
+                .boxed();
             while let Some(ev) = events.next().await {
                 match ev {
                     Ok(watcher::Event::Apply(_) | watcher::Event::InitDone) => {

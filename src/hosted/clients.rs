@@ -8,6 +8,7 @@ use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use super::kubeconfig::{KubeconfigError, validate};
+use super::webhooks::HostedFeatures;
 use crate::config::HostedAccessConfig;
 
 #[derive(Debug, thiserror::Error)]
@@ -81,6 +82,9 @@ pub struct HostedClient {
     secret_hash: Vec<u8>,
     pub client: Client,
     pub server: String,
+    /// What the server offers the guards, asked once per client (a rotated kubeconfig or a
+    /// restarted agent asks again); a failed question is asked again next time.
+    features: std::sync::Arc<tokio::sync::OnceCell<HostedFeatures>>,
 }
 
 fn digest(data: &[u8]) -> Vec<u8> {
@@ -90,6 +94,22 @@ fn digest(data: &[u8]) -> Vec<u8> {
 }
 
 impl HostedClient {
+    /// What the server offers (`webhooks::discover_features`). Unknown (the question failed)
+    /// reads as nothing offered, the safe reading: the service then applies the exemptions.
+    pub async fn features(&self) -> HostedFeatures {
+        match self
+            .features
+            .get_or_try_init(|| super::webhooks::discover_features(&self.client))
+            .await
+        {
+            Ok(f) => *f,
+            Err(e) => {
+                tracing::warn!(server = %self.server, error = %e, "cannot tell which features the hosted API server offers; installing without them");
+                HostedFeatures::default()
+            }
+        }
+    }
+
     /// Was this client built from exactly these kubeconfig bytes?
     pub fn is_from(&self, raw: &[u8]) -> bool {
         self.secret_hash == digest(raw)
@@ -136,6 +156,7 @@ impl HostedClient {
             secret_hash: digest(raw),
             client,
             server: valid.server,
+            features: Default::default(),
         })
     }
 }

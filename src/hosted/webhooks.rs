@@ -11,7 +11,10 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use serde_json::{Value, json};
 
-use crate::config::{AgentConfig, FailurePolicy, LabelSelector, WebhookDefinition, WebhookKind};
+use crate::catalogue::Builtin;
+use crate::config::{
+    AdmissionConfig, AgentConfig, FailurePolicy, LabelSelector, WebhookDefinition, WebhookKind,
+};
 use crate::management::{MANAGED_BY, MANAGED_BY_VALUE};
 
 pub const VALIDATING_NAME: &str = "hcp-fleet-agent-validating";
@@ -36,6 +39,103 @@ const PROTECTED_NAMESPACE_NAMES: &[&str] = &[
     "openshift-config",
     "openshift-config-managed",
 ];
+
+/// What a hosted kube-apiserver offers that changes how the guards are installed, found by
+/// asking it (`discover_features`), never from its version string.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostedFeatures {
+    /// It keeps a webhook's `matchConditions` (CEL, beta from Kubernetes 1.28, GA in 1.30):
+    /// the exempt users, groups and namespaces are then left out by the API server itself,
+    /// so their requests never call the admission service. Without it the service exempts
+    /// them, after the call.
+    pub match_conditions: bool,
+}
+
+/// The name of the object `discover_features` offers in a dry run (never stored).
+pub const FEATURE_CHECK_NAME: &str = "hcp-fleet-agent-feature-check";
+
+/// Asks the hosted API server, by a dry-run create of a webhook configuration, which of the
+/// features the guards can use it keeps. A server that does not know a field drops it (older
+/// servers ignore strict field validation), so what comes back says what is served.
+pub async fn discover_features(client: &kube::Client) -> Result<HostedFeatures, kube::Error> {
+    let check: ValidatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": {"name": FEATURE_CHECK_NAME},
+        "webhooks": [{
+            "name": "feature-check.hcp-fleet.openshift.io",
+            "clientConfig": {"url": "https://127.0.0.1:1/feature-check"},
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "matchConditions": [{"name": "always", "expression": "true"}],
+        }],
+    }))
+    .map_err(kube::Error::SerdeError)?;
+    let pp = kube::api::PostParams {
+        dry_run: true,
+        field_manager: Some(crate::management::FIELD_MANAGER.into()),
+    };
+    let answered = kube::Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .create(&pp, &check)
+        .await?;
+    let match_conditions = answered
+        .webhooks
+        .iter()
+        .flatten()
+        .any(|w| w.match_conditions.as_ref().is_some_and(|m| !m.is_empty()));
+    Ok(HostedFeatures { match_conditions })
+}
+
+/// A CEL string literal.
+fn cel_string(s: &str) -> String {
+    format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+/// `value` matches one of `patterns` (exact names, or prefixes ending in '*'), in CEL.
+fn cel_matches_any(value: &str, patterns: &[String]) -> Option<String> {
+    let exact: Vec<String> = patterns
+        .iter()
+        .filter(|p| !p.ends_with('*'))
+        .map(|p| cel_string(p))
+        .collect();
+    let mut terms: Vec<String> = Vec::new();
+    if !exact.is_empty() {
+        terms.push(format!("{value} in [{}]", exact.join(", ")));
+    }
+    terms.extend(
+        patterns
+            .iter()
+            .filter_map(|p| p.strip_suffix('*'))
+            .map(|prefix| format!("{value}.startsWith({})", cel_string(prefix))),
+    );
+    (!terms.is_empty()).then(|| terms.join(" || "))
+}
+
+/// The exemptions of the admission service (`admission.exemptUsers`, `exemptGroups`,
+/// `exemptNamespaces`) as `matchConditions`: every one must hold for the webhook to be
+/// called, so each says "not exempt this way". The same rules the service applies
+/// (`admission::policies`), evaluated by the API server instead.
+pub fn exemption_conditions(a: &AdmissionConfig) -> Vec<Value> {
+    let mut out = Vec::new();
+    if let Some(user) = cel_matches_any("request.userInfo.username", &a.exempt_users) {
+        out.push(json!({"name": "not-an-exempt-user", "expression": format!("!({user})")}));
+    }
+    if !a.exempt_groups.is_empty() {
+        let groups: Vec<String> = a.exempt_groups.iter().map(|g| cel_string(g)).collect();
+        out.push(json!({
+            "name": "not-in-an-exempt-group",
+            "expression": format!(
+                "!(has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in [{}]))",
+                groups.join(", ")
+            ),
+        }));
+    }
+    if let Some(ns) = cel_matches_any("request.namespace", &a.exempt_namespaces) {
+        out.push(json!({
+            "name": "not-in-an-exempt-namespace",
+            "expression": format!("!(has(request.namespace) && ({ns}))"),
+        }));
+    }
+    out
+}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct HostedWebhooks {
@@ -115,7 +215,12 @@ fn guarded_object_selector(sel: Option<&LabelSelector>) -> Value {
     )
 }
 
-fn webhook_json(w: &WebhookDefinition, url_base: &str, ca_bundle: &ByteString) -> Value {
+fn webhook_json(
+    w: &WebhookDefinition,
+    url_base: &str,
+    ca_bundle: &ByteString,
+    conditions: &[Value],
+) -> Value {
     let mut v = json!({
         "name": w.name,
         "clientConfig": {
@@ -145,6 +250,10 @@ fn webhook_json(w: &WebhookDefinition, url_base: &str, ca_bundle: &ByteString) -
     if w.kind == WebhookKind::Mutating {
         v["reinvocationPolicy"] = json!("Never");
     }
+    // The probe answers whoever sends it: it proves the path, whatever the identity.
+    if !conditions.is_empty() && Builtin::for_path(&w.path) != Some(Builtin::Probe) {
+        v["matchConditions"] = json!(conditions);
+    }
     v
 }
 
@@ -173,12 +282,18 @@ pub fn render(
     hcp_namespace: &str,
     url_base: &str,
     ca_bundle_pem: &str,
+    features: HostedFeatures,
 ) -> Result<HostedWebhooks, WebhookRenderError> {
     let ca = ByteString(ca_bundle_pem.as_bytes().to_vec());
+    let conditions = if features.match_conditions {
+        exemption_conditions(&cfg.admission)
+    } else {
+        Vec::new()
+    };
     let of_kind = |kind: WebhookKind| -> Vec<Value> {
         cfg.active_webhooks()
             .filter(|w| w.kind == kind)
-            .map(|w| webhook_json(w, url_base, &ca))
+            .map(|w| webhook_json(w, url_base, &ca, &conditions))
             .collect()
     };
     let err = |e: serde_json::Error| WebhookRenderError {
@@ -245,14 +360,102 @@ mod tests {
     use crate::config::Mode;
 
     fn rendered() -> HostedWebhooks {
+        rendered_with(HostedFeatures::default())
+    }
+
+    fn rendered_with(features: HostedFeatures) -> HostedWebhooks {
         let cfg = AgentConfig::default();
         render(
             &cfg,
             "clusters-hc-1",
             &default_url_base(&cfg, "clusters-hc-1"),
             "CA-PEM",
+            features,
         )
         .expect("render")
+    }
+
+    #[test]
+    fn exemptions_become_match_conditions_where_served_and_never_on_the_probe() {
+        let served = rendered_with(HostedFeatures {
+            match_conditions: true,
+        });
+        let mut hooks = served.validating.expect("v").webhooks.expect("hooks");
+        hooks.extend(
+            served
+                .mutating
+                .expect("m")
+                .webhooks
+                .expect("hooks")
+                .into_iter()
+                .map(|m| {
+                    serde_json::from_value(serde_json::to_value(m).expect("json"))
+                        .expect("same shape")
+                }),
+        );
+        for h in &hooks {
+            let conditions = h.match_conditions.clone().unwrap_or_default();
+            let is_probe = h
+                .client_config
+                .url
+                .as_deref()
+                .is_some_and(|u| u.ends_with("/probe"));
+            if is_probe {
+                assert!(
+                    conditions.is_empty(),
+                    "{}: the probe answers anyone",
+                    h.name
+                );
+            } else {
+                let names: Vec<&str> = conditions.iter().map(|c| c.name.as_str()).collect();
+                assert_eq!(
+                    names,
+                    [
+                        "not-an-exempt-user",
+                        "not-in-an-exempt-group",
+                        "not-in-an-exempt-namespace"
+                    ],
+                    "{}",
+                    h.name
+                );
+            }
+        }
+        // Not served: nothing the server would drop (which would read as drift forever).
+        let plain = rendered();
+        for h in plain.validating.expect("v").webhooks.expect("hooks") {
+            assert!(h.match_conditions.is_none(), "{}", h.name);
+        }
+    }
+
+    #[test]
+    fn exemption_conditions_say_what_the_service_exempts() {
+        let mut a = AdmissionConfig {
+            exempt_users: vec![
+                "system:admin".into(),
+                "system:serviceaccount:hypershift:*".into(),
+            ],
+            exempt_groups: vec!["system:masters".into()],
+            exempt_namespaces: vec!["kube-*".into(), "default".into(), "it's".into()],
+            ..Default::default()
+        };
+        let c = exemption_conditions(&a);
+        assert_eq!(
+            c[0]["expression"],
+            "!(request.userInfo.username in ['system:admin'] || request.userInfo.username.startsWith('system:serviceaccount:hypershift:'))"
+        );
+        assert_eq!(
+            c[1]["expression"],
+            "!(has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in ['system:masters']))"
+        );
+        assert_eq!(
+            c[2]["expression"],
+            "!(has(request.namespace) && (request.namespace in ['default', 'it\\'s'] || request.namespace.startsWith('kube-')))"
+        );
+        // Nothing exempt: no condition at all.
+        a.exempt_users.clear();
+        a.exempt_groups.clear();
+        a.exempt_namespaces.clear();
+        assert!(exemption_conditions(&a).is_empty());
     }
 
     #[test]
@@ -320,7 +523,7 @@ mod tests {
                 w.mode = Mode::Off;
             }
         }
-        let r = render(&cfg, "ns", "https://x", "CA").expect("render");
+        let r = render(&cfg, "ns", "https://x", "CA", HostedFeatures::default()).expect("render");
         assert!(r.mutating.is_none());
         assert!(r.validating.is_some());
     }
