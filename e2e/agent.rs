@@ -1140,16 +1140,7 @@ async fn uninstall_removes_webhooks_first_and_keeps_what_it_cannot_reach() {
         stdout.contains("error: clusters-hc-2: hosted cluster"),
         "{stdout}"
     );
-    let owned = kube::api::ListParams::default().labels(&format!("{OWNED_LABEL}=true"));
-    assert!(vapi.list(&owned).await.expect("list").items.is_empty());
-    assert!(
-        Api::<MutatingWebhookConfiguration>::all(hc1)
-            .list(&owned)
-            .await
-            .expect("list")
-            .items
-            .is_empty()
-    );
+    assert_eq!(support::owned_webhook_configurations(&hc1).await, 0);
     let ns1 = hcp_namespace("hc-1");
     let ns2 = hcp_namespace("hc-2");
     let deployments = |ns: &str| Api::<Deployment>::namespaced(mgmt.clone(), ns);

@@ -974,7 +974,6 @@ fn promql_metric_names_are_found_and_labels_are_not() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[allow(unsafe_code)]
 async fn the_uninstall_hook_stops_the_agent_then_removes_webhooks_and_admission_services() {
-    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
     use k8s_openapi::api::apps::v1::Deployment;
     use k8s_openapi::api::rbac::v1::RoleBinding;
     let (fleet, admin, _pods) = support::fleet_with_pods(1).await;
@@ -1141,18 +1140,7 @@ async fn the_uninstall_hook_stops_the_agent_then_removes_webhooks_and_admission_
         .client()
         .await
         .expect("hc-1");
-    let owned = ListParams::default().labels(&format!(
-        "{}=true",
-        hcp_fleet_agent::hosted::webhooks::OWNED_LABEL
-    ));
-    assert!(
-        Api::<ValidatingWebhookConfiguration>::all(hc1)
-            .list(&owned)
-            .await
-            .expect("list")
-            .items
-            .is_empty()
-    );
+    assert_eq!(support::owned_webhook_configurations(&hc1).await, 0);
     let svc = "hcp-fleet-admission";
     let deployments = Api::<Deployment>::namespaced(admin.clone(), &ns);
     let bindings = Api::<RoleBinding>::namespaced(admin.clone(), &ns);

@@ -18,8 +18,7 @@ archive="${1:-target/image/hcp-fleet-agent.oci.tar}"
 say() { echo "[image-check] $*" >&2; }
 die() { say "error: $*"; exit 1; }
 [ -f "$archive" ] || die "$archive not found (make image)"
-repository="$(sed -n 's/^  repository: *//p' charts/hcp-fleet-agent/values.yaml | head -n 1)"
-version="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/hcp-fleet-agent/Chart.yaml)"
+image="$(bash hack/image.sh name)" || die "cannot tell the image's name"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -29,7 +28,7 @@ for blob in "$work"/layout/blobs/sha256/*; do
   [ "$(sha256sum "$blob" | cut -c1-64)" = "$(basename "$blob")" ] || die "blob $(basename "$blob") does not match its digest"
 done
 # index -> manifest -> config and layers; prints: user, entrypoint, then one layer digest per line.
-facts="$(python3 - "$work/layout" "$repository:$version" <<'PY'
+facts="$(python3 - "$work/layout" "$image" <<'PY'
 import json, sys
 root, want_ref = sys.argv[1], sys.argv[2]
 def blob(d): return json.load(open(f"{root}/blobs/sha256/{d.split(':', 1)[1]}"))
@@ -81,4 +80,4 @@ out="$(CHECK_LOG=hyper_util::client::legacy::connect::http=debug run uninstall -
 grep -q "connecting to 127.0.0.1:1" <<<"$out" \
   || die "in-cluster access does not get as far as connecting:"$'\n'"$out"
 say "in-cluster configuration loaded, kube-apiserver.image-check.svc resolved from /etc/hosts"
-say "ok: $repository:$version"
+say "ok: $image"

@@ -3,6 +3,7 @@
 #
 #   hack/image.sh            the static release binary, then target/image/hcp-fleet-agent.oci.tar
 #   hack/image.sh binary     only the static binary (for buildah/podman/docker with Containerfile)
+#   hack/image.sh name       only the image's name (hack/image-check.sh reads it here)
 #
 # The binary is linked statically against glibc (-C target-feature=+crt-static); since glibc
 # 2.34 its DNS and files name lookups live in libc itself, so a scratch image resolves Service
@@ -14,6 +15,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { echo "[image] $*" >&2; }
 die() { say "error: $*"; exit 1; }
+
+repository="$(sed -n 's/^  repository: *//p' charts/hcp-fleet-agent/values.yaml | head -n 1)"
+version="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/hcp-fleet-agent/Chart.yaml)"
+[ -n "$repository" ] && [ -n "$version" ] || die "cannot read the chart's image repository and appVersion"
+[ "${1:-}" = name ] && { echo "$repository:$version"; exit 0; }
 
 target=x86_64-unknown-linux-gnu
 binary="target/$target/release/hcp-fleet-agent"
@@ -32,9 +38,6 @@ if ! command -v umoci >/dev/null 2>&1; then
     || die "cannot install umoci"
 fi
 
-repository="$(sed -n 's/^  repository: *//p' charts/hcp-fleet-agent/values.yaml | head -n 1)"
-version="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/hcp-fleet-agent/Chart.yaml)"
-[ -n "$repository" ] && [ -n "$version" ] || die "cannot read the chart's image repository and appVersion"
 
 work="target/image"
 layout="$work/layout"

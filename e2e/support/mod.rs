@@ -326,3 +326,21 @@ where
 {
     api.get_opt(name).await.expect("get").is_none()
 }
+
+/// How many webhook configurations (both kinds) the agent owns in a hosted cluster.
+pub async fn owned_webhook_configurations(hosted: &kube::Client) -> usize {
+    use k8s_openapi::api::admissionregistration::v1::{
+        MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    };
+    let owned = kube::api::ListParams::default()
+        .labels(&hcp_fleet_agent::hosted::webhooks::owned_selector());
+    let v = kube::Api::<ValidatingWebhookConfiguration>::all(hosted.clone())
+        .list(&owned)
+        .await
+        .expect("list");
+    let m = kube::Api::<MutatingWebhookConfiguration>::all(hosted.clone())
+        .list(&owned)
+        .await
+        .expect("list");
+    v.items.len() + m.items.len()
+}
