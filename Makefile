@@ -64,11 +64,13 @@ lint:
 fmt:
 	$(CARGO) fmt --all
 
-# The admission service under load (BENCH_SECONDS), then the agent against 16 real hosted
-# kube-apiservers (BENCH_HOSTED, BENCH_IDLE_SECONDS).
+# The admission service under load (BENCH_SECONDS), the guards' two engines side by side
+# through a hosted kube-apiserver (BENCH_SECONDS, BENCH_CLIENTS), then the agent against 16
+# real hosted kube-apiservers (BENCH_HOSTED, BENCH_IDLE_SECONDS).
 bench:
 	$(CARGO) bench --bench admission
 	@assets="$$(bash hack/testbed-versions.sh | tail -n 1)" && \
+	KUBEBUILDER_ASSETS="$$assets" $(CARGO) bench --bench engines && \
 	KUBEBUILDER_ASSETS="$$assets" $(CARGO) bench --bench fleet
 
 # The container image of Containerfile, as an OCI archive (target/image/hcp-fleet-agent.oci.tar),

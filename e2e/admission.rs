@@ -12,8 +12,9 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use hcp_fleet_agent::agent::{self, AgentHandle, StartOptions};
+use hcp_fleet_agent::catalogue::Builtin;
 use hcp_fleet_agent::certificates::{self, KeyedCert, Usage};
-use hcp_fleet_agent::config::{AgentConfig, Mode};
+use hcp_fleet_agent::config::{AgentConfig, GuardEngine, Mode};
 use hcp_fleet_agent::controller::AdmissionEndpoints;
 use hcp_fleet_agent::crd::AdmissionHealth;
 use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet, kubelet};
@@ -113,6 +114,7 @@ async fn grant_alice(bed: &Bed) {
             {"apiGroups": ["security.openshift.io"], "resources": ["securitycontextconstraints"], "verbs": ["get", "update", "patch", "delete"]},
             {"apiGroups": ["config.openshift.io"], "resources": ["ingresses"], "verbs": ["get", "update", "patch", "delete"]},
             {"apiGroups": ["operator.openshift.io"], "resources": ["networks"], "verbs": ["get", "update", "patch"]},
+            {"apiGroups": ["upgrade.managed.openshift.io"], "resources": ["upgradeconfigs"], "verbs": ["get", "create"]},
             // kubectl's server-side dry-run reads the CRD when the new type is not yet in the
             // published OpenAPI; without this the checks below race the API server.
             {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["get", "list"]},
@@ -133,6 +135,34 @@ async fn grant_alice(bed: &Bed) {
         .create(&PostParams::default(), &binding)
         .await
         .expect("binding");
+}
+
+/// kubectl against hc-1 with `input` on its standard input: (success, stdout + stderr).
+fn kubectl_stdin(bed: &Bed, args: &[&str], input: &str) -> (bool, String) {
+    use std::io::Write;
+    let assets = hcp_fleet_agent::localcp::Assets::resolve(None).expect("assets");
+    let mut child = Command::new(&assets.kubectl)
+        .arg("--kubeconfig")
+        .arg(&bed.fleet.hosted("hc-1").expect("hc-1").kubeconfig_path)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input.as_bytes())
+        .expect("write");
+    let out = child.wait_with_output().expect("kubectl");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
 }
 
 /// kubectl against hc-1, as a user would run it: (success, stdout + stderr).
@@ -160,8 +190,28 @@ const DELETE_AS_ALICE: &[&str] = &[
     "--dry-run=server",
 ];
 
-fn with_mode(mode: Mode) -> AgentConfig {
+/// Every guard with a CEL form on `engine`; the probe and the Service mutation stay webhooks.
+fn with_engine(engine: GuardEngine) -> AgentConfig {
     let mut cfg = AgentConfig::default();
+    for w in &mut cfg.webhooks {
+        if engine != GuardEngine::Policy || is_cel_guard(&w.path) {
+            w.engine = engine;
+        }
+    }
+    cfg
+}
+
+/// The tests of the admission service's own path (exemptions, certificates, restarts) keep
+/// every guard a webhook, so each guarded request calls the service.
+fn through_the_service() -> AgentConfig {
+    with_engine(GuardEngine::Webhook)
+}
+
+fn is_cel_guard(path: &str) -> bool {
+    Builtin::for_path(path).is_some_and(|b| b.row().cel)
+}
+
+fn with_mode(mut cfg: AgentConfig, mode: Mode) -> AgentConfig {
     for w in &mut cfg.webhooks {
         if w.path == "/validate/protected-rbac" {
             w.mode = mode;
@@ -170,13 +220,52 @@ fn with_mode(mode: Mode) -> AgentConfig {
     cfg
 }
 
+/// Each guard through the hosted kube-apiserver on the engine asked for: a regular user is
+/// denied with the guard's own text, an exempt identity passes, a harmless change passes,
+/// warn mode warns and off says nothing. The API server's prefix shows which engine answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn enforce_exempt_warn_and_off_through_the_hosted_apiserver() {
-    let bed = bed(AgentConfig::default()).await;
+async fn each_guard_answers_through_its_webhook() {
+    each_guard_answers_through(GuardEngine::Webhook).await;
+}
+
+/// The same through ValidatingAdmissionPolicy, where served (1.30 on). On 1.20 the guards fall
+/// back to their webhooks and the health record says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_guard_answers_through_its_admission_policy() {
+    each_guard_answers_through(GuardEngine::Policy).await;
+}
+
+async fn each_guard_answers_through(engine: GuardEngine) {
+    let cfg = with_engine(engine);
+    let bed = bed(cfg.clone()).await;
+    let served = bed.fleet.version.at_least(1, 30);
+    let by_policy = engine == GuardEngine::Policy && served;
+    // Who answered, as the API server words it.
+    let answered_by = |guard: &str| {
+        if by_policy {
+            format!(
+                "ValidatingAdmissionPolicy '{guard}' with binding '{guard}' denied request: hcp-fleet:"
+            )
+        } else {
+            format!("admission webhook \"{guard}\" denied the request: hcp-fleet:")
+        }
+    };
+    let rbac = "protected-rbac.hcp-fleet.openshift.io";
+    if engine == GuardEngine::Policy && !served {
+        wait_concern(&bed.mgmt, "hosted-webhooks", "NonCompliant").await;
+        let text = last_message(&bed.mgmt, "hosted-webhooks").await;
+        assert!(
+            text.contains(&format!(
+                "{rbac} asks for engine policy, but this hosted kube-apiserver does not serve"
+            )),
+            "{text}"
+        );
+    }
 
     // enforce: a regular user is denied with the service's message.
     let (ok, out) = kubectl(&bed, DELETE_AS_ALICE);
     assert!(!ok && out.contains(PROTECTED), "{out}");
+    assert!(out.contains(&answered_by(rbac)), "{out}");
     // an exempt identity (system:masters) is allowed.
     let (ok, out) = kubectl(
         &bed,
@@ -224,7 +313,8 @@ async fn enforce_exempt_warn_and_off_through_the_hosted_apiserver() {
         ],
     );
     assert!(
-        !ok && out.contains("featureSet TechPreviewNoUpgrade is not allowed"),
+        !ok && out.contains(&answered_by("featuregate.hcp-fleet.openshift.io"))
+            && out.contains(hcp_fleet_agent::catalogue::denial::FEATURE_GATE),
         "{out}"
     );
     let (ok, out) = kubectl(
@@ -241,6 +331,22 @@ async fn enforce_exempt_warn_and_off_through_the_hosted_apiserver() {
         ],
     );
     assert!(ok, "{out}");
+
+    // The managed API groups belong to the service's operators (in a user's namespace:
+    // default is exempt).
+    hcp_fleet_agent::localcp::fixtures::ensure_namespace(&hosted, "team-a", Default::default())
+        .await
+        .expect("namespace");
+    let (ok, out) = kubectl_stdin(
+        &bed,
+        &["--as=alice", "create", "-f", "-", "--dry-run=server"],
+        r#"{"apiVersion": "upgrade.managed.openshift.io/v1alpha1", "kind": "UpgradeConfig", "metadata": {"name": "osd-upgrade", "namespace": "team-a"}, "spec": {}}"#,
+    );
+    assert!(
+        !ok && out.contains(&answered_by("managed-api-groups.hcp-fleet.openshift.io"))
+            && out.contains("upgradeconfigs in API group upgrade.managed.openshift.io is managed by the service; regular users may not create it"),
+        "{out}"
+    );
 
     // A default SCC cannot be weakened; relabelling it is fine.
     let scc_ar = kube::core::ApiResource::from_gvk_with_plural(
@@ -273,7 +379,8 @@ async fn enforce_exempt_warn_and_off_through_the_hosted_apiserver() {
         ],
     );
     assert!(
-        !ok && out.contains("changing the default SecurityContextConstraints \"restricted\""),
+        !ok && out.contains(&answered_by("scc.hcp-fleet.openshift.io"))
+            && out.contains("changing the default SecurityContextConstraints \"restricted\""),
         "{out}"
     );
     let (ok, out) = kubectl(
@@ -333,7 +440,8 @@ async fn enforce_exempt_warn_and_off_through_the_hosted_apiserver() {
         ],
     );
     assert!(
-        !ok && out.contains("changing the spec of the ingress config \"cluster\""),
+        !ok && out.contains(&answered_by("ingress-config.hcp-fleet.openshift.io"))
+            && out.contains("changing the spec of the ingress config \"cluster\""),
         "{out}"
     );
     let (ok, out) = kubectl(
@@ -350,7 +458,8 @@ async fn enforce_exempt_warn_and_off_through_the_hosted_apiserver() {
         ],
     );
     assert!(
-        !ok && out.contains("network migrations are run by SRE"),
+        !ok && out.contains(&answered_by("network-migration.hcp-fleet.openshift.io"))
+            && out.contains("network migrations are run by SRE"),
         "{out}"
     );
     let (ok, out) = kubectl(
@@ -368,13 +477,35 @@ async fn enforce_exempt_warn_and_off_through_the_hosted_apiserver() {
     );
     assert!(ok, "{out}");
 
+    if by_policy {
+        // Denied and exempt alike, no request of these guards reached the admission service.
+        for guard in [
+            rbac,
+            "featuregate.hcp-fleet.openshift.io",
+            "scc.hcp-fleet.openshift.io",
+        ] {
+            assert_eq!(service_requests(&bed, guard).await, 0.0, "{guard}");
+        }
+        policies_are_kept_from_drifting_and_type_checked(&bed, &hosted).await;
+    }
+
     // warn: the same request is allowed, with a Warning naming what would have been denied.
-    bed.agent.set_config(with_mode(Mode::Warn));
+    // The same words through either engine; the policy's warning has the API server's prefix.
+    bed.agent.set_config(with_mode(cfg.clone(), Mode::Warn));
+    let warned = format!("{rbac} (warn mode) would deny: {PROTECTED}");
+    let prefix = if by_policy {
+        format!(
+            "Warning: Validation failed for ValidatingAdmissionPolicy '{rbac}' with binding '{rbac}': "
+        )
+    } else {
+        "Warning: ".to_string()
+    };
     eventually("warn mode in force", Duration::from_secs(60), || {
         let r = kubectl(&bed, DELETE_AS_ALICE);
+        let want = format!("{prefix}{warned}");
         async move {
             match r {
-                (true, out) if out.contains("Warning: protected-rbac.hcp-fleet.openshift.io (warn mode) would deny: hcp-fleet:") => Ok(()),
+                (true, out) if out.contains(&want) => Ok(()),
                 (_, out) => Err(out),
             }
         }
@@ -382,7 +513,7 @@ async fn enforce_exempt_warn_and_off_through_the_hosted_apiserver() {
     .await;
 
     // off: allowed, and nothing said.
-    bed.agent.set_config(with_mode(Mode::Off));
+    bed.agent.set_config(with_mode(cfg, Mode::Off));
     eventually("off mode in force", Duration::from_secs(60), || {
         let r = kubectl(&bed, DELETE_AS_ALICE);
         async move {
@@ -395,45 +526,148 @@ async fn enforce_exempt_warn_and_off_through_the_hosted_apiserver() {
     .await;
 }
 
-/// How many AdmissionReviews for `webhook` the admission service of hc-1 has answered, summed
-/// over its replicas (their `/metrics`, as a Prometheus would scrape them).
-async fn service_requests(bed: &Bed, webhook: &str) -> f64 {
-    use hcp_fleet_agent::localcp::kubelet::LOCAL_REPLICAS_ANNOTATION;
-    use kube::ResourceExt;
-    let svc = Api::<k8s_openapi::api::core::v1::Service>::namespaced(bed.mgmt.clone(), NS)
-        .get("hcp-fleet-admission")
-        .await
-        .expect("service");
-    let ca = Api::<Secret>::namespaced(bed.mgmt.clone(), NS)
-        .get("hcp-fleet-admission-tls")
-        .await
-        .expect("tls secret")
-        .data
-        .and_then(|d| {
-            d.get("ca.crt")
-                .map(|b| String::from_utf8_lossy(&b.0).to_string())
-        })
-        .expect("ca.crt");
-    let needle = format!("webhook=\"{webhook}\"");
-    let mut total = 0.0;
-    for addr in svc
-        .annotations()
-        .get(LOCAL_REPLICAS_ANNOTATION)
-        .map(String::as_str)
-        .unwrap_or_default()
-        .split(',')
-        .filter_map(|a| a.parse::<std::net::SocketAddr>().ok())
-    {
-        let (_, body) = kubelet::https_get(addr.port(), &ca, "/metrics")
-            .await
-            .unwrap_or_else(|e| panic!("scraping {addr}: {e}"));
-        total += body
+/// A guard's policy edited and its binding deleted by someone else are put back (and counted
+/// as drift); a type-check warning the API server writes on a policy makes the hosted-webhooks
+/// concern NonCompliant with its text, and clears with it. (The test bed runs no
+/// kube-controller-manager, whose controller writes `status.typeChecking`; the test writes it
+/// as that controller would, through the status subresource.)
+async fn policies_are_kept_from_drifting_and_type_checked(bed: &Bed, hosted: &Client) {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let rbac = "protected-rbac.hcp-fleet.openshift.io";
+    let papi = Api::<ValidatingAdmissionPolicy>::all(hosted.clone());
+    let bapi = Api::<ValidatingAdmissionPolicyBinding>::all(hosted.clone());
+    let expression = |p: &ValidatingAdmissionPolicy| {
+        p.spec
+            .as_ref()
+            .and_then(|s| s.validations.as_ref())
+            .and_then(|v| v.first())
+            .map(|v| v.expression.clone())
+            .unwrap_or_default()
+    };
+    let drift = |kind: &str| {
+        let needle = format!(
+            "hcp_fleet_webhook_drift_total{{hcp_namespace=\"{NS}\",hosted_cluster=\"hc-1\",kind=\"{kind}\"}}"
+        );
+        bed.agent
+            .context
+            .metrics
+            .encode()
             .lines()
-            .filter(|l| l.starts_with("hcp_fleet_admission_requests_total{") && l.contains(&needle))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>();
-    }
-    total
+            .find(|l| l.starts_with(&needle))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let original = expression(&papi.get(rbac).await.expect("policy"));
+    papi.patch(
+        rbac,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"validations": [{"expression": "true"}]}})),
+    )
+    .await
+    .expect("edit the policy");
+    eventually(
+        "the edited policy repaired",
+        Duration::from_secs(15),
+        || {
+            let papi = papi.clone();
+            let original = original.clone();
+            async move {
+                let now = expression(&papi.get(rbac).await.map_err(|e| e.to_string())?);
+                if now == original { Ok(()) } else { Err(now) }
+            }
+        },
+    )
+    .await;
+    bapi.delete(rbac, &DeleteParams::default())
+        .await
+        .expect("delete the binding");
+    eventually(
+        "the deleted binding repaired",
+        Duration::from_secs(15),
+        || {
+            let bapi = bapi.clone();
+            async move {
+                match bapi.get_opt(rbac).await.map_err(|e| e.to_string())? {
+                    Some(_) => Ok(()),
+                    None => Err("still deleted".into()),
+                }
+            }
+        },
+    )
+    .await;
+    eventually("both counted as drift", Duration::from_secs(10), || {
+        let (p, b) = (
+            drift("ValidatingAdmissionPolicy"),
+            drift("ValidatingAdmissionPolicyBinding"),
+        );
+        async move {
+            if p >= 1.0 && b >= 1.0 {
+                Ok(())
+            } else {
+                Err(format!("policy {p}, binding {b}"))
+            }
+        }
+    })
+    .await;
+    // And the guard denies again, through the repaired pair.
+    eventually("the repaired guard denies", Duration::from_secs(15), || {
+        let r = kubectl(bed, DELETE_AS_ALICE);
+        async move {
+            match r {
+                (false, out) if out.contains(PROTECTED) => Ok(()),
+                (_, out) => Err(out),
+            }
+        }
+    })
+    .await;
+
+    let warning = "no such key: spec (written by the test as kube-controller-manager would)";
+    let set_status = |status: serde_json::Value| {
+        let papi = papi.clone();
+        async move {
+            papi.patch_status(
+                rbac,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"status": status})),
+            )
+            .await
+            .expect("status")
+        }
+    };
+    set_status(serde_json::json!({"typeChecking": {"expressionWarnings": [
+        {"fieldRef": "spec.validations[0].expression", "warning": warning},
+    ]}}))
+    .await;
+    wait_concern(&bed.mgmt, "hosted-webhooks", "NonCompliant").await;
+    let text = last_message(&bed.mgmt, "hosted-webhooks").await;
+    assert!(
+        text.contains(&format!("type check: ValidatingAdmissionPolicy {rbac}: spec.validations[0].expression: {warning}")),
+        "{text}"
+    );
+    set_status(serde_json::json!({"typeChecking": null})).await;
+    wait_concern(&bed.mgmt, "hosted-webhooks", "Compliant").await;
+}
+
+/// The newest history message of one concern of hc-1's health record.
+async fn last_message(mgmt: &Client, concern: &str) -> String {
+    let h = Api::<AdmissionHealth>::namespaced(mgmt.clone(), NS)
+        .get(HEALTH_NAME)
+        .await
+        .expect("health record");
+    h.status
+        .unwrap_or_default()
+        .concerns
+        .into_iter()
+        .find(|c| c.name == concern)
+        .and_then(|c| c.history.first().map(|e| e.message.clone()))
+        .unwrap_or_default()
+}
+
+/// How many AdmissionReviews for `webhook` the admission service of hc-1 has answered.
+async fn service_requests(bed: &Bed, webhook: &str) -> f64 {
+    support::service_requests(&bed.mgmt, NS, webhook).await
 }
 
 /// The exemptions where the hosted API server can apply them: it keeps webhook
@@ -445,7 +679,7 @@ async fn service_requests(bed: &Bed, webhook: &str) -> f64 {
 async fn exempt_identities_never_call_the_service_where_the_api_server_filters_them() {
     use hcp_fleet_agent::hosted::webhooks::VALIDATING_NAME;
     use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
-    let bed = bed(AgentConfig::default()).await;
+    let bed = bed(through_the_service()).await;
     let filtered = bed.fleet.version.at_least(1, 28);
     let hooks = Api::<ValidatingWebhookConfiguration>::all(hc1_admin(&bed).await)
         .get(VALIDATING_NAME)
@@ -628,7 +862,7 @@ async fn newest(mgmt: &Client, template: &str) -> (Option<String>, String) {
 // Sends signals to child processes (libc::kill).
 #[allow(unsafe_code)]
 async fn a_stopped_admission_service_is_reported_within_five_seconds() {
-    let bed = bed(AgentConfig::default()).await;
+    let bed = bed(through_the_service()).await;
     let pids = webhook_pids(bed.pods.path());
     assert_eq!(pids.len(), 2, "two admission replicas for hc-1: {pids:?}");
     let signal = |sig: i32| {
@@ -755,6 +989,8 @@ struct GuardLoad {
 struct LoadCounts {
     sent: usize,
     denied: usize,
+    /// Denied by an admission policy (the rest of `denied` by the webhook).
+    by_policy: usize,
     /// Let through: what failurePolicy Ignore does when the service cannot be reached.
     allowed: usize,
     other: usize,
@@ -788,7 +1024,10 @@ impl GuardLoad {
                     Ok(Err(kube::Error::Api(s)))
                         if s.code == 403 && s.message.contains(PROTECTED) =>
                     {
-                        c.denied += 1
+                        c.denied += 1;
+                        if s.message.contains("ValidatingAdmissionPolicy") {
+                            c.by_policy += 1;
+                        }
                     }
                     Ok(Ok(())) => c.allowed += 1,
                     other => {
@@ -810,10 +1049,111 @@ impl GuardLoad {
     }
 }
 
+/// The guards moved from webhooks to admission policies and back under 50 guarded requests per
+/// second: each move writes the new path, waits until the API server answers its probe, and
+/// only then removes the old one, so every request is denied with the guard's text, by one
+/// path or the other. On a server without admission policies (1.20) the move is refused by
+/// the server's discovery: the webhooks keep guarding, and nothing is let through either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switching_engines_under_load_lets_nothing_through() {
+    use hcp_fleet_agent::hosted::webhooks::VALIDATING_NAME;
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingWebhookConfiguration,
+    };
+    let _turn = LOAD_TURN.lock().await;
+    let bed = bed(through_the_service()).await;
+    let served = bed.fleet.version.at_least(1, 30);
+    let hosted = hc1_admin(&bed).await;
+    let rbac = "protected-rbac.hcp-fleet.openshift.io";
+    // Which paths carry protected RBAC now: (webhook entry, policy).
+    let paths = || {
+        let hosted = hosted.clone();
+        async move {
+            let hook = Api::<ValidatingWebhookConfiguration>::all(hosted.clone())
+                .get_opt(VALIDATING_NAME)
+                .await
+                .map_err(|e| e.to_string())?
+                .and_then(|v| v.webhooks)
+                .unwrap_or_default()
+                .iter()
+                .any(|w| w.name == rbac);
+            let policy = if served {
+                Api::<ValidatingAdmissionPolicy>::all(hosted)
+                    .get_opt(rbac)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .is_some()
+            } else {
+                false
+            };
+            Ok::<_, String>((hook, policy))
+        }
+    };
+    assert_eq!(paths().await, Ok((true, false)));
+    let load = GuardLoad::start(alice(&bed).await);
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    bed.agent.set_config(with_engine(GuardEngine::Policy));
+    if served {
+        eventually(
+            "the guards moved to policies",
+            Duration::from_secs(30),
+            || {
+                let p = paths();
+                async move {
+                    match p.await? {
+                        (false, true) => Ok(()),
+                        other => Err(format!("{other:?}")),
+                    }
+                }
+            },
+        )
+        .await;
+    } else {
+        wait_concern(&bed.mgmt, "hosted-webhooks", "NonCompliant").await;
+        assert_eq!(
+            paths().await,
+            Ok((true, false)),
+            "the webhook keeps guarding"
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    bed.agent.set_config(through_the_service());
+    eventually(
+        "the guards back on webhooks",
+        Duration::from_secs(30),
+        || {
+            let p = paths();
+            async move {
+                match p.await? {
+                    (true, false) => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let counts = load.stop().await;
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!("engine switches under load: {counts:?} in {secs:.1}s");
+    assert_nothing_let_through(&counts, 500);
+    if served {
+        assert!(
+            counts.by_policy > 0 && counts.by_policy < counts.denied,
+            "both engines answered during the run: {counts:?}"
+        );
+    } else {
+        assert_eq!(counts.by_policy, 0, "{counts:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_certificate_replaced_under_load_loses_no_request() {
     let _turn = LOAD_TURN.lock().await;
-    let bed = bed(AgentConfig::default()).await;
+    let bed = bed(through_the_service()).await;
     let load = GuardLoad::start(alice(&bed).await);
     let started = Instant::now();
     tokio::time::sleep(Duration::from_secs(10)).await;
@@ -876,7 +1216,7 @@ async fn a_certificate_replaced_under_load_loses_no_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_certificate_secrets_deleted_under_load_let_nothing_through() {
     let _turn = LOAD_TURN.lock().await;
-    let bed = bed(AgentConfig::default()).await;
+    let bed = bed(through_the_service()).await;
     let hosted = hc1_admin(&bed).await;
     let trust = || trust_of(&hosted);
     let before = trust().await;
@@ -935,7 +1275,7 @@ async fn the_certificate_secrets_deleted_under_load_let_nothing_through() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replaced_ca_and_a_planned_rotation_under_load_let_nothing_through() {
     let _turn = LOAD_TURN.lock().await;
-    let bed = bed(AgentConfig::default()).await;
+    let bed = bed(through_the_service()).await;
     let hosted = hc1_admin(&bed).await;
     let trust = || trust_of(&hosted);
     let secrets: Api<Secret> = Api::namespaced(bed.mgmt.clone(), NS);
@@ -1056,7 +1396,7 @@ async fn a_replaced_ca_and_a_planned_rotation_under_load_let_nothing_through() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_under_load_lets_nothing_through() {
     let _turn = LOAD_TURN.lock().await;
-    let bed = bed(AgentConfig::default()).await;
+    let bed = bed(through_the_service()).await;
     let before = webhook_pids(bed.pods.path());
     assert_eq!(before.len(), 2, "{before:?}");
     let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(bed.mgmt.clone(), NS);

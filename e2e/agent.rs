@@ -1133,14 +1133,17 @@ async fn uninstall_removes_webhooks_first_and_keeps_what_it_cannot_reach() {
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     assert_eq!(out.status.code(), Some(1), "{stdout}");
     assert!(
-        stdout.contains("clusters-hc-1: removed 2 hosted webhook configuration(s)"),
+        stdout.contains(&format!(
+            "clusters-hc-1: removed {} hosted object(s)",
+            support::default_hosted_objects(fleet.version.at_least(1, 30))
+        )),
         "{stdout}"
     );
     assert!(
         stdout.contains("error: clusters-hc-2: hosted cluster"),
         "{stdout}"
     );
-    assert_eq!(support::owned_webhook_configurations(&hc1).await, 0);
+    assert_eq!(support::owned_hosted_objects(&hc1).await, 0);
     let ns1 = hcp_namespace("hc-1");
     let ns2 = hcp_namespace("hc-2");
     let deployments = |ns: &str| Api::<Deployment>::namespaced(mgmt.clone(), ns);

@@ -1131,7 +1131,10 @@ async fn the_uninstall_hook_stops_the_agent_then_removes_webhooks_and_admission_
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("scaled to 0"), "{stdout}");
     assert!(
-        stdout.contains(&format!("{ns}: removed 2 hosted webhook configuration(s)")),
+        stdout.contains(&format!(
+            "{ns}: removed {} hosted object(s)",
+            support::default_hosted_objects(fleet.version.at_least(1, 30))
+        )),
         "{stdout}"
     );
     let hc1 = fleet
@@ -1140,7 +1143,7 @@ async fn the_uninstall_hook_stops_the_agent_then_removes_webhooks_and_admission_
         .client()
         .await
         .expect("hc-1");
-    assert_eq!(support::owned_webhook_configurations(&hc1).await, 0);
+    assert_eq!(support::owned_hosted_objects(&hc1).await, 0);
     let svc = "hcp-fleet-admission";
     let deployments = Api::<Deployment>::namespaced(admin.clone(), &ns);
     let bindings = Api::<RoleBinding>::namespaced(admin.clone(), &ns);

@@ -399,8 +399,10 @@ async fn dev_runs_until_ctrl_c_and_leaves_no_orphans() {
     assert!(leftovers.is_empty(), "state dir removed: {leftovers:?}");
 }
 
-/// `render` as an operator runs it: offline, every object, no private key, and the management
-/// objects accepted by a real kube-apiserver (server-side dry run).
+/// `render` as an operator runs it: offline, every object, no private key, and every object
+/// accepted by a real kube-apiserver (server-side dry run): the management objects in their
+/// namespace, the hosted ones (webhook configurations, and admission policies whose CEL the
+/// server compiles) as a hosted kube-apiserver of the same version would take them.
 #[tokio::test]
 async fn render_prints_objects_a_real_apiserver_accepts() {
     let fleet = LocalFleet::start(FleetOptions::with_hosted(0))
@@ -410,6 +412,12 @@ async fn render_prints_objects_a_real_apiserver_accepts() {
     let mut args = vec!["render", "--namespace", "clusters-hc-1"];
     if !fleet.version.at_least(1, 21) {
         args.push("--no-policy-v1");
+    }
+    if !fleet.version.at_least(1, 28) {
+        args.push("--no-match-conditions");
+    }
+    if !fleet.version.at_least(1, 30) {
+        args.push("--no-admission-policies");
     }
     let out = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
         .args(&args)
@@ -429,12 +437,11 @@ async fn render_prints_objects_a_real_apiserver_accepts() {
     // The ServiceMonitor is judged against the (trimmed) Prometheus Operator CRD.
     support::install_monitoring_crds(&mgmt).await;
     let mut kinds = Vec::new();
+    let mut hosted_kinds = Vec::new();
     for doc in yaml.split("---\n").filter(|d| d.contains("kind:")) {
         let v: serde_json::Value = serde_saphyr::from_str(doc).expect("yaml");
         let kind = v["kind"].as_str().unwrap_or_default().to_string();
-        if kind.ends_with("WebhookConfiguration") {
-            continue; // hosted-cluster objects
-        }
+        let hosted = doc.starts_with("# applied to the hosted cluster");
         let obj: kube::api::DynamicObject = serde_json::from_value(v.clone()).expect("object");
         let (group, version) = match v["apiVersion"].as_str().unwrap_or_default().split_once('/') {
             Some((g, ver)) => (g.to_string(), ver.to_string()),
@@ -447,8 +454,11 @@ async fn render_prints_objects_a_real_apiserver_accepts() {
         let (ar, _) = kube::discovery::pinned_kind(&mgmt, &gvk)
             .await
             .expect("served kind");
-        let api: Api<kube::api::DynamicObject> =
-            Api::namespaced_with(mgmt.clone(), "clusters-hc-1", &ar);
+        let api: Api<kube::api::DynamicObject> = if hosted {
+            Api::all_with(mgmt.clone(), &ar)
+        } else {
+            Api::namespaced_with(mgmt.clone(), "clusters-hc-1", &ar)
+        };
         // Strict: a field the server does not know fails (servers before 1.23 ignore the
         // directive; `hcp_fleet_agent`'s typed renderers cannot misspell one).
         let pp = kube::api::PatchParams::apply("render-check")
@@ -461,8 +471,26 @@ async fn render_prints_objects_a_real_apiserver_accepts() {
         )
         .await
         .unwrap_or_else(|e| panic!("{kind} refused: {e}"));
-        kinds.push(kind);
+        if hosted {
+            hosted_kinds.push(kind);
+        } else {
+            kinds.push(kind);
+        }
     }
+    hosted_kinds.sort();
+    hosted_kinds.dedup();
+    let mut want_hosted = vec![
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ];
+    if fleet.version.at_least(1, 30) {
+        want_hosted.extend([
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        ]);
+        want_hosted.sort();
+    }
+    assert_eq!(hosted_kinds, want_hosted);
     kinds.sort();
     assert_eq!(
         kinds,

@@ -31,6 +31,23 @@ pub enum Mode {
     Off,
 }
 
+/// Which path carries a guard in the hosted kube-apiserver (docs/configuration.md).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum GuardEngine {
+    /// A ValidatingAdmissionPolicy where the hosted cluster serves them and the guard has a
+    /// CEL form; the webhook elsewhere.
+    #[default]
+    Auto,
+    /// Always the webhook (the admission service is called).
+    Webhook,
+    /// A ValidatingAdmissionPolicy; only for guards with a CEL form. Where the hosted cluster
+    /// does not serve them, the webhook guards instead and the health record says so.
+    Policy,
+}
+
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema,
 )]
@@ -59,6 +76,10 @@ pub struct WebhookDefinition {
     pub object_selector: Option<LabelSelector>,
     #[serde(default)]
     pub mode: Mode,
+    /// `auto`, `webhook` or `policy` (a ValidatingAdmissionPolicy evaluated inside the hosted
+    /// kube-apiserver, for the built-ins with a CEL form).
+    #[serde(default)]
+    pub engine: GuardEngine,
 }
 
 fn default_timeout() -> i32 {
@@ -98,6 +119,13 @@ pub struct LabelSelectorRequirement {
 /// denial naming the service, whatever the mode or the user.
 pub const PROBE_LABEL: &str = "hcp-fleet.openshift.io/probe";
 pub const PROBE_ANSWER: &str = "hcp-fleet-admission answered the end-to-end probe";
+/// `PROBE_LABEL` with this value reaches the agent's probe ValidatingAdmissionPolicy instead
+/// of the probe webhook (`hosted::policies`).
+pub const POLICY_PROBE_VALUE: &str = "policy";
+pub const POLICY_PROBE_ANSWER: &str = "hcp-fleet admission policies answered the end-to-end probe";
+/// The revision of the path a probe request must reach: the probe webhook and the probe
+/// policy binding select it, so an answer proves the API server runs that revision.
+pub const PROBE_REVISION_LABEL: &str = "hcp-fleet.openshift.io/probe-revision";
 
 /// API groups that belong to the managed service's own operators.
 pub const MANAGED_API_GROUPS: &[&str] = &[
@@ -107,6 +135,90 @@ pub const MANAGED_API_GROUPS: &[&str] = &[
     "splunkforwarder.managed.openshift.io",
     "cloudingress.managed.openshift.io",
 ];
+
+/// The SecurityContextConstraints OpenShift ships; changing them weakens every workload.
+pub const DEFAULT_SCCS: &[&str] = &[
+    "anyuid",
+    "hostaccess",
+    "hostmount-anyuid",
+    "hostnetwork",
+    "hostnetwork-v2",
+    "machine-api-termination-handler",
+    "node-exporter",
+    "nonroot",
+    "nonroot-v2",
+    "privileged",
+    "restricted",
+    "restricted-v2",
+];
+
+/// What the guards say when they deny, as templates with `{placeholders}`: the admission
+/// service fills them in Rust (`fill`), an admission policy builds the same text in CEL
+/// (`hosted::policies`), so a user reads one message whichever engine answered.
+pub mod denial {
+    pub const PROTECTED_RBAC: &str = "hcp-fleet: deleting the protected {kind} \"{name}\" is not allowed on a managed cluster; ask SRE if it must go";
+    pub const FEATURE_GATE: &str = "hcp-fleet: featureSet TechPreviewNoUpgrade is not allowed on a managed cluster: it cannot be undone and blocks upgrades";
+    pub const SCC: &str = "hcp-fleet: {verb} the default SecurityContextConstraints \"{name}\" is not allowed on a managed cluster; create your own SCC instead";
+    pub const INGRESS_CONFIG: &str = "hcp-fleet: {verb} the ingress config \"{name}\" is not allowed on a managed cluster; its domain and load balancer are set by the service";
+    pub const NETWORK_MIGRATION: &str = "hcp-fleet: spec.migration of the cluster network operator is not allowed on a managed cluster; network migrations are run by SRE";
+    pub const MANAGED_GROUPS: &str = "hcp-fleet: {resource} in API group {group} is managed by the service; regular users may not {operation} it";
+    /// Warn mode: what the guard would have denied.
+    pub const WARN: &str = "{guard} (warn mode) would deny: {message}";
+
+    /// The template with each `{key}` replaced by its value.
+    pub fn fill(template: &str, values: &[(&str, &str)]) -> String {
+        // One pass, so a value that itself holds `{key}` is never replaced again.
+        let mut out = String::with_capacity(template.len());
+        let mut rest = template;
+        while let Some(open) = rest.find('{') {
+            out.push_str(&rest[..open]);
+            let after = &rest[open + 1..];
+            match after.find('}').and_then(|close| {
+                let key = &after[..close];
+                values
+                    .iter()
+                    .find(|(k, _)| *k == key)
+                    .map(|(_, v)| (close, *v))
+            }) {
+                Some((close, v)) => {
+                    out.push_str(v);
+                    rest = &after[close + 1..];
+                }
+                None => {
+                    out.push('{');
+                    rest = after;
+                }
+            }
+        }
+        out.push_str(rest);
+        out
+    }
+
+    /// The pieces of a template: literal text and placeholder names, in order.
+    pub fn pieces(template: &str) -> Vec<Piece<'_>> {
+        let mut out = Vec::new();
+        let mut rest = template;
+        while let Some(open) = rest.find('{') {
+            let after = &rest[open + 1..];
+            let Some(close) = after.find('}') else { break };
+            if open > 0 {
+                out.push(Piece::Text(&rest[..open]));
+            }
+            out.push(Piece::Value(&after[..close]));
+            rest = &after[close + 1..];
+        }
+        if !rest.is_empty() {
+            out.push(Piece::Text(rest));
+        }
+        out
+    }
+
+    #[derive(Debug, PartialEq, Eq)]
+    pub enum Piece<'a> {
+        Text(&'a str),
+        Value(&'a str),
+    }
+}
 
 /// The built-in webhooks the admission service serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -139,6 +251,9 @@ pub struct BuiltinRow {
     pub mode: Mode,
     /// Only objects carrying this label (`=true`) reach it.
     pub only_labelled: Option<&'static str>,
+    /// Its decision can be written in CEL, so it can run as a ValidatingAdmissionPolicy
+    /// (`hosted::policies`). The probe and the Service mutation cannot: see that module.
+    pub cel: bool,
 }
 
 const fn rule(
@@ -167,6 +282,7 @@ pub const BUILTINS: &[BuiltinRow] = &[
         )],
         mode: Mode::Enforce,
         only_labelled: None,
+        cel: true,
     },
     BuiltinRow {
         builtin: Builtin::FeatureGate,
@@ -180,6 +296,7 @@ pub const BUILTINS: &[BuiltinRow] = &[
         )],
         mode: Mode::Enforce,
         only_labelled: None,
+        cel: true,
     },
     BuiltinRow {
         builtin: Builtin::Scc,
@@ -193,6 +310,7 @@ pub const BUILTINS: &[BuiltinRow] = &[
         )],
         mode: Mode::Enforce,
         only_labelled: None,
+        cel: true,
     },
     BuiltinRow {
         builtin: Builtin::IngressConfig,
@@ -206,6 +324,7 @@ pub const BUILTINS: &[BuiltinRow] = &[
         )],
         mode: Mode::Enforce,
         only_labelled: None,
+        cel: true,
     },
     BuiltinRow {
         builtin: Builtin::NetworkMigration,
@@ -215,6 +334,7 @@ pub const BUILTINS: &[BuiltinRow] = &[
         rules: &[rule(&["UPDATE"], &["operator.openshift.io"], &["networks"])],
         mode: Mode::Enforce,
         only_labelled: None,
+        cel: true,
     },
     BuiltinRow {
         builtin: Builtin::ManagedGroups,
@@ -228,6 +348,7 @@ pub const BUILTINS: &[BuiltinRow] = &[
         )],
         mode: Mode::Enforce,
         only_labelled: None,
+        cel: true,
     },
     BuiltinRow {
         builtin: Builtin::Probe,
@@ -237,6 +358,7 @@ pub const BUILTINS: &[BuiltinRow] = &[
         rules: &[rule(&["CREATE"], &[""], &["configmaps"])],
         mode: Mode::Enforce,
         only_labelled: Some(PROBE_LABEL),
+        cel: false,
     },
     BuiltinRow {
         builtin: Builtin::ServiceAnnotation,
@@ -246,6 +368,7 @@ pub const BUILTINS: &[BuiltinRow] = &[
         rules: &[rule(&["CREATE"], &[""], &["services"])],
         mode: Mode::Warn,
         only_labelled: None,
+        cel: false,
     },
 ];
 
@@ -301,6 +424,7 @@ impl BuiltinRow {
                 match_expressions: Vec::new(),
             }),
             mode: self.mode,
+            engine: GuardEngine::Auto,
         }
     }
 }
@@ -371,6 +495,28 @@ mod tests {
                 .definition()
                 .object_selector
                 .is_none()
+        );
+    }
+
+    #[test]
+    fn denial_templates_fill_once_and_split_into_text_and_values() {
+        use denial::{Piece, fill, pieces};
+        assert_eq!(
+            fill(denial::SCC, &[("verb", "deleting"), ("name", "{name}")]),
+            "hcp-fleet: deleting the default SecurityContextConstraints \"{name}\" is not allowed on a managed cluster; create your own SCC instead"
+        );
+        assert_eq!(
+            pieces("a {x} b {y}"),
+            [
+                Piece::Text("a "),
+                Piece::Value("x"),
+                Piece::Text(" b "),
+                Piece::Value("y")
+            ]
+        );
+        assert_eq!(
+            pieces(denial::FEATURE_GATE),
+            [Piece::Text(denial::FEATURE_GATE)]
         );
     }
 

@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 // The definition types live in the catalogue (a leaf module the admission service uses too);
 // re-exported here because they are part of the configuration file's schema.
 pub use crate::catalogue::{
-    FailurePolicy, LabelSelector, LabelSelectorRequirement, Mode, Rule, WebhookDefinition,
-    WebhookKind,
+    FailurePolicy, GuardEngine, LabelSelector, LabelSelectorRequirement, Mode, Rule,
+    WebhookDefinition, WebhookKind,
 };
 
 /// This release's own image (`make image` builds it; the chart's default is the same), which
@@ -360,7 +360,18 @@ const CONTROL_PLANE_SERVICES: &[&str] = &[
 
 const OPERATIONS: &[&str] = &["*", "CREATE", "UPDATE", "DELETE", "CONNECT"];
 
-/// Does this rule reach the objects the agent owns (webhook configurations)?
+/// What the agent installs in a hosted cluster, all in admissionregistration.k8s.io.
+const AGENT_HOSTED_RESOURCES: &[&str] = &[
+    "validatingwebhookconfigurations",
+    "mutatingwebhookconfigurations",
+    "validatingadmissionpolicies",
+    "validatingadmissionpolicybindings",
+    "mutatingadmissionpolicies",
+    "mutatingadmissionpolicybindings",
+];
+
+/// Does this rule reach the objects the agent owns in a hosted cluster (webhook
+/// configurations, admission policies and their bindings)?
 fn rule_hits_webhook_configs(r: &Rule) -> bool {
     let group = r
         .api_groups
@@ -368,9 +379,7 @@ fn rule_hits_webhook_configs(r: &Rule) -> bool {
         .any(|g| g == "*" || g == "admissionregistration.k8s.io");
     let resource = r.resources.iter().any(|res| {
         let base = res.split('/').next().unwrap_or(res);
-        base == "*"
-            || base == "validatingwebhookconfigurations"
-            || base == "mutatingwebhookconfigurations"
+        base == "*" || AGENT_HOSTED_RESOURCES.contains(&base)
     });
     group && resource
 }
@@ -513,7 +522,20 @@ impl AgentConfig {
                     w.path
                 ));
             }
-            if crate::catalogue::Builtin::for_path(&w.path).is_none() {
+            let builtin = crate::catalogue::Builtin::for_path(&w.path);
+            if w.engine == GuardEngine::Policy && !builtin.is_some_and(|b| b.row().cel) {
+                p.push(format!(
+                    "{at}: engine policy: the handler on {:?} has no CEL form (only {} can run as a ValidatingAdmissionPolicy); use auto or webhook",
+                    w.path,
+                    crate::catalogue::BUILTINS
+                        .iter()
+                        .filter(|r| r.cel)
+                        .map(|r| r.path)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+            if builtin.is_none() {
                 p.push(format!(
                     "{at}: path {:?} has no handler in the admission service (one of {})",
                     w.path,
@@ -551,7 +573,7 @@ impl AgentConfig {
                 }
                 if rule_hits_webhook_configs(r) {
                     p.push(format!(
-                        "{at}: rule {i} matches webhook configurations (a webhook must never be able to block its own repair)"
+                        "{at}: rule {i} matches webhook configurations or admission policies (a guard must never be able to block its own repair)"
                     ));
                 }
                 if let Some(scope) = &r.scope

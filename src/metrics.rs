@@ -24,6 +24,35 @@ pub struct DriftLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EngineLabels {
+    pub hcp_namespace: String,
+    pub hosted_cluster: String,
+    /// `webhook` or `policy`.
+    pub engine: String,
+}
+
+impl EngineLabels {
+    pub fn new(hcp_namespace: &str, hosted_cluster: &str, engine: &str) -> Self {
+        Self {
+            hcp_namespace: hcp_namespace.to_string(),
+            hosted_cluster: hosted_cluster.to_string(),
+            engine: engine.to_string(),
+        }
+    }
+}
+
+/// The `engine` label values of `hcp_fleet_guards`.
+pub const ENGINES: [&str; 2] = ["webhook", "policy"];
+
+/// The `kind` label values of `hcp_fleet_webhook_drift_total`.
+pub const HOSTED_KINDS: [&str; 4] = [
+    "ValidatingWebhookConfiguration",
+    "MutatingWebhookConfiguration",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabels {
     pub phase: String,
 }
@@ -60,6 +89,7 @@ pub struct Metrics {
     pub management_drift: Family<DriftLabels, Counter>,
     pub webhooks_desired: Family<HcpLabels, Gauge>,
     pub webhooks_installed: Family<HcpLabels, Gauge>,
+    pub guards: Family<EngineLabels, Gauge>,
     pub cert_expiry: Family<HcpLabels, Gauge>,
     pub hosted_latency: Family<HcpLabels, Histogram, fn() -> Histogram>,
     pub hosted_errors: Family<HcpLabels, Counter>,
@@ -87,6 +117,7 @@ impl Metrics {
             management_drift: Family::default(),
             webhooks_desired: Family::default(),
             webhooks_installed: Family::default(),
+            guards: Family::default(),
             cert_expiry: Family::default(),
             hosted_latency: Family::new_with_constructor(hist),
             hosted_errors: Family::default(),
@@ -106,7 +137,7 @@ impl Metrics {
             );
             r.register(
                 "webhook_drift",
-                "Webhook configurations changed or deleted in a hosted cluster by someone else and repaired",
+                "The agent's webhook configurations, admission policies and bindings changed or deleted in a hosted cluster by someone else and repaired",
                 m.drift.clone(),
             );
             r.register(
@@ -123,6 +154,11 @@ impl Metrics {
                 "webhook_configurations_installed",
                 "Webhook configurations installed and current in the hosted cluster",
                 m.webhooks_installed.clone(),
+            );
+            r.register(
+                "guards",
+                "Guards in force in the hosted cluster (the probe and the Service mutation aside: each validating built-in), by the engine that carries them: webhook or policy",
+                m.guards.clone(),
             );
             r.register(
                 "certificate_expiry_timestamp_seconds",
@@ -195,6 +231,7 @@ impl Metrics {
         self.management_drift.clear();
         self.webhooks_desired.clear();
         self.webhooks_installed.clear();
+        self.guards.clear();
         self.cert_expiry.clear();
         self.hosted_latency.clear();
         self.hosted_errors.clear();
@@ -222,11 +259,12 @@ impl Metrics {
             hosted_cluster: l.hosted_cluster.clone(),
             kind: kind.to_string(),
         };
-        for kind in [
-            "ValidatingWebhookConfiguration",
-            "MutatingWebhookConfiguration",
-        ] {
+        for kind in HOSTED_KINDS {
             self.drift.remove(&drift(kind));
+        }
+        for engine in ENGINES {
+            self.guards
+                .remove(&EngineLabels::new(hcp_namespace, hosted_cluster, engine));
         }
         for kind in MANAGEMENT_KINDS {
             self.management_drift.remove(&drift(kind));

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    MutatingWebhookConfiguration, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -52,7 +53,7 @@ pub struct UninstallArgs {
 /// What happened in one HCP namespace.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Removed {
-    pub hosted_webhooks: usize,
+    pub hosted_objects: usize,
     pub management_objects: usize,
 }
 
@@ -88,8 +89,8 @@ where
     }
 }
 
-/// Deletes the agent's webhook configurations in one hosted cluster (by the owned label, so
-/// configurations of an older naming go too).
+/// Deletes the agent's webhook configurations, admission policies and bindings in one hosted
+/// cluster (by the owned label, so objects of an older naming go too).
 async fn remove_hosted(hosted: &Client) -> Result<usize, kube::Error> {
     let lp = ListParams::default().labels(&webhooks::owned_selector());
     let mut n = 0;
@@ -101,7 +102,28 @@ async fn remove_hosted(hosted: &Client) -> Result<usize, kube::Error> {
     for m in mapi.list(&lp).await? {
         n += usize::from(delete_named(&mapi, &m.name_any()).await?);
     }
+    // Bindings before their policies. A server without admission policies answers 404.
+    let bapi: Api<ValidatingAdmissionPolicyBinding> = Api::all(hosted.clone());
+    for b in list_if_served(&bapi, &lp).await? {
+        n += usize::from(delete_named(&bapi, &b).await?);
+    }
+    let papi: Api<ValidatingAdmissionPolicy> = Api::all(hosted.clone());
+    for p in list_if_served(&papi, &lp).await? {
+        n += usize::from(delete_named(&papi, &p).await?);
+    }
     Ok(n)
+}
+
+/// The names of the listed objects; none where the server does not serve the resource.
+async fn list_if_served<K>(api: &Api<K>, lp: &ListParams) -> Result<Vec<String>, kube::Error>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.list_metadata(lp).await {
+        Ok(l) => Ok(l.into_iter().map(|o| o.name_any()).collect()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
 }
 
 /// One HCP namespace: hosted webhooks first, then the management-side objects.
@@ -140,7 +162,7 @@ async fn remove_hcp(
     .await
     .map_err(|e| hosted_err(e.to_string()))?;
     let timeout = Duration::from_secs(u64::from(access.request_timeout_seconds) * 3);
-    let hosted_webhooks = tokio::time::timeout(timeout, remove_hosted(&hosted))
+    let hosted_objects = tokio::time::timeout(timeout, remove_hosted(&hosted))
         .await
         .map_err(|_| hosted_err(format!("{server} did not answer within {timeout:?}")))?
         .map_err(|e| hosted_err(format!("{server}: {e}")))?;
@@ -236,7 +258,7 @@ async fn remove_hcp(
         }
     }
     Ok(Removed {
-        hosted_webhooks,
+        hosted_objects,
         management_objects: n,
     })
 }
@@ -268,8 +290,8 @@ pub async fn uninstall(
     for (ns, r) in results {
         match r {
             Ok(r) => lines.push(format!(
-                "{ns}: removed {} hosted webhook configuration(s) and {} management object(s)",
-                r.hosted_webhooks, r.management_objects
+                "{ns}: removed {} hosted object(s) (webhook configurations, admission policies and bindings) and {} management object(s)",
+                r.hosted_objects, r.management_objects
             )),
             Err(e) => {
                 ok = false;

@@ -327,20 +327,82 @@ where
     api.get_opt(name).await.expect("get").is_none()
 }
 
-/// How many webhook configurations (both kinds) the agent owns in a hosted cluster.
-pub async fn owned_webhook_configurations(hosted: &kube::Client) -> usize {
+/// How many objects the agent owns in a hosted cluster: webhook configurations (both kinds),
+/// and admission policies and bindings where the server serves them.
+pub async fn owned_hosted_objects(hosted: &kube::Client) -> usize {
     use k8s_openapi::api::admissionregistration::v1::{
-        MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+        MutatingWebhookConfiguration, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+        ValidatingWebhookConfiguration,
     };
-    let owned = kube::api::ListParams::default()
-        .labels(&hcp_fleet_agent::hosted::webhooks::owned_selector());
-    let v = kube::Api::<ValidatingWebhookConfiguration>::all(hosted.clone())
-        .list(&owned)
+    async fn count<K>(hosted: &kube::Client) -> usize
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let owned = kube::api::ListParams::default()
+            .labels(&hcp_fleet_agent::hosted::webhooks::owned_selector());
+        match kube::Api::<K>::all(hosted.clone())
+            .list_metadata(&owned)
+            .await
+        {
+            Ok(l) => l.items.len(),
+            Err(kube::Error::Api(s)) if s.code == 404 => 0,
+            Err(e) => panic!("listing: {e}"),
+        }
+    }
+    count::<ValidatingWebhookConfiguration>(hosted).await
+        + count::<MutatingWebhookConfiguration>(hosted).await
+        + count::<ValidatingAdmissionPolicy>(hosted).await
+        + count::<ValidatingAdmissionPolicyBinding>(hosted).await
+}
+
+/// What the agent installs in a hosted cluster with the default configuration: the two
+/// webhook configurations, and where admission policies are served (`policies`) a policy and
+/// a binding for each guard with a CEL form and for the probe.
+pub fn default_hosted_objects(policies: bool) -> usize {
+    let guards = hcp_fleet_agent::catalogue::BUILTINS
+        .iter()
+        .filter(|r| r.cel)
+        .count();
+    2 + if policies { 2 * (guards + 1) } else { 0 }
+}
+
+/// How many AdmissionReviews for `webhook` the admission service in `ns` has answered, summed
+/// over its replicas (their `/metrics`, as a Prometheus would scrape them).
+pub async fn service_requests(mgmt: &kube::Client, ns: &str, webhook: &str) -> f64 {
+    use hcp_fleet_agent::localcp::kubelet::LOCAL_REPLICAS_ANNOTATION;
+    use kube::ResourceExt;
+    let svc = kube::Api::<k8s_openapi::api::core::v1::Service>::namespaced(mgmt.clone(), ns)
+        .get("hcp-fleet-admission")
         .await
-        .expect("list");
-    let m = kube::Api::<MutatingWebhookConfiguration>::all(hosted.clone())
-        .list(&owned)
+        .expect("service");
+    let ca = kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(mgmt.clone(), ns)
+        .get("hcp-fleet-admission-tls")
         .await
-        .expect("list");
-    v.items.len() + m.items.len()
+        .expect("tls secret")
+        .data
+        .and_then(|d| {
+            d.get("ca.crt")
+                .map(|b| String::from_utf8_lossy(&b.0).to_string())
+        })
+        .expect("ca.crt");
+    let needle = format!("webhook=\"{webhook}\"");
+    let mut total = 0.0;
+    for addr in svc
+        .annotations()
+        .get(LOCAL_REPLICAS_ANNOTATION)
+        .map(String::as_str)
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|a| a.parse::<std::net::SocketAddr>().ok())
+    {
+        let (_, body) = hcp_fleet_agent::localcp::kubelet::https_get(addr.port(), &ca, "/metrics")
+            .await
+            .unwrap_or_else(|e| panic!("scraping {addr}: {e}"));
+        total += body
+            .lines()
+            .filter(|l| l.starts_with("hcp_fleet_admission_requests_total{") && l.contains(&needle))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
+    }
+    total
 }

@@ -10,24 +10,10 @@ use serde_json::{Value, json};
 
 use super::review::{Decision, Request};
 use crate::catalogue::Mode;
-pub use crate::catalogue::{Builtin, MANAGED_API_GROUPS, PROBE_ANSWER, PROBE_LABEL};
+pub use crate::catalogue::{
+    Builtin, DEFAULT_SCCS, MANAGED_API_GROUPS, PROBE_ANSWER, PROBE_LABEL, denial,
+};
 use crate::config::AgentConfig;
-
-/// The SecurityContextConstraints OpenShift ships; changing them weakens every workload.
-pub const DEFAULT_SCCS: &[&str] = &[
-    "anyuid",
-    "hostaccess",
-    "hostmount-anyuid",
-    "hostnetwork",
-    "hostnetwork-v2",
-    "machine-api-termination-handler",
-    "node-exporter",
-    "nonroot",
-    "nonroot-v2",
-    "privileged",
-    "restricted",
-    "restricted-v2",
-];
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -136,8 +122,9 @@ fn protected_rbac(req: &Request, s: &Settings) -> Decision {
         } else {
             "ClusterRoleBinding"
         };
-        Decision::deny(format!(
-            "hcp-fleet: deleting the protected {kind} {name:?} is not allowed on a managed cluster; ask SRE if it must go"
+        Decision::deny(denial::fill(
+            denial::PROTECTED_RBAC,
+            &[("kind", kind), ("name", &name)],
         ))
     } else {
         Decision::allow()
@@ -161,9 +148,7 @@ fn featuregate(req: &Request) -> Decision {
     let new = feature_set(req.object.as_ref());
     // An update that leaves an existing featureSet alone is not the one to block.
     if new == Some("TechPreviewNoUpgrade") && feature_set(req.old_object.as_ref()) != new {
-        Decision::deny(
-            "hcp-fleet: featureSet TechPreviewNoUpgrade is not allowed on a managed cluster: it cannot be undone and blocks upgrades",
-        )
+        Decision::deny(denial::FEATURE_GATE)
     } else {
         Decision::allow()
     }
@@ -194,8 +179,9 @@ fn scc(req: &Request) -> Decision {
     } else {
         "changing"
     };
-    Decision::deny(format!(
-        "hcp-fleet: {verb} the default SecurityContextConstraints {name:?} is not allowed on a managed cluster; create your own SCC instead"
+    Decision::deny(denial::fill(
+        denial::SCC,
+        &[("verb", verb), ("name", &name)],
     ))
 }
 
@@ -214,8 +200,9 @@ fn ingress_config(req: &Request) -> Decision {
     } else {
         "changing the spec of"
     };
-    Decision::deny(format!(
-        "hcp-fleet: {verb} the ingress config {name:?} is not allowed on a managed cluster; its domain and load balancer are set by the service"
+    Decision::deny(denial::fill(
+        denial::INGRESS_CONFIG,
+        &[("verb", verb), ("name", &name)],
     ))
 }
 
@@ -228,18 +215,18 @@ fn network_migration(req: &Request) -> Decision {
     if unchanged(req, |o| o["spec"]["migration"].clone()) {
         return Decision::allow();
     }
-    Decision::deny(
-        "hcp-fleet: spec.migration of the cluster network operator is not allowed on a managed cluster; network migrations are run by SRE",
-    )
+    Decision::deny(denial::NETWORK_MIGRATION)
 }
 
 fn managed_groups(req: &Request) -> Decision {
     if MANAGED_API_GROUPS.contains(&req.resource.group.as_str()) {
-        Decision::deny(format!(
-            "hcp-fleet: {} in API group {} is managed by the service; regular users may not {} it",
-            req.resource.resource,
-            req.resource.group,
-            req.operation.to_lowercase()
+        Decision::deny(denial::fill(
+            denial::MANAGED_GROUPS,
+            &[
+                ("resource", &req.resource.resource),
+                ("group", &req.resource.group),
+                ("operation", &req.operation.to_lowercase()),
+            ],
         ))
     } else {
         Decision::allow()
@@ -292,8 +279,10 @@ pub fn apply_mode(hook: &str, mode: Mode, d: Decision) -> Decision {
             let mut out = Decision::allow();
             if !d.allowed {
                 let msg = d.message.unwrap_or_else(|| "denied".into());
-                out.warnings
-                    .push(format!("{hook} (warn mode) would deny: {msg}"));
+                out.warnings.push(denial::fill(
+                    denial::WARN,
+                    &[("guard", hook), ("message", &msg)],
+                ));
                 out.audit_annotations.insert("would-deny".into(), msg);
             }
             if !d.patch.is_empty() {

@@ -106,35 +106,34 @@ where
 
 /// One owned object of a kind: `desired` applied under `name` (or deleted when `None`), then
 /// every other object of the kind that carries the agent's `owned` label selector pruned (an
-/// older agent's, or one renamed by a configuration change).
+/// older agent's, or one renamed by a configuration change). Says whether it wrote anything.
 pub async fn apply_and_prune<K>(
     api: &Api<K>,
     name: &str,
     desired: Option<&K>,
     owned: &str,
     same: fn(&Value, &Value) -> bool,
-) -> Result<(), kube::Error>
+) -> Result<bool, kube::Error>
 where
     K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
 {
-    match desired {
-        Some(d) => {
-            apply_if_changed(api, name, d, same).await?;
-        }
-        None => {
-            delete_if_present(api, name).await?;
-        }
-    }
+    let mut wrote = match desired {
+        Some(d) => !matches!(
+            apply_if_changed(api, name, d, same).await?,
+            Applied::Unchanged(_)
+        ),
+        None => delete_if_present(api, name).await?,
+    };
     for o in api
         .list_metadata(&ListParams::default().labels(owned))
         .await?
     {
         let other = o.name_any();
         if other != name {
-            delete_if_present(api, &other).await?;
+            wrote |= delete_if_present(api, &other).await?;
         }
     }
-    Ok(())
+    Ok(wrote)
 }
 
 #[cfg(test)]

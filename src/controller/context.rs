@@ -59,6 +59,8 @@ pub(super) struct WatchShared {
 /// The tasks that run between reconciles for one hosted cluster.
 pub(super) struct HostedWatch {
     pub server: String,
+    /// What the server offered when the watch started (which kinds it watches).
+    pub features: crate::hosted::webhooks::HostedFeatures,
     pub shared: Arc<Mutex<WatchShared>>,
     pub drift: AbortOnDrop,
     pub probe: Option<AbortOnDrop>,

@@ -107,6 +107,16 @@ pub enum Failure {
         "not installed: HyperShift deletes guest webhooks whose URL ({url}) contains https://<Service> for a Service in the HCP namespace without the label hypershift.openshift.io/allow-guest-webhooks, and {services:?} match; label them or choose another admission.serviceName"
     )]
     GuestWebhooksCondemned { url: String, services: Vec<String> },
+    /// A guard moves between engines; the old path stays until the new one answers.
+    #[error(
+        "moving guards to the {to}: hosted kube-apiserver {server} did not show the {to} in force within {seconds}s ({why}); both paths stay installed until it does"
+    )]
+    SwitchUnproven {
+        server: String,
+        to: &'static str,
+        seconds: u64,
+        why: String,
+    },
     #[error("listing the Services of the HCP namespace: {0}")]
     ListServices(#[source] kube::Error),
     /// A new serving certificate is held back until the hosted cluster trusts its CA.
@@ -130,6 +140,7 @@ impl Failure {
             | Failure::ListServices(_)
             | Failure::HostedApi { .. }
             | Failure::HostedTimeout { .. }
+            | Failure::SwitchUnproven { .. }
             | Failure::HostedUnreachable { .. } => Phase::HostedWebhooks,
         }
     }

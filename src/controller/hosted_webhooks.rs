@@ -1,23 +1,33 @@
-//! Phase 5 and 6: the webhook configurations in the hosted cluster, applied where they differ
-//! and pruned where no longer wanted, with the drift watch told the new desired state before
-//! the write so the agent's own write is never taken for drift.
+//! Phase 5 and 6: the guards in the hosted cluster (webhook configurations and, where served,
+//! admission policies with their bindings), applied where they differ and pruned where no
+//! longer wanted, with the drift watch told the new desired state before the write so the
+//! agent's own write is never taken for drift.
+//!
+//! A guard that moves between engines is never unguarded: the new path is written first and
+//! proven in force by the probe of its revision before the old one is removed.
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    MutatingWebhookConfiguration, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::core::v1::Service;
 use kube::api::ListParams;
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 
-use super::apply::apply_and_prune;
+use super::apply::{Applied, apply_and_prune, apply_if_changed, delete_if_present};
 use super::context::{Context, hcp_labels, lock};
 use super::error::Failure;
-use super::watches;
+use super::{probe, watches};
 use crate::config::AgentConfig;
 use crate::hosted::clients::HostedClient;
-use crate::hosted::webhooks::{self, HostedWebhooks, MUTATING_NAME, VALIDATING_NAME};
+use crate::hosted::policies::{self, Engine};
+use crate::hosted::webhooks::{
+    self, HostedFeatures, HostedWebhooks, MUTATING_NAME, VALIDATING_NAME,
+};
+use crate::metrics::EngineLabels;
 
 /// What the phase found: how many configurations are installed, and the drift repaired since
 /// the last reconcile (one note per change by someone else).
@@ -27,6 +37,14 @@ pub struct Installed {
     /// Where the exemptions are applied: by the API server (matchConditions), or by the
     /// admission service after the call.
     pub exemptions_in_api_server: bool,
+    /// Guards carried by webhooks and by admission policies.
+    pub guards: (usize, usize),
+    /// Guards not on the engine asked for, and why.
+    pub notes: Vec<String>,
+    /// What the API server's type check says is wrong in the agent's policies.
+    pub type_warnings: Vec<String>,
+    /// The revisions the probe asks for.
+    pub targets: probe::ProbeTargets,
 }
 
 pub async fn ensure(
@@ -57,33 +75,57 @@ pub async fn ensure(
     if let Some(uid) = ctx.management_uid() {
         desired = desired.claimed(&webhooks::claim_value(&uid, ns));
     }
+    let notes: Vec<String> = cfg
+        .active_webhooks()
+        .filter_map(|w| policies::engine_of(w, features).1)
+        .collect();
     let want = usize::from(desired.validating.is_some()) + usize::from(desired.mutating.is_some());
+    let guards = desired.guards();
     let labels = hcp_labels(ns, cluster);
     let m = &ctx.metrics;
     m.webhooks_desired.get_or_create(&labels).set(want as i64);
+    for (engine, n) in [(Engine::Webhook, guards.0), (Engine::Policy, guards.1)] {
+        m.guards
+            .get_or_create(&EngineLabels::new(ns, cluster, engine.as_str()))
+            .set(n as i64);
+    }
     let timeout = Duration::from_secs(u64::from(cfg.hosted_access.request_timeout_seconds));
-    watches::ensure_drift_watch(ctx, ns, cluster, hosted, desired.clone());
+    watches::ensure_drift_watch(ctx, ns, cluster, hosted, desired.clone(), features);
     let t0 = Instant::now();
-    let installed = tokio::time::timeout(timeout, install(&hosted.client, &desired)).await;
+    // The deadline covers the writes and, when a guard moves, one proof of the new path.
+    let installed = tokio::time::timeout(
+        timeout * 2,
+        install(&hosted.client, &desired, features, timeout),
+    )
+    .await;
     m.hosted_latency
         .get_or_create(&labels)
         .observe(t0.elapsed().as_secs_f64());
-    let failure = match installed {
-        Ok(Ok(())) => None,
-        Ok(Err(source)) => Some(Failure::HostedApi {
+    let result = match installed {
+        Ok(Ok(warnings)) => Ok(warnings),
+        Ok(Err(InstallError::Api(source))) => Err(Failure::HostedApi {
             server: hosted.server.clone(),
             source,
         }),
-        Err(_) => Some(Failure::HostedTimeout {
+        Ok(Err(InstallError::Unproven { to, why })) => Err(Failure::SwitchUnproven {
             server: hosted.server.clone(),
+            to,
             seconds: timeout.as_secs(),
+            why,
+        }),
+        Err(_) => Err(Failure::HostedTimeout {
+            server: hosted.server.clone(),
+            seconds: (timeout * 2).as_secs(),
         }),
     };
-    if let Some(f) = failure {
-        m.hosted_errors.get_or_create(&labels).inc();
-        m.webhooks_installed.get_or_create(&labels).set(0);
-        return Err(f);
-    }
+    let type_warnings = match result {
+        Ok(w) => w,
+        Err(f) => {
+            m.hosted_errors.get_or_create(&labels).inc();
+            m.webhooks_installed.get_or_create(&labels).set(0);
+            return Err(f);
+        }
+    };
     m.webhooks_installed.get_or_create(&labels).set(want as i64);
     let drift = ctx.with_hcp(ns, |s| {
         s.watch
@@ -95,26 +137,162 @@ pub async fn ensure(
         configurations: want,
         drift,
         exemptions_in_api_server: features.match_conditions,
+        guards,
+        notes,
+        type_warnings,
+        targets: probe::ProbeTargets::of(&desired),
     })
 }
 
-/// Both configuration kinds through the one apply-and-prune helper.
-pub async fn install(hosted: &Client, desired: &HostedWebhooks) -> Result<(), kube::Error> {
+/// Why `install` stopped.
+#[derive(Debug)]
+pub enum InstallError {
+    Api(kube::Error),
+    /// The path guards move to did not answer its probe in time; the old one was kept.
+    Unproven {
+        to: &'static str,
+        why: String,
+    },
+}
+
+impl From<kube::Error> for InstallError {
+    fn from(e: kube::Error) -> Self {
+        InstallError::Api(e)
+    }
+}
+
+/// Waits until the probe of `engine` at `revision` is answered, for at most `within`.
+async fn prove(
+    hosted: &Client,
+    engine: Engine,
+    revision: Option<&str>,
+    within: Duration,
+) -> Result<(), InstallError> {
+    let to = match engine {
+        Engine::Webhook => "webhooks",
+        Engine::Policy => "admission policies",
+    };
+    let Some(revision) = revision else {
+        return Err(InstallError::Unproven {
+            to,
+            why: "no probe is installed on that path".into(),
+        });
+    };
+    let deadline = Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match probe::probe_path(hosted, left.max(Duration::from_secs(1)), engine, revision).await {
+            Ok(()) => return Ok(()),
+            Err(why) if Instant::now() >= deadline => {
+                return Err(InstallError::Unproven { to, why });
+            }
+            // The API server reloads admission policies about once a second.
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// Everything the agent wants in one hosted cluster, in an order that never leaves a guard
+/// without a path: policies and bindings are added and (if any was written) proven in force,
+/// then the webhook configurations are written, then (if that moved a guard off its policy)
+/// the webhooks are proven, then the policies no longer wanted go. Returns the type-check
+/// warnings of the policies as the server has them.
+pub async fn install(
+    hosted: &Client,
+    desired: &HostedWebhooks,
+    features: HostedFeatures,
+    proof: Duration,
+) -> Result<Vec<String>, InstallError> {
     let owned = webhooks::owned_selector();
-    apply_and_prune(
-        &Api::<ValidatingWebhookConfiguration>::all(hosted.clone()),
-        VALIDATING_NAME,
-        desired.validating.as_ref(),
-        &owned,
-        webhooks::webhooks_match,
-    )
-    .await?;
-    apply_and_prune(
-        &Api::<MutatingWebhookConfiguration>::all(hosted.clone()),
-        MUTATING_NAME,
-        desired.mutating.as_ref(),
-        &owned,
-        webhooks::webhooks_match,
-    )
-    .await
+    let papi = Api::<ValidatingAdmissionPolicy>::all(hosted.clone());
+    let bapi = Api::<ValidatingAdmissionPolicyBinding>::all(hosted.clone());
+    let wanted = &desired.policies;
+    let mut warnings = Vec::new();
+    if features.admission_policies {
+        // Policies before bindings, the probe's last of each (see `hosted::policies`).
+        let mut wrote = false;
+        for p in &wanted.policies {
+            let applied = apply_if_changed(&papi, &p.name_any(), p, policies::spec_matches).await?;
+            wrote |= !matches!(applied, Applied::Unchanged(_));
+            let live = applied.object();
+            warnings.extend(
+                policies::type_warnings(live)
+                    .into_iter()
+                    .map(|w| format!("ValidatingAdmissionPolicy {}: {w}", live.name_any())),
+            );
+        }
+        for b in &wanted.bindings {
+            let applied = apply_if_changed(&bapi, &b.name_any(), b, policies::spec_matches).await?;
+            wrote |= !matches!(applied, Applied::Unchanged(_));
+        }
+        // The API server takes up to a second to compile what changed. Until it runs this
+        // revision, no guard leaves its webhook, and the probe would only report the delay.
+        if wrote {
+            prove(hosted, Engine::Policy, wanted.revision.as_deref(), proof).await?;
+        }
+    }
+    let wrote_webhooks = [
+        apply_and_prune(
+            &Api::<ValidatingWebhookConfiguration>::all(hosted.clone()),
+            VALIDATING_NAME,
+            desired.validating.as_ref(),
+            &owned,
+            webhooks::webhooks_match,
+        )
+        .await?,
+        apply_and_prune(
+            &Api::<MutatingWebhookConfiguration>::all(hosted.clone()),
+            MUTATING_NAME,
+            desired.mutating.as_ref(),
+            &owned,
+            webhooks::webhooks_match,
+        )
+        .await?,
+    ];
+    if !features.admission_policies {
+        return Ok(warnings);
+    }
+    let keep: BTreeSet<String> = wanted.policies.iter().map(|p| p.name_any()).collect();
+    let lp = ListParams::default().labels(&owned);
+    let going: Vec<String> = papi
+        .list_metadata(&lp)
+        .await?
+        .into_iter()
+        .map(|p| p.name_any())
+        .filter(|n| !keep.contains(n))
+        .collect();
+    let bindings_going: Vec<String> = bapi
+        .list_metadata(&lp)
+        .await?
+        .into_iter()
+        .map(|b| b.name_any())
+        .filter(|n| !keep.contains(n))
+        .collect();
+    if going.is_empty() && bindings_going.is_empty() {
+        return Ok(warnings);
+    }
+    // A guard whose policy goes now has a webhook: proven first, unless nothing was written
+    // (the webhook was there already).
+    let hooks: BTreeSet<String> = desired
+        .validating
+        .iter()
+        .flat_map(|v| v.webhooks.iter().flatten().map(|w| w.name.clone()))
+        .collect();
+    if wrote_webhooks.iter().any(|w| *w) && going.iter().any(|g| hooks.contains(g)) {
+        prove(
+            hosted,
+            Engine::Webhook,
+            desired.webhook_revision.as_deref(),
+            proof,
+        )
+        .await?;
+    }
+    // Bindings first: a binding without its policy is an error the server reports.
+    for b in &bindings_going {
+        delete_if_present(&bapi, b).await?;
+    }
+    for p in &going {
+        delete_if_present(&papi, p).await?;
+    }
+    Ok(warnings)
 }

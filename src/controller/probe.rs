@@ -1,5 +1,6 @@
 //! Phase 7: prove it end to end. A dry-run request through the hosted kube-apiserver that only
-//! the admission service's probe webhook answers; and the task that repeats it between
+//! the installed path answers (the admission service's probe webhook, the probe admission
+//! policy, or each in turn where both are installed); and the task that repeats it between
 //! reconciles, the agent's only periodic request.
 
 use std::collections::BTreeMap;
@@ -12,43 +13,96 @@ use kube::{Api, Client};
 use tracing::{Instrument, info};
 
 use super::context::{AbortOnDrop, Context, lock};
-use crate::catalogue::{PROBE_ANSWER, PROBE_LABEL};
+use crate::catalogue::{
+    POLICY_PROBE_ANSWER, POLICY_PROBE_VALUE, PROBE_ANSWER, PROBE_LABEL, PROBE_REVISION_LABEL,
+};
 use crate::crd::{ComplianceState, HostedControlPlane};
+use crate::hosted::policies::Engine;
+use crate::hosted::webhooks::HostedWebhooks;
 use crate::reporting::Observation;
 
-/// A dry-run create of a labelled ConfigMap that only the admission service's probe webhook
-/// sees. Its denial (with the service's answer) proves the hosted kube-apiserver reaches the
-/// service over TLS; an allowed request means the call failed and failurePolicy Ignore let it
-/// through.
-pub async fn probe(hosted: &Client, timeout: Duration) -> Observation {
+/// What the probe asks for: the revision of each path installed (`None`: that path is not).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProbeTargets {
+    pub webhook: Option<String>,
+    pub policy: Option<String>,
+}
+
+impl ProbeTargets {
+    pub fn of(desired: &HostedWebhooks) -> Self {
+        Self {
+            webhook: desired.webhook_revision.clone(),
+            policy: desired.policies.revision.clone(),
+        }
+    }
+}
+
+/// A dry-run create of a labelled ConfigMap that only the probe of `engine` at `revision` sees:
+/// the probe webhook (answered by the admission service) or the probe admission policy
+/// (answered by the hosted kube-apiserver itself). `Ok` when it answered; otherwise what
+/// happened instead. An allowed request means nothing at that revision saw it: the service's
+/// call failed (failurePolicy Ignore let it through), or the server does not run it yet.
+pub async fn probe_path(
+    hosted: &Client,
+    timeout: Duration,
+    engine: Engine,
+    revision: &str,
+) -> Result<(), String> {
+    let (value, answer) = match engine {
+        Engine::Webhook => ("true", PROBE_ANSWER),
+        Engine::Policy => (POLICY_PROBE_VALUE, POLICY_PROBE_ANSWER),
+    };
     let api: Api<ConfigMap> = Api::namespaced(hosted.clone(), "default");
     let mut cm = ConfigMap::default();
     cm.metadata.generate_name = Some("hcp-fleet-probe-".into());
-    cm.metadata.labels = Some(BTreeMap::from([(
-        PROBE_LABEL.to_string(),
-        "true".to_string(),
-    )]));
+    cm.metadata.labels = Some(BTreeMap::from([
+        (PROBE_LABEL.to_string(), value.to_string()),
+        (PROBE_REVISION_LABEL.to_string(), revision.to_string()),
+    ]));
     let pp = kube::api::PostParams {
         dry_run: true,
         ..Default::default()
     };
     let t0 = Instant::now();
     match tokio::time::timeout(timeout, api.create(&pp, &cm)).await {
-        // No timing in the message: a steady probe must not add history (and writes) each time.
-        Ok(Err(kube::Error::Api(s))) if s.message.contains(PROBE_ANSWER) => {
-            tracing::debug!(ms = t0.elapsed().as_millis() as u64, "probe answered");
-            Observation::compliant(
-                "the admission service answered the probe through the hosted kube-apiserver",
-            )
+        Ok(Err(kube::Error::Api(s))) if s.message.contains(answer) => {
+            tracing::debug!(engine = engine.as_str(), ms = t0.elapsed().as_millis() as u64, "probe answered");
+            Ok(())
         }
-        Ok(Ok(_)) => Observation::violation(
-            "the hosted kube-apiserver did not reach the admission service (the probe was let through by failurePolicy Ignore)",
-        ),
-        Ok(Err(e)) => Observation::violation(format!("probe failed: {e}")),
-        Err(_) => {
-            Observation::violation(format!("probe got no answer within {}s", timeout.as_secs()))
+        // No timing in the message: a steady probe must not add history (and writes) each time.
+        Ok(Ok(_)) => Err(match engine {
+            Engine::Webhook => "the hosted kube-apiserver did not reach the admission service (the probe was let through by failurePolicy Ignore)".into(),
+            Engine::Policy => "the hosted kube-apiserver does not run the agent's admission policies (the policy probe was let through)".into(),
+        }),
+        Ok(Err(e)) => Err(format!("probe failed: {e}")),
+        Err(_) => Err(format!("probe got no answer within {}s", timeout.as_secs())),
+    }
+}
+
+/// The end-to-end probe of every path installed, through the hosted kube-apiserver.
+pub async fn probe(hosted: &Client, timeout: Duration, targets: &ProbeTargets) -> Observation {
+    let mut answered = Vec::new();
+    let mut failed = Vec::new();
+    for (engine, rev, who) in [
+        (Engine::Webhook, &targets.webhook, "the admission service"),
+        (Engine::Policy, &targets.policy, "the admission policies"),
+    ] {
+        let Some(rev) = rev else { continue };
+        match probe_path(hosted, timeout, engine, rev).await {
+            Ok(()) => answered.push(who),
+            Err(e) => failed.push(e),
         }
     }
+    if !failed.is_empty() {
+        return Observation::violation(failed.join("; "));
+    }
+    if answered.is_empty() {
+        return Observation::compliant("no guard is installed, so there is nothing to probe");
+    }
+    Observation::compliant(format!(
+        "{} answered the probe through the hosted kube-apiserver",
+        answered.join(" and ")
+    ))
 }
 
 /// Records this reconcile's verdict and makes sure the periodic probe runs. The task queues a
@@ -82,7 +136,13 @@ pub fn ensure_task(
                     tokio::time::interval_at(tokio::time::Instant::now() + every, every);
                 loop {
                     tick.tick().await;
-                    let now = probe(&hosted, timeout).await.state;
+                    // The revisions the last reconcile installed.
+                    let targets = lock(&shared)
+                        .desired
+                        .as_ref()
+                        .map(ProbeTargets::of)
+                        .unwrap_or_default();
+                    let now = probe(&hosted, timeout, &targets).await.state;
                     if lock(&shared).probe != Some(now) {
                         info!(verdict = now.as_str(), "end-to-end probe changed");
                         let _ = tx.send(hcp_ref.clone());

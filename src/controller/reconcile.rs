@@ -189,7 +189,15 @@ async fn run_phases(ctx: &Context, hcp: &HostedControlPlane, ns: &str, cluster: 
             } else {
                 "exemptions applied by the admission service"
             };
-            format!("{n} webhook configuration(s) installed and current; {exemptions}")
+            let (by_webhook, by_policy) = installed.guards;
+            let mut text =
+                format!("{n} webhook configuration(s) installed and current; {exemptions}");
+            if by_policy > 0 {
+                text.push_str(&format!(
+                    "; {by_policy} guard(s) run as ValidatingAdmissionPolicy in the hosted kube-apiserver (exemptions as matchConditions), {by_webhook} as webhooks"
+                ));
+            }
+            text
         } else {
             format!("drift repaired: {}", hosted_drift.join("; "))
         };
@@ -202,14 +210,29 @@ async fn run_phases(ctx: &Context, hcp: &HostedControlPlane, ns: &str, cluster: 
                 "; the previous CA stays in the caBundle until every replica serves the new certificate",
             );
         }
-        seen.insert(Concern::HostedWebhooks, Observation::compliant(webhooks));
+        // A policy the API server cannot type-check, or a guard not on the engine asked
+        // for, is for an operator to fix: the guards keep running meanwhile.
+        let problems: Vec<String> = installed
+            .type_warnings
+            .iter()
+            .map(|w| format!("type check: {w}"))
+            .chain(installed.notes.iter().cloned())
+            .collect();
+        seen.insert(
+            Concern::HostedWebhooks,
+            if problems.is_empty() {
+                Observation::compliant(webhooks)
+            } else {
+                Observation::violation(format!("{}; {webhooks}", problems.join("; ")))
+            },
+        );
         if !hosted_drift.is_empty() || !management_drift.is_empty() {
             // Once more, so the history also records the steady state after the repair.
             return Ok(Action::requeue(Duration::from_millis(500)));
         }
         // 7. Prove it end to end, through the hosted kube-apiserver.
         let timeout = Duration::from_secs(u64::from(cfg.hosted_access.request_timeout_seconds));
-        let verdict = probe::probe(&hosted.client, timeout).await;
+        let verdict = probe::probe(&hosted.client, timeout, &installed.targets).await;
         let ok = verdict.state == ComplianceState::Compliant;
         let labels = hcp_labels(ns, cluster);
         ctx.metrics

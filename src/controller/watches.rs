@@ -5,7 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    MutatingWebhookConfiguration, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    ValidatingWebhookConfiguration,
 };
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
@@ -17,23 +18,27 @@ use tracing::{Instrument, info, warn};
 use super::context::{AbortOnDrop, Context, HostedWatch, WatchShared, lock};
 use crate::crd::HostedControlPlane;
 use crate::hosted::clients::HostedClient;
-use crate::hosted::webhooks::{self, HostedWebhooks};
+use crate::hosted::policies;
+use crate::hosted::webhooks::{self, HostedFeatures, HostedWebhooks};
 use crate::metrics::DriftLabels;
 
-/// Starts (or updates) the drift watch of one hosted cluster. A change that does not match
-/// what the agent applied, or a deletion, is drift: counted, noted for the Policy, and the
-/// HCP queued for repair at once. A new server (rotated kubeconfig) restarts the watch.
+/// Starts (or updates) the drift watch of one hosted cluster: its webhook configurations and,
+/// where served, its admission policies and bindings. A change that does not match what the
+/// agent applied, or a deletion, is drift: counted, noted for the health record, and the HCP
+/// queued for repair at once. A new server (rotated kubeconfig) restarts the watch.
 pub fn ensure_drift_watch(
     ctx: &Context,
     ns: &str,
     cluster: &str,
     hosted: &HostedClient,
     desired: HostedWebhooks,
+    features: HostedFeatures,
 ) {
     ctx.with_hcp(ns, |s| {
         if let Some(w) = &s.watch
             && w.server == hosted.server
             && w.drift.is_running()
+            && w.features == features
         {
             lock(&w.shared).desired = Some(desired);
             return;
@@ -46,9 +51,11 @@ pub fn ensure_drift_watch(
             ..carried.unwrap_or_default()
         }));
         let span = tracing::info_span!(parent: None, "drift_watch", hcp_namespace = %ns, hosted_cluster = %cluster);
-        let task = drift_task(ctx, ns, cluster, hosted, Arc::clone(&shared)).instrument(span);
+        let task = drift_task(ctx, ns, cluster, hosted, features, Arc::clone(&shared))
+            .instrument(span);
         s.watch = Some(HostedWatch {
             server: hosted.server.clone(),
+            features,
             shared,
             drift: AbortOnDrop(tokio::spawn(task)),
             probe: None,
@@ -61,6 +68,7 @@ fn drift_task(
     ns: &str,
     cluster: &str,
     hosted: &HostedClient,
+    features: HostedFeatures,
     shared: Arc<Mutex<WatchShared>>,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
     let tx = ctx.requeue.clone();
@@ -79,11 +87,36 @@ fn drift_task(
         .map(|e| classify("ValidatingWebhookConfiguration", e));
         let m = watcher(
             Api::<MutatingWebhookConfiguration>::all(client.clone()),
-            cfg,
+            cfg.clone(),
         )
         .default_backoff()
         .map(|e| classify("MutatingWebhookConfiguration", e));
-        let mut events = std::pin::pin!(futures::stream::select(v, m));
+        let hooks = futures::stream::select(v, m);
+        // Only where served: a watch of a resource the server lacks would be refused forever.
+        let events: futures::stream::BoxStream<'static, Seen> = if features.admission_policies {
+            let p = watcher(
+                Api::<ValidatingAdmissionPolicy>::all(client.clone()),
+                cfg.clone(),
+            )
+            .default_backoff()
+            .map(|e| classify("ValidatingAdmissionPolicy", e));
+            let b = watcher(
+                Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()),
+                cfg,
+            )
+            .default_backoff()
+            .map(|e| classify("ValidatingAdmissionPolicyBinding", e));
+            Box::pin(futures::stream::select(
+                hooks,
+                futures::stream::select(p, b),
+            ))
+        } else {
+            Box::pin(hooks)
+        };
+        let mut events = events;
+        // The type-check warnings last seen per policy: a new one queues a reconcile, which
+        // reports it (the status is the API server's, never drift).
+        let mut warned: std::collections::BTreeMap<String, Vec<String>> = Default::default();
         // Set while the connection is down: a dropped watch (the HTTP/2 keepalive gave up on
         // a hung server, or the server went away) queues a reconcile at once, which then
         // reports the cluster; a look every RECOVERY_CHECK brings it back as soon as the
@@ -113,7 +146,7 @@ fn drift_task(
                     let _ = tx.send(hcp_ref.clone());
                 }
             };
-            let (kind, what, live) = match seen {
+            let (kind, what, name, live) = match seen {
                 Seen::Lost(why) => {
                     if lost.is_none() {
                         warn!(error = %why, "lost the connection to the hosted cluster; reporting it");
@@ -132,33 +165,37 @@ fn drift_task(
                     back();
                     continue;
                 }
-                Seen::Change(kind, what, live) => {
+                Seen::Change(kind, what, name, live) => {
                     back();
-                    (kind, what, live)
+                    (kind, what, name, live)
                 }
             };
-            let want = {
-                let s = lock(&shared);
-                let d = s.desired.as_ref();
-                match kind {
-                    "ValidatingWebhookConfiguration" => d
-                        .and_then(|d| d.validating.as_ref())
-                        .and_then(|x| serde_json::to_value(x).ok()),
-                    _ => d
-                        .and_then(|d| d.mutating.as_ref())
-                        .and_then(|x| serde_json::to_value(x).ok()),
+            if kind == "ValidatingAdmissionPolicy"
+                && let Some(l) = &live
+                && let Ok(p) = serde_json::from_value::<ValidatingAdmissionPolicy>(l.clone())
+            {
+                let now = policies::type_warnings(&p);
+                if warned.get(&name) != Some(&now) {
+                    let queue = !now.is_empty() || warned.contains_key(&name);
+                    warned.insert(name.clone(), now);
+                    if queue {
+                        let _ = tx.send(hcp_ref.clone());
+                    }
                 }
-            };
+            }
+            let want = lock(&shared)
+                .desired
+                .as_ref()
+                .and_then(|d| desired_of(d, kind, &name));
             let Some(want) = want else { continue };
             let drifted = match &live {
-                Some(l) => !webhooks::webhooks_match(&want, l),
+                Some(l) => !matches_desired(kind, &want, l),
                 None => true,
             };
             if !drifted {
                 continue;
             }
-            let name = want["metadata"]["name"].as_str().unwrap_or("?").to_string();
-            warn!(kind, name = %name, what, "webhook configuration drifted; repairing");
+            warn!(kind, name = %name, what, "the agent's object in the hosted cluster drifted; repairing");
             metrics
                 .drift
                 .get_or_create(&DriftLabels {
@@ -175,14 +212,54 @@ fn drift_task(
     }
 }
 
+/// The desired object of `kind` named `name`, as JSON (`None`: not wanted, which the next
+/// reconcile prunes; not drift).
+fn desired_of(d: &HostedWebhooks, kind: &str, name: &str) -> Option<Value> {
+    let named = |n: &Option<String>| n.as_deref() == Some(name);
+    match kind {
+        "ValidatingWebhookConfiguration" => d
+            .validating
+            .as_ref()
+            .filter(|v| named(&v.metadata.name))
+            .and_then(|x| serde_json::to_value(x).ok()),
+        "MutatingWebhookConfiguration" => d
+            .mutating
+            .as_ref()
+            .filter(|m| named(&m.metadata.name))
+            .and_then(|x| serde_json::to_value(x).ok()),
+        "ValidatingAdmissionPolicy" => d
+            .policies
+            .policies
+            .iter()
+            .find(|p| named(&p.metadata.name))
+            .and_then(|x| serde_json::to_value(x).ok()),
+        "ValidatingAdmissionPolicyBinding" => d
+            .policies
+            .bindings
+            .iter()
+            .find(|b| named(&b.metadata.name))
+            .and_then(|x| serde_json::to_value(x).ok()),
+        _ => None,
+    }
+}
+
+fn matches_desired(kind: &str, want: &Value, live: &Value) -> bool {
+    match kind {
+        "ValidatingAdmissionPolicy" | "ValidatingAdmissionPolicyBinding" => {
+            policies::spec_matches(want, live)
+        }
+        _ => webhooks::webhooks_match(want, live),
+    }
+}
+
 /// While a hosted cluster's watch is down, how often the drift task asks whether it answers
 /// again (and how long it waits for the answer).
 const RECOVERY_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What one item of a drift watch means.
 enum Seen {
-    /// A live change to one of the agent's configurations: kind, what happened, the object.
-    Change(&'static str, &'static str, Option<Value>),
+    /// A live change to one of the agent's objects: kind, what happened, its name, the object.
+    Change(&'static str, &'static str, String, Option<Value>),
     /// The watch (re)started, or the server answered: the connection is up.
     Alive,
     /// The connection is down.
@@ -192,13 +269,15 @@ enum Seen {
 }
 
 /// Initial listings are not changes: the reconcile that started the watch applied them.
-fn classify<K: serde::Serialize>(
+fn classify<K: serde::Serialize + kube::Resource>(
     kind: &'static str,
     ev: Result<watcher::Event<K>, watcher::Error>,
 ) -> Seen {
     match ev {
-        Ok(watcher::Event::Apply(o)) => Seen::Change(kind, "changed", serde_json::to_value(o).ok()),
-        Ok(watcher::Event::Delete(_)) => Seen::Change(kind, "deleted", None),
+        Ok(watcher::Event::Apply(o)) => {
+            Seen::Change(kind, "changed", o.name_any(), serde_json::to_value(o).ok())
+        }
+        Ok(watcher::Event::Delete(o)) => Seen::Change(kind, "deleted", o.name_any(), None),
         Ok(_) => Seen::Alive,
         // The connection failed (a refused or dropped connection, a keepalive that went
         // unanswered), as opposed to the server answering with an error status.

@@ -38,6 +38,10 @@ pub const HOSTED_CRD_MANIFESTS: &[(&str, &str)] = &[
         include_str!("ingresses.config.openshift.io.yaml"),
     ),
     (
+        "upgradeconfigs.upgrade.managed.openshift.io",
+        include_str!("upgradeconfigs.upgrade.managed.openshift.io.yaml"),
+    ),
+    (
         "networks.operator.openshift.io",
         include_str!("networks.operator.openshift.io.yaml"),
     ),

@@ -1,6 +1,9 @@
-//! The hosted clusters: access through each HCP's kubeconfig secret, the webhook
-//! configurations installed there, and the watch that keeps them from drifting.
+//! The hosted clusters: access through each HCP's kubeconfig secret, and the guards installed
+//! there: webhook configurations (`webhooks`) and, where served, admission policies
+//! (`policies`), both rendered purely from the configuration.
 
+pub mod cel;
 pub mod clients;
 pub mod kubeconfig;
+pub mod policies;
 pub mod webhooks;

@@ -11,9 +11,10 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use serde_json::{Value, json};
 
-use crate::catalogue::Builtin;
+use super::policies::{AdmissionPolicies, Engine};
+use crate::catalogue::{Builtin, PROBE_REVISION_LABEL};
 use crate::config::{
-    AdmissionConfig, AgentConfig, FailurePolicy, LabelSelector, WebhookDefinition, WebhookKind,
+    AgentConfig, FailurePolicy, LabelSelector, Rule, WebhookDefinition, WebhookKind,
 };
 use crate::management::{MANAGED_BY, MANAGED_BY_VALUE};
 
@@ -49,6 +50,9 @@ pub struct HostedFeatures {
     /// so their requests never call the admission service. Without it the service exempts
     /// them, after the call.
     pub match_conditions: bool,
+    /// It serves `admissionregistration.k8s.io/v1` ValidatingAdmissionPolicy and its binding
+    /// (GA in 1.30): the guards with a CEL form then run inside it (`hosted::policies`).
+    pub admission_policies: bool,
 }
 
 /// The name of the object `discover_features` offers in a dry run (never stored).
@@ -81,66 +85,31 @@ pub async fn discover_features(client: &kube::Client) -> Result<HostedFeatures, 
         .iter()
         .flatten()
         .any(|w| w.match_conditions.as_ref().is_some_and(|m| !m.is_empty()));
-    Ok(HostedFeatures { match_conditions })
+    // Served means listed under v1: a server with only the beta API is left to the webhooks.
+    let resources = client
+        .list_api_group_resources("admissionregistration.k8s.io/v1")
+        .await?;
+    let listed = |name: &str| resources.resources.iter().any(|r| r.name == name);
+    let admission_policies =
+        listed("validatingadmissionpolicies") && listed("validatingadmissionpolicybindings");
+    Ok(HostedFeatures {
+        match_conditions,
+        admission_policies,
+    })
 }
 
-/// A CEL string literal.
-fn cel_string(s: &str) -> String {
-    format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
-}
+pub use super::cel::exemption_conditions;
 
-/// `value` matches one of `patterns` (exact names, or prefixes ending in '*'), in CEL.
-fn cel_matches_any(value: &str, patterns: &[String]) -> Option<String> {
-    let exact: Vec<String> = patterns
-        .iter()
-        .filter(|p| !p.ends_with('*'))
-        .map(|p| cel_string(p))
-        .collect();
-    let mut terms: Vec<String> = Vec::new();
-    if !exact.is_empty() {
-        terms.push(format!("{value} in [{}]", exact.join(", ")));
-    }
-    terms.extend(
-        patterns
-            .iter()
-            .filter_map(|p| p.strip_suffix('*'))
-            .map(|prefix| format!("{value}.startsWith({})", cel_string(prefix))),
-    );
-    (!terms.is_empty()).then(|| terms.join(" || "))
-}
-
-/// The exemptions of the admission service (`admission.exemptUsers`, `exemptGroups`,
-/// `exemptNamespaces`) as `matchConditions`: every one must hold for the webhook to be
-/// called, so each says "not exempt this way". The same rules the service applies
-/// (`admission::policies`), evaluated by the API server instead.
-pub fn exemption_conditions(a: &AdmissionConfig) -> Vec<Value> {
-    let mut out = Vec::new();
-    if let Some(user) = cel_matches_any("request.userInfo.username", &a.exempt_users) {
-        out.push(json!({"name": "not-an-exempt-user", "expression": format!("!({user})")}));
-    }
-    if !a.exempt_groups.is_empty() {
-        let groups: Vec<String> = a.exempt_groups.iter().map(|g| cel_string(g)).collect();
-        out.push(json!({
-            "name": "not-in-an-exempt-group",
-            "expression": format!(
-                "!(has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in [{}]))",
-                groups.join(", ")
-            ),
-        }));
-    }
-    if let Some(ns) = cel_matches_any("request.namespace", &a.exempt_namespaces) {
-        out.push(json!({
-            "name": "not-in-an-exempt-namespace",
-            "expression": format!("!(has(request.namespace) && ({ns}))"),
-        }));
-    }
-    out
-}
-
+/// Everything the agent installs in one hosted cluster: the webhook configurations and, where
+/// served, the admission policies and bindings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HostedWebhooks {
     pub validating: Option<ValidatingWebhookConfiguration>,
     pub mutating: Option<MutatingWebhookConfiguration>,
+    pub policies: AdmissionPolicies,
+    /// The revision the probe webhook selects (`None`: no probe webhook is installed, as when
+    /// every guard runs as a policy and the mutation is off).
+    pub webhook_revision: Option<String>,
 }
 
 /// The claim value for `CLAIM_ANNOTATION`.
@@ -162,7 +131,25 @@ impl HostedWebhooks {
         if let Some(m) = self.mutating.as_mut() {
             mark(&mut m.metadata);
         }
+        for p in &mut self.policies.policies {
+            mark(&mut p.metadata);
+        }
+        for b in &mut self.policies.bindings {
+            mark(&mut b.metadata);
+        }
         self
+    }
+
+    /// How many guards (the probe and the mutation aside: every validating guard) each engine
+    /// carries: (webhook, policy).
+    pub fn guards(&self) -> (usize, usize) {
+        let hooks = self
+            .validating
+            .iter()
+            .flat_map(|v| v.webhooks.iter().flatten())
+            .filter(|w| w.name != Builtin::Probe.row().name)
+            .count();
+        (hooks, self.policies.guards().count())
     }
 }
 
@@ -177,7 +164,7 @@ pub fn default_url_base(cfg: &AgentConfig, hcp_namespace: &str) -> String {
 }
 
 /// The definition's selector with the agent's guard expressions added (never replaced).
-fn guarded_selector(sel: Option<&LabelSelector>, guards: &[Value]) -> Value {
+pub(crate) fn guarded_selector(sel: Option<&LabelSelector>, guards: &[Value]) -> Value {
     let mut exprs: Vec<Value> = sel
         .map(|s| {
             s.match_expressions
@@ -194,7 +181,7 @@ fn guarded_selector(sel: Option<&LabelSelector>, guards: &[Value]) -> Value {
     v
 }
 
-fn guarded_namespace_selector(sel: Option<&LabelSelector>) -> Value {
+pub(crate) fn guarded_namespace_selector(sel: Option<&LabelSelector>) -> Value {
     guarded_selector(
         sel,
         &[
@@ -207,7 +194,7 @@ fn guarded_namespace_selector(sel: Option<&LabelSelector>) -> Value {
     )
 }
 
-fn guarded_object_selector(sel: Option<&LabelSelector>) -> Value {
+pub(crate) fn guarded_object_selector(sel: Option<&LabelSelector>) -> Value {
     // The agent's own objects are never intercepted, DELETE included.
     guarded_selector(
         sel,
@@ -215,19 +202,12 @@ fn guarded_object_selector(sel: Option<&LabelSelector>) -> Value {
     )
 }
 
-fn webhook_json(
-    w: &WebhookDefinition,
-    url_base: &str,
-    ca_bundle: &ByteString,
-    conditions: &[Value],
-) -> Value {
-    let mut v = json!({
-        "name": w.name,
-        "clientConfig": {
-            "url": format!("{}{}", url_base.trim_end_matches('/'), w.path),
-            "caBundle": ca_bundle,
-        },
-        "rules": w.rules.iter().map(|r| {
+/// A definition's rules as the API server writes them (webhook `rules`, and an admission
+/// policy's `matchConstraints.resourceRules`: the same shape).
+pub(crate) fn rules_json(rules: &[Rule]) -> Vec<Value> {
+    rules
+        .iter()
+        .map(|r| {
             let mut rule = json!({
                 "operations": r.operations,
                 "apiGroups": r.api_groups,
@@ -238,8 +218,32 @@ fn webhook_json(
                 rule["scope"] = json!(scope);
             }
             rule
-        }).collect::<Vec<_>>(),
-        "failurePolicy": match w.failure_policy { FailurePolicy::Ignore => "Ignore", FailurePolicy::Fail => "Fail" },
+        })
+        .collect()
+}
+
+pub(crate) fn failure_policy(f: FailurePolicy) -> &'static str {
+    match f {
+        FailurePolicy::Ignore => "Ignore",
+        FailurePolicy::Fail => "Fail",
+    }
+}
+
+fn webhook_json(
+    w: &WebhookDefinition,
+    url_base: &str,
+    ca_bundle: &ByteString,
+    conditions: &[Value],
+) -> Value {
+    let is_probe = Builtin::for_path(&w.path) == Some(Builtin::Probe);
+    let mut v = json!({
+        "name": w.name,
+        "clientConfig": {
+            "url": format!("{}{}", url_base.trim_end_matches('/'), w.path),
+            "caBundle": ca_bundle,
+        },
+        "rules": rules_json(&w.rules),
+        "failurePolicy": failure_policy(w.failure_policy),
         "matchPolicy": "Equivalent",
         "sideEffects": "None",
         "timeoutSeconds": w.timeout_seconds,
@@ -251,13 +255,14 @@ fn webhook_json(
         v["reinvocationPolicy"] = json!("Never");
     }
     // The probe answers whoever sends it: it proves the path, whatever the identity.
-    if !conditions.is_empty() && Builtin::for_path(&w.path) != Some(Builtin::Probe) {
+    if !conditions.is_empty() && !is_probe {
         v["matchConditions"] = json!(conditions);
     }
     v
 }
 
-fn metadata(name: &str, hcp_namespace: &str) -> Value {
+/// Metadata of everything the agent owns in a hosted cluster.
+pub(crate) fn owned_metadata(name: &str, hcp_namespace: &str) -> Value {
     json!({
         "name": name,
         "labels": {
@@ -290,10 +295,47 @@ pub fn render(
     } else {
         Vec::new()
     };
+    let policies = super::policies::render(cfg, hcp_namespace, features)?;
+    let is_probe = |w: &WebhookDefinition| Builtin::for_path(&w.path) == Some(Builtin::Probe);
+    let hooks: Vec<&WebhookDefinition> = cfg
+        .active_webhooks()
+        .filter(|w| super::policies::engine_of(w, features).0 == Engine::Webhook)
+        .collect();
+    // The probe webhook proves the admission service's path: wanted while a guard uses it, or
+    // while nothing else would be probed.
+    let service_in_path = hooks.iter().any(|w| !is_probe(w)) || policies.revision.is_none();
+    let hooks: Vec<&WebhookDefinition> = hooks
+        .into_iter()
+        .filter(|w| service_in_path || !is_probe(w))
+        .collect();
+    let mut rendered: Vec<(WebhookKind, Value, bool)> = hooks
+        .iter()
+        .map(|w| {
+            (
+                w.kind,
+                webhook_json(w, url_base, &ca, &conditions),
+                is_probe(w),
+            )
+        })
+        .collect();
+    // The probe selects the revision of every webhook rendered (its own selector aside), so
+    // its answer proves the API server runs this revision.
+    let revision = rendered.iter().any(|(_, _, p)| *p).then(|| {
+        let all = Value::Array(rendered.iter().map(|(_, v, _)| v.clone()).collect());
+        crate::compare::stable_hash(&[all.to_string().as_bytes()])
+    });
+    if let Some(rev) = &revision {
+        for (_, v, probe) in &mut rendered {
+            if *probe {
+                v["objectSelector"]["matchLabels"][PROBE_REVISION_LABEL] = json!(rev);
+            }
+        }
+    }
     let of_kind = |kind: WebhookKind| -> Vec<Value> {
-        cfg.active_webhooks()
-            .filter(|w| w.kind == kind)
-            .map(|w| webhook_json(w, url_base, &ca, &conditions))
+        rendered
+            .iter()
+            .filter(|(k, _, _)| *k == kind)
+            .map(|(_, v, _)| v.clone())
             .collect()
     };
     let err = |e: serde_json::Error| WebhookRenderError {
@@ -307,7 +349,7 @@ pub fn render(
             json!({
                 "apiVersion": "admissionregistration.k8s.io/v1",
                 "kind": api_kind,
-                "metadata": metadata(name, hcp_namespace),
+                "metadata": owned_metadata(name, hcp_namespace),
                 "webhooks": hooks,
             })
         })
@@ -331,6 +373,17 @@ pub fn render(
     Ok(HostedWebhooks {
         validating,
         mutating,
+        policies,
+        webhook_revision: revision,
+    })
+}
+
+/// The labels and annotations rendered are on the live object with the same values.
+pub(crate) fn metadata_matches(desired: &Value, live: &Value) -> bool {
+    ["labels", "annotations"].iter().all(|field| {
+        desired["metadata"][field]
+            .as_object()
+            .is_none_or(|want| want.iter().all(|(k, v)| live["metadata"][field][k] == *v))
     })
 }
 
@@ -347,17 +400,13 @@ pub fn webhooks_match(desired: &Value, live: &Value) -> bool {
         && d.iter()
             .zip(l)
             .all(|(dw, lw)| crate::compare::subset(dw, lw))
-        && ["labels", "annotations"].iter().all(|field| {
-            desired["metadata"][field]
-                .as_object()
-                .is_none_or(|want| want.iter().all(|(k, v)| live["metadata"][field][k] == *v))
-        })
+        && metadata_matches(desired, live)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Mode;
+    use crate::config::{AdmissionConfig, Mode};
 
     fn rendered() -> HostedWebhooks {
         rendered_with(HostedFeatures::default())
@@ -377,8 +426,10 @@ mod tests {
 
     #[test]
     fn exemptions_become_match_conditions_where_served_and_never_on_the_probe() {
+        // Webhooks only (no admission policies), to see every guard's conditions.
         let served = rendered_with(HostedFeatures {
             match_conditions: true,
+            admission_policies: false,
         });
         let mut hooks = served.validating.expect("v").webhooks.expect("hooks");
         hooks.extend(

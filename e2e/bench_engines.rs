@@ -1,0 +1,338 @@
+//! `make bench` (engines part): guarded requests through a real hosted kube-apiserver, with the
+//! guards on webhooks (the API server calls the real admission service over TLS, run by the
+//! test bed's kubelet) and then on ValidatingAdmissionPolicies (evaluated by the API server
+//! itself), side by side in one run on the newest test-bed version. Two requests:
+//! - a regular user's denied delete of a protected ClusterRole (the protected-RBAC guard);
+//! - an exempt identity's (`system:admin`) allowed update of the ingress config's spec (the
+//!   ingress-config guard, which exempts it).
+//!
+//! For each: requests per second and client-side p50/p99 latency of a closed loop of
+//! BENCH_CLIENTS clients (default 8) for BENCH_SECONDS (default 5), and how many of them
+//! reached the admission service (its own request counter). Everything shares the machine's
+//! two cores: the figures compare the engines, they do not size a production server.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::time::{Duration, Instant};
+
+use hcp_fleet_agent::agent::{self, StartOptions};
+use hcp_fleet_agent::catalogue::Builtin;
+use hcp_fleet_agent::config::{AgentConfig, GuardEngine};
+use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet, kubelet};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::{Api, Client};
+
+const NS: &str = "clusters-hc-1";
+const RBAC: &str = "protected-rbac.hcp-fleet.openshift.io";
+const INGRESS: &str = "ingress-config.hcp-fleet.openshift.io";
+const PROTECTED: &str = "hcp-fleet: deleting the protected ClusterRole \"cluster-admin\"";
+
+fn env_num(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn with_engine(engine: GuardEngine) -> AgentConfig {
+    let mut cfg = hcp_fleet_agent::localcp::allow_loopback(AgentConfig::default());
+    for w in &mut cfg.webhooks {
+        if Builtin::for_path(&w.path).is_some_and(|b| b.row().cel) {
+            w.engine = engine;
+        }
+    }
+    cfg
+}
+
+/// A client of hc-1 acting as `user` (impersonated through the admin kubeconfig).
+async fn as_user(fleet: &LocalFleet, user: &str) -> Result<Client, String> {
+    let hc = fleet.hosted("hc-1").ok_or("no hc-1")?;
+    let kc = kube::config::Kubeconfig::from_yaml(&hc.kubeconfig_yaml).map_err(|e| e.to_string())?;
+    let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    config.auth_info.impersonate = Some(user.into());
+    Client::try_from(config).map_err(|e| e.to_string())
+}
+
+fn ingress_api(client: Client) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("config.openshift.io", "v1", "Ingress"),
+        "ingresses",
+    );
+    Api::all_with(client, &ar)
+}
+
+/// The hosted cluster as the bench needs it: alice may delete cluster roles (only the guard
+/// stops her), system:admin may do anything (and is exempt), the ingress config exists.
+async fn prepare(fleet: &LocalFleet) -> Result<(), String> {
+    let admin = fleet
+        .hosted("hc-1")
+        .ok_or("no hc-1")?
+        .client()
+        .await
+        .map_err(|e| e.to_string())?;
+    let e = |e: kube::Error| e.to_string();
+    let role: ClusterRole = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "bench-alice"},
+        "rules": [{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "verbs": ["delete"]}],
+    }))
+    .map_err(|e| e.to_string())?;
+    Api::<ClusterRole>::all(admin.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .map_err(e)?;
+    for (name, role, user) in [
+        ("bench-alice", "bench-alice", "alice"),
+        ("bench-admin", "cluster-admin", "system:admin"),
+    ] {
+        let b: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        }))
+        .map_err(|e| e.to_string())?;
+        Api::<ClusterRoleBinding>::all(admin.clone())
+            .create(&PostParams::default(), &b)
+            .await
+            .map_err(e)?;
+    }
+    let ingress = serde_json::json!({"apiVersion": "config.openshift.io/v1", "kind": "Ingress",
+        "metadata": {"name": "cluster"}, "spec": {"domain": "apps.hc-1.example.com"}});
+    ingress_api(admin)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(ingress).map_err(|e| e.to_string())?,
+        )
+        .await
+        .map_err(e)?;
+    Ok(())
+}
+
+#[derive(Clone, Copy)]
+enum Request {
+    DeniedDelete,
+    ExemptUpdate,
+}
+
+/// One request; `Ok` when it ended as the guard must end it (denied with the guard's text, or
+/// allowed), with who denied it (true: an admission policy).
+async fn once(what: Request, alice: &Client, admin: &Client, n: u64) -> Result<bool, String> {
+    match what {
+        Request::DeniedDelete => {
+            let dp = DeleteParams {
+                dry_run: true,
+                ..DeleteParams::default()
+            };
+            match Api::<ClusterRole>::all(alice.clone())
+                .delete("cluster-admin", &dp)
+                .await
+            {
+                Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains(PROTECTED) => {
+                    Ok(s.message.contains("ValidatingAdmissionPolicy"))
+                }
+                other => Err(format!(
+                    "alice's delete was not denied by the guard: {other:?}"
+                )),
+            }
+        }
+        Request::ExemptUpdate => {
+            let pp = PatchParams {
+                dry_run: true,
+                ..PatchParams::default()
+            };
+            let patch =
+                serde_json::json!({"spec": {"domain": format!("apps-{n}.hc-1.example.com")}});
+            ingress_api(admin.clone())
+                .patch("cluster", &pp, &Patch::Merge(&patch))
+                .await
+                .map(|_| false)
+                .map_err(|e| format!("system:admin's update was refused: {e}"))
+        }
+    }
+}
+
+struct Row {
+    rps: f64,
+    p50: f64,
+    p99: f64,
+    service_calls: f64,
+    by_policy: usize,
+    total: usize,
+}
+
+fn pct(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[i.min(sorted.len() - 1)].as_secs_f64() * 1000.0
+}
+
+async fn measure(
+    mgmt: &Client,
+    what: Request,
+    alice: &Client,
+    admin: &Client,
+    clients: u64,
+    secs: u64,
+) -> Result<Row, String> {
+    let hook = match what {
+        Request::DeniedDelete => RBAC,
+        Request::ExemptUpdate => INGRESS,
+    };
+    // Warm-up: connections and the API server's caches.
+    for n in 0..20 {
+        once(what, alice, admin, n).await?;
+    }
+    let calls0 = support::service_requests(mgmt, NS, hook).await;
+    let until = Instant::now() + Duration::from_secs(secs);
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..clients)
+        .map(|c| {
+            let (alice, admin) = (alice.clone(), admin.clone());
+            tokio::spawn(async move {
+                let mut lat = Vec::new();
+                let mut by_policy = 0usize;
+                let mut n = c * 1_000_000;
+                while Instant::now() < until {
+                    let t0 = Instant::now();
+                    by_policy += usize::from(once(what, &alice, &admin, n).await?);
+                    lat.push(t0.elapsed());
+                    n += 1;
+                }
+                Ok::<_, String>((lat, by_policy))
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    let mut by_policy = 0;
+    for t in tasks {
+        let (lat, p) = t.await.map_err(|e| e.to_string())??;
+        all.extend(lat);
+        by_policy += p;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let calls1 = support::service_requests(mgmt, NS, hook).await;
+    all.sort();
+    Ok(Row {
+        rps: all.len() as f64 / elapsed,
+        p50: pct(&all, 50.0),
+        p99: pct(&all, 99.0),
+        service_calls: calls1 - calls0,
+        by_policy,
+        total: all.len(),
+    })
+}
+
+fn main() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = rt.block_on(run()) {
+        eprintln!("bench failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn run() -> Result<(), String> {
+    let secs = env_num("BENCH_SECONDS", 5);
+    let clients = env_num("BENCH_CLIENTS", 8);
+    let fleet = LocalFleet::start(FleetOptions::with_hosted(1))
+        .await
+        .map_err(|e| e.to_string())?;
+    if !fleet.version.at_least(1, 30) {
+        println!(
+            "engines benchmark: the test bed's kube-apiserver {} serves no ValidatingAdmissionPolicy; nothing to compare",
+            fleet.version
+        );
+        return Ok(());
+    }
+    let mgmt = fleet.management.client().await.map_err(|e| e.to_string())?;
+    let pods = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let _kubelet = kubelet::spawn(
+        mgmt.clone(),
+        kubelet::KubeletOptions {
+            binary: Some(env!("CARGO_BIN_EXE_hcp-fleet-agent").into()),
+            dir: pods.path().to_path_buf(),
+        },
+    );
+    let agent = agent::start(
+        mgmt.clone(),
+        with_engine(GuardEngine::Webhook),
+        StartOptions {
+            agent_namespace: "hcp-fleet-agent".into(),
+            endpoints: kubelet::endpoints(),
+        },
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    prepare(&fleet).await?;
+    let alice = as_user(&fleet, "alice").await?;
+    let admin = as_user(&fleet, "system:admin").await?;
+
+    println!(
+        "engines benchmark: guarded requests through a real hosted kube-apiserver {} (test bed),",
+        fleet.version
+    );
+    println!(
+        "{clients} closed-loop clients for {secs}s per row; the admission service is the real process over TLS;"
+    );
+    println!("API servers, etcd, the service and this load share the machine's two cores");
+    println!(
+        "{:<8} {:<37} {:>8} {:>8} {:>8} {:>14}",
+        "engine", "request", "req/s", "p50 ms", "p99 ms", "service calls"
+    );
+    for engine in [GuardEngine::Webhook, GuardEngine::Policy] {
+        agent.set_config(with_engine(engine));
+        let want_policy = engine == GuardEngine::Policy;
+        // In force when three denials in a row come from the engine asked for.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut streak = 0;
+        while streak < 3 {
+            if Instant::now() > deadline {
+                return Err(format!("the guards did not move to {engine:?} within 60s"));
+            }
+            match once(Request::DeniedDelete, &alice, &admin, 0).await {
+                Ok(p) if p == want_policy => streak += 1,
+                _ => {
+                    streak = 0;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+        let name = if want_policy { "policy" } else { "webhook" };
+        for (what, label) in [
+            (Request::DeniedDelete, "denied ClusterRole delete (alice)"),
+            (
+                Request::ExemptUpdate,
+                "exempt ingress update (system:admin)",
+            ),
+        ] {
+            let r = measure(&mgmt, what, &alice, &admin, clients, secs).await?;
+            if matches!(what, Request::DeniedDelete) && (r.by_policy == r.total) != want_policy {
+                return Err(format!(
+                    "{name}: {} of {} denials came from a policy",
+                    r.by_policy, r.total
+                ));
+            }
+            println!(
+                "{:<8} {:<37} {:>8.0} {:>8.2} {:>8.2} {:>14.0}",
+                name, label, r.rps, r.p50, r.p99, r.service_calls
+            );
+        }
+    }
+    drop(agent);
+    Ok(())
+}

@@ -1,0 +1,581 @@
+//! The guards that run inside the hosted kube-apiserver: for each built-in whose decision CEL
+//! can express, a ValidatingAdmissionPolicy and its binding instead of a webhook entry, where
+//! the hosted cluster serves `admissionregistration.k8s.io/v1` policies (docs/architecture.md,
+//! "Two engines"). Rendered purely from the configuration and what the server offers.
+//!
+//! Each policy says what its handler in `admission::policies` says, in CEL: the same
+//! conditions (the rules only narrow what reaches it, as for the webhook), the same exemptions
+//! (as `matchConditions`), the same message (built from the same `catalogue::denial`
+//! template). The mode is the binding's `validationActions`: enforce denies, warn warns and
+//! audits, off installs nothing.
+//!
+//! Two guards stay webhooks: the probe (it proves the admission service is reachable, which
+//! only a call to it can) and the Service mutation (a MutatingAdmissionPolicy is beta and off
+//! by default up to Kubernetes 1.34, and the service already answers the probe, so moving the
+//! mutation would keep the service in the path while adding a second engine to watch).
+
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use serde_json::{Value, json};
+
+use super::cel;
+use super::webhooks::{
+    HostedFeatures, WebhookRenderError, failure_policy, guarded_namespace_selector,
+    guarded_object_selector, owned_metadata, rules_json,
+};
+use crate::catalogue::{
+    Builtin, DEFAULT_SCCS, MANAGED_API_GROUPS, POLICY_PROBE_ANSWER, POLICY_PROBE_VALUE,
+    PROBE_LABEL, PROBE_REVISION_LABEL, denial,
+};
+use crate::config::{AgentConfig, GuardEngine, Mode, WebhookDefinition};
+
+/// The path a guard takes in one hosted cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    Webhook,
+    Policy,
+}
+
+impl Engine {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Engine::Webhook => "webhook",
+            Engine::Policy => "policy",
+        }
+    }
+}
+
+/// Which engine carries `w` on a server offering `features`, and why not the one asked for.
+pub fn engine_of(w: &WebhookDefinition, features: HostedFeatures) -> (Engine, Option<String>) {
+    let cel = Builtin::for_path(&w.path).is_some_and(|b| b.row().cel);
+    match w.engine {
+        GuardEngine::Webhook => (Engine::Webhook, None),
+        GuardEngine::Auto if cel && features.admission_policies => (Engine::Policy, None),
+        GuardEngine::Auto => (Engine::Webhook, None),
+        GuardEngine::Policy if cel && features.admission_policies => (Engine::Policy, None),
+        // The configuration refuses `policy` for a guard without a CEL form, so this is a
+        // server without admission policies: the webhook guards meanwhile.
+        GuardEngine::Policy => (
+            Engine::Webhook,
+            Some(format!(
+                "{} asks for engine policy, but this hosted kube-apiserver does not serve admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy; its webhook guards instead",
+                w.name
+            )),
+        ),
+    }
+}
+
+/// The policies and bindings one hosted cluster should hold, and the revision the probe asks
+/// for (`None`: no policy at all).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct AdmissionPolicies {
+    /// Guards first, the probe policy last (the order they are written in).
+    pub policies: Vec<ValidatingAdmissionPolicy>,
+    pub bindings: Vec<ValidatingAdmissionPolicyBinding>,
+    pub revision: Option<String>,
+}
+
+impl AdmissionPolicies {
+    /// The guard policies' names (the probe's left out).
+    pub fn guards(&self) -> impl Iterator<Item = &str> {
+        self.policies
+            .iter()
+            .filter_map(|p| p.metadata.name.as_deref())
+            .filter(|n| *n != probe_name())
+    }
+}
+
+/// The probe policy's (and binding's) name: the probe webhook's.
+pub fn probe_name() -> &'static str {
+    Builtin::Probe.row().name
+}
+
+/// One guard's validation in CEL: the expression (true admits) and the message expression.
+/// `None` for a built-in without a CEL form. Exhaustive, like `admission::policies::handle`.
+fn validation(builtin: Builtin, cfg: &AgentConfig) -> Option<(String, String)> {
+    let group_is = |g: &str| format!("request.resource.group == {}", cel::string(g));
+    let resource_is = |r: &str| format!("request.resource.resource == {}", cel::string(r));
+    // `x.spec.<field>` is there, for objects that may lack `spec`.
+    let has_spec = |obj: &str, field: &str| format!("(has({obj}.spec) && has({obj}.spec.{field}))");
+    let verb = |delete: &str, other: &str| {
+        format!(
+            "request.operation == 'DELETE' ? {} : {}",
+            cel::string(delete),
+            cel::string(other)
+        )
+    };
+    Some(match builtin {
+        Builtin::ProtectedRbac => {
+            let protected =
+                cel::matches_any("request.name", &cfg.admission.protected_cluster_roles)
+                    .unwrap_or_else(|| "false".into());
+            (
+                format!(
+                    "request.operation != 'DELETE' || !({}) || !(request.resource.resource in ['clusterroles', 'clusterrolebindings']) || !({protected})",
+                    group_is("rbac.authorization.k8s.io")
+                ),
+                cel::message(
+                    denial::PROTECTED_RBAC,
+                    &[
+                        (
+                            "kind",
+                            "request.resource.resource == 'clusterroles' ? 'ClusterRole' : 'ClusterRoleBinding'",
+                        ),
+                        ("name", "request.name"),
+                    ],
+                ),
+            )
+        }
+        Builtin::FeatureGate => {
+            let tpnu = |obj: &str| {
+                format!(
+                    "({obj} != null && {} && {obj}.spec.featureSet == 'TechPreviewNoUpgrade')",
+                    has_spec(obj, "featureSet")
+                )
+            };
+            (
+                format!(
+                    "!({} && {}) || !{} || {}",
+                    group_is("config.openshift.io"),
+                    resource_is("featuregates"),
+                    tpnu("object"),
+                    tpnu("oldObject")
+                ),
+                cel::message(denial::FEATURE_GATE, &[]),
+            )
+        }
+        Builtin::Scc => {
+            // Everything but metadata unchanged. The object is a map at run time; `dyn` lets
+            // the type check accept iterating its fields whatever the SCC schema says.
+            let unchanged = "object != null && oldObject != null \
+                && dyn(object).all(k, k == 'metadata' || (k in dyn(oldObject) && dyn(object)[k] == dyn(oldObject)[k])) \
+                && dyn(oldObject).all(k, k == 'metadata' || k in dyn(object))";
+            (
+                format!(
+                    "!({} && {}) || !(request.name in {}) || (request.operation == 'UPDATE' && {unchanged})",
+                    group_is("security.openshift.io"),
+                    resource_is("securitycontextconstraints"),
+                    cel::list(DEFAULT_SCCS)
+                ),
+                cel::message(
+                    denial::SCC,
+                    &[
+                        ("verb", &verb("deleting", "changing")),
+                        ("name", "request.name"),
+                    ],
+                ),
+            )
+        }
+        Builtin::IngressConfig => (
+            format!(
+                "!({} && {}) || (request.operation == 'UPDATE' && object != null && oldObject != null \
+                 && has(object.spec) == has(oldObject.spec) && (!has(object.spec) || object.spec == oldObject.spec))",
+                group_is("config.openshift.io"),
+                resource_is("ingresses")
+            ),
+            cel::message(
+                denial::INGRESS_CONFIG,
+                &[
+                    ("verb", &verb("deleting", "changing the spec of")),
+                    ("name", "request.name"),
+                ],
+            ),
+        ),
+        Builtin::NetworkMigration => {
+            let (new, old) = (
+                has_spec("object", "migration"),
+                has_spec("oldObject", "migration"),
+            );
+            (
+                format!(
+                    "!({} && {}) || (object != null && oldObject != null && {new} == {old} \
+                     && (!{new} || object.spec.migration == oldObject.spec.migration))",
+                    group_is("operator.openshift.io"),
+                    resource_is("networks")
+                ),
+                cel::message(denial::NETWORK_MIGRATION, &[]),
+            )
+        }
+        Builtin::ManagedGroups => (
+            format!(
+                "!(request.resource.group in {})",
+                cel::list(MANAGED_API_GROUPS)
+            ),
+            cel::message(
+                denial::MANAGED_GROUPS,
+                &[
+                    ("resource", "request.resource.resource"),
+                    ("group", "request.resource.group"),
+                    ("operation", "request.operation.lowerAscii()"),
+                ],
+            ),
+        ),
+        Builtin::Probe | Builtin::ServiceAnnotation => return None,
+    })
+}
+
+fn guard_policy(
+    w: &WebhookDefinition,
+    expression: &str,
+    message: &str,
+    conditions: &[Value],
+    hcp_namespace: &str,
+) -> Value {
+    let message = match w.mode {
+        Mode::Warn => cel::message(
+            denial::WARN,
+            &[("guard", &cel::string(&w.name)), ("message", message)],
+        ),
+        Mode::Enforce | Mode::Off => message.to_string(),
+    };
+    let rules = rules_json(&w.rules);
+    let mut spec = json!({
+        "failurePolicy": failure_policy(w.failure_policy),
+        "matchConstraints": {
+            "resourceRules": rules,
+            "matchPolicy": "Equivalent",
+            "namespaceSelector": guarded_namespace_selector(w.namespace_selector.as_ref()),
+            "objectSelector": guarded_object_selector(w.object_selector.as_ref()),
+        },
+        "validations": [{
+            "expression": expression,
+            "messageExpression": message,
+            // Shown only if the message expression itself fails.
+            "message": format!("hcp-fleet: {} denied this request", w.name),
+            "reason": "Forbidden",
+        }],
+    });
+    if !conditions.is_empty() {
+        spec["matchConditions"] = json!(conditions);
+    }
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": owned_metadata(&w.name, hcp_namespace),
+        "spec": spec,
+    })
+}
+
+fn binding(name: &str, actions: &[&str], hcp_namespace: &str, revision: Option<&str>) -> Value {
+    let mut spec = json!({"policyName": name, "validationActions": actions});
+    if let Some(rev) = revision {
+        spec["matchResources"] = json!({
+            "objectSelector": {"matchLabels": {PROBE_REVISION_LABEL: rev}},
+        });
+    }
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": owned_metadata(name, hcp_namespace),
+        "spec": spec,
+    })
+}
+
+/// The probe policy: denies only a labelled ConfigMap carrying `revision`, with
+/// `POLICY_PROBE_ANSWER`. Its binding selects the same revision. Both are written after every
+/// guard policy and binding, and the API server reads each kind in the order it was written, so
+/// an answer for this revision proves it runs all of them (docs/architecture.md).
+fn probe_policy(hcp_namespace: &str, revision: &str) -> Value {
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": owned_metadata(probe_name(), hcp_namespace),
+        "spec": {
+            // A probe that cannot be evaluated must not pass for an answer.
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [{
+                    "operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                    "resources": ["configmaps"],
+                }],
+                "objectSelector": {"matchLabels": {
+                    PROBE_LABEL: POLICY_PROBE_VALUE,
+                    PROBE_REVISION_LABEL: revision,
+                }},
+            },
+            "validations": [{"expression": "false", "message": POLICY_PROBE_ANSWER, "reason": "Forbidden"}],
+        },
+    })
+}
+
+pub fn render(
+    cfg: &AgentConfig,
+    hcp_namespace: &str,
+    features: HostedFeatures,
+) -> Result<AdmissionPolicies, WebhookRenderError> {
+    let conditions = cel::exemption_conditions(&cfg.admission);
+    let mut policies = Vec::new();
+    let mut bindings = Vec::new();
+    for w in cfg.active_webhooks() {
+        if engine_of(w, features).0 != Engine::Policy {
+            continue;
+        }
+        let Some(builtin) = Builtin::for_path(&w.path) else {
+            continue;
+        };
+        let Some((expression, message)) = validation(builtin, cfg) else {
+            continue;
+        };
+        let actions: &[&str] = match w.mode {
+            Mode::Enforce => &["Deny"],
+            Mode::Warn => &["Warn", "Audit"],
+            Mode::Off => continue,
+        };
+        policies.push(guard_policy(
+            w,
+            &expression,
+            &message,
+            &conditions,
+            hcp_namespace,
+        ));
+        bindings.push(binding(&w.name, actions, hcp_namespace, None));
+    }
+    let revision = (!policies.is_empty()).then(|| {
+        let guards = Value::Array(policies.iter().chain(&bindings).cloned().collect());
+        crate::compare::stable_hash(&[guards.to_string().as_bytes()])
+    });
+    if let Some(rev) = &revision {
+        policies.push(probe_policy(hcp_namespace, rev));
+        bindings.push(binding(probe_name(), &["Deny"], hcp_namespace, Some(rev)));
+    }
+    let err = |e: serde_json::Error| WebhookRenderError {
+        namespace: hcp_namespace.to_string(),
+        reason: e.to_string(),
+    };
+    Ok(AdmissionPolicies {
+        policies: policies
+            .into_iter()
+            .map(serde_json::from_value)
+            .collect::<Result<_, _>>()
+            .map_err(err)?,
+        bindings: bindings
+            .into_iter()
+            .map(serde_json::from_value)
+            .collect::<Result<_, _>>()
+            .map_err(err)?,
+        revision,
+    })
+}
+
+/// Does the live policy or binding still say what was rendered? Its spec compared on the
+/// fields rendered (server defaults are not drift), its labels and annotations likewise.
+pub fn spec_matches(desired: &Value, live: &Value) -> bool {
+    crate::compare::subset(&desired["spec"], &live["spec"])
+        && super::webhooks::metadata_matches(desired, live)
+}
+
+/// What the API server's type check (`status.typeChecking`, written by kube-controller-manager)
+/// found wrong in a policy's expressions, one line per warning.
+pub fn type_warnings(p: &ValidatingAdmissionPolicy) -> Vec<String> {
+    p.status
+        .as_ref()
+        .and_then(|s| s.type_checking.as_ref())
+        .and_then(|t| t.expression_warnings.as_ref())
+        .map(|ws| {
+            ws.iter()
+                .map(|w| format!("{}: {}", w.field_ref, w.warning.trim()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admission::policies::{Settings, decide};
+    use crate::admission::review::decode;
+
+    fn served() -> HostedFeatures {
+        HostedFeatures {
+            match_conditions: true,
+            admission_policies: true,
+        }
+    }
+
+    fn names(p: &AdmissionPolicies) -> Vec<String> {
+        p.policies
+            .iter()
+            .filter_map(|p| p.metadata.name.clone())
+            .collect()
+    }
+
+    #[test]
+    fn every_guard_with_a_cel_form_becomes_a_policy_where_served() {
+        let cfg = AgentConfig::default();
+        let p = render(&cfg, "clusters-a", served()).expect("render");
+        let want: Vec<String> = crate::catalogue::BUILTINS
+            .iter()
+            .filter(|r| r.cel)
+            .map(|r| r.name.to_string())
+            .chain([probe_name().to_string()])
+            .collect();
+        assert_eq!(names(&p), want);
+        assert_eq!(p.bindings.len(), p.policies.len());
+        for (pol, b) in p.policies.iter().zip(&p.bindings) {
+            assert_eq!(pol.metadata.name, b.metadata.name);
+            let spec = b.spec.as_ref().expect("spec");
+            assert_eq!(spec.policy_name.as_ref(), pol.metadata.name.as_ref());
+        }
+        // Not served: nothing, and no revision to probe.
+        let none = render(&cfg, "clusters-a", HostedFeatures::default()).expect("render");
+        assert!(none.policies.is_empty() && none.revision.is_none());
+    }
+
+    #[test]
+    fn the_mode_is_the_bindings_actions_and_off_installs_nothing() {
+        let mut cfg = AgentConfig::default();
+        let actions = |cfg: &AgentConfig, name: &str| -> Option<Vec<String>> {
+            let p = render(cfg, "ns", served()).expect("render");
+            p.bindings
+                .iter()
+                .find(|b| b.metadata.name.as_deref() == Some(name))
+                .and_then(|b| b.spec.as_ref()?.validation_actions.clone())
+        };
+        let rbac = "protected-rbac.hcp-fleet.openshift.io";
+        assert_eq!(actions(&cfg, rbac), Some(vec!["Deny".to_string()]));
+        for w in &mut cfg.webhooks {
+            if w.name == rbac {
+                w.mode = Mode::Warn;
+            }
+        }
+        assert_eq!(
+            actions(&cfg, rbac),
+            Some(vec!["Warn".to_string(), "Audit".to_string()])
+        );
+        for w in &mut cfg.webhooks {
+            if w.name == rbac {
+                w.mode = Mode::Off;
+            }
+        }
+        assert_eq!(actions(&cfg, rbac), None);
+        assert!(!names(&render(&cfg, "ns", served()).expect("render")).contains(&rbac.to_string()));
+    }
+
+    #[test]
+    fn engines_follow_the_setting_and_what_the_server_serves() {
+        let mut w = Builtin::ProtectedRbac.row().definition();
+        assert_eq!(engine_of(&w, served()).0, Engine::Policy);
+        assert_eq!(engine_of(&w, HostedFeatures::default()).0, Engine::Webhook);
+        w.engine = GuardEngine::Webhook;
+        assert_eq!(engine_of(&w, served()), (Engine::Webhook, None));
+        w.engine = GuardEngine::Policy;
+        assert_eq!(engine_of(&w, served()), (Engine::Policy, None));
+        let (e, note) = engine_of(&w, HostedFeatures::default());
+        assert_eq!(e, Engine::Webhook);
+        assert!(note.expect("note").contains("does not serve"));
+        // The probe and the Service mutation are webhooks, whatever auto finds.
+        for b in [Builtin::Probe, Builtin::ServiceAnnotation] {
+            assert_eq!(
+                engine_of(&b.row().definition(), served()).0,
+                Engine::Webhook
+            );
+        }
+    }
+
+    #[test]
+    fn the_revision_follows_the_guards_and_the_probe_selects_it() {
+        let cfg = AgentConfig::default();
+        let a = render(&cfg, "ns", served()).expect("render");
+        let rev = a.revision.clone().expect("revision");
+        assert!(rev.len() <= 63 && rev.chars().all(|c| c.is_ascii_alphanumeric()));
+        let probe = a.bindings.last().expect("probe binding");
+        let sel =
+            serde_json::to_value(probe).expect("json")["spec"]["matchResources"]["objectSelector"]
+                ["matchLabels"][PROBE_REVISION_LABEL]
+                .clone();
+        assert_eq!(sel, json!(rev));
+        let mut changed = cfg.clone();
+        changed
+            .admission
+            .protected_cluster_roles
+            .push("extra".into());
+        let b = render(&changed, "ns", served()).expect("render");
+        assert_ne!(b.revision, a.revision);
+        assert_eq!(
+            render(&cfg, "ns", served()).expect("render").revision,
+            a.revision
+        );
+    }
+
+    #[test]
+    fn exemptions_and_guardrail_selectors_are_on_every_guard() {
+        let p = render(&AgentConfig::default(), "ns", served()).expect("render");
+        for pol in &p.policies {
+            let v = serde_json::to_value(pol).expect("json");
+            let name = pol.metadata.name.clone().unwrap_or_default();
+            if name == probe_name() {
+                assert!(
+                    v["spec"]["matchConditions"].is_null(),
+                    "the probe answers anyone"
+                );
+                continue;
+            }
+            assert_eq!(
+                v["spec"]["matchConditions"].as_array().map(Vec::len),
+                Some(3),
+                "{name}"
+            );
+            let c = &v["spec"]["matchConstraints"];
+            assert!(
+                c["objectSelector"]
+                    .to_string()
+                    .contains(super::super::webhooks::OWNED_LABEL),
+                "{name}"
+            );
+            assert!(
+                c["namespaceSelector"].to_string().contains("kube-system"),
+                "{name}"
+            );
+            assert_eq!(v["spec"]["failurePolicy"], "Ignore", "{name}");
+        }
+    }
+
+    /// The message a policy builds in CEL is the handler's text: checked by evaluating the
+    /// message expression's literal parts around the handler's own values.
+    #[test]
+    fn policy_messages_are_the_handlers_messages() {
+        let cfg = AgentConfig::default();
+        let s = Settings::from_config(&cfg);
+        let body = serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": "u", "kind": {"group": "rbac.authorization.k8s.io", "version": "v1", "kind": "ClusterRole"},
+                "resource": {"group": "rbac.authorization.k8s.io", "version": "v1", "resource": "clusterroles"},
+                "name": "cluster-admin", "operation": "DELETE",
+                "userInfo": {"username": "alice"}, "object": null, "oldObject": {},
+            }
+        }))
+        .expect("json");
+        let req = decode(&body).expect("decode");
+        let (_, d) = decide(Builtin::ProtectedRbac.path(), &req, &s).expect("hook");
+        let (_, message) = validation(Builtin::ProtectedRbac, &cfg).expect("cel");
+        // Substitute what the API server would: the kind and name expressions' values.
+        let evaluated = message
+            .replace(
+                "(request.resource.resource == 'clusterroles' ? 'ClusterRole' : 'ClusterRoleBinding')",
+                "'ClusterRole'",
+            )
+            .replace("(request.name)", "'cluster-admin'")
+            .split(" + ")
+            .map(|lit| lit.trim_matches('\'').replace("\\'", "'"))
+            .collect::<String>();
+        assert_eq!(Some(evaluated), d.message);
+    }
+
+    #[test]
+    fn type_warnings_are_read_from_the_status() {
+        let p: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+            "metadata": {"name": "x"},
+            "status": {"typeChecking": {"expressionWarnings": [
+                {"fieldRef": "spec.validations[0].expression", "warning": "no such key: spec\n"}
+            ]}},
+        }))
+        .expect("vap");
+        assert_eq!(
+            type_warnings(&p),
+            ["spec.validations[0].expression: no such key: spec"]
+        );
+        assert!(type_warnings(&ValidatingAdmissionPolicy::default()).is_empty());
+    }
+}
