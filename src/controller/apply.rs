@@ -81,6 +81,21 @@ where
     K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
 {
     let live = api.get_opt(name).await?;
+    apply_against(api, name, desired, live, same).await
+}
+
+/// `apply_if_changed` against a live object already read (from a list of the kind, one
+/// request for many objects); `None`: there is none.
+pub async fn apply_against<K>(
+    api: &Api<K>,
+    name: &str,
+    desired: &K,
+    live: Option<K>,
+    same: fn(&Value, &Value) -> bool,
+) -> Result<Applied<K>, kube::Error>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+{
     if let Some(live) = live {
         let want = serde_json::to_value(desired).map_err(kube::Error::SerdeError)?;
         let have = serde_json::to_value(&live).map_err(kube::Error::SerdeError)?;
@@ -106,34 +121,35 @@ where
 
 /// One owned object of a kind: `desired` applied under `name` (or deleted when `None`), then
 /// every other object of the kind that carries the agent's `owned` label selector pruned (an
-/// older agent's, or one renamed by a configuration change). Says whether it wrote anything.
+/// older agent's, or one renamed by a configuration change).
 pub async fn apply_and_prune<K>(
     api: &Api<K>,
     name: &str,
     desired: Option<&K>,
     owned: &str,
     same: fn(&Value, &Value) -> bool,
-) -> Result<bool, kube::Error>
+) -> Result<(), kube::Error>
 where
     K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
 {
-    let mut wrote = match desired {
-        Some(d) => !matches!(
-            apply_if_changed(api, name, d, same).await?,
-            Applied::Unchanged(_)
-        ),
-        None => delete_if_present(api, name).await?,
-    };
+    match desired {
+        Some(d) => {
+            apply_if_changed(api, name, d, same).await?;
+        }
+        None => {
+            delete_if_present(api, name).await?;
+        }
+    }
     for o in api
         .list_metadata(&ListParams::default().labels(owned))
         .await?
     {
         let other = o.name_any();
         if other != name {
-            wrote |= delete_if_present(api, &other).await?;
+            delete_if_present(api, &other).await?;
         }
     }
-    Ok(wrote)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::Service;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 
-use super::apply::{Applied, apply_and_prune, apply_if_changed, delete_if_present};
+use super::apply::{Applied, apply_against, apply_and_prune, delete_if_present};
 use super::context::{Context, hcp_labels, lock};
 use super::error::Failure;
 use super::{probe, watches};
@@ -161,6 +161,31 @@ impl From<kube::Error> for InstallError {
     }
 }
 
+/// Does the live validating configuration still hold a webhook entry for a guard that now
+/// runs as a policy?
+async fn guards_still_on_webhooks(
+    hosted: &Client,
+    wanted: &policies::AdmissionPolicies,
+) -> Result<bool, kube::Error> {
+    let guards: BTreeSet<&str> = wanted.guards().collect();
+    if guards.is_empty() {
+        return Ok(false);
+    }
+    Ok(Api::<ValidatingWebhookConfiguration>::all(hosted.clone())
+        .get_opt(VALIDATING_NAME)
+        .await?
+        .and_then(|v| v.webhooks)
+        .unwrap_or_default()
+        .iter()
+        .any(|w| guards.contains(w.name.as_str())))
+}
+
+/// The object named `name`, taken out of `live` (what remains is not wanted).
+fn take_named<K: ResourceExt>(live: &mut Vec<K>, name: &str) -> Option<K> {
+    let at = live.iter().position(|o| o.name_any() == name)?;
+    Some(live.swap_remove(at))
+}
+
 /// Waits until the probe of `engine` at `revision` is answered, for at most `within`.
 async fn prove(
     hosted: &Client,
@@ -193,9 +218,11 @@ async fn prove(
 }
 
 /// Everything the agent wants in one hosted cluster, in an order that never leaves a guard
-/// without a path: policies and bindings are added and (if any was written) proven in force,
-/// then the webhook configurations are written, then (if that moved a guard off its policy)
-/// the webhooks are proven, then the policies no longer wanted go. Returns the type-check
+/// without a path: policies and bindings are added and (if any was written, or a guard still
+/// has its webhook entry) proven in force, then the webhook configurations are written, then
+/// (if a policy going belongs to a guard now on a webhook) the webhooks are proven, then the
+/// policies no longer wanted go. Stateless: a reconcile that stopped half-way is finished by
+/// the next, with the same proofs. Returns the type-check
 /// warnings of the policies as the server has them.
 pub async fn install(
     hosted: &Client,
@@ -208,11 +235,21 @@ pub async fn install(
     let bapi = Api::<ValidatingAdmissionPolicyBinding>::all(hosted.clone());
     let wanted = &desired.policies;
     let mut warnings = Vec::new();
+    let lp = ListParams::default().labels(&owned);
+    // What is there, one list per kind (not a read per object): compared against, and
+    // pruned from, below.
+    let (mut live_policies, mut live_bindings) = if features.admission_policies {
+        (papi.list(&lp).await?.items, bapi.list(&lp).await?.items)
+    } else {
+        (Vec::new(), Vec::new())
+    };
     if features.admission_policies {
         // Policies before bindings, the probe's last of each (see `hosted::policies`).
         let mut wrote = false;
         for p in &wanted.policies {
-            let applied = apply_if_changed(&papi, &p.name_any(), p, policies::spec_matches).await?;
+            let name = p.name_any();
+            let live = take_named(&mut live_policies, &name);
+            let applied = apply_against(&papi, &name, p, live, policies::spec_matches).await?;
             wrote |= !matches!(applied, Applied::Unchanged(_));
             let live = applied.object();
             warnings.extend(
@@ -222,63 +259,52 @@ pub async fn install(
             );
         }
         for b in &wanted.bindings {
-            let applied = apply_if_changed(&bapi, &b.name_any(), b, policies::spec_matches).await?;
+            let name = b.name_any();
+            let live = take_named(&mut live_bindings, &name);
+            let applied = apply_against(&bapi, &name, b, live, policies::spec_matches).await?;
             wrote |= !matches!(applied, Applied::Unchanged(_));
         }
         // The API server takes up to a second to compile what changed. Until it runs this
         // revision, no guard leaves its webhook, and the probe would only report the delay.
-        if wrote {
+        // Also when nothing was written but a guard still has its webhook entry: an earlier
+        // reconcile wrote the policies and stopped before its proof.
+        if wrote || guards_still_on_webhooks(hosted, wanted).await? {
             prove(hosted, Engine::Policy, wanted.revision.as_deref(), proof).await?;
         }
     }
-    let wrote_webhooks = [
-        apply_and_prune(
-            &Api::<ValidatingWebhookConfiguration>::all(hosted.clone()),
-            VALIDATING_NAME,
-            desired.validating.as_ref(),
-            &owned,
-            webhooks::webhooks_match,
-        )
-        .await?,
-        apply_and_prune(
-            &Api::<MutatingWebhookConfiguration>::all(hosted.clone()),
-            MUTATING_NAME,
-            desired.mutating.as_ref(),
-            &owned,
-            webhooks::webhooks_match,
-        )
-        .await?,
-    ];
+    apply_and_prune(
+        &Api::<ValidatingWebhookConfiguration>::all(hosted.clone()),
+        VALIDATING_NAME,
+        desired.validating.as_ref(),
+        &owned,
+        webhooks::webhooks_match,
+    )
+    .await?;
+    apply_and_prune(
+        &Api::<MutatingWebhookConfiguration>::all(hosted.clone()),
+        MUTATING_NAME,
+        desired.mutating.as_ref(),
+        &owned,
+        webhooks::webhooks_match,
+    )
+    .await?;
     if !features.admission_policies {
         return Ok(warnings);
     }
-    let keep: BTreeSet<String> = wanted.policies.iter().map(|p| p.name_any()).collect();
-    let lp = ListParams::default().labels(&owned);
-    let going: Vec<String> = papi
-        .list_metadata(&lp)
-        .await?
-        .into_iter()
-        .map(|p| p.name_any())
-        .filter(|n| !keep.contains(n))
-        .collect();
-    let bindings_going: Vec<String> = bapi
-        .list_metadata(&lp)
-        .await?
-        .into_iter()
-        .map(|b| b.name_any())
-        .filter(|n| !keep.contains(n))
-        .collect();
+    // What is left of the lists is no longer wanted.
+    let going: Vec<String> = live_policies.iter().map(|p| p.name_any()).collect();
+    let bindings_going: Vec<String> = live_bindings.iter().map(|b| b.name_any()).collect();
     if going.is_empty() && bindings_going.is_empty() {
         return Ok(warnings);
     }
-    // A guard whose policy goes now has a webhook: proven first, unless nothing was written
-    // (the webhook was there already).
+    // A guard whose policy goes now has a webhook: proven first (every time: an earlier
+    // reconcile may have written the webhook and stopped before its proof).
     let hooks: BTreeSet<String> = desired
         .validating
         .iter()
         .flat_map(|v| v.webhooks.iter().flatten().map(|w| w.name.clone()))
         .collect();
-    if wrote_webhooks.iter().any(|w| *w) && going.iter().any(|g| hooks.contains(g)) {
+    if going.iter().any(|g| hooks.contains(g)) {
         prove(
             hosted,
             Engine::Webhook,
