@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use hcp_fleet_agent::agent::{self, AgentHandle, StartOptions};
-use hcp_fleet_agent::catalogue::Builtin;
+use hcp_fleet_agent::catalogue::has_cel_form;
 use hcp_fleet_agent::certificates::{self, KeyedCert, Usage};
 use hcp_fleet_agent::config::{AgentConfig, GuardEngine, Mode};
 use hcp_fleet_agent::controller::AdmissionEndpoints;
@@ -194,7 +194,7 @@ const DELETE_AS_ALICE: &[&str] = &[
 fn with_engine(engine: GuardEngine) -> AgentConfig {
     let mut cfg = AgentConfig::default();
     for w in &mut cfg.webhooks {
-        if engine != GuardEngine::Policy || is_cel_guard(&w.path) {
+        if engine != GuardEngine::Policy || has_cel_form(&w.path) {
             w.engine = engine;
         }
     }
@@ -205,10 +205,6 @@ fn with_engine(engine: GuardEngine) -> AgentConfig {
 /// every guard a webhook, so each guarded request calls the service.
 fn through_the_service() -> AgentConfig {
     with_engine(GuardEngine::Webhook)
-}
-
-fn is_cel_guard(path: &str) -> bool {
-    Builtin::for_path(path).is_some_and(|b| b.row().cel)
 }
 
 fn with_mode(mut cfg: AgentConfig, mode: Mode) -> AgentConfig {
@@ -962,15 +958,7 @@ fn assert_nothing_let_through(counts: &LoadCounts, min: usize) {
 /// alice's client in the hosted cluster (impersonated through the admin kubeconfig): a
 /// regular user whom the guard must stop from deleting a protected ClusterRole.
 async fn alice(bed: &Bed) -> Api<ClusterRole> {
-    let kc = kube::config::Kubeconfig::from_yaml(
-        &bed.fleet.hosted("hc-1").expect("hc-1").kubeconfig_yaml,
-    )
-    .expect("kc");
-    let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .expect("config");
-    config.auth_info.impersonate = Some("alice".into());
-    Api::all(Client::try_from(config).expect("client"))
+    Api::all(support::hosted_client_as(&bed.fleet, "hc-1", "alice").await)
 }
 
 /// One load test at a time: each claims 50 guarded requests per second on a machine of two

@@ -17,9 +17,9 @@ mod support;
 use std::time::{Duration, Instant};
 
 use hcp_fleet_agent::agent::{self, StartOptions};
-use hcp_fleet_agent::catalogue::Builtin;
+use hcp_fleet_agent::catalogue::has_cel_form;
 use hcp_fleet_agent::config::{AgentConfig, GuardEngine};
-use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet, kubelet};
+use hcp_fleet_agent::localcp::{LocalFleet, kubelet};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -40,22 +40,11 @@ fn env_num(name: &str, default: u64) -> u64 {
 fn with_engine(engine: GuardEngine) -> AgentConfig {
     let mut cfg = hcp_fleet_agent::localcp::allow_loopback(AgentConfig::default());
     for w in &mut cfg.webhooks {
-        if Builtin::for_path(&w.path).is_some_and(|b| b.row().cel) {
+        if has_cel_form(&w.path) {
             w.engine = engine;
         }
     }
     cfg
-}
-
-/// A client of hc-1 acting as `user` (impersonated through the admin kubeconfig).
-async fn as_user(fleet: &LocalFleet, user: &str) -> Result<Client, String> {
-    let hc = fleet.hosted("hc-1").ok_or("no hc-1")?;
-    let kc = kube::config::Kubeconfig::from_yaml(&hc.kubeconfig_yaml).map_err(|e| e.to_string())?;
-    let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .map_err(|e| e.to_string())?;
-    config.auth_info.impersonate = Some(user.into());
-    Client::try_from(config).map_err(|e| e.to_string())
 }
 
 fn ingress_api(client: Client) -> Api<DynamicObject> {
@@ -249,9 +238,7 @@ fn main() {
 async fn run() -> Result<(), String> {
     let secs = env_num("BENCH_SECONDS", 5);
     let clients = env_num("BENCH_CLIENTS", 8);
-    let fleet = LocalFleet::start(FleetOptions::with_hosted(1))
-        .await
-        .map_err(|e| e.to_string())?;
+    let (fleet, mgmt, _pods) = support::fleet_with_pods(1).await;
     if !fleet.version.at_least(1, 30) {
         println!(
             "engines benchmark: the test bed's kube-apiserver {} serves no ValidatingAdmissionPolicy; nothing to compare",
@@ -259,15 +246,6 @@ async fn run() -> Result<(), String> {
         );
         return Ok(());
     }
-    let mgmt = fleet.management.client().await.map_err(|e| e.to_string())?;
-    let pods = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let _kubelet = kubelet::spawn(
-        mgmt.clone(),
-        kubelet::KubeletOptions {
-            binary: Some(env!("CARGO_BIN_EXE_hcp-fleet-agent").into()),
-            dir: pods.path().to_path_buf(),
-        },
-    );
     let agent = agent::start(
         mgmt.clone(),
         with_engine(GuardEngine::Webhook),
@@ -279,8 +257,8 @@ async fn run() -> Result<(), String> {
     .await
     .map_err(|e| e.to_string())?;
     prepare(&fleet).await?;
-    let alice = as_user(&fleet, "alice").await?;
-    let admin = as_user(&fleet, "system:admin").await?;
+    let alice = support::hosted_client_as(&fleet, "hc-1", "alice").await;
+    let admin = support::hosted_client_as(&fleet, "hc-1", "system:admin").await;
 
     println!(
         "engines benchmark: guarded requests through a real hosted kube-apiserver {} (test bed),",

@@ -165,33 +165,19 @@ pub mod denial {
     /// Warn mode: what the guard would have denied.
     pub const WARN: &str = "{guard} (warn mode) would deny: {message}";
 
-    /// The template with each `{key}` replaced by its value.
+    /// The template with each `{key}` replaced by its value (a placeholder without one
+    /// stays as written). One pass, so a value that itself holds `{key}` is never replaced.
     pub fn fill(template: &str, values: &[(&str, &str)]) -> String {
-        // One pass, so a value that itself holds `{key}` is never replaced again.
-        let mut out = String::with_capacity(template.len());
-        let mut rest = template;
-        while let Some(open) = rest.find('{') {
-            out.push_str(&rest[..open]);
-            let after = &rest[open + 1..];
-            match after.find('}').and_then(|close| {
-                let key = &after[..close];
-                values
+        pieces(template)
+            .into_iter()
+            .map(|p| match p {
+                Piece::Text(t) => t.to_string(),
+                Piece::Value(k) => values
                     .iter()
-                    .find(|(k, _)| *k == key)
-                    .map(|(_, v)| (close, *v))
-            }) {
-                Some((close, v)) => {
-                    out.push_str(v);
-                    rest = &after[close + 1..];
-                }
-                None => {
-                    out.push('{');
-                    rest = after;
-                }
-            }
-        }
-        out.push_str(rest);
-        out
+                    .find(|(key, _)| *key == k)
+                    .map_or_else(|| format!("{{{k}}}"), |(_, v)| v.to_string()),
+            })
+            .collect()
     }
 
     /// The pieces of a template: literal text and placeholder names, in order.
@@ -390,6 +376,11 @@ impl Builtin {
     pub fn path(self) -> &'static str {
         self.row().path
     }
+}
+
+/// Does the built-in served on `path` have a CEL form (so it can run as an admission policy)?
+pub fn has_cel_form(path: &str) -> bool {
+    Builtin::for_path(path).is_some_and(|b| b.row().cel)
 }
 
 /// Every path the admission service serves a webhook on.

@@ -522,8 +522,7 @@ impl AgentConfig {
                     w.path
                 ));
             }
-            let builtin = crate::catalogue::Builtin::for_path(&w.path);
-            if w.engine == GuardEngine::Policy && !builtin.is_some_and(|b| b.row().cel) {
+            if w.engine == GuardEngine::Policy && !crate::catalogue::has_cel_form(&w.path) {
                 p.push(format!(
                     "{at}: engine policy: the handler on {:?} has no CEL form (only {} can run as a ValidatingAdmissionPolicy); use auto or webhook",
                     w.path,
@@ -535,7 +534,7 @@ impl AgentConfig {
                         .join(", ")
                 ));
             }
-            if builtin.is_none() {
+            if crate::catalogue::Builtin::for_path(&w.path).is_none() {
                 p.push(format!(
                     "{at}: path {:?} has no handler in the admission service (one of {})",
                     w.path,

@@ -206,6 +206,27 @@ pub async fn fleet_with_pods(
     )
 }
 
+/// A client of hosted cluster `hosted` acting as `user`, impersonated through its admin
+/// kubeconfig (so RBAC and the guards judge `user`).
+pub async fn hosted_client_as(
+    fleet: &hcp_fleet_agent::localcp::LocalFleet,
+    hosted: &str,
+    user: &str,
+) -> kube::Client {
+    let kc = kube::config::Kubeconfig::from_yaml(
+        &fleet
+            .hosted(hosted)
+            .expect("hosted cluster")
+            .kubeconfig_yaml,
+    )
+    .expect("kubeconfig");
+    let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .expect("config");
+    config.auth_info.impersonate = Some(user.into());
+    kube::Client::try_from(config).expect("client")
+}
+
 /// An agent process with leader election, as the chart runs it (in local mode for the test
 /// bed), as `name` (POD_NAME), with its metrics on a free loopback port. `lease_seconds`
 /// `None` keeps the agent's default.

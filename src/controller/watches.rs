@@ -215,30 +215,20 @@ fn drift_task(
 /// The desired object of `kind` named `name`, as JSON (`None`: not wanted, which the next
 /// reconcile prunes; not drift).
 fn desired_of(d: &HostedWebhooks, kind: &str, name: &str) -> Option<Value> {
-    let named = |n: &Option<String>| n.as_deref() == Some(name);
+    fn named<'a, K: kube::Resource + serde::Serialize + 'a>(
+        objects: impl IntoIterator<Item = &'a K>,
+        name: &str,
+    ) -> Option<Value> {
+        objects
+            .into_iter()
+            .find(|o| o.meta().name.as_deref() == Some(name))
+            .and_then(|o| serde_json::to_value(o).ok())
+    }
     match kind {
-        "ValidatingWebhookConfiguration" => d
-            .validating
-            .as_ref()
-            .filter(|v| named(&v.metadata.name))
-            .and_then(|x| serde_json::to_value(x).ok()),
-        "MutatingWebhookConfiguration" => d
-            .mutating
-            .as_ref()
-            .filter(|m| named(&m.metadata.name))
-            .and_then(|x| serde_json::to_value(x).ok()),
-        "ValidatingAdmissionPolicy" => d
-            .policies
-            .policies
-            .iter()
-            .find(|p| named(&p.metadata.name))
-            .and_then(|x| serde_json::to_value(x).ok()),
-        "ValidatingAdmissionPolicyBinding" => d
-            .policies
-            .bindings
-            .iter()
-            .find(|b| named(&b.metadata.name))
-            .and_then(|x| serde_json::to_value(x).ok()),
+        "ValidatingWebhookConfiguration" => named(&d.validating, name),
+        "MutatingWebhookConfiguration" => named(&d.mutating, name),
+        "ValidatingAdmissionPolicy" => named(&d.policies.policies, name),
+        "ValidatingAdmissionPolicyBinding" => named(&d.policies.bindings, name),
         _ => None,
     }
 }

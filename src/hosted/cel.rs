@@ -93,6 +93,37 @@ mod tests {
     use super::*;
 
     #[test]
+    fn exemption_conditions_say_what_the_service_exempts() {
+        let mut a = AdmissionConfig {
+            exempt_users: vec![
+                "system:admin".into(),
+                "system:serviceaccount:hypershift:*".into(),
+            ],
+            exempt_groups: vec!["system:masters".into()],
+            exempt_namespaces: vec!["kube-*".into(), "default".into(), "it's".into()],
+            ..Default::default()
+        };
+        let c = exemption_conditions(&a);
+        assert_eq!(
+            c[0]["expression"],
+            "!(request.userInfo.username in ['system:admin'] || request.userInfo.username.startsWith('system:serviceaccount:hypershift:'))"
+        );
+        assert_eq!(
+            c[1]["expression"],
+            "!(has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in ['system:masters']))"
+        );
+        assert_eq!(
+            c[2]["expression"],
+            "!(has(request.namespace) && (request.namespace in ['default', 'it\\'s'] || request.namespace.startsWith('kube-')))"
+        );
+        // Nothing exempt: no condition at all.
+        a.exempt_users.clear();
+        a.exempt_groups.clear();
+        a.exempt_namespaces.clear();
+        assert!(exemption_conditions(&a).is_empty());
+    }
+
+    #[test]
     fn literals_are_escaped() {
         assert_eq!(string("it's a \\ \n"), "'it\\'s a \\\\ \\n'");
         assert_eq!(list(&["a", "b"]), "['a', 'b']");

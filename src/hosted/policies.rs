@@ -48,7 +48,7 @@ impl Engine {
 
 /// Which engine carries `w` on a server offering `features`, and why not the one asked for.
 pub fn engine_of(w: &WebhookDefinition, features: HostedFeatures) -> (Engine, Option<String>) {
-    let cel = Builtin::for_path(&w.path).is_some_and(|b| b.row().cel);
+    let cel = crate::catalogue::has_cel_form(&w.path);
     match w.engine {
         GuardEngine::Webhook => (Engine::Webhook, None),
         GuardEngine::Auto if cel && features.admission_policies => (Engine::Policy, None),

@@ -98,8 +98,6 @@ pub async fn discover_features(client: &kube::Client) -> Result<HostedFeatures, 
     })
 }
 
-pub use super::cel::exemption_conditions;
-
 /// Everything the agent installs in one hosted cluster: the webhook configurations and, where
 /// served, the admission policies and bindings.
 #[derive(Debug, Clone, PartialEq)]
@@ -164,7 +162,7 @@ pub fn default_url_base(cfg: &AgentConfig, hcp_namespace: &str) -> String {
 }
 
 /// The definition's selector with the agent's guard expressions added (never replaced).
-pub(crate) fn guarded_selector(sel: Option<&LabelSelector>, guards: &[Value]) -> Value {
+fn guarded_selector(sel: Option<&LabelSelector>, guards: &[Value]) -> Value {
     let mut exprs: Vec<Value> = sel
         .map(|s| {
             s.match_expressions
@@ -229,13 +227,16 @@ pub(crate) fn failure_policy(f: FailurePolicy) -> &'static str {
     }
 }
 
+fn is_probe(w: &WebhookDefinition) -> bool {
+    Builtin::for_path(&w.path) == Some(Builtin::Probe)
+}
+
 fn webhook_json(
     w: &WebhookDefinition,
     url_base: &str,
     ca_bundle: &ByteString,
     conditions: &[Value],
 ) -> Value {
-    let is_probe = Builtin::for_path(&w.path) == Some(Builtin::Probe);
     let mut v = json!({
         "name": w.name,
         "clientConfig": {
@@ -255,7 +256,7 @@ fn webhook_json(
         v["reinvocationPolicy"] = json!("Never");
     }
     // The probe answers whoever sends it: it proves the path, whatever the identity.
-    if !conditions.is_empty() && !is_probe {
+    if !conditions.is_empty() && !is_probe(w) {
         v["matchConditions"] = json!(conditions);
     }
     v
@@ -291,12 +292,11 @@ pub fn render(
 ) -> Result<HostedWebhooks, WebhookRenderError> {
     let ca = ByteString(ca_bundle_pem.as_bytes().to_vec());
     let conditions = if features.match_conditions {
-        exemption_conditions(&cfg.admission)
+        super::cel::exemption_conditions(&cfg.admission)
     } else {
         Vec::new()
     };
     let policies = super::policies::render(cfg, hcp_namespace, features)?;
-    let is_probe = |w: &WebhookDefinition| Builtin::for_path(&w.path) == Some(Builtin::Probe);
     let hooks: Vec<&WebhookDefinition> = cfg
         .active_webhooks()
         .filter(|w| super::policies::engine_of(w, features).0 == Engine::Webhook)
@@ -406,7 +406,7 @@ pub fn webhooks_match(desired: &Value, live: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{AdmissionConfig, Mode};
+    use crate::config::Mode;
 
     fn rendered() -> HostedWebhooks {
         rendered_with(HostedFeatures::default())
@@ -476,37 +476,6 @@ mod tests {
         for h in plain.validating.expect("v").webhooks.expect("hooks") {
             assert!(h.match_conditions.is_none(), "{}", h.name);
         }
-    }
-
-    #[test]
-    fn exemption_conditions_say_what_the_service_exempts() {
-        let mut a = AdmissionConfig {
-            exempt_users: vec![
-                "system:admin".into(),
-                "system:serviceaccount:hypershift:*".into(),
-            ],
-            exempt_groups: vec!["system:masters".into()],
-            exempt_namespaces: vec!["kube-*".into(), "default".into(), "it's".into()],
-            ..Default::default()
-        };
-        let c = exemption_conditions(&a);
-        assert_eq!(
-            c[0]["expression"],
-            "!(request.userInfo.username in ['system:admin'] || request.userInfo.username.startsWith('system:serviceaccount:hypershift:'))"
-        );
-        assert_eq!(
-            c[1]["expression"],
-            "!(has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in ['system:masters']))"
-        );
-        assert_eq!(
-            c[2]["expression"],
-            "!(has(request.namespace) && (request.namespace in ['default', 'it\\'s'] || request.namespace.startsWith('kube-')))"
-        );
-        // Nothing exempt: no condition at all.
-        a.exempt_users.clear();
-        a.exempt_groups.clear();
-        a.exempt_namespaces.clear();
-        assert!(exemption_conditions(&a).is_empty());
     }
 
     #[test]
