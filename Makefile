@@ -65,13 +65,16 @@ fmt:
 	$(CARGO) fmt --all
 
 # The admission service under load (BENCH_SECONDS), the guards' two engines side by side
-# through a hosted kube-apiserver (BENCH_SECONDS, BENCH_CLIENTS), then the agent against 16
-# real hosted kube-apiservers (BENCH_HOSTED, BENCH_IDLE_SECONDS).
+# through a hosted kube-apiserver (BENCH_SECONDS, BENCH_CLIENTS), the agent against 16 real
+# hosted kube-apiservers (BENCH_HOSTED, BENCH_IDLE_SECONDS), then one agent and a thousand
+# HCPs, 16 hosted clusters real and the rest simulated (BENCH_SCALE_SIZES, default
+# 100,300,1000; BENCH_SCALE_REAL, BENCH_SCALE_DRIFTS, BENCH_SCALE_NEW, BENCH_IDLE_SECONDS).
 bench:
 	$(CARGO) bench --bench admission
 	@assets="$$(bash hack/testbed-versions.sh | tail -n 1)" && \
 	KUBEBUILDER_ASSETS="$$assets" $(CARGO) bench --bench engines && \
-	KUBEBUILDER_ASSETS="$$assets" $(CARGO) bench --bench fleet
+	KUBEBUILDER_ASSETS="$$assets" $(CARGO) bench --bench fleet && \
+	KUBEBUILDER_ASSETS="$$assets" $(CARGO) bench --bench scale
 
 # The container image of Containerfile, as an OCI archive (target/image/hcp-fleet-agent.oci.tar),
 # without a container engine; `image-binary` builds only its static binary.

@@ -438,9 +438,9 @@ async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
                 .collect();
             let normal = ours.iter().any(|e| {
                 e.type_.as_deref() == Some("Normal")
-                    && e.message.as_deref().is_some_and(|m| {
-                        m.starts_with("hosted-webhooks: Compliant; notification - ")
-                    })
+                    && e.message
+                        .as_deref()
+                        .is_some_and(|m| m.contains("hosted-webhooks: Compliant; notification - "))
             });
             if normal {
                 Ok(())
@@ -1642,7 +1642,13 @@ async fn the_management_cluster_a_claimed_cluster_and_a_foreign_server_are_refus
     };
     let mut lines = table.lines().filter(|l| !l.trim().is_empty());
     let header = starts(lines.next().expect("header"));
-    let rows: Vec<&str> = lines.collect();
+    let mut rows: Vec<&str> = lines.collect();
+    // The last line counts the fleet.
+    assert_eq!(
+        rows.pop(),
+        Some("4 hosted cluster(s): 1 Compliant, 3 NonCompliant, 0 Pending"),
+        "{table}"
+    );
     assert_eq!(rows.len(), 4, "{table}");
     assert!(rows.iter().any(|r| r.starts_with(foreign_name)), "{table}");
     for r in &rows {

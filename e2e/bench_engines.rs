@@ -14,6 +14,8 @@
 #[path = "support/mod.rs"]
 mod support;
 
+use support::env_num;
+
 use std::time::{Duration, Instant};
 
 use hcp_fleet_agent::agent::{self, StartOptions};
@@ -29,13 +31,6 @@ const NS: &str = "clusters-hc-1";
 const RBAC: &str = "protected-rbac.hcp-fleet.openshift.io";
 const INGRESS: &str = "ingress-config.hcp-fleet.openshift.io";
 const PROTECTED: &str = "hcp-fleet: deleting the protected ClusterRole \"cluster-admin\"";
-
-fn env_num(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn with_engine(engine: GuardEngine) -> AgentConfig {
     let mut cfg = hcp_fleet_agent::localcp::allow_loopback(AgentConfig::default());

@@ -10,6 +10,8 @@
 #[path = "support/mod.rs"]
 mod support;
 
+use support::{cpu_ticks, env_num, percentile, proc_status_kib};
+
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -21,37 +23,6 @@ use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet, free_port, kubelet};
 use hcp_fleet_agent::reporting::HEALTH_NAME;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
-
-fn env_num(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn proc_status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-/// utime + stime in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            let rest = s.rsplit_once(") ")?.1.to_string();
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
-        })
-        .unwrap_or(0)
-}
 
 /// Sum of a metric's samples per hcp_namespace label (or under "" without one).
 fn per_namespace(text: &str, metric: &str) -> BTreeMap<String, f64> {
@@ -71,14 +42,6 @@ fn per_namespace(text: &str, metric: &str) -> BTreeMap<String, f64> {
         *m.entry(ns).or_insert(0.0) += v;
     }
     m
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let idx = ((p / 100.0) * (sorted.len() as f64 - 1.0)).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
 }
 
 // Sets RUST_LOG before any thread starts (std::env::set_var).

@@ -854,6 +854,12 @@ fn exported_series() -> std::collections::BTreeSet<String> {
     m.hosted_errors.get_or_create(&hcp).inc();
     m.probe_success.get_or_create(&hcp).set(1);
     m.hosted_requests.get_or_create(&hcp).inc();
+    m.management_requests
+        .get_or_create(&hcp_fleet_agent::metrics::RequestLabels {
+            verb: "patch".into(),
+            resource: "leases".into(),
+        })
+        .inc();
     m.reconcile_errors
         .get_or_create(&PhaseLabels {
             phase: "certificates".into(),

@@ -189,16 +189,28 @@ pub async fn run(args: AgentArgs, endpoints: Arc<dyn AdmissionEndpoints>) -> Exi
         }
     };
     let metrics = Arc::new(Metrics::new());
-    let client = match kube::Config::infer().await {
-        Ok(c) => match crate::metrics::counted_client(c, metrics.management_requests.clone()) {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("error: building the management client: {e}");
-                return ExitCode::FAILURE;
-            }
-        },
+    let config = match kube::Config::infer().await {
+        Ok(c) => c,
         Err(e) => {
             eprintln!("error: no usable kubeconfig or in-cluster configuration: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // The controller's requests share one ceiling; the Lease has a client of its own, so a
+    // queue of reconcile requests can never hold a renewal back until the lease expires.
+    let clients = crate::metrics::counted_client(
+        config.clone(),
+        metrics.management_requests.clone(),
+        Some(cfg.management_api.limit()),
+    )
+    .and_then(|c| {
+        crate::metrics::counted_client(config, metrics.management_requests.clone(), None)
+            .map(|l| (c, l))
+    });
+    let (client, lease_client) = match clients {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: building the management client: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -216,7 +228,7 @@ pub async fn run(args: AgentArgs, endpoints: Arc<dyn AdmissionEndpoints>) -> Exi
         endpoints: endpoints.clone(),
     };
     let code = if args.leader_elect {
-        run_leader_elected(client, &args, metrics, opts).await
+        run_leader_elected(client, lease_client, &args, metrics, opts).await
     } else {
         match start_with_metrics(client, cfg, opts(), metrics.clone()).await {
             Ok(handle) => {
@@ -245,6 +257,7 @@ pub async fn run(args: AgentArgs, endpoints: Arc<dyn AdmissionEndpoints>) -> Exi
 /// writing, before a standby can take the expired lease.
 async fn run_leader_elected(
     client: kube::Client,
+    lease_client: kube::Client,
     args: &AgentArgs,
     metrics: Arc<Metrics>,
     opts: impl Fn() -> StartOptions,
@@ -261,7 +274,7 @@ async fn run_leader_elected(
     let duration = args.lease_duration_seconds;
     let (grace, margin) = lease_timing(duration);
     let lease_duration = std::time::Duration::from_secs(duration);
-    let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), LEASE_NAME)
+    let manager = kube_lease_manager::LeaseManagerBuilder::new(lease_client.clone(), LEASE_NAME)
         .with_namespace(args.namespace.clone())
         .with_identity(identity.clone())
         .with_duration(duration)
@@ -287,7 +300,7 @@ async fn run_leader_elected(
         eprintln!("error: cannot install signal handlers");
         return ExitCode::FAILURE;
     };
-    let leases: kube::Api<Lease> = kube::Api::namespaced(client.clone(), &args.namespace);
+    let leases: kube::Api<Lease> = kube::Api::namespaced(lease_client, &args.namespace);
     let mut renewals = std::pin::pin!(
         watcher(
             leases,
@@ -296,6 +309,7 @@ async fn run_leader_elected(
         .default_backoff()
         .applied_objects()
     );
+    let mut file = ConfigWatch::new(args);
     // Until when this replica may write without seeing its lease renewed again.
     let mut deadline = Instant::now();
     let mut handle: Option<AgentHandle> = None;
@@ -348,6 +362,13 @@ async fn run_leader_elected(
             _ = tokio::time::sleep_until(deadline), if handle.is_some() => {
                 tracing::error!(%identity, "no renewal of the leader lease seen; stopping writes before it can expire");
                 stop(&mut handle);
+            }
+            // The leader applies a changed file as a single replica does; a standby reads
+            // the file when it takes over.
+            _ = file.due() => {
+                if let Some(h) = &handle {
+                    reload(h, args);
+                }
             }
             _ = term.recv() => break,
             _ = int.recv() => break,
@@ -426,34 +447,72 @@ pub fn lease_deadline(
 /// reads a local file, not the API).
 async fn wait_and_reload(handle: &AgentHandle, args: &AgentArgs) {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut hup), Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::hangup()),
+    let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
     ) else {
         let _ = tokio::signal::ctrl_c().await;
         return;
     };
-    let read = |p: &PathBuf| std::fs::read(p).ok();
-    let mut last = args.config.as_ref().and_then(read);
-    let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+    let mut file = ConfigWatch::new(args);
     loop {
-        let forced = tokio::select! {
+        tokio::select! {
             _ = term.recv() => return,
             _ = int.recv() => return,
-            _ = hup.recv() => true,
-            _ = tick.tick() => false,
-        };
-        let now = args.config.as_ref().and_then(read);
-        if !forced && now == last {
-            continue;
+            _ = file.due() => reload(handle, args),
         }
-        last = now;
-        match handle.reload(args) {
-            Ok(true) => tracing::info!("configuration reloaded"),
-            Ok(false) => {}
-            Err(e) => {
-                tracing::error!(error = %e, "new configuration refused; keeping the last good one")
+    }
+}
+
+fn reload(handle: &AgentHandle, args: &AgentArgs) {
+    match handle.reload(args) {
+        Ok(true) => tracing::info!("configuration reloaded"),
+        Ok(false) => {}
+        Err(e) => {
+            tracing::error!(error = %e, "new configuration refused; keeping the last good one")
+        }
+    }
+}
+
+/// When the configuration file is to be read again: on SIGHUP, and when its content changes
+/// (a mounted ConfigMap is swapped in place, so the content is compared every 5 s).
+struct ConfigWatch {
+    path: Option<PathBuf>,
+    last: Option<Vec<u8>>,
+    tick: tokio::time::Interval,
+    hup: Option<tokio::signal::unix::Signal>,
+}
+
+impl ConfigWatch {
+    fn new(args: &AgentArgs) -> Self {
+        let path = args.config.clone();
+        let last = path.as_ref().and_then(|p| std::fs::read(p).ok());
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Self {
+            path,
+            last,
+            tick,
+            hup: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok(),
+        }
+    }
+
+    /// Resolves when the file should be re-read (cancel-safe: usable in `select!`).
+    async fn due(&mut self) {
+        loop {
+            let forced = tokio::select! {
+                _ = async {
+                    match self.hup.as_mut() {
+                        Some(h) => { h.recv().await; }
+                        None => futures::future::pending::<()>().await,
+                    }
+                } => true,
+                _ = self.tick.tick() => false,
+            };
+            let now = self.path.as_ref().and_then(|p| std::fs::read(p).ok());
+            if forced || now != self.last {
+                self.last = now;
+                return;
             }
         }
     }

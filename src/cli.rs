@@ -27,8 +27,8 @@ pub enum Command {
     Webhook(crate::admission::WebhookArgs),
     /// A local fleet: etcd, a management and N hosted kube-apiservers, HCP fixtures.
     Dev(crate::dev::DevArgs),
-    /// The fleet table, read from the Policies.
-    Status,
+    /// The fleet table, read from the health records, and a summary line.
+    Status(crate::status::StatusArgs),
     /// Print every manifest the agent would apply for an HCP.
     Render(crate::render::RenderArgs),
     /// Fleet packaging: the chart's values schema, the ACM Policy and SelectorSyncSet.
@@ -63,7 +63,7 @@ pub fn main() -> ExitCode {
                 };
             runtime.block_on(crate::agent::run(args, endpoints))
         }
-        Command::Status => runtime.block_on(crate::status::run()),
+        Command::Status(args) => runtime.block_on(crate::status::run(args)),
         Command::Render(args) => crate::render::run(args),
         Command::Package(args) => crate::packaging::run(args),
         Command::Uninstall(args) => runtime.block_on(crate::uninstall::run(args)),

@@ -48,6 +48,8 @@ pub struct AgentConfig {
     pub hosted_access: HostedAccessConfig,
     #[serde(default)]
     pub certificates: CertificateConfig,
+    #[serde(default)]
+    pub management_api: ManagementApiConfig,
     /// How many HCPs reconcile at once.
     #[serde(default = "default_concurrency")]
     pub concurrency: u16,
@@ -72,8 +74,40 @@ impl Default for AgentConfig {
             admission: AdmissionConfig::default(),
             hosted_access: HostedAccessConfig::default(),
             certificates: CertificateConfig::default(),
+            management_api: ManagementApiConfig::default(),
             concurrency: default_concurrency(),
             probe_interval_seconds: default_probe_interval(),
+        }
+    }
+}
+
+/// The agent's own client to the management kube-apiserver: a ceiling on the requests it
+/// sends, so a start with a thousand HCPs (or a configuration change that touches all of
+/// them) queues in the agent instead of crowding HyperShift's controllers off the API server.
+/// Read once, when the controller starts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ManagementApiConfig {
+    /// Requests per second, sustained.
+    pub requests_per_second: u32,
+    /// Requests that may go at once after a quiet spell.
+    pub burst: u32,
+}
+
+impl Default for ManagementApiConfig {
+    fn default() -> Self {
+        Self {
+            requests_per_second: 200,
+            burst: 400,
+        }
+    }
+}
+
+impl ManagementApiConfig {
+    pub fn limit(&self) -> crate::metrics::RequestLimit {
+        crate::metrics::RequestLimit {
+            per_second: f64::from(self.requests_per_second),
+            burst: f64::from(self.burst),
         }
     }
 }
@@ -402,6 +436,16 @@ impl AgentConfig {
         let mut p = Vec::new();
         if self.concurrency == 0 {
             p.push("concurrency must be at least 1".into());
+        }
+        let m = &self.management_api;
+        if !(1..=10_000).contains(&m.requests_per_second) {
+            p.push(format!(
+                "managementApi.requestsPerSecond must be 1 to 10000, got {}",
+                m.requests_per_second
+            ));
+        }
+        if m.burst == 0 {
+            p.push("managementApi.burst must be at least 1".into());
         }
         if !(5..=3600).contains(&self.probe_interval_seconds) {
             p.push("probeIntervalSeconds must be 5 to 3600".into());

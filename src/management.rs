@@ -656,11 +656,20 @@ pub fn deployment_available(d: &Deployment) -> bool {
         return false;
     };
     let observed = status.observed_generation.unwrap_or(0) >= d.metadata.generation.unwrap_or(0);
+    observed && deployment_serving(d)
+}
+
+/// Whether the status says replicas are available, whatever generation it describes: during
+/// a rollout (maxUnavailable 0) the old replicas serve until the new ones are ready.
+pub fn deployment_serving(d: &Deployment) -> bool {
+    let Some(status) = &d.status else {
+        return false;
+    };
     let cond = status.conditions.as_ref().is_some_and(|cs| {
         cs.iter()
             .any(|c| c.type_ == "Available" && c.status == "True")
     });
-    observed && (cond || status.available_replicas.unwrap_or(0) >= 1)
+    cond || status.available_replicas.unwrap_or(0) >= 1
 }
 
 #[cfg(test)]

@@ -61,15 +61,200 @@ fn hist() -> Histogram {
     Histogram::new(exponential_buckets(0.005, 2.0, 12))
 }
 
-/// A client whose every request increments `counter`.
-pub fn counted_client(config: kube::Config, counter: Counter) -> Result<kube::Client, kube::Error> {
-    let layer = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
-        counter.inc();
+/// A management client: every request counted in `requests` by verb and resource, and, with
+/// `limit`, sent no faster than its token bucket allows (a request waits for a token; none is
+/// refused).
+pub fn counted_client(
+    config: kube::Config,
+    requests: Family<RequestLabels, Counter>,
+    limit: Option<RequestLimit>,
+) -> Result<kube::Client, kube::Error> {
+    let count = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
+        requests.get_or_create(&RequestLabels::of(&req)).inc();
         req
     });
-    Ok(kube::client::ClientBuilder::try_from(config)?
-        .with_layer(&layer)
-        .build())
+    let builder = kube::client::ClientBuilder::try_from(config)?;
+    Ok(match limit {
+        // kube serves every clone of a Client through one buffer, so this one bucket paces
+        // the whole agent: the limiter holds the buffer's next request back, not the ones
+        // already sent.
+        Some(l) => builder
+            .with_layer(&count)
+            .with_layer(&RateLimitLayer(l))
+            .build(),
+        None => builder.with_layer(&count).build(),
+    })
+}
+
+/// `verb` and `resource` of a request to a kube-apiserver, as its own audit log names them.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// get, list, watch, create, update, patch, delete, deletecollection (or the method).
+    pub verb: String,
+    /// The resource (with `/subresource`), or `discovery` for /api, /apis and /version.
+    pub resource: String,
+}
+
+impl RequestLabels {
+    pub fn of<B>(req: &http::Request<B>) -> Self {
+        let (verb, resource) = request_kind(
+            req.method().as_str(),
+            req.uri().path(),
+            req.uri().query().unwrap_or(""),
+        );
+        Self {
+            verb: verb.into(),
+            resource,
+        }
+    }
+
+    /// Whether the request writes (what the management kube-apiserver must persist).
+    pub fn is_write(&self) -> bool {
+        matches!(
+            self.verb.as_str(),
+            "create" | "update" | "patch" | "delete" | "deletecollection"
+        )
+    }
+}
+
+/// (verb, resource) of a kube-apiserver request path: `/api/v1/[namespaces/<ns>/]<resource>
+/// [/<name>[/<subresource>]]` or the same under `/apis/<group>/<version>`.
+pub fn request_kind(method: &str, path: &str, query: &str) -> (&'static str, String) {
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    let rest = match parts.as_slice() {
+        ["api", _, rest @ ..] => rest,
+        ["apis", _, _, rest @ ..] => rest,
+        _ => &[][..],
+    };
+    let rest = match rest {
+        // A namespaced resource; `namespaces/<name>` alone is the Namespace itself.
+        ["namespaces", _, r, more @ ..] => {
+            let mut v = vec![*r];
+            v.extend_from_slice(more);
+            v
+        }
+        other => other.to_vec(),
+    };
+    let (resource, named) = match rest.as_slice() {
+        [] => ("discovery".to_string(), false),
+        [r] => (r.to_string(), false),
+        [r, _] => (r.to_string(), true),
+        [r, _, sub, ..] => (format!("{r}/{sub}"), true),
+    };
+    let watch = query
+        .split('&')
+        .any(|kv| kv == "watch=true" || kv == "watch=1");
+    let verb = match (method, named) {
+        ("GET", _) if watch => "watch",
+        ("GET", true) => "get",
+        ("GET", false) => "list",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", true) => "delete",
+        ("DELETE", false) => "deletecollection",
+        _ => "other",
+    };
+    (verb, resource)
+}
+
+/// A token bucket: `per_second` tokens a second, at most `burst` saved up.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RequestLimit {
+    pub per_second: f64,
+    pub burst: f64,
+}
+
+/// The bucket's state: tokens left, as of `at`.
+#[derive(Debug, Clone, Copy)]
+pub struct Bucket {
+    limit: RequestLimit,
+    tokens: f64,
+    at: std::time::Instant,
+}
+
+impl Bucket {
+    /// A full bucket.
+    pub fn new(limit: RequestLimit, now: std::time::Instant) -> Self {
+        Self {
+            limit,
+            tokens: limit.burst.max(1.0),
+            at: now,
+        }
+    }
+
+    /// Takes a token at `now`, or says how long until one is there.
+    pub fn take(&mut self, now: std::time::Instant) -> Result<(), std::time::Duration> {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        let rate = self.limit.per_second.max(0.001);
+        self.tokens = (self.tokens + elapsed * rate).min(self.limit.burst.max(1.0));
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(std::time::Duration::from_secs_f64(
+                (1.0 - self.tokens) / rate,
+            ))
+        }
+    }
+}
+
+struct RateLimitLayer(RequestLimit);
+
+impl<S> tower::Layer<S> for RateLimitLayer {
+    type Service = RateLimited<S>;
+    fn layer(&self, inner: S) -> RateLimited<S> {
+        RateLimited {
+            inner,
+            bucket: Bucket::new(self.0, std::time::Instant::now()),
+            wait: None,
+            permitted: false,
+        }
+    }
+}
+
+/// Waits for a token in `poll_ready`, so the caller's next request is held back, never one
+/// already sent.
+struct RateLimited<S> {
+    inner: S,
+    bucket: Bucket,
+    wait: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    permitted: bool,
+}
+
+impl<S, R> tower::Service<R> for RateLimited<S>
+where
+    S: tower::Service<R>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        use std::future::Future;
+        while !self.permitted {
+            if let Some(w) = self.wait.as_mut() {
+                if w.as_mut().poll(cx).is_pending() {
+                    return std::task::Poll::Pending;
+                }
+                self.wait = None;
+            }
+            match self.bucket.take(std::time::Instant::now()) {
+                Ok(()) => self.permitted = true,
+                Err(d) => self.wait = Some(Box::pin(tokio::time::sleep(d))),
+            }
+        }
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: R) -> S::Future {
+        self.permitted = false;
+        self.inner.call(req)
+    }
 }
 
 /// The `kind` label values of `hcp_fleet_management_drift_total`.
@@ -95,7 +280,7 @@ pub struct Metrics {
     pub hosted_errors: Family<HcpLabels, Counter>,
     pub probe_success: Family<HcpLabels, Gauge>,
     pub hosted_requests: Family<HcpLabels, Counter>,
-    pub management_requests: Counter,
+    pub management_requests: Family<RequestLabels, Counter>,
     pub reconcile_duration: Histogram,
     pub reconcile_errors: Family<PhaseLabels, Counter>,
     pub hosted_clusters: Gauge,
@@ -123,7 +308,7 @@ impl Metrics {
             hosted_errors: Family::default(),
             probe_success: Family::default(),
             hosted_requests: Family::default(),
-            management_requests: Counter::default(),
+            management_requests: Family::default(),
             reconcile_duration: hist(),
             reconcile_errors: Family::default(),
             hosted_clusters: Gauge::default(),
@@ -182,7 +367,7 @@ impl Metrics {
             );
             r.register(
                 "management_api_requests",
-                "Requests the agent sent to the management kube-apiserver",
+                "Requests the agent sent to the management kube-apiserver, by verb and resource",
                 m.management_requests.clone(),
             );
             r.register(
@@ -275,6 +460,105 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn requests_are_named_as_the_audit_log_names_them() {
+        let k = |m, p, q| {
+            let (v, r) = request_kind(m, p, q);
+            format!("{v} {r}")
+        };
+        assert_eq!(
+            k("GET", "/api/v1/namespaces/clusters-a/secrets/x", ""),
+            "get secrets"
+        );
+        assert_eq!(
+            k("GET", "/api/v1/namespaces/clusters-a", ""),
+            "get namespaces"
+        );
+        assert_eq!(k("GET", "/api/v1/namespaces", ""), "list namespaces");
+        assert_eq!(
+            k(
+                "GET",
+                "/apis/apps/v1/deployments",
+                "labelSelector=a%3Db&watch=true&timeoutSeconds=290"
+            ),
+            "watch deployments"
+        );
+        assert_eq!(
+            k("GET", "/apis/apps/v1/deployments", "limit=500"),
+            "list deployments"
+        );
+        assert_eq!(
+            k(
+                "PATCH",
+                "/apis/apps/v1/namespaces/n/deployments/d/status",
+                "fieldManager=x"
+            ),
+            "patch deployments/status"
+        );
+        assert_eq!(
+            k("POST", "/apis/events.k8s.io/v1/namespaces/n/events", ""),
+            "create events"
+        );
+        assert_eq!(
+            k(
+                "PUT",
+                "/apis/coordination.k8s.io/v1/namespaces/n/leases/l",
+                ""
+            ),
+            "update leases"
+        );
+        assert_eq!(
+            k("DELETE", "/api/v1/namespaces/n/secrets/s", ""),
+            "delete secrets"
+        );
+        assert_eq!(
+            k("DELETE", "/api/v1/namespaces/n/secrets", ""),
+            "deletecollection secrets"
+        );
+        assert_eq!(k("GET", "/apis", ""), "list discovery");
+        assert_eq!(k("GET", "/apis/apps/v1", ""), "list discovery");
+        assert_eq!(k("GET", "/version", ""), "list discovery");
+        assert!(
+            RequestLabels {
+                verb: "patch".into(),
+                resource: "x".into()
+            }
+            .is_write()
+        );
+        assert!(
+            !RequestLabels {
+                verb: "watch".into(),
+                resource: "x".into()
+            }
+            .is_write()
+        );
+    }
+
+    #[test]
+    fn the_bucket_lets_a_burst_through_then_paces() {
+        use std::time::{Duration, Instant};
+        let t0 = Instant::now();
+        let mut b = Bucket::new(
+            RequestLimit {
+                per_second: 10.0,
+                burst: 3.0,
+            },
+            t0,
+        );
+        for _ in 0..3 {
+            assert_eq!(b.take(t0), Ok(()));
+        }
+        let wait = b.take(t0).expect_err("empty");
+        assert!((wait.as_secs_f64() - 0.1).abs() < 1e-6, "{wait:?}");
+        // A token a tenth of a second later, and never more saved than the burst.
+        assert_eq!(b.take(t0 + Duration::from_millis(100)), Ok(()));
+        let later = t0 + Duration::from_secs(60);
+        for _ in 0..3 {
+            assert_eq!(b.take(later), Ok(()));
+        }
+        assert!(b.take(later).is_err());
+    }
 
     #[test]
     fn series_of_a_removed_hcp_are_dropped() {

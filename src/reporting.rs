@@ -127,16 +127,26 @@ pub const MAX_EVENT_NOTE: usize = 1024;
 /// `message` cut to `MAX_EVENT_NOTE` bytes on a character boundary, marked with an ellipsis
 /// when cut. The full message stays in the health record's history.
 pub fn event_note(message: &str) -> String {
-    if message.len() <= MAX_EVENT_NOTE {
+    cut(message, MAX_EVENT_NOTE)
+}
+
+/// `message` cut to `max` bytes on a character boundary, ending in an ellipsis when cut.
+pub fn cut(message: &str, max: usize) -> String {
+    if message.len() <= max {
         return message.to_string();
     }
     const MORE: &str = "…";
-    let mut end = MAX_EVENT_NOTE - MORE.len();
+    let mut end = max.saturating_sub(MORE.len());
     while !message.is_char_boundary(end) {
         end -= 1;
     }
     format!("{}{MORE}", &message[..end])
 }
+
+/// The longest reason one hosted cluster's row carries in a template's status: a thousand rows
+/// of whole TLS error chains would near etcd's 1.5 MiB object limit, and the full text is in
+/// that cluster's health record, which the row names.
+pub const MAX_ROW_REASON: usize = 300;
 
 /// The per-HCP health record, without status.
 pub fn render_health(namespace: &str, cluster: &str) -> AdmissionHealth {
@@ -163,6 +173,22 @@ pub struct NewEntry {
     pub concern: String,
     pub state: ComplianceState,
     pub message: String,
+}
+
+/// The one Event a report of `entries` makes: its state (the worst of them) and note (each
+/// `<concern>: <message>`, joined by ` | `, cut to the API's limit). One per report, not one
+/// per concern: a thousand HCPs starting at once must not mean thousands of Event writes.
+pub fn health_event(entries: &[NewEntry]) -> Option<(ComplianceState, String)> {
+    if entries.is_empty() {
+        return None;
+    }
+    let state = aggregate(entries.iter().map(|e| &e.state));
+    let note = entries
+        .iter()
+        .map(|e| format!("{}: {}", e.concern, e.message))
+        .collect::<Vec<_>>()
+        .join(" | ");
+    Some((state, event_note(&note)))
 }
 
 /// The entries `next` added on top of `prev`, one per concern at most.
@@ -281,7 +307,10 @@ pub fn evaluate_template(
             reason: Some(if r.state == ComplianceState::Compliant {
                 format!("hosted cluster {} is compliant", r.cluster_name)
             } else {
-                format!("hosted cluster {}: {}", r.cluster_name, r.reason)
+                cut(
+                    &format!("hosted cluster {}: {}", r.cluster_name, r.reason),
+                    MAX_ROW_REASON,
+                )
             }),
         })
         .collect();
@@ -504,6 +533,38 @@ mod tests {
     }
 
     #[test]
+    fn one_report_makes_one_event_with_its_worst_state() {
+        let e = |c: &str, state, m: &str| NewEntry {
+            concern: c.into(),
+            state,
+            message: m.into(),
+        };
+        assert_eq!(health_event(&[]), None);
+        let (state, note) = health_event(&[
+            e(
+                "certificate",
+                ComplianceState::Compliant,
+                "Compliant; notification - ok",
+            ),
+            e(
+                "e2e-probe",
+                ComplianceState::NonCompliant,
+                "NonCompliant; violation - no answer",
+            ),
+        ])
+        .expect("event");
+        assert_eq!(state, ComplianceState::NonCompliant);
+        assert_eq!(
+            note,
+            "certificate: Compliant; notification - ok | e2e-probe: NonCompliant; violation - no answer"
+        );
+        let long = "x".repeat(2000);
+        let (_, note) =
+            health_event(&[e("e2e-probe", ComplianceState::Pending, &long)]).expect("event");
+        assert!(note.len() <= MAX_EVENT_NOTE);
+    }
+
+    #[test]
     fn a_thousand_violations_still_make_one_event() {
         let rows: BTreeMap<String, RollupRow> = (0..1000)
             .map(|i| {
@@ -518,6 +579,36 @@ mod tests {
             })
             .collect();
         let s = evaluate_template(&rows, true);
+        // One object still, with room to spare under etcd's 1.5 MiB, even with every row
+        // failing at length (the row reasons are cut; the records keep them whole).
+        let long: BTreeMap<String, RollupRow> = (0..1000)
+            .map(|i| {
+                let r = row(
+                    &format!("hosted-cluster-with-a-long-name-{i:04}"),
+                    ComplianceState::NonCompliant,
+                    &"hosted-webhooks: tls: certificate signed by unknown authority; ".repeat(40),
+                );
+                (
+                    format!("clusters-hosted-cluster-with-a-long-name-{i:04}"),
+                    r,
+                )
+            })
+            .collect();
+        let size = serde_json::to_vec(&evaluate_template(&long, true))
+            .expect("json")
+            .len();
+        assert!(size < 600 * 1024, "{size} bytes");
+        let fine: BTreeMap<String, RollupRow> = (0..1000)
+            .map(|i| {
+                let name = format!("hosted-cluster-with-a-long-name-{i:04}");
+                let r = row(&name, ComplianceState::Compliant, "");
+                (format!("clusters-{name}"), r)
+            })
+            .collect();
+        let size = serde_json::to_vec(&evaluate_template(&fine, true))
+            .expect("json")
+            .len();
+        assert!(size < 300 * 1024, "{size} bytes");
         let m = s.message.expect("message");
         assert!(m.len() <= MAX_EVENT_NOTE, "{}", m.len());
         assert!(

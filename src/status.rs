@@ -106,38 +106,92 @@ pub fn render_table(rows: &[FleetRow]) -> String {
     out
 }
 
+/// The last line under the table: how many hosted clusters, and how many in each state.
+pub fn summary(rows: &[FleetRow]) -> String {
+    let count = |s: &str| rows.iter().filter(|r| r.compliant == s).count();
+    let other = rows.len()
+        - ["Compliant", "NonCompliant", "Pending"]
+            .iter()
+            .map(|s| count(s))
+            .sum::<usize>();
+    let mut line = format!(
+        "{} hosted cluster(s): {} Compliant, {} NonCompliant, {} Pending",
+        rows.len(),
+        count("Compliant"),
+        count("NonCompliant"),
+        count("Pending")
+    );
+    if other > 0 {
+        line.push_str(&format!(", {other} not reported yet"));
+    }
+    line
+}
+
+/// The rows an SRE asked for: all, or (`problems`) only those not Compliant.
+pub fn select(rows: Vec<FleetRow>, problems: bool) -> Vec<FleetRow> {
+    if problems {
+        rows.into_iter()
+            .filter(|r| r.compliant != "Compliant")
+            .collect()
+    } else {
+        rows
+    }
+}
+
+/// Records per page: a thousand health records (each with its history) in one response would
+/// be megabytes for the API server to hold at once.
+const PAGE: u32 = 250;
+
 /// Every health record whose HCP still exists, sorted by cluster. A deleted HCP's record
 /// lingers until the garbage collector removes it (never, where none runs); its row would
 /// report a cluster that is gone.
 pub async fn fleet_rows(client: &Client) -> Result<Vec<FleetRow>, kube::Error> {
-    let existing: std::collections::BTreeSet<String> =
-        Api::<crate::crd::HostedControlPlane>::all(client.clone())
-            .list_metadata(&ListParams::default())
-            .await?
-            .items
-            .iter()
-            .filter_map(|h| h.namespace())
-            .collect();
+    let mut existing = std::collections::BTreeSet::new();
+    let hcps = Api::<crate::crd::HostedControlPlane>::all(client.clone());
+    let mut lp = ListParams::default().limit(PAGE);
+    loop {
+        let page = hcps.list_metadata(&lp).await?;
+        existing.extend(page.items.iter().filter_map(|h| h.namespace()));
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(c) => lp = lp.continue_token(&c),
+            None => break,
+        }
+    }
     let api: Api<AdmissionHealth> = Api::all(client.clone());
-    let lp = ListParams::default().labels(&format!(
-        "{}={}",
-        crate::management::MANAGED_BY,
-        crate::management::MANAGED_BY_VALUE
-    ));
-    let mut rows: Vec<FleetRow> = api
-        .list(&lp)
-        .await?
-        .items
-        .iter()
-        .filter(|p| p.name_any() == HEALTH_NAME)
-        .filter(|p| p.namespace().is_some_and(|ns| existing.contains(&ns)))
-        .map(row)
-        .collect();
+    let mut lp = ListParams::default()
+        .labels(&format!(
+            "{}={}",
+            crate::management::MANAGED_BY,
+            crate::management::MANAGED_BY_VALUE
+        ))
+        .limit(PAGE);
+    let mut rows = Vec::new();
+    loop {
+        let page = api.list(&lp).await?;
+        rows.extend(
+            page.items
+                .iter()
+                .filter(|p| p.name_any() == HEALTH_NAME)
+                .filter(|p| p.namespace().is_some_and(|ns| existing.contains(&ns)))
+                .map(row),
+        );
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(c) => lp = lp.continue_token(&c),
+            None => break,
+        }
+    }
     rows.sort_by(|a, b| a.cluster.cmp(&b.cluster));
     Ok(rows)
 }
 
-pub async fn run() -> ExitCode {
+#[derive(Debug, Default, clap::Args)]
+pub struct StatusArgs {
+    /// Only the hosted clusters that are not Compliant (the summary line still counts all).
+    #[arg(long)]
+    pub problems: bool,
+}
+
+pub async fn run(args: StatusArgs) -> ExitCode {
     let client = match Client::try_default().await {
         Ok(c) => c,
         Err(e) => {
@@ -151,7 +205,12 @@ pub async fn run() -> ExitCode {
             ExitCode::SUCCESS
         }
         Ok(rows) => {
-            print!("{}", render_table(&rows));
+            let total = summary(&rows);
+            let shown = select(rows, args.problems);
+            if !shown.is_empty() {
+                print!("{}", render_table(&shown));
+            }
+            println!("{total}");
             ExitCode::SUCCESS
         }
         Err(kube::Error::Api(s)) if s.code == 404 => {
@@ -233,6 +292,27 @@ mod tests {
             assert!(!l.ends_with(' '), "no trailing padding: {l:?}");
         }
         assert!(lines[2].starts_with(long), "{t}");
+    }
+
+    #[test]
+    fn the_summary_counts_every_state_and_problems_shows_the_rest() {
+        let rows = vec![
+            fleet_row("a", "Compliant"),
+            fleet_row("b", "NonCompliant"),
+            fleet_row("c", "Pending"),
+            fleet_row("d", "-"),
+            fleet_row("e", "Compliant"),
+        ];
+        assert_eq!(
+            summary(&rows),
+            "5 hosted cluster(s): 2 Compliant, 1 NonCompliant, 1 Pending, 1 not reported yet"
+        );
+        let shown: Vec<String> = select(rows.clone(), true)
+            .into_iter()
+            .map(|r| r.cluster)
+            .collect();
+        assert_eq!(shown, ["b", "c", "d"]);
+        assert_eq!(select(rows, false).len(), 5);
     }
 
     #[test]

@@ -12,7 +12,8 @@ use kube::{Api, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::apply::{Applied, apply_if_changed, delete_if_present};
+use super::apply::{Applied, apply_against, delete_if_present};
+use super::cache::{self, object_key};
 use super::context::Context;
 use super::error::Failure;
 use crate::certificates::CertBundle;
@@ -21,11 +22,13 @@ use crate::config::{AgentConfig, MonitoringApi};
 use crate::crd::hostedcontrolplane::Scheduling;
 use crate::management::{self, HcpInputs};
 use crate::metrics::DriftLabels;
+use kube::runtime::reflector::Store;
 
 /// One management-side object: read, and written only where it differs from what is
 /// rendered. A write to an object that was in place as rendered before (same desired state,
 /// seen matching) is drift: someone else deleted or changed it. Returns the object as the
 /// server has it, and a note when it repaired drift.
+#[allow(clippy::too_many_arguments)]
 async fn put<K>(
     ctx: &Context,
     ns: &str,
@@ -33,9 +36,12 @@ async fn put<K>(
     kind: &'static str,
     name: &str,
     obj: &K,
+    store: Option<&Store<K>>,
+    dyntype: &K::DynamicType,
 ) -> Result<(K, Option<String>), Failure>
 where
-    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
+    K::DynamicType: Clone + Eq + std::hash::Hash,
 {
     let failed = |source| Failure::ApplyAdmission {
         kind,
@@ -48,9 +54,16 @@ where
     let key = object_key(&api, name);
     let print = compare::fingerprint(&want);
     let seen = ctx.with_hcp(ns, |s| s.management.get(&key).copied());
-    let applied = apply_if_changed(&api, name, obj, compare::subset)
+    let live = cache::read(ctx, ns, &api, store, name, dyntype)
         .await
         .map_err(failed)?;
+
+    let applied = apply_against(&api, name, obj, live, compare::subset)
+        .await
+        .map_err(failed)?;
+    if !matches!(applied, Applied::Unchanged(_)) {
+        cache::wrote(ctx, ns, &api, name, Some(applied.object()));
+    }
     let note = match (&applied, seen) {
         // Gone, though it was in place: whatever it held (a certificate, say) is new now.
         (Applied::Created(_), Some(_)) => Some(format!("{kind} {name} deleted; recreated")),
@@ -108,6 +121,7 @@ pub async fn ensure(
     )
     .map_err(Failure::RenderAdmission)?;
     let c = || ctx.client.clone();
+    let caches = ctx.caches();
     let name = cfg.admission.service_name.as_str();
     let secrets = || Api::<Secret>::namespaced(c(), ns);
     let mut drift = Vec::new();
@@ -131,6 +145,8 @@ pub async fn ensure(
         "Secret",
         &management::ca_secret_name(cfg),
         &objs.ca_secret,
+        caches.ca_secrets.as_ref(),
+        &(),
     )
     .await?;
     note(n, "Secret");
@@ -141,6 +157,8 @@ pub async fn ensure(
         "Secret",
         &management::tls_secret_name(cfg),
         &objs.tls_secret,
+        caches.tls_secrets.as_ref(),
+        &(),
     )
     .await?;
     note(n, "Secret");
@@ -151,6 +169,8 @@ pub async fn ensure(
         "ServiceAccount",
         name,
         &objs.service_account,
+        caches.service_accounts.as_ref(),
+        &(),
     )
     .await?;
     note(n, "ServiceAccount");
@@ -161,6 +181,8 @@ pub async fn ensure(
         "Service",
         name,
         &objs.service,
+        caches.services.as_ref(),
+        &(),
     )
     .await?;
     note(n, "Service");
@@ -171,12 +193,24 @@ pub async fn ensure(
         "NetworkPolicy",
         name,
         &objs.network_policy,
+        caches.network_policies.as_ref(),
+        &(),
     )
     .await?;
     note(n, "NetworkPolicy");
     if let (Some(pdb), Some(ar)) = (&objs.pdb, ctx.caps.pdb_api.api_resource()) {
         let api = Api::<DynamicObject>::namespaced_with(c(), ns, &ar);
-        let (_, n) = put(ctx, ns, api, "PodDisruptionBudget", name, pdb).await?;
+        let (_, n) = put(
+            ctx,
+            ns,
+            api,
+            "PodDisruptionBudget",
+            name,
+            pdb,
+            caches.pdbs.as_ref(),
+            &ar,
+        )
+        .await?;
         note(n, "PodDisruptionBudget");
     }
     monitoring(ctx, cfg, ns, &objs, &mut note).await?;
@@ -187,6 +221,8 @@ pub async fn ensure(
         "Deployment",
         name,
         &objs.deployment,
+        caches.deployments.as_ref(),
+        &(),
     )
     .await?;
     note(n, "Deployment");
@@ -212,7 +248,7 @@ async fn monitoring(
         let monitors = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &ar);
         match (&objs.service_monitor, api == wanted) {
             (Some(sm), true) => {
-                let (_, n) = put(ctx, ns, monitors, "ServiceMonitor", name, sm).await?;
+                let (_, n) = put(ctx, ns, monitors, "ServiceMonitor", name, sm, None, &ar).await?;
                 note(n, "ServiceMonitor");
             }
             _ => remove(ctx, ns, &monitors, "ServiceMonitor", name).await?,
@@ -223,7 +259,7 @@ async fn monitoring(
         let rb_name = management::prometheus_binding_name(cfg);
         match &objs.prometheus_binding {
             Some(rb) => {
-                let (_, n) = put(ctx, ns, bindings, "RoleBinding", &rb_name, rb).await?;
+                let (_, n) = put(ctx, ns, bindings, "RoleBinding", &rb_name, rb, None, &()).await?;
                 note(n, "RoleBinding");
             }
             None => remove(ctx, ns, &bindings, "RoleBinding", &rb_name).await?,
@@ -256,15 +292,10 @@ where
             name: name.to_string(),
             source,
         })?;
+    cache::wrote::<K>(ctx, ns, api, name, None);
     ctx.with_hcp(ns, |s| {
         s.management.remove(&key);
         s.absent.insert(key);
     });
     Ok(())
-}
-
-/// One object's key in the HCP's state: its URL, so that the same kind in two API groups (or
-/// versions) are two objects.
-fn object_key<K: Resource>(api: &Api<K>, name: &str) -> String {
-    format!("{}/{name}", api.resource_url())
 }

@@ -34,9 +34,14 @@ pub fn secret_bytes(s: &Secret) -> BTreeMap<String, Vec<u8>> {
         .unwrap_or_default()
 }
 
-async fn read(secrets: &Api<Secret>, name: &str) -> Result<Option<Secret>, Failure> {
-    secrets
-        .get_opt(name)
+async fn read(
+    ctx: &Context,
+    ns: &str,
+    secrets: &Api<Secret>,
+    store: Option<&kube::runtime::reflector::Store<Secret>>,
+    name: &str,
+) -> Result<Option<Secret>, Failure> {
+    super::cache::read(ctx, ns, secrets, store, name, &())
         .await
         .map_err(|source| Failure::ReadCertificates {
             name: name.to_string(),
@@ -51,8 +56,11 @@ pub async fn ensure(
     cluster: &str,
 ) -> Result<Certificates, Failure> {
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
-    let ca = read(&secrets, &management::ca_secret_name(cfg)).await?;
-    let tls = read(&secrets, &management::tls_secret_name(cfg)).await?;
+    let caches = ctx.caches();
+    let ca_name = management::ca_secret_name(cfg);
+    let ca = read(ctx, ns, &secrets, caches.ca_secrets.as_ref(), &ca_name).await?;
+    let tls_name = management::tls_secret_name(cfg);
+    let tls = read(ctx, ns, &secrets, caches.tls_secrets.as_ref(), &tls_name).await?;
     let existing = match (&ca, &tls) {
         (Some(a), Some(b)) => CertBundle::from_secret_data(&secret_bytes(a), &secret_bytes(b)),
         _ => None,

@@ -89,6 +89,9 @@ pub struct HcpState {
     /// Whether the admission Deployment was available at the last look: losing it afterwards
     /// is an outage (NonCompliant), not a rollout in progress (Pending).
     pub(super) served: bool,
+    /// What the agent last knew of each management-side object it reads (same keys as
+    /// `management`): whether its watch store may stand in for a read (`cache.rs`).
+    pub(super) seen: HashMap<String, super::cache::Seen>,
 }
 
 /// How to run the controller.
@@ -115,6 +118,8 @@ pub struct Context {
     /// The management cluster's identity (the UID of its kube-system namespace), read once.
     management_identity: tokio::sync::OnceCell<String>,
     pub(super) recorder: Recorder,
+    /// The watch stores of the agent's own management objects (filled by `run`).
+    caches: RwLock<super::cache::Caches>,
 }
 
 /// The metric labels of one hosted cluster.
@@ -157,6 +162,7 @@ impl Context {
             rollup_changed: Notify::new(),
             management_identity: tokio::sync::OnceCell::new(),
             recorder,
+            caches: RwLock::default(),
         });
         (ctx, rx)
     }
@@ -166,6 +172,18 @@ impl Context {
     pub fn revision(&self) -> String {
         let cfg = serde_json::to_vec(&*self.config()).unwrap_or_default();
         crate::compare::stable_hash(&[env!("CARGO_PKG_VERSION").as_bytes(), &cfg])
+    }
+
+    /// The watch stores (empty until the controller runs: every read then goes to the server).
+    pub(super) fn caches(&self) -> super::cache::Caches {
+        self.caches
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(super) fn set_caches(&self, caches: super::cache::Caches) {
+        *self.caches.write().unwrap_or_else(PoisonError::into_inner) = caches;
     }
 
     /// The configuration in force (swapped whole on reload).

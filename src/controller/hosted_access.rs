@@ -25,8 +25,9 @@ pub async fn connect(
 ) -> Result<HostedClient, Failure> {
     let access = &cfg.hosted_access;
     let secret_name = &access.kubeconfig_secret;
-    let secret = Api::<Secret>::namespaced(ctx.client.clone(), ns)
-        .get_opt(secret_name)
+    let store = ctx.caches().kubeconfig_secrets;
+    let api = Api::<Secret>::namespaced(ctx.client.clone(), ns);
+    let secret = super::cache::read(ctx, ns, &api, store.as_ref(), secret_name, &())
         .await
         .map_err(|source| {
             Failure::HostedAccess(HostedAccessError::ReadSecret {

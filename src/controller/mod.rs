@@ -21,6 +21,7 @@
 
 mod admission_service;
 mod apply;
+mod cache;
 mod certificates;
 mod context;
 mod discovery;
@@ -36,14 +37,12 @@ mod watches;
 
 use std::sync::Arc;
 
-use futures::StreamExt;
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::DynamicObject;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{Controller, watcher};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
 use tokio::sync::mpsc;
 use tracing::warn;
@@ -90,38 +89,55 @@ pub async fn run(
     let _deletions = AbortOnDrop(tokio::spawn(watches::deletion_watcher(ctx.clone())));
     let cfg = ctx.config();
     let hcps: Api<HostedControlPlane> = Api::all(ctx.client.clone());
-    let deployments: Api<Deployment> = Api::all(ctx.client.clone());
     let owned = watcher::Config::default().labels(&format!(
         "{}={}",
         management::MANAGED_BY,
         management::MANAGED_BY_VALUE
     ));
-    // A rotated (or repaired) kubeconfig secret must reach the hosted cluster's reconcile
-    // without polling: watch those secrets by name and map each to its namespace's HCPs.
-    let secrets: Api<Secret> = Api::all(ctx.client.clone());
-    let by_name = watcher::Config::default().fields(&format!(
-        "metadata.name={}",
-        cfg.hosted_access.kubeconfig_secret
-    ));
-    // Every other object of the admission service is watched too, so a deletion or an edit
-    // is repaired at once rather than at the next unrelated reconcile. Its Secrets by name:
-    // the agent may read only those two (RBAC resourceNames), not every Secret.
+    // Every object of the admission service is watched, so a deletion or an edit is repaired
+    // at once rather than at the next unrelated reconcile; each watch also keeps a store the
+    // reconciles read instead of asking the server (`cache.rs`). The Secrets by name: the
+    // agent may read only those (RBAC resourceNames), not every Secret.
     let by = |name: String| watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut caches = cache::Caches::default();
     let controller = Controller::new(hcps, watcher::Config::default());
     let store = controller.store();
     let mut controller = controller
-        .owns(deployments, owned.clone())
-        .owns(
-            Api::<ServiceAccount>::all(ctx.client.clone()),
-            owned.clone(),
-        )
-        .owns(Api::<Service>::all(ctx.client.clone()), owned.clone())
-        .owns(Api::<NetworkPolicy>::all(ctx.client.clone()), owned.clone())
-        .owns(secrets.clone(), by(management::ca_secret_name(&cfg)))
-        .owns(secrets.clone(), by(management::tls_secret_name(&cfg)));
+        .owns_stream(cached(&ctx, owned.clone(), &mut caches.deployments))
+        .owns_stream(cached(&ctx, owned.clone(), &mut caches.service_accounts))
+        .owns_stream(cached(&ctx, owned.clone(), &mut caches.services))
+        .owns_stream(cached(&ctx, owned.clone(), &mut caches.network_policies))
+        .owns_stream(cached(
+            &ctx,
+            by(management::ca_secret_name(&cfg)),
+            &mut caches.ca_secrets,
+        ))
+        .owns_stream(cached(
+            &ctx,
+            by(management::tls_secret_name(&cfg)),
+            &mut caches.tls_secrets,
+        ));
     if let Some(ar) = ctx.caps.pdb_api.api_resource() {
         let pdbs = Api::<DynamicObject>::all_with(ctx.client.clone(), &ar);
-        controller = controller.owns_with(pdbs, ar, owned.clone());
+        let writer = kube::runtime::reflector::store::Writer::new(ar.clone());
+        caches.pdbs = Some(writer.as_reader());
+        // A list's items carry no apiVersion and kind; a GET's do, and the comparison with
+        // the rendered object needs them.
+        let types = kube::api::TypeMeta {
+            api_version: ar.api_version.clone(),
+            kind: ar.kind.clone(),
+        };
+        let stream = watcher(pdbs, owned.clone())
+            .default_backoff()
+            .map_ok(move |ev| {
+                ev.modify(|o| {
+                    o.managed_fields_mut().clear();
+                    o.types = Some(types.clone());
+                })
+            })
+            .reflect(writer)
+            .touched_objects();
+        controller = controller.owns_stream_with(stream, ar);
     }
     // Every served monitoring API, not only the configured one: a configuration change that
     // moves the ServiceMonitor leaves the old one to be pruned, and a deleted one repaired.
@@ -136,8 +152,29 @@ pub async fn run(
     if ctx.caps.monitoring(MonitoringApi::Coreos) == MonitoringApi::Coreos {
         controller = controller.owns(Api::<RoleBinding>::all(ctx.client.clone()), owned);
     }
+    // A rotated (or repaired) kubeconfig secret must reach the hosted cluster's reconcile
+    // without polling: watch those secrets by name and map each to its namespace's HCPs.
+    let kubeconfigs = cached(
+        &ctx,
+        by(cfg.hosted_access.kubeconfig_secret.clone()),
+        &mut caches.kubeconfig_secrets,
+    );
+    // The health records, read before each report (not a trigger: the agent writes them).
+    let _health = ctx.caps.health_crd.then(|| {
+        let (reader, writer) = kube::runtime::reflector::store();
+        caches.health = Some(reader);
+        let records = Api::<crate::crd::AdmissionHealth>::all(ctx.client.clone());
+        AbortOnDrop(tokio::spawn(
+            watcher(records, watcher::Config::default())
+                .default_backoff()
+                .map_ok(|ev| ev.modify(|o| o.managed_fields_mut().clear()))
+                .reflect(writer)
+                .for_each(|_| futures::future::ready(())),
+        ))
+    });
+    ctx.set_caches(caches);
     controller
-        .watches(secrets, by_name, move |s: Secret| {
+        .watches_stream(kubeconfigs, move |s: Secret| {
             let ns = s.namespace();
             store
                 .state()
@@ -153,6 +190,31 @@ pub async fn run(
         .run(reconcile, error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()))
         .await;
+}
+
+/// A watch of `K` (selected by `cfg`) that keeps `slot`'s store, as a trigger stream for the
+/// Controller.
+fn cached<K>(
+    ctx: &Context,
+    cfg: watcher::Config,
+    slot: &mut Option<kube::runtime::reflector::Store<K>>,
+) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = kube::runtime::reflector::store();
+    *slot = Some(reader);
+    watcher(Api::<K>::all(ctx.client.clone()), cfg)
+        .default_backoff()
+        .map_ok(|ev| ev.modify(|o| o.managed_fields_mut().clear()))
+        .reflect(writer)
+        .touched_objects()
 }
 
 fn receiver_stream<T>(rx: mpsc::UnboundedReceiver<T>) -> impl futures::Stream<Item = T> {

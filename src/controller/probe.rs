@@ -105,6 +105,16 @@ pub async fn probe(hosted: &Client, timeout: Duration, targets: &ProbeTargets) -
     ))
 }
 
+/// When an HCP's first periodic probe goes: between half and one and a half intervals,
+/// placed by a hash of its namespace. A restarted agent converges a thousand HCPs within
+/// seconds; without the spread their probes would all go in the same second of every minute.
+pub fn first_probe(ns: &str, every: Duration) -> Duration {
+    let h = ns.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    every.mul_f64(0.5 + (h % 1000) as f64 / 1000.0)
+}
+
 /// Records this reconcile's verdict and makes sure the periodic probe runs. The task queues a
 /// full reconcile (which reports) only when the verdict changes, so a steady fleet costs one
 /// hosted request per cluster per interval and nothing on the management cluster.
@@ -129,11 +139,11 @@ pub fn ensure_task(
         let shared = Arc::clone(&w.shared);
         let tx = ctx.requeue.clone();
         let hcp_ref = ObjectRef::<HostedControlPlane>::new(cluster).within(ns);
+        let first = first_probe(ns, every);
         let span = tracing::info_span!(parent: None, "probe", hcp_namespace = %ns, hosted_cluster = %cluster);
         w.probe = Some(AbortOnDrop(tokio::spawn(
             async move {
-                let mut tick =
-                    tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+                let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + first, every);
                 loop {
                     tick.tick().await;
                     // The revisions the last reconcile installed.
@@ -152,4 +162,31 @@ pub fn ensure_task(
             .instrument(span),
         )));
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_probes_spread_over_the_interval() {
+        let every = Duration::from_secs(60);
+        let firsts: Vec<Duration> = (0..1000)
+            .map(|i| first_probe(&format!("clusters-hc-{i}"), every))
+            .collect();
+        assert!(firsts.iter().all(|f| *f >= every / 2 && *f < every * 3 / 2));
+        // Spread: no ten-second window of the minute holds more than a quarter of them.
+        for w in 0..6u64 {
+            let lo = every / 2 + Duration::from_secs(10 * w);
+            let n = firsts
+                .iter()
+                .filter(|f| **f >= lo && **f < lo + Duration::from_secs(10))
+                .count();
+            assert!(n < 250, "{n} in window {w}");
+        }
+        assert_eq!(
+            first_probe("clusters-a", every),
+            first_probe("clusters-a", every)
+        );
+    }
 }

@@ -130,14 +130,14 @@ async fn run_phases(ctx: &Context, hcp: &HostedControlPlane, ns: &str, cluster: 
         drift_repaired = management_drift.len() as u64;
         let valid_until = format!("serving certificate valid until {}", certs.expires);
         seen.insert(Concern::Certificate, Observation::compliant(valid_until));
-        let available = deployment_available(&deployment);
         // Once available, every later unavailability (in this agent's life) is an outage: the
         // Deployment rolls with maxUnavailable 0, so a rollout never makes it unavailable.
-        let was_available = ctx.with_hcp(ns, |s| {
-            let was = s.served;
-            s.served |= available;
-            was
-        });
+        // A generation its controller has not yet looked at (the spec just applied) is still
+        // served by the replicas its status counts; only the first install waits for it.
+        let was_available = ctx.with_hcp(ns, |s| s.served);
+        let available = deployment_available(&deployment)
+            || (was_available && crate::management::deployment_serving(&deployment));
+        ctx.with_hcp(ns, |s| s.served |= available);
         if !available && was_available {
             // An outage, not a rollout that has yet to finish: the guard is off.
             let status = deployment.status.as_ref();

@@ -17,6 +17,7 @@ use kube::{Api, Resource, ResourceExt};
 use tracing::{info, warn};
 
 use super::apply::apply;
+use super::cache;
 use super::context::{Context, hcp_labels};
 use crate::crd::{
     AdmissionHealth, AdmissionHealthPolicy, AdmissionHealthPolicyStatus, ComplianceState,
@@ -90,14 +91,20 @@ async fn write_health(
             ..o
         }]);
     }
-    let current = match api.get_opt(reporting::HEALTH_NAME).await? {
+    let store = ctx.caches().health;
+    let live = cache::read(ctx, ns, &api, store.as_ref(), reporting::HEALTH_NAME, &()).await?;
+    let current = match live {
         Some(c)
             if c.spec == desired.spec
                 && c.labels().get(reporting::CLUSTER_LABEL) == Some(&cluster.to_string()) =>
         {
             c
         }
-        _ => apply(&api, reporting::HEALTH_NAME, &desired).await?,
+        _ => {
+            let c = apply(&api, reporting::HEALTH_NAME, &desired).await?;
+            cache::wrote(ctx, ns, &api, reporting::HEALTH_NAME, Some(&c));
+            c
+        }
     };
     let next = reporting::next_status(
         current.status.as_ref(),
@@ -111,25 +118,31 @@ async fn write_health(
     }
     // The status is entirely the agent's; a merge patch replaces its arrays whole.
     let patch = serde_json::json!({ "status": next });
-    api.patch_status(
-        reporting::HEALTH_NAME,
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await?;
+    let written = api
+        .patch_status(
+            reporting::HEALTH_NAME,
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await;
+    cache::wrote(ctx, ns, &api, reporting::HEALTH_NAME, written.as_ref().ok());
+    written?;
     let reference = current.object_ref(&());
-    for e in reporting::new_entries(current.status.as_ref(), &next) {
+    let entries = reporting::new_entries(current.status.as_ref(), &next);
+    let first = current.status.is_none();
+    if let Some((state, note)) = reporting::health_event(&entries)
+        // A new record's first word is "waiting for …" (its history keeps it): an Event for
+        // it would be one more write per HCP when a thousand start at once, and says nothing.
+        .filter(|(state, _)| !(first && *state == ComplianceState::Pending))
+    {
         let ev = Event {
-            type_: if e.state == ComplianceState::Compliant {
+            type_: if state == ComplianceState::Compliant {
                 EventType::Normal
             } else {
                 EventType::Warning
             },
-            reason: e.state.as_str().to_string(),
-            note: Some(reporting::event_note(&format!(
-                "{}: {}",
-                e.concern, e.message
-            ))),
+            reason: state.as_str().to_string(),
+            note: Some(note),
             action: "ComplianceStateUpdated".into(),
             secondary: None,
         };
@@ -140,13 +153,18 @@ async fn write_health(
     Ok(())
 }
 
+/// How often, at most, the templates are re-evaluated and written.
+const REPORT_EVERY: Duration = Duration::from_secs(1);
+
 /// Re-evaluates every `AdmissionHealthPolicy` template whenever a hosted cluster's row changes
 /// or a template appears or changes (debounced, so a fleet converging at once costs a few
 /// writes, not one per HCP).
 pub async fn template_reporter(ctx: Arc<Context>) {
     let api: Api<AdmissionHealthPolicy> = Api::all(ctx.client.clone());
     // A new or changed template (ACM's framework addon creates it) must be reported at once,
-    // not at the next change of a hosted cluster: watch them and wake the loop.
+    // not at the next change of a hosted cluster: watch them and wake the loop. The watch
+    // keeps the templates in a store, so a report reads them without a request.
+    let (templates, writer) = kube::runtime::reflector::store();
     let wake = {
         let ctx = ctx.clone();
         let api = api.clone();
@@ -155,6 +173,7 @@ pub async fn template_reporter(ctx: Arc<Context>) {
             // (it did, at 100% of two cores, in the admission e2e suite).
             let mut events = watcher(api, watcher::Config::default())
                 .default_backoff()
+                .reflect(writer)
                 .boxed();
             while let Some(ev) = events.next().await {
                 match ev {
@@ -167,27 +186,33 @@ pub async fn template_reporter(ctx: Arc<Context>) {
             }
         }))
     };
+    // What this reporter last wrote to each template: the store may not show it yet.
+    let mut written: BTreeMap<(String, String), AdmissionHealthPolicyStatus> = BTreeMap::new();
     loop {
         ctx.rollup_changed.notified().await;
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // A fleet converging at once changes rows many times a second; one report a second
+        // carries them all (each is one status write, the size of the fleet, and an Event).
+        tokio::time::sleep(REPORT_EVERY).await;
         if !wake.is_running() {
             warn!("the AdmissionHealthPolicy watch ended; ACM reporting stops");
             return;
         }
+        if templates.wait_until_ready().await.is_err() {
+            return;
+        }
         let rows: BTreeMap<String, RollupRow> = ctx.rollup_rows();
         let want = reporting::evaluate_template(&rows, ctx.caps.pending_supported);
-        let templates = match api.list(&Default::default()).await {
-            Ok(l) => l.items,
-            Err(e) => {
-                warn!(error = %e, "listing AdmissionHealthPolicy templates failed; retrying");
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                ctx.rollup_changed.notify_one();
+        let mut retry = false;
+        for t in templates.state() {
+            let key = (t.namespace().unwrap_or_default(), t.name_any());
+            if written.get(&key) == Some(&want) {
                 continue;
             }
-        };
-        let mut retry = false;
-        for t in &templates {
-            if let Err(e) = report_template(&ctx, t, &want).await {
+            let mut t = (*t).clone();
+            if let Some(w) = written.get(&key) {
+                t.status = Some(w.clone());
+            }
+            if let Err(e) = report_template(&ctx, &t, &want).await {
                 warn!(
                     error = %e,
                     namespace = t.namespace().unwrap_or_default(),
@@ -195,6 +220,9 @@ pub async fn template_reporter(ctx: Arc<Context>) {
                     "reporting an AdmissionHealthPolicy failed; retrying"
                 );
                 retry = true;
+                written.remove(&key);
+            } else {
+                written.insert(key, want.clone());
             }
         }
         if retry {

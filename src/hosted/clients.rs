@@ -181,7 +181,11 @@ pub fn keepalive_client(
     use kube::client::ConfigExt;
     use tower::ServiceBuilder;
     crate::tls::install_crypto_provider();
-    let tls = config.rustls_client_config().map_err(|e| e.to_string())?;
+    let mut tls = config.rustls_client_config().map_err(|e| e.to_string())?;
+    // One server per client, on one long-lived HTTP/2 connection: rustls's default cache of
+    // 256 sessions is allocated whole with each config, which a thousand hosted clients
+    // multiply into tens of megabytes (the scale benchmark). Two sessions cover a reconnect.
+    tls.resumption = rustls::client::Resumption::in_memory_sessions(2);
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_connect_timeout(config.connect_timeout);

@@ -129,6 +129,16 @@ pub struct KubeletOptions {
 
 /// Runs until the handle is aborted; dropping the task stops every pod it started.
 pub fn spawn(client: Client, opts: KubeletOptions) -> JoinHandle<()> {
+    spawn_for(client, opts, |_| true)
+}
+
+/// `spawn` for the Deployments of the namespaces `runs` accepts only (a node's share of the
+/// fleet); another kubelet may run the rest.
+pub fn spawn_for(
+    client: Client,
+    opts: KubeletOptions,
+    runs: impl Fn(&str) -> bool + Send + 'static,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
         let label = format!("{MANAGED_BY}={MANAGED_BY_VALUE}");
         let deployments = watcher(
@@ -188,6 +198,9 @@ pub fn spawn(client: Client, opts: KubeletOptions) -> JoinHandle<()> {
                     continue;
                 }
             };
+            if !ev.namespace().is_some_and(|ns| runs(&ns)) {
+                continue;
+            }
             match ev {
                 Either::Deployment(ev) => match *ev {
                     watcher::Event::Apply(d) | watcher::Event::InitApply(d) => {
@@ -371,6 +384,25 @@ enum Either {
     Service(Box<watcher::Event<Service>>),
 }
 
+impl Either {
+    /// The namespace of the event's object (`None` for the watch's own markers).
+    fn namespace(&self) -> Option<String> {
+        fn of<K: ResourceExt>(ev: &watcher::Event<K>) -> Option<String> {
+            match ev {
+                watcher::Event::Apply(o)
+                | watcher::Event::InitApply(o)
+                | watcher::Event::Delete(o) => o.namespace(),
+                _ => None,
+            }
+        }
+        match self {
+            Either::Deployment(ev) => of(ev),
+            Either::Secret(ev) => of(ev),
+            Either::Service(ev) => of(ev),
+        }
+    }
+}
+
 /// Writes the Service's address and its ready replicas' on the Service.
 async fn publish(
     client: &Client,
@@ -552,7 +584,8 @@ async fn start_replica(binary: &Path, w: &Workload, d: &Deployment) -> Result<Re
 }
 
 /// Without processes (`KubeletOptions::binary` unset): every replica ready at once.
-async fn mark_available(client: &Client, d: &Deployment) -> Result<(), String> {
+/// Writes the status of `d` as available with every replica it asks for (no process runs).
+pub async fn mark_available(client: &Client, d: &Deployment) -> Result<(), String> {
     let replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
     write_status(client, d, replicas, replicas, replicas).await
 }

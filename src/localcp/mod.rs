@@ -561,7 +561,8 @@ fn new_apiserver(
         format!("--tls-cert-file={}", serving.0.display()),
         format!("--tls-private-key-file={}", serving.1.display()),
         format!("--client-ca-file={}", pki.ca_path.display()),
-        "--service-cluster-ip-range=10.0.0.0/24".into(),
+        // Room for a Service per HCP of the scale benchmark (a /24 runs out at 254).
+        "--service-cluster-ip-range=10.0.0.0/16".into(),
         "--service-account-issuer=https://kubernetes.default.svc".into(),
         format!("--service-account-key-file={}", pki.sa_pub_path.display()),
         format!(

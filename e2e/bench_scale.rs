@@ -1,0 +1,1097 @@
+//! `make bench`: one agent (a release process, leader-elected as the chart runs it) and a
+//! thousand HCPs on a real management kube-apiserver of the newest test-bed version.
+//!
+//! The hosted side is mostly SIMULATED: 1,000 real hosted kube-apiservers do not fit on one
+//! machine, so all but BENCH_SCALE_REAL of them are played by one HTTPS server in this process
+//! (`simhosted`: real TLS, a CA and SNI name per cluster, the part of the Kubernetes API the
+//! agent uses, the probe answered as a working admission service would). The real ones (16 by
+//! default) are kube-apiservers v1.36 calling real admission services over TLS, so both kinds
+//! are printed side by side. Every figure from simulated clusters is marked as such.
+//!
+//! For each size of BENCH_SCALE_SIZES (default 100,300,1000), in one run:
+//! - cold convergence: the agent starts with nothing of its own anywhere, until every HCP's
+//!   health record is Compliant (the previous size's objects are first removed with the
+//!   agent's own `uninstall`);
+//! - the agent's RSS after convergence, and per HCP (the growth between sizes);
+//! - BENCH_IDLE_SECONDS (default 60) of idle: the agent's CPU, its management requests (by
+//!   verb and resource) and its hosted requests per cluster;
+//! - the peak write rate on the management kube-apiserver (writes per second, sampled).
+//!
+//! At the largest size, also: drift repair latency (BENCH_SCALE_DRIFTS, default 100 simulated
+//! and every real cluster), a new HCP until Compliant (BENCH_SCALE_NEW simulated, default 10,
+//! and one real), and a configuration change (a guard's mode flipped) until every cluster
+//! carries it.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use support::{cpu_ticks, env_num, percentile, proc_status_kib};
+
+#[path = "simhosted/mod.rs"]
+mod simhosted;
+
+use std::collections::{BTreeMap, HashMap};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use hcp_fleet_agent::catalogue::Builtin;
+use hcp_fleet_agent::config::{AgentConfig, Mode};
+use hcp_fleet_agent::crd::{AdmissionHealth, ComplianceState};
+use hcp_fleet_agent::hosted::webhooks::VALIDATING_NAME;
+use hcp_fleet_agent::localcp::fixtures::{self, hcp_namespace};
+use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet, allow_loopback, free_port, kubelet};
+use hcp_fleet_agent::reporting::HEALTH_NAME;
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use simhosted::{Kind, SimFleet};
+
+/// A metric's samples: label text (inside the braces) → value.
+fn samples(text: &str, metric: &str) -> BTreeMap<String, f64> {
+    let mut m = BTreeMap::new();
+    for l in text.lines() {
+        let Some(rest) = l.strip_prefix(metric) else {
+            continue;
+        };
+        let (labels, value) = match rest.strip_prefix('{') {
+            Some(r) => match r.rsplit_once("} ") {
+                Some((l, v)) => (l.to_string(), v),
+                None => continue,
+            },
+            None => match rest.strip_prefix(' ') {
+                Some(v) => (String::new(), v),
+                None => continue,
+            },
+        };
+        if let Ok(v) = value.trim().parse::<f64>() {
+            *m.entry(labels).or_insert(0.0) += v;
+        }
+    }
+    m
+}
+
+fn label<'a>(labels: &'a str, name: &str) -> &'a str {
+    labels
+        .split(&format!("{name}=\""))
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .unwrap_or("")
+}
+
+const MGMT_REQUESTS: &str = "hcp_fleet_management_api_requests_total";
+const HOSTED_REQUESTS: &str = "hcp_fleet_hosted_api_requests_total";
+
+fn management_writes(text: &str) -> f64 {
+    samples(text, MGMT_REQUESTS)
+        .iter()
+        .filter(|(l, _)| {
+            matches!(
+                label(l, "verb"),
+                "create" | "update" | "patch" | "delete" | "deletecollection"
+            )
+        })
+        .map(|(_, v)| v)
+        .sum()
+}
+
+/// Management requests by "verb resource", `after - before`.
+fn management_delta(before: &str, after: &str) -> BTreeMap<String, f64> {
+    let b = samples(before, MGMT_REQUESTS);
+    let mut out = BTreeMap::new();
+    for (l, v) in samples(after, MGMT_REQUESTS) {
+        let d = v - b.get(&l).copied().unwrap_or(0.0);
+        if d > 0.0 {
+            out.insert(
+                format!("{} {}", label(&l, "verb"), label(&l, "resource")),
+                d,
+            );
+        }
+    }
+    out
+}
+
+/// Hosted requests per HCP namespace, `after - before`.
+fn hosted_delta(before: &str, after: &str) -> BTreeMap<String, f64> {
+    let per_ns = |t: &str| {
+        let mut m: BTreeMap<String, f64> = BTreeMap::new();
+        for (l, v) in samples(t, HOSTED_REQUESTS) {
+            *m.entry(label(&l, "hcp_namespace").to_string()).or_default() += v;
+        }
+        m
+    };
+    let b = per_ns(before);
+    per_ns(after)
+        .into_iter()
+        .map(|(ns, v)| {
+            let d = v - b.get(&ns).copied().unwrap_or(0.0);
+            (ns, d)
+        })
+        .collect()
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.0} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.1} s", d.as_secs_f64())
+}
+
+fn is_real(ns: &str) -> bool {
+    ns.starts_with("clusters-real-")
+}
+
+/// When each HCP namespace's health record turned Compliant (and still is).
+#[derive(Clone, Default)]
+struct Health(Arc<Mutex<HashMap<String, Instant>>>);
+
+impl Health {
+    fn watch(&self, mgmt: Client) -> tokio::task::JoinHandle<()> {
+        let me = self.clone();
+        tokio::spawn(async move {
+            let api: Api<AdmissionHealth> = Api::all(mgmt);
+            let mut s = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
+            while let Some(ev) = s.next().await {
+                let Ok(ev) = ev else { continue };
+                let Ok(mut m) = me.0.lock() else { return };
+                match ev {
+                    watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                        if p.name_any() != HEALTH_NAME {
+                            continue;
+                        }
+                        let ns = p.namespace().unwrap_or_default();
+                        let ok = p.status.as_ref().and_then(|s| s.compliant)
+                            == Some(ComplianceState::Compliant);
+                        if ok {
+                            m.entry(ns).or_insert_with(Instant::now);
+                        } else {
+                            m.remove(&ns);
+                        }
+                    }
+                    watcher::Event::Delete(p) => {
+                        m.remove(&p.namespace().unwrap_or_default());
+                    }
+                    _ => {}
+                }
+            }
+        })
+    }
+
+    fn since(&self, ns: &str) -> Option<Instant> {
+        self.0.lock().ok()?.get(ns).copied()
+    }
+
+    /// Waits until every namespace of `of` is Compliant; when each turned so.
+    async fn all(&self, of: &[String], within: Duration) -> Result<Vec<Instant>, String> {
+        let deadline = Instant::now() + within;
+        loop {
+            let got: Vec<Option<Instant>> = of.iter().map(|ns| self.since(ns)).collect();
+            if got.iter().all(Option::is_some) {
+                return Ok(got.into_iter().flatten().collect());
+            }
+            if Instant::now() > deadline {
+                let missing: Vec<&String> = of
+                    .iter()
+                    .zip(&got)
+                    .filter(|(_, g)| g.is_none())
+                    .map(|(n, _)| n)
+                    .take(5)
+                    .collect();
+                return Err(format!(
+                    "only {}/{} Compliant within {within:?} (not yet: {missing:?}…)",
+                    got.iter().filter(|g| g.is_some()).count(),
+                    of.len()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// The agent as a separate release process.
+struct Agent {
+    child: Child,
+    pid: u32,
+    addr: std::net::SocketAddr,
+    started: Instant,
+}
+
+impl Agent {
+    async fn start(
+        config: &std::path::Path,
+        kubeconfig: &std::path::Path,
+    ) -> Result<Agent, String> {
+        let port = free_port().map_err(|e| e.to_string())?;
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{port}")
+            .parse()
+            .map_err(|e| format!("{e}"))?;
+        let started = Instant::now();
+        let child = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+            .args(["agent", "--config"])
+            .arg(config)
+            .args([
+                "--local-mode",
+                "--metrics-addr",
+                &addr.to_string(),
+                "--namespace",
+                "hcp-fleet-agent",
+                "--leader-elect",
+            ])
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", "warn,kube_client=off")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("starting the agent: {e}"))?;
+        let pid = child.id();
+        let mut agent = Agent {
+            child,
+            pid,
+            addr,
+            started,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while support::http_get(addr, "/readyz").await.map(|r| r.0) != Ok(200) {
+            if Instant::now() > deadline {
+                agent.stop();
+                return Err("agent not ready within 30s".into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(agent)
+    }
+
+    async fn metrics(&self) -> Result<String, String> {
+        support::http_get(self.addr, "/metrics").await.map(|r| r.1)
+    }
+
+    fn stop(&mut self) {
+        // SIGTERM: it hands the Lease back, so the next agent leads at once.
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.pid.to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn reload(&self) {
+        let _ = Command::new("kill")
+            .args(["-HUP", &self.pid.to_string()])
+            .status();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The highest management write rate seen (writes per second, over one-second samples).
+struct WriteSampler {
+    peak: Arc<Mutex<f64>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl WriteSampler {
+    fn start(addr: std::net::SocketAddr) -> WriteSampler {
+        let peak = Arc::new(Mutex::new(0.0f64));
+        let p = peak.clone();
+        let task = tokio::spawn(async move {
+            let mut last: Option<(Instant, f64)> = None;
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let Ok((_, text)) = support::http_get(addr, "/metrics").await else {
+                    continue;
+                };
+                let now = (Instant::now(), management_writes(&text));
+                if let Some((t, w)) = last {
+                    let rate = (now.1 - w) / now.0.duration_since(t).as_secs_f64();
+                    if let Ok(mut p) = p.lock() {
+                        *p = f64::max(*p, rate);
+                    }
+                }
+                last = Some(now);
+            }
+        });
+        WriteSampler { peak, task }
+    }
+
+    fn take(&self) -> f64 {
+        self.peak
+            .lock()
+            .map(|mut p| std::mem::take(&mut *p))
+            .unwrap_or(0.0)
+    }
+}
+
+impl Drop for WriteSampler {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// What one size measured.
+#[derive(Default)]
+struct SizeFigures {
+    n: usize,
+    converge: Duration,
+    converge_real: Duration,
+    converge_sim: Duration,
+    rss_kib: u64,
+    peak_rss_kib: u64,
+    cpu_idle_pct: f64,
+    mgmt_idle: BTreeMap<String, f64>,
+    hosted_idle_real: f64,
+    hosted_idle_sim: f64,
+    sim_seen_idle: f64,
+    hosted_converge_real: f64,
+    hosted_converge_sim: f64,
+    mgmt_converge: f64,
+    mgmt_writes_converge: f64,
+    mgmt_converge_by: BTreeMap<String, f64>,
+    peak_writes: f64,
+    uninstall: Option<Duration>,
+}
+
+/// What only the largest size measured.
+#[derive(Default)]
+struct AtScale {
+    drift_sim: Vec<Duration>,
+    drift_real: Vec<Duration>,
+    new_sim: Vec<Duration>,
+    new_real: Vec<Duration>,
+    config_all: Duration,
+    config_each: Vec<Duration>,
+    config_real_max: Duration,
+    peak_writes: f64,
+    status_time: Duration,
+    status_lines: usize,
+    status_summary: String,
+}
+
+// Sets RUST_LOG before any thread starts (std::env::set_var).
+#[allow(unsafe_code)]
+fn main() {
+    hcp_fleet_agent::tls::install_crypto_provider();
+    if std::env::var_os("RUST_LOG").is_none() {
+        // SAFETY: single-threaded here, before any runtime or thread starts.
+        unsafe { std::env::set_var("RUST_LOG", "warn,kube_client=off") };
+    }
+    hcp_fleet_agent::telemetry::init(hcp_fleet_agent::telemetry::LogFormat::Text);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("bench: no runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = rt.block_on(run()) {
+        eprintln!("bench failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// The configuration the agent runs with: the defaults, loopback allowed, and the guard
+/// `flip` in warn mode (the configuration change).
+fn agent_config(flip: bool) -> Result<String, String> {
+    let mut cfg = allow_loopback(AgentConfig::default());
+    if let Some(rps) = std::env::var("BENCH_SCALE_RPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        cfg.management_api.requests_per_second = rps;
+        cfg.management_api.burst = rps.saturating_mul(2);
+    }
+    if flip {
+        let w = cfg
+            .webhooks
+            .iter_mut()
+            .find(|w| w.path == Builtin::FeatureGate.path())
+            .ok_or("no feature-gate guard in the defaults")?;
+        w.mode = Mode::Warn;
+    }
+    serde_saphyr::to_string(&cfg).map_err(|e| e.to_string())
+}
+
+fn flipped_guard() -> Result<String, String> {
+    AgentConfig::default()
+        .webhooks
+        .iter()
+        .find(|w| w.path == Builtin::FeatureGate.path())
+        .map(|w| w.name.clone())
+        .ok_or_else(|| "no feature-gate guard in the defaults".into())
+}
+
+fn carries_flip(binding: &serde_json::Value) -> bool {
+    binding["spec"]["validationActions"]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|v| v == "Warn"))
+}
+
+async fn run() -> Result<(), String> {
+    let mut sizes: Vec<usize> = std::env::var("BENCH_SCALE_SIZES")
+        .unwrap_or_else(|_| "100,300,1000".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .filter(|n| *n > 0)
+        .collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let max = *sizes.last().ok_or("BENCH_SCALE_SIZES names no size")?;
+    let real_n = (env_num("BENCH_SCALE_REAL", 16) as usize).min(sizes[0]);
+    let idle = Duration::from_secs(env_num("BENCH_IDLE_SECONDS", 60));
+    let drifts = env_num("BENCH_SCALE_DRIFTS", 100) as usize;
+    let new_n = env_num("BENCH_SCALE_NEW", 10) as usize;
+    let deadline = Duration::from_secs(env_num("BENCH_SCALE_DEADLINE_SECONDS", 900));
+
+    let real_names: Vec<String> = (1..=real_n).map(|i| format!("real-{i}")).collect();
+    let sim_names: Vec<String> = (1..=max - real_n).map(|i| format!("sim-{i}")).collect();
+    let sim_new: Vec<String> = (1..=new_n).map(|i| format!("sim-new-{i}")).collect();
+    let mut hosted = real_names.clone();
+    hosted.push("real-new".into());
+    eprintln!(
+        "bench: starting etcd, a management and {} real hosted kube-apiservers…",
+        hosted.len()
+    );
+    let t = Instant::now();
+    let fleet = LocalFleet::start(FleetOptions {
+        hosted_clusters: hosted,
+        install_fixtures: false,
+        ..FleetOptions::default()
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    eprintln!("bench: real fleet up in {}", secs(t.elapsed()));
+    let mgmt = fleet.management.client().await.map_err(|e| e.to_string())?;
+    fixtures::install_crds(&mgmt, &fleet.hcp_crd())
+        .await
+        .map_err(|e| e.to_string())?;
+    fixtures::create_agent_namespace(&mgmt)
+        .await
+        .map_err(|e| e.to_string())?;
+    let t = Instant::now();
+    let all_sim: Vec<String> = sim_names.iter().chain(&sim_new).cloned().collect();
+    let sim = SimFleet::start(&all_sim).await?;
+    eprintln!(
+        "bench: {} SIMULATED hosted clusters on {} (certificates made in {})",
+        all_sim.len(),
+        sim.addr,
+        secs(t.elapsed())
+    );
+    let _real_kubelet = kubelet::spawn_for(
+        mgmt.clone(),
+        kubelet::KubeletOptions {
+            binary: Some(env!("CARGO_BIN_EXE_hcp-fleet-agent").into()),
+            dir: fleet.state_dir().join("kubelet"),
+        },
+        is_real,
+    );
+    let service = AgentConfig::default().admission.service_name;
+    let _sim_pods =
+        simhosted::kubelet::spawn(mgmt.clone(), service, |ns| ns.starts_with("clusters-sim-"))
+            .await?;
+    let health = Health::default();
+    let _health_watch = health.watch(mgmt.clone());
+    let config_path = fleet.state_dir().join("agent-config.yaml");
+    let kubeconfig = fleet.management.kubeconfig_path.clone();
+
+    let kubeconfig_of = |name: &str| -> Option<String> {
+        if let Some(s) = fleet.hosted(name) {
+            return Some(s.kubeconfig_yaml.clone());
+        }
+        sim.cluster(name).map(|c| c.kubeconfig.clone())
+    };
+    let mut created = 0usize;
+    let members: Vec<String> = real_names.iter().chain(&sim_names).cloned().collect();
+    let mut figures: Vec<SizeFigures> = Vec::new();
+    let mut at_scale = AtScale::default();
+    for (i, &n) in sizes.iter().enumerate() {
+        let last = i + 1 == sizes.len();
+        let t = Instant::now();
+        let todo: Vec<(String, String)> = members[created..n]
+            .iter()
+            .filter_map(|name| kubeconfig_of(name).map(|k| (name.clone(), k)))
+            .collect();
+        let results: Vec<Result<(), String>> = futures::stream::iter(todo)
+            .map(|(name, kc)| {
+                let mgmt = mgmt.clone();
+                async move {
+                    fixtures::create_hcp(&mgmt, &name, &kc)
+                        .await
+                        .map_err(|e| e.to_string())
+                }
+            })
+            .buffer_unordered(16)
+            .collect()
+            .await;
+        results.into_iter().collect::<Result<Vec<()>, String>>()?;
+        created = n;
+        eprintln!(
+            "bench: {n} HCPs on the management cluster ({} to add)",
+            secs(t.elapsed())
+        );
+
+        std::fs::write(&config_path, agent_config(false)?).map_err(|e| e.to_string())?;
+        let namespaces: Vec<String> = members[..n].iter().map(|m| hcp_namespace(m)).collect();
+        let mut agent = Agent::start(&config_path, &kubeconfig).await?;
+        let mut sampler = Some(WriteSampler::start(agent.addr));
+        let when = health.all(&namespaces, deadline).await?;
+        let started = agent.started;
+        let since = |pred: &dyn Fn(&str) -> bool| {
+            namespaces
+                .iter()
+                .zip(&when)
+                .filter(|(ns, _)| pred(ns))
+                .map(|(_, w)| w.saturating_duration_since(started))
+                .max()
+                .unwrap_or_default()
+        };
+        let mut f = SizeFigures {
+            n,
+            converge: since(&|_| true),
+            converge_real: since(&is_real),
+            converge_sim: since(&|ns| !is_real(ns)),
+            ..SizeFigures::default()
+        };
+        eprintln!(
+            "bench: {n} Compliant in {} after a cold start; settling, then idling {}…",
+            secs(f.converge),
+            secs(idle)
+        );
+        // The last status writes land, and whatever the convergence queued drains.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        // The sampler reads /metrics every second, a thousand HCPs' series each time: it
+        // stops before the idle figures, which a Prometheus scraping every 30 s would not skew.
+        f.peak_writes = sampler.take().map_or(0.0, |s| s.take());
+        let m0 = agent.metrics().await?;
+        f.rss_kib = proc_status_kib(agent.pid, "VmRSS:");
+        let sim0: Vec<u64> = sim.clusters().map(|c| c.requests.total()).collect();
+        let ticks0 = cpu_ticks(agent.pid);
+        tokio::time::sleep(idle).await;
+        let ticks1 = cpu_ticks(agent.pid);
+        let m1 = agent.metrics().await?;
+        let sim1: Vec<u64> = sim.clusters().map(|c| c.requests.total()).collect();
+        f.peak_rss_kib = proc_status_kib(agent.pid, "VmHWM:");
+        f.cpu_idle_pct = ticks1.saturating_sub(ticks0) as f64 / 100.0 / idle.as_secs_f64() * 100.0;
+        let per_min = 60.0 / idle.as_secs_f64();
+        f.mgmt_idle = management_delta(&m0, &m1)
+            .into_iter()
+            .map(|(k, v)| (k, v * per_min))
+            .collect();
+        let hosted_idle = hosted_delta(&m0, &m1);
+        let avg = |pred: &dyn Fn(&str) -> bool, m: &BTreeMap<String, f64>| {
+            let v: Vec<f64> = namespaces
+                .iter()
+                .filter(|ns| pred(ns))
+                .map(|ns| m.get(ns).copied().unwrap_or(0.0))
+                .collect();
+            if v.is_empty() {
+                0.0
+            } else {
+                v.iter().sum::<f64>() / v.len() as f64
+            }
+        };
+        f.hosted_idle_real = avg(&is_real, &hosted_idle) * per_min;
+        f.hosted_idle_sim = avg(&|ns| !is_real(ns), &hosted_idle) * per_min;
+        let sim_members = n - real_n;
+        let seen: u64 = sim0.iter().zip(&sim1).map(|(a, b)| b - a).sum();
+        f.sim_seen_idle = if sim_members == 0 {
+            0.0
+        } else {
+            seen as f64 / sim_members as f64 * per_min
+        };
+        let hosted_conv = hosted_delta("", &m0);
+        f.hosted_converge_real = avg(&is_real, &hosted_conv);
+        f.hosted_converge_sim = avg(&|ns| !is_real(ns), &hosted_conv);
+        f.mgmt_converge = samples(&m0, MGMT_REQUESTS).values().sum();
+        f.mgmt_writes_converge = management_writes(&m0);
+        f.mgmt_converge_by = management_delta("", &m0);
+
+        if last {
+            sampler = Some(WriteSampler::start(agent.addr));
+            at_scale = measure_at_scale(
+                &mgmt,
+                &fleet,
+                &sim,
+                &health,
+                &agent,
+                &config_path,
+                &namespaces,
+                drifts,
+                &sim_new,
+            )
+            .await?;
+            at_scale.peak_writes = sampler.take().map_or(0.0, |s| s.take());
+        }
+        agent.stop();
+        if !last {
+            let t = Instant::now();
+            let out = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+                .args(["uninstall", "--config"])
+                .arg(&config_path)
+                .args(["--namespace", "hcp-fleet-agent"])
+                .env("KUBECONFIG", &kubeconfig)
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .status()
+                .map_err(|e| format!("uninstall: {e}"))?;
+            if !out.success() {
+                return Err(format!("uninstall failed ({out})"));
+            }
+            f.uninstall = Some(t.elapsed());
+            let left: usize = sim.clusters().map(|c| c.object_count()).sum();
+            if left > 0 {
+                return Err(format!(
+                    "uninstall left {left} objects in simulated clusters"
+                ));
+            }
+            eprintln!("bench: uninstalled from {n} HCPs in {}", secs(t.elapsed()));
+        }
+        figures.push(f);
+    }
+    print_report(&fleet, real_n, idle, &figures, &at_scale);
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn measure_at_scale(
+    mgmt: &Client,
+    fleet: &LocalFleet,
+    sim: &SimFleet,
+    health: &Health,
+    agent: &Agent,
+    config_path: &std::path::Path,
+    namespaces: &[String],
+    drifts: usize,
+    sim_new: &[String],
+) -> Result<AtScale, String> {
+    let mut out = AtScale::default();
+    let n = namespaces.len();
+    // Drift: one at a time, each repaired before the next; the latency is from the change to
+    // the agent's repairing write (simulated: the server's own clock; real: seen by polling).
+    eprintln!("bench: drift repair at {n}…");
+    let sims: Vec<&Arc<simhosted::SimCluster>> = namespaces
+        .iter()
+        .filter(|ns| !is_real(ns))
+        .filter_map(|ns| sim.cluster(ns.trim_start_matches("clusters-")))
+        .collect();
+    let step = (sims.len() / drifts.max(1)).max(1);
+    for (i, c) in sims.iter().step_by(step).take(drifts).enumerate() {
+        let (kind, name) = if i % 2 == 0 {
+            let b = c
+                .objects(Kind::Vapb)
+                .into_iter()
+                .find(|b| b["spec"]["matchResources"].is_null())
+                .ok_or_else(|| format!("{}: no guard binding installed", c.name))?;
+            (
+                Kind::Vapb,
+                b["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        } else {
+            (Kind::Vwc, VALIDATING_NAME.to_string())
+        };
+        let t0 = if kind == Kind::Vapb {
+            c.tamper(kind, &name, None)
+        } else {
+            c.tamper(
+                kind,
+                &name,
+                Some(&|v: &mut serde_json::Value| {
+                    v["webhooks"][0]["timeoutSeconds"] = serde_json::json!(29)
+                }),
+            )
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(w) = c.written_at(kind, &name).filter(|w| *w > t0) {
+                out.drift_sim.push(w.duration_since(t0));
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{}: {} {name} not repaired within 10s",
+                    c.name,
+                    kind.kind()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for ns in namespaces.iter().filter(|ns| is_real(ns)) {
+        let name = ns.trim_start_matches("clusters-");
+        let Some(s) = fleet.hosted(name) else {
+            continue;
+        };
+        let hosted = s.client().await.map_err(|e| e.to_string())?;
+        let api: Api<ValidatingAdmissionPolicyBinding> = Api::all(hosted);
+        let list = api
+            .list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let Some(b) = list
+            .items
+            .iter()
+            .find(|b| b.spec.as_ref().is_some_and(|s| s.match_resources.is_none()))
+        else {
+            continue;
+        };
+        let bname = b.name_any();
+        let t0 = Instant::now();
+        api.delete(&bname, &Default::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let deadline = t0 + Duration::from_secs(10);
+        loop {
+            if api
+                .get_opt(&bname)
+                .await
+                .map_err(|e| e.to_string())?
+                .is_some()
+            {
+                out.drift_real.push(t0.elapsed());
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{ns}: binding {bname} not repaired within 10s"));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    // New HCPs, one at a time, while the others exist.
+    eprintln!("bench: new HCPs while {n} exist…");
+    for name in sim_new {
+        let c = sim.cluster(name).ok_or("no such simulated cluster")?;
+        fixtures::create_hcp(mgmt, name, &c.kubeconfig)
+            .await
+            .map_err(|e| e.to_string())?;
+        let t0 = Instant::now();
+        let ns = hcp_namespace(name);
+        let at = health
+            .all(std::slice::from_ref(&ns), Duration::from_secs(60))
+            .await?;
+        out.new_sim.push(at[0].saturating_duration_since(t0));
+    }
+    if let Some(s) = fleet.hosted("real-new") {
+        fixtures::create_hcp(mgmt, "real-new", &s.kubeconfig_yaml)
+            .await
+            .map_err(|e| e.to_string())?;
+        let t0 = Instant::now();
+        let ns = hcp_namespace("real-new");
+        let at = health
+            .all(std::slice::from_ref(&ns), Duration::from_secs(60))
+            .await?;
+        out.new_real.push(at[0].saturating_duration_since(t0));
+    }
+
+    // A configuration change: one guard's mode flipped, until every cluster carries it.
+    eprintln!(
+        "bench: a configuration change across {} HCPs…",
+        n + sim_new.len() + 1
+    );
+    let guard = flipped_guard()?;
+    std::fs::write(config_path, agent_config(true)?).map_err(|e| e.to_string())?;
+    let t0 = Instant::now();
+    agent.reload();
+    let mut pending_sim: Vec<&Arc<simhosted::SimCluster>> = namespaces
+        .iter()
+        .filter(|ns| !is_real(ns))
+        .filter_map(|ns| sim.cluster(ns.trim_start_matches("clusters-")))
+        .chain(sim_new.iter().filter_map(|n| sim.cluster(n)))
+        .collect();
+    let mut pending_real: Vec<(String, Api<ValidatingAdmissionPolicyBinding>)> = Vec::new();
+    for ns in namespaces
+        .iter()
+        .filter(|ns| is_real(ns))
+        .cloned()
+        .chain(["clusters-real-new".to_string()])
+    {
+        if let Some(s) = fleet.hosted(ns.trim_start_matches("clusters-")) {
+            let c = s.client().await.map_err(|e| e.to_string())?;
+            pending_real.push((ns, Api::all(c)));
+        }
+    }
+    let deadline = t0 + Duration::from_secs(600);
+    let mut last_real = t0;
+    let mut tick = 0u64;
+    while !pending_sim.is_empty() || !pending_real.is_empty() {
+        pending_sim.retain(|c| {
+            let done = c
+                .object(Kind::Vapb, &guard)
+                .is_some_and(|b| carries_flip(&b));
+            if done {
+                let at = c
+                    .written_at(Kind::Vapb, &guard)
+                    .unwrap_or_else(Instant::now);
+                out.config_each.push(at.saturating_duration_since(t0));
+            }
+            !done
+        });
+        if tick.is_multiple_of(10) {
+            let mut still = Vec::new();
+            for (ns, api) in pending_real.drain(..) {
+                let done = api
+                    .get_opt(&guard)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|b| serde_json::to_value(b).ok())
+                    .is_some_and(|b| carries_flip(&b));
+                if done {
+                    last_real = Instant::now();
+                    out.config_each.push(t0.elapsed());
+                } else {
+                    still.push((ns, api));
+                }
+            }
+            pending_real = still;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "configuration change: {} simulated and {} real clusters still without it after 600s",
+                pending_sim.len(),
+                pending_real.len()
+            ));
+        }
+        tick += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    out.config_each.sort();
+    out.config_all = out.config_each.last().copied().unwrap_or_default();
+    out.config_real_max = last_real.saturating_duration_since(t0);
+    // And every HCP Compliant again under the new configuration.
+    let mut all: Vec<String> = namespaces.to_vec();
+    all.extend(sim_new.iter().map(|n| hcp_namespace(n)));
+    health.all(&all, Duration::from_secs(300)).await?;
+    // The fleet table an SRE asks for at this size.
+    let t = Instant::now();
+    let table = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+        .arg("status")
+        .env("KUBECONFIG", &fleet.management.kubeconfig_path)
+        .output()
+        .map_err(|e| format!("status: {e}"))?;
+    out.status_time = t.elapsed();
+    let text = String::from_utf8_lossy(&table.stdout);
+    out.status_lines = text.lines().count();
+    out.status_summary = text.lines().last().unwrap_or_default().to_string();
+    Ok(out)
+}
+
+fn print_report(
+    fleet: &LocalFleet,
+    real_n: usize,
+    idle: Duration,
+    figs: &[SizeFigures],
+    s: &AtScale,
+) {
+    println!(
+        "scale benchmark: one agent (release build, leader-elected) on a real management kube-apiserver {}",
+        fleet.version
+    );
+    println!(
+        "  hosted side: {real_n} REAL kube-apiservers {} with real admission services; the rest SIMULATED",
+        fleet.version
+    );
+    println!(
+        "  (one HTTPS server in the bench: real TLS, a CA and SNI name per cluster, no policy compile delay)"
+    );
+    let limit = AgentConfig::default().management_api;
+    let rps = std::env::var("BENCH_SCALE_RPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(limit.requests_per_second);
+    println!("  agent's management request ceiling: {rps} per second");
+    let col = |f: &dyn Fn(&SizeFigures) -> String| {
+        figs.iter()
+            .map(|x| format!("{:>14}", f(x)))
+            .collect::<Vec<_>>()
+            .join("")
+    };
+    println!("  {:<52}{}   target", "HCPs", col(&|f| f.n.to_string()));
+    println!(
+        "  {:<52}{}   < 60 s",
+        "cold start -> every HCP Compliant",
+        col(&|f| secs(f.converge))
+    );
+    println!(
+        "  {:<52}{}",
+        "  the real ones",
+        col(&|f| secs(f.converge_real))
+    );
+    println!(
+        "  {:<52}{}",
+        "  the simulated ones",
+        col(&|f| secs(f.converge_sim))
+    );
+    println!(
+        "  {:<52}{}",
+        "management requests during it (writes)",
+        col(&|f| format!("{:.0} ({:.0})", f.mgmt_converge, f.mgmt_writes_converge))
+    );
+    println!(
+        "  {:<52}{}",
+        "  peak writes per second",
+        col(&|f| format!("{:.0}", f.peak_writes))
+    );
+    println!(
+        "  {:<52}{}",
+        "hosted requests / cluster during it: real",
+        col(&|f| format!("{:.1}", f.hosted_converge_real))
+    );
+    println!(
+        "  {:<52}{}",
+        "  simulated",
+        col(&|f| format!("{:.1}", f.hosted_converge_sim))
+    );
+    println!(
+        "  {:<52}{}",
+        "agent RSS after convergence (peak)",
+        col(&|f| format!(
+            "{:.1} ({:.0}) MiB",
+            f.rss_kib as f64 / 1024.0,
+            f.peak_rss_kib as f64 / 1024.0
+        ))
+    );
+    let per_hcp: Vec<String> = figs
+        .windows(2)
+        .map(|w| {
+            let d = w[1].rss_kib as f64 - w[0].rss_kib as f64;
+            format!("{:.0} KiB", d / (w[1].n - w[0].n) as f64)
+        })
+        .collect();
+    println!(
+        "  {:<52}{:>14}{}   < 200 KiB",
+        "RSS per added HCP (growth from the size before)",
+        "",
+        per_hcp
+            .iter()
+            .map(|p| format!("{p:>14}"))
+            .collect::<String>()
+    );
+    println!(
+        "  {:<52}{}   < 5 %",
+        format!("idle CPU over {}s (% of one core)", idle.as_secs()),
+        col(&|f| format!("{:.2} %", f.cpu_idle_pct))
+    );
+    println!(
+        "  {:<52}{}   Lease only",
+        "idle management requests per minute",
+        col(&|f| format!("{:.0}", f.mgmt_idle.values().sum::<f64>()))
+    );
+    for f in figs {
+        let detail: Vec<String> = f
+            .mgmt_idle
+            .iter()
+            .map(|(k, v)| format!("{k}: {v:.0}"))
+            .collect();
+        println!("  {:<52}   at {}: {}", "", f.n, detail.join(", "));
+    }
+    println!(
+        "  {:<52}{}   the probes",
+        "idle hosted requests / cluster / minute: real",
+        col(&|f| format!("{:.2}", f.hosted_idle_real))
+    );
+    println!(
+        "  {:<52}{}",
+        "  simulated (agent's count)",
+        col(&|f| format!("{:.2}", f.hosted_idle_sim))
+    );
+    println!(
+        "  {:<52}{}",
+        "  simulated (the server's count)",
+        col(&|f| format!("{:.2}", f.sim_seen_idle))
+    );
+    println!(
+        "  {:<52}{}",
+        "uninstall before the next size",
+        col(&|f| f.uninstall.map(secs).unwrap_or_else(|| "-".into()))
+    );
+    let Some(big) = figs.last() else { return };
+    let mut by: Vec<(&String, &f64)> = big.mgmt_converge_by.iter().collect();
+    by.sort_by(|a, b| b.1.total_cmp(a.1));
+    println!(
+        "  management requests per HCP during the cold start at {}: {}",
+        big.n,
+        by.iter()
+            .map(|(k, v)| format!("{k} {:.1}", **v / big.n as f64))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let mut d = s.drift_sim.clone();
+    d.sort();
+    let mut r = s.drift_real.clone();
+    r.sort();
+    println!("  at {} HCPs:", big.n);
+    println!(
+        "  {:<52}p50 {} p99 {} max {} (n={})   p99 < 1 s",
+        "  drift repaired, simulated",
+        ms(percentile(&d, 50.0)),
+        ms(percentile(&d, 99.0)),
+        ms(d.last().copied().unwrap_or_default()),
+        d.len()
+    );
+    println!(
+        "  {:<52}p50 {} p99 {} max {} (n={})",
+        "  drift repaired, real",
+        ms(percentile(&r, 50.0)),
+        ms(percentile(&r, 99.0)),
+        ms(r.last().copied().unwrap_or_default()),
+        r.len()
+    );
+    let mut ns = s.new_sim.clone();
+    ns.sort();
+    println!(
+        "  {:<52}p50 {} max {} (n={})   < 2 s",
+        "  new HCP -> Compliant, simulated",
+        ms(percentile(&ns, 50.0)),
+        ms(ns.last().copied().unwrap_or_default()),
+        ns.len()
+    );
+    println!(
+        "  {:<52}{}",
+        "  new HCP -> Compliant, real",
+        s.new_real
+            .iter()
+            .map(|d| ms(*d))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!(
+        "  {:<52}all {} (p50 {}; the real ones by {})",
+        "  a guard's mode flipped -> every cluster carries it",
+        secs(s.config_all),
+        secs(percentile(&s.config_each, 50.0)),
+        secs(s.config_real_max)
+    );
+    println!(
+        "  {:<52}{:.0}",
+        "  peak management writes per second (all of the above)", s.peak_writes
+    );
+    println!(
+        "  {:<52}{} lines in {}: {}",
+        "  `hcp-fleet-agent status`",
+        s.status_lines,
+        ms(s.status_time),
+        s.status_summary
+    );
+}

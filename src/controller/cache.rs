@@ -1,0 +1,131 @@
+//! Reads of the agent's own management-side objects from the watches it already runs (the
+//! Controller's triggers, each kept in a reflector store), instead of a GET per object per
+//! reconcile: at a thousand HCPs those reads were most of what the agent asked the
+//! management kube-apiserver (`make bench`, the scale benchmark).
+//!
+//! A store lags the server by one watch event. So the store is believed only where this
+//! agent's own last look at the object agrees with it (the same resourceVersion, or both say
+//! absent), or where this agent has not looked at the object yet (the store is then the most
+//! recent word there is); otherwise, as right after the agent's own write, the object is read
+//! from the server. A write is never decided on a store that is behind the agent's own.
+
+use std::sync::Arc;
+
+use futures::FutureExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::DynamicObject;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Resource};
+use serde::de::DeserializeOwned;
+
+use super::context::Context;
+
+/// The stores the controller's watches fill (`controller::run`). `None` where the kind is
+/// not watched (no PodDisruptionBudget API served) or before the controller runs.
+#[derive(Clone, Default)]
+pub struct Caches {
+    pub ca_secrets: Option<Store<Secret>>,
+    pub tls_secrets: Option<Store<Secret>>,
+    pub kubeconfig_secrets: Option<Store<Secret>>,
+    pub service_accounts: Option<Store<ServiceAccount>>,
+    pub services: Option<Store<Service>>,
+    pub network_policies: Option<Store<NetworkPolicy>>,
+    pub deployments: Option<Store<Deployment>>,
+    pub pdbs: Option<Store<DynamicObject>>,
+    /// The health records (where their CRD is installed): read before each report.
+    pub health: Option<Store<crate::crd::AdmissionHealth>>,
+}
+
+/// What this agent last knew of one object, from its own reads and writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seen {
+    /// At this resourceVersion.
+    At(String),
+    Absent,
+}
+
+impl Seen {
+    pub fn of<K: Resource>(obj: Option<&K>) -> Self {
+        match obj.and_then(|o| o.meta().resource_version.clone()) {
+            Some(rv) => Seen::At(rv),
+            None => Seen::Absent,
+        }
+    }
+}
+
+/// Whether a store's view may stand for the server's, given what the agent last knew.
+pub fn trust_store(last: Option<&Seen>, stored_rv: Option<Option<&str>>) -> bool {
+    match (last, stored_rv) {
+        (None, _) => true,
+        (Some(Seen::Absent), None) => true,
+        (Some(Seen::At(rv)), Some(Some(s))) => rv == s,
+        _ => false,
+    }
+}
+
+/// One object's key in the HCP's state: its URL, so that the same kind in two API groups (or
+/// versions) are two objects.
+pub fn object_key<K: Resource>(api: &Api<K>, name: &str) -> String {
+    format!("{}/{name}", api.resource_url())
+}
+
+/// The live `name` in `ns`: from `store` where it may be believed (see the module), else from
+/// the server. Either way the answer is what the agent knows of it from now on.
+pub async fn read<K>(
+    ctx: &Context,
+    ns: &str,
+    api: &Api<K>,
+    store: Option<&Store<K>>,
+    name: &str,
+    dyntype: &K::DynamicType,
+) -> Result<Option<K>, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + 'static,
+    K::DynamicType: Clone + Eq + std::hash::Hash,
+{
+    let key = object_key(api, name);
+    if let Some(store) = store.filter(|s| s.wait_until_ready().now_or_never().is_some()) {
+        let cached = store.get(&ObjectRef::new_with(name, dyntype.clone()).within(ns));
+        let stored_rv = cached
+            .as_ref()
+            .map(|o| o.meta().resource_version.as_deref());
+        let last = ctx.with_hcp(ns, |s| s.seen.get(&key).cloned());
+        if trust_store(last.as_ref(), stored_rv) {
+            let obj = cached.map(Arc::unwrap_or_clone);
+            ctx.with_hcp(ns, |s| s.seen.insert(key, Seen::of(obj.as_ref())));
+            return Ok(obj);
+        }
+    }
+    let obj = api.get_opt(name).await?;
+    ctx.with_hcp(ns, |s| s.seen.insert(key, Seen::of(obj.as_ref())));
+    Ok(obj)
+}
+
+/// Records what the agent's own write left: the object as the server returned it.
+pub fn wrote<K: Resource>(ctx: &Context, ns: &str, api: &Api<K>, name: &str, obj: Option<&K>) {
+    let key = object_key(api, name);
+    ctx.with_hcp(ns, |s| s.seen.insert(key, Seen::of(obj)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_is_believed_only_where_it_agrees_with_the_agents_last_look() {
+        let at = |rv: &str| Seen::At(rv.into());
+        // Never looked: the store is the latest word (present or absent).
+        assert!(trust_store(None, Some(Some("5"))));
+        assert!(trust_store(None, None));
+        // Same version, or both absent.
+        assert!(trust_store(Some(&at("5")), Some(Some("5"))));
+        assert!(trust_store(Some(&Seen::Absent), None));
+        // Behind the agent's own write, or changed or deleted by someone else since: ask.
+        assert!(!trust_store(Some(&at("6")), Some(Some("5"))));
+        assert!(!trust_store(Some(&at("5")), None));
+        assert!(!trust_store(Some(&Seen::Absent), Some(Some("7"))));
+        assert!(!trust_store(Some(&at("5")), Some(None)));
+    }
+}
