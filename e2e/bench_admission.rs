@@ -245,22 +245,7 @@ async fn run_one(
 }
 
 fn main() {
-    hcp_fleet_agent::tls::install_crypto_provider();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("bench: {e}");
-            std::process::exit(1);
-        }
-    };
-    if let Err(e) = rt.block_on(run()) {
-        eprintln!("bench failed: {e}");
-        std::process::exit(1);
-    }
+    support::bench_main(Some(1), run);
 }
 
 async fn run() -> Result<(), String> {

@@ -213,21 +213,7 @@ async fn measure(
 }
 
 fn main() {
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("bench: {e}");
-            std::process::exit(1);
-        }
-    };
-    if let Err(e) = rt.block_on(run()) {
-        eprintln!("bench failed: {e}");
-        std::process::exit(1);
-    }
+    support::bench_main(Some(2), run);
 }
 
 async fn run() -> Result<(), String> {

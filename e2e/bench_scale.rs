@@ -381,29 +381,9 @@ struct AtScale {
     status_summary: String,
 }
 
-// Sets RUST_LOG before any thread starts (std::env::set_var).
-#[allow(unsafe_code)]
 fn main() {
-    hcp_fleet_agent::tls::install_crypto_provider();
-    if std::env::var_os("RUST_LOG").is_none() {
-        // SAFETY: single-threaded here, before any runtime or thread starts.
-        unsafe { std::env::set_var("RUST_LOG", "warn,kube_client=off") };
-    }
-    hcp_fleet_agent::telemetry::init(hcp_fleet_agent::telemetry::LogFormat::Text);
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("bench: no runtime: {e}");
-            std::process::exit(1);
-        }
-    };
-    if let Err(e) = rt.block_on(run()) {
-        eprintln!("bench failed: {e}");
-        std::process::exit(1);
-    }
+    support::bench_logs();
+    support::bench_main(None, run);
 }
 
 /// The configuration the agent runs with: the defaults, loopback allowed, and the guard

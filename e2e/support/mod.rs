@@ -471,3 +471,39 @@ pub fn percentile(sorted: &[std::time::Duration], p: f64) -> std::time::Duration
     let idx = ((p / 100.0) * (sorted.len() as f64 - 1.0)).round() as usize;
     sorted[idx.min(sorted.len() - 1)]
 }
+
+/// Shows warnings (the test bed's kubelet among them) when a benchmark run goes wrong, unless
+/// RUST_LOG says otherwise. Call first in `main`, before any thread starts.
+// std::env::set_var is unsafe once other threads may read the environment.
+#[allow(unsafe_code)]
+pub fn bench_logs() {
+    if std::env::var_os("RUST_LOG").is_none() {
+        // SAFETY: single-threaded here, before any runtime or thread starts.
+        unsafe { std::env::set_var("RUST_LOG", "warn,kube_client=off") };
+    }
+    hcp_fleet_agent::telemetry::init(hcp_fleet_agent::telemetry::LogFormat::Text);
+}
+
+/// A benchmark's `main`: `run` on a runtime of `workers` threads (the default: one per core),
+/// exiting 1 with its error.
+pub fn bench_main<F>(workers: Option<usize>, run: impl FnOnce() -> F)
+where
+    F: std::future::Future<Output = Result<(), String>>,
+{
+    hcp_fleet_agent::tls::install_crypto_provider();
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = workers {
+        builder.worker_threads(n);
+    }
+    let rt = match builder.enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("bench: no runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = rt.block_on(run()) {
+        eprintln!("bench failed: {e}");
+        std::process::exit(1);
+    }
+}

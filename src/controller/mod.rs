@@ -127,16 +127,10 @@ pub async fn run(
             api_version: ar.api_version.clone(),
             kind: ar.kind.clone(),
         };
-        let stream = watcher(pdbs, owned.clone())
-            .default_backoff()
-            .map_ok(move |ev| {
-                ev.modify(|o| {
-                    o.managed_fields_mut().clear();
-                    o.types = Some(types.clone());
-                })
-            })
-            .reflect(writer)
-            .touched_objects();
+        let stream = reflected(pdbs, owned.clone(), writer, move |o| {
+            o.types = Some(types.clone())
+        })
+        .touched_objects();
         controller = controller.owns_stream_with(stream, ar);
     }
     // Every served monitoring API, not only the configured one: a configuration change that
@@ -165,10 +159,7 @@ pub async fn run(
         caches.health = Some(reader);
         let records = Api::<crate::crd::AdmissionHealth>::all(ctx.client.clone());
         AbortOnDrop(tokio::spawn(
-            watcher(records, watcher::Config::default())
-                .default_backoff()
-                .map_ok(|ev| ev.modify(|o| o.managed_fields_mut().clear()))
-                .reflect(writer)
+            reflected(records, watcher::Config::default(), writer, |_| {})
                 .for_each(|_| futures::future::ready(())),
         ))
     });
@@ -210,11 +201,37 @@ where
 {
     let (reader, writer) = kube::runtime::reflector::store();
     *slot = Some(reader);
-    watcher(Api::<K>::all(ctx.client.clone()), cfg)
+    reflected(Api::<K>::all(ctx.client.clone()), cfg, writer, |_| {}).touched_objects()
+}
+
+/// The events of a watch of `api` (selected by `cfg`, with backoff) as they fill `writer`'s
+/// store: each object without its managed fields (most of a small object, never read), and
+/// `fix` applied.
+fn reflected<K>(
+    api: Api<K>,
+    cfg: watcher::Config,
+    writer: kube::runtime::reflector::store::Writer<K>,
+    fix: impl Fn(&mut K) + Send + 'static,
+) -> impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
+where
+    K: kube::Resource
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    watcher(api, cfg)
         .default_backoff()
-        .map_ok(|ev| ev.modify(|o| o.managed_fields_mut().clear()))
+        .map_ok(move |ev| {
+            ev.modify(|o| {
+                o.managed_fields_mut().clear();
+                fix(o);
+            })
+        })
         .reflect(writer)
-        .touched_objects()
 }
 
 fn receiver_stream<T>(rx: mpsc::UnboundedReceiver<T>) -> impl futures::Stream<Item = T> {
