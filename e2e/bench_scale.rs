@@ -390,6 +390,9 @@ fn main() {
 /// `flip` in warn mode (the configuration change).
 fn agent_config(flip: bool) -> Result<String, String> {
     let mut cfg = allow_loopback(AgentConfig::default());
+    // The configuration flip measures how fast a change reaches every HCP at once, as before
+    // progressive rollouts (a rollout's pace is its soak time and batch width, by design).
+    cfg.rollout.enabled = false;
     if let Some(rps) = std::env::var("BENCH_SCALE_RPS")
         .ok()
         .and_then(|v| v.parse().ok())

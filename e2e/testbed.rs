@@ -542,6 +542,7 @@ async fn the_kubelet_retries_a_pod_until_its_secret_appears() {
             pdb_api: PdbApi::None,
             scheduling: &Default::default(),
             monitoring: hcp_fleet_agent::config::MonitoringApi::None,
+            revision: None,
         },
     )
     .expect("render");

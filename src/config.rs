@@ -50,6 +50,9 @@ pub struct AgentConfig {
     pub certificates: CertificateConfig,
     #[serde(default)]
     pub management_api: ManagementApiConfig,
+    /// How a new revision reaches the HCPs: canaries, batches, soak, deadline.
+    #[serde(default)]
+    pub rollout: RolloutConfig,
     /// How many HCPs reconcile at once.
     #[serde(default = "default_concurrency")]
     pub concurrency: u16,
@@ -75,6 +78,7 @@ impl Default for AgentConfig {
             hosted_access: HostedAccessConfig::default(),
             certificates: CertificateConfig::default(),
             management_api: ManagementApiConfig::default(),
+            rollout: RolloutConfig::default(),
             concurrency: default_concurrency(),
             probe_interval_seconds: default_probe_interval(),
         }
@@ -108,6 +112,72 @@ impl ManagementApiConfig {
         crate::metrics::RequestLimit {
             per_second: f64::from(self.requests_per_second),
             burst: f64::from(self.burst),
+        }
+    }
+}
+
+/// How a new revision (what the agent rolls out to each HCP: the admission image and
+/// settings, the webhook and policy definitions) reaches the fleet: the canaries first, then
+/// the rest in batches of at most `maxUnavailable`, each HCP proven (available, carrying the
+/// revision, probe Compliant for `soakSeconds`) before the next batch starts. An HCP that
+/// fails within `deadlineSeconds` halts the rollout and goes back to the last good revision
+/// (docs/operations.md, "Progressive rollout").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct RolloutConfig {
+    /// `false`: every HCP gets a new revision at once (the behaviour before waves).
+    pub enabled: bool,
+    /// The canaries: HCPs whose labels, or whose namespace's labels, match. Empty: no
+    /// canary wave (the first batch is the first canary).
+    pub canary_selector: LabelSelector,
+    /// How many HCPs may be on their way to the new revision at once: a count (`2`) or a
+    /// percentage of the HCPs in the rollout (`"10%"`, rounded down, at least 1).
+    pub max_unavailable: MaxUnavailable,
+    /// How long an HCP must stay Compliant on the new revision before it counts as done.
+    pub soak_seconds: u32,
+    /// How long an HCP may take to be done before it counts as failed (and halts the rollout).
+    pub deadline_seconds: u32,
+}
+
+impl Default for RolloutConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            canary_selector: LabelSelector::default(),
+            max_unavailable: MaxUnavailable::Count(1),
+            soak_seconds: 120,
+            deadline_seconds: 900,
+        }
+    }
+}
+
+/// `maxUnavailable`: a count or a percentage, as a Deployment's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(untagged)]
+pub enum MaxUnavailable {
+    Count(u32),
+    Percent(String),
+}
+
+impl MaxUnavailable {
+    /// How many of `total` HCPs may be in flight at once (at least 1). `Err`: not a count or
+    /// a percentage from 1% to 100%.
+    pub fn of(&self, total: usize) -> Result<usize, String> {
+        match self {
+            MaxUnavailable::Count(0) => Err("maxUnavailable must be at least 1".into()),
+            MaxUnavailable::Count(n) => Ok(*n as usize),
+            MaxUnavailable::Percent(p) => {
+                let n: u32 = p
+                    .strip_suffix('%')
+                    .and_then(|n| n.parse().ok())
+                    .filter(|n| (1..=100).contains(n))
+                    .ok_or_else(|| {
+                        format!(
+                            "maxUnavailable {p:?} must be a count or a percentage from 1% to 100%"
+                        )
+                    })?;
+                Ok((total * n as usize / 100).max(1))
+            }
         }
     }
 }
@@ -379,6 +449,15 @@ pub fn default_webhooks() -> Vec<WebhookDefinition> {
     crate::catalogue::builtin_definitions()
 }
 
+/// A label selector expression the API server would accept.
+fn selector_expression_ok(e: &LabelSelectorRequirement) -> bool {
+    match e.operator.as_str() {
+        "In" | "NotIn" => !e.values.is_empty(),
+        "Exists" | "DoesNotExist" => e.values.is_empty(),
+        _ => false,
+    }
+}
+
 /// HyperShift control-plane Service names (a guest webhook URL whose host starts with one of
 /// these is taken for a control-plane webhook and removed).
 const CONTROL_PLANE_SERVICES: &[&str] = &[
@@ -436,6 +515,26 @@ impl AgentConfig {
         let mut p = Vec::new();
         if self.concurrency == 0 {
             p.push("concurrency must be at least 1".into());
+        }
+        let r = &self.rollout;
+        if let Err(e) = r.max_unavailable.of(1) {
+            p.push(format!("rollout.{e}"));
+        }
+        if r.deadline_seconds <= r.soak_seconds {
+            p.push(format!(
+                "rollout.deadlineSeconds ({}) must exceed soakSeconds ({}): an HCP needs the soak time and more to be done",
+                r.deadline_seconds, r.soak_seconds
+            ));
+        }
+        for e in &r.canary_selector.match_expressions {
+            if !selector_expression_ok(e) {
+                p.push(format!(
+                    "rollout.canarySelector: operator {:?} on {:?} with {} value(s) is invalid",
+                    e.operator,
+                    e.key,
+                    e.values.len()
+                ));
+            }
         }
         let m = &self.management_api;
         if !(1..=10_000).contains(&m.requests_per_second) {
@@ -632,12 +731,7 @@ impl AgentConfig {
                 .flatten()
             {
                 for e in &sel.match_expressions {
-                    let ok = match e.operator.as_str() {
-                        "In" | "NotIn" => !e.values.is_empty(),
-                        "Exists" | "DoesNotExist" => e.values.is_empty(),
-                        _ => false,
-                    };
-                    if !ok {
+                    if !selector_expression_ok(e) {
                         p.push(format!(
                             "{at}: selector expression on {:?}: operator {:?} with {} value(s) is invalid",
                             e.key,

@@ -117,6 +117,8 @@ pub struct HcpInputs<'a> {
     /// The monitoring API group to write the ServiceMonitor in: the configured one if the
     /// management cluster serves it, else `MonitoringApi::None`.
     pub monitoring: MonitoringApi,
+    /// The rollout revision the objects belong to (annotated on the Deployment).
+    pub revision: Option<&'a str>,
 }
 
 /// The ClusterRole (shipped by the chart) that the platform Prometheus is bound to in each HCP
@@ -400,8 +402,17 @@ fn deployment(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<Deployment, Rend
         }]),
         ..Default::default()
     };
+    let mut metadata = meta(cfg, &a.service_name, inp);
+    // On the Deployment, not its pod template: the revision names what the spec already
+    // carries, and must not restart pods by itself.
+    if let Some(rev) = inp.revision {
+        metadata.annotations = Some(BTreeMap::from([(
+            crate::rollout::REVISION_ANNOTATION.to_string(),
+            rev.to_string(),
+        )]));
+    }
     Ok(Deployment {
-        metadata: meta(cfg, &a.service_name, inp),
+        metadata,
         spec: Some(DeploymentSpec {
             replicas: Some(replicas(cfg, inp.scheduling)),
             selector: match_labels(selector(cfg)),
@@ -659,6 +670,20 @@ pub fn deployment_available(d: &Deployment) -> bool {
     observed && deployment_serving(d)
 }
 
+/// Whether the Deployment has finished rolling out its current spec: its controller has seen
+/// this generation, and every replica it wants is updated and available (no old one left).
+/// What a rollout waits for before an HCP counts as done.
+pub fn deployment_rolled_out(d: &Deployment) -> bool {
+    let (Some(status), Some(spec)) = (&d.status, &d.spec) else {
+        return false;
+    };
+    let want = spec.replicas.unwrap_or(1);
+    status.observed_generation.unwrap_or(0) >= d.metadata.generation.unwrap_or(0)
+        && status.updated_replicas.unwrap_or(0) >= want
+        && status.available_replicas.unwrap_or(0) >= want
+        && status.replicas.unwrap_or(0) <= want
+}
+
 /// Whether the status says replicas are available, whatever generation it describes: during
 /// a rollout (maxUnavailable 0) the old replicas serve until the new ones are ready.
 pub fn deployment_serving(d: &Deployment) -> bool {
@@ -695,6 +720,7 @@ mod tests {
                 pdb_api,
                 scheduling,
                 monitoring: MonitoringApi::Coreos,
+                revision: None,
             },
         )
         .expect("render")
@@ -912,6 +938,7 @@ mod tests {
             pdb_api: PdbApi::V1,
             scheduling: &Scheduling::default(),
             monitoring: MonitoringApi::Coreos,
+            revision: None,
         };
         assert_eq!(
             render(&cfg, &inp).expect("a"),
@@ -931,6 +958,7 @@ mod tests {
                 pdb_api: PdbApi::V1,
                 scheduling: &Scheduling::default(),
                 monitoring,
+                revision: None,
             },
         )
         .expect("render")

@@ -52,6 +52,34 @@ pub const HOSTED_KINDS: [&str; 4] = [
     "ValidatingAdmissionPolicyBinding",
 ];
 
+/// An HCP and the revision it runs (an info series: always 1, replaced when it moves).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RevisionLabels {
+    pub hcp_namespace: String,
+    pub hosted_cluster: String,
+    pub revision: String,
+}
+
+/// The rollout's revisions and phase (an info series).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RolloutLabels {
+    pub stable: String,
+    /// Empty when nothing is rolling out.
+    pub target: String,
+    /// Complete, Progressing or Halted.
+    pub phase: String,
+}
+
+/// `state` of `hcp_fleet_rollout_hcps`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RolloutStateLabels {
+    /// in_flight, done, failed or waiting.
+    pub state: String,
+}
+
+/// The `state` values of `hcp_fleet_rollout_hcps`.
+pub const ROLLOUT_STATES: [&str; 4] = ["in_flight", "done", "failed", "waiting"];
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabels {
     pub phase: String,
@@ -285,6 +313,23 @@ pub struct Metrics {
     pub reconcile_errors: Family<PhaseLabels, Counter>,
     pub hosted_clusters: Gauge,
     pub leader: Gauge,
+    pub revision: Family<RevisionLabels, Gauge>,
+    pub rollout: Family<RolloutLabels, Gauge>,
+    pub rollout_hcps: Family<RolloutStateLabels, Gauge>,
+    pub rollout_halted: Gauge,
+    pub rollout_halts: Counter,
+    pub overrides: Family<OverrideLabels, Gauge>,
+    /// Each HCP's revision series, so the next one can replace it.
+    revision_of: Mutex<std::collections::HashMap<(String, String), String>>,
+}
+
+/// An HCP namespace's override and whether the agent took it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OverrideLabels {
+    pub hcp_namespace: String,
+    pub hosted_cluster: String,
+    /// "true" or "false".
+    pub accepted: String,
 }
 
 impl Default for Metrics {
@@ -313,6 +358,13 @@ impl Metrics {
             reconcile_errors: Family::default(),
             hosted_clusters: Gauge::default(),
             leader: Gauge::default(),
+            revision: Family::default(),
+            rollout: Family::default(),
+            rollout_hcps: Family::default(),
+            rollout_halted: Gauge::default(),
+            rollout_halts: Counter::default(),
+            overrides: Family::default(),
+            revision_of: Mutex::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
             r.register(
@@ -395,6 +447,36 @@ impl Metrics {
                 "1 while this replica holds the leader lease",
                 m.leader.clone(),
             );
+            r.register(
+                "hcp_revision_info",
+                "The revision each hosted cluster was last reconciled to (always 1)",
+                m.revision.clone(),
+            );
+            r.register(
+                "rollout_info",
+                "The rollout's stable and target revisions and its phase (always 1)",
+                m.rollout.clone(),
+            );
+            r.register(
+                "rollout_hcps",
+                "HCPs of the rollout in flight, done, failed (back on the stable revision) or waiting for their batch",
+                m.rollout_hcps.clone(),
+            );
+            r.register(
+                "rollout_halted",
+                "1 while the rollout is halted (a revision failed on an HCP; see the AdmissionRollout's message)",
+                m.rollout_halted.clone(),
+            );
+            r.register(
+                "rollout_halts",
+                "Rollouts halted by a failing HCP",
+                m.rollout_halts.clone(),
+            );
+            r.register(
+                "overrides",
+                "HCPs with a HostedAdmissionOverride, by whether the agent accepted it",
+                m.overrides.clone(),
+            );
         }
         m
     }
@@ -423,6 +505,60 @@ impl Metrics {
         self.probe_success.clear();
         self.hosted_requests.clear();
         self.hosted_clusters.set(0);
+        self.revision.clear();
+        self.revision_of
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
+        self.overrides.clear();
+        self.rollout.clear();
+        self.rollout_hcps.clear();
+        self.rollout_halted.set(0);
+    }
+
+    /// The one revision series of an HCP: the new one set, the one before removed.
+    pub fn set_revision(&self, hcp_namespace: &str, hosted_cluster: &str, revision: Option<&str>) {
+        let key = (hcp_namespace.to_string(), hosted_cluster.to_string());
+        let mut last = self
+            .revision_of
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let labels = |r: String| RevisionLabels {
+            hcp_namespace: key.0.clone(),
+            hosted_cluster: key.1.clone(),
+            revision: r,
+        };
+        match revision {
+            Some(r) => {
+                if let Some(old) = last.insert(key.clone(), r.to_string())
+                    && old != r
+                {
+                    self.revision.remove(&labels(old));
+                }
+                self.revision.get_or_create(&labels(r.to_string())).set(1);
+            }
+            None => {
+                if let Some(old) = last.remove(&key) {
+                    self.revision.remove(&labels(old));
+                }
+            }
+        }
+    }
+
+    /// Whether an HCP has an override, and whether it was taken.
+    pub fn set_override(&self, hcp_namespace: &str, hosted_cluster: &str, accepted: Option<bool>) {
+        for a in [true, false] {
+            let l = OverrideLabels {
+                hcp_namespace: hcp_namespace.into(),
+                hosted_cluster: hosted_cluster.into(),
+                accepted: a.to_string(),
+            };
+            if accepted == Some(a) {
+                self.overrides.get_or_create(&l).set(1);
+            } else {
+                self.overrides.remove(&l);
+            }
+        }
     }
 
     /// Drops every series of a removed HCP.
@@ -454,6 +590,8 @@ impl Metrics {
         for kind in MANAGEMENT_KINDS {
             self.management_drift.remove(&drift(kind));
         }
+        self.set_revision(hcp_namespace, hosted_cluster, None);
+        self.set_override(hcp_namespace, hosted_cluster, None);
     }
 }
 

@@ -77,6 +77,7 @@ pub fn render_all(
 ) -> Result<String, String> {
     let certs = CertBundle::generate(cfg, &management::serving_sans(cfg, namespace, &[]))
         .map_err(|e| e.to_string())?;
+    let revision = crate::rollout::Revision::of(cfg).id;
     let objs = management::render(
         cfg,
         &HcpInputs {
@@ -92,6 +93,7 @@ pub fn render_all(
             scheduling: &Default::default(),
             // Offline: as on a cluster that serves the configured monitoring API.
             monitoring: cfg.admission.service_monitor.api_group,
+            revision: Some(&revision),
         },
     )
     .map_err(|e| e.to_string())?;
@@ -105,7 +107,8 @@ pub fn render_all(
             admission_policies: servers.admission_policies,
         },
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| e.to_string())?
+    .annotated(crate::rollout::REVISION_ANNOTATION, &revision);
     let mut docs: Vec<(String, Value)> = Vec::new();
     let mut push = |target: &str, v: Result<Value, serde_json::Error>| -> Result<(), String> {
         docs.push((target.to_string(), v.map_err(|e| e.to_string())?));
@@ -148,7 +151,8 @@ pub fn render_all(
     for b in &hosted.policies.bindings {
         push(hc, serde_json::to_value(b))?;
     }
-    let mut out = String::new();
+    // The fleet's rollout decides when an HCP gets it (docs/operations.md).
+    let mut out = format!("# revision {revision}\n");
     for (target, v) in docs {
         out.push_str(&format!("---\n# applied to the {target}\n"));
         out.push_str(&serde_saphyr::to_string(&v).map_err(|e| e.to_string())?);

@@ -221,6 +221,7 @@ pub fn next_status(
     now: &str,
     drift_repaired: u64,
     revision: &str,
+    rolled_out: bool,
 ) -> AdmissionHealthStatus {
     let mut concerns = Vec::new();
     let mut states = Vec::new();
@@ -253,11 +254,20 @@ pub fn next_status(
             history,
         });
     }
+    let compliant = aggregate(states.iter());
+    // Ready on this revision since the first report that found it so; the rollout's soak
+    // time runs from here.
+    let revision_ready_since = (compliant == ComplianceState::Compliant && rolled_out).then(|| {
+        prev.filter(|p| p.revision.as_deref() == Some(revision))
+            .and_then(|p| p.revision_ready_since.clone())
+            .unwrap_or_else(|| now.to_string())
+    });
     AdmissionHealthStatus {
-        compliant: Some(aggregate(states.iter())),
+        compliant: Some(compliant),
         concerns,
         drift_repairs: prev.map_or(0, |p| p.drift_repairs) + drift_repaired,
         revision: Some(revision.to_string()),
+        revision_ready_since,
     }
 }
 
@@ -288,9 +298,14 @@ pub fn rollup_row(cluster: &str, obs: &Observations) -> RollupRow {
 
 /// An `AdmissionHealthPolicy` template's verdict over the fleet: its status (one related object
 /// per hosted cluster) and the message of its compliance Event.
+///
+/// `halt`: why the progressive rollout is halted, while it is. The hub must hear of it: the
+/// verdict is NonCompliant and the message begins with it, even when every hosted cluster is
+/// back on the last good revision and Compliant.
 pub fn evaluate_template(
     rows: &BTreeMap<String, RollupRow>,
     pending_supported: bool,
+    halt: Option<&str>,
 ) -> AdmissionHealthPolicyStatus {
     let related_objects = rows
         .iter()
@@ -342,6 +357,13 @@ pub fn evaluate_template(
                 bad.join("; ")
             )
         }
+    };
+    let (state, summary) = match halt {
+        Some(why) => (
+            ComplianceState::NonCompliant,
+            format!("rollout halted: {}; {summary}", cut(why, MAX_ROW_REASON)),
+        ),
+        None => (state, summary),
     };
     let state = writable(state, pending_supported);
     AdmissionHealthPolicyStatus {
@@ -414,8 +436,8 @@ mod tests {
     #[test]
     fn same_observation_twice_is_a_no_op() {
         let o = all(ComplianceState::Compliant, "fine");
-        let s1 = next_status(None, &o, "2026-01-01T00:00:00Z", 0, "r1");
-        let s2 = next_status(Some(&s1), &o, "2026-01-01T00:05:00Z", 0, "r1");
+        let s1 = next_status(None, &o, "2026-01-01T00:00:00Z", 0, "r1", true);
+        let s2 = next_status(Some(&s1), &o, "2026-01-01T00:05:00Z", 0, "r1", true);
         assert_eq!(s1, s2);
         assert_eq!(s1.compliant, Some(ComplianceState::Compliant));
         assert_eq!(s1.concerns.len(), 4);
@@ -423,10 +445,32 @@ mod tests {
     }
 
     #[test]
+    fn ready_on_a_revision_since_the_first_report_that_found_it_so() {
+        let ok = all(ComplianceState::Compliant, "fine");
+        let s1 = next_status(None, &ok, "t1", 0, "r1", false);
+        assert_eq!(
+            s1.revision_ready_since, None,
+            "its Deployment has not rolled out"
+        );
+        let s2 = next_status(Some(&s1), &ok, "t2", 0, "r1", true);
+        let s3 = next_status(Some(&s2), &ok, "t3", 0, "r1", true);
+        assert_eq!(s3.revision_ready_since.as_deref(), Some("t2"));
+        let s4 = next_status(Some(&s3), &ok, "t4", 0, "r2", true);
+        assert_eq!(
+            s4.revision_ready_since.as_deref(),
+            Some("t4"),
+            "a new revision starts again"
+        );
+        let bad = all(ComplianceState::NonCompliant, "down");
+        let s5 = next_status(Some(&s4), &bad, "t5", 0, "r2", true);
+        assert_eq!(s5.revision_ready_since, None);
+    }
+
+    #[test]
     fn drift_repairs_add_up_across_reconciles() {
         let o = all(ComplianceState::Compliant, "fine");
-        let s1 = next_status(None, &o, "t1", 2, "r");
-        let s2 = next_status(Some(&s1), &o, "t2", 3, "r");
+        let s1 = next_status(None, &o, "t1", 2, "r", true);
+        let s2 = next_status(Some(&s1), &o, "t2", 3, "r", true);
         assert_eq!((s1.drift_repairs, s2.drift_repairs), (2, 5));
     }
 
@@ -441,6 +485,7 @@ mod tests {
                 &format!("2026-01-01T00:00:{i:02}Z"),
                 0,
                 "r",
+                true,
             ));
         }
         let s = s.expect("status");
@@ -454,7 +499,7 @@ mod tests {
     #[test]
     fn the_record_keeps_pending_whatever_acms_crd_says() {
         let o = all(ComplianceState::Pending, "waiting");
-        let s = next_status(None, &o, "t", 0, "r");
+        let s = next_status(None, &o, "t", 0, "r", true);
         assert_eq!(s.compliant, Some(ComplianceState::Pending));
     }
 
@@ -481,7 +526,7 @@ mod tests {
             "clusters-c".into(),
             row("c", ComplianceState::Pending, "admission-service: waiting"),
         );
-        let s = evaluate_template(&rows, true);
+        let s = evaluate_template(&rows, true, None);
         assert_eq!(s.compliant, Some(ComplianceState::NonCompliant));
         assert_eq!(
             s.message.as_deref(),
@@ -506,7 +551,7 @@ mod tests {
         );
 
         rows.remove("clusters-b");
-        let s = evaluate_template(&rows, true);
+        let s = evaluate_template(&rows, true, None);
         assert_eq!(s.compliant, Some(ComplianceState::Pending));
         assert!(
             s.message
@@ -514,7 +559,7 @@ mod tests {
                 .is_some_and(|m| m.starts_with("Pending; notification - "))
         );
         // A hub whose Policy CRD predates Pending gets NonCompliant.
-        let s = evaluate_template(&rows, false);
+        let s = evaluate_template(&rows, false, None);
         assert_eq!(s.compliant, Some(ComplianceState::NonCompliant));
         assert!(
             s.message
@@ -523,13 +568,26 @@ mod tests {
         );
 
         rows.remove("clusters-c");
-        let s = evaluate_template(&rows, true);
+        let s = evaluate_template(&rows, true, None);
         assert_eq!(
             s.message.as_deref(),
             Some("Compliant; notification - 1 of 1 hosted cluster(s) compliant")
         );
-        let s = evaluate_template(&BTreeMap::new(), true);
+        let s = evaluate_template(&BTreeMap::new(), true, None);
         assert_eq!(s.compliant, Some(ComplianceState::Compliant));
+        // A halted rollout reaches the hub even when every cluster is back and Compliant.
+        let s = evaluate_template(
+            &rows,
+            true,
+            Some("revision abc halted in canary: clusters-a: probe denied"),
+        );
+        assert_eq!(s.compliant, Some(ComplianceState::NonCompliant));
+        assert_eq!(
+            s.message.as_deref(),
+            Some(
+                "NonCompliant; violation - rollout halted: revision abc halted in canary: clusters-a: probe denied; 1 of 1 hosted cluster(s) compliant"
+            )
+        );
     }
 
     #[test]
@@ -578,7 +636,7 @@ mod tests {
                 )
             })
             .collect();
-        let s = evaluate_template(&rows, true);
+        let s = evaluate_template(&rows, true, None);
         // One object still, with room to spare under etcd's 1.5 MiB, even with every row
         // failing at length (the row reasons are cut; the records keep them whole).
         let long: BTreeMap<String, RollupRow> = (0..1000)
@@ -594,7 +652,7 @@ mod tests {
                 )
             })
             .collect();
-        let size = serde_json::to_vec(&evaluate_template(&long, true))
+        let size = serde_json::to_vec(&evaluate_template(&long, true, None))
             .expect("json")
             .len();
         assert!(size < 600 * 1024, "{size} bytes");
@@ -605,7 +663,7 @@ mod tests {
                 (format!("clusters-{name}"), r)
             })
             .collect();
-        let size = serde_json::to_vec(&evaluate_template(&fine, true))
+        let size = serde_json::to_vec(&evaluate_template(&fine, true, None))
             .expect("json")
             .len();
         assert!(size < 300 * 1024, "{size} bytes");
@@ -635,11 +693,11 @@ mod tests {
     #[test]
     fn new_entries_are_only_the_changes() {
         let a = all(ComplianceState::Compliant, "fine");
-        let s1 = next_status(None, &a, "t1", 0, "r");
+        let s1 = next_status(None, &a, "t1", 0, "r", true);
         assert_eq!(new_entries(None, &s1).len(), 4);
         let mut b = a.clone();
         b.insert(Concern::HostedWebhooks, Observation::violation("down"));
-        let s2 = next_status(Some(&s1), &b, "t2", 0, "r");
+        let s2 = next_status(Some(&s1), &b, "t2", 0, "r", true);
         let e = new_entries(Some(&s1), &s2);
         assert_eq!(
             e,
@@ -656,7 +714,7 @@ mod tests {
     fn status_never_holds_empty_strings() {
         // The test bed (and some API servers) turn "" into null in status merge patches.
         let o = all(ComplianceState::Compliant, "fine");
-        let s = next_status(None, &o, "2026-01-01T00:00:00Z", 0, "r");
+        let s = next_status(None, &o, "2026-01-01T00:00:00Z", 0, "r", true);
         let text = serde_json::to_string(&s).expect("json");
         assert!(!text.contains("\"\""), "{text}");
     }

@@ -18,6 +18,8 @@ pub struct FleetRow {
     pub concerns: Vec<String>,
     pub drift_repairs: u64,
     pub last_change: String,
+    /// The revision it was last reconciled to.
+    pub revision: String,
 }
 
 /// A row from one health record.
@@ -48,7 +50,55 @@ pub fn row(h: &AdmissionHealth) -> FleetRow {
         concerns: Concern::ALL.iter().map(|c| of(c.template_name())).collect(),
         drift_repairs: st.drift_repairs,
         last_change,
+        revision: st.revision.clone().unwrap_or_else(|| "-".into()),
     }
+}
+
+/// How many hosted clusters run each revision, most first: `revisions: a 998, b 2`.
+pub fn revisions(rows: &[FleetRow]) -> String {
+    let mut by: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    for r in rows {
+        *by.entry(r.revision.as_str()).or_default() += 1;
+    }
+    let mut v: Vec<(&str, usize)> = by.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let parts: Vec<String> = v.iter().map(|(r, n)| format!("{r} {n}")).collect();
+    format!("revisions: {}", parts.join(", "))
+}
+
+/// The rollout's line and one line per override (the agent's CRDs may be absent: nothing then).
+async fn rollout_lines(client: &Client) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Ok(list) = Api::<crate::crd::rollout::AdmissionRollout>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        for r in list.items {
+            let st = r.status.unwrap_or_default();
+            out.push(format!("rollout: {}: {}", st.phase.as_str(), st.message));
+        }
+    }
+    if let Ok(list) = Api::<crate::crd::rollout::HostedAdmissionOverride>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        for o in list.items {
+            let st = o.status.clone().unwrap_or_default();
+            out.push(format!(
+                "override {}/{}: accepted {}: {}{}",
+                o.namespace().unwrap_or_default(),
+                o.name_any(),
+                st.accepted.as_deref().unwrap_or("-"),
+                st.message,
+                o.spec
+                    .reason
+                    .as_deref()
+                    .map(|r| format!(" (reason: {r})"))
+                    .unwrap_or_default()
+            ));
+        }
+    }
+    out
 }
 
 const HEADERS: [&str; 8] = [
@@ -189,6 +239,10 @@ pub struct StatusArgs {
     /// Only the hosted clusters that are not Compliant (the summary line still counts all).
     #[arg(long)]
     pub problems: bool,
+    /// Also how many hosted clusters run each revision, the rollout's phase and why, and every
+    /// HostedAdmissionOverride with whether it was accepted.
+    #[arg(long)]
+    pub rollout: bool,
 }
 
 pub async fn run(args: StatusArgs) -> ExitCode {
@@ -206,9 +260,16 @@ pub async fn run(args: StatusArgs) -> ExitCode {
         }
         Ok(rows) => {
             let total = summary(&rows);
+            let rows_all = rows.clone();
             let shown = select(rows, args.problems);
             if !shown.is_empty() {
                 print!("{}", render_table(&shown));
+            }
+            if args.rollout {
+                println!("{}", revisions(&rows_all));
+                for line in rollout_lines(&client).await {
+                    println!("{line}");
+                }
             }
             println!("{total}");
             ExitCode::SUCCESS
@@ -239,7 +300,14 @@ mod tests {
             .map(|c| (*c, Observation::compliant("ok")))
             .collect();
         obs.insert(Concern::HostedWebhooks, Observation::violation("no answer"));
-        p.status = Some(next_status(None, &obs, "2026-11-22T10:00:00Z", 3, "r"));
+        p.status = Some(next_status(
+            None,
+            &obs,
+            "2026-11-22T10:00:00Z",
+            3,
+            "r",
+            true,
+        ));
         let r = row(&p);
         assert_eq!(r.cluster, "hc-1");
         assert_eq!(r.compliant, "NonCompliant");
@@ -264,7 +332,18 @@ mod tests {
             concerns: vec![compliant.into(); 4],
             drift_repairs: 12,
             last_change: "2026-11-22T10:00:00Z".into(),
+            revision: if compliant == "Compliant" { "r1" } else { "r0" }.into(),
         }
+    }
+
+    #[test]
+    fn revisions_count_the_fleet_most_first() {
+        let rows = vec![
+            fleet_row("a", "Compliant"),
+            fleet_row("b", "NonCompliant"),
+            fleet_row("c", "Compliant"),
+        ];
+        assert_eq!(revisions(&rows), "revisions: r1 2, r0 1");
     }
 
     /// Where each column starts on a line: after every run of two or more spaces.

@@ -240,15 +240,31 @@ pub fn spawn_elected_agent(
     // The test bed's configuration, beside the kubeconfig (which outlives the agent).
     let config = kubeconfig.with_file_name(format!("agent-{name}-{port}.yaml"));
     std::fs::write(&config, hcp_fleet_agent::localcp::agent_config_yaml()).expect("config");
+    spawn_elected_agent_with(name, kubeconfig, namespace, lease_seconds, &config, port)
+}
+
+/// `spawn_elected_agent` reading its configuration from `config` (which the test may rewrite:
+/// the leader re-reads it) with its metrics on `port`.
+pub fn spawn_elected_agent_with(
+    name: &str,
+    kubeconfig: &Path,
+    namespace: &str,
+    lease_seconds: Option<u64>,
+    config: &Path,
+    port: u16,
+) -> (KillOnDrop, std::net::SocketAddr) {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"));
     cmd.args(["agent", "--local-mode", "--leader-elect"])
         .arg("--config")
-        .arg(&config)
+        .arg(config)
         .args(["--namespace", namespace])
         .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
         .env("KUBECONFIG", kubeconfig)
         .env("POD_NAME", name)
-        .env("RUST_LOG", "warn");
+        .env(
+            "RUST_LOG",
+            std::env::var("AGENT_LOG").unwrap_or_else(|_| "warn".into()),
+        );
     if let Some(s) = lease_seconds {
         cmd.args(["--lease-duration-seconds", &s.to_string()]);
     }

@@ -98,6 +98,8 @@ pub struct AdmissionService {
 
 /// Applies the admission service where it differs from the rendering; returns the
 /// Deployment as the server has it now.
+// The HCP's inputs, one by one: a struct for one caller would only rename them.
+#[allow(clippy::too_many_arguments)]
 pub async fn ensure(
     ctx: &Context,
     cfg: &AgentConfig,
@@ -106,6 +108,7 @@ pub async fn ensure(
     owner: Option<OwnerReference>,
     certs: &CertBundle,
     scheduling: &Scheduling,
+    revision: &str,
 ) -> Result<AdmissionService, Failure> {
     let objs = management::render(
         cfg,
@@ -117,6 +120,7 @@ pub async fn ensure(
             pdb_api: ctx.caps.pdb_api,
             scheduling,
             monitoring: ctx.caps.monitoring(cfg.admission.service_monitor.api_group),
+            revision: Some(revision),
         },
     )
     .map_err(Failure::RenderAdmission)?;

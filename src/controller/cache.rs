@@ -36,6 +36,8 @@ pub struct Caches {
     pub pdbs: Option<Store<DynamicObject>>,
     /// The health records (where their CRD is installed): read before each report.
     pub health: Option<Store<crate::crd::AdmissionHealth>>,
+    /// The HostedAdmissionOverrides (where their CRD is installed).
+    pub overrides: Option<Store<crate::crd::rollout::HostedAdmissionOverride>>,
 }
 
 /// What this agent last knew of one object, from its own reads and writes.

@@ -120,6 +120,10 @@ pub struct Context {
     pub(super) recorder: Recorder,
     /// The watch stores of the agent's own management objects (filled by `run`).
     caches: RwLock<super::cache::Caches>,
+    /// The rollout as last read or written (`rollout.rs`): which revision each HCP runs.
+    rollout: RwLock<Arc<super::rollout::RolloutView>>,
+    /// Why the rollout is halted, while it is (the fleet report says so).
+    rollout_halt: Mutex<Option<String>>,
 }
 
 /// The metric labels of one hosted cluster.
@@ -163,15 +167,34 @@ impl Context {
             management_identity: tokio::sync::OnceCell::new(),
             recorder,
             caches: RwLock::default(),
+            rollout: RwLock::default(),
+            rollout_halt: Mutex::new(None),
         });
         (ctx, rx)
     }
 
-    /// The revision of what the agent rolls out to every HCP: a stable hash of its version and
-    /// the configuration in force (so it changes on reload, never on a certificate renewal).
-    pub fn revision(&self) -> String {
-        let cfg = serde_json::to_vec(&*self.config()).unwrap_or_default();
-        crate::compare::stable_hash(&[env!("CARGO_PKG_VERSION").as_bytes(), &cfg])
+    pub(super) fn rollout_view(&self) -> Arc<super::rollout::RolloutView> {
+        self.rollout
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(super) fn set_rollout_view(&self, view: super::rollout::RolloutView) {
+        *self.rollout.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(view);
+    }
+
+    /// Why the rollout is halted, while it is.
+    pub(super) fn rollout_halt(&self) -> Option<String> {
+        lock(&self.rollout_halt).clone()
+    }
+
+    /// Sets it; `true` when it changed.
+    pub(super) fn set_rollout_halt(&self, halt: Option<String>) -> bool {
+        let mut h = lock(&self.rollout_halt);
+        let changed = *h != halt;
+        *h = halt;
+        changed
     }
 
     /// The watch stores (empty until the controller runs: every read then goes to the server).

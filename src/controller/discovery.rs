@@ -14,6 +14,8 @@ use crate::management::PdbApi;
 const POLICY_CRD: &str = "policies.policy.open-cluster-management.io";
 pub const HEALTH_CRD: &str = "admissionhealths.hcp-fleet.openshift.io";
 pub const TEMPLATE_CRD: &str = "admissionhealthpolicies.hcp-fleet.openshift.io";
+pub const ROLLOUT_CRD: &str = "admissionrollouts.hcp-fleet.openshift.io";
+pub const OVERRIDE_CRD: &str = "hostedadmissionoverrides.hcp-fleet.openshift.io";
 
 #[derive(Debug, Clone, Copy)]
 pub struct Capabilities {
@@ -26,6 +28,11 @@ pub struct Capabilities {
     pub template_crd: bool,
     /// Which monitoring API groups (`MonitoringApi::GROUPS`) serve ServiceMonitors.
     pub monitoring_served: [bool; 2],
+    /// `admissionrollouts.hcp-fleet.openshift.io`: without it, a new revision reaches every
+    /// HCP at once (nowhere to keep the rollout's state).
+    pub rollout_crd: bool,
+    /// `hostedadmissionoverrides.hcp-fleet.openshift.io`: without it, no overrides.
+    pub override_crd: bool,
 }
 
 impl Capabilities {
@@ -91,6 +98,8 @@ pub async fn discover(client: &Client) -> Capabilities {
         health_crd: read(HEALTH_CRD).await.is_some(),
         template_crd: read(TEMPLATE_CRD).await.is_some(),
         monitoring_served,
+        rollout_crd: read(ROLLOUT_CRD).await.is_some(),
+        override_crd: read(OVERRIDE_CRD).await.is_some(),
     }
 }
 

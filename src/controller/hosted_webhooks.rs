@@ -54,6 +54,7 @@ pub async fn ensure(
     cluster: &str,
     hosted: &HostedClient,
     ca_bundle: &str,
+    revision: &str,
 ) -> Result<Installed, Failure> {
     let url_base = ctx.endpoints.url_base(&ctx.client, cfg, ns).await;
     // Installing what HyperShift deletes at once would be a fight counted as drift forever.
@@ -70,7 +71,8 @@ pub async fn ensure(
     }
     let features = hosted.features().await;
     let mut desired = webhooks::render(cfg, ns, &url_base, ca_bundle, features)
-        .map_err(Failure::RenderWebhooks)?;
+        .map_err(Failure::RenderWebhooks)?
+        .annotated(crate::rollout::REVISION_ANNOTATION, revision);
     // Hosted access has confirmed the claim (and read the management identity) first.
     if let Some(uid) = ctx.management_uid() {
         desired = desired.claimed(&webhooks::claim_value(&uid, ns));

@@ -13,6 +13,7 @@
 //! | `hosted_webhooks` | phases 5-6: webhook configurations in the hosted cluster |
 //! | `probe` | phase 7: the end-to-end probe and its periodic task |
 //! | `report` | AdmissionHealth status, history, Events; ACM's templates and their compliance Events |
+//! | `rollout` | the progressive rollout's loop (`AdmissionRollout`); which revision and override an HCP runs |
 //! | `trust` | the hosted caBundle trusts whatever any replica serves (trust first, retire last) |
 //! | `watches` | drift watch per hosted cluster, HCP deletion watch |
 //! | `apply` | server-side apply, apply-if-changed, apply-and-prune |
@@ -32,6 +33,7 @@ mod hosted_webhooks;
 mod probe;
 mod reconcile;
 mod report;
+mod rollout;
 mod trust;
 mod watches;
 
@@ -52,6 +54,7 @@ pub use discovery::{Capabilities, discover};
 pub use endpoints::{AdmissionEndpoints, InCluster};
 pub use error::{Failure, Phase, ReconcileError};
 pub use reconcile::{backoff, error_policy, reconcile};
+pub use rollout::RolloutView;
 pub use trust::installed_trust;
 
 use crate::config::MonitoringApi;
@@ -163,17 +166,43 @@ pub async fn run(
                 .for_each(|_| futures::future::ready(())),
         ))
     });
+    // An override changes what its HCP runs: reconcile that HCP.
+    let overrides = ctx.caps.override_crd.then(|| {
+        let (reader, writer) = kube::runtime::reflector::store();
+        caches.overrides = Some(reader);
+        let api = Api::<crate::crd::rollout::HostedAdmissionOverride>::all(ctx.client.clone());
+        reflected(api, watcher::Config::default(), writer, |_| {}).touched_objects()
+    });
+    if !ctx.caps.override_crd {
+        warn!(
+            "the HostedAdmissionOverride CRD ({}) is not installed; no per-HCP overrides",
+            discovery::OVERRIDE_CRD
+        );
+    }
     ctx.set_caches(caches);
-    controller
-        .watches_stream(kubeconfigs, move |s: Secret| {
-            let ns = s.namespace();
+    // Before the first reconcile: a restarted agent hands out what the rollout says.
+    rollout::init(&ctx).await;
+    let _rollout = ctx
+        .caps
+        .rollout_crd
+        .then(|| AbortOnDrop(tokio::spawn(rollout::run(ctx.clone(), store.clone()))));
+    let in_namespace = {
+        let store = store.clone();
+        move |ns: Option<String>| {
             store
                 .state()
                 .iter()
                 .filter(|h| h.namespace() == ns)
                 .map(|h| ObjectRef::from_obj(h.as_ref()))
                 .collect::<Vec<_>>()
-        })
+        }
+    };
+    if let Some(overrides) = overrides {
+        let in_namespace = in_namespace.clone();
+        controller = controller.watches_stream(overrides, move |o| in_namespace(o.namespace()));
+    }
+    controller
+        .watches_stream(kubeconfigs, move |s: Secret| in_namespace(s.namespace()))
         .reconcile_on(receiver_stream(requeue))
         .reconcile_all_on(receiver_stream(reload))
         .with_config(kube::runtime::controller::Config::default().concurrency(cfg.concurrency))
@@ -257,6 +286,8 @@ mod tests {
             health_crd: false,
             template_crd: false,
             monitoring_served: [false; 2],
+            rollout_crd: false,
+            override_crd: false,
         };
         let opts = RunOptions {
             agent_namespace: "agent".into(),
@@ -280,16 +311,25 @@ mod tests {
             .collect()
     }
 
+    fn pass(obs: &Observations) -> report::Pass<'_> {
+        report::Pass {
+            obs,
+            drift_repaired: 0,
+            revision: "r",
+            rolled_out: true,
+        }
+    }
+
     #[tokio::test]
     async fn a_late_report_never_resurrects_a_deleted_hcp() {
         let ctx = test_context();
         ctx.tombstone("uid-1".into());
         let (ns, hc) = ("clusters-hc-1", "hc-1");
-        report::report(&ctx, &hcp("uid-1"), ns, hc, &all_compliant(), 0).await;
+        report::report(&ctx, &hcp("uid-1"), ns, hc, &pass(&all_compliant())).await;
         assert!(ctx.rollup_rows().is_empty());
         assert!(!ctx.metrics.encode().contains("clusters-hc-1"));
         // A recreated HCP (new UID) in the same namespace is reported normally.
-        report::report(&ctx, &hcp("uid-2"), ns, hc, &all_compliant(), 0).await;
+        report::report(&ctx, &hcp("uid-2"), ns, hc, &pass(&all_compliant())).await;
         assert_eq!(ctx.rollup_rows().len(), 1);
     }
 

@@ -13,12 +13,13 @@ use tracing::{info, instrument, warn};
 use super::context::{Context, hcp_labels};
 use super::error::{Failure, ReconcileError};
 use super::{
-    admission_service, certificates, hosted_access, hosted_webhooks, probe, report, trust,
+    admission_service, certificates, hosted_access, hosted_webhooks, probe, report, rollout, trust,
 };
 use crate::crd::hostedcontrolplane::Pause;
 use crate::crd::{ComplianceState, HostedControlPlane};
 use crate::management::deployment_available;
 use crate::metrics::PhaseLabels;
+use crate::overrides::Resolved;
 use crate::reporting::{Concern, Observation, Observations};
 
 /// What one pass found: an observation per concern reached, the drift it repaired, and how it
@@ -26,6 +27,8 @@ use crate::reporting::{Concern, Observation, Observations};
 struct Outcome {
     observations: Observations,
     drift_repaired: u64,
+    /// Whether the admission Deployment had fully rolled out to its current spec.
+    rolled_out: bool,
     result: Result<Action, ReconcileError>,
 }
 
@@ -38,14 +41,28 @@ pub async fn reconcile(
     // HyperShift names the HCP after its HostedCluster.
     let cluster = hcp.name_any();
     let started = Instant::now();
-    let mut outcome = match hcp.pause(jiff::Timestamp::now()) {
-        Pause::Off => run_phases(&ctx, &hcp, &ns, &cluster).await,
+    // What this HCP runs: the revision the rollout gives it (or its pin), its override applied.
+    let resolved = ctx.resolve(&ns);
+    let overrides = ctx.overrides_in(&ns);
+    if !overrides.is_empty() || resolved.verdict.is_some() {
+        rollout::report_overrides(&ctx, &ns, &cluster, &overrides, &resolved).await;
+    }
+    let now = jiff::Timestamp::now();
+    let by_override = || {
+        format!(
+            "HostedAdmissionOverride {}",
+            overrides.first().map(|o| o.name_any()).unwrap_or_default()
+        )
+    };
+    let mut outcome = match hcp.pause(now) {
+        Pause::Indefinite => paused(&ctx, &ns, hcp.paused_by(now), None),
+        Pause::Until(t) => paused(&ctx, &ns, hcp.paused_by(now), Some(t)),
+        _ if resolved.paused => paused(&ctx, &ns, by_override(), None),
+        Pause::Off => run_phases(&ctx, &hcp, &ns, &cluster, &resolved).await,
         Pause::Invalid(why) => {
             warn!(reason = %why, "pause annotation ignored");
-            run_phases(&ctx, &hcp, &ns, &cluster).await
+            run_phases(&ctx, &hcp, &ns, &cluster, &resolved).await
         }
-        Pause::Indefinite => paused(&ctx, &ns, &hcp, None),
-        Pause::Until(t) => paused(&ctx, &ns, &hcp, Some(t)),
     };
     // Phases are gated: what a pass did not reach is unknown now, never its old verdict.
     for c in Concern::ALL {
@@ -68,8 +85,12 @@ pub async fn reconcile(
         &hcp,
         &ns,
         &cluster,
-        &outcome.observations,
-        outcome.drift_repaired,
+        &report::Pass {
+            obs: &outcome.observations,
+            drift_repaired: outcome.drift_repaired,
+            revision: &resolved.revision,
+            rolled_out: outcome.rolled_out,
+        },
     )
     .await;
     ctx.metrics
@@ -91,10 +112,18 @@ fn owner(hcp: &HostedControlPlane) -> Option<OwnerReference> {
 /// is looked at again daily, so a clock step or a lost timer cannot postpone it for long.
 const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
 
-async fn run_phases(ctx: &Context, hcp: &HostedControlPlane, ns: &str, cluster: &str) -> Outcome {
-    let cfg = ctx.config();
+async fn run_phases(
+    ctx: &Context,
+    hcp: &HostedControlPlane,
+    ns: &str,
+    cluster: &str,
+    resolved: &Resolved,
+) -> Outcome {
+    let cfg = &resolved.config;
+    let revision = resolved.revision.as_str();
     let mut seen = Observations::new();
     let mut drift_repaired = 0;
+    let mut rolled_out = false;
     let result: Result<Action, Failure> = async {
         // 1. Discovery: a ready HCP with its kubeconfig published.
         if !hcp.is_ready() {
@@ -103,11 +132,11 @@ async fn run_phases(ctx: &Context, hcp: &HostedControlPlane, ns: &str, cluster: 
             return Ok(Action::await_change());
         }
         // 2. Certificates. 3. The admission service, gated on its Deployment.
-        let certs = certificates::ensure(ctx, &cfg, ns, cluster).await?;
+        let certs = certificates::ensure(ctx, cfg, ns, cluster).await?;
         // Trust first: a new certificate reaches the replicas only once the hosted side
         // trusts its CA.
         let mut hosted_drift = if certs.serving_changes {
-            trust::pre_trust(ctx, &cfg, ns, cluster, &certs.bundle).await?
+            trust::pre_trust(ctx, cfg, ns, cluster, &certs.bundle, revision).await?
         } else {
             Vec::new()
         };
@@ -117,15 +146,17 @@ async fn run_phases(ctx: &Context, hcp: &HostedControlPlane, ns: &str, cluster: 
         }
         let service = admission_service::ensure(
             ctx,
-            &cfg,
+            cfg,
             ns,
             cluster,
             owner(hcp),
             &certs.bundle,
             &scheduling,
+            revision,
         )
         .await?;
         let deployment = service.deployment;
+        rolled_out = crate::management::deployment_rolled_out(&deployment);
         let management_drift = service.drift;
         drift_repaired = management_drift.len() as u64;
         let valid_until = format!("serving certificate valid until {}", certs.expires);
@@ -143,7 +174,7 @@ async fn run_phases(ctx: &Context, hcp: &HostedControlPlane, ns: &str, cluster: 
             let status = deployment.status.as_ref();
             return Err(Failure::AdmissionDown {
                 ready: status.and_then(|s| s.ready_replicas).unwrap_or(0),
-                want: crate::management::replicas(&cfg, &scheduling),
+                want: crate::management::replicas(cfg, &scheduling),
             });
         }
         if !available {
@@ -161,7 +192,7 @@ async fn run_phases(ctx: &Context, hcp: &HostedControlPlane, ns: &str, cluster: 
         let mut available = format!(
             "Deployment available ({}/{} replicas)",
             ready.unwrap_or(0),
-            crate::management::replicas(&cfg, &scheduling)
+            crate::management::replicas(cfg, &scheduling)
         );
         if !scheduling.ignored.is_empty() {
             available.push_str(&format!(
@@ -174,12 +205,13 @@ async fn run_phases(ctx: &Context, hcp: &HostedControlPlane, ns: &str, cluster: 
         }
         seen.insert(Concern::AdmissionService, Observation::compliant(available));
         // 4. Hosted access. 5-6. Webhook configurations there, kept from drifting.
-        let hosted = hosted_access::connect(ctx, &cfg, ns, cluster).await?;
+        let hosted = hosted_access::connect(ctx, cfg, ns, cluster).await?;
         // Retire last: the previous CA leaves the caBundle once every replica serves the new
         // certificate.
         let (bundle, settled) =
-            trust::hosted_bundle(ctx, &cfg, ns, &hosted, &certs.bundle).await?;
-        let installed = hosted_webhooks::ensure(ctx, &cfg, ns, cluster, &hosted, &bundle).await?;
+            trust::hosted_bundle(ctx, cfg, ns, &hosted, &certs.bundle).await?;
+        let installed =
+            hosted_webhooks::ensure(ctx, cfg, ns, cluster, &hosted, &bundle, revision).await?;
         hosted_drift.extend(installed.drift);
         drift_repaired += hosted_drift.len() as u64;
         let mut webhooks = if hosted_drift.is_empty() {
@@ -270,6 +302,7 @@ async fn run_phases(ctx: &Context, hcp: &HostedControlPlane, ns: &str, cluster: 
     Outcome {
         observations: seen,
         drift_repaired,
+        rolled_out,
         result,
     }
 }
@@ -277,14 +310,8 @@ async fn run_phases(ctx: &Context, hcp: &HostedControlPlane, ns: &str, cluster: 
 /// A paused HCP: its drift watch and probe stop, nothing is applied, and the report says so
 /// (every concern Pending, so no NonCompliant alert fires for a deliberate pause). Removing
 /// the annotation is an HCP change and resumes it; a pause with a time ends by itself.
-fn paused(
-    ctx: &Context,
-    ns: &str,
-    hcp: &HostedControlPlane,
-    until: Option<jiff::Timestamp>,
-) -> Outcome {
+fn paused(ctx: &Context, ns: &str, by: String, until: Option<jiff::Timestamp>) -> Outcome {
     ctx.with_hcp(ns, |s| s.watch = None);
-    let by = hcp.paused_by(jiff::Timestamp::now());
     let why = match until {
         Some(t) => format!(
             "paused by {by} until {}; the agent changes nothing for this HCP",
@@ -306,6 +333,7 @@ fn paused(
             .into_iter()
             .collect(),
         drift_repaired: 0,
+        rolled_out: false,
         result: Ok(action),
     }
 }

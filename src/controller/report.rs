@@ -33,14 +33,24 @@ fn now_rfc3339() -> String {
 
 /// Reports one reconcile's observations: the compliance gauge and fleet row at once, then
 /// the health record (where its CRD is installed).
+/// What one reconcile found, for its report.
+pub struct Pass<'a> {
+    pub obs: &'a Observations,
+    pub drift_repaired: u64,
+    /// The revision it reconciled the HCP to.
+    pub revision: &'a str,
+    /// Whether the admission Deployment had fully rolled out to its current spec.
+    pub rolled_out: bool,
+}
+
 pub async fn report(
     ctx: &Context,
     hcp: &HostedControlPlane,
     ns: &str,
     cluster: &str,
-    obs: &Observations,
-    drift_repaired: u64,
+    pass: &Pass<'_>,
 ) {
+    let obs = pass.obs;
     let row = reporting::rollup_row(cluster, obs);
     let gauge = match row.state {
         ComplianceState::Compliant => 0,
@@ -58,6 +68,7 @@ pub async fn report(
             .compliance
             .get_or_create(&hcp_labels(ns, cluster))
             .set(gauge);
+        ctx.metrics.set_revision(ns, cluster, Some(pass.revision));
         let state = hcps.entry(ns.to_string()).or_default();
         if state.rollup.as_ref() != Some(&row) {
             state.rollup = Some(row);
@@ -68,7 +79,7 @@ pub async fn report(
     if !ctx.caps.health_crd {
         return;
     }
-    if let Err(e) = write_health(ctx, hcp, ns, cluster, obs, drift_repaired).await {
+    if let Err(e) = write_health(ctx, hcp, ns, cluster, pass).await {
         warn!(error = %e, "writing the AdmissionHealth record failed");
     }
 }
@@ -78,8 +89,7 @@ async fn write_health(
     hcp: &HostedControlPlane,
     ns: &str,
     cluster: &str,
-    obs: &Observations,
-    drift_repaired: u64,
+    pass: &Pass<'_>,
 ) -> Result<(), kube::Error> {
     let api: Api<AdmissionHealth> = Api::namespaced(ctx.client.clone(), ns);
     let mut desired = reporting::render_health(ns, cluster);
@@ -108,16 +118,21 @@ async fn write_health(
     };
     let next = reporting::next_status(
         current.status.as_ref(),
-        obs,
+        pass.obs,
         &now_rfc3339(),
-        drift_repaired,
-        &ctx.revision(),
+        pass.drift_repaired,
+        pass.revision,
+        pass.rolled_out,
     );
     if current.status.as_ref() == Some(&next) {
         return Ok(());
     }
-    // The status is entirely the agent's; a merge patch replaces its arrays whole.
-    let patch = serde_json::json!({ "status": next });
+    // The status is entirely the agent's; a merge patch replaces its arrays whole, and a field
+    // now absent must be sent as null to go.
+    let mut patch = serde_json::json!({ "status": next });
+    if next.revision_ready_since.is_none() {
+        patch["status"]["revisionReadySince"] = serde_json::Value::Null;
+    }
     let written = api
         .patch_status(
             reporting::HEALTH_NAME,
@@ -201,7 +216,8 @@ pub async fn template_reporter(ctx: Arc<Context>) {
             return;
         }
         let rows: BTreeMap<String, RollupRow> = ctx.rollup_rows();
-        let want = reporting::evaluate_template(&rows, ctx.caps.pending_supported);
+        let halt = ctx.rollout_halt();
+        let want = reporting::evaluate_template(&rows, ctx.caps.pending_supported, halt.as_deref());
         let mut retry = false;
         for t in templates.state() {
             let key = (t.namespace().unwrap_or_default(), t.name_any());

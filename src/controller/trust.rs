@@ -67,6 +67,7 @@ pub async fn pre_trust(
     ns: &str,
     cluster: &str,
     certs: &CertBundle,
+    revision: &str,
 ) -> Result<Vec<String>, Failure> {
     let held = |f: Failure| Failure::TrustFirst(Box::new(f));
     let store = ctx.caches().deployments;
@@ -109,7 +110,7 @@ pub async fn pre_trust(
     }
     info!("adding the new CA to the hosted caBundle before the new certificate is served");
     let widened = union_bundle(&want, &installed);
-    let done = hosted_webhooks::ensure(ctx, cfg, ns, cluster, &hosted, &widened)
+    let done = hosted_webhooks::ensure(ctx, cfg, ns, cluster, &hosted, &widened, revision)
         .await
         .map_err(held)?;
     Ok(done.drift)

@@ -57,9 +57,15 @@ pub struct AdmissionHealthStatus {
     /// Drift repairs on this hosted cluster so far (kept across agent restarts).
     #[serde(default)]
     pub drift_repairs: u64,
-    /// Hash of what the agent rolls out to this HCP (agent version and configuration).
+    /// The revision this HCP was last reconciled to (the content hash of the admission image
+    /// and settings and the webhook definitions; `status` and the rollout read it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision: Option<String>,
+    /// Since when (RFC 3339) this HCP has been on `revision` with its Deployment fully rolled
+    /// out and every concern Compliant; absent while it is not. The rollout's soak time runs
+    /// from here, so it survives an agent restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision_ready_since: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -157,7 +163,7 @@ pub struct ObjectMeta {
     pub namespace: String,
 }
 
-/// The two CRDs as the chart ships them (`templates/crds.yaml`), the template kind labelled
+/// The agent's CRDs as the chart ships them (`templates/crds.yaml`), the template kind labelled
 /// for ACM's framework addon.
 pub fn crds() -> Vec<serde_json::Value> {
     let mut template = serde_json::to_value(AdmissionHealthPolicy::crd()).unwrap_or_default();
@@ -165,6 +171,8 @@ pub fn crds() -> Vec<serde_json::Value> {
     let mut crds = vec![
         serde_json::to_value(AdmissionHealth::crd()).unwrap_or_default(),
         template,
+        serde_json::to_value(super::rollout::AdmissionRollout::crd()).unwrap_or_default(),
+        serde_json::to_value(super::rollout::HostedAdmissionOverride::crd()).unwrap_or_default(),
     ];
     crds.iter_mut().for_each(normalize_schema);
     crds
@@ -215,7 +223,7 @@ mod tests {
     #[test]
     fn the_template_crd_carries_acms_label_and_both_have_status() {
         let crds = crds();
-        assert_eq!(crds.len(), 2);
+        assert_eq!(crds.len(), 4);
         assert_eq!(
             crds[0]["metadata"]["name"],
             "admissionhealths.hcp-fleet.openshift.io"
@@ -224,7 +232,7 @@ mod tests {
             crds[1]["metadata"]["labels"][ACM_POLICY_TYPE_LABEL],
             "template"
         );
-        for crd in &crds {
+        for crd in &crds[..2] {
             let v = &crd["spec"]["versions"][0];
             assert_eq!(v["subresources"]["status"], serde_json::json!({}));
             let status = &v["schema"]["openAPIV3Schema"]["properties"]["status"];

@@ -4,11 +4,12 @@
 //! HyperShift's and ACM's CRD manifests are hand-written (not derived from these structs)
 //! because they must match what HyperShift and ACM ship, not what serde would infer;
 //! `e2e/testbed.rs` proves the typed structs read and write objects that the served schemas
-//! accept. The agent's own CRDs (`health`) are derived from their structs.
+//! accept. The agent's own CRDs (`health`, `rollout`) are derived from their structs.
 
 pub mod health;
 pub mod hostedcontrolplane;
 pub mod policy;
+pub mod rollout;
 
 pub use health::{
     AdmissionHealth, AdmissionHealthPolicy, AdmissionHealthPolicySpec, AdmissionHealthPolicyStatus,

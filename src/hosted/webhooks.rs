@@ -117,11 +117,16 @@ pub fn claim_value(management_uid: &str, hcp_namespace: &str) -> String {
 
 impl HostedWebhooks {
     /// Both configurations carrying `claim` (see `CLAIM_ANNOTATION`).
-    pub fn claimed(mut self, claim: &str) -> Self {
+    pub fn claimed(self, claim: &str) -> Self {
+        self.annotated(CLAIM_ANNOTATION, claim)
+    }
+
+    /// Every object annotated `key: value` (the claim; the rollout revision).
+    pub fn annotated(mut self, key: &str, value: &str) -> Self {
         let mark = |m: &mut kube::api::ObjectMeta| {
             m.annotations
                 .get_or_insert_with(Default::default)
-                .insert(CLAIM_ANNOTATION.into(), claim.into());
+                .insert(key.into(), value.into());
         };
         if let Some(v) = self.validating.as_mut() {
             mark(&mut v.metadata);

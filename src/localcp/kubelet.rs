@@ -9,7 +9,8 @@
 //! generation rolls out as a Deployment with maxSurge 1 and maxUnavailable 0 does: one new
 //! replica, ready, in the routes, then one old one out of the routes and stopped with SIGTERM
 //! (it drains). A changed certificate Secret is written to the pods' directory, where the
-//! service reloads it.
+//! service reloads it. There is no registry: an image other than the agent's own cannot be
+//! pulled, so its replicas never start and the old ones keep serving (`pullable`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -109,6 +110,8 @@ struct Workload {
     /// The readiness probe: (period, timeout, failure threshold).
     readiness: (Duration, Duration, u32),
     replicas: Vec<Replica>,
+    /// The generation whose image cannot be pulled, once its status says so.
+    unpullable: Option<i64>,
 }
 
 /// Published on the Service: the ready replicas' addresses, comma-separated (the test bed's
@@ -483,12 +486,32 @@ async fn sync(
                 deployment: d.clone(),
                 readiness: readiness_of(d),
                 replicas: Vec::new(),
+                unpullable: None,
             },
         );
     }
     let w = pods.get_mut(&ns).ok_or("workload")?;
     w.deployment = d.clone();
     w.readiness = readiness_of(d);
+    let image = d
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.containers.first())
+        .and_then(|c| c.image.clone())
+        .unwrap_or_default();
+    if !pullable(&image) {
+        // As a kubelet whose pull fails: no new replica starts, the old ones keep serving, and
+        // the status says none is updated.
+        if w.unpullable != Some(generation) {
+            w.unpullable = Some(generation);
+            w.publish(client).await?;
+        }
+        return Err(format!(
+            "image {image:?} cannot be pulled (the test bed runs only the agent's own image)"
+        ));
+    }
+    w.unpullable = None;
     // Old replicas out, one at a time, each only once its replacement is ready.
     while let Some(old) = w.replicas.iter().position(|r| r.generation != generation) {
         let fresh = start_replica(binary, w, d).await?;
@@ -515,6 +538,13 @@ async fn sync(
         w.publish(client).await?;
     }
     Ok(())
+}
+
+/// The test bed has no registry: it runs the agent's own image (whatever its registry or tag:
+/// the binary is the one built here) and can pull nothing else.
+pub fn pullable(image: &str) -> bool {
+    let name = image.rsplit('/').next().unwrap_or(image);
+    name.split([':', '@']).next() == Some("hcp-fleet-agent")
 }
 
 /// Starts one replica of `d` and waits until it answers `/readyz` over TLS.

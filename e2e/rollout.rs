@@ -1,0 +1,546 @@
+//! Progressive rollout and per-HCP overrides against real kube-apiservers, real admission
+//! services and two agent processes with leader election: a good revision reaches the canary
+//! first and then one HCP at a time (read from the Deployments' own history, not from logs),
+//! carrying on across a leader killed between batches; a revision whose image never becomes
+//! available and one whose probe fails halt after the canary, which goes back while the other
+//! HCPs never see them; an override is checked by the API server, pins an HCP, and its removal
+//! returns the HCP to the fleet's revision.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use hcp_fleet_agent::config::{AgentConfig, LabelSelector, MaxUnavailable};
+use hcp_fleet_agent::crd::rollout::{
+    AdmissionRollout, HostedAdmissionOverride, ROLLOUT_NAME, RolloutPhase,
+};
+use hcp_fleet_agent::crd::{AdmissionHealth, HostedControlPlane};
+use hcp_fleet_agent::localcp::fixtures::hcp_namespace;
+use hcp_fleet_agent::management::{MANAGED_BY, MANAGED_BY_VALUE, deployment_rolled_out};
+use hcp_fleet_agent::reporting::HEALTH_NAME;
+use hcp_fleet_agent::rollout::{REVISION_ANNOTATION, Revision};
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use support::eventually;
+
+const AGENT_NS: &str = "hcp-fleet-agent";
+const CANARY: (&str, &str) = ("hcp-fleet.openshift.io/wave", "canary");
+
+/// The test bed's configuration with a quick rollout: the canary label, one HCP at a time,
+/// 3 s of soak, 40 s to be done.
+fn config() -> AgentConfig {
+    let mut cfg = hcp_fleet_agent::localcp::allow_loopback(AgentConfig::default());
+    cfg.rollout.canary_selector = LabelSelector {
+        match_labels: BTreeMap::from([(CANARY.0.to_string(), CANARY.1.to_string())]),
+        ..Default::default()
+    };
+    cfg.rollout.max_unavailable = MaxUnavailable::Count(1);
+    cfg.rollout.soak_seconds = 3;
+    cfg.rollout.deadline_seconds = 40;
+    cfg
+}
+
+fn with_mode(
+    mut cfg: AgentConfig,
+    guard: &str,
+    mode: hcp_fleet_agent::config::Mode,
+) -> AgentConfig {
+    for w in &mut cfg.webhooks {
+        if w.name.starts_with(guard) {
+            w.mode = mode;
+        }
+    }
+    cfg
+}
+
+fn write(paths: &[std::path::PathBuf], cfg: &AgentConfig) -> String {
+    let yaml = serde_saphyr::to_string(cfg).expect("yaml");
+    for p in paths {
+        std::fs::write(p, &yaml).expect("config");
+    }
+    Revision::of(cfg).id
+}
+
+async fn rollout(mgmt: &Client) -> Result<AdmissionRollout, String> {
+    Api::<AdmissionRollout>::namespaced(mgmt.clone(), AGENT_NS)
+        .get(ROLLOUT_NAME)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Waits until the rollout is in `phase` with `stable` as its stable revision.
+async fn wait_phase(
+    mgmt: &Client,
+    phase: RolloutPhase,
+    stable: &str,
+    within: Duration,
+) -> AdmissionRollout {
+    eventually(&format!("rollout {phase:?} on {stable}"), within, || {
+        let mgmt = mgmt.clone();
+        let stable = stable.to_string();
+        async move {
+            let st = rollout(&mgmt).await?.status.unwrap_or_default();
+            let ok = st.phase == phase
+                && st.stable.as_ref().map(|s| s.revision.as_str()) == Some(stable.as_str());
+            if ok {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{} {:?}: {}",
+                    st.phase.as_str(),
+                    st.stable.map(|s| s.revision),
+                    st.message
+                ))
+            }
+        }
+    })
+    .await;
+    rollout(mgmt).await.expect("read")
+}
+
+/// What the Deployments said over time: (when, namespace, revision annotation, rolled out).
+type History = Arc<Mutex<Vec<(Instant, String, String, bool)>>>;
+
+fn record(mgmt: &Client) -> (History, tokio::task::JoinHandle<()>) {
+    let history: History = Arc::default();
+    let h = history.clone();
+    let api = Api::<Deployment>::all(mgmt.clone());
+    let task = tokio::spawn(async move {
+        let mut events = watcher(
+            api,
+            watcher::Config::default().labels(&format!("{MANAGED_BY}={MANAGED_BY_VALUE}")),
+        )
+        .default_backoff()
+        .applied_objects()
+        .boxed();
+        while let Some(Ok(d)) = events.next().await {
+            let rev = d
+                .annotations()
+                .get(REVISION_ANNOTATION)
+                .cloned()
+                .unwrap_or_default();
+            let entry = (
+                Instant::now(),
+                d.namespace().unwrap_or_default(),
+                rev,
+                deployment_rolled_out(&d),
+            );
+            h.lock().expect("history").push(entry);
+        }
+    });
+    (history, task)
+}
+
+/// When each namespace's Deployment first carried `rev`, and first had it rolled out.
+fn intervals(history: &History, rev: &str) -> BTreeMap<String, (Instant, Option<Instant>)> {
+    let mut out: BTreeMap<String, (Instant, Option<Instant>)> = BTreeMap::new();
+    for (at, ns, r, done) in history.lock().expect("history").iter() {
+        if r != rev {
+            continue;
+        }
+        let e = out.entry(ns.clone()).or_insert((*at, None));
+        if *done && e.1.is_none() {
+            e.1 = Some(*at);
+        }
+    }
+    out
+}
+
+async fn revision_of(mgmt: &Client, ns: &str) -> Option<String> {
+    let h = Api::<AdmissionHealth>::namespaced(mgmt.clone(), ns)
+        .get(HEALTH_NAME)
+        .await
+        .ok()?;
+    h.status?.revision
+}
+
+async fn wait_on(mgmt: &Client, ns: &str, rev: &str, within: Duration) {
+    eventually(
+        &format!("{ns} Compliant and rolled out on {rev}"),
+        within,
+        || {
+            let mgmt = mgmt.clone();
+            async move {
+                let h = Api::<AdmissionHealth>::namespaced(mgmt.clone(), ns)
+                    .get(HEALTH_NAME)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let st = h.status.unwrap_or_default();
+                if st.revision.as_deref() == Some(rev) && st.revision_ready_since.is_some() {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "{:?} {:?} ready {:?}",
+                        st.revision, st.compliant, st.revision_ready_since
+                    ))
+                }
+            }
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waves_a_leader_change_and_two_bad_revisions_that_halt_and_roll_back() {
+    let (fleet, mgmt, _pods) = support::fleet_with_pods(3).await;
+    let names = ["hc-1", "hc-2", "hc-3"];
+    let nss: Vec<String> = names.iter().map(|n| hcp_namespace(n)).collect();
+    // hc-1 is the canary, by its HCP's label.
+    Api::<HostedControlPlane>::namespaced(mgmt.clone(), &nss[0])
+        .patch(
+            "hc-1",
+            &PatchParams::default(),
+            &Patch::Merge(&serde_json::json!({"metadata": {"labels": {CANARY.0: CANARY.1}}})),
+        )
+        .await
+        .expect("label the canary");
+    let kubeconfig = &fleet.management.kubeconfig_path;
+    let mut paths = Vec::new();
+    let mut agents = Vec::new();
+    let rev0 = {
+        for name in ["agent-a", "agent-b"] {
+            let port = hcp_fleet_agent::localcp::free_port().expect("port");
+            let path = kubeconfig.with_file_name(format!("rollout-{name}-{port}.yaml"));
+            paths.push(path.clone());
+            write(&paths, &config());
+            let (child, addr) = support::spawn_elected_agent_with(
+                name,
+                kubeconfig,
+                AGENT_NS,
+                Some(10),
+                &path,
+                port,
+            );
+            agents.push((name, child, addr));
+        }
+        Revision::of(&config()).id
+    };
+    for ns in &nss {
+        wait_on(&mgmt, ns, &rev0, Duration::from_secs(90)).await;
+    }
+    wait_phase(
+        &mgmt,
+        RolloutPhase::Complete,
+        &rev0,
+        Duration::from_secs(20),
+    )
+    .await;
+
+    // A good revision (a guard to warn: every Deployment's settings change).
+    let (history, _recorder) = record(&mgmt);
+    let good = with_mode(config(), "featuregate", hcp_fleet_agent::config::Mode::Warn);
+    let rev1 = write(&paths, &good);
+    // Kill the leader once the canary is done and before the last batch has finished.
+    eventually("the canary is done", Duration::from_secs(60), || {
+        let mgmt = mgmt.clone();
+        async move {
+            let st = rollout(&mgmt).await?.status.unwrap_or_default();
+            if st.done.iter().any(|d| d == "clusters-hc-1") {
+                Ok(())
+            } else {
+                Err(st.message)
+            }
+        }
+    })
+    .await;
+    let leader =
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(mgmt.clone(), AGENT_NS)
+            .get("hcp-fleet-agent")
+            .await
+            .expect("lease")
+            .spec
+            .and_then(|s| s.holder_identity)
+            .expect("holder");
+    let before_kill = rollout(&mgmt)
+        .await
+        .expect("rollout")
+        .status
+        .unwrap_or_default();
+    assert_ne!(
+        before_kill.phase,
+        RolloutPhase::Complete,
+        "killed mid-rollout: {}",
+        before_kill.message
+    );
+    let idx = agents
+        .iter()
+        .position(|(n, _, _)| *n == leader)
+        .expect("leader");
+    drop(agents.remove(idx));
+    let killed = Instant::now();
+    wait_phase(
+        &mgmt,
+        RolloutPhase::Complete,
+        &rev1,
+        Duration::from_secs(120),
+    )
+    .await;
+    eprintln!(
+        "rollout of {rev1} completed {:?} after the leader was killed",
+        killed.elapsed()
+    );
+    for ns in &nss {
+        assert_eq!(revision_of(&mgmt, ns).await.as_deref(), Some(rev1.as_str()));
+    }
+    // From the Deployments' history: the canary first, then one at a time.
+    let spans = intervals(&history, &rev1);
+    assert_eq!(spans.len(), 3, "{spans:?}");
+    let canary = spans["clusters-hc-1"];
+    let canary_done = canary.1.expect("the canary rolled out");
+    let mut ordered: Vec<(Instant, Instant)> = spans
+        .values()
+        .map(|(a, b)| (*a, b.expect("rolled out")))
+        .collect();
+    ordered.sort();
+    for (ns, (start, _)) in &spans {
+        if ns != "clusters-hc-1" {
+            assert!(
+                *start > canary_done,
+                "{ns} started before the canary was done"
+            );
+        }
+    }
+    for w in ordered.windows(2) {
+        assert!(
+            w[1].0 >= w[0].1,
+            "two HCPs were rolling out at once: {ordered:?}"
+        );
+    }
+    // The standby carried on: nothing done before the kill was rolled out again.
+    for ns in &before_kill.done {
+        let again = history
+            .lock()
+            .expect("history")
+            .iter()
+            .filter(|(at, n, r, _)| n == ns && *at > killed && *r != rev1)
+            .count();
+        assert_eq!(
+            again, 0,
+            "{ns} was handed another revision after the leader change"
+        );
+    }
+
+    // A revision whose image never becomes available: halted at the canary, which goes back.
+    let mut broken = good.clone();
+    broken.admission.image = "quay.invalid/broken/admission:1".into();
+    let rev2 = write(&paths, &broken);
+    let halted = wait_phase(&mgmt, RolloutPhase::Halted, &rev1, Duration::from_secs(90)).await;
+    let st = halted.status.unwrap_or_default();
+    assert!(
+        st.message.contains("clusters-hc-1") && st.message.contains("not done within 40s"),
+        "{}",
+        st.message
+    );
+    assert_eq!(
+        st.failed
+            .iter()
+            .map(|f| f.namespace.as_str())
+            .collect::<Vec<_>>(),
+        vec!["clusters-hc-1"]
+    );
+    wait_on(&mgmt, &nss[0], &rev1, Duration::from_secs(60)).await;
+    let (_, body) = support::http_get(agents[0].2, "/metrics")
+        .await
+        .expect("metrics");
+    assert!(body.contains("hcp_fleet_rollout_halted 1"), "{body}");
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(mgmt.clone(), AGENT_NS)
+        .list(&Default::default())
+        .await
+        .expect("events");
+    assert!(
+        events
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("RolloutHalted")
+                && e.note
+                    .as_deref()
+                    .is_some_and(|n| n.contains("clusters-hc-1"))),
+        "a RolloutHalted Event names the canary"
+    );
+
+    // A revision whose probe is never answered (its probe webhook's selector leaves the probe's
+    // namespace out): NonCompliant on the canary, halted at once.
+    let mut deaf = good.clone();
+    for w in &mut deaf.webhooks {
+        if w.name.starts_with("probe") {
+            w.namespace_selector = Some(LabelSelector {
+                match_labels: BTreeMap::from([(
+                    "hcp-fleet-test/never".to_string(),
+                    "true".to_string(),
+                )]),
+                ..Default::default()
+            });
+        }
+    }
+    let rev3 = write(&paths, &deaf);
+    eventually(
+        "the second bad revision halted",
+        Duration::from_secs(90),
+        || {
+            let mgmt = mgmt.clone();
+            let rev3 = rev3.clone();
+            async move {
+                let st = rollout(&mgmt).await?.status.unwrap_or_default();
+                let target = st.target.as_ref().map(|t| t.revision.clone());
+                if st.phase == RolloutPhase::Halted && target.as_deref() == Some(rev3.as_str()) {
+                    Ok(())
+                } else {
+                    Err(format!("{} {target:?}: {}", st.phase.as_str(), st.message))
+                }
+            }
+        },
+    )
+    .await;
+    let st = rollout(&mgmt)
+        .await
+        .expect("rollout")
+        .status
+        .unwrap_or_default();
+    assert_eq!(
+        st.stable.as_ref().map(|s| s.revision.as_str()),
+        Some(rev1.as_str())
+    );
+    assert!(
+        st.message
+            .contains("clusters-hc-1: NonCompliant on the new revision"),
+        "{}",
+        st.message
+    );
+    wait_on(&mgmt, &nss[0], &rev1, Duration::from_secs(60)).await;
+    // Neither bad revision ever reached the others, which stayed on rev1 and Compliant.
+    for bad in [&rev2, &rev3] {
+        let spans = intervals(&history, bad);
+        assert_eq!(
+            spans.keys().collect::<Vec<_>>(),
+            vec!["clusters-hc-1"],
+            "{bad}: {spans:?}"
+        );
+    }
+    for ns in &nss[1..] {
+        wait_on(&mgmt, ns, &rev1, Duration::from_secs(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_override_is_checked_pins_its_hcp_and_its_removal_rejoins_the_fleet() {
+    let (fleet, mgmt, _pods) = support::fleet_with_pods(2).await;
+    let mut cfg = config();
+    cfg.rollout.canary_selector = LabelSelector::default();
+    cfg.rollout.max_unavailable = MaxUnavailable::Percent("100%".into());
+    let agent = hcp_fleet_agent::agent::start(
+        mgmt.clone(),
+        cfg.clone(),
+        hcp_fleet_agent::agent::StartOptions {
+            agent_namespace: AGENT_NS.into(),
+            endpoints: hcp_fleet_agent::localcp::kubelet::endpoints(),
+        },
+    )
+    .await
+    .expect("agent");
+    let rev0 = Revision::of(&cfg).id;
+    let (ns1, ns2) = (hcp_namespace("hc-1"), hcp_namespace("hc-2"));
+    wait_on(&mgmt, &ns1, &rev0, Duration::from_secs(90)).await;
+    wait_on(&mgmt, &ns2, &rev0, Duration::from_secs(90)).await;
+    let overrides = Api::<HostedAdmissionOverride>::namespaced(mgmt.clone(), &ns2);
+    let create = |spec: serde_json::Value| {
+        let overrides = overrides.clone();
+        async move {
+            let o: HostedAdmissionOverride = serde_json::from_value(serde_json::json!({
+                "apiVersion": "hcp-fleet.openshift.io/v1alpha1",
+                "kind": "HostedAdmissionOverride",
+                "metadata": {"name": "override"},
+                "spec": spec,
+            }))
+            .expect("override");
+            overrides.create(&PostParams::default(), &o).await
+        }
+    };
+    // The API server refuses a malformed one: its schema everywhere, its CEL rules where run.
+    let err = create(serde_json::json!({"revision": "not-a-hash"}))
+        .await
+        .expect_err("refused");
+    assert!(err.to_string().contains("spec.revision"), "{err}");
+    let version = mgmt.apiserver_version().await.expect("version");
+    if version
+        .minor
+        .trim_end_matches('+')
+        .parse::<u32>()
+        .unwrap_or(0)
+        >= 25
+    {
+        let err = create(serde_json::json!({"guards": [{"name": "probe.hcp-fleet.openshift.io", "mode": "off"}]}))
+            .await
+            .expect_err("refused by CEL");
+        assert!(
+            err.to_string().contains("its mode cannot be overridden"),
+            "{err}"
+        );
+    }
+
+    // Pin hc-2 to the revision it runs, with a guard on warn and one more exempt user.
+    create(serde_json::json!({
+        "revision": rev0,
+        "reason": "e2e: held back",
+        "guards": [{"name": "scc.hcp-fleet.openshift.io", "mode": "warn"}],
+        "exemptUsers": ["alice"],
+    }))
+    .await
+    .expect("a good override");
+    eventually("the override is accepted", Duration::from_secs(30), || {
+        let overrides = overrides.clone();
+        async move {
+            let st = overrides
+                .get("override")
+                .await
+                .map_err(|e| e.to_string())?
+                .status
+                .unwrap_or_default();
+            if st.accepted.as_deref() == Some("True")
+                && st.message.contains("scc.hcp-fleet.openshift.io warn")
+            {
+                Ok(())
+            } else {
+                Err(format!("{st:?}"))
+            }
+        }
+    })
+    .await;
+    let next = with_mode(
+        cfg.clone(),
+        "featuregate",
+        hcp_fleet_agent::config::Mode::Warn,
+    );
+    let rev1 = Revision::of(&next).id;
+    agent.set_config(next);
+    wait_on(&mgmt, &ns1, &rev1, Duration::from_secs(60)).await;
+    wait_phase(
+        &mgmt,
+        RolloutPhase::Complete,
+        &rev1,
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(
+        revision_of(&mgmt, &ns2).await.as_deref(),
+        Some(rev0.as_str()),
+        "the pinned HCP kept its revision"
+    );
+    let d = Api::<Deployment>::namespaced(mgmt.clone(), &ns2)
+        .get("hcp-fleet-admission")
+        .await
+        .expect("deployment");
+    assert_eq!(d.annotations().get(REVISION_ANNOTATION), Some(&rev0));
+
+    // Removing the override returns hc-2 to the fleet's revision.
+    overrides
+        .delete("override", &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait_on(&mgmt, &ns2, &rev1, Duration::from_secs(60)).await;
+    drop(fleet);
+}

@@ -1,0 +1,597 @@
+//! The rollout controller: one task beside the HCP Controller, on the leader only. Every two
+//! seconds it reads the fleet from the watches' stores (the HCPs, their health records, the
+//! overrides, the rollout object itself), takes one `rollout::step`, writes the
+//! `AdmissionRollout`'s status when it changed (a replace at the resourceVersion it read, so
+//! two leaders can never both advance it), says what happened (Events, metrics, the fleet
+//! report), and queues a reconcile of every HCP whose revision moved. The reconciles read the
+//! assignment from `RolloutView`; nothing here writes an HCP's objects.
+//!
+//! Also here: which configuration one HCP runs (`Context::resolve`: its assigned revision and
+//! its override) and its override's status.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, ObjectReference};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Api, Resource, ResourceExt};
+use tracing::{info, warn};
+
+use super::context::{AbortOnDrop, Context};
+use crate::crd::rollout::{
+    AdmissionRollout, AdmissionRolloutSpec, AdmissionRolloutStatus, HostedAdmissionOverride,
+    HostedAdmissionOverrideStatus, RESUME_ANNOTATION, ROLLOUT_NAME, RolloutPhase,
+};
+use crate::crd::{ComplianceState, HostedControlPlane};
+use crate::metrics::{RolloutLabels, RolloutStateLabels};
+use crate::overrides::{self, Resolved};
+use crate::rollout::{self, Health, Member, Revision, StepInput, Transition};
+
+/// How often the rollout looks at the fleet. Reads are from stores; a write only on change.
+const TICK: Duration = Duration::from_secs(2);
+
+/// The rollout as last read or written, with its revisions parsed once.
+#[derive(Debug, Default)]
+pub struct RolloutView {
+    pub status: Option<AdmissionRolloutStatus>,
+    revisions: HashMap<String, Revision>,
+}
+
+impl RolloutView {
+    pub fn new(status: Option<AdmissionRolloutStatus>) -> Self {
+        let revisions = status
+            .iter()
+            .flat_map(rollout::known)
+            .filter_map(|r| match Revision::from_record(r) {
+                Ok(rev) => Some((r.revision.clone(), rev)),
+                Err(e) => {
+                    warn!(error = %e, "a stored revision is unreadable; it cannot be handed out");
+                    None
+                }
+            })
+            .collect();
+        Self { status, revisions }
+    }
+
+    pub fn revision(&self, id: &str) -> Option<Revision> {
+        self.revisions.get(id).cloned()
+    }
+
+    /// The revision the rollout assigns `ns` (`None`: no rollout state: the configuration's).
+    pub fn assigned(&self, ns: &str) -> Option<Revision> {
+        let st = self.status.as_ref()?;
+        rollout::assigned(st, ns).and_then(|r| self.revision(&r.revision))
+    }
+}
+
+impl Context {
+    /// The overrides in `ns`, by name (the first is the one in effect).
+    pub(super) fn overrides_in(&self, ns: &str) -> Vec<Arc<HostedAdmissionOverride>> {
+        let Some(store) = self.caches().overrides else {
+            return Vec::new();
+        };
+        let mut ovs: Vec<_> = store
+            .state()
+            .into_iter()
+            .filter(|o| o.namespace().as_deref() == Some(ns))
+            .collect();
+        ovs.sort_by_key(|o| o.name_any());
+        ovs
+    }
+
+    /// What `ns` runs: its assigned revision (or its pin) with its override applied.
+    pub fn resolve(&self, ns: &str) -> Resolved {
+        let cfg = self.config();
+        let view = self.rollout_view();
+        let fleet = view.assigned(ns).unwrap_or_else(|| Revision::of(&cfg));
+        let ovs = self.overrides_in(ns);
+        overrides::resolve(
+            &cfg,
+            &fleet,
+            |id| view.revision(id),
+            ovs.first().map(|o| &o.spec),
+        )
+    }
+}
+
+/// Reads the rollout object (creating it if absent) before any HCP is reconciled, so a
+/// restarted agent never hands out the configuration's revision ahead of the rollout. Without
+/// its CRD the view stays empty: every HCP runs the configuration's revision.
+pub(super) async fn init(ctx: &Context) {
+    if !ctx.caps.rollout_crd {
+        warn!(
+            "the AdmissionRollout CRD ({}) is not installed; a new revision reaches every HCP at once",
+            super::discovery::ROLLOUT_CRD
+        );
+        return;
+    }
+    let api: Api<AdmissionRollout> = Api::namespaced(ctx.client.clone(), &ctx.agent_namespace);
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match read_or_create(&api).await {
+            Ok(obj) => {
+                ctx.set_rollout_view(RolloutView::new(obj.status));
+                return;
+            }
+            Err(e) => {
+                warn!(error = %e, namespace = %ctx.agent_namespace, "reading the AdmissionRollout; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
+}
+
+async fn read_or_create(api: &Api<AdmissionRollout>) -> Result<AdmissionRollout, kube::Error> {
+    if let Some(o) = api.get_opt(ROLLOUT_NAME).await? {
+        return Ok(o);
+    }
+    let fresh = AdmissionRollout::new(ROLLOUT_NAME, AdmissionRolloutSpec {});
+    match api.create(&PostParams::default(), &fresh).await {
+        Ok(o) => Ok(o),
+        // Another replica (an old leader) made it first.
+        Err(kube::Error::Api(s)) if s.code == 409 => api.get(ROLLOUT_NAME).await,
+        Err(e) => Err(e),
+    }
+}
+
+/// Runs the rollout until the controller stops.
+pub(super) async fn run(ctx: Arc<Context>, hcps: Store<HostedControlPlane>) {
+    let api: Api<AdmissionRollout> = Api::namespaced(ctx.client.clone(), &ctx.agent_namespace);
+    let (store, writer) = kube::runtime::reflector::store();
+    let _watch = AbortOnDrop(tokio::spawn(
+        super::reflected(
+            api.clone(),
+            watcher::Config::default().fields(&format!("metadata.name={ROLLOUT_NAME}")),
+            writer,
+            |_| {},
+        )
+        .for_each(|ev| {
+            if let Err(e) = ev {
+                warn!(error = %e, "watching the AdmissionRollout");
+            }
+            futures::future::ready(())
+        }),
+    ));
+    let key = ObjectRef::new(ROLLOUT_NAME).within(&ctx.agent_namespace);
+    // What this loop last wrote, and the resourceVersion it replaced: a store still showing
+    // that one is one event behind, and the write stands for it.
+    let mut last: Option<(Option<String>, AdmissionRollout)> = None;
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        // Until the HCPs are listed the fleet looks empty: no step on that. Asked afresh each
+        // tick: a waiter parked on the Controller's store was seen never to be woken.
+        match futures::FutureExt::now_or_never(hcps.wait_until_ready()) {
+            Some(Ok(())) => {}
+            Some(Err(_)) => return,
+            None => continue,
+        }
+        let stored = store.get(&key).map(|o| (*o).clone());
+        let obj = match (stored, &last) {
+            (Some(s), Some((replaced, written))) if s.metadata.resource_version == *replaced => {
+                written.clone()
+            }
+            (Some(s), _) => s,
+            // Not watched yet (or deleted by hand: made again, adopting the configuration).
+            (None, _) => match read_or_create(&api).await {
+                Ok(o) => o,
+                Err(e) => {
+                    warn!(error = %e, "reading the AdmissionRollout; trying again");
+                    continue;
+                }
+            },
+        };
+        match once(&ctx, &api, &obj, &hcps).await {
+            Ok(Some(written)) => last = Some((obj.metadata.resource_version.clone(), written)),
+            Ok(None) => {}
+            Err(e) => {
+                last = None;
+                warn!(error = %e, "rollout step; trying again");
+            }
+        }
+    }
+}
+
+/// One look at the fleet, and one step.
+async fn once(
+    ctx: &Context,
+    api: &Api<AdmissionRollout>,
+    obj: &AdmissionRollout,
+    hcps: &Store<HostedControlPlane>,
+) -> Result<Option<AdmissionRollout>, kube::Error> {
+    let cfg = ctx.config();
+    let desired = Revision::of(&cfg);
+    let prev = obj.status.as_ref();
+    let starting = prev.is_some_and(|p| {
+        p.stable.as_ref().map(|s| &s.revision) != Some(&desired.id)
+            && p.target.as_ref().map(|t| &t.revision) != Some(&desired.id)
+    });
+    // The namespaces' labels matter only when a rollout starts (the canaries are fixed then).
+    let canary_namespaces = if starting {
+        canary_namespaces(ctx, &cfg.rollout.canary_selector).await?
+    } else {
+        BTreeSet::new()
+    };
+    let now = jiff::Timestamp::now();
+    let members = members(
+        ctx,
+        hcps,
+        &cfg.rollout.canary_selector,
+        &canary_namespaces,
+        now,
+    );
+    let pinned: BTreeSet<String> = ctx
+        .caches()
+        .overrides
+        .iter()
+        .flat_map(|s| s.state())
+        .filter_map(|o| o.spec.revision.clone())
+        .collect();
+    let resume = obj.annotations().get(RESUME_ANNOTATION).cloned();
+    let now_text = now.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let (next, transitions) = rollout::step(
+        prev,
+        &StepInput {
+            desired: &desired,
+            cfg: &cfg.rollout,
+            members: &members,
+            resume: resume.as_deref(),
+            pinned: &pinned,
+            now: &now_text,
+            now_secs: now.as_second(),
+        },
+    );
+    let mut written = obj.clone();
+    let changed = prev != Some(&next);
+    if changed {
+        let mut o = obj.clone();
+        o.status = Some(next.clone());
+        o.metadata.managed_fields = None;
+        // At the resourceVersion read: a second leader's step is refused (409), not merged.
+        written = api
+            .replace_status(ROLLOUT_NAME, &PostParams::default(), &o)
+            .await?;
+    }
+    if resume.is_some() && next.phase != RolloutPhase::Halted {
+        // Acted on (or nothing to resume): a later halt must not find it still set.
+        let patch = serde_json::json!({"metadata": {"annotations": {RESUME_ANNOTATION: null}}});
+        api.patch(ROLLOUT_NAME, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    let before = ctx.rollout_view();
+    ctx.set_rollout_view(RolloutView::new(written.status.clone()));
+    let after = ctx.rollout_view();
+    // Every HCP whose revision moved reconciles now, not at its next event.
+    for h in hcps.state() {
+        let ns = h.namespace().unwrap_or_default();
+        let id = |v: &RolloutView| v.assigned(&ns).map(|r| r.id);
+        if id(&before) != id(&after) {
+            let _ = ctx.requeue.send(ObjectRef::from_obj(h.as_ref()));
+        }
+    }
+    tell(ctx, &written, &transitions, hcps).await;
+    gauges(ctx, &next, &members);
+    Ok(changed.then_some(written))
+}
+
+/// Namespaces whose labels the canary selector matches (one list, only when a rollout starts).
+async fn canary_namespaces(
+    ctx: &Context,
+    sel: &crate::catalogue::LabelSelector,
+) -> Result<BTreeSet<String>, kube::Error> {
+    if sel.match_labels.is_empty() && sel.match_expressions.is_empty() {
+        return Ok(BTreeSet::new());
+    }
+    let lp = ListParams::default().labels(&selector_query(sel));
+    let list = Api::<Namespace>::all(ctx.client.clone())
+        .list_metadata(&lp)
+        .await?;
+    Ok(list.items.iter().map(|n| n.name_any()).collect())
+}
+
+/// A selector in the API's query form.
+fn selector_query(sel: &crate::catalogue::LabelSelector) -> String {
+    let mut parts: Vec<String> = sel
+        .match_labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    for e in &sel.match_expressions {
+        parts.push(match e.operator.as_str() {
+            "In" => format!("{} in ({})", e.key, e.values.join(",")),
+            "NotIn" => format!("{} notin ({})", e.key, e.values.join(",")),
+            "DoesNotExist" => format!("!{}", e.key),
+            _ => e.key.clone(),
+        });
+    }
+    parts.join(",")
+}
+
+/// Every HCP as the rollout sees it.
+fn members(
+    ctx: &Context,
+    hcps: &Store<HostedControlPlane>,
+    canary: &crate::catalogue::LabelSelector,
+    canary_namespaces: &BTreeSet<String>,
+    now: jiff::Timestamp,
+) -> BTreeMap<String, Member> {
+    let records: HashMap<String, Arc<crate::crd::AdmissionHealth>> = ctx
+        .caches()
+        .health
+        .iter()
+        .flat_map(|s| s.state())
+        .filter_map(|h| Some((h.namespace()?, h)))
+        .collect();
+    hcps.state()
+        .iter()
+        .filter_map(|h| {
+            let ns = h.namespace()?;
+            let ov = ctx.overrides_in(&ns);
+            let held = ov
+                .first()
+                .is_some_and(|o| o.spec.paused || o.spec.revision.is_some());
+            let paused = !matches!(
+                h.pause(now),
+                crate::crd::hostedcontrolplane::Pause::Off
+                    | crate::crd::hostedcontrolplane::Pause::Invalid(_)
+            );
+            let health = records
+                .get(&ns)
+                .and_then(|r| r.status.as_ref())
+                .map(|s| Health {
+                    revision: s.revision.clone(),
+                    verdict: s.compliant,
+                    ready_for: s
+                        .revision_ready_since
+                        .as_deref()
+                        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                        .map(|t| now.as_second() - t.as_second()),
+                    reason: s
+                        .concerns
+                        .iter()
+                        .find(|c| c.compliant != Some(ComplianceState::Compliant))
+                        .map(|c| {
+                            let m = c.history.first().map(|e| e.message.as_str()).unwrap_or("");
+                            format!("{}: {m}", c.name)
+                        })
+                        .unwrap_or_default(),
+                })
+                .unwrap_or_default();
+            Some((
+                ns.clone(),
+                Member {
+                    eligible: h.is_ready() && !paused && !held && !ctx.is_deleted(h),
+                    canary: rollout::selects(canary, h.labels()) || canary_namespaces.contains(&ns),
+                    health,
+                },
+            ))
+        })
+        .collect()
+}
+
+/// Events and logs for what the step did: on the rollout object, and on the HCPs it names.
+async fn tell(
+    ctx: &Context,
+    obj: &AdmissionRollout,
+    transitions: &[Transition],
+    hcps: &Store<HostedControlPlane>,
+) {
+    let reference = obj.object_ref(&());
+    for t in transitions {
+        let (warning, reason, note, hcp) = match t {
+            Transition::Adopted { revision } => (
+                false,
+                "Adopted",
+                format!("revision {revision} adopted as the stable revision"),
+                None,
+            ),
+            Transition::Started { revision, canaries } => (
+                false,
+                "Started",
+                format!("rolling out revision {revision}: {canaries} canary HCP(s) first"),
+                None,
+            ),
+            Transition::Cancelled { revision } => (
+                false,
+                "Cancelled",
+                format!(
+                    "revision {revision} cancelled: the configuration is back on the stable revision"
+                ),
+                None,
+            ),
+            Transition::Batch { wave, hcps } => {
+                (false, "Batch", format!("{wave}: {}", hcps.join(", ")), None)
+            }
+            Transition::Done { .. } => continue,
+            Transition::Failed { namespace, reason } => (
+                true,
+                "RevisionFailed",
+                format!("{namespace}: {reason}; back on the stable revision"),
+                Some(namespace.clone()),
+            ),
+            Transition::Halted { revision, reason } => {
+                ctx.metrics.rollout_halts.inc();
+                (
+                    true,
+                    "Halted",
+                    format!("revision {revision} halted: {reason}"),
+                    None,
+                )
+            }
+            Transition::Resumed { revision } => (
+                false,
+                "Resumed",
+                format!("revision {revision} resumed by an operator"),
+                None,
+            ),
+            Transition::Completed { revision } => (
+                false,
+                "Completed",
+                format!("revision {revision} reached every HCP"),
+                None,
+            ),
+        };
+        if warning {
+            warn!(reason, note = %note, "rollout");
+        } else {
+            info!(reason, note = %note, "rollout");
+        }
+        let target = hcp
+            .as_deref()
+            .and_then(|ns| {
+                hcps.state()
+                    .into_iter()
+                    .find(|h| h.namespace().as_deref() == Some(ns))
+            })
+            .map(|h| h.object_ref(&()));
+        for r in std::iter::once(&reference).chain(target.as_ref()) {
+            publish(ctx, r, warning, reason, &note).await;
+        }
+    }
+    // The fleet report on the hub says it too (`report::template_reporter`).
+    let halt = (obj.status.as_ref().map(|s| s.phase) == Some(RolloutPhase::Halted)).then(|| {
+        obj.status
+            .as_ref()
+            .map(|s| s.message.clone())
+            .unwrap_or_default()
+    });
+    if ctx.set_rollout_halt(halt) {
+        ctx.rollup_changed.notify_one();
+    }
+}
+
+async fn publish(ctx: &Context, r: &ObjectReference, warning: bool, reason: &str, note: &str) {
+    let ev = Event {
+        type_: if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: format!("Rollout{reason}"),
+        note: Some(crate::reporting::event_note(note)),
+        action: "Rollout".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&ev, r).await {
+        warn!(error = %e, "publishing a rollout Event");
+    }
+}
+
+fn gauges(ctx: &Context, st: &AdmissionRolloutStatus, members: &BTreeMap<String, Member>) {
+    let m = &ctx.metrics;
+    m.rollout.clear();
+    m.rollout
+        .get_or_create(&RolloutLabels {
+            stable: st
+                .stable
+                .as_ref()
+                .map(|s| s.revision.clone())
+                .unwrap_or_default(),
+            target: st
+                .target
+                .as_ref()
+                .map(|s| s.revision.clone())
+                .unwrap_or_default(),
+            phase: st.phase.as_str().into(),
+        })
+        .set(1);
+    m.rollout_halted
+        .set(i64::from(st.phase == RolloutPhase::Halted));
+    let eligible = members.values().filter(|m| m.eligible).count();
+    let waiting = if st.target.is_some() {
+        eligible.saturating_sub(st.in_flight.len() + st.done.len() + st.failed.len())
+    } else {
+        0
+    };
+    for (state, n) in [
+        ("in_flight", st.in_flight.len()),
+        ("done", st.done.len()),
+        ("failed", st.failed.len()),
+        ("waiting", waiting),
+    ] {
+        m.rollout_hcps
+            .get_or_create(&RolloutStateLabels {
+                state: state.into(),
+            })
+            .set(n as i64);
+    }
+}
+
+/// Writes what `ns`'s overrides' statuses should say, where they say something else: the first
+/// by name is the one in effect, any other is refused.
+pub(super) async fn report_overrides(
+    ctx: &Context,
+    ns: &str,
+    cluster: &str,
+    ovs: &[Arc<HostedAdmissionOverride>],
+    resolved: &Resolved,
+) {
+    ctx.metrics
+        .set_override(ns, cluster, resolved.verdict.as_ref().map(|v| v.accepted));
+    for (i, o) in ovs.iter().enumerate() {
+        let (accepted, message) = match (&resolved.verdict, i) {
+            (Some(v), 0) => (v.accepted, v.message.clone()),
+            _ => (
+                false,
+                format!(
+                    "refused: one HostedAdmissionOverride per HCP namespace; {} is in effect",
+                    ovs[0].name_any()
+                ),
+            ),
+        };
+        let want = HostedAdmissionOverrideStatus {
+            observed_generation: o.metadata.generation,
+            accepted: Some(if accepted { "True" } else { "False" }.into()),
+            message,
+            revision: Some(resolved.revision.clone()),
+        };
+        if o.status.as_ref() == Some(&want) {
+            continue;
+        }
+        let api: Api<HostedAdmissionOverride> = Api::namespaced(ctx.client.clone(), ns);
+        let patch = serde_json::json!({ "status": want });
+        if let Err(e) = api
+            .patch_status(
+                &o.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            warn!(error = %e, name = o.name_any(), "writing a HostedAdmissionOverride's status");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalogue::{LabelSelector, LabelSelectorRequirement};
+
+    #[test]
+    fn a_selector_reads_as_the_api_query_form() {
+        let sel = LabelSelector {
+            match_labels: BTreeMap::from([("wave".into(), "canary".into())]),
+            match_expressions: vec![
+                LabelSelectorRequirement {
+                    key: "tier".into(),
+                    operator: "In".into(),
+                    values: vec!["a".into(), "b".into()],
+                },
+                LabelSelectorRequirement {
+                    key: "skip".into(),
+                    operator: "DoesNotExist".into(),
+                    values: vec![],
+                },
+            ],
+        };
+        assert_eq!(selector_query(&sel), "wave=canary,tier in (a,b),!skip");
+    }
+}

@@ -1,0 +1,341 @@
+//! What one HCP runs: the fleet's revision for it (or the one its override pins), with its
+//! `HostedAdmissionOverride` applied, checked again by the agent (the API server may not run
+//! the CRD's CEL rules: 1.20 does not) against the revision it would run and the guardrails
+//! every configuration must pass. A refused override changes nothing but its status, except a
+//! pause: pausing never depends on the rest being right.
+
+use crate::config::AgentConfig;
+use crate::crd::rollout::HostedAdmissionOverrideSpec;
+use crate::rollout::Revision;
+
+/// Groups an override may not exempt: each is everyone, or every workload.
+pub const UNEXEMPTABLE_GROUPS: &[&str] = &[
+    "system:authenticated",
+    "system:unauthenticated",
+    "system:serviceaccounts",
+];
+/// Users an override may not exempt.
+pub const UNEXEMPTABLE_USERS: &[&str] = &["*", "system:anonymous"];
+
+/// The configuration one HCP runs, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolved {
+    pub config: AgentConfig,
+    /// The revision it runs (the fleet's, or the pinned one).
+    pub revision: String,
+    /// Its override pauses it.
+    pub paused: bool,
+    /// Its override pins a revision (taken: the HCP stays out of the waves).
+    pub pinned: bool,
+    /// What its override's status should say (`None`: it has none).
+    pub verdict: Option<Verdict>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub accepted: bool,
+    pub message: String,
+}
+
+/// `fleet`: the revision the rollout assigns this HCP; `known`: a revision by name, if the
+/// rollout still holds it.
+pub fn resolve(
+    base: &AgentConfig,
+    fleet: &Revision,
+    known: impl Fn(&str) -> Option<Revision>,
+    ov: Option<&HostedAdmissionOverrideSpec>,
+) -> Resolved {
+    let plain = |verdict| Resolved {
+        config: fleet.apply(base),
+        revision: fleet.id.clone(),
+        paused: ov.is_some_and(|o| o.paused),
+        pinned: false,
+        verdict,
+    };
+    let Some(ov) = ov else {
+        return plain(None);
+    };
+    match apply(base, fleet, known, ov) {
+        Ok(r) => r,
+        Err(problems) => {
+            let mut message = format!("refused: {}", problems.join("; "));
+            if ov.paused {
+                message.push_str("; paused all the same");
+            }
+            plain(Some(Verdict {
+                accepted: false,
+                message,
+            }))
+        }
+    }
+}
+
+fn apply(
+    base: &AgentConfig,
+    fleet: &Revision,
+    known: impl Fn(&str) -> Option<Revision>,
+    ov: &HostedAdmissionOverrideSpec,
+) -> Result<Resolved, Vec<String>> {
+    let mut problems = Vec::new();
+    let revision = match &ov.revision {
+        Some(pin) => match known(pin) {
+            Some(r) => r,
+            None => {
+                problems.push(format!(
+                    "revision {pin} is not one the agent holds (the stable one, the one rolling out, or a recent one: see `hcp-fleet-agent status`)"
+                ));
+                fleet.clone()
+            }
+        },
+        None => fleet.clone(),
+    };
+    let mut cfg = revision.apply(base);
+    let mut effect = Vec::new();
+    if ov.paused {
+        effect.push("paused".to_string());
+    }
+    if ov.revision.is_some() {
+        effect.push(format!("pinned to revision {}", revision.id));
+    }
+    for g in &ov.guards {
+        if crate::catalogue::Builtin::Probe.row().name == g.name {
+            problems.push(format!(
+                "guard {}: the probe proves the admission path works; its mode cannot be overridden",
+                g.name
+            ));
+            continue;
+        }
+        match cfg.webhooks.iter_mut().find(|w| w.name == g.name) {
+            Some(w) => {
+                w.mode = g.mode;
+                effect.push(format!("{} {}", g.name, mode_name(g.mode)));
+            }
+            None => problems.push(format!(
+                "guard {} is not in revision {} (its guards: {})",
+                g.name,
+                revision.id,
+                cfg.webhooks
+                    .iter()
+                    .map(|w| w.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        }
+    }
+    for u in &ov.exempt_users {
+        if u.trim().is_empty() || UNEXEMPTABLE_USERS.contains(&u.as_str()) {
+            problems.push(format!(
+                "exempt user {u:?} would turn the guards off for everyone: set a guard's mode to off instead"
+            ));
+        } else if !cfg.admission.exempt_users.contains(u) {
+            cfg.admission.exempt_users.push(u.clone());
+        }
+    }
+    for g in &ov.exempt_groups {
+        if g.trim().is_empty() || UNEXEMPTABLE_GROUPS.contains(&g.as_str()) {
+            problems.push(format!(
+                "exempt group {g:?} would turn the guards off for everyone: set a guard's mode to off instead"
+            ));
+        } else if !cfg.admission.exempt_groups.contains(g) {
+            cfg.admission.exempt_groups.push(g.clone());
+        }
+    }
+    if !ov.exempt_users.is_empty() || !ov.exempt_groups.is_empty() {
+        effect.push(format!(
+            "{} more exempt user(s), {} more exempt group(s)",
+            ov.exempt_users.len(),
+            ov.exempt_groups.len()
+        ));
+    }
+    // The guardrails hold for an HCP's own configuration as for the fleet's.
+    problems.extend(cfg.problems());
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    if effect.is_empty() {
+        effect.push("nothing to change".into());
+    }
+    Ok(Resolved {
+        config: cfg,
+        revision: revision.id,
+        paused: ov.paused,
+        pinned: ov.revision.is_some(),
+        verdict: Some(Verdict {
+            accepted: true,
+            message: format!("in effect: {}", effect.join("; ")),
+        }),
+    })
+}
+
+fn mode_name(m: crate::catalogue::Mode) -> &'static str {
+    match m {
+        crate::catalogue::Mode::Enforce => "enforce",
+        crate::catalogue::Mode::Warn => "warn",
+        crate::catalogue::Mode::Off => "off",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalogue::Mode;
+    use crate::crd::rollout::GuardOverride;
+
+    fn fleet() -> (AgentConfig, Revision, Revision) {
+        let base = AgentConfig::default();
+        let old = Revision::of(&base);
+        let mut next = base.clone();
+        next.admission.image = "quay.io/hcp-fleet/hcp-fleet-agent:next".into();
+        (base, Revision::of(&next), old)
+    }
+
+    #[test]
+    fn no_override_runs_the_fleet_revision() {
+        let (base, rev, _) = fleet();
+        let r = resolve(&base, &rev, |_| None, None);
+        assert_eq!(r.revision, rev.id);
+        assert_eq!(r.config.admission.image, rev.content.admission.image);
+        assert_eq!(r.verdict, None);
+        assert!(!r.paused && !r.pinned);
+    }
+
+    #[test]
+    fn a_pin_modes_and_exemptions_take_effect_and_say_so() {
+        let (base, rev, old) = fleet();
+        let known = |id: &str| (id == old.id).then(|| old.clone());
+        let ov = HostedAdmissionOverrideSpec {
+            revision: Some(old.id.clone()),
+            guards: vec![GuardOverride {
+                name: "featuregate.hcp-fleet.openshift.io".into(),
+                mode: Mode::Warn,
+            }],
+            exempt_users: vec!["alice".into()],
+            exempt_groups: vec!["team-a".into()],
+            ..Default::default()
+        };
+        let r = resolve(&base, &rev, known, Some(&ov));
+        assert_eq!(r.revision, old.id);
+        assert!(r.pinned);
+        assert_eq!(r.config.admission.image, old.content.admission.image);
+        let fg = r
+            .config
+            .webhooks
+            .iter()
+            .find(|w| w.name.starts_with("featuregate"))
+            .expect("fg");
+        assert_eq!(fg.mode, Mode::Warn);
+        assert!(
+            r.config
+                .admission
+                .exempt_users
+                .contains(&"alice".to_string())
+        );
+        assert!(
+            r.config
+                .admission
+                .exempt_groups
+                .contains(&"team-a".to_string())
+        );
+        let v = r.verdict.expect("verdict");
+        assert!(v.accepted, "{v:?}");
+        assert!(
+            v.message
+                .contains(&format!("pinned to revision {}", old.id)),
+            "{}",
+            v.message
+        );
+        assert!(
+            v.message
+                .contains("featuregate.hcp-fleet.openshift.io warn"),
+            "{}",
+            v.message
+        );
+    }
+
+    #[test]
+    fn a_refused_override_changes_nothing_but_still_pauses() {
+        let (base, rev, _) = fleet();
+        for (ov, needle) in [
+            (
+                HostedAdmissionOverrideSpec {
+                    revision: Some("0123456789abcdef".into()),
+                    ..Default::default()
+                },
+                "is not one the agent holds",
+            ),
+            (
+                HostedAdmissionOverrideSpec {
+                    guards: vec![GuardOverride {
+                        name: "nope.example.com".into(),
+                        mode: Mode::Off,
+                    }],
+                    ..Default::default()
+                },
+                "guard nope.example.com is not in revision",
+            ),
+            (
+                HostedAdmissionOverrideSpec {
+                    guards: vec![GuardOverride {
+                        name: "probe.hcp-fleet.openshift.io".into(),
+                        mode: Mode::Off,
+                    }],
+                    ..Default::default()
+                },
+                "its mode cannot be overridden",
+            ),
+            (
+                HostedAdmissionOverrideSpec {
+                    exempt_groups: vec!["system:authenticated".into()],
+                    paused: true,
+                    ..Default::default()
+                },
+                "would turn the guards off for everyone",
+            ),
+            (
+                HostedAdmissionOverrideSpec {
+                    exempt_users: vec!["*".into()],
+                    ..Default::default()
+                },
+                "would turn the guards off for everyone",
+            ),
+        ] {
+            let r = resolve(&base, &rev, |_| None, Some(&ov));
+            let v = r.verdict.clone().expect("verdict");
+            assert!(!v.accepted && v.message.contains(needle), "{needle}: {v:?}");
+            assert_eq!(r.config, rev.apply(&base), "nothing of it applies");
+            assert_eq!(r.revision, rev.id);
+            assert_eq!(r.paused, ov.paused);
+            if ov.paused {
+                assert!(v.message.ends_with("paused all the same"));
+            }
+        }
+    }
+
+    #[test]
+    fn the_guardrails_hold_for_an_hcps_configuration() {
+        let (base, rev, _) = fleet();
+        // A revision held from before a guardrail (here: one whose guard matches webhook
+        // configurations) cannot come back through a pin.
+        let mut bad = base.clone();
+        bad.webhooks[0].rules[0].resources = vec!["validatingwebhookconfigurations".into()];
+        bad.webhooks[0].rules[0].api_groups = vec!["admissionregistration.k8s.io".into()];
+        assert!(!bad.problems().is_empty());
+        let bad = Revision::of(&bad);
+        let ov = HostedAdmissionOverrideSpec {
+            revision: Some(bad.id.clone()),
+            ..Default::default()
+        };
+        let r = resolve(
+            &base,
+            &rev,
+            |id| (id == bad.id).then(|| bad.clone()),
+            Some(&ov),
+        );
+        let v = r.verdict.expect("verdict");
+        assert!(
+            !v.accepted && v.message.contains("webhook configurations"),
+            "{v:?}"
+        );
+        assert_eq!(r.revision, rev.id);
+    }
+}
