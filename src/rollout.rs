@@ -216,14 +216,10 @@ pub fn step(
     } else if target_id.as_deref() != Some(desired.id.as_str()) {
         if !inp.cfg.enabled {
             // All at once: the new revision is the stable one for everyone.
-            let mut history = st.history.clone();
-            history.insert(0, st.stable.clone().unwrap_or_default());
             out.push(Transition::Completed {
                 revision: desired.id.clone(),
             });
-            st = complete_on(desired.record(inp.now), history);
-            st.history = prune(st.history, inp.pinned);
-            return (st, out);
+            return (promote(&st, desired.record(inp.now), inp.pinned), out);
         }
         let canaries: Vec<String> = inp
             .members
@@ -354,16 +350,14 @@ pub fn step(
         out.push(Transition::Completed {
             revision: target.revision.clone(),
         });
-        let mut history = st.history.clone();
-        history.insert(0, st.stable.clone().unwrap_or_default());
-        let mut next = complete_on(
+        let next = promote(
+            &st,
             RevisionRecord {
                 since: inp.now.into(),
                 ..target
             },
-            history,
+            inp.pinned,
         );
-        next.history = prune(next.history, inp.pinned);
         return (next, out);
     }
     let width = inp.cfg.max_unavailable.of(eligible.len()).unwrap_or(1);
@@ -403,6 +397,17 @@ fn complete_on(stable: RevisionRecord, history: Vec<RevisionRecord>) -> Admissio
         history,
         ..Default::default()
     }
+}
+
+/// `st` complete on `stable`, its old stable revision first in the history.
+fn promote(
+    st: &AdmissionRolloutStatus,
+    stable: RevisionRecord,
+    pinned: &BTreeSet<String>,
+) -> AdmissionRolloutStatus {
+    let mut history = st.history.clone();
+    history.insert(0, st.stable.clone().unwrap_or_default());
+    complete_on(stable, prune(history, pinned))
 }
 
 /// The history without the stable revision's duplicates, at most `HISTORY` long, plus any

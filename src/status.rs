@@ -260,13 +260,13 @@ pub async fn run(args: StatusArgs) -> ExitCode {
         }
         Ok(rows) => {
             let total = summary(&rows);
-            let rows_all = rows.clone();
+            let by_revision = args.rollout.then(|| revisions(&rows));
             let shown = select(rows, args.problems);
             if !shown.is_empty() {
                 print!("{}", render_table(&shown));
             }
-            if args.rollout {
-                println!("{}", revisions(&rows_all));
+            if let Some(by_revision) = by_revision {
+                println!("{by_revision}");
                 for line in rollout_lines(&client).await {
                     println!("{line}");
                 }

@@ -167,12 +167,10 @@ pub async fn run(
         ))
     });
     // An override changes what its HCP runs: reconcile that HCP.
-    let overrides = ctx.caps.override_crd.then(|| {
-        let (reader, writer) = kube::runtime::reflector::store();
-        caches.overrides = Some(reader);
-        let api = Api::<crate::crd::rollout::HostedAdmissionOverride>::all(ctx.client.clone());
-        reflected(api, watcher::Config::default(), writer, |_| {}).touched_objects()
-    });
+    let overrides = ctx
+        .caps
+        .override_crd
+        .then(|| cached(&ctx, watcher::Config::default(), &mut caches.overrides));
     if !ctx.caps.override_crd {
         warn!(
             "the HostedAdmissionOverride CRD ({}) is not installed; no per-HCP overrides",

@@ -42,8 +42,8 @@ pub async fn reconcile(
     let cluster = hcp.name_any();
     let started = Instant::now();
     // What this HCP runs: the revision the rollout gives it (or its pin), its override applied.
-    let resolved = ctx.resolve(&ns);
     let overrides = ctx.overrides_in(&ns);
+    let resolved = ctx.resolve(&ns, &overrides);
     if !overrides.is_empty() || resolved.verdict.is_some() {
         rollout::report_overrides(&ctx, &ns, &cluster, &overrides, &resolved).await;
     }

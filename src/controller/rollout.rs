@@ -72,24 +72,35 @@ impl RolloutView {
 impl Context {
     /// The overrides in `ns`, by name (the first is the one in effect).
     pub(super) fn overrides_in(&self, ns: &str) -> Vec<Arc<HostedAdmissionOverride>> {
-        let Some(store) = self.caches().overrides else {
-            return Vec::new();
-        };
-        let mut ovs: Vec<_> = store
-            .state()
-            .into_iter()
-            .filter(|o| o.namespace().as_deref() == Some(ns))
-            .collect();
-        ovs.sort_by_key(|o| o.name_any());
-        ovs
+        self.overrides_by_namespace(Some(ns))
+            .remove(ns)
+            .unwrap_or_default()
     }
 
-    /// What `ns` runs: its assigned revision (or its pin) with its override applied.
-    pub fn resolve(&self, ns: &str) -> Resolved {
+    /// The overrides of every namespace (or only `only`'s), each namespace's by name: one pass
+    /// over the store, whatever the size of the fleet.
+    fn overrides_by_namespace(
+        &self,
+        only: Option<&str>,
+    ) -> HashMap<String, Vec<Arc<HostedAdmissionOverride>>> {
+        let mut by: HashMap<String, Vec<Arc<HostedAdmissionOverride>>> = HashMap::new();
+        for o in self.caches().overrides.iter().flat_map(|s| s.state()) {
+            let Some(ns) = o.namespace() else { continue };
+            if only.is_none_or(|n| n == ns) {
+                by.entry(ns).or_default().push(o);
+            }
+        }
+        by.values_mut()
+            .for_each(|v| v.sort_by_key(|o| o.name_any()));
+        by
+    }
+
+    /// What `ns` runs: its assigned revision (or its pin) with its override (the first of
+    /// `ovs`, from `overrides_in`) applied.
+    pub(super) fn resolve(&self, ns: &str, ovs: &[Arc<HostedAdmissionOverride>]) -> Resolved {
         let cfg = self.config();
         let view = self.rollout_view();
         let fleet = view.assigned(ns).unwrap_or_else(|| Revision::of(&cfg));
-        let ovs = self.overrides_in(ns);
         overrides::resolve(
             &cfg,
             &fleet,
@@ -220,18 +231,18 @@ async fn once(
         BTreeSet::new()
     };
     let now = jiff::Timestamp::now();
+    let overrides = ctx.overrides_by_namespace(None);
     let members = members(
         ctx,
         hcps,
+        &overrides,
         &cfg.rollout.canary_selector,
         &canary_namespaces,
         now,
     );
-    let pinned: BTreeSet<String> = ctx
-        .caches()
-        .overrides
-        .iter()
-        .flat_map(|s| s.state())
+    let pinned: BTreeSet<String> = overrides
+        .values()
+        .flatten()
         .filter_map(|o| o.spec.revision.clone())
         .collect();
     let resume = obj.annotations().get(RESUME_ANNOTATION).cloned();
@@ -266,14 +277,17 @@ async fn once(
             .await?;
     }
     let before = ctx.rollout_view();
-    ctx.set_rollout_view(RolloutView::new(written.status.clone()));
-    let after = ctx.rollout_view();
-    // Every HCP whose revision moved reconciles now, not at its next event.
-    for h in hcps.state() {
-        let ns = h.namespace().unwrap_or_default();
-        let id = |v: &RolloutView| v.assigned(&ns).map(|r| r.id);
-        if id(&before) != id(&after) {
-            let _ = ctx.requeue.send(ObjectRef::from_obj(h.as_ref()));
+    // The view parses every revision it holds: rebuilt only when the state moved.
+    if before.status != written.status {
+        ctx.set_rollout_view(RolloutView::new(written.status.clone()));
+        let after = ctx.rollout_view();
+        // Every HCP whose revision moved reconciles now, not at its next event.
+        for h in hcps.state() {
+            let ns = h.namespace().unwrap_or_default();
+            let id = |v: &RolloutView| v.assigned(&ns).map(|r| r.id);
+            if id(&before) != id(&after) {
+                let _ = ctx.requeue.send(ObjectRef::from_obj(h.as_ref()));
+            }
         }
     }
     tell(ctx, &written, &transitions, hcps).await;
@@ -318,6 +332,7 @@ fn selector_query(sel: &crate::catalogue::LabelSelector) -> String {
 fn members(
     ctx: &Context,
     hcps: &Store<HostedControlPlane>,
+    overrides: &HashMap<String, Vec<Arc<HostedAdmissionOverride>>>,
     canary: &crate::catalogue::LabelSelector,
     canary_namespaces: &BTreeSet<String>,
     now: jiff::Timestamp,
@@ -333,15 +348,11 @@ fn members(
         .iter()
         .filter_map(|h| {
             let ns = h.namespace()?;
-            let ov = ctx.overrides_in(&ns);
-            let held = ov
-                .first()
+            let held = overrides
+                .get(&ns)
+                .and_then(|ov| ov.first())
                 .is_some_and(|o| o.spec.paused || o.spec.revision.is_some());
-            let paused = !matches!(
-                h.pause(now),
-                crate::crd::hostedcontrolplane::Pause::Off
-                    | crate::crd::hostedcontrolplane::Pause::Invalid(_)
-            );
+            let paused = h.pause(now).holds();
             let health = records
                 .get(&ns)
                 .and_then(|r| r.status.as_ref())

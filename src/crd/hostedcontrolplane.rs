@@ -79,6 +79,13 @@ pub enum Pause {
     Invalid(String),
 }
 
+impl Pause {
+    /// Whether it keeps the agent's hands off now (an invalid value does not).
+    pub fn holds(&self) -> bool {
+        matches!(self, Pause::Indefinite | Pause::Until(_))
+    }
+}
+
 /// One pause value (`"true"`, an RFC 3339 time, or nothing), from `what`, at `now`.
 fn read_pause(what: &str, value: Option<&str>, now: jiff::Timestamp) -> Pause {
     let Some(v) = value else {
@@ -145,9 +152,8 @@ impl HostedControlPlane {
     /// What pauses the HCP at `now`: the agent's annotation, HyperShift's `spec.pausedUntil`,
     /// or both (for the report).
     pub fn paused_by(&self, now: jiff::Timestamp) -> String {
-        let holds = |p: &Pause| matches!(p, Pause::Indefinite | Pause::Until(_));
         let (annotation, spec) = self.pauses(now);
-        match (holds(&annotation), holds(&spec)) {
+        match (annotation.holds(), spec.holds()) {
             (true, true) => format!("{PAUSE_ANNOTATION} and spec.pausedUntil"),
             (false, true) => "spec.pausedUntil".into(),
             _ => PAUSE_ANNOTATION.into(),
