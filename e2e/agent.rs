@@ -899,6 +899,61 @@ async fn leader_gauge(addr: std::net::SocketAddr) -> Option<f64> {
     metric(&body, "hcp_fleet_leader")
 }
 
+/// Replicas that start at the same instant on a free Lease never both lead: the API server
+/// refuses the later of two takes (each replica is its own field manager) instead of applying
+/// it over the first, which would leave both leading until the loser's next renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_starting_together_never_both_lead() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let fleet = LocalFleet::start(FleetOptions::with_hosted(0))
+        .await
+        .expect("fleet");
+    let mgmt = fleet.management.client().await.expect("client");
+    let leases: Api<Lease> = Api::namespaced(mgmt.clone(), "default");
+    let names = ["replica-a", "replica-b", "replica-c"];
+    for round in 0..6 {
+        let managers = futures::future::join_all(
+            names.map(|n| agent::lease_manager(mgmt.clone(), "default", n, 10)),
+        )
+        .await;
+        let watches = futures::future::join_all(
+            managers
+                .into_iter()
+                .map(|m| m.expect("lease manager").watch()),
+        )
+        .await;
+        // Long enough for every first take and its read-back; well short of the renewal
+        // (half the 10 s lease) at which a replica leading by mistake would find out.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let holder = leases
+            .get(agent::LEASE_NAME)
+            .await
+            .expect("lease")
+            .spec
+            .and_then(|s| s.holder_identity);
+        let leading: Vec<&str> = names
+            .iter()
+            .zip(&watches)
+            .filter(|(_, (rx, _))| *rx.borrow())
+            .map(|(n, _)| *n)
+            .collect();
+        assert_eq!(
+            leading,
+            holder.as_deref().into_iter().collect::<Vec<_>>(),
+            "round {round}: who believes it leads, and the Lease's holder"
+        );
+        // Dropping a receiver releases the lease; then start again from no Lease at all.
+        let tasks: Vec<_> = watches.into_iter().map(|(_, task)| task).collect();
+        for t in tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        }
+        leases
+            .delete(agent::LEASE_NAME, &DeleteParams::default())
+            .await
+            .expect("delete the lease");
+    }
+}
+
 /// A leader cut off from the API server (a black hole, not a refusal) hears nothing from
 /// its lease manager; it must stop writing on its own before its lease can expire, so the
 /// standby that takes over never writes beside it. Healed, it stays a standby.

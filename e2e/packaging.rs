@@ -865,6 +865,20 @@ fn exported_series() -> std::collections::BTreeSet<String> {
             phase: "certificates".into(),
         })
         .inc();
+    m.set_revision("clusters-a", "a", Some("0123456789abcdef"));
+    m.set_override("clusters-a", "a", Some(false));
+    m.rollout
+        .get_or_create(&hcp_fleet_agent::metrics::RolloutLabels {
+            stable: "0123456789abcdef".into(),
+            target: String::new(),
+            phase: "Complete".into(),
+        })
+        .set(1);
+    m.rollout_hcps
+        .get_or_create(&hcp_fleet_agent::metrics::RolloutStateLabels {
+            state: "waiting".into(),
+        })
+        .set(0);
     let a = hcp_fleet_agent::admission::server::AdmissionMetrics::new();
     a.count("w", "allowed", "enforced");
     a.observe_latency("w".into(), 0.001);

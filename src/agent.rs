@@ -272,16 +272,9 @@ async fn run_leader_elected(
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| format!("hcp-fleet-agent-{}", std::process::id()));
     let duration = args.lease_duration_seconds;
-    let (grace, margin) = lease_timing(duration);
+    let (_, margin) = lease_timing(duration);
     let lease_duration = std::time::Duration::from_secs(duration);
-    let manager = kube_lease_manager::LeaseManagerBuilder::new(lease_client.clone(), LEASE_NAME)
-        .with_namespace(args.namespace.clone())
-        .with_identity(identity.clone())
-        .with_duration(duration)
-        .with_grace(grace)
-        .with_field_manager(crate::management::FIELD_MANAGER)
-        .build()
-        .await;
+    let manager = lease_manager(lease_client.clone(), &args.namespace, &identity, duration).await;
     let manager = match manager {
         Ok(m) => m,
         Err(e) => {
@@ -396,6 +389,35 @@ async fn run_leader_elected(
     drop(leading);
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), lease_task).await;
     ExitCode::SUCCESS
+}
+
+/// The leader election of one replica `identity` on the Lease `hcp-fleet-agent` in `namespace`.
+///
+/// Each replica writes the Lease as its own field manager: taking a free Lease is a
+/// server-side apply of `holderIdentity`, and only between different managers does the API
+/// server refuse the second of two such applies (409). Under one shared manager both would
+/// succeed, the later silently overwriting the earlier, and two replicas that start together
+/// could each believe, for up to a renewal interval, that it leads.
+pub async fn lease_manager(
+    client: kube::Client,
+    namespace: &str,
+    identity: &str,
+    duration: u64,
+) -> Result<kube_lease_manager::LeaseManager, kube_lease_manager::LeaseManagerError> {
+    let (grace, _) = lease_timing(duration);
+    kube_lease_manager::LeaseManagerBuilder::new(client, LEASE_NAME)
+        .with_namespace(namespace)
+        .with_identity(identity)
+        .with_duration(duration)
+        .with_grace(grace)
+        .with_field_manager(lease_field_manager(identity))
+        .build()
+        .await
+}
+
+/// The field manager of `identity`'s writes to the Lease (see [`lease_manager`]).
+pub fn lease_field_manager(identity: &str) -> String {
+    format!("{}-lease-{identity}", crate::management::FIELD_MANAGER)
 }
 
 /// For a lease of `duration` seconds: how long before expiry the lease manager renews

@@ -281,10 +281,13 @@ async fn once(
     if before.status != written.status {
         ctx.set_rollout_view(RolloutView::new(written.status.clone()));
         let after = ctx.rollout_view();
-        // Every HCP whose revision moved reconciles now, not at its next event.
+        // Every HCP whose revision moved reconciles now, not at its next event. Adopting the
+        // configuration's revision as the first stable one moves none: a reconcile for nothing
+        // would sit in the HCP's queue ahead of the next real event (an outage's, say).
+        let config = Revision::of(&ctx.config()).id;
         for h in hcps.state() {
             let ns = h.namespace().unwrap_or_default();
-            let id = |v: &RolloutView| v.assigned(&ns).map(|r| r.id);
+            let id = |v: &RolloutView| v.assigned(&ns).map_or_else(|| config.clone(), |r| r.id);
             if id(&before) != id(&after) {
                 let _ = ctx.requeue.send(ObjectRef::from_obj(h.as_ref()));
             }
@@ -348,10 +351,11 @@ fn members(
         .iter()
         .filter_map(|h| {
             let ns = h.namespace()?;
-            let held = overrides
-                .get(&ns)
-                .and_then(|ov| ov.first())
-                .is_some_and(|o| o.spec.paused || o.spec.revision.is_some());
+            // As the HCP's reconcile reads its override: a refused pin holds nothing back.
+            let held = overrides.get(&ns).is_some_and(|ovs| {
+                let r = ctx.resolve(&ns, ovs);
+                r.paused || r.pinned
+            });
             let paused = h.pause(now).holds();
             let health = records
                 .get(&ns)

@@ -182,10 +182,15 @@ pub fn crds() -> Vec<serde_json::Value> {
 /// - `null` among an optional enum's values (`nullable: true` already says it): Kubernetes 1.20
 ///   refuses the CRD ("per-version schemas may not all be set to identical values");
 /// - a whole-number bound written as a float (`minimum: 0.0`), which 1.20 hands back as `0`,
-///   so the applied CRD would never match the chart's.
+///   so the applied CRD would never match the chart's;
+/// - an empty string as a default (`#[serde(default)]` on a `String`), which 1.20 reads as
+///   `null` and refuses ("must be of type string"); an absent field reads as `""` all the same.
 fn normalize_schema(v: &mut serde_json::Value) {
     match v {
         serde_json::Value::Object(map) => {
+            if map.get("default") == Some(&serde_json::json!("")) {
+                map.remove("default");
+            }
             if let Some(serde_json::Value::Array(values)) = map.get_mut("enum") {
                 values.retain(|x| !x.is_null());
             }
@@ -204,6 +209,21 @@ fn normalize_schema(v: &mut serde_json::Value) {
     }
 }
 
+/// A CRD as an API server without CEL (before 1.25) takes it: without its
+/// `x-kubernetes-validations`, which server-side apply there refuses as an undeclared field (a
+/// plain create, as Helm's, drops them silently). The agent checks the same rules itself
+/// (`overrides::resolve`), so nothing those rules refuse is ever applied.
+pub fn without_cel(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(map) => {
+            map.remove("x-kubernetes-validations");
+            map.values_mut().for_each(without_cel);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(without_cel),
+        _ => {}
+    }
+}
+
 /// `templates/crds.yaml`: the CRDs as YAML documents, with a header saying where they come from.
 pub fn crds_yaml() -> String {
     let mut out = String::from(
@@ -211,10 +231,30 @@ pub fn crds_yaml() -> String {
     );
     for crd in crds() {
         out.push_str("---\n");
-        out.push_str(&serde_saphyr::to_string(&crd).unwrap_or_default());
+        let yaml = serde_saphyr::to_string(&crd).unwrap_or_default();
+        if !yaml.contains("x-kubernetes-validations") {
+            out.push_str(&yaml);
+            continue;
+        }
+        // Helm picks the variant by the cluster's version, as it does the PDB's apiVersion.
+        let mut old = crd.clone();
+        without_cel(&mut old);
+        out.push_str(CEL_SINCE);
+        out.push('\n');
+        out.push_str(&yaml);
+        out.push_str("{{- else }}\n");
+        out.push_str(
+            "# Kubernetes before 1.25 has no CEL: the same CRD without its rules, which the \
+             agent checks itself.\n",
+        );
+        out.push_str(&serde_saphyr::to_string(&old).unwrap_or_default());
+        out.push_str("{{- end }}\n");
     }
     out
 }
+
+/// The Helm condition for a cluster that enforces `x-kubernetes-validations`.
+const CEL_SINCE: &str = r#"{{- if semverCompare ">=1.25-0" .Capabilities.KubeVersion.Version }}"#;
 
 #[cfg(test)]
 mod tests {
@@ -243,6 +283,54 @@ mod tests {
             );
             assert_eq!(status["properties"]["compliant"]["nullable"], true);
         }
+    }
+
+    #[test]
+    fn no_schema_defaults_a_string_to_empty_which_kubernetes_1_20_refuses() {
+        fn empty_defaults(v: &serde_json::Value, at: &str, out: &mut Vec<String>) {
+            match v {
+                serde_json::Value::Object(map) => {
+                    if map.get("default") == Some(&serde_json::json!("")) {
+                        out.push(at.to_string());
+                    }
+                    for (k, x) in map {
+                        empty_defaults(x, &format!("{at}.{k}"), out);
+                    }
+                }
+                serde_json::Value::Array(items) => {
+                    for x in items {
+                        empty_defaults(x, at, out);
+                    }
+                }
+                _ => {}
+            }
+        }
+        // schemars writes one for the override's status message: the case this guards exists.
+        let raw = serde_json::to_value(super::super::rollout::HostedAdmissionOverride::crd())
+            .unwrap_or_default();
+        let mut found = Vec::new();
+        empty_defaults(&raw, "raw", &mut found);
+        assert!(!found.is_empty(), "the case this guards is gone");
+        found.clear();
+        for crd in crds() {
+            let name = crd["metadata"]["name"].as_str().unwrap_or("?").to_string();
+            empty_defaults(&crd, &name, &mut found);
+        }
+        assert!(found.is_empty(), "{found:?}");
+    }
+
+    #[test]
+    fn a_crd_for_a_server_without_cel_keeps_everything_but_its_rules() {
+        let mut crds = crds();
+        let before = serde_json::to_string(&crds).unwrap_or_default();
+        assert!(before.contains("x-kubernetes-validations"));
+        crds.iter_mut().for_each(without_cel);
+        let after = serde_json::to_string(&crds).unwrap_or_default();
+        assert!(!after.contains("x-kubernetes-validations"));
+        let spec =
+            &crds[3]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        assert_eq!(spec["properties"]["revision"]["pattern"], "^[0-9a-f]{16}$");
+        assert_eq!(spec["properties"]["guards"]["type"], "array");
     }
 
     #[test]

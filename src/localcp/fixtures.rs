@@ -12,6 +12,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 
 use super::LocalCpError;
+use super::assets::KubeVersion;
 use crate::crd::hostedcontrolplane::{HcpCondition, HostedControlPlaneSpec};
 use crate::crd::{
     CRD_MANIFESTS, HCP_NAMESPACE_LABEL, HostedControlPlane, HostedControlPlaneStatus, SecretKeyRef,
@@ -38,10 +39,20 @@ fn kube_err(context: String) -> impl FnOnce(kube::Error) -> LocalCpError {
 pub async fn install_crds(client: &Client, hcp_crd: &str) -> Result<(), LocalCpError> {
     let (hcp_name, _) = CRD_MANIFESTS[0];
     let rest = CRD_MANIFESTS[1..].iter().map(|(n, y)| (*n, *y));
-    // The agent's own CRDs, as the chart ships them.
+    // The agent's own CRDs, as the chart ships them; without CEL rules where the server has
+    // no CEL (the 1.20 test bed).
+    let cel = client
+        .apiserver_version()
+        .await
+        .ok()
+        .and_then(|info| KubeVersion::parse(&info.git_version))
+        .is_none_or(|v| v.at_least(1, 25));
     let own: Vec<(String, String)> = crate::crd::health::crds()
-        .iter()
+        .iter_mut()
         .map(|c| {
+            if !cel {
+                crate::crd::health::without_cel(c);
+            }
             (
                 c["metadata"]["name"]
                     .as_str()

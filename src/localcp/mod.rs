@@ -450,13 +450,55 @@ fn ensure_port_free(component: &str, port: u16) -> Result<(), LocalCpError> {
         })
 }
 
-/// A port the kernel considers free right now. Another process could take it before our
-/// child binds it; the start-up check then reports that child's "address already in use"
-/// log line instead of hanging.
+/// A port free right now, for a child process to listen on a moment later.
+///
+/// Chosen outside the kernel's ephemeral range: the kernel hands those ports to every
+/// outgoing connection, so one picked there could be taken by a connection of any test
+/// running beside it before the child binds it (seen: a hosted kube-apiserver exiting with
+/// "address already in use"). Outside it only a listener can take a port, and this process
+/// never hands out the same one twice. Should a child still lose the race, the start-up check
+/// reports its log line instead of hanging.
 pub fn free_port() -> Result<u16, LocalCpError> {
+    use std::hash::BuildHasher;
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let (lo, hi) = ephemeral_range();
+    let (start, end) = if lo >= 11_000 {
+        (10_000, lo)
+    } else {
+        (hi.saturating_add(1), u16::MAX)
+    };
+    let span = u64::from(end.saturating_sub(start));
+    if span >= 1_000 {
+        // Where to start looking: random per call, so parallel test processes seldom meet.
+        let offset = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
+        let mut given = GIVEN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for i in 0..span.min(4_096) {
+            let Ok(port) = u16::try_from(u64::from(start) + offset.wrapping_add(i) % span) else {
+                continue;
+            };
+            if !given.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                given.insert(port);
+                return Ok(port);
+            }
+        }
+    }
     let l = TcpListener::bind(("127.0.0.1", 0)).map_err(io("picking a free port"))?;
     let port = l.local_addr().map_err(io("picking a free port"))?.port();
     Ok(port)
+}
+
+/// The kernel's ephemeral port range (Linux; the usual default elsewhere).
+fn ephemeral_range() -> (u16, u16) {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| {
+            let mut it = text.split_whitespace().map(str::parse::<u16>);
+            Some((it.next()?.ok()?, it.next()?.ok()?))
+        })
+        .unwrap_or((32_768, 60_999))
 }
 
 async fn start_etcd(
@@ -654,4 +696,22 @@ pub async fn client_from_kubeconfig(component: &str, yaml: &str) -> Result<Clien
         context: format!("building a client for {component}"),
         source,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_distinct_bindable_and_outside_the_ephemeral_range() {
+        let (lo, hi) = ephemeral_range();
+        assert!(lo <= hi, "{lo}..{hi}");
+        let ports: Vec<u16> = (0..50).map(|_| free_port().expect("a port")).collect();
+        let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len(), "{ports:?}");
+        for p in &ports {
+            assert!(!(lo..=hi).contains(p), "{p} is ephemeral ({lo}..{hi})");
+            TcpListener::bind(("127.0.0.1", *p)).expect("free");
+        }
+    }
 }
