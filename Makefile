@@ -17,15 +17,11 @@ helm:
 	@bash hack/helm.sh
 
 # Unit tests once, then the e2e suite against every test-bed version available here
-# (hack/testbed-versions.sh: 1.20.2, and 1.36.2 where its source bundle is present), then the
-# container image built and run alone (hack/image-check.sh).
+# (hack/testbed-versions.sh: 1.20.2, and 1.36.2 where its source bundle is present), the
+# versions side by side (hack/test.sh), then the container image built and run alone
+# (hack/image-check.sh).
 test:
-	@helm="$$(bash hack/helm.sh)" && versions="$$(bash hack/testbed-versions.sh)" && \
-	$(CARGO) test --lib --bins && \
-	for assets in $$versions; do \
-	  echo "== e2e on $$("$$assets/kube-apiserver" --version) ($$assets) =="; \
-	  KUBEBUILDER_ASSETS="$$assets" HELM="$$helm" $(CARGO) test --test '*'; \
-	done && \
+	@helm="$$(bash hack/helm.sh)" && HELM="$$helm" CARGO="$(CARGO)" bash hack/test.sh && \
 	echo "== the container image ==" && bash hack/image.sh >/dev/null && bash hack/image-check.sh
 
 # The chart's generated files: values.schema.json from the configuration types, and
