@@ -73,27 +73,35 @@ async fn rollout(mgmt: &Client) -> Result<AdmissionRollout, String> {
         .map_err(|e| e.to_string())
 }
 
-/// Waits until the rollout is in `phase` with `stable` as its stable revision.
+/// Waits until the rollout is in `phase` with `stable` as its stable revision (and `target`
+/// as its target, when given: a second halt on the same stable revision is told apart).
 async fn wait_phase(
     mgmt: &Client,
     phase: RolloutPhase,
     stable: &str,
+    target: Option<&str>,
     within: Duration,
 ) -> AdmissionRollout {
     eventually(&format!("rollout {phase:?} on {stable}"), within, || {
         let mgmt = mgmt.clone();
         let stable = stable.to_string();
+        let target = target.map(str::to_string);
         async move {
             let st = rollout(&mgmt).await?.status.unwrap_or_default();
+            let on = |r: &Option<hcp_fleet_agent::crd::rollout::RevisionRecord>| {
+                r.as_ref().map(|r| r.revision.clone())
+            };
             let ok = st.phase == phase
-                && st.stable.as_ref().map(|s| s.revision.as_str()) == Some(stable.as_str());
+                && on(&st.stable).as_deref() == Some(stable.as_str())
+                && target.is_none_or(|t| on(&st.target) == Some(t));
             if ok {
                 Ok(())
             } else {
                 Err(format!(
-                    "{} {:?}: {}",
+                    "{} {:?} -> {:?}: {}",
                     st.phase.as_str(),
-                    st.stable.map(|s| s.revision),
+                    on(&st.stable),
+                    on(&st.target),
                     st.message
                 ))
             }
@@ -227,6 +235,7 @@ async fn waves_a_leader_change_and_two_bad_revisions_that_halt_and_roll_back() {
         &mgmt,
         RolloutPhase::Complete,
         &rev0,
+        None,
         Duration::from_secs(20),
     )
     .await;
@@ -277,6 +286,7 @@ async fn waves_a_leader_change_and_two_bad_revisions_that_halt_and_roll_back() {
         &mgmt,
         RolloutPhase::Complete,
         &rev1,
+        None,
         Duration::from_secs(120),
     )
     .await;
@@ -329,7 +339,14 @@ async fn waves_a_leader_change_and_two_bad_revisions_that_halt_and_roll_back() {
     let mut broken = good.clone();
     broken.admission.image = "quay.invalid/broken/admission:1".into();
     let rev2 = write(&paths, &broken);
-    let halted = wait_phase(&mgmt, RolloutPhase::Halted, &rev1, Duration::from_secs(90)).await;
+    let halted = wait_phase(
+        &mgmt,
+        RolloutPhase::Halted,
+        &rev1,
+        None,
+        Duration::from_secs(90),
+    )
+    .await;
     let st = halted.status.unwrap_or_default();
     assert!(
         st.message.contains("clusters-hc-1") && st.message.contains("not done within 40s"),
@@ -378,29 +395,16 @@ async fn waves_a_leader_change_and_two_bad_revisions_that_halt_and_roll_back() {
         }
     }
     let rev3 = write(&paths, &deaf);
-    eventually(
-        "the second bad revision halted",
+    let st = wait_phase(
+        &mgmt,
+        RolloutPhase::Halted,
+        &rev1,
+        Some(&rev3),
         Duration::from_secs(90),
-        || {
-            let mgmt = mgmt.clone();
-            let rev3 = rev3.clone();
-            async move {
-                let st = rollout(&mgmt).await?.status.unwrap_or_default();
-                let target = st.target.as_ref().map(|t| t.revision.clone());
-                if st.phase == RolloutPhase::Halted && target.as_deref() == Some(rev3.as_str()) {
-                    Ok(())
-                } else {
-                    Err(format!("{} {target:?}: {}", st.phase.as_str(), st.message))
-                }
-            }
-        },
     )
-    .await;
-    let st = rollout(&mgmt)
-        .await
-        .expect("rollout")
-        .status
-        .unwrap_or_default();
+    .await
+    .status
+    .unwrap_or_default();
     assert_eq!(
         st.stable.as_ref().map(|s| s.revision.as_str()),
         Some(rev1.as_str())
@@ -522,6 +526,7 @@ async fn an_override_is_checked_pins_its_hcp_and_its_removal_rejoins_the_fleet()
         &mgmt,
         RolloutPhase::Complete,
         &rev1,
+        None,
         Duration::from_secs(30),
     )
     .await;

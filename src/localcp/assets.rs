@@ -64,6 +64,12 @@ impl KubeVersion {
         (self.major, self.minor) < (1, 24)
     }
 
+    /// Enforces a CRD's CEL rules (`x-kubernetes-validations`, 1.25); before that, server-side
+    /// apply refuses the field.
+    pub fn has_cel(&self) -> bool {
+        self.at_least(1, 25)
+    }
+
     /// At least `major.minor`.
     pub fn at_least(&self, major: u32, minor: u32) -> bool {
         (self.major, self.minor) >= (major, minor)

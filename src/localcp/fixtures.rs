@@ -46,7 +46,7 @@ pub async fn install_crds(client: &Client, hcp_crd: &str) -> Result<(), LocalCpE
         .await
         .ok()
         .and_then(|info| KubeVersion::parse(&info.git_version))
-        .is_none_or(|v| v.at_least(1, 25));
+        .is_none_or(|v| v.has_cel());
     let own: Vec<(String, String)> = crate::crd::health::crds()
         .iter_mut()
         .map(|c| {

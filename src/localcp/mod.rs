@@ -300,7 +300,7 @@ impl LocalFleet {
     /// else the repository's trimmed one.
     pub fn hcp_crd(&self) -> String {
         self.version
-            .at_least(1, 25)
+            .has_cel()
             .then(|| self.upstream_crd(assets::UPSTREAM_HCP_CRD))
             .flatten()
             .unwrap_or_else(|| crate::crd::CRD_MANIFESTS[0].1.to_string())
