@@ -16,10 +16,9 @@ assets:
 helm:
 	@bash hack/helm.sh
 
-# Unit tests once, then the e2e suite against every test-bed version available here
-# (hack/testbed-versions.sh: 1.20.2, and 1.36.2 where its source bundle is present), the
-# versions side by side (hack/test.sh), then the container image built and run alone
-# (hack/image-check.sh).
+# Unit tests once, then the e2e suite against the test bed's version (hack/testbed-versions.sh:
+# Debian's 1.20.2, or the KUBEBUILDER_ASSETS directory), in two lanes side by side
+# (hack/test.sh), then the container image built and run alone (hack/image-check.sh).
 test:
 	@helm="$$(bash hack/helm.sh)" && HELM="$$helm" CARGO="$(CARGO)" bash hack/test.sh && \
 	echo "== the container image ==" && bash hack/image.sh >/dev/null && bash hack/image-check.sh

@@ -17,6 +17,7 @@ use hcp_fleet_agent::certificates::{self, KeyedCert, Usage};
 use hcp_fleet_agent::config::{AgentConfig, GuardEngine, Mode};
 use hcp_fleet_agent::controller::AdmissionEndpoints;
 use hcp_fleet_agent::crd::AdmissionHealth;
+use hcp_fleet_agent::localcp::assets::Feature;
 use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet, kubelet};
 use hcp_fleet_agent::management;
 use hcp_fleet_agent::reporting::HEALTH_NAME;
@@ -234,7 +235,12 @@ async fn each_guard_answers_through_its_admission_policy() {
 async fn each_guard_answers_through(engine: GuardEngine) {
     let cfg = with_engine(engine);
     let bed = bed(cfg.clone()).await;
-    let served = bed.fleet.version.at_least(1, 30);
+    let served = engine != GuardEngine::Policy
+        || support::serves(
+            &bed.fleet.version,
+            Feature::AdmissionPolicies,
+            "answers through admission policies (the webhooks answer instead)",
+        );
     let by_policy = engine == GuardEngine::Policy && served;
     // Who answered, as the API server words it.
     let answered_by = |guard: &str| {
@@ -676,7 +682,11 @@ async fn exempt_identities_never_call_the_service_where_the_api_server_filters_t
     use hcp_fleet_agent::hosted::webhooks::VALIDATING_NAME;
     use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
     let bed = bed(through_the_service()).await;
-    let filtered = bed.fleet.version.at_least(1, 28);
+    let filtered = support::serves(
+        &bed.fleet.version,
+        Feature::MatchConditions,
+        "exempt requests filtered by the API server (the service exempts them instead)",
+    );
     let hooks = Api::<ValidatingWebhookConfiguration>::all(hc1_admin(&bed).await)
         .get(VALIDATING_NAME)
         .await
@@ -1050,7 +1060,11 @@ async fn switching_engines_under_load_lets_nothing_through() {
     };
     let _turn = LOAD_TURN.lock().await;
     let bed = bed(through_the_service()).await;
-    let served = bed.fleet.version.at_least(1, 30);
+    let served = support::serves(
+        &bed.fleet.version,
+        Feature::AdmissionPolicies,
+        "switches between a webhook and an admission policy (the webhook alone is exercised)",
+    );
     let hosted = hc1_admin(&bed).await;
     let rbac = "protected-rbac.hcp-fleet.openshift.io";
     // Which paths carry protected RBAC now: (webhook entry, policy).

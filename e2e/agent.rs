@@ -15,6 +15,7 @@ use hcp_fleet_agent::crd::{
     AdmissionHealth, AdmissionHealthPolicy, AdmissionHealthPolicySpec, Policy,
 };
 use hcp_fleet_agent::hosted::webhooks::{MUTATING_NAME, OWNED_LABEL, VALIDATING_NAME};
+use hcp_fleet_agent::localcp::assets::Feature;
 use hcp_fleet_agent::localcp::fixtures::{
     SERVICE_NETWORK_KUBECONFIG, hcp_namespace, put_kubeconfig_secret,
 };
@@ -1190,7 +1191,7 @@ async fn uninstall_removes_webhooks_first_and_keeps_what_it_cannot_reach() {
     assert!(
         stdout.contains(&format!(
             "clusters-hc-1: removed {} hosted object(s)",
-            support::default_hosted_objects(fleet.version.at_least(1, 30))
+            support::default_hosted_objects(fleet.version.serves(Feature::AdmissionPolicies))
         )),
         "{stdout}"
     );

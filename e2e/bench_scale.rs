@@ -5,7 +5,8 @@
 //! machine, so all but BENCH_SCALE_REAL of them are played by one HTTPS server in this process
 //! (`simhosted`: real TLS, a CA and SNI name per cluster, the part of the Kubernetes API the
 //! agent uses, the probe answered as a working admission service would). The real ones (16 by
-//! default) are kube-apiservers v1.36 calling real admission services over TLS, so both kinds
+//! default) are kube-apiservers of the test bed's newest version calling real admission
+//! services over TLS (the figures in docs/architecture.md were taken on v1.36.2), so both kinds
 //! are printed side by side. Every figure from simulated clusters is marked as such.
 //!
 //! For each size of BENCH_SCALE_SIZES (default 100,300,1000), in one run:

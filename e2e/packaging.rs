@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use hcp_fleet_agent::localcp::assets::Feature;
 use hcp_fleet_agent::localcp::fixtures::{AGENT_NAMESPACE, hcp_namespace};
 use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet};
 use hcp_fleet_agent::metrics::Metrics;
@@ -247,7 +248,7 @@ async fn api_for(client: &Client, obj: &Value) -> Api<DynamicObject> {
 /// the server has strict field validation (1.25 and later) it refuses unknown fields itself;
 /// before that, what the server dropped (pruned) is compared with what was sent.
 async fn dry_run_all(fleet: &LocalFleet, client: &Client, objs: &[Value]) {
-    let strict = fleet.version.at_least(1, 25);
+    let strict = fleet.version.serves(Feature::CrdCel);
     let mut problems = Vec::new();
     for obj in objs {
         let name = obj["metadata"]["name"].as_str().expect("name");
@@ -1153,7 +1154,7 @@ async fn the_uninstall_hook_stops_the_agent_then_removes_webhooks_and_admission_
     assert!(
         stdout.contains(&format!(
             "{ns}: removed {} hosted object(s)",
-            support::default_hosted_objects(fleet.version.at_least(1, 30))
+            support::default_hosted_objects(fleet.version.serves(Feature::AdmissionPolicies))
         )),
         "{stdout}"
     );

@@ -18,6 +18,7 @@ use hcp_fleet_agent::crd::rollout::{
     AdmissionRollout, HostedAdmissionOverride, ROLLOUT_NAME, RolloutPhase,
 };
 use hcp_fleet_agent::crd::{AdmissionHealth, HostedControlPlane};
+use hcp_fleet_agent::localcp::assets::Feature;
 use hcp_fleet_agent::localcp::fixtures::hcp_namespace;
 use hcp_fleet_agent::management::{MANAGED_BY, MANAGED_BY_VALUE, deployment_rolled_out};
 use hcp_fleet_agent::reporting::HEALTH_NAME;
@@ -436,20 +437,8 @@ async fn an_override_is_checked_pins_its_hcp_and_its_removal_rejoins_the_fleet()
     let mut cfg = config();
     cfg.rollout.canary_selector = LabelSelector::default();
     cfg.rollout.max_unavailable = MaxUnavailable::Percent("100%".into());
-    let agent = hcp_fleet_agent::agent::start(
-        mgmt.clone(),
-        cfg.clone(),
-        hcp_fleet_agent::agent::StartOptions {
-            agent_namespace: AGENT_NS.into(),
-            endpoints: hcp_fleet_agent::localcp::kubelet::endpoints(),
-        },
-    )
-    .await
-    .expect("agent");
     let rev0 = Revision::of(&cfg).id;
     let (ns1, ns2) = (hcp_namespace("hc-1"), hcp_namespace("hc-2"));
-    wait_on(&mgmt, &ns1, &rev0, Duration::from_secs(90)).await;
-    wait_on(&mgmt, &ns2, &rev0, Duration::from_secs(90)).await;
     let overrides = Api::<HostedAdmissionOverride>::namespaced(mgmt.clone(), &ns2);
     let create = |spec: serde_json::Value| {
         let overrides = overrides.clone();
@@ -469,14 +458,11 @@ async fn an_override_is_checked_pins_its_hcp_and_its_removal_rejoins_the_fleet()
         .await
         .expect_err("refused");
     assert!(err.to_string().contains("spec.revision"), "{err}");
-    let version = mgmt.apiserver_version().await.expect("version");
-    if version
-        .minor
-        .trim_end_matches('+')
-        .parse::<u32>()
-        .unwrap_or(0)
-        >= 25
-    {
+    if support::serves(
+        &fleet.version,
+        Feature::CrdCel,
+        "the override CRD's CEL rules refused by the API server (the agent's own check is asserted below)",
+    ) {
         let err = create(serde_json::json!({"guards": [{"name": "probe.hcp-fleet.openshift.io", "mode": "off"}]}))
             .await
             .expect_err("refused by CEL");
@@ -486,7 +472,9 @@ async fn an_override_is_checked_pins_its_hcp_and_its_removal_rejoins_the_fleet()
         );
     }
 
-    // Pin hc-2 to the revision it runs, with a guard on warn and one more exempt user.
+    // Pin hc-2 to the revision it will run, with a guard on warn and one more exempt user,
+    // before the agent starts: the rollout has recorded no revision yet when the override is
+    // first checked, and the revision the HCP runs counts as held all the same.
     create(serde_json::json!({
         "revision": rev0,
         "reason": "e2e: held back",
@@ -495,6 +483,16 @@ async fn an_override_is_checked_pins_its_hcp_and_its_removal_rejoins_the_fleet()
     }))
     .await
     .expect("a good override");
+    let agent = hcp_fleet_agent::agent::start(
+        mgmt.clone(),
+        cfg.clone(),
+        hcp_fleet_agent::agent::StartOptions {
+            agent_namespace: AGENT_NS.into(),
+            endpoints: hcp_fleet_agent::localcp::kubelet::endpoints(),
+        },
+    )
+    .await
+    .expect("agent");
     eventually("the override is accepted", Duration::from_secs(30), || {
         let overrides = overrides.clone();
         async move {
@@ -514,6 +512,8 @@ async fn an_override_is_checked_pins_its_hcp_and_its_removal_rejoins_the_fleet()
         }
     })
     .await;
+    wait_on(&mgmt, &ns1, &rev0, Duration::from_secs(90)).await;
+    wait_on(&mgmt, &ns2, &rev0, Duration::from_secs(90)).await;
     let next = with_mode(
         cfg.clone(),
         "featuregate",

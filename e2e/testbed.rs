@@ -8,6 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hcp_fleet_agent::crd::{HCP_NAMESPACE_LABEL, HostedControlPlane, Policy, PolicySpec};
+use hcp_fleet_agent::localcp::assets::Feature;
 use hcp_fleet_agent::localcp::fixtures::{SERVICE_NETWORK_KUBECONFIG, hcp_namespace};
 use hcp_fleet_agent::localcp::{self, FleetOptions, LocalCpError, LocalFleet};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
@@ -43,10 +44,13 @@ async fn management_and_two_hosted_clusters_serve_crds_and_fixtures() {
         .expect("HCP CRD");
     let upstream = kube::ResourceExt::annotations(&crd)
         .contains_key("api.openshift.io/merged-by-featuregates");
-    let expect_upstream = fleet.version.at_least(1, 25)
-        && fleet
-            .upstream_crd(localcp::assets::UPSTREAM_HCP_CRD)
-            .is_some();
+    let expect_upstream = support::serves(
+        &fleet.version,
+        Feature::CrdCel,
+        "HyperShift's own HostedControlPlane CRD (the project's trimmed one is installed)",
+    ) && fleet
+        .upstream_crd(localcp::assets::UPSTREAM_HCP_CRD)
+        .is_some();
     assert_eq!(
         upstream, expect_upstream,
         "which HCP CRD the fleet installed"
@@ -410,13 +414,13 @@ async fn render_prints_objects_a_real_apiserver_accepts() {
         .expect("fleet");
     // As the agent would for this server: policy/v1 PDBs from 1.21 on, v1beta1 before.
     let mut args = vec!["render", "--namespace", "clusters-hc-1"];
-    if !fleet.version.at_least(1, 21) {
+    if !fleet.version.serves(Feature::PolicyV1) {
         args.push("--no-policy-v1");
     }
-    if !fleet.version.at_least(1, 28) {
+    if !fleet.version.serves(Feature::MatchConditions) {
         args.push("--no-match-conditions");
     }
-    if !fleet.version.at_least(1, 30) {
+    if !fleet.version.serves(Feature::AdmissionPolicies) {
         args.push("--no-admission-policies");
     }
     let out = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
@@ -483,7 +487,7 @@ async fn render_prints_objects_a_real_apiserver_accepts() {
         "MutatingWebhookConfiguration",
         "ValidatingWebhookConfiguration",
     ];
-    if fleet.version.at_least(1, 30) {
+    if fleet.version.serves(Feature::AdmissionPolicies) {
         want_hosted.extend([
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicyBinding",

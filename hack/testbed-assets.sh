@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Yields a KUBEBUILDER_ASSETS directory holding kube-apiserver, etcd and kubectl.
 #
-#   dir=$(hack/testbed-assets.sh)        # v1.20.2 (stdout: the directory, nothing else)
-#   dir=$(hack/testbed-assets.sh 1.36)   # v1.36.2 from the source bundle (see below)
+#   dir=$(hack/testbed-assets.sh)        # stdout: the directory, nothing else
 #
-# - An existing KUBEBUILDER_ASSETS is honoured (and checked) rather than rebuilt.
+# - An existing KUBEBUILDER_ASSETS is honoured (and checked) rather than rebuilt: binaries of
+#   any version from 1.20 up, brought by the user (envtest's, say). Nothing here builds a
+#   server from a source bundle obtained outside the package registries.
 # - Otherwise the binaries are built once from Debian's packages and cached outside the
 #   repository (HCP_FLEET_ASSETS_CACHE, default ~/.cache/hcp-fleet-agent): etcd from
 #   `etcd-server`, kube-apiserver and kubectl from bookworm's `kubernetes` source package
@@ -42,21 +43,7 @@ sync_upstream_crds() {
   return 0
 }
 POLICY_CRD_FILE="policy.open-cluster-management.io_policies.yaml"
-HCP_CRD_FILE="hostedcontrolplanes-Hypershift-Default.crd.yaml"
 
-WANT="${1:-1.20}"
-case "$WANT" in
-  1.20|v1.20.2|1.20.2) ;;
-  1.36|v1.36.2|1.36.2)
-    [ -z "${KUBEBUILDER_ASSETS:-}" ] || { printf '%s\n' "$KUBEBUILDER_ASSETS"; exit 0; }
-    # Built (or found cached) by its own script; exit 3 there means no bundle here. 1.36
-    # accepts both upstream CRDs (HyperShift's uses CEL rules, which 1.20 refuses).
-    dir=$(bash "$ROOT/hack/testbed-assets-1.36.sh") || exit $?
-    sync_upstream_crds "$dir" "$POLICY_CRD_FILE" "$HCP_CRD_FILE"
-    printf '%s\n' "$dir"
-    exit 0 ;;
-  *) printf '[testbed-assets] error: unknown version %s (1.20 or 1.36)\n' "$WANT" >&2; exit 2 ;;
-esac
 
 
 # check_dir DIR: every binary present, executable and answering --version.

@@ -37,8 +37,10 @@ pub struct Verdict {
     pub message: String,
 }
 
-/// `fleet`: the revision the rollout assigns this HCP; `known`: a revision by name, if the
-/// rollout still holds it.
+/// `fleet`: the revision the rollout assigns this HCP (the configuration's while the rollout
+/// has recorded nothing); `known`: a revision by name, if the rollout still holds it. The
+/// revision the HCP runs is always held, whether or not the rollout has recorded it yet: a pin
+/// to it must never be refused for the rollout being a step behind.
 pub fn resolve(
     base: &AgentConfig,
     fleet: &Revision,
@@ -78,6 +80,7 @@ fn apply(
 ) -> Result<Resolved, Vec<String>> {
     let mut problems = Vec::new();
     let revision = match &ov.revision {
+        Some(pin) if *pin == fleet.id => fleet.clone(),
         Some(pin) => match known(pin) {
             Some(r) => r,
             None => {
@@ -97,7 +100,12 @@ fn apply(
     if ov.revision.is_some() {
         effect.push(format!("pinned to revision {}", revision.id));
     }
-    for g in &ov.guards {
+    for (i, g) in ov.guards.iter().enumerate() {
+        // As the CRD's rule says: with two modes for one guard, which one holds is a guess.
+        if ov.guards[..i].iter().any(|h| h.name == g.name) {
+            problems.push(format!("guard {} is named more than once", g.name));
+            continue;
+        }
         if crate::catalogue::Builtin::Probe.row().name == g.name {
             problems.push(format!(
                 "guard {}: the probe proves the admission path works; its mode cannot be overridden",
@@ -250,6 +258,23 @@ mod tests {
             "{}",
             v.message
         );
+    }
+
+    /// Before the rollout records anything, an HCP runs the configuration's revision by
+    /// fallback: a pin to it is held all the same (`known` knows nothing yet).
+    #[test]
+    fn a_pin_to_the_revision_the_hcp_runs_is_held_before_the_rollout_records_it() {
+        let (base, _, current) = fleet();
+        let ov = HostedAdmissionOverrideSpec {
+            revision: Some(current.id.clone()),
+            ..Default::default()
+        };
+        let r = resolve(&base, &current, |_| None, Some(&ov));
+        let v = r.verdict.expect("verdict");
+        assert!(v.accepted, "{v:?}");
+        assert!(r.pinned);
+        assert_eq!(r.revision, current.id);
+        assert_eq!(r.config, current.apply(&base));
     }
 
     #[test]

@@ -4,11 +4,26 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use hcp_fleet_agent::localcp::assets::{Feature, KubeVersion};
 use hcp_fleet_agent::localcp::{Assets, LocalCpError};
 
 /// The test bed binaries. `make test` provides them; a bare `cargo test` finds the cache.
 pub fn assets_or_skip_reason() -> Result<Assets, LocalCpError> {
     Assets::resolve(None)
+}
+
+/// Whether the test bed's server has `feature`; where it does not, one line says which of
+/// `test`'s assertions are skipped, and the rest of the test runs.
+pub fn serves(version: &KubeVersion, feature: Feature, test: &str) -> bool {
+    let yes = version.serves(feature);
+    if !yes {
+        let (major, minor) = feature.since();
+        println!(
+            "skipped on {version}: {test} ({} needs Kubernetes {major}.{minor}; set KUBEBUILDER_ASSETS to newer binaries to run them)",
+            feature.name()
+        );
+    }
+    yes
 }
 
 /// PIDs of live processes whose command line mentions `path`.

@@ -62,6 +62,16 @@ impl RolloutView {
         self.revisions.get(id).cloned()
     }
 
+    /// Whether `other` holds the same revisions (an override's verdict can only change with
+    /// them, or with the revision its HCP is assigned).
+    fn holds_the_same(&self, other: &RolloutView) -> bool {
+        self.revisions.len() == other.revisions.len()
+            && self
+                .revisions
+                .keys()
+                .all(|k| other.revisions.contains_key(k))
+    }
+
     /// The revision the rollout assigns `ns` (`None`: no rollout state: the configuration's).
     pub fn assigned(&self, ns: &str) -> Option<Revision> {
         let st = self.status.as_ref()?;
@@ -284,11 +294,15 @@ async fn once(
         // Every HCP whose revision moved reconciles now, not at its next event. Adopting the
         // configuration's revision as the first stable one moves none: a reconcile for nothing
         // would sit in the HCP's queue ahead of the next real event (an outage's, say).
+        // An override is checked against the revisions the rollout holds: when that set
+        // moves, every HCP with an override is looked at again, or a pin refused a moment ago
+        // would stay refused until something else touched its HCP.
         let config = Revision::of(&ctx.config()).id;
+        let held_moved = !before.holds_the_same(&after);
         for h in hcps.state() {
             let ns = h.namespace().unwrap_or_default();
             let id = |v: &RolloutView| v.assigned(&ns).map_or_else(|| config.clone(), |r| r.id);
-            if id(&before) != id(&after) {
+            if id(&before) != id(&after) || (held_moved && overrides.contains_key(&ns)) {
                 let _ = ctx.requeue.send(ObjectRef::from_obj(h.as_ref()));
             }
         }

@@ -3,6 +3,8 @@
 //! (`policies`), both rendered purely from the configuration.
 
 pub mod cel;
+#[cfg(test)]
+mod cel_cases;
 pub mod clients;
 pub mod kubeconfig;
 pub mod policies;

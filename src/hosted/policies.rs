@@ -304,6 +304,33 @@ pub fn render(
     hcp_namespace: &str,
     features: HostedFeatures,
 ) -> Result<AdmissionPolicies, WebhookRenderError> {
+    let (policies, bindings, revision) = render_json(cfg, hcp_namespace, features);
+    let err = |e: serde_json::Error| WebhookRenderError {
+        namespace: hcp_namespace.to_string(),
+        reason: e.to_string(),
+    };
+    Ok(AdmissionPolicies {
+        policies: policies
+            .into_iter()
+            .map(serde_json::from_value)
+            .collect::<Result<_, _>>()
+            .map_err(err)?,
+        bindings: bindings
+            .into_iter()
+            .map(serde_json::from_value)
+            .collect::<Result<_, _>>()
+            .map_err(err)?,
+        revision,
+    })
+}
+
+/// The policies and bindings as JSON, before they are typed (a unit test holds every field of
+/// them to what k8s-openapi's structs know, so none is dropped by a misspelling).
+fn render_json(
+    cfg: &AgentConfig,
+    hcp_namespace: &str,
+    features: HostedFeatures,
+) -> (Vec<Value>, Vec<Value>, Option<String>) {
     let conditions = cel::exemption_conditions(&cfg.admission);
     let mut policies = Vec::new();
     let mut bindings = Vec::new();
@@ -339,23 +366,7 @@ pub fn render(
         policies.push(probe_policy(hcp_namespace, rev));
         bindings.push(binding(probe_name(), &["Deny"], hcp_namespace, Some(rev)));
     }
-    let err = |e: serde_json::Error| WebhookRenderError {
-        namespace: hcp_namespace.to_string(),
-        reason: e.to_string(),
-    };
-    Ok(AdmissionPolicies {
-        policies: policies
-            .into_iter()
-            .map(serde_json::from_value)
-            .collect::<Result<_, _>>()
-            .map_err(err)?,
-        bindings: bindings
-            .into_iter()
-            .map(serde_json::from_value)
-            .collect::<Result<_, _>>()
-            .map_err(err)?,
-        revision,
-    })
+    (policies, bindings, revision)
 }
 
 /// Does the live policy or binding still say what was rendered? Its spec compared on the
@@ -561,6 +572,36 @@ mod tests {
             .map(|lit| lit.trim_matches('\'').replace("\\'", "'"))
             .collect::<String>();
         assert_eq!(Some(evaluated), d.message);
+    }
+
+    /// Every field rendered is one `admissionregistration.k8s.io/v1`'s typed structs know:
+    /// typed and written back, each object is what was rendered (serde drops a misspelt field
+    /// silently, which would install a guard without it).
+    #[test]
+    fn rendered_policies_round_trip_through_the_typed_v1_structs() {
+        let mut warn = AgentConfig::default();
+        warn.webhooks.iter_mut().for_each(|w| w.mode = Mode::Warn);
+        for cfg in [AgentConfig::default(), warn] {
+            let (policies, bindings, _) = render_json(&cfg, "clusters-a", served());
+            assert!(!policies.is_empty() && policies.len() == bindings.len());
+            for p in policies {
+                let typed: ValidatingAdmissionPolicy =
+                    serde_json::from_value(p.clone()).expect("typed");
+                assert_eq!(serde_json::to_value(&typed).expect("json"), p);
+            }
+            for b in bindings {
+                let typed: ValidatingAdmissionPolicyBinding =
+                    serde_json::from_value(b.clone()).expect("typed");
+                assert_eq!(serde_json::to_value(&typed).expect("json"), b);
+            }
+        }
+        // The check is not blind: a misspelt field does not survive the round trip.
+        let mut bad = render_json(&AgentConfig::default(), "ns", served())
+            .0
+            .remove(0);
+        bad["spec"]["matchConstraint"] = json!({});
+        let typed: ValidatingAdmissionPolicy = serde_json::from_value(bad.clone()).expect("typed");
+        assert_ne!(serde_json::to_value(&typed).expect("json"), bad);
     }
 
     #[test]

@@ -26,10 +26,16 @@ pub const UPSTREAM_HCP_CRD: &str = "hostedcontrolplanes-Hypershift-Default.crd.y
 pub const UPSTREAM_POLICY_CRD: &str = "policy.open-cluster-management.io_policies.yaml";
 
 impl Assets {
-    /// An upstream CRD the asset script placed beside the binaries (`upstream-crds/`), if it
-    /// did: reference data from the projects themselves, used where the server accepts it.
+    /// An upstream CRD the asset script placed beside the binaries (`upstream-crds/`), else
+    /// one in `HCP_FLEET_UPSTREAM_CRDS` (set by `hack/test.sh` for binaries the user brought):
+    /// reference data from the projects themselves, used where the server accepts it.
     pub fn upstream_crd(&self, file: &str) -> Option<String> {
-        std::fs::read_to_string(self.dir.join("upstream-crds").join(file)).ok()
+        std::fs::read_to_string(self.dir.join("upstream-crds").join(file))
+            .ok()
+            .or_else(|| {
+                let dir = std::env::var_os("HCP_FLEET_UPSTREAM_CRDS")?;
+                std::fs::read_to_string(Path::new(&dir).join(file)).ok()
+            })
     }
 }
 
@@ -67,12 +73,55 @@ impl KubeVersion {
     /// Enforces a CRD's CEL rules (`x-kubernetes-validations`, 1.25); before that, server-side
     /// apply refuses the field.
     pub fn has_cel(&self) -> bool {
-        self.at_least(1, 25)
+        self.serves(Feature::CrdCel)
     }
 
     /// At least `major.minor`.
     pub fn at_least(&self, major: u32, minor: u32) -> bool {
         (self.major, self.minor) >= (major, minor)
+    }
+
+    /// Whether this server has `feature` (by the release that made it on by default).
+    pub fn serves(&self, feature: Feature) -> bool {
+        let (major, minor) = feature.since();
+        self.at_least(major, minor)
+    }
+}
+
+/// What a test-bed server may lack: the e2e suite runs on Debian's 1.20 and on any newer
+/// binaries `KUBEBUILDER_ASSETS` names, and skips only the assertions of a feature the server
+/// lacks, saying so in one line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Feature {
+    /// `policy/v1` PodDisruptionBudgets (1.21).
+    PolicyV1,
+    /// CRD validation rules (`x-kubernetes-validations`, CEL) and strict field validation
+    /// (1.25).
+    CrdCel,
+    /// Webhook `matchConditions` (beta, on by default, in 1.28).
+    MatchConditions,
+    /// `admissionregistration.k8s.io/v1` ValidatingAdmissionPolicy (1.30).
+    AdmissionPolicies,
+}
+
+impl Feature {
+    /// The release from which it is served by default.
+    pub fn since(self) -> (u32, u32) {
+        match self {
+            Feature::PolicyV1 => (1, 21),
+            Feature::CrdCel => (1, 25),
+            Feature::MatchConditions => (1, 28),
+            Feature::AdmissionPolicies => (1, 30),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Feature::PolicyV1 => "policy/v1 PodDisruptionBudgets",
+            Feature::CrdCel => "CRD validation rules (CEL) and strict field validation",
+            Feature::MatchConditions => "webhook matchConditions",
+            Feature::AdmissionPolicies => "ValidatingAdmissionPolicy",
+        }
     }
 }
 
