@@ -38,8 +38,9 @@ tb_pid=""
 mapfile -t versions <"$work/versions"
 [ "${#versions[@]}" -gt 0 ] || { echo "[test] no test-bed version" >&2; exit 1; }
 
-# Two lanes of about equal length (admission ~ agent + rollout + the short ones, measured).
-lanes=("--test admission --test packaging" "--test agent --test rollout --test testbed")
+# Two lanes of about equal length (measured on 1.20: admission 204 s + packaging 18 +
+# testbed 18; agent 139 + rollout 99).
+lanes=("--test admission --test packaging --test testbed" "--test agent --test rollout")
 # Every [[test]] of Cargo.toml runs in one lane: a new e2e binary left out fails here.
 for t in $(awk '/^\[\[test\]\]/{t=1} t && /^name *=/{gsub(/[" ]/,"",$0); sub(/name=/,""); print; t=0}' Cargo.toml); do
   [[ " ${lanes[*]} " == *" --test $t "* ]] || { echo "[test] e2e binary '$t' is in no lane of hack/test.sh" >&2; exit 1; }
@@ -51,7 +52,7 @@ for assets in "${versions[@]}"; do
   pids=()
   for i in "${!lanes[@]}"; do
     # shellcheck disable=SC2086 # the lane is a list of cargo arguments
-    KUBEBUILDER_ASSETS="$assets" "$cargo" test ${lanes[$i]} >"$work/e2e-$i.log" 2>&1 &
+    KUBEBUILDER_ASSETS="$assets" "$cargo" test --no-fail-fast ${lanes[$i]} >"$work/e2e-$i.log" 2>&1 &
     pids+=("$!")
   done
   result=passed

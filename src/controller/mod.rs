@@ -397,4 +397,13 @@ mod tests {
         let secs: Vec<u64> = (1..=8).map(|n| backoff(n).as_secs()).collect();
         assert_eq!(secs, vec![2, 4, 8, 16, 32, 60, 60, 60]);
     }
+
+    #[test]
+    fn unsettled_replicas_are_looked_at_every_two_seconds_then_backed_off() {
+        let secs: Vec<u64> = (1..=18)
+            .map(|n| reconcile::settle_wait(n).as_secs())
+            .collect();
+        assert_eq!(&secs[..15], &[2; 15]);
+        assert_eq!(&secs[15..], &[2, 4, 8]);
+    }
 }

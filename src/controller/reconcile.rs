@@ -284,7 +284,7 @@ async fn run_phases(
         seen.insert(Concern::EndToEndProbe, verdict);
         if !settled {
             // Look again until every replica serves the new certificate.
-            return Ok(Action::requeue(backoff(unsettled)));
+            return Ok(Action::requeue(settle_wait(unsettled)));
         }
         // Between reconciles only the probe task runs; it queues one when its verdict changes.
         // And the certificates come due at a known time, which no event announces.
@@ -365,4 +365,18 @@ pub fn error_policy(
 /// Per-HCP exponential backoff: 2 s, 4 s, … capped at 60 s; a success resets it.
 pub fn backoff(failures: u32) -> Duration {
     Duration::from_secs(2u64.saturating_pow(failures.min(6)).min(60))
+}
+
+/// How long to wait before looking again at replicas that do not all serve the new
+/// certificate yet. Nothing announces that a replica has reloaded its certificate (it polls
+/// its files), so the agent looks every 2 s for the first half minute, the time a rollout or
+/// a reload takes, and only then backs off: with plain doubling, a replica that moved on just
+/// after the third look kept the previous CA trusted for 16 s more.
+pub fn settle_wait(looks: u32) -> Duration {
+    const STEADY_LOOKS: u32 = 15;
+    if looks <= STEADY_LOOKS {
+        Duration::from_secs(2)
+    } else {
+        backoff(looks - STEADY_LOOKS)
+    }
 }
