@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The advisory check: cargo-deny (installed from crates.io, cached outside the repo) enforces
-# deny.toml's bans (crates with RustSec advisories that matter here, and a second crypto
-# provider) and sources (crates.io only). The full RustSec scan (`check advisories`) runs when
-# a RustSec database is on this machine; this workplace cannot fetch one, and says so.
+# The supply-chain check of `make lint`: cargo-deny (installed from crates.io, cached outside the
+# repo) enforces deny.toml's bans (crates with RustSec advisories that matter here, and a second
+# crypto provider), licences and sources (crates.io only), then scans Cargo.lock against the
+# RustSec advisory database: the snapshot in ../shared/rustsec (this workplace cannot fetch
+# one), installed where cargo-deny looks for it, as that directory's README says. Any advisory
+# that applies fails the check; the only ignores are deny.toml's, each with its reason. Without
+# the snapshot (and without a database already installed) one line says the scan is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TOOLS="${HCP_FLEET_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hcp-fleet-agent/tools}"
@@ -19,14 +22,34 @@ if ! { [ -x "$DENY" ] && "$DENY" --version 2>/dev/null | grep -q "$DENY_VERSION"
     cargo install --locked --quiet --root "$TOOLS" --version "$DENY_VERSION" cargo-deny >&2
 fi
 
+# Online: it also puts every crate of Cargo.lock (other platforms' included) in cargo's
+# registry, which the offline advisory scan below needs.
 "$DENY" --log-level warn check bans licenses sources
 say "bans, licences and sources: ok"
 
+# The snapshot: ../shared/rustsec/advisory-db.tar.xz (or HCP_FLEET_RUSTSEC), checked against
+# its published SHA-256 and unpacked once per snapshot under cargo-deny's own directory for its
+# default database URL (the name is that URL's hash; see the snapshot's README).
+SNAPSHOT="${HCP_FLEET_RUSTSEC:-$(cd .. && pwd)/shared/rustsec/advisory-db.tar.xz}"
+SNAPSHOT_SHA256="0c430f5897da1e0c424b479622e2c35f3bd81182dc8c4fd9e2ad33a98221d6a4"
 DB_ROOT="${CARGO_HOME:-$HOME/.cargo}/advisory-dbs"
-if compgen -G "$DB_ROOT/*/crates" >/dev/null; then
-  "$DENY" --log-level warn check --disable-fetch advisories
-  say "RustSec advisories: ok"
+DB_DIR="$DB_ROOT/advisory-db-3157b0e258782691"
+if [ -f "$SNAPSHOT" ]; then
+  stamp="$DB_DIR/.hcp-fleet-snapshot"
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$SNAPSHOT_SHA256" ]; then
+    echo "$SNAPSHOT_SHA256  $SNAPSHOT" | sha256sum -c --quiet - >&2 \
+      || { say "error: $SNAPSHOT does not have the SHA-256 its README gives"; exit 1; }
+    mkdir -p "$DB_ROOT"
+    rm -rf "$DB_DIR"
+    # Plain tar: the archive's dates are the database's age, which cargo-deny checks.
+    tar -xJf "$SNAPSHOT" -C "$DB_ROOT"
+    printf '%s\n' "$SNAPSHOT_SHA256" >"$stamp"
+    say "RustSec snapshot installed in $DB_DIR"
+  fi
+fi
+if [ -d "$DB_DIR/crates" ]; then
+  "$DENY" --log-level warn --offline check advisories
+  say "RustSec advisories: none applies ($(find "$DB_DIR/crates" -name '*.md' | wc -l) in the database)"
 else
-  say "RustSec database not present in $DB_ROOT and not reachable from this network;"
-  say "the banned-crate list in deny.toml stands in for it (run 'cargo deny fetch' where it is)."
+  say "skipped the RustSec scan: no snapshot at $SNAPSHOT and no database in $DB_DIR"
 fi

@@ -19,6 +19,89 @@ pub fn subset(desired: &Value, live: &Value) -> bool {
     }
 }
 
+/// The fields under `under` (top-level keys such as `spec`) that a field manager other than
+/// `ours` set on `live` and `ours` does not own, from its `metadata.managedFields`, each as
+/// `path (by manager)`. For an object the agent renders whole: a field it does not render but
+/// someone else added (a selector that makes a guard match nothing, say) is drift all the
+/// same, while a server default, which no manager owns, is not. Status writes (the `status`
+/// subresource) never count.
+pub fn foreign_fields(live: &Value, ours: &str, under: &[&str]) -> Vec<String> {
+    let Some(entries) = live["metadata"]["managedFields"].as_array() else {
+        return Vec::new();
+    };
+    let in_scope = |p: &str| {
+        under.iter().any(|u| {
+            p.strip_prefix(u)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
+        })
+    };
+    let mut mine = std::collections::BTreeSet::new();
+    let mut theirs = std::collections::BTreeSet::new();
+    for e in entries {
+        if e["subresource"].as_str().is_some_and(|s| !s.is_empty()) {
+            continue;
+        }
+        let manager = e["manager"].as_str().unwrap_or_default();
+        let mut paths = Vec::new();
+        field_paths(&e["fieldsV1"], "", &mut paths);
+        for p in paths.into_iter().filter(|p| in_scope(p)) {
+            if manager == ours {
+                mine.insert(p);
+            } else {
+                theirs.insert((p, manager.to_string()));
+            }
+        }
+    }
+    theirs
+        .into_iter()
+        .filter(|(p, _)| !mine.contains(p))
+        .map(|(p, m)| format!("{p} (by {m})"))
+        .collect()
+}
+
+/// Every path a `fieldsV1` set names (`f:spec` as `spec`, a list entry `k:{"name":"x"}` as
+/// `[name=x]`, `v:…` as `[…]`, `i:3` as `[3]`), a node owning itself (`.`) included.
+fn field_paths(node: &Value, prefix: &str, out: &mut Vec<String>) {
+    let Some(map) = node.as_object() else { return };
+    for (key, child) in map {
+        if key == "." {
+            if !prefix.is_empty() {
+                out.push(prefix.to_string());
+            }
+            continue;
+        }
+        let part = if let Some(f) = key.strip_prefix("f:") {
+            if prefix.is_empty() {
+                f.to_string()
+            } else {
+                format!("{prefix}.{f}")
+            }
+        } else if let Some(k) = key.strip_prefix("k:") {
+            let fields = serde_json::from_str::<serde_json::Map<String, Value>>(k)
+                .map(|m| {
+                    m.iter()
+                        .map(|(k, v)| match v.as_str() {
+                            Some(s) => format!("{k}={s}"),
+                            None => format!("{k}={v}"),
+                        })
+                        .collect::<Vec<_>>()
+                        .join(",")
+                })
+                .unwrap_or_else(|_| k.to_string());
+            format!("{prefix}[{fields}]")
+        } else if let Some(v) = key.strip_prefix("v:").or_else(|| key.strip_prefix("i:")) {
+            format!("{prefix}[{v}]")
+        } else {
+            format!("{prefix}.{key}")
+        };
+        if child.as_object().is_none_or(|m| m.is_empty()) {
+            out.push(part);
+        } else {
+            field_paths(child, &part, out);
+        }
+    }
+}
+
 /// A fingerprint of a desired object, to tell "the same desired state as last time" from a
 /// changed one. In memory only (the hash is not stable across builds).
 pub fn fingerprint(desired: &Value) -> u64 {
@@ -67,6 +150,74 @@ mod tests {
             &json!({"data": {"a": "x"}, "list": [1, 2, 3]})
         ));
         assert!(!subset(&desired, &Value::Null));
+    }
+
+    fn managed(entries: Value) -> Value {
+        json!({"metadata": {"name": "x", "managedFields": entries}})
+    }
+
+    #[test]
+    fn fields_only_another_manager_set_are_foreign_and_named() {
+        let live = managed(json!([
+            {"manager": "hcp-fleet-agent", "operation": "Apply", "fieldsV1": {
+                "f:metadata": {"f:labels": {"f:a": {}}},
+                "f:spec": {"f:policyName": {}, "f:validationActions": {}},
+            }},
+            {"manager": "kubectl-patch", "operation": "Update", "fieldsV1": {
+                "f:metadata": {"f:labels": {"f:mine": {}}},
+                "f:spec": {"f:matchResources": {".": {}, "f:objectSelector": {"f:matchLabels": {".": {}, "f:x": {}}}}},
+            }},
+            {"manager": "kube-controller-manager", "operation": "Update", "subresource": "status",
+             "fieldsV1": {"f:status": {"f:typeChecking": {}}}},
+        ]));
+        assert_eq!(
+            foreign_fields(&live, "hcp-fleet-agent", &["spec"]),
+            [
+                "spec.matchResources (by kubectl-patch)",
+                "spec.matchResources.objectSelector.matchLabels (by kubectl-patch)",
+                "spec.matchResources.objectSelector.matchLabels.x (by kubectl-patch)",
+            ]
+        );
+        // Out of scope (metadata) and status are never foreign.
+        assert!(foreign_fields(&live, "hcp-fleet-agent", &["status"]).is_empty());
+        assert_eq!(
+            foreign_fields(&live, "hcp-fleet-agent", &["metadata"]).len(),
+            1
+        );
+    }
+
+    #[test]
+    fn a_field_both_own_and_a_server_default_are_not_foreign() {
+        let entry = |m: &str| {
+            json!({"manager": m, "operation": "Apply", "fieldsV1": {
+                "f:webhooks": {"k:{\"name\":\"g.example.com\"}": {".": {}, "f:name": {}, "f:rules": {}}},
+            }})
+        };
+        // The same value applied by someone else too: co-owned.
+        let live = managed(json!([entry("hcp-fleet-agent"), entry("tenant")]));
+        assert!(foreign_fields(&live, "hcp-fleet-agent", &["webhooks"]).is_empty());
+        // A webhook entry only the tenant has, and one field added to ours.
+        let live = managed(
+            json!([entry("hcp-fleet-agent"), {"manager": "tenant", "operation": "Apply", "fieldsV1": {
+                "f:webhooks": {
+                    "k:{\"name\":\"evil.example.com\"}": {".": {}, "f:name": {}},
+                    "k:{\"name\":\"g.example.com\"}": {"f:matchConditions": {}},
+                },
+            }}]),
+        );
+        assert_eq!(
+            foreign_fields(&live, "hcp-fleet-agent", &["webhooks"]),
+            [
+                "webhooks[name=evil.example.com] (by tenant)",
+                "webhooks[name=evil.example.com].name (by tenant)",
+                "webhooks[name=g.example.com].matchConditions (by tenant)",
+            ]
+        );
+        // No managedFields at all (a server that keeps none): nothing to say.
+        assert!(foreign_fields(&json!({"metadata": {}}), "a", &["spec"]).is_empty());
+        // A prefix of a key is not the key.
+        let live = managed(json!([{"manager": "t", "fieldsV1": {"f:specx": {}}}]));
+        assert!(foreign_fields(&live, "a", &["spec"]).is_empty());
     }
 
     #[test]

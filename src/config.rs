@@ -497,6 +497,49 @@ fn rule_hits_webhook_configs(r: &Rule) -> bool {
     group && resource
 }
 
+/// What an exemption entry names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exempted {
+    User,
+    Group,
+    Namespace,
+}
+
+/// The shortest prefix (before a trailing `*`) an exemption may have: anything shorter names
+/// no one in particular.
+const MIN_EXEMPT_PREFIX: usize = 4;
+
+/// Why one exemption entry (`field`'s `entry`) would exempt more than it can mean, if it
+/// would: a control character (it renders into CEL and logs), an empty entry, a bare `*` or a
+/// prefix too short to mean anything, a user prefix that covers every service account or
+/// every `system:` identity, a group pattern (groups are matched by exact name).
+pub fn exemption_problem(field: &str, entry: &str, kind: Exempted) -> Option<String> {
+    let why = if entry.chars().any(char::is_control) {
+        "holds a control character".to_string()
+    } else if entry.trim().is_empty() || entry.trim() != entry {
+        "is empty or has surrounding spaces".to_string()
+    } else if kind == Exempted::Group && entry.contains('*') {
+        "is a pattern; groups are exempt by exact name only".to_string()
+    } else if let Some(prefix) = entry.strip_suffix('*') {
+        if prefix.contains('*') {
+            "has a '*' before its end; only a trailing '*' makes a prefix".to_string()
+        } else if prefix.chars().count() < MIN_EXEMPT_PREFIX {
+            format!(
+                "is a prefix of fewer than {MIN_EXEMPT_PREFIX} characters, which exempts nearly everyone"
+            )
+        } else if kind == Exempted::User && "system:serviceaccount:".starts_with(prefix) {
+            "exempts every service account (or every system: identity) of the cluster".to_string()
+        } else {
+            return None;
+        }
+    } else if entry.contains('*') {
+        "has a '*' before its end; only a trailing '*' makes a prefix".to_string()
+    } else {
+        return None;
+    };
+    Some(format!("{field}: {entry:?} {why}"))
+}
+
 fn is_dns_subdomain(s: &str) -> bool {
     crate::names::validate_dns_name(s).is_ok()
 }
@@ -575,6 +618,21 @@ impl AgentConfig {
                     a.service_name
                 ));
             }
+        }
+        for (field, entries, kind) in [
+            ("admission.exemptUsers", &a.exempt_users, Exempted::User),
+            ("admission.exemptGroups", &a.exempt_groups, Exempted::Group),
+            (
+                "admission.exemptNamespaces",
+                &a.exempt_namespaces,
+                Exempted::Namespace,
+            ),
+        ] {
+            p.extend(
+                entries
+                    .iter()
+                    .filter_map(|e| exemption_problem(field, e, kind)),
+            );
         }
         let h = &self.hosted_access;
         if h.kubeconfig_secret.is_empty() || h.kubeconfig_key.is_empty() {
@@ -784,6 +842,56 @@ impl AgentConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exemptions_that_mean_everyone_or_carry_control_characters_are_refused_by_name() {
+        use Exempted::*;
+        for (entry, kind, why) in [
+            ("*", User, "fewer than 4"),
+            ("*", Namespace, "fewer than 4"),
+            ("ab*", Namespace, "fewer than 4"),
+            ("system:*", User, "every service account"),
+            ("system:serviceaccount:*", User, "every service account"),
+            ("system:service*", User, "every service account"),
+            ("sys*", User, "fewer than 4"),
+            ("osd-*", Group, "exact name only"),
+            ("a*b", User, "before its end"),
+            ("a**", Namespace, "before its end"),
+            ("alice\n", User, "control character"),
+            ("al\u{7}ice", User, "control character"),
+            ("", Group, "empty"),
+            (" alice", User, "surrounding spaces"),
+        ] {
+            let p = exemption_problem("admission.exemptUsers", entry, kind)
+                .unwrap_or_else(|| panic!("{entry:?} accepted"));
+            assert!(
+                p.contains(why) && p.starts_with("admission.exemptUsers: "),
+                "{entry:?}: {p}"
+            );
+            assert!(p.contains(&format!("{entry:?}")), "names the entry: {p}");
+        }
+        for (entry, kind) in [
+            ("system:serviceaccount:hypershift:*", User),
+            ("system:serviceaccount:openshift-*", User),
+            ("system:admin", User),
+            ("kube-*", Namespace),
+            ("default", Namespace),
+            ("system:masters", Group),
+        ] {
+            assert_eq!(exemption_problem("f", entry, kind), None, "{entry:?}");
+        }
+        // The defaults pass; a bad entry makes the configuration refused, naming it.
+        assert!(AgentConfig::default().problems().is_empty());
+        let mut cfg = AgentConfig::default();
+        cfg.admission.exempt_namespaces.push("*".into());
+        let problems = cfg.problems();
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("admission.exemptNamespaces: \"*\"")),
+            "{problems:?}"
+        );
+    }
 
     /// docs/configuration.md is the operators' reference: its example must be a valid file,
     /// and it must name every field the types accept.

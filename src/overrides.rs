@@ -4,7 +4,7 @@
 //! every configuration must pass. A refused override changes nothing but its status, except a
 //! pause: pausing never depends on the rest being right.
 
-use crate::config::AgentConfig;
+use crate::config::{AgentConfig, Exempted, exemption_problem};
 use crate::crd::rollout::HostedAdmissionOverrideSpec;
 use crate::rollout::Revision;
 
@@ -131,19 +131,23 @@ fn apply(
         }
     }
     for u in &ov.exempt_users {
-        if u.trim().is_empty() || UNEXEMPTABLE_USERS.contains(&u.as_str()) {
+        if UNEXEMPTABLE_USERS.contains(&u.as_str()) {
             problems.push(format!(
                 "exempt user {u:?} would turn the guards off for everyone: set a guard's mode to off instead"
             ));
+        } else if let Some(p) = exemption_problem("exemptUsers", u, Exempted::User) {
+            problems.push(p);
         } else if !cfg.admission.exempt_users.contains(u) {
             cfg.admission.exempt_users.push(u.clone());
         }
     }
     for g in &ov.exempt_groups {
-        if g.trim().is_empty() || UNEXEMPTABLE_GROUPS.contains(&g.as_str()) {
+        if UNEXEMPTABLE_GROUPS.contains(&g.as_str()) {
             problems.push(format!(
                 "exempt group {g:?} would turn the guards off for everyone: set a guard's mode to off instead"
             ));
+        } else if let Some(p) = exemption_problem("exemptGroups", g, Exempted::Group) {
+            problems.push(p);
         } else if !cfg.admission.exempt_groups.contains(g) {
             cfg.admission.exempt_groups.push(g.clone());
         }

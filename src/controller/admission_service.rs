@@ -12,7 +12,7 @@ use kube::{Api, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::apply::{Applied, apply_against, delete_if_present};
+use super::apply::{Applied, Repair, apply_against, delete_if_present};
 use super::cache::{self, object_key};
 use super::context::Context;
 use super::error::Failure;
@@ -58,7 +58,7 @@ where
         .await
         .map_err(failed)?;
 
-    let applied = apply_against(&api, name, obj, live, compare::subset)
+    let applied = apply_against(&api, name, obj, live, compare::subset, Repair::Apply)
         .await
         .map_err(failed)?;
     if !matches!(applied, Applied::Unchanged(_)) {

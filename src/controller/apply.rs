@@ -3,7 +3,7 @@
 //! objects that are no longer wanted. The same helpers serve management-side objects and the
 //! webhook configurations in hosted clusters.
 
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -68,6 +68,20 @@ impl<K> Applied<K> {
     }
 }
 
+/// How a differing object is put back.
+#[derive(Debug, Clone, Copy)]
+pub enum Repair {
+    /// A forced server-side apply: the agent's fields are its own again; fields other
+    /// managers set beside them stay (management-side objects, where other controllers may
+    /// legitimately add to them).
+    Apply,
+    /// Owned whole: where another manager set a field under these top-level keys, the object
+    /// is replaced by the rendering (at the resourceVersion read, so a concurrent write fails
+    /// rather than being overwritten unseen); otherwise a forced apply. An apply never removes
+    /// a field another manager owns, so a selector a tenant merged into a guard would stay.
+    Whole(&'static [&'static str]),
+}
+
 /// Applies only what differs from the live object (compared by `same(desired, live)` on their
 /// JSON): some API servers (1.20 among them) bump a no-op apply's managedFields timestamp, and
 /// with it the resourceVersion, which every watcher then sees as a change. Says what it did.
@@ -76,12 +90,13 @@ pub async fn apply_if_changed<K>(
     name: &str,
     desired: &K,
     same: fn(&Value, &Value) -> bool,
+    repair: Repair,
 ) -> Result<Applied<K>, kube::Error>
 where
     K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
 {
     let live = api.get_opt(name).await?;
-    apply_against(api, name, desired, live, same).await
+    apply_against(api, name, desired, live, same, repair).await
 }
 
 /// `apply_if_changed` against a live object already read (from a list of the kind, one
@@ -92,19 +107,34 @@ pub async fn apply_against<K>(
     desired: &K,
     live: Option<K>,
     same: fn(&Value, &Value) -> bool,
+    repair: Repair,
 ) -> Result<Applied<K>, kube::Error>
 where
     K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
 {
-    if let Some(live) = live {
-        let want = serde_json::to_value(desired).map_err(kube::Error::SerdeError)?;
-        let have = serde_json::to_value(&live).map_err(kube::Error::SerdeError)?;
-        if same(&want, &have) {
-            return Ok(Applied::Unchanged(live));
-        }
-        return apply(api, name, desired).await.map(Applied::Updated);
+    let Some(live) = live else {
+        return apply(api, name, desired).await.map(Applied::Created);
+    };
+    let want = serde_json::to_value(desired).map_err(kube::Error::SerdeError)?;
+    let have = serde_json::to_value(&live).map_err(kube::Error::SerdeError)?;
+    if same(&want, &have) {
+        return Ok(Applied::Unchanged(live));
     }
-    apply(api, name, desired).await.map(Applied::Created)
+    if let Repair::Whole(under) = repair
+        && !crate::compare::foreign_fields(&have, FIELD_MANAGER, under).is_empty()
+    {
+        let mut whole = desired.clone();
+        whole.meta_mut().resource_version = live.meta().resource_version.clone();
+        let params = PostParams {
+            dry_run: false,
+            field_manager: Some(FIELD_MANAGER.into()),
+        };
+        return api
+            .replace(name, &params, &whole)
+            .await
+            .map(Applied::Updated);
+    }
+    apply(api, name, desired).await.map(Applied::Updated)
 }
 
 /// Deletes `name` if it exists; a missing object is what was wanted.
@@ -128,13 +158,14 @@ pub async fn apply_and_prune<K>(
     desired: Option<&K>,
     owned: &str,
     same: fn(&Value, &Value) -> bool,
+    repair: Repair,
 ) -> Result<(), kube::Error>
 where
     K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
 {
     match desired {
         Some(d) => {
-            apply_if_changed(api, name, d, same).await?;
+            apply_if_changed(api, name, d, same, repair).await?;
         }
         None => {
             delete_if_present(api, name).await?;

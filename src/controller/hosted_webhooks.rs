@@ -17,7 +17,10 @@ use k8s_openapi::api::core::v1::Service;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 
-use super::apply::{Applied, apply_against, apply_and_prune, delete_if_present};
+use super::apply::{Applied, Repair, apply_against, apply_and_prune, delete_if_present};
+
+/// Every hosted object the agent installs is its own whole (`webhooks::OWNED_WHOLE`).
+const WHOLE: Repair = Repair::Whole(webhooks::OWNED_WHOLE);
 use super::context::{Context, hcp_labels, lock};
 use super::error::Failure;
 use super::{probe, watches};
@@ -251,7 +254,8 @@ pub async fn install(
         for p in &wanted.policies {
             let name = p.name_any();
             let live = take_named(&mut live_policies, &name);
-            let applied = apply_against(&papi, &name, p, live, policies::spec_matches).await?;
+            let applied =
+                apply_against(&papi, &name, p, live, policies::spec_matches, WHOLE).await?;
             wrote |= !matches!(applied, Applied::Unchanged(_));
             let live = applied.object();
             warnings.extend(
@@ -263,7 +267,8 @@ pub async fn install(
         for b in &wanted.bindings {
             let name = b.name_any();
             let live = take_named(&mut live_bindings, &name);
-            let applied = apply_against(&bapi, &name, b, live, policies::spec_matches).await?;
+            let applied =
+                apply_against(&bapi, &name, b, live, policies::spec_matches, WHOLE).await?;
             wrote |= !matches!(applied, Applied::Unchanged(_));
         }
         // The API server takes up to a second to compile what changed. Until it runs this
@@ -280,6 +285,7 @@ pub async fn install(
         desired.validating.as_ref(),
         &owned,
         webhooks::webhooks_match,
+        WHOLE,
     )
     .await?;
     apply_and_prune(
@@ -288,6 +294,7 @@ pub async fn install(
         desired.mutating.as_ref(),
         &owned,
         webhooks::webhooks_match,
+        WHOLE,
     )
     .await?;
     if !features.admission_policies {

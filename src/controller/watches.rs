@@ -195,7 +195,9 @@ fn drift_task(
             if !drifted {
                 continue;
             }
-            warn!(kind, name = %name, what, "the agent's object in the hosted cluster drifted; repairing");
+            // Who changed what, where the live object says (its managedFields).
+            let fields = live.as_ref().and_then(webhooks::foreign_summary);
+            warn!(kind, name = %name, what, fields = fields.as_deref().unwrap_or(""), "the agent's object in the hosted cluster drifted; repairing");
             metrics
                 .drift
                 .get_or_create(&DriftLabels {
@@ -204,9 +206,10 @@ fn drift_task(
                     kind: kind.to_string(),
                 })
                 .inc();
-            lock(&shared)
-                .drift_notes
-                .push(format!("{kind} {name} was {what} by someone else"));
+            lock(&shared).drift_notes.push(match fields {
+                Some(f) => format!("{kind} {name} was {what} by someone else: {f}"),
+                None => format!("{kind} {name} was {what} by someone else"),
+            });
             let _ = tx.send(hcp_ref.clone());
         }
     }

@@ -374,6 +374,7 @@ fn render_json(
 pub fn spec_matches(desired: &Value, live: &Value) -> bool {
     crate::compare::subset(&desired["spec"], &live["spec"])
         && super::webhooks::metadata_matches(desired, live)
+        && super::webhooks::foreign(live).is_empty()
 }
 
 /// What the API server's type check (`status.typeChecking`, written by kube-controller-manager)
@@ -529,10 +530,10 @@ mod tests {
             );
             let c = &v["spec"]["matchConstraints"];
             assert!(
-                c["objectSelector"]
+                !c["objectSelector"]
                     .to_string()
                     .contains(super::super::webhooks::OWNED_LABEL),
-                "{name}"
+                "no label exempts an object: {name}"
             );
             assert!(
                 c["namespaceSelector"].to_string().contains("kube-system"),

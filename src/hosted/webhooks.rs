@@ -177,7 +177,13 @@ fn guarded_selector(sel: Option<&LabelSelector>, guards: &[Value]) -> Value {
         })
         .unwrap_or_default();
     exprs.extend(guards.iter().cloned());
-    let mut v = json!({ "matchExpressions": exprs });
+    // An empty list is left out: the API server does not keep one, and a rendered field the
+    // live object never shows would read as drift forever.
+    let mut v = if exprs.is_empty() {
+        json!({})
+    } else {
+        json!({ "matchExpressions": exprs })
+    };
     if let Some(s) = sel.filter(|s| !s.match_labels.is_empty()) {
         v["matchLabels"] = json!(s.match_labels);
     }
@@ -197,12 +203,15 @@ pub(crate) fn guarded_namespace_selector(sel: Option<&LabelSelector>) -> Value {
     )
 }
 
+/// The definition's object selector, and nothing more: no label exempts an object from a
+/// guard. A selector term on a label any user with `patch` can set (the API server tests it
+/// against the old object on UPDATE and DELETE) would let them exempt whatever they like,
+/// `kubectl label clusterrole cluster-admin …` then `kubectl delete clusterrole cluster-admin`.
+/// The agent's own hosted objects need no such term: webhook configurations and admission
+/// policies never reach a webhook or a policy, and the agent's identity (the kubeconfig's
+/// `system:admin` in `system:masters`) is exempt by the configured users and groups.
 pub(crate) fn guarded_object_selector(sel: Option<&LabelSelector>) -> Value {
-    // The agent's own objects are never intercepted, DELETE included.
-    guarded_selector(
-        sel,
-        &[json!({"key": OWNED_LABEL, "operator": "DoesNotExist"})],
-    )
+    guarded_selector(sel, &[])
 }
 
 /// A definition's rules as the API server writes them (webhook `rules`, and an admission
@@ -406,6 +415,37 @@ pub fn webhooks_match(desired: &Value, live: &Value) -> bool {
             .zip(l)
             .all(|(dw, lw)| crate::compare::subset(dw, lw))
         && metadata_matches(desired, live)
+        && foreign(live).is_empty()
+}
+
+/// The part of a hosted object the agent renders whole, where a field it did not render is
+/// drift: a configuration's `webhooks`, a policy's or binding's `spec`.
+pub const OWNED_WHOLE: &[&str] = &["webhooks", "spec"];
+
+/// What someone else set in the part of a live hosted object the agent renders whole
+/// (`compare::foreign_fields`), each as `path (by manager)`.
+pub fn foreign(live: &Value) -> Vec<String> {
+    crate::compare::foreign_fields(live, crate::management::FIELD_MANAGER, OWNED_WHOLE)
+}
+
+/// `foreign(live)` for a drift record: the first few, each cut short and without control
+/// characters (paths and manager names are the tenant's own text), and how many more.
+pub fn foreign_summary(live: &Value) -> Option<String> {
+    const SHOWN: usize = 3;
+    const EACH: usize = 160;
+    let all = foreign(live);
+    if all.is_empty() {
+        return None;
+    }
+    let mut shown: Vec<String> = all
+        .iter()
+        .take(SHOWN)
+        .map(|f| f.chars().filter(|c| !c.is_control()).take(EACH).collect())
+        .collect();
+    if all.len() > SHOWN {
+        shown.push(format!("and {} more", all.len() - SHOWN));
+    }
+    Some(shown.join(", "))
 }
 
 #[cfg(test)]
@@ -531,8 +571,8 @@ mod tests {
             assert_eq!(fp.as_deref(), Some("Ignore"));
             let obj = serde_json::to_value(obj).expect("obj");
             assert!(
-                obj.to_string().contains(OWNED_LABEL),
-                "own objects exempt: {obj}"
+                !obj.to_string().contains(OWNED_LABEL),
+                "no label exempts an object: {obj}"
             );
             let ns = serde_json::to_value(ns).expect("ns");
             assert!(ns.to_string().contains("kube-system"), "{ns}");
@@ -565,8 +605,40 @@ mod tests {
         let mut edited = live.clone();
         edited["webhooks"][0]["failurePolicy"] = json!("Fail");
         assert!(!webhooks_match(&desired, &edited));
-        let mut unlabelled = live;
+        let mut unlabelled = live.clone();
         unlabelled["metadata"]["labels"] = json!({});
         assert!(!webhooks_match(&desired, &unlabelled));
+        // A field the agent does not render, set by someone else, is drift too: the server
+        // defaulted `extraDefault` (no manager owns it), a tenant merged a selector in.
+        let name = desired["webhooks"][0]["name"]
+            .as_str()
+            .expect("name")
+            .to_string();
+        let key = format!("k:{{\"name\":\"{name}\"}}");
+        let mut merged = live;
+        merged["webhooks"][0]["objectSelector"]["matchLabels"] = json!({"x": "y"});
+        merged["metadata"]["managedFields"] = json!([
+            {"manager": crate::management::FIELD_MANAGER, "operation": "Apply",
+             "fieldsV1": {"f:webhooks": {(key.clone()): {".": {}, "f:name": {}, "f:objectSelector": {}}}}},
+            {"manager": "kubectl-patch\u{7}", "operation": "Update",
+             "fieldsV1": {"f:webhooks": {(key): {"f:objectSelector": {"f:matchLabels": {".": {}, "f:x": {}}}}}}},
+        ]);
+        assert!(crate::compare::subset(
+            &desired["webhooks"][0],
+            &merged["webhooks"][0]
+        ));
+        assert!(!webhooks_match(&desired, &merged));
+        let summary = foreign_summary(&merged).expect("named");
+        assert!(
+            summary.starts_with(&format!(
+                "webhooks[name={name}].objectSelector.matchLabels (by kubectl-patch)"
+            )),
+            "{summary}"
+        );
+        assert!(!summary.chars().any(char::is_control), "{summary}");
+        assert!(
+            summary.contains(".matchLabels.x (by kubectl-patch)"),
+            "{summary}"
+        );
     }
 }
