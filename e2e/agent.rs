@@ -1364,6 +1364,62 @@ async fn management_objects_deleted_or_edited_come_back_within_a_second() {
     );
     took.push(format!("NetworkPolicy edit {back:?}"));
     drift_counted("the edit counts as drift", "NetworkPolicy", counted).await;
+    // The Deployment's pods' spec is the agent's whole: a field it does not render, added by
+    // someone else, is removed as fast as a changed one.
+    let deployments = Api::<Deployment>::namespaced(mgmt.clone(), ns);
+    for (what, patch) in [
+        (
+            "hostNetwork",
+            serde_json::json!({"spec": {"template": {"spec": {"hostNetwork": true}}}}),
+        ),
+        (
+            "an initContainer",
+            serde_json::json!({"spec": {"template": {"spec": {"initContainers": [
+                {"name": "sneaky", "image": "registry.example.com/sneaky:1"}
+            ]}}}}),
+        ),
+    ] {
+        let counted = drift_of("Deployment");
+        let pp = PatchParams {
+            field_manager: Some("someone-else".into()),
+            ..Default::default()
+        };
+        deployments
+            .patch(svc, &pp, &Patch::Strategic(&patch))
+            .await
+            .expect(what);
+        let t0 = Instant::now();
+        eventually(
+            &format!("{what} removed from the Deployment"),
+            Duration::from_secs(10),
+            || {
+                let deployments = deployments.clone();
+                async move {
+                    let d = deployments.get(svc).await.map_err(|e| e.to_string())?;
+                    let pod = d.spec.and_then(|s| s.template.spec).unwrap_or_default();
+                    if pod.host_network != Some(true)
+                        && pod.init_containers.as_ref().is_none_or(|c| c.is_empty())
+                    {
+                        Ok(())
+                    } else {
+                        Err(format!(
+                            "hostNetwork {:?}, initContainers {:?}",
+                            pod.host_network,
+                            pod.init_containers.map(|c| c.len())
+                        ))
+                    }
+                }
+            },
+        )
+        .await;
+        let back = t0.elapsed();
+        assert!(
+            back < Duration::from_secs(1),
+            "{what} removed after {back:?}"
+        );
+        took.push(format!("Deployment {what} {back:?}"));
+        drift_counted(&format!("{what} counts as drift"), "Deployment", counted).await;
+    }
     // The health record says so, and the HCP ends Compliant with its (new) certificate in the
     // hosted cluster.
     eventually(

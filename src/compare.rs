@@ -59,6 +59,67 @@ pub fn foreign_fields(live: &Value, ours: &str, under: &[&str]) -> Vec<String> {
         .collect()
 }
 
+/// `foreign_fields` for a record someone reads (a drift note, a log line): the first three,
+/// each cut to 160 characters without control characters (the paths and the manager names are
+/// whoever wrote the object's own text), and how many more; `None` for none.
+pub fn summary(foreign: &[String]) -> Option<String> {
+    const SHOWN: usize = 3;
+    const EACH: usize = 160;
+    if foreign.is_empty() {
+        return None;
+    }
+    let mut shown: Vec<String> = foreign
+        .iter()
+        .take(SHOWN)
+        .map(|f| f.chars().filter(|c| !c.is_control()).take(EACH).collect())
+        .collect();
+    if foreign.len() > SHOWN {
+        shown.push(format!("and {} more", foreign.len() - SHOWN));
+    }
+    Some(shown.join(", "))
+}
+
+/// `fields_v1` (one managedFields entry's set) cut down to the subtrees at `under` (dotted
+/// paths of fields, such as `spec.template.spec`); `None` when nothing of it is there. A
+/// watch's store keeps only this much of each entry: what `foreign_fields` reads of them.
+pub fn prune_fields(fields_v1: &Value, under: &[&str]) -> Option<Value> {
+    let mut out = serde_json::Map::new();
+    for path in under {
+        let mut node = fields_v1;
+        let keys: Vec<String> = path.split('.').map(|k| format!("f:{k}")).collect();
+        if keys.iter().all(|k| match node.get(k) {
+            Some(next) => {
+                node = next;
+                true
+            }
+            None => false,
+        }) {
+            // Rebuild the chain down to the kept subtree.
+            let mut kept = node.clone();
+            for k in keys.iter().rev() {
+                kept = serde_json::json!({ k.clone(): kept });
+            }
+            merge(&mut out, kept);
+        }
+    }
+    (!out.is_empty()).then_some(Value::Object(out))
+}
+
+fn merge(into: &mut serde_json::Map<String, Value>, v: Value) {
+    if let Value::Object(m) = v {
+        for (k, val) in m {
+            match (into.get_mut(&k), val) {
+                (Some(Value::Object(existing)), Value::Object(more)) => {
+                    merge(existing, Value::Object(more))
+                }
+                (_, val) => {
+                    into.insert(k, val);
+                }
+            }
+        }
+    }
+}
+
 /// Every path a `fieldsV1` set names (`f:spec` as `spec`, a list entry `k:{"name":"x"}` as
 /// `[name=x]`, `v:…` as `[…]`, `i:3` as `[3]`), a node owning itself (`.`) included.
 fn field_paths(node: &Value, prefix: &str, out: &mut Vec<String>) {
@@ -218,6 +279,31 @@ mod tests {
         // A prefix of a key is not the key.
         let live = managed(json!([{"manager": "t", "fieldsV1": {"f:specx": {}}}]));
         assert!(foreign_fields(&live, "a", &["spec"]).is_empty());
+    }
+
+    #[test]
+    fn pruned_fields_keep_only_the_subtrees_asked_for() {
+        let f = json!({
+            "f:metadata": {"f:labels": {"f:a": {}}},
+            "f:spec": {"f:replicas": {}, "f:template": {"f:metadata": {"f:annotations": {}}, "f:spec": {"f:hostNetwork": {}}}},
+            "f:status": {"f:readyReplicas": {}},
+        });
+        assert_eq!(
+            prune_fields(&f, &["spec.template.spec"]),
+            Some(json!({"f:spec": {"f:template": {"f:spec": {"f:hostNetwork": {}}}}}))
+        );
+        assert_eq!(prune_fields(&f, &["spec.selector"]), None);
+        assert_eq!(
+            prune_fields(&f, &["spec.replicas", "metadata.labels"]),
+            Some(json!({"f:spec": {"f:replicas": {}}, "f:metadata": {"f:labels": {"f:a": {}}}}))
+        );
+        // What is kept reads as the same foreign fields as the whole entry.
+        let live = |fields: Value| json!({"metadata": {"managedFields": [{"manager": "m", "fieldsV1": fields}]}});
+        let under = ["spec.template.spec"];
+        assert_eq!(
+            foreign_fields(&live(f.clone()), "a", &under),
+            foreign_fields(&live(prune_fields(&f, &under).expect("kept")), "a", &under)
+        );
     }
 
     #[test]

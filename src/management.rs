@@ -37,6 +37,19 @@ use crate::config::{AgentConfig, MonitoringApi};
 use crate::crd::hostedcontrolplane::Scheduling;
 
 pub const FIELD_MANAGER: &str = "hcp-fleet-agent";
+
+/// The part of the admission Deployment the agent owns whole: its pods' spec. A field another
+/// field manager adds there (`hostNetwork`, an `initContainer`) is drift like a changed one;
+/// the pod template's metadata is not (`kubectl rollout restart` stamps an annotation there,
+/// and a restart is SRE's to ask for).
+pub const DEPLOYMENT_OWNED_WHOLE: &[&str] = &["spec.template.spec"];
+
+/// Does the live admission Deployment say what was rendered: every rendered field, and
+/// nothing another manager added to its pods' spec?
+pub fn deployment_matches(desired: &serde_json::Value, live: &serde_json::Value) -> bool {
+    crate::compare::subset(desired, live)
+        && crate::compare::foreign_fields(live, FIELD_MANAGER, DEPLOYMENT_OWNED_WHOLE).is_empty()
+}
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY_VALUE: &str = "hcp-fleet-agent";
 pub const COMPONENT_LABEL: &str = "app.kubernetes.io/name";

@@ -57,8 +57,30 @@ where
     let live = cache::read(ctx, ns, &api, store, name, dyntype)
         .await
         .map_err(failed)?;
-
-    let applied = apply_against(&api, name, obj, live, compare::subset, Repair::Apply)
+    // The Deployment's pods' spec is the agent's whole (`management::DEPLOYMENT_OWNED_WHOLE`):
+    // what another manager added there is named in the note and removed.
+    let (same, repair, foreign): (fn(&serde_json::Value, &serde_json::Value) -> bool, _, _) =
+        if kind == "Deployment" {
+            let foreign = live
+                .as_ref()
+                .and_then(|l| serde_json::to_value(l).ok())
+                .map(|l| {
+                    compare::foreign_fields(
+                        &l,
+                        management::FIELD_MANAGER,
+                        management::DEPLOYMENT_OWNED_WHOLE,
+                    )
+                })
+                .unwrap_or_default();
+            (
+                management::deployment_matches,
+                Repair::Whole(management::DEPLOYMENT_OWNED_WHOLE),
+                foreign,
+            )
+        } else {
+            (compare::subset, Repair::Apply, Vec::new())
+        };
+    let applied = apply_against(&api, name, obj, live, same, repair)
         .await
         .map_err(failed)?;
     if !matches!(applied, Applied::Unchanged(_)) {
@@ -67,9 +89,13 @@ where
     let note = match (&applied, seen) {
         // Gone, though it was in place: whatever it held (a certificate, say) is new now.
         (Applied::Created(_), Some(_)) => Some(format!("{kind} {name} deleted; recreated")),
-        (Applied::Updated(_), Some(p)) if p == print => {
+        (Applied::Updated(_), Some(p)) if p == print && foreign.is_empty() => {
             Some(format!("{kind} {name} changed; restored"))
         }
+        (Applied::Updated(_), _) if !foreign.is_empty() => Some(format!(
+            "{kind} {name} changed; restored: removed {}",
+            compare::summary(&foreign).unwrap_or_default()
+        )),
         _ => None,
     };
     // Only an object seen to match can later be said to have drifted.

@@ -77,8 +77,9 @@ pub enum Repair {
     Apply,
     /// Owned whole: where another manager set a field under these top-level keys, the object
     /// is replaced by the rendering (at the resourceVersion read, so a concurrent write fails
-    /// rather than being overwritten unseen); otherwise a forced apply. An apply never removes
-    /// a field another manager owns, so a selector a tenant merged into a guard would stay.
+    /// rather than being overwritten unseen), then applied; otherwise only applied. An apply
+    /// never removes a field another manager owns, so a selector a tenant merged into a guard
+    /// would stay.
     Whole(&'static [&'static str]),
 }
 
@@ -129,10 +130,10 @@ where
             dry_run: false,
             field_manager: Some(FIELD_MANAGER.into()),
         };
-        return api
-            .replace(name, &params, &whole)
-            .await
-            .map(Applied::Updated);
+        api.replace(name, &params, &whole).await?;
+        // A replace moves no ownership where a value stays the same: a field another manager
+        // had set to the rendered value would still be theirs alone, and look foreign at every
+        // look. The forced apply after it makes every rendered field the agent's (shared).
     }
     apply(api, name, desired).await.map(Applied::Updated)
 }

@@ -106,7 +106,12 @@ pub async fn run(
     let controller = Controller::new(hcps, watcher::Config::default());
     let store = controller.store();
     let mut controller = controller
-        .owns_stream(cached(&ctx, owned.clone(), &mut caches.deployments))
+        .owns_stream(cached_keeping(
+            &ctx,
+            owned.clone(),
+            &mut caches.deployments,
+            management::DEPLOYMENT_OWNED_WHOLE,
+        ))
         .owns_stream(cached(&ctx, owned.clone(), &mut caches.service_accounts))
         .owns_stream(cached(&ctx, owned.clone(), &mut caches.services))
         .owns_stream(cached(&ctx, owned.clone(), &mut caches.network_policies))
@@ -130,7 +135,7 @@ pub async fn run(
             api_version: ar.api_version.clone(),
             kind: ar.kind.clone(),
         };
-        let stream = reflected(pdbs, owned.clone(), writer, move |o| {
+        let stream = reflected(pdbs, owned.clone(), writer, &[], move |o| {
             o.types = Some(types.clone())
         })
         .touched_objects();
@@ -162,7 +167,7 @@ pub async fn run(
         caches.health = Some(reader);
         let records = Api::<crate::crd::AdmissionHealth>::all(ctx.client.clone());
         AbortOnDrop(tokio::spawn(
-            reflected(records, watcher::Config::default(), writer, |_| {})
+            reflected(records, watcher::Config::default(), writer, &[], |_| {})
                 .for_each(|_| futures::future::ready(())),
         ))
     });
@@ -226,18 +231,65 @@ where
         + Sync
         + 'static,
 {
+    cached_keeping(ctx, cfg, slot, &[])
+}
+
+/// `cached`, keeping of each object's managed fields the parts under `keep` (for the
+/// comparison of a part the agent owns whole, `compare::foreign_fields`).
+fn cached_keeping<K>(
+    ctx: &Context,
+    cfg: watcher::Config,
+    slot: &mut Option<kube::runtime::reflector::Store<K>>,
+    keep: &'static [&'static str],
+) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
     let (reader, writer) = kube::runtime::reflector::store();
     *slot = Some(reader);
-    reflected(Api::<K>::all(ctx.client.clone()), cfg, writer, |_| {}).touched_objects()
+    let api = Api::<K>::all(ctx.client.clone());
+    reflected(api, cfg, writer, keep, |_| {}).touched_objects()
+}
+
+/// The managed-field entries `foreign_fields` reads under `keep`: not of a subresource, each
+/// set cut down to those parts; nothing at all where `keep` is empty.
+fn kept_managed_fields(
+    entries: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry],
+    keep: &[&str],
+) -> Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry> {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+    if keep.is_empty() {
+        return Vec::new();
+    }
+    entries
+        .iter()
+        .filter(|e| e.subresource.as_deref().unwrap_or_default().is_empty())
+        .filter_map(|e| {
+            let fields = crate::compare::prune_fields(&e.fields_v1.as_ref()?.0, keep)?;
+            Some(ManagedFieldsEntry {
+                manager: e.manager.clone(),
+                operation: e.operation.clone(),
+                fields_v1: Some(FieldsV1(fields)),
+                ..Default::default()
+            })
+        })
+        .collect()
 }
 
 /// The events of a watch of `api` (selected by `cfg`, with backoff) as they fill `writer`'s
-/// store: each object without its managed fields (most of a small object, never read), and
-/// `fix` applied.
+/// store: each object without its managed fields (most of a small object), but for the parts
+/// under `keep` (`kept_managed_fields`), and `fix` applied.
 fn reflected<K>(
     api: Api<K>,
     cfg: watcher::Config,
     writer: kube::runtime::reflector::store::Writer<K>,
+    keep: &'static [&'static str],
     fix: impl Fn(&mut K) + Send + 'static,
 ) -> impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
 where
@@ -254,7 +306,8 @@ where
         .default_backoff()
         .map_ok(move |ev| {
             ev.modify(|o| {
-                o.managed_fields_mut().clear();
+                let kept = kept_managed_fields(o.managed_fields(), keep);
+                *o.managed_fields_mut() = kept;
                 fix(o);
             })
         })

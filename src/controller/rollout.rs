@@ -170,6 +170,7 @@ pub(super) async fn run(ctx: Arc<Context>, hcps: Store<HostedControlPlane>) {
             api.clone(),
             watcher::Config::default().fields(&format!("metadata.name={ROLLOUT_NAME}")),
             writer,
+            &[],
             |_| {},
         )
         .for_each(|ev| {

@@ -428,24 +428,10 @@ pub fn foreign(live: &Value) -> Vec<String> {
     crate::compare::foreign_fields(live, crate::management::FIELD_MANAGER, OWNED_WHOLE)
 }
 
-/// `foreign(live)` for a drift record: the first few, each cut short and without control
-/// characters (paths and manager names are the tenant's own text), and how many more.
+/// `foreign(live)` for a drift record (`compare::summary`: paths and manager names are the
+/// tenant's own text).
 pub fn foreign_summary(live: &Value) -> Option<String> {
-    const SHOWN: usize = 3;
-    const EACH: usize = 160;
-    let all = foreign(live);
-    if all.is_empty() {
-        return None;
-    }
-    let mut shown: Vec<String> = all
-        .iter()
-        .take(SHOWN)
-        .map(|f| f.chars().filter(|c| !c.is_control()).take(EACH).collect())
-        .collect();
-    if all.len() > SHOWN {
-        shown.push(format!("and {} more", all.len() - SHOWN));
-    }
-    Some(shown.join(", "))
+    crate::compare::summary(&foreign(live))
 }
 
 #[cfg(test)]
