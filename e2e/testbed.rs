@@ -100,7 +100,7 @@ async fn management_and_two_hosted_clusters_serve_crds_and_fixtures() {
         .expect("Policy CRD served");
 
     // docs/testbed.md's quirk, checked where it lives: the 1.20 build turns "" into null in a
-    // merge patch of a custom resource's status (and the schema then refuses it); 1.36 keeps
+    // merge patch of a custom resource's status (and the schema then refuses it); 1.21 and later keep
     // the empty string.
     let patch = serde_json::json!({"status": {"status": [
         {"clustername": "a", "clusternamespace": "", "compliant": "Compliant"}
