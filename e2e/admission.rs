@@ -564,19 +564,7 @@ async fn policies_are_kept_from_drifting_and_type_checked(bed: &Bed, hosted: &Cl
             .map(|v| v.expression.clone())
             .unwrap_or_default()
     };
-    let drift = |kind: &str| {
-        let needle = format!(
-            "hcp_fleet_webhook_drift_total{{hcp_namespace=\"{NS}\",hosted_cluster=\"hc-1\",kind=\"{kind}\"}}"
-        );
-        bed.agent
-            .context
-            .metrics
-            .encode()
-            .lines()
-            .find(|l| l.starts_with(&needle))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
+    let drift = |kind: &str| webhook_drift(bed, kind);
     let original = expression(&papi.get(rbac).await.expect("policy"));
     papi.patch(
         rbac,
@@ -666,6 +654,21 @@ async fn policies_are_kept_from_drifting_and_type_checked(bed: &Bed, hosted: &Cl
     );
     set_status(serde_json::json!({"typeChecking": null})).await;
     wait_concern(&bed.mgmt, "hosted-webhooks", "Compliant").await;
+}
+
+/// How many repairs of hc-1's hosted objects of `kind` the agent has counted.
+fn webhook_drift(bed: &Bed, kind: &str) -> f64 {
+    let needle = format!(
+        "hcp_fleet_webhook_drift_total{{hcp_namespace=\"{NS}\",hosted_cluster=\"hc-1\",kind=\"{kind}\"}}"
+    );
+    bed.agent
+        .context
+        .metrics
+        .encode()
+        .lines()
+        .find(|l| l.starts_with(&needle))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or(0.0)
 }
 
 /// The newest history message of one concern of hc-1's health record.
@@ -1653,19 +1656,7 @@ async fn a_tenants_tampering_with_a_guard_is_undone_counted_and_named() {
         let v = serde_json::to_value(o).unwrap_or_default();
         serde_json::json!([v["spec"], v["webhooks"]])
     };
-    let drift = |kind: &str| {
-        let needle = format!(
-            "hcp_fleet_webhook_drift_total{{hcp_namespace=\"{NS}\",hosted_cluster=\"hc-1\",kind=\"{kind}\"}}"
-        );
-        bed.agent
-            .context
-            .metrics
-            .encode()
-            .lines()
-            .find(|l| l.starts_with(&needle))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
+    let drift = |kind: &str| webhook_drift(&bed, kind);
     let (ok, out) = kubectl(&bed, DELETE_AS_ALICE);
     assert!(!ok && out.contains(PROTECTED), "guarded before: {out}");
     let mut took = Vec::new();

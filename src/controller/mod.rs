@@ -106,24 +106,36 @@ pub async fn run(
     let controller = Controller::new(hcps, watcher::Config::default());
     let store = controller.store();
     let mut controller = controller
-        .owns_stream(cached_keeping(
+        .owns_stream(cached(
             &ctx,
             owned.clone(),
             &mut caches.deployments,
             management::DEPLOYMENT_OWNED_WHOLE,
         ))
-        .owns_stream(cached(&ctx, owned.clone(), &mut caches.service_accounts))
-        .owns_stream(cached(&ctx, owned.clone(), &mut caches.services))
-        .owns_stream(cached(&ctx, owned.clone(), &mut caches.network_policies))
+        .owns_stream(cached(
+            &ctx,
+            owned.clone(),
+            &mut caches.service_accounts,
+            &[],
+        ))
+        .owns_stream(cached(&ctx, owned.clone(), &mut caches.services, &[]))
+        .owns_stream(cached(
+            &ctx,
+            owned.clone(),
+            &mut caches.network_policies,
+            &[],
+        ))
         .owns_stream(cached(
             &ctx,
             by(management::ca_secret_name(&cfg)),
             &mut caches.ca_secrets,
+            &[],
         ))
         .owns_stream(cached(
             &ctx,
             by(management::tls_secret_name(&cfg)),
             &mut caches.tls_secrets,
+            &[],
         ));
     if let Some(ar) = ctx.caps.pdb_api.api_resource() {
         let pdbs = Api::<DynamicObject>::all_with(ctx.client.clone(), &ar);
@@ -160,6 +172,7 @@ pub async fn run(
         &ctx,
         by(cfg.hosted_access.kubeconfig_secret.clone()),
         &mut caches.kubeconfig_secrets,
+        &[],
     );
     // The health records, read before each report (not a trigger: the agent writes them).
     let _health = ctx.caps.health_crd.then(|| {
@@ -175,7 +188,7 @@ pub async fn run(
     let overrides = ctx
         .caps
         .override_crd
-        .then(|| cached(&ctx, watcher::Config::default(), &mut caches.overrides));
+        .then(|| cached(&ctx, watcher::Config::default(), &mut caches.overrides, &[]));
     if !ctx.caps.override_crd {
         warn!(
             "the HostedAdmissionOverride CRD ({}) is not installed; no per-HCP overrides",
@@ -216,27 +229,9 @@ pub async fn run(
 }
 
 /// A watch of `K` (selected by `cfg`) that keeps `slot`'s store, as a trigger stream for the
-/// Controller.
+/// Controller. Of each object's managed fields the store keeps only the parts under `keep`
+/// (for the comparison of a part the agent owns whole, `compare::foreign_fields`).
 fn cached<K>(
-    ctx: &Context,
-    cfg: watcher::Config,
-    slot: &mut Option<kube::runtime::reflector::Store<K>>,
-) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    cached_keeping(ctx, cfg, slot, &[])
-}
-
-/// `cached`, keeping of each object's managed fields the parts under `keep` (for the
-/// comparison of a part the agent owns whole, `compare::foreign_fields`).
-fn cached_keeping<K>(
     ctx: &Context,
     cfg: watcher::Config,
     slot: &mut Option<kube::runtime::reflector::Store<K>>,
