@@ -197,7 +197,7 @@ pub fn step(
         out.push(Transition::Adopted {
             revision: desired.id.clone(),
         });
-        return (complete_on(desired.record(inp.now), Vec::new()), out);
+        return (adopted(desired, inp.now), out);
     };
     let mut st = prev.clone();
     let stable_id = st
@@ -387,6 +387,12 @@ pub fn step(
     out.push(Transition::Batch { wave, hcps: batch });
     st.message = progress(&st, &target.revision);
     (st, out)
+}
+
+/// The state of a new rollout object: the configuration in force is the stable revision
+/// (nothing ran anything else).
+pub fn adopted(desired: &Revision, now: &str) -> AdmissionRolloutStatus {
+    complete_on(desired.record(now), Vec::new())
 }
 
 fn complete_on(stable: RevisionRecord, history: Vec<RevisionRecord>) -> AdmissionRolloutStatus {

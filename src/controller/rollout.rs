@@ -121,8 +121,12 @@ impl Context {
 }
 
 /// Reads the rollout object (creating it if absent) before any HCP is reconciled, so a
-/// restarted agent never hands out the configuration's revision ahead of the rollout. Without
-/// its CRD the view stays empty: every HCP runs the configuration's revision.
+/// restarted agent never hands out the configuration's revision ahead of the rollout. A new
+/// object adopts the configuration's revision as stable here, before any HCP runs it: an HCP
+/// never runs a revision the rollout does not hold, so a pin to it holds even when the
+/// configuration moves on before the rollout's first step (it used to be adopted at that
+/// step, and a change made before it lost the revision the HCPs had run). Without its CRD the
+/// view stays empty: every HCP runs the configuration's revision.
 pub(super) async fn init(ctx: &Context) {
     if !ctx.caps.rollout_crd {
         warn!(
@@ -134,17 +138,53 @@ pub(super) async fn init(ctx: &Context) {
     let api: Api<AdmissionRollout> = Api::namespaced(ctx.client.clone(), &ctx.agent_namespace);
     let mut delay = Duration::from_millis(500);
     loop {
-        match read_or_create(&api).await {
-            Ok(obj) => {
-                ctx.set_rollout_view(RolloutView::new(obj.status));
-                return;
-            }
+        match read_or_create(&api).await.map(|o| (o, ctx.config())) {
+            Ok((obj, cfg)) => match adopt_if_new(&api, obj, &Revision::of(&cfg)).await {
+                Ok(obj) => {
+                    ctx.set_rollout_view(RolloutView::new(obj.status));
+                    return;
+                }
+                Err(e) => {
+                    warn!(error = %e, namespace = %ctx.agent_namespace, "adopting the configuration's revision in the AdmissionRollout; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(30));
+                }
+            },
             Err(e) => {
                 warn!(error = %e, namespace = %ctx.agent_namespace, "reading the AdmissionRollout; retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(30));
             }
         }
+    }
+}
+
+/// `obj` with the configuration's revision adopted as stable, if it holds none yet (written at
+/// the resourceVersion read: another replica that adopted first wins, and its object is read).
+async fn adopt_if_new(
+    api: &Api<AdmissionRollout>,
+    obj: AdmissionRollout,
+    desired: &Revision,
+) -> Result<AdmissionRollout, kube::Error> {
+    if obj.status.as_ref().is_some_and(|s| s.stable.is_some()) {
+        return Ok(obj);
+    }
+    let now = jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    let mut o = obj;
+    o.status = Some(rollout::adopted(desired, &now));
+    o.metadata.managed_fields = None;
+    match api
+        .replace_status(ROLLOUT_NAME, &PostParams::default(), &o)
+        .await
+    {
+        Ok(written) => {
+            info!(revision = %desired.id, "the configuration's revision adopted as the stable one");
+            Ok(written)
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => api.get(ROLLOUT_NAME).await,
+        Err(e) => Err(e),
     }
 }
 
