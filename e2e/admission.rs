@@ -12,11 +12,11 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use hcp_fleet_agent::agent::{self, AgentHandle, StartOptions};
-use hcp_fleet_agent::catalogue::has_cel_form;
 use hcp_fleet_agent::certificates::{self, KeyedCert, Usage};
 use hcp_fleet_agent::config::{AgentConfig, GuardEngine, Mode};
 use hcp_fleet_agent::controller::AdmissionEndpoints;
 use hcp_fleet_agent::crd::AdmissionHealth;
+use hcp_fleet_agent::guards::has_cel_form;
 use hcp_fleet_agent::localcp::assets::Feature;
 use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet, kubelet};
 use hcp_fleet_agent::management;
@@ -123,6 +123,9 @@ async fn grant_alice(bed: &Bed) {
             {"apiGroups": ["config.openshift.io"], "resources": ["ingresses"], "verbs": ["get", "update", "patch", "delete"]},
             {"apiGroups": ["operator.openshift.io"], "resources": ["networks"], "verbs": ["get", "update", "patch"]},
             {"apiGroups": ["upgrade.managed.openshift.io"], "resources": ["upgradeconfigs"], "verbs": ["get", "create"]},
+            // What a tenant would mint an exempt identity with.
+            {"apiGroups": ["user.openshift.io"], "resources": ["groups"], "verbs": ["get", "create", "update", "patch", "delete"]},
+            {"apiGroups": [""], "resources": ["namespaces", "serviceaccounts", "serviceaccounts/token", "secrets"], "verbs": ["get", "create"]},
             // kubectl's server-side dry-run reads the CRD when the new type is not yet in the
             // published OpenAPI; without this the checks below race the API server.
             {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["get", "list"]},
@@ -495,6 +498,8 @@ async fn each_guard_answers_through(engine: GuardEngine) {
     );
     assert!(ok, "{out}");
 
+    identities_cannot_be_minted(&bed, &hosted, &answered_by).await;
+
     if by_policy {
         // Denied and exempt alike, no request of these guards reached the admission service.
         for guard in [
@@ -542,6 +547,158 @@ async fn each_guard_answers_through(engine: GuardEngine) {
         }
     })
     .await;
+}
+
+/// A non-exempt user cannot make themself exempt: not by joining an exempt Group, not by
+/// creating a namespace whose name is reserved (`openshift-x`, even labelled as a control-plane
+/// namespace), not by minting a service account, a token or a token Secret in one
+/// (`kube-system` here; its service accounts are exempt). Harmless neighbours pass.
+async fn identities_cannot_be_minted(
+    bed: &Bed,
+    hosted: &Client,
+    answered_by: &dyn Fn(&str) -> String,
+) {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let groups_ar = kube::core::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("user.openshift.io", "v1", "Group"),
+        "groups",
+    );
+    let sre: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "user.openshift.io/v1", "kind": "Group",
+        "metadata": {"name": "osd-sre-admins"}, "users": ["sre"],
+    }))
+    .expect("group");
+    Api::<kube::api::DynamicObject>::all_with(hosted.clone(), &groups_ar)
+        .create(&PostParams::default(), &sre)
+        .await
+        .expect("the exempt admin creates the SRE group");
+    let groups = "identity-groups.hcp-fleet.openshift.io";
+    let (ok, out) = kubectl(
+        bed,
+        &[
+            "--as=alice",
+            "patch",
+            "groups.user.openshift.io",
+            "osd-sre-admins",
+            "--type=merge",
+            "-p",
+            r#"{"users":["sre","alice"]}"#,
+            "--dry-run=server",
+        ],
+    );
+    assert!(
+        !ok && out.contains(&answered_by(groups))
+            && out.contains("changing the Group \"osd-sre-admins\" is not allowed"),
+        "joining an exempt Group: {out}"
+    );
+    let (ok, out) = kubectl_stdin(
+        bed,
+        &["--as=alice", "create", "-f", "-", "--dry-run=server"],
+        r#"{"apiVersion": "user.openshift.io/v1", "kind": "Group", "metadata": {"name": "team-a"}, "users": ["alice"]}"#,
+    );
+    assert!(ok, "a Group of one's own: {out}");
+
+    let namespaces = "identity-namespaces.hcp-fleet.openshift.io";
+    for labels in ["{}", r#"{"openshift.io/run-level": "0"}"#] {
+        let (ok, out) = kubectl_stdin(
+            bed,
+            &["--as=alice", "create", "-f", "-", "--dry-run=server"],
+            &format!(
+                r#"{{"apiVersion": "v1", "kind": "Namespace", "metadata": {{"name": "openshift-x", "labels": {labels}}}}}"#
+            ),
+        );
+        assert!(
+            !ok && out.contains(&answered_by(namespaces))
+                && out.contains("creating the namespace \"openshift-x\" is not allowed"),
+            "openshift-x labelled {labels}: {out}"
+        );
+    }
+    let (ok, out) = kubectl(
+        bed,
+        &[
+            "--as=alice",
+            "create",
+            "namespace",
+            "team-b",
+            "--dry-run=server",
+        ],
+    );
+    assert!(ok, "a team namespace: {out}");
+
+    let sa: ServiceAccount =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "builder"}})).expect("sa");
+    Api::<ServiceAccount>::namespaced(hosted.clone(), "kube-system")
+        .create(&PostParams::default(), &sa)
+        .await
+        .expect("the exempt admin creates a service account");
+    let (ok, out) = kubectl(
+        bed,
+        &[
+            "--as=alice",
+            "-n",
+            "kube-system",
+            "create",
+            "serviceaccount",
+            "bot",
+            "--dry-run=server",
+        ],
+    );
+    assert!(
+        !ok && out.contains(&answered_by(namespaces))
+            && out.contains("creating a service account in the namespace \"kube-system\""),
+        "a service account in kube-system: {out}"
+    );
+    // TokenRequest has no dry run in kubectl 1.20; a guard that let it through would hand
+    // alice a token, which the assertion would show.
+    let (ok, out) = kubectl_stdin(
+        bed,
+        &[
+            "--as=alice",
+            "create",
+            "--raw",
+            "/api/v1/namespaces/kube-system/serviceaccounts/builder/token",
+            "-f",
+            "-",
+        ],
+        r#"{"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"audiences": ["https://kubernetes.default.svc"]}}"#,
+    );
+    assert!(
+        !ok && out.contains("requesting a service account token in the namespace \"kube-system\""),
+        "a token for kube-system's builder: {out}"
+    );
+    let (ok, out) = kubectl_stdin(
+        bed,
+        &[
+            "--as=alice",
+            "-n",
+            "kube-system",
+            "create",
+            "-f",
+            "-",
+            "--dry-run=server",
+        ],
+        r#"{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "builder-token", "annotations": {"kubernetes.io/service-account.name": "builder"}}, "type": "kubernetes.io/service-account-token"}"#,
+    );
+    assert!(
+        !ok && out.contains(&answered_by(namespaces))
+            && out.contains(
+                "creating a service account token Secret in the namespace \"kube-system\""
+            ),
+        "a token Secret in kube-system: {out}"
+    );
+    let (ok, out) = kubectl(
+        bed,
+        &[
+            "--as=alice",
+            "-n",
+            "team-a",
+            "create",
+            "serviceaccount",
+            "bot",
+            "--dry-run=server",
+        ],
+    );
+    assert!(ok, "a service account in a team namespace: {out}");
 }
 
 /// A guard's policy edited and its binding deleted by someone else are put back (and counted
@@ -1486,11 +1643,9 @@ async fn https_post(
     kubelet::https_request(port, ca_pem, &head, body).await
 }
 
-/// Malformed input gets a clear 4xx, never a crash; SIGTERM drains and exits cleanly.
-#[tokio::test]
-// Sends signals to child processes (libc::kill).
-#[allow(unsafe_code)]
-async fn malformed_requests_get_clear_client_errors() {
+/// The admission service on its own, as its container runs it, with the default settings:
+/// (the process, its port, the CA its certificate is signed by, the directory of its files).
+async fn standalone_service() -> (std::process::Child, u16, String, tempfile::TempDir) {
     hcp_fleet_agent::tls::install_crypto_provider();
     let dir = tempfile::tempdir().expect("tmp");
     let ca = certificates::generate_ca("t", time::Duration::days(1)).expect("ca");
@@ -1506,7 +1661,7 @@ async fn malformed_requests_get_clear_client_errors() {
     std::fs::write(dir.path().join("tls.crt"), &srv.cert_pem).expect("crt");
     std::fs::write(dir.path().join("tls.key"), &srv.key_pem).expect("key");
     let port = hcp_fleet_agent::localcp::free_port().expect("port");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+    let child = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
         .args([
             "webhook",
             "--bind",
@@ -1528,6 +1683,15 @@ async fn malformed_requests_get_clear_client_errors() {
         }
     })
     .await;
+    (child, port, ca.cert_pem, dir)
+}
+
+/// Malformed input gets a clear 4xx, never a crash; SIGTERM drains and exits cleanly.
+#[tokio::test]
+// Sends signals to child processes (libc::kill).
+#[allow(unsafe_code)]
+async fn malformed_requests_get_clear_client_errors() {
+    let (mut child, port, ca_pem, _dir) = standalone_service().await;
     let path = "/validate/protected-rbac";
     let json = "application/json";
     let cases: Vec<(&str, String, Vec<u8>, u16, &str)> = vec![
@@ -1540,7 +1704,7 @@ async fn malformed_requests_get_clear_client_errors() {
         ("huge body", json.into(), vec![b' '; 4 * 1024 * 1024], 413, "over"),
     ];
     for (what, ct, body, want, needle) in cases {
-        let (code, text) = https_post(port, &ca.cert_pem, path, &ct, &body)
+        let (code, text) = https_post(port, &ca_pem, path, &ct, &body)
             .await
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         assert_eq!(code, want, "{what}: {text}");
@@ -1551,21 +1715,15 @@ async fn malformed_requests_get_clear_client_errors() {
         "uid": "u-9", "kind": {"group": "rbac.authorization.k8s.io", "version": "v1", "kind": "ClusterRole"},
         "resource": {"group": "rbac.authorization.k8s.io", "version": "v1", "resource": "clusterroles"},
         "name": "cluster-admin", "operation": "DELETE", "userInfo": {"username": "alice"}}});
-    let (code, text) = https_post(
-        port,
-        &ca.cert_pem,
-        path,
-        json,
-        review.to_string().as_bytes(),
-    )
-    .await
-    .expect("review");
+    let (code, text) = https_post(port, &ca_pem, path, json, review.to_string().as_bytes())
+        .await
+        .expect("review");
     assert_eq!(code, 200, "{text}");
     assert!(
         text.contains("\"uid\":\"u-9\"") && text.contains("\"allowed\":false"),
         "{text}"
     );
-    let (_, metrics) = kubelet::https_get(port, &ca.cert_pem, "/metrics")
+    let (_, metrics) = kubelet::https_get(port, &ca_pem, "/metrics")
         .await
         .expect("metrics");
     assert!(metrics.contains("outcome=\"bad_request\""), "{metrics}");
@@ -1582,6 +1740,41 @@ async fn malformed_requests_get_clear_client_errors() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(status.success(), "{status}");
+}
+
+/// Every guard's table of cases (`hcp_fleet_agent::guards`), sent as AdmissionReviews to the
+/// real admission service over TLS: each answer is the one the table asks for (a denial, or
+/// for the mutation a patch; in warn mode a warning), and the service's answer names the same
+/// request. The same tables run through each guard's CEL form in the unit tests.
+#[tokio::test]
+async fn every_guards_cases_through_the_admission_service_over_tls() {
+    use hcp_fleet_agent::guards::{ALL, Want};
+    let (mut child, port, ca_pem, _dir) = standalone_service().await;
+    let mut checked = 0;
+    for g in ALL {
+        for c in g.cases() {
+            let (code, text) =
+                https_post(port, &ca_pem, g.row().path, "application/json", &c.review())
+                    .await
+                    .unwrap_or_else(|e| panic!("{}, {}: {e}", g.row().name, c.what));
+            assert_eq!(code, 200, "{}, {}: {text}", g.row().name, c.what);
+            let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+            let r = &v["response"];
+            assert_eq!(r["uid"], "u", "{text}");
+            let acted = r["allowed"] == false || !r["patch"].is_null() || r["warnings"].is_array();
+            assert_eq!(
+                acted,
+                c.want == Want::Deny,
+                "{}, {}: {text}",
+                g.row().name,
+                c.what
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 60, "only {checked} cases");
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// A hosted cluster's admin cannot quietly switch a guard off: each tampering with the

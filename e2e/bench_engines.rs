@@ -19,8 +19,8 @@ use support::env_num;
 use std::time::{Duration, Instant};
 
 use hcp_fleet_agent::agent::{self, StartOptions};
-use hcp_fleet_agent::catalogue::has_cel_form;
 use hcp_fleet_agent::config::{AgentConfig, GuardEngine};
+use hcp_fleet_agent::guards::has_cel_form;
 use hcp_fleet_agent::localcp::{LocalFleet, kubelet};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};

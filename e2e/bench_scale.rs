@@ -37,7 +37,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use hcp_fleet_agent::catalogue::Builtin;
 use hcp_fleet_agent::config::{AgentConfig, Mode};
 use hcp_fleet_agent::crd::{AdmissionHealth, ComplianceState};
 use hcp_fleet_agent::hosted::webhooks::VALIDATING_NAME;
@@ -405,7 +404,7 @@ fn agent_config(flip: bool) -> Result<String, String> {
         let w = cfg
             .webhooks
             .iter_mut()
-            .find(|w| w.path == Builtin::FeatureGate.path())
+            .find(|w| w.path == hcp_fleet_agent::guards::featuregate::ROW.path)
             .ok_or("no feature-gate guard in the defaults")?;
         w.mode = Mode::Warn;
     }
@@ -416,7 +415,7 @@ fn flipped_guard() -> Result<String, String> {
     AgentConfig::default()
         .webhooks
         .iter()
-        .find(|w| w.path == Builtin::FeatureGate.path())
+        .find(|w| w.path == hcp_fleet_agent::guards::featuregate::ROW.path)
         .map(|w| w.name.clone())
         .ok_or_else(|| "no feature-gate guard in the defaults".into())
 }

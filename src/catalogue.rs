@@ -1,11 +1,8 @@
-//! The webhook catalogue: what a webhook definition is, and the table of built-in webhooks.
+//! The webhook catalogue's vocabulary: what a webhook definition is, a guard's row, the labels
+//! and answers of the probe, and the words the guards deny with.
 //!
-//! A leaf module (it names nothing else in the crate), so the configuration (which validates
-//! definitions and takes the built-ins as its default) and the admission service (which serves
-//! each built-in's path with its handler) can both use it without importing each other.
-//!
-//! Adding a built-in webhook: one `Builtin` variant, one row in `BUILTINS`, and one handler in
-//! `admission::policies::handle` (an exhaustive match, so the compiler asks for it).
+//! A leaf module (it names nothing else in the crate). The guards themselves, each with its
+//! row, are `crate::guards`.
 
 use std::collections::BTreeMap;
 
@@ -162,6 +159,9 @@ pub mod denial {
     pub const INGRESS_CONFIG: &str = "hcp-fleet: {verb} the ingress config \"{name}\" is not allowed on a managed cluster; its domain and load balancer are set by the service";
     pub const NETWORK_MIGRATION: &str = "hcp-fleet: spec.migration of the cluster network operator is not allowed on a managed cluster; network migrations are run by SRE";
     pub const MANAGED_GROUPS: &str = "hcp-fleet: {resource} in API group {group} is managed by the service; regular users may not {operation} it";
+    pub const IDENTITY_GROUP: &str = "hcp-fleet: {verb} the Group \"{name}\" is not allowed on a managed cluster: its members are exempt from the guards; ask SRE";
+    pub const IDENTITY_NAMESPACE: &str = "hcp-fleet: creating the namespace \"{name}\" is not allowed on a managed cluster: the name is reserved for the platform, whose identities are exempt from the guards";
+    pub const IDENTITY_TOKEN: &str = "hcp-fleet: {what} in the namespace \"{namespace}\" is not allowed on a managed cluster: service accounts there are exempt from the guards";
     /// Warn mode: what the guard would have denied.
     pub const WARN: &str = "{guard} (warn mode) would deny: {message}";
 
@@ -206,29 +206,16 @@ pub mod denial {
     }
 }
 
-/// The built-in webhooks the admission service serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Builtin {
-    ProtectedRbac,
-    FeatureGate,
-    Scc,
-    IngressConfig,
-    NetworkMigration,
-    ManagedGroups,
-    Probe,
-    ServiceAnnotation,
-}
-
-/// One admission rule, as the table writes it.
+/// One admission rule, as a guard's row writes it.
 pub struct RuleRow {
     pub operations: &'static [&'static str],
     pub api_groups: &'static [&'static str],
     pub resources: &'static [&'static str],
 }
 
-/// One built-in webhook: its route, and everything its default definition needs.
+/// One guard's catalogue row (`crate::guards`): its route, and everything its default
+/// definition needs.
 pub struct BuiltinRow {
-    pub builtin: Builtin,
     pub name: &'static str,
     pub kind: WebhookKind,
     /// The admission service's route, and the path in the hosted webhook's URL.
@@ -237,12 +224,9 @@ pub struct BuiltinRow {
     pub mode: Mode,
     /// Only objects carrying this label (`=true`) reach it.
     pub only_labelled: Option<&'static str>,
-    /// Its decision can be written in CEL, so it can run as a ValidatingAdmissionPolicy
-    /// (`hosted::policies`). The probe and the Service mutation cannot: see that module.
-    pub cel: bool,
 }
 
-const fn rule(
+pub const fn rule(
     operations: &'static [&'static str],
     api_groups: &'static [&'static str],
     resources: &'static [&'static str],
@@ -252,140 +236,6 @@ const fn rule(
         api_groups,
         resources,
     }
-}
-
-/// The table, in the order the webhooks appear in the hosted configurations.
-pub const BUILTINS: &[BuiltinRow] = &[
-    BuiltinRow {
-        builtin: Builtin::ProtectedRbac,
-        name: "protected-rbac.hcp-fleet.openshift.io",
-        kind: WebhookKind::Validating,
-        path: "/validate/protected-rbac",
-        rules: &[rule(
-            &["DELETE"],
-            &["rbac.authorization.k8s.io"],
-            &["clusterroles", "clusterrolebindings"],
-        )],
-        mode: Mode::Enforce,
-        only_labelled: None,
-        cel: true,
-    },
-    BuiltinRow {
-        builtin: Builtin::FeatureGate,
-        name: "featuregate.hcp-fleet.openshift.io",
-        kind: WebhookKind::Validating,
-        path: "/validate/featuregate",
-        rules: &[rule(
-            &["CREATE", "UPDATE"],
-            &["config.openshift.io"],
-            &["featuregates"],
-        )],
-        mode: Mode::Enforce,
-        only_labelled: None,
-        cel: true,
-    },
-    BuiltinRow {
-        builtin: Builtin::Scc,
-        name: "scc.hcp-fleet.openshift.io",
-        kind: WebhookKind::Validating,
-        path: "/validate/scc",
-        rules: &[rule(
-            &["UPDATE", "DELETE"],
-            &["security.openshift.io"],
-            &["securitycontextconstraints"],
-        )],
-        mode: Mode::Enforce,
-        only_labelled: None,
-        cel: true,
-    },
-    BuiltinRow {
-        builtin: Builtin::IngressConfig,
-        name: "ingress-config.hcp-fleet.openshift.io",
-        kind: WebhookKind::Validating,
-        path: "/validate/ingress-config",
-        rules: &[rule(
-            &["UPDATE", "DELETE"],
-            &["config.openshift.io"],
-            &["ingresses"],
-        )],
-        mode: Mode::Enforce,
-        only_labelled: None,
-        cel: true,
-    },
-    BuiltinRow {
-        builtin: Builtin::NetworkMigration,
-        name: "network-migration.hcp-fleet.openshift.io",
-        kind: WebhookKind::Validating,
-        path: "/validate/network-migration",
-        rules: &[rule(&["UPDATE"], &["operator.openshift.io"], &["networks"])],
-        mode: Mode::Enforce,
-        only_labelled: None,
-        cel: true,
-    },
-    BuiltinRow {
-        builtin: Builtin::ManagedGroups,
-        name: "managed-api-groups.hcp-fleet.openshift.io",
-        kind: WebhookKind::Validating,
-        path: "/validate/managed-api-groups",
-        rules: &[rule(
-            &["CREATE", "UPDATE", "DELETE"],
-            MANAGED_API_GROUPS,
-            &["*"],
-        )],
-        mode: Mode::Enforce,
-        only_labelled: None,
-        cel: true,
-    },
-    BuiltinRow {
-        builtin: Builtin::Probe,
-        name: "probe.hcp-fleet.openshift.io",
-        kind: WebhookKind::Validating,
-        path: "/validate/probe",
-        rules: &[rule(&["CREATE"], &[""], &["configmaps"])],
-        mode: Mode::Enforce,
-        only_labelled: Some(PROBE_LABEL),
-        cel: false,
-    },
-    BuiltinRow {
-        builtin: Builtin::ServiceAnnotation,
-        name: "service-annotation.hcp-fleet.openshift.io",
-        kind: WebhookKind::Mutating,
-        path: "/mutate/service-annotation",
-        rules: &[rule(&["CREATE"], &[""], &["services"])],
-        mode: Mode::Warn,
-        only_labelled: None,
-        cel: false,
-    },
-];
-
-impl Builtin {
-    /// The built-in served on `path`, if any.
-    pub fn for_path(path: &str) -> Option<Self> {
-        BUILTINS.iter().find(|r| r.path == path).map(|r| r.builtin)
-    }
-
-    pub fn row(self) -> &'static BuiltinRow {
-        // Every variant has a row (a unit test holds the table to that); the first row is
-        // never reached, it only keeps this total without a panic.
-        BUILTINS
-            .iter()
-            .find(|r| r.builtin == self)
-            .unwrap_or(&BUILTINS[0])
-    }
-
-    pub fn path(self) -> &'static str {
-        self.row().path
-    }
-}
-
-/// Does the built-in served on `path` have a CEL form (so it can run as an admission policy)?
-pub fn has_cel_form(path: &str) -> bool {
-    Builtin::for_path(path).is_some_and(|b| b.row().cel)
-}
-
-/// Every path the admission service serves a webhook on.
-pub fn builtin_paths() -> impl Iterator<Item = &'static str> {
-    BUILTINS.iter().map(|r| r.path)
 }
 
 impl BuiltinRow {
@@ -420,69 +270,20 @@ impl BuiltinRow {
     }
 }
 
-/// The built-in webhooks' default definitions, in table order.
-pub fn builtin_definitions() -> Vec<WebhookDefinition> {
-    BUILTINS.iter().map(BuiltinRow::definition).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeSet;
-
-    /// Every variant, listed by an exhaustive match: a new variant fails to compile here until
-    /// it is added, and the test then asks for its row.
-    fn every_variant() -> Vec<Builtin> {
-        let all = [
-            Builtin::ProtectedRbac,
-            Builtin::FeatureGate,
-            Builtin::Scc,
-            Builtin::IngressConfig,
-            Builtin::NetworkMigration,
-            Builtin::ManagedGroups,
-            Builtin::Probe,
-            Builtin::ServiceAnnotation,
-        ];
-        for b in all {
-            match b {
-                Builtin::ProtectedRbac
-                | Builtin::FeatureGate
-                | Builtin::Scc
-                | Builtin::IngressConfig
-                | Builtin::NetworkMigration
-                | Builtin::ManagedGroups
-                | Builtin::Probe
-                | Builtin::ServiceAnnotation => {}
-            }
-        }
-        all.to_vec()
-    }
-
-    #[test]
-    fn every_builtin_has_exactly_one_row_with_a_unique_name_and_path() {
-        for b in every_variant() {
-            let rows = BUILTINS.iter().filter(|r| r.builtin == b).count();
-            assert_eq!(rows, 1, "{b:?}");
-            assert_eq!(Builtin::for_path(b.path()), Some(b));
-        }
-        assert_eq!(BUILTINS.len(), every_variant().len());
-        let names: BTreeSet<_> = BUILTINS.iter().map(|r| r.name).collect();
-        let paths: BTreeSet<_> = builtin_paths().collect();
-        assert_eq!(names.len(), BUILTINS.len());
-        assert_eq!(paths.len(), BUILTINS.len());
-    }
 
     #[test]
     fn the_probe_sees_only_labelled_objects() {
-        let d = Builtin::Probe.row().definition();
+        let d = crate::guards::probe::ROW.definition();
         let sel = d.object_selector.expect("selector");
         assert_eq!(
             sel.match_labels.get(PROBE_LABEL).map(String::as_str),
             Some("true")
         );
         assert!(
-            Builtin::ProtectedRbac
-                .row()
+            crate::guards::protected_rbac::ROW
                 .definition()
                 .object_selector
                 .is_none()
@@ -509,10 +310,5 @@ mod tests {
             pieces(denial::FEATURE_GATE),
             [Piece::Text(denial::FEATURE_GATE)]
         );
-    }
-
-    #[test]
-    fn unknown_paths_are_no_builtin() {
-        assert_eq!(Builtin::for_path("/nope"), None);
     }
 }

@@ -446,7 +446,7 @@ impl Default for CertificateConfig {
 
 /// The built-in webhooks, from the catalogue's table.
 pub fn default_webhooks() -> Vec<WebhookDefinition> {
-    crate::catalogue::builtin_definitions()
+    crate::guards::definitions()
 }
 
 /// A label selector expression the API server would accept.
@@ -723,25 +723,21 @@ impl AgentConfig {
                     w.path
                 ));
             }
-            if w.engine == GuardEngine::Policy && !crate::catalogue::has_cel_form(&w.path) {
+            if w.engine == GuardEngine::Policy && !crate::guards::has_cel_form(&w.path) {
                 p.push(format!(
                     "{at}: engine policy: the handler on {:?} has no CEL form (only {} can run as a ValidatingAdmissionPolicy); use auto or webhook",
                     w.path,
-                    crate::catalogue::BUILTINS
-                        .iter()
-                        .filter(|r| r.cel)
-                        .map(|r| r.path)
+                    crate::guards::paths()
+                        .filter(|p| crate::guards::has_cel_form(p))
                         .collect::<Vec<_>>()
                         .join(", ")
                 ));
             }
-            if crate::catalogue::Builtin::for_path(&w.path).is_none() {
+            if crate::guards::for_path(&w.path).is_none() {
                 p.push(format!(
                     "{at}: path {:?} has no handler in the admission service (one of {})",
                     w.path,
-                    crate::catalogue::builtin_paths()
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    crate::guards::paths().collect::<Vec<_>>().join(", ")
                 ));
             }
             if !paths.insert(&w.path) {

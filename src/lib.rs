@@ -12,6 +12,7 @@ pub mod config;
 pub mod controller;
 pub mod crd;
 pub mod dev;
+pub mod guards;
 pub mod hosted;
 pub mod localcp;
 pub mod management;

@@ -106,7 +106,7 @@ fn apply(
             problems.push(format!("guard {} is named more than once", g.name));
             continue;
         }
-        if crate::catalogue::Builtin::Probe.row().name == g.name {
+        if crate::guards::probe::ROW.name == g.name {
             problems.push(format!(
                 "guard {}: the probe proves the admission path works; its mode cannot be overridden",
                 g.name

@@ -415,9 +415,8 @@ pub async fn owned_hosted_objects(hosted: &kube::Client) -> usize {
 /// webhook configurations, and where admission policies are served (`policies`) a policy and
 /// a binding for each guard with a CEL form and for the probe.
 pub fn default_hosted_objects(policies: bool) -> usize {
-    let guards = hcp_fleet_agent::catalogue::BUILTINS
-        .iter()
-        .filter(|r| r.cel)
+    let guards = hcp_fleet_agent::guards::paths()
+        .filter(|p| hcp_fleet_agent::guards::has_cel_form(p))
         .count();
     2 + if policies { 2 * (guards + 1) } else { 0 }
 }

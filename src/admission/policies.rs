@@ -1,19 +1,16 @@
-//! The built-in webhooks' handlers: pure decisions from an AdmissionRequest and the settings,
-//! with the exemptions and the per-webhook mode applied in one place. Which built-ins exist,
-//! their routes and default definitions are the catalogue's table (`crate::catalogue`);
-//! `handle` gives each its handler.
+//! The admission service's side of the guards: the settings it decides with, the exemptions
+//! and the per-guard mode applied in one place around each guard's own decision
+//! (`crate::guards`).
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
 
 use super::review::{Decision, Request};
 use crate::catalogue::Mode;
-pub use crate::catalogue::{
-    Builtin, DEFAULT_SCCS, MANAGED_API_GROUPS, PROBE_ANSWER, PROBE_LABEL, denial,
-};
+pub use crate::catalogue::{DEFAULT_SCCS, MANAGED_API_GROUPS, PROBE_ANSWER, PROBE_LABEL, denial};
 use crate::config::AgentConfig;
+use crate::guards::{Scope, matches};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -70,15 +67,12 @@ impl Settings {
     }
 }
 
-fn matches(patterns: &[String], s: &str) -> bool {
-    patterns.iter().any(|p| match p.strip_suffix('*') {
-        Some(prefix) => s.starts_with(prefix),
-        None => p == s,
-    })
-}
-
-/// Identities and namespaces no webhook judges (HyperShift's own controllers, SRE).
-fn exempt(req: &Request, s: &Settings) -> Option<String> {
+/// Why a guard of `scope` leaves this request alone, if it does: HyperShift's own
+/// controllers, SRE, and (for the workload guards) the control plane's namespaces.
+fn exempt(req: &Request, s: &Settings, scope: Scope) -> Option<String> {
+    if scope == Scope::Everyone {
+        return None;
+    }
     if matches(&s.exempt_users, &req.user_info.username) {
         return Some(format!("user {} is exempt", req.user_info.username));
     }
@@ -90,6 +84,9 @@ fn exempt(req: &Request, s: &Settings) -> Option<String> {
     {
         return Some(format!("group {g} is exempt"));
     }
+    if scope == Scope::Identities {
+        return None;
+    }
     if let Some(ns) = req
         .namespace
         .as_deref()
@@ -98,176 +95,6 @@ fn exempt(req: &Request, s: &Settings) -> Option<String> {
         return Some(format!("namespace {ns} is exempt"));
     }
     None
-}
-
-fn is_probe(req: &Request) -> bool {
-    req.object
-        .as_ref()
-        .and_then(|o| o["metadata"]["labels"][PROBE_LABEL].as_str())
-        == Some("true")
-}
-
-fn protected_rbac(req: &Request, s: &Settings) -> Decision {
-    let res = req.resource.resource.as_str();
-    if req.operation != "DELETE"
-        || req.resource.group != "rbac.authorization.k8s.io"
-        || !(res == "clusterroles" || res == "clusterrolebindings")
-    {
-        return Decision::allow();
-    }
-    let name = req.name.clone().unwrap_or_default();
-    if matches(&s.protected_cluster_roles, &name) {
-        let kind = if res == "clusterroles" {
-            "ClusterRole"
-        } else {
-            "ClusterRoleBinding"
-        };
-        Decision::deny(denial::fill(
-            denial::PROTECTED_RBAC,
-            &[("kind", kind), ("name", &name)],
-        ))
-    } else {
-        Decision::allow()
-    }
-}
-
-/// The part of the object `part` picks is the same before and after the request.
-fn unchanged(req: &Request, part: impl Fn(&Value) -> Value) -> bool {
-    let pick = |o: Option<&Value>| o.map(&part);
-    pick(req.object.as_ref()) == pick(req.old_object.as_ref())
-}
-
-fn feature_set(o: Option<&Value>) -> Option<&str> {
-    o.and_then(|o| o["spec"]["featureSet"].as_str())
-}
-
-fn featuregate(req: &Request) -> Decision {
-    if req.resource.group != "config.openshift.io" || req.resource.resource != "featuregates" {
-        return Decision::allow();
-    }
-    let new = feature_set(req.object.as_ref());
-    // An update that leaves an existing featureSet alone is not the one to block.
-    if new == Some("TechPreviewNoUpgrade") && feature_set(req.old_object.as_ref()) != new {
-        Decision::deny(denial::FEATURE_GATE)
-    } else {
-        Decision::allow()
-    }
-}
-
-fn scc(req: &Request) -> Decision {
-    let name = req.name.clone().unwrap_or_default();
-    if req.resource.group != "security.openshift.io"
-        || req.resource.resource != "securitycontextconstraints"
-        || !DEFAULT_SCCS.contains(&name.as_str())
-    {
-        return Decision::allow();
-    }
-    // Metadata-only updates (labels, annotations) are harmless; everything else weakens or
-    // breaks the workloads that rely on the default SCCs.
-    let without_metadata = |o: &Value| {
-        let mut v = o.clone();
-        if let Some(m) = v.as_object_mut() {
-            m.remove("metadata");
-        }
-        v
-    };
-    if req.operation == "UPDATE" && unchanged(req, without_metadata) {
-        return Decision::allow();
-    }
-    let verb = if req.operation == "DELETE" {
-        "deleting"
-    } else {
-        "changing"
-    };
-    Decision::deny(denial::fill(
-        denial::SCC,
-        &[("verb", verb), ("name", &name)],
-    ))
-}
-
-/// The cluster ingress config carries the cluster's apps domain and load balancer choice;
-/// the managed service sets them. Its spec may not change and it may not be deleted.
-fn ingress_config(req: &Request) -> Decision {
-    if req.resource.group != "config.openshift.io" || req.resource.resource != "ingresses" {
-        return Decision::allow();
-    }
-    let name = req.name.clone().unwrap_or_default();
-    if req.operation == "UPDATE" && unchanged(req, |o| o["spec"].clone()) {
-        return Decision::allow();
-    }
-    let verb = if req.operation == "DELETE" {
-        "deleting"
-    } else {
-        "changing the spec of"
-    };
-    Decision::deny(denial::fill(
-        denial::INGRESS_CONFIG,
-        &[("verb", verb), ("name", &name)],
-    ))
-}
-
-/// Starting (or changing) an SDN to OVN-Kubernetes migration on the network operator is
-/// SRE's to run; everything else in the Network config passes.
-fn network_migration(req: &Request) -> Decision {
-    if req.resource.group != "operator.openshift.io" || req.resource.resource != "networks" {
-        return Decision::allow();
-    }
-    if unchanged(req, |o| o["spec"]["migration"].clone()) {
-        return Decision::allow();
-    }
-    Decision::deny(denial::NETWORK_MIGRATION)
-}
-
-fn managed_groups(req: &Request) -> Decision {
-    if MANAGED_API_GROUPS.contains(&req.resource.group.as_str()) {
-        Decision::deny(denial::fill(
-            denial::MANAGED_GROUPS,
-            &[
-                ("resource", &req.resource.resource),
-                ("group", &req.resource.group),
-                ("operation", &req.operation.to_lowercase()),
-            ],
-        ))
-    } else {
-        Decision::allow()
-    }
-}
-
-/// JSON Pointer escaping (RFC 6901).
-fn pointer_escape(s: &str) -> String {
-    s.replace('~', "~0").replace('/', "~1")
-}
-
-fn service_annotation(req: &Request, s: &Settings) -> Decision {
-    if req.operation != "CREATE"
-        || req.resource.resource != "services"
-        || !req.resource.group.is_empty()
-    {
-        return Decision::allow();
-    }
-    let Some(obj) = req.object.as_ref() else {
-        return Decision::allow();
-    };
-    let annotations = &obj["metadata"]["annotations"];
-    if annotations[&s.service_annotation_key].as_str() == Some(s.service_annotation_value.as_str())
-    {
-        return Decision::allow();
-    }
-    let mut d = Decision::allow();
-    d.patch = if annotations.is_object() {
-        vec![json!({
-            "op": "add",
-            "path": format!("/metadata/annotations/{}", pointer_escape(&s.service_annotation_key)),
-            "value": s.service_annotation_value,
-        })]
-    } else {
-        vec![json!({
-            "op": "add",
-            "path": "/metadata/annotations",
-            "value": {s.service_annotation_key.clone(): s.service_annotation_value.clone()},
-        })]
-    };
-    d
 }
 
 /// Applies the webhook's mode to what its policy decided.
@@ -298,44 +125,18 @@ pub fn apply_mode(hook: &str, mode: Mode, d: Decision) -> Decision {
     }
 }
 
-/// Each built-in's policy, before exemptions and mode (which `decide` applies). Exhaustive:
-/// a new catalogue entry does not compile without its handler.
-fn handle(builtin: Builtin, req: &Request, s: &Settings) -> Decision {
-    match builtin {
-        Builtin::ProtectedRbac => protected_rbac(req, s),
-        Builtin::FeatureGate => featuregate(req),
-        Builtin::ServiceAnnotation => service_annotation(req, s),
-        Builtin::Scc => scc(req),
-        Builtin::ManagedGroups => managed_groups(req),
-        Builtin::IngressConfig => ingress_config(req),
-        Builtin::NetworkMigration => network_migration(req),
-        Builtin::Probe => probe(req),
-    }
-}
-
-fn probe(req: &Request) -> Decision {
-    if is_probe(req) {
-        Decision::deny(PROBE_ANSWER)
-    } else {
-        Decision::allow()
-    }
-}
-
-/// Decides one request for the webhook served on `path`. `None`: no such webhook.
+/// Decides one request for the guard served on `path`. `None`: no such guard.
 pub fn decide(path: &str, req: &Request, s: &Settings) -> Option<(String, Decision)> {
-    let builtin = Builtin::for_path(path)?;
-    if builtin == Builtin::Probe {
+    let guard = crate::guards::for_path(path)?;
+    if guard.scope() == Scope::Everyone {
         // The probe is answered whatever the mode or identity: it proves the path works.
-        return Some(("probe".into(), probe(req)));
+        return Some(("probe".into(), guard.decide(req, s)));
     }
     let hook = s.hook(path)?;
-    if hook.mode == Mode::Off {
+    if hook.mode == Mode::Off || exempt(req, s, guard.scope()).is_some() {
         return Some((hook.name.clone(), Decision::allow()));
     }
-    if exempt(req, s).is_some() {
-        return Some((hook.name.clone(), Decision::allow()));
-    }
-    let mut d = apply_mode(&hook.name, hook.mode, handle(builtin, req, s));
+    let mut d = apply_mode(&hook.name, hook.mode, guard.decide(req, s));
     // Audit annotations are keyed by the webhook by the API server; keep ours short.
     d.audit_annotations = d
         .audit_annotations
@@ -349,6 +150,7 @@ pub fn decide(path: &str, req: &Request, s: &Settings) -> Option<(String, Decisi
 mod tests {
     use super::*;
     use crate::admission::review::decode;
+    use serde_json::{Value, json};
 
     fn settings(mode: Mode) -> Settings {
         let mut s = Settings::from_config(&AgentConfig::default());
@@ -400,7 +202,7 @@ mod tests {
     fn protected_clusterrole_delete_is_denied_for_a_regular_user() {
         let s = settings(Mode::Enforce);
         let (_, d) = decide(
-            Builtin::ProtectedRbac.path(),
+            crate::guards::protected_rbac::ROW.path,
             &delete_cr("cluster-admin", "alice", &["system:authenticated"]),
             &s,
         )
@@ -412,7 +214,7 @@ mod tests {
                 .contains("protected ClusterRole \"cluster-admin\"")
         );
         let (_, d) = decide(
-            Builtin::ProtectedRbac.path(),
+            crate::guards::protected_rbac::ROW.path,
             &delete_cr("my-role", "alice", &[]),
             &s,
         )
@@ -428,7 +230,7 @@ mod tests {
             ("bob", vec!["system:masters"]),
         ] {
             let (_, d) = decide(
-                Builtin::ProtectedRbac.path(),
+                crate::guards::protected_rbac::ROW.path,
                 &delete_cr("cluster-admin", user, &groups),
                 &s,
             )
@@ -441,7 +243,7 @@ mod tests {
     fn warn_mode_allows_with_a_warning_and_an_audit_annotation() {
         let s = settings(Mode::Warn);
         let (name, d) = decide(
-            Builtin::ProtectedRbac.path(),
+            crate::guards::protected_rbac::ROW.path,
             &delete_cr("cluster-admin", "alice", &[]),
             &s,
         )
@@ -459,7 +261,7 @@ mod tests {
     fn off_mode_allows_silently() {
         let s = settings(Mode::Off);
         let (_, d) = decide(
-            Builtin::ProtectedRbac.path(),
+            crate::guards::protected_rbac::ROW.path,
             &delete_cr("cluster-admin", "alice", &[]),
             &s,
         )
@@ -482,7 +284,7 @@ mod tests {
             fg("TechPreviewNoUpgrade"),
         );
         assert!(
-            !decide(Builtin::FeatureGate.path(), &r, &s)
+            !decide(crate::guards::featuregate::ROW.path, &r, &s)
                 .expect("hook")
                 .1
                 .allowed
@@ -498,7 +300,7 @@ mod tests {
             fg(""),
         );
         assert!(
-            decide(Builtin::FeatureGate.path(), &r, &s)
+            decide(crate::guards::featuregate::ROW.path, &r, &s)
                 .expect("hook")
                 .1
                 .allowed
@@ -518,7 +320,7 @@ mod tests {
             &[],
             json!({"metadata": {"name": "web"}}),
         );
-        let (_, d) = decide(Builtin::ServiceAnnotation.path(), &r, &s).expect("hook");
+        let (_, d) = decide(crate::guards::service_annotation::ROW.path, &r, &s).expect("hook");
         assert!(d.allowed);
         assert_eq!(d.patch[0]["path"], "/metadata/annotations");
         let r = req(
@@ -531,7 +333,7 @@ mod tests {
             &[],
             json!({"metadata": {"name": "web", "annotations": {"a": "b"}}}),
         );
-        let (_, d) = decide(Builtin::ServiceAnnotation.path(), &r, &s).expect("hook");
+        let (_, d) = decide(crate::guards::service_annotation::ROW.path, &r, &s).expect("hook");
         assert!(
             d.patch[0]["path"]
                 .as_str()
@@ -558,7 +360,7 @@ mod tests {
             &[],
             json!({"metadata": {}}),
         );
-        let (_, d) = decide(Builtin::ServiceAnnotation.path(), &r, &s).expect("hook");
+        let (_, d) = decide(crate::guards::service_annotation::ROW.path, &r, &s).expect("hook");
         assert!(d.patch.is_empty());
     }
 
@@ -576,7 +378,7 @@ mod tests {
             &["system:masters"],
             probe,
         );
-        let (_, d) = decide(Builtin::Probe.path(), &r, &s).expect("probe");
+        let (_, d) = decide(crate::guards::probe::ROW.path, &r, &s).expect("probe");
         assert_eq!(d.message.as_deref(), Some(PROBE_ANSWER));
     }
 
@@ -597,7 +399,12 @@ mod tests {
             weaker,
         );
         r.old_object = Some(old.clone());
-        assert!(!decide(Builtin::Scc.path(), &r, &s).expect("hook").1.allowed);
+        assert!(
+            !decide(crate::guards::scc::ROW.path, &r, &s)
+                .expect("hook")
+                .1
+                .allowed
+        );
         let mut relabel = old.clone();
         relabel["metadata"]["labels"] = json!({"team": "x"});
         let mut r = req(
@@ -611,7 +418,12 @@ mod tests {
             relabel,
         );
         r.old_object = Some(old);
-        assert!(decide(Builtin::Scc.path(), &r, &s).expect("hook").1.allowed);
+        assert!(
+            decide(crate::guards::scc::ROW.path, &r, &s)
+                .expect("hook")
+                .1
+                .allowed
+        );
         let r = req(
             "DELETE",
             "security.openshift.io",
@@ -623,7 +435,10 @@ mod tests {
             Value::Null,
         );
         assert!(
-            decide(Builtin::Scc.path(), &r, &s).expect("hook").1.allowed,
+            decide(crate::guards::scc::ROW.path, &r, &s)
+                .expect("hook")
+                .1
+                .allowed,
             "custom SCCs are the user's"
         );
     }
@@ -643,7 +458,7 @@ mod tests {
         );
         // (exempt namespace prefix openshift-* applies)
         assert!(
-            decide(Builtin::ManagedGroups.path(), &r, &s)
+            decide(crate::guards::managed_groups::ROW.path, &r, &s)
                 .expect("hook")
                 .1
                 .allowed
@@ -658,7 +473,7 @@ mod tests {
             &[],
             json!({}),
         );
-        let (_, d) = decide(Builtin::ManagedGroups.path(), &r, &s).expect("hook");
+        let (_, d) = decide(crate::guards::managed_groups::ROW.path, &r, &s).expect("hook");
         assert!(!d.allowed);
         assert!(d.message.expect("msg").contains("managed by the service"));
     }
@@ -680,7 +495,7 @@ mod tests {
             moved,
         );
         r.old_object = Some(old.clone());
-        let (_, d) = decide(Builtin::IngressConfig.path(), &r, &s).expect("hook");
+        let (_, d) = decide(crate::guards::ingress_config::ROW.path, &r, &s).expect("hook");
         assert!(
             d.message
                 .expect("denied")
@@ -700,7 +515,7 @@ mod tests {
         );
         r.old_object = Some(old);
         assert!(
-            decide(Builtin::IngressConfig.path(), &r, &s)
+            decide(crate::guards::ingress_config::ROW.path, &r, &s)
                 .expect("hook")
                 .1
                 .allowed
@@ -725,7 +540,7 @@ mod tests {
         );
         r.old_object = Some(old.clone());
         assert!(
-            !decide(Builtin::NetworkMigration.path(), &r, &s)
+            !decide(crate::guards::network_migration::ROW.path, &r, &s)
                 .expect("hook")
                 .1
                 .allowed
@@ -742,7 +557,7 @@ mod tests {
         );
         r.old_object = Some(old.clone());
         assert!(
-            decide(Builtin::NetworkMigration.path(), &r, &s)
+            decide(crate::guards::network_migration::ROW.path, &r, &s)
                 .expect("hook")
                 .1
                 .allowed,
@@ -762,7 +577,7 @@ mod tests {
         );
         r.old_object = Some(old);
         assert!(
-            decide(Builtin::NetworkMigration.path(), &r, &s)
+            decide(crate::guards::network_migration::ROW.path, &r, &s)
                 .expect("hook")
                 .1
                 .allowed
@@ -774,7 +589,7 @@ mod tests {
         assert!(AgentConfig::default().problems().is_empty());
         assert_eq!(
             AgentConfig::default().webhooks.len(),
-            crate::catalogue::BUILTINS.len()
+            crate::guards::ALL.len()
         );
     }
 

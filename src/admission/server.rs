@@ -146,7 +146,7 @@ impl AppState {
             .map(|w| (w.path.clone(), w.name.clone()))
             .collect();
         names
-            .entry(crate::catalogue::Builtin::Probe.path().to_string())
+            .entry(crate::guards::probe::ROW.path.to_string())
             .or_insert_with(|| "probe".into());
         Arc::new(Self {
             settings,
@@ -278,7 +278,7 @@ async fn fixed(State(st): State<Arc<AppState>>, req: Request) -> Response {
 
 pub fn baseline_router(st: Arc<AppState>) -> axum::Router {
     let mut r = axum::Router::new();
-    for path in crate::catalogue::builtin_paths() {
+    for path in crate::guards::paths() {
         r = r.route(path, post(fixed));
     }
     r.route("/readyz", get(|| async { "ok" }))
@@ -291,7 +291,7 @@ pub fn baseline_router(st: Arc<AppState>) -> axum::Router {
 
 pub fn router(st: Arc<AppState>) -> axum::Router {
     let mut r = axum::Router::new();
-    for path in crate::catalogue::builtin_paths() {
+    for path in crate::guards::paths() {
         r = r.route(path, post(admit));
     }
     r.route("/healthz", get(|| async { "ok" }))

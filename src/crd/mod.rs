@@ -46,6 +46,10 @@ pub const HOSTED_CRD_MANIFESTS: &[(&str, &str)] = &[
         "networks.operator.openshift.io",
         include_str!("networks.operator.openshift.io.yaml"),
     ),
+    (
+        "groups.user.openshift.io",
+        include_str!("groups.user.openshift.io.yaml"),
+    ),
 ];
 
 /// The CRD manifests of the types above (YAML), in install order.

@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 
 use crate::catalogue::denial::{Piece, pieces};
 use crate::config::AdmissionConfig;
+use crate::guards::Scope;
 
 /// A CEL string literal.
 pub fn string(s: &str) -> String {
@@ -65,8 +66,13 @@ pub fn message(template: &str, values: &[(&str, &str)]) -> String {
 /// `exemptNamespaces`) as `matchConditions`: every one must hold for a guard to judge the
 /// request, so each says "not exempt this way". The same rules the service applies
 /// (`admission::policies`), evaluated by the API server instead.
-pub fn exemption_conditions(a: &AdmissionConfig) -> Vec<Value> {
+///
+/// `scope` says which apply: the identity guards leave out the namespaces, the probe all.
+pub fn exemption_conditions(a: &AdmissionConfig, scope: Scope) -> Vec<Value> {
     let mut out = Vec::new();
+    if scope == Scope::Everyone {
+        return out;
+    }
     if let Some(user) = matches_any("request.userInfo.username", &a.exempt_users) {
         out.push(json!({"name": "not-an-exempt-user", "expression": format!("!({user})")}));
     }
@@ -78,6 +84,9 @@ pub fn exemption_conditions(a: &AdmissionConfig) -> Vec<Value> {
                 list(&a.exempt_groups)
             ),
         }));
+    }
+    if scope == Scope::Identities {
+        return out;
     }
     if let Some(ns) = matches_any("request.namespace", &a.exempt_namespaces) {
         out.push(json!({
@@ -103,7 +112,9 @@ mod tests {
             exempt_namespaces: vec!["kube-*".into(), "default".into(), "it's".into()],
             ..Default::default()
         };
-        let c = exemption_conditions(&a);
+        let c = exemption_conditions(&a, Scope::Workloads);
+        assert_eq!(exemption_conditions(&a, Scope::Identities), c[..2]);
+        assert!(exemption_conditions(&a, Scope::Everyone).is_empty());
         assert_eq!(
             c[0]["expression"],
             "!(request.userInfo.username in ['system:admin'] || request.userInfo.username.startsWith('system:serviceaccount:hypershift:'))"
@@ -120,7 +131,7 @@ mod tests {
         a.exempt_users.clear();
         a.exempt_groups.clear();
         a.exempt_namespaces.clear();
-        assert!(exemption_conditions(&a).is_empty());
+        assert!(exemption_conditions(&a, Scope::Workloads).is_empty());
     }
 
     #[test]

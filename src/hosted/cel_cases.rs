@@ -35,8 +35,8 @@ use super::policies::{self, AdmissionPolicies};
 use super::webhooks::{self, HostedFeatures};
 use crate::admission::policies::{Settings, decide};
 use crate::admission::review::decode;
-use crate::catalogue::{BUILTINS, Builtin, DEFAULT_SCCS, MANAGED_API_GROUPS};
 use crate::config::{AgentConfig, Mode};
+use crate::guards::{self, Case, Guard, Want};
 
 /// The functions and macros the expressions may call: what both cel-go (with Kubernetes'
 /// extensions) and cel-rust provide.
@@ -87,92 +87,6 @@ fn eval_string(env: &Arc<Env>, expr: &str, vars: &[(&str, &Value)]) -> String {
     }
 }
 
-/// One request as both engines receive it: the AdmissionReview's request (the webhook's body,
-/// and the `request` variable of a policy, whose `object` and `oldObject` are variables of
-/// their own). Fields left out are absent, as the API server's JSON omits empty ones.
-#[derive(Clone)]
-struct Req {
-    op: &'static str,
-    group: &'static str,
-    resource: &'static str,
-    name: &'static str,
-    namespace: Option<&'static str>,
-    user: &'static str,
-    groups: &'static [&'static str],
-    object: Value,
-    old: Value,
-}
-
-impl Req {
-    fn new(
-        op: &'static str,
-        group: &'static str,
-        resource: &'static str,
-        name: &'static str,
-    ) -> Self {
-        Self {
-            op,
-            group,
-            resource,
-            name,
-            namespace: None,
-            user: "alice",
-            groups: &["system:authenticated"],
-            object: Value::Null,
-            old: Value::Null,
-        }
-    }
-    fn by(mut self, user: &'static str, groups: &'static [&'static str]) -> Self {
-        self.user = user;
-        self.groups = groups;
-        self
-    }
-    fn namespaced(mut self, ns: &'static str) -> Self {
-        self.namespace = Some(ns);
-        self
-    }
-    fn objects(mut self, object: Value, old: Value) -> Self {
-        self.object = object;
-        self.old = old;
-        self
-    }
-
-    fn request(&self) -> Value {
-        let mut user = json!({"username": self.user});
-        if !self.groups.is_empty() {
-            user["groups"] = json!(self.groups);
-        }
-        let mut r = json!({
-            "uid": "u",
-            "kind": {"group": self.group, "version": "v1", "kind": "X"},
-            "resource": {"group": self.group, "version": "v1", "resource": self.resource},
-            "name": self.name,
-            "operation": self.op,
-            "userInfo": user,
-        });
-        if let Some(ns) = self.namespace {
-            r["namespace"] = json!(ns);
-        }
-        r
-    }
-
-    fn review(&self) -> Vec<u8> {
-        let mut r = self.request();
-        r["object"] = self.object.clone();
-        r["oldObject"] = self.old.clone();
-        serde_json::to_vec(&json!({
-            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": r,
-        }))
-        .expect("json")
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Want {
-    Allow,
-    Deny,
-}
-
 /// What one engine made of a request: allowed, and the text it said (denial or warning).
 #[derive(Debug, PartialEq, Eq)]
 struct Outcome {
@@ -180,9 +94,9 @@ struct Outcome {
     said: Option<String>,
 }
 
-fn by_rust(builtin: Builtin, req: &Req, s: &Settings, mode: Mode) -> Outcome {
+fn by_rust(guard: &dyn Guard, req: &Case, s: &Settings, mode: Mode) -> Outcome {
     let r = decode(&req.review()).expect("the case decodes");
-    let (_, d) = decide(builtin.path(), &r, s).expect("a built-in");
+    let (_, d) = decide(guard.row().path, &r, s).expect("a guard");
     let said = match mode {
         Mode::Warn => d.warnings.first().cloned(),
         Mode::Enforce | Mode::Off => d.message.clone(),
@@ -199,7 +113,7 @@ fn by_rust(builtin: Builtin, req: &Req, s: &Settings, mode: Mode) -> Outcome {
 
 /// As the API server evaluates a policy: every matchCondition must hold, else the policy
 /// does not apply; a false validation denies (Deny) or warns (Warn) with the message.
-fn by_policy(env: &Arc<Env>, rendered: &AdmissionPolicies, guard: &str, req: &Req) -> Outcome {
+fn by_policy(env: &Arc<Env>, rendered: &AdmissionPolicies, guard: &str, req: &Case) -> Outcome {
     let policy = rendered
         .policies
         .iter()
@@ -266,110 +180,14 @@ fn with_mode(mode: Mode) -> AgentConfig {
     cfg
 }
 
-fn scc(name: &str, privileged: bool, labels: Value) -> Value {
-    json!({
-        "apiVersion": "security.openshift.io/v1", "kind": "SecurityContextConstraints",
-        "metadata": {"name": name, "labels": labels},
-        "allowPrivilegedContainer": privileged,
-        "users": [],
-        "priority": null,
-    })
-}
-
-fn spec_obj(spec: Value, labels: Value) -> Value {
-    let mut o = json!({"metadata": {"name": "cluster", "labels": labels}});
-    if !spec.is_null() {
-        o["spec"] = spec;
-    }
-    o
-}
-
-/// The table: every guard with a CEL form, the cases it must deny and those it must allow,
-/// with what the test expects of both engines.
-fn cases() -> Vec<(Builtin, &'static str, Req, Want)> {
-    use Builtin::*;
-    use Want::*;
-    let rbac = |op, res, name| Req::new(op, "rbac.authorization.k8s.io", res, name);
-    let fg = |op| Req::new(op, "config.openshift.io", "featuregates", "cluster");
-    let tpnu = |set: &str| spec_obj(json!({"featureSet": set}), json!({}));
-    let sccr = |op, name| {
-        Req::new(
-            op,
-            "security.openshift.io",
-            "securitycontextconstraints",
-            name,
-        )
-    };
-    let ing = |op| Req::new(op, "config.openshift.io", "ingresses", "cluster");
-    let net = |op| Req::new(op, "operator.openshift.io", "networks", "cluster");
-    let managed = MANAGED_API_GROUPS[0];
-    let default_scc = DEFAULT_SCCS[0];
-    vec![
-        (ProtectedRbac, "delete a protected ClusterRole", rbac("DELETE", "clusterroles", "cluster-admin"), Deny),
-        (ProtectedRbac, "delete a protected ClusterRoleBinding", rbac("DELETE", "clusterrolebindings", "admin"), Deny),
-        (ProtectedRbac, "delete a ClusterRole matching a prefix", rbac("DELETE", "clusterroles", "system:controller:x"), Deny),
-        (ProtectedRbac, "delete an unprotected ClusterRole", rbac("DELETE", "clusterroles", "my-role"), Allow),
-        (ProtectedRbac, "update a protected ClusterRole", rbac("UPDATE", "clusterroles", "cluster-admin"), Allow),
-        (ProtectedRbac, "delete a namespaced Role of the same name", rbac("DELETE", "roles", "admin").namespaced("team-a"), Allow),
-        (ProtectedRbac, "an exempt user", rbac("DELETE", "clusterroles", "cluster-admin").by("system:admin", &[]), Allow),
-        (ProtectedRbac, "an exempt user by prefix", rbac("DELETE", "clusterroles", "cluster-admin").by("system:serviceaccount:hypershift:operator", &[]), Allow),
-        (ProtectedRbac, "an exempt group", rbac("DELETE", "clusterroles", "cluster-admin").by("bob", &["system:authenticated", "system:masters"]), Allow),
-        (ProtectedRbac, "a user with no groups", rbac("DELETE", "clusterroles", "cluster-admin").by("carol", &[]), Deny),
-        (FeatureGate, "create with TechPreviewNoUpgrade", fg("CREATE").objects(tpnu("TechPreviewNoUpgrade"), Value::Null), Deny),
-        (FeatureGate, "switch on TechPreviewNoUpgrade", fg("UPDATE").objects(tpnu("TechPreviewNoUpgrade"), tpnu("")), Deny),
-        (FeatureGate, "from no spec to TechPreviewNoUpgrade", fg("UPDATE").objects(tpnu("TechPreviewNoUpgrade"), spec_obj(Value::Null, json!({}))), Deny),
-        (FeatureGate, "leave TechPreviewNoUpgrade on", fg("UPDATE").objects(tpnu("TechPreviewNoUpgrade"), tpnu("TechPreviewNoUpgrade")), Allow),
-        (FeatureGate, "switch it off", fg("UPDATE").objects(tpnu(""), tpnu("TechPreviewNoUpgrade")), Allow),
-        (FeatureGate, "another feature set", fg("UPDATE").objects(tpnu("CustomNoUpgrade"), tpnu("")), Allow),
-        (FeatureGate, "no spec at all", fg("UPDATE").objects(spec_obj(Value::Null, json!({})), spec_obj(Value::Null, json!({"a": "b"}))), Allow),
-        (FeatureGate, "delete", fg("DELETE").objects(Value::Null, tpnu("TechPreviewNoUpgrade")), Allow),
-        (FeatureGate, "an exempt group", fg("CREATE").objects(tpnu("TechPreviewNoUpgrade"), Value::Null).by("sre", &["osd-sre-admins"]), Allow),
-        (Scc, "delete a default SCC", sccr("DELETE", default_scc).objects(Value::Null, scc(default_scc, false, json!({}))), Deny),
-        (Scc, "weaken a default SCC", sccr("UPDATE", default_scc).objects(scc(default_scc, true, json!({})), scc(default_scc, false, json!({}))), Deny),
-        (Scc, "create a default SCC's name", sccr("CREATE", "privileged").objects(scc("privileged", true, json!({})), Value::Null), Deny),
-        (Scc, "drop a field of a default SCC", sccr("UPDATE", default_scc).objects(json!({"metadata": {"name": default_scc}, "users": []}), scc(default_scc, false, json!({}))), Deny),
-        (Scc, "add a field to a default SCC", sccr("UPDATE", default_scc).objects(scc(default_scc, false, json!({})), json!({"metadata": {"name": default_scc}, "allowPrivilegedContainer": false, "users": []})), Deny),
-        (Scc, "label a default SCC", sccr("UPDATE", default_scc).objects(scc(default_scc, false, json!({"team": "a"})), scc(default_scc, false, json!({}))), Allow),
-        (Scc, "change a custom SCC", sccr("UPDATE", "custom").objects(scc("custom", true, json!({})), scc("custom", false, json!({}))), Allow),
-        (Scc, "delete a custom SCC", sccr("DELETE", "custom"), Allow),
-        (IngressConfig, "change the spec", ing("UPDATE").objects(spec_obj(json!({"domain": "b"}), json!({})), spec_obj(json!({"domain": "a"}), json!({}))), Deny),
-        (IngressConfig, "add a spec", ing("UPDATE").objects(spec_obj(json!({"domain": "b"}), json!({})), spec_obj(Value::Null, json!({}))), Deny),
-        (IngressConfig, "delete", ing("DELETE").objects(Value::Null, spec_obj(json!({"domain": "a"}), json!({}))), Deny),
-        (IngressConfig, "create", ing("CREATE").objects(spec_obj(json!({"domain": "a"}), json!({})), Value::Null), Deny),
-        (IngressConfig, "relabel, spec unchanged", ing("UPDATE").objects(spec_obj(json!({"domain": "a"}), json!({"x": "y"})), spec_obj(json!({"domain": "a"}), json!({}))), Allow),
-        (IngressConfig, "no spec before or after", ing("UPDATE").objects(spec_obj(Value::Null, json!({"x": "y"})), spec_obj(Value::Null, json!({}))), Allow),
-        (IngressConfig, "an exempt user by prefix", ing("DELETE").objects(Value::Null, spec_obj(json!({"domain": "a"}), json!({}))).by("system:serviceaccount:openshift-ingress:router", &[]), Allow),
-        (NetworkMigration, "start a migration", net("UPDATE").objects(spec_obj(json!({"migration": {"networkType": "OVNKubernetes"}}), json!({})), spec_obj(json!({}), json!({}))), Deny),
-        (NetworkMigration, "change a migration", net("UPDATE").objects(spec_obj(json!({"migration": {"networkType": "A"}}), json!({})), spec_obj(json!({"migration": {"networkType": "B"}}), json!({}))), Deny),
-        (NetworkMigration, "end a migration", net("UPDATE").objects(spec_obj(json!({}), json!({})), spec_obj(json!({"migration": {"networkType": "B"}}), json!({}))), Deny),
-        (NetworkMigration, "delete", net("DELETE").objects(Value::Null, spec_obj(json!({}), json!({}))), Deny),
-        (NetworkMigration, "change something else", net("UPDATE").objects(spec_obj(json!({"mtu": 1400, "migration": {"networkType": "A"}}), json!({})), spec_obj(json!({"mtu": 1500, "migration": {"networkType": "A"}}), json!({}))), Allow),
-        (NetworkMigration, "no spec before or after", net("UPDATE").objects(spec_obj(Value::Null, json!({"x": "y"})), spec_obj(Value::Null, json!({}))), Allow),
-        (ManagedGroups, "create in a managed group", Req::new("CREATE", managed, "things", "x").namespaced("team-a"), Deny),
-        (ManagedGroups, "delete in another managed group", Req::new("DELETE", MANAGED_API_GROUPS[1], "upgradeconfigs", "x").namespaced("team-a"), Deny),
-        (ManagedGroups, "another group", Req::new("CREATE", "apps", "deployments", "x").namespaced("team-a"), Allow),
-        (ManagedGroups, "the core group", Req::new("CREATE", "", "configmaps", "x").namespaced("team-a"), Allow),
-        (ManagedGroups, "an exempt namespace", Req::new("CREATE", managed, "things", "x").namespaced("default"), Allow),
-        (ManagedGroups, "an exempt namespace by prefix", Req::new("CREATE", managed, "things", "x").namespaced("openshift-monitoring"), Allow),
-        (ManagedGroups, "a namespace that only contains an exempt prefix", Req::new("CREATE", managed, "things", "x").namespaced("my-openshift-x"), Deny),
-        (ManagedGroups, "cluster-scoped", Req::new("CREATE", managed, "things", "x"), Deny),
-    ]
-}
-
-#[test]
-fn every_guard_with_a_cel_form_has_cases_that_deny_and_allow() {
-    let cases = cases();
-    for row in BUILTINS.iter().filter(|r| r.cel) {
-        for want in [Want::Deny, Want::Allow] {
-            assert!(
-                cases
-                    .iter()
-                    .any(|(b, _, _, w)| *b == row.builtin && *w == want),
-                "{}: no case that expects {want:?}",
-                row.name
-            );
-        }
-    }
+/// Every guard with a CEL form and its table of cases.
+fn cases() -> Vec<(&'static dyn Guard, Case)> {
+    let a = AgentConfig::default().admission;
+    guards::ALL
+        .iter()
+        .filter(|g| g.cel(&a).is_some())
+        .flat_map(|g| g.cases().into_iter().map(move |c| (*g, c)))
+        .collect()
 }
 
 /// The heart of it: for each case, in enforce and in warn mode, the policy the API server
@@ -382,9 +200,9 @@ fn each_guards_policy_decides_as_its_handler_case_by_case() {
         let cfg = with_mode(mode);
         let s = Settings::from_config(&cfg);
         let rendered = policies::render(&cfg, "clusters-a", served()).expect("render");
-        for (builtin, what, req, want) in cases() {
-            let guard = builtin.row().name;
-            let rust = by_rust(builtin, &req, &s, mode);
+        for (g, req) in cases() {
+            let (guard, what, want) = (g.row().name, req.what, req.want);
+            let rust = by_rust(g, &req, &s, mode);
             let cel = by_policy(&env, &rendered, guard, &req);
             assert_eq!(cel, rust, "{guard} ({mode:?}), {what}: CEL and Rust differ");
             let expected_allowed = want == Want::Allow || mode == Mode::Warn;
@@ -420,12 +238,13 @@ fn webhook_match_conditions_leave_out_exactly_whom_the_service_exempts() {
     .expect("render");
     let validating = hooks.validating.expect("validating");
     let mut checked = 0;
-    for (builtin, what, req, want) in cases() {
+    for (g, req) in cases() {
+        let (what, want) = (req.what, req.want);
         let Some(hook) = validating
             .webhooks
             .iter()
             .flatten()
-            .find(|w| w.name == builtin.row().name)
+            .find(|w| w.name == g.row().name)
         else {
             continue;
         };
@@ -440,7 +259,7 @@ fn webhook_match_conditions_leave_out_exactly_whom_the_service_exempts() {
         let called = conditions
             .iter()
             .all(|c| eval_bool(&env, &c.expression, &vars));
-        let rust = by_rust(builtin, &req, &s, Mode::Enforce);
+        let rust = by_rust(g, &req, &s, Mode::Enforce);
         if !called {
             assert!(
                 rust.allowed,

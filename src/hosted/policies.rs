@@ -25,10 +25,10 @@ use super::webhooks::{
     guarded_object_selector, owned_metadata, rules_json,
 };
 use crate::catalogue::{
-    Builtin, DEFAULT_SCCS, MANAGED_API_GROUPS, POLICY_PROBE_ANSWER, POLICY_PROBE_VALUE,
-    PROBE_LABEL, PROBE_REVISION_LABEL, denial,
+    POLICY_PROBE_ANSWER, POLICY_PROBE_VALUE, PROBE_LABEL, PROBE_REVISION_LABEL, denial,
 };
 use crate::config::{AgentConfig, GuardEngine, Mode, WebhookDefinition};
+use crate::guards::{self, CelForm};
 
 /// The path a guard takes in one hosted cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +48,7 @@ impl Engine {
 
 /// Which engine carries `w` on a server offering `features`, and why not the one asked for.
 pub fn engine_of(w: &WebhookDefinition, features: HostedFeatures) -> (Engine, Option<String>) {
-    let cel = crate::catalogue::has_cel_form(&w.path);
+    let cel = guards::has_cel_form(&w.path);
     match w.engine {
         GuardEngine::Webhook => (Engine::Webhook, None),
         GuardEngine::Auto if cel && features.admission_policies => (Engine::Policy, None),
@@ -88,158 +88,34 @@ impl AdmissionPolicies {
 
 /// The probe policy's (and binding's) name: the probe webhook's.
 pub fn probe_name() -> &'static str {
-    Builtin::Probe.row().name
-}
-
-/// One guard's validation in CEL: the expression (true admits) and the message expression.
-/// `None` for a built-in without a CEL form. Exhaustive, like `admission::policies::handle`.
-fn validation(builtin: Builtin, cfg: &AgentConfig) -> Option<(String, String)> {
-    let group_is = |g: &str| format!("request.resource.group == {}", cel::string(g));
-    let resource_is = |r: &str| format!("request.resource.resource == {}", cel::string(r));
-    // `x.spec.<field>` is there, for objects that may lack `spec`.
-    let has_spec = |obj: &str, field: &str| format!("(has({obj}.spec) && has({obj}.spec.{field}))");
-    let verb = |delete: &str, other: &str| {
-        format!(
-            "request.operation == 'DELETE' ? {} : {}",
-            cel::string(delete),
-            cel::string(other)
-        )
-    };
-    Some(match builtin {
-        Builtin::ProtectedRbac => {
-            let protected =
-                cel::matches_any("request.name", &cfg.admission.protected_cluster_roles)
-                    .unwrap_or_else(|| "false".into());
-            (
-                format!(
-                    "request.operation != 'DELETE' || !({}) || !(request.resource.resource in ['clusterroles', 'clusterrolebindings']) || !({protected})",
-                    group_is("rbac.authorization.k8s.io")
-                ),
-                cel::message(
-                    denial::PROTECTED_RBAC,
-                    &[
-                        (
-                            "kind",
-                            "request.resource.resource == 'clusterroles' ? 'ClusterRole' : 'ClusterRoleBinding'",
-                        ),
-                        ("name", "request.name"),
-                    ],
-                ),
-            )
-        }
-        Builtin::FeatureGate => {
-            let tpnu = |obj: &str| {
-                format!(
-                    "({obj} != null && {} && {obj}.spec.featureSet == 'TechPreviewNoUpgrade')",
-                    has_spec(obj, "featureSet")
-                )
-            };
-            (
-                format!(
-                    "!({} && {}) || !{} || {}",
-                    group_is("config.openshift.io"),
-                    resource_is("featuregates"),
-                    tpnu("object"),
-                    tpnu("oldObject")
-                ),
-                cel::message(denial::FEATURE_GATE, &[]),
-            )
-        }
-        Builtin::Scc => {
-            // Everything but metadata unchanged. The object is a map at run time; `dyn` lets
-            // the type check accept iterating its fields whatever the SCC schema says.
-            let unchanged = "object != null && oldObject != null \
-                && dyn(object).all(k, k == 'metadata' || (k in dyn(oldObject) && dyn(object)[k] == dyn(oldObject)[k])) \
-                && dyn(oldObject).all(k, k == 'metadata' || k in dyn(object))";
-            (
-                format!(
-                    "!({} && {}) || !(request.name in {}) || (request.operation == 'UPDATE' && {unchanged})",
-                    group_is("security.openshift.io"),
-                    resource_is("securitycontextconstraints"),
-                    cel::list(DEFAULT_SCCS)
-                ),
-                cel::message(
-                    denial::SCC,
-                    &[
-                        ("verb", &verb("deleting", "changing")),
-                        ("name", "request.name"),
-                    ],
-                ),
-            )
-        }
-        Builtin::IngressConfig => (
-            format!(
-                "!({} && {}) || (request.operation == 'UPDATE' && object != null && oldObject != null \
-                 && has(object.spec) == has(oldObject.spec) && (!has(object.spec) || object.spec == oldObject.spec))",
-                group_is("config.openshift.io"),
-                resource_is("ingresses")
-            ),
-            cel::message(
-                denial::INGRESS_CONFIG,
-                &[
-                    ("verb", &verb("deleting", "changing the spec of")),
-                    ("name", "request.name"),
-                ],
-            ),
-        ),
-        Builtin::NetworkMigration => {
-            let (new, old) = (
-                has_spec("object", "migration"),
-                has_spec("oldObject", "migration"),
-            );
-            (
-                format!(
-                    "!({} && {}) || (object != null && oldObject != null && {new} == {old} \
-                     && (!{new} || object.spec.migration == oldObject.spec.migration))",
-                    group_is("operator.openshift.io"),
-                    resource_is("networks")
-                ),
-                cel::message(denial::NETWORK_MIGRATION, &[]),
-            )
-        }
-        Builtin::ManagedGroups => (
-            format!(
-                "!(request.resource.group in {})",
-                cel::list(MANAGED_API_GROUPS)
-            ),
-            cel::message(
-                denial::MANAGED_GROUPS,
-                &[
-                    ("resource", "request.resource.resource"),
-                    ("group", "request.resource.group"),
-                    ("operation", "request.operation.lowerAscii()"),
-                ],
-            ),
-        ),
-        Builtin::Probe | Builtin::ServiceAnnotation => return None,
-    })
+    guards::probe::ROW.name
 }
 
 fn guard_policy(
     w: &WebhookDefinition,
-    expression: &str,
-    message: &str,
+    form: &CelForm,
     conditions: &[Value],
     hcp_namespace: &str,
 ) -> Value {
     let message = match w.mode {
         Mode::Warn => cel::message(
             denial::WARN,
-            &[("guard", &cel::string(&w.name)), ("message", message)],
+            &[("guard", &cel::string(&w.name)), ("message", &form.message)],
         ),
-        Mode::Enforce | Mode::Off => message.to_string(),
+        Mode::Enforce | Mode::Off => form.message.clone(),
     };
+    let scope = guards::scope_of(&w.path);
     let rules = rules_json(&w.rules);
     let mut spec = json!({
         "failurePolicy": failure_policy(w.failure_policy),
         "matchConstraints": {
             "resourceRules": rules,
             "matchPolicy": "Equivalent",
-            "namespaceSelector": guarded_namespace_selector(w.namespace_selector.as_ref()),
+            "namespaceSelector": guarded_namespace_selector(w.namespace_selector.as_ref(), scope),
             "objectSelector": guarded_object_selector(w.object_selector.as_ref()),
         },
         "validations": [{
-            "expression": expression,
+            "expression": form.expression,
             "messageExpression": message,
             // Shown only if the message expression itself fails.
             "message": format!("hcp-fleet: {} denied this request", w.name),
@@ -331,17 +207,16 @@ fn render_json(
     hcp_namespace: &str,
     features: HostedFeatures,
 ) -> (Vec<Value>, Vec<Value>, Option<String>) {
-    let conditions = cel::exemption_conditions(&cfg.admission);
     let mut policies = Vec::new();
     let mut bindings = Vec::new();
     for w in cfg.active_webhooks() {
         if engine_of(w, features).0 != Engine::Policy {
             continue;
         }
-        let Some(builtin) = Builtin::for_path(&w.path) else {
+        let Some(guard) = guards::for_path(&w.path) else {
             continue;
         };
-        let Some((expression, message)) = validation(builtin, cfg) else {
+        let Some(form) = guard.cel(&cfg.admission) else {
             continue;
         };
         let actions: &[&str] = match w.mode {
@@ -349,13 +224,8 @@ fn render_json(
             Mode::Warn => &["Warn", "Audit"],
             Mode::Off => continue,
         };
-        policies.push(guard_policy(
-            w,
-            &expression,
-            &message,
-            &conditions,
-            hcp_namespace,
-        ));
+        let conditions = cel::exemption_conditions(&cfg.admission, guard.scope());
+        policies.push(guard_policy(w, &form, &conditions, hcp_namespace));
         bindings.push(binding(&w.name, actions, hcp_namespace, None));
     }
     let revision = (!policies.is_empty()).then(|| {
@@ -416,10 +286,10 @@ mod tests {
     fn every_guard_with_a_cel_form_becomes_a_policy_where_served() {
         let cfg = AgentConfig::default();
         let p = render(&cfg, "clusters-a", served()).expect("render");
-        let want: Vec<String> = crate::catalogue::BUILTINS
+        let want: Vec<String> = guards::ALL
             .iter()
-            .filter(|r| r.cel)
-            .map(|r| r.name.to_string())
+            .filter(|g| g.cel(&cfg.admission).is_some())
+            .map(|g| g.row().name.to_string())
             .chain([probe_name().to_string()])
             .collect();
         assert_eq!(names(&p), want);
@@ -466,7 +336,7 @@ mod tests {
 
     #[test]
     fn engines_follow_the_setting_and_what_the_server_serves() {
-        let mut w = Builtin::ProtectedRbac.row().definition();
+        let mut w = guards::protected_rbac::ROW.definition();
         assert_eq!(engine_of(&w, served()).0, Engine::Policy);
         assert_eq!(engine_of(&w, HostedFeatures::default()).0, Engine::Webhook);
         w.engine = GuardEngine::Webhook;
@@ -477,11 +347,8 @@ mod tests {
         assert_eq!(e, Engine::Webhook);
         assert!(note.expect("note").contains("does not serve"));
         // The probe and the Service mutation are webhooks, whatever auto finds.
-        for b in [Builtin::Probe, Builtin::ServiceAnnotation] {
-            assert_eq!(
-                engine_of(&b.row().definition(), served()).0,
-                Engine::Webhook
-            );
+        for row in [&guards::probe::ROW, &guards::service_annotation::ROW] {
+            assert_eq!(engine_of(&row.definition(), served()).0, Engine::Webhook);
         }
     }
 
@@ -523,9 +390,20 @@ mod tests {
                 );
                 continue;
             }
+            let scope = guards::ALL
+                .iter()
+                .find(|g| g.row().name == name)
+                .expect("a guard")
+                .scope();
+            // The identity guards judge requests in the exempt namespaces too: that is where
+            // an exempt identity would be minted.
+            let (conditions, namespaces_left_out) = match scope {
+                guards::Scope::Identities => (2, false),
+                _ => (3, true),
+            };
             assert_eq!(
                 v["spec"]["matchConditions"].as_array().map(Vec::len),
-                Some(3),
+                Some(conditions),
                 "{name}"
             );
             let c = &v["spec"]["matchConstraints"];
@@ -535,8 +413,9 @@ mod tests {
                     .contains(super::super::webhooks::OWNED_LABEL),
                 "no label exempts an object: {name}"
             );
-            assert!(
+            assert_eq!(
                 c["namespaceSelector"].to_string().contains("kube-system"),
+                namespaces_left_out,
                 "{name}"
             );
             assert_eq!(v["spec"]["failurePolicy"], "Ignore", "{name}");
@@ -560,8 +439,8 @@ mod tests {
         }))
         .expect("json");
         let req = decode(&body).expect("decode");
-        let (_, d) = decide(Builtin::ProtectedRbac.path(), &req, &s).expect("hook");
-        let (_, message) = validation(Builtin::ProtectedRbac, &cfg).expect("cel");
+        let (_, d) = decide(guards::protected_rbac::ROW.path, &req, &s).expect("hook");
+        let message = guards::ALL[0].cel(&cfg.admission).expect("cel").message;
         // Substitute what the API server would: the kind and name expressions' values.
         let evaluated = message
             .replace(

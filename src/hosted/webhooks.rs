@@ -12,10 +12,11 @@ use k8s_openapi::api::admissionregistration::v1::{
 use serde_json::{Value, json};
 
 use super::policies::{AdmissionPolicies, Engine};
-use crate::catalogue::{Builtin, PROBE_REVISION_LABEL};
+use crate::catalogue::PROBE_REVISION_LABEL;
 use crate::config::{
     AgentConfig, FailurePolicy, LabelSelector, Rule, WebhookDefinition, WebhookKind,
 };
+use crate::guards::{self, Scope};
 use crate::management::{MANAGED_BY, MANAGED_BY_VALUE};
 
 pub const VALIDATING_NAME: &str = "hcp-fleet-agent-validating";
@@ -150,7 +151,7 @@ impl HostedWebhooks {
             .validating
             .iter()
             .flat_map(|v| v.webhooks.iter().flatten())
-            .filter(|w| w.name != Builtin::Probe.row().name)
+            .filter(|w| w.name != guards::probe::ROW.name)
             .count();
         (hooks, self.policies.guards().count())
     }
@@ -190,7 +191,13 @@ fn guarded_selector(sel: Option<&LabelSelector>, guards: &[Value]) -> Value {
     v
 }
 
-pub(crate) fn guarded_namespace_selector(sel: Option<&LabelSelector>) -> Value {
+/// The identity guards take the definition's selector alone: a cluster-admin can put the
+/// run-level label on a namespace they create, and what they mint in `kube-system` is as exempt
+/// as what they mint in `openshift-x`.
+pub(crate) fn guarded_namespace_selector(sel: Option<&LabelSelector>, scope: Scope) -> Value {
+    if scope == Scope::Identities {
+        return guarded_selector(sel, &[]);
+    }
     guarded_selector(
         sel,
         &[
@@ -242,14 +249,15 @@ pub(crate) fn failure_policy(f: FailurePolicy) -> &'static str {
 }
 
 fn is_probe(w: &WebhookDefinition) -> bool {
-    Builtin::for_path(&w.path) == Some(Builtin::Probe)
+    w.path == guards::probe::ROW.path
 }
 
 fn webhook_json(
     w: &WebhookDefinition,
     url_base: &str,
     ca_bundle: &ByteString,
-    conditions: &[Value],
+    match_conditions: bool,
+    cfg: &AgentConfig,
 ) -> Value {
     let mut v = json!({
         "name": w.name,
@@ -263,14 +271,20 @@ fn webhook_json(
         "sideEffects": "None",
         "timeoutSeconds": w.timeout_seconds,
         "admissionReviewVersions": ["v1"],
-        "namespaceSelector": guarded_namespace_selector(w.namespace_selector.as_ref()),
+        "namespaceSelector": guarded_namespace_selector(w.namespace_selector.as_ref(), guards::scope_of(&w.path)),
         "objectSelector": guarded_object_selector(w.object_selector.as_ref()),
     });
     if w.kind == WebhookKind::Mutating {
         v["reinvocationPolicy"] = json!("Never");
     }
-    // The probe answers whoever sends it: it proves the path, whatever the identity.
-    if !conditions.is_empty() && !is_probe(w) {
+    // The probe answers whoever sends it (scope Everyone: no condition): it proves the path,
+    // whatever the identity.
+    let conditions = if match_conditions {
+        super::cel::exemption_conditions(&cfg.admission, guards::scope_of(&w.path))
+    } else {
+        Vec::new()
+    };
+    if !conditions.is_empty() {
         v["matchConditions"] = json!(conditions);
     }
     v
@@ -305,11 +319,6 @@ pub fn render(
     features: HostedFeatures,
 ) -> Result<HostedWebhooks, WebhookRenderError> {
     let ca = ByteString(ca_bundle_pem.as_bytes().to_vec());
-    let conditions = if features.match_conditions {
-        super::cel::exemption_conditions(&cfg.admission)
-    } else {
-        Vec::new()
-    };
     let policies = super::policies::render(cfg, hcp_namespace, features)?;
     let hooks: Vec<&WebhookDefinition> = cfg
         .active_webhooks()
@@ -327,7 +336,7 @@ pub fn render(
         .map(|w| {
             (
                 w.kind,
-                webhook_json(w, url_base, &ca, &conditions),
+                webhook_json(w, url_base, &ca, features.match_conditions, cfg),
                 is_probe(w),
             )
         })
@@ -490,16 +499,12 @@ mod tests {
                 );
             } else {
                 let names: Vec<&str> = conditions.iter().map(|c| c.name.as_str()).collect();
-                assert_eq!(
-                    names,
-                    [
-                        "not-an-exempt-user",
-                        "not-in-an-exempt-group",
-                        "not-in-an-exempt-namespace"
-                    ],
-                    "{}",
-                    h.name
-                );
+                let mut want = vec!["not-an-exempt-user", "not-in-an-exempt-group"];
+                // The identity guards judge requests in the exempt namespaces too.
+                if !h.name.starts_with("identity-") {
+                    want.push("not-in-an-exempt-namespace");
+                }
+                assert_eq!(names, want, "{}", h.name);
             }
         }
         // Not served: nothing the server would drop (which would read as drift forever).
@@ -539,6 +544,7 @@ mod tests {
                 h.failure_policy.clone(),
                 h.object_selector.clone(),
                 h.namespace_selector.clone(),
+                h.name.clone(),
             ));
         }
         for h in w.mutating.expect("m").webhooks.expect("hooks") {
@@ -548,10 +554,11 @@ mod tests {
                 h.failure_policy.clone(),
                 h.object_selector.clone(),
                 h.namespace_selector.clone(),
+                h.name.clone(),
             ));
         }
         assert_eq!(all.len(), AgentConfig::default().webhooks.len());
-        for (side, timeout, fp, obj, ns) in all {
+        for (side, timeout, fp, obj, ns, name) in all {
             assert_eq!(side, "None");
             assert!(matches!(timeout, Some(1..=5)));
             assert_eq!(fp.as_deref(), Some("Ignore"));
@@ -560,9 +567,18 @@ mod tests {
                 !obj.to_string().contains(OWNED_LABEL),
                 "no label exempts an object: {obj}"
             );
-            let ns = serde_json::to_value(ns).expect("ns");
-            assert!(ns.to_string().contains("kube-system"), "{ns}");
-            assert!(ns.to_string().contains("openshift.io/run-level"), "{ns}");
+            let ns = serde_json::to_value(ns).expect("ns").to_string();
+            // The identity guards see every namespace: what a tenant mints in kube-system, or
+            // in a namespace they labelled run-level 0, is as exempt as anywhere else.
+            let identity = crate::guards::ALL
+                .iter()
+                .any(|g| g.row().name == name && g.scope() == crate::guards::Scope::Identities);
+            assert_eq!(ns.contains("kube-system"), !identity, "{name}: {ns}");
+            assert_eq!(
+                ns.contains("openshift.io/run-level"),
+                !identity,
+                "{name}: {ns}"
+            );
         }
     }
 
