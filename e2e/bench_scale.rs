@@ -469,7 +469,8 @@ async fn run() -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let t = Instant::now();
     let all_sim: Vec<String> = sim_names.iter().chain(&sim_new).cloned().collect();
-    let sim = SimFleet::start(&all_sim).await?;
+    let probe_keys = simhosted::ProbeKeys::default();
+    let sim = SimFleet::start(&all_sim, probe_keys.clone()).await?;
     eprintln!(
         "bench: {} SIMULATED hosted clusters on {} (certificates made in {})",
         all_sim.len(),
@@ -485,9 +486,10 @@ async fn run() -> Result<(), String> {
         is_real,
     );
     let service = AgentConfig::default().admission.service_name;
-    let _sim_pods =
-        simhosted::kubelet::spawn(mgmt.clone(), service, |ns| ns.starts_with("clusters-sim-"))
-            .await?;
+    let _sim_pods = simhosted::kubelet::spawn(mgmt.clone(), service, probe_keys, |ns| {
+        ns.starts_with("clusters-sim-")
+    })
+    .await?;
     let health = Health::default();
     let _health_watch = health.watch(mgmt.clone());
     let config_path = fleet.state_dir().join("agent-config.yaml");

@@ -22,6 +22,8 @@ pub enum CertError {
     Pem(String),
     #[error("unparseable X.509 certificate: {0}")]
     X509(String),
+    #[error("the system's random source failed")]
+    Random,
 }
 
 /// A certificate with its private key, both PEM.
@@ -209,6 +211,15 @@ pub struct CertBundle {
     pub ca: KeyedCert,
     pub previous_ca_pem: Option<String>,
     pub serving: KeyedCert,
+    /// The key the admission service proves its probe answers with (`guards::probe`); `None`
+    /// only as read from a Secret written before there was one (the plan adds it).
+    pub probe_key: Option<ProbeKey>,
+}
+
+use crate::guards::probe::{KEY_FILE as PROBE_KEY_KEY, ProbeKey};
+
+fn new_probe_key() -> Result<ProbeKey, CertError> {
+    ProbeKey::generate().ok_or(CertError::Random)
 }
 
 pub const CA_CERT_KEY: &str = "ca.crt";
@@ -230,6 +241,7 @@ impl CertBundle {
             ca,
             previous_ca_pem: None,
             serving,
+            probe_key: Some(new_probe_key()?),
         })
     }
 
@@ -256,11 +268,15 @@ impl CertBundle {
 
     /// The Secret mounted into the admission pods.
     pub fn tls_secret_data(&self) -> std::collections::BTreeMap<String, String> {
-        std::collections::BTreeMap::from([
+        let mut m = std::collections::BTreeMap::from([
             ("tls.crt".to_string(), self.serving.cert_pem.clone()),
             ("tls.key".to_string(), self.serving.key_pem.clone()),
             (CA_CERT_KEY.to_string(), self.ca_bundle_pem()),
-        ])
+        ]);
+        if let Some(k) = &self.probe_key {
+            m.insert(PROBE_KEY_KEY.to_string(), k.to_hex());
+        }
+        m
     }
 
     /// Reads a bundle back from the two Secrets' data; `None` if anything is missing or
@@ -282,6 +298,7 @@ impl CertBundle {
                 cert_pem: s(tls, "tls.crt")?,
                 key_pem: s(tls, "tls.key")?,
             },
+            probe_key: s(tls, PROBE_KEY_KEY).and_then(|k| ProbeKey::from_hex(&k)),
         };
         inspect(&b.ca.cert_pem).ok()?;
         inspect(&b.serving.cert_pem).ok()?;
@@ -383,6 +400,10 @@ pub fn plan(
     let Some(old) = existing else {
         return Ok((CertBundle::generate(cfg, sans)?, Some("created".into())));
     };
+    let (probe_key, key_added) = match &old.probe_key {
+        Some(k) => (Some(k.clone()), false),
+        None => (Some(new_probe_key()?), true),
+    };
     let ca_facts = inspect(&old.ca.cert_pem)?;
     // Drop the previous CA once it has expired: nothing it signed can still be valid.
     let previous = old
@@ -400,6 +421,7 @@ pub fn plan(
                 ca,
                 previous_ca_pem: Some(old.ca.cert_pem.clone()),
                 serving,
+                probe_key,
             },
             Some("CA rotated before expiry; previous CA kept in the bundle".into()),
         ));
@@ -427,15 +449,24 @@ pub fn plan(
                 ca: old.ca.clone(),
                 previous_ca_pem: previous,
                 serving: issue_serving(&old.ca, cfg, sans)?,
+                probe_key,
             },
             Some(r.to_string()),
         )),
-        None if changed => Ok((
+        None if changed || key_added => Ok((
             CertBundle {
                 previous_ca_pem: previous,
+                probe_key,
                 ..old.clone()
             },
-            Some("expired previous CA dropped from the bundle".into()),
+            Some(
+                if changed {
+                    "expired previous CA dropped from the bundle"
+                } else {
+                    "probe key added"
+                }
+                .into(),
+            ),
         )),
         None => Ok((old.clone(), None)),
     }
@@ -603,6 +634,47 @@ mod tests {
     }
 
     #[test]
+    fn the_probe_key_outlives_renewals_and_is_added_where_missing() {
+        let cfg = crate::config::AgentConfig::default();
+        let sans = vec!["a.ns.svc".to_string()];
+        let (b, _) = plan(None, &cfg, &sans, now()).expect("create");
+        let key = b.probe_key.clone().expect("a new bundle has a probe key");
+        // Read back from the Secrets: the key is there, under its file name.
+        let bytes = |m: std::collections::BTreeMap<String, String>| {
+            m.into_iter()
+                .map(|(k, v)| (k, v.into_bytes()))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        let tls = bytes(b.tls_secret_data());
+        assert_eq!(tls.get("probe.key").map(Vec::len), Some(64));
+        let read = CertBundle::from_secret_data(&bytes(b.ca_secret_data()), &tls).expect("read");
+        assert_eq!(read.probe_key.as_ref(), Some(&key));
+        // A renewal (new SANs) and a CA rotation (near expiry) keep it.
+        let more = vec!["a.ns.svc".to_string(), "b.ns.svc".to_string()];
+        let (renewed, why) = plan(Some(&b), &cfg, &more, now()).expect("renew");
+        assert_eq!(why.as_deref(), Some("serving certificate SANs changed"));
+        assert_eq!(renewed.probe_key.as_ref(), Some(&key));
+        let late = now() + 86_400 * i64::from(cfg.certificates.ca_lifetime_days);
+        let (rotated, why) = plan(Some(&b), &cfg, &sans, late).expect("rotate");
+        assert!(why.is_some_and(|w| w.starts_with("CA rotated")));
+        assert_eq!(rotated.probe_key.as_ref(), Some(&key));
+        // A Secret written before there was a key: read without one, and the plan adds it
+        // (keeping the certificates: no rotation for an upgrade).
+        let mut old_tls = tls.clone();
+        old_tls.remove("probe.key");
+        let old = CertBundle::from_secret_data(&bytes(b.ca_secret_data()), &old_tls).expect("old");
+        assert_eq!(old.probe_key, None);
+        let (fixed, why) = plan(Some(&old), &cfg, &sans, now()).expect("add");
+        assert_eq!(why.as_deref(), Some("probe key added"));
+        assert!(fixed.probe_key.is_some());
+        assert_eq!((&fixed.ca, &fixed.serving), (&b.ca, &b.serving));
+        // A garbled key reads as none, and is replaced the same way.
+        old_tls.insert("probe.key".into(), b"not hex".to_vec());
+        let garbled = CertBundle::from_secret_data(&bytes(b.ca_secret_data()), &old_tls);
+        assert_eq!(garbled.expect("read").probe_key, None);
+    }
+
+    #[test]
     fn plan_reissues_on_san_change_and_near_expiry() {
         let cfg = crate::config::AgentConfig::default();
         let (b, _) = plan(None, &cfg, &["a.ns.svc".to_string()], now()).expect("create");
@@ -633,6 +705,7 @@ mod tests {
             ca: new.ca.clone(),
             previous_ca_pem: None,
             serving: old.serving.clone(),
+            probe_key: new.probe_key.clone(),
         };
         let (fixed, why) = plan(Some(&mixed), &cfg, &sans, now()).expect("plan");
         assert_eq!(

@@ -530,14 +530,28 @@ pub fn exemption_problem(field: &str, entry: &str, kind: Exempted) -> Option<Str
         } else if kind == Exempted::User && "system:serviceaccount:".starts_with(prefix) {
             "exempts every service account (or every system: identity) of the cluster".to_string()
         } else {
-            return None;
+            return canary_problem(field, entry, kind);
         }
     } else if entry.contains('*') {
         "has a '*' before its end; only a trailing '*' makes a prefix".to_string()
     } else {
-        return None;
+        return canary_problem(field, entry, kind);
     };
     Some(format!("{field}: {entry:?} {why}"))
+}
+
+/// An entry that exempts the agent's canaries (their user or group) would make every canary
+/// pass through, so no guard could be proven.
+fn canary_problem(field: &str, entry: &str, kind: Exempted) -> Option<String> {
+    use crate::guards::canary::{CANARY_GROUP, CANARY_USER};
+    let hit = match kind {
+        Exempted::User => crate::guards::matches(&[entry.to_string()], CANARY_USER),
+        Exempted::Group => entry == CANARY_GROUP,
+        Exempted::Namespace => false,
+    };
+    hit.then(|| {
+        format!("{field}: {entry:?} exempts the agent's canaries ({CANARY_USER}, group {CANARY_GROUP}), so no canary could prove a guard")
+    })
 }
 
 fn is_dns_subdomain(s: &str) -> bool {
@@ -857,6 +871,13 @@ mod tests {
             ("al\u{7}ice", User, "control character"),
             ("", Group, "empty"),
             (" alice", User, "surrounding spaces"),
+            (
+                "hcp-fleet.openshift.io:canary",
+                User,
+                "the agent's canaries",
+            ),
+            ("hcp-fleet.openshift.io:*", User, "the agent's canaries"),
+            ("system:authenticated", Group, "the agent's canaries"),
         ] {
             let p = exemption_problem("admission.exemptUsers", entry, kind)
                 .unwrap_or_else(|| panic!("{entry:?} accepted"));

@@ -50,6 +50,32 @@ pub fn deployment_matches(desired: &serde_json::Value, live: &serde_json::Value)
     crate::compare::subset(desired, live)
         && crate::compare::foreign_fields(live, FIELD_MANAGER, DEPLOYMENT_OWNED_WHOLE).is_empty()
 }
+
+/// The NetworkPolicy's and the PodDisruptionBudget's spec are the agent's whole: an ingress
+/// rule or an egress section added beside the rendered ones opens what the policy closes, and
+/// a changed budget blocks or hastens evictions.
+pub const SPEC_OWNED_WHOLE: &[&str] = &["spec"];
+
+/// Does a live object owned whole under `spec` say what was rendered, and nothing more there?
+pub fn spec_matches(desired: &serde_json::Value, live: &serde_json::Value) -> bool {
+    crate::compare::subset(desired, live)
+        && crate::compare::foreign_fields(live, FIELD_MANAGER, SPEC_OWNED_WHOLE).is_empty()
+}
+
+/// How a management-side kind is compared and repaired: the parts owned whole and the
+/// comparison that reads them, or `None` where the agent owns only the fields it renders
+/// (the Service: the API server and other controllers fill in its spec; the Secrets,
+/// ServiceAccount and monitoring objects).
+pub fn owned_whole(kind: &str) -> Option<(&'static [&'static str], MatchFn)> {
+    match kind {
+        "Deployment" => Some((DEPLOYMENT_OWNED_WHOLE, deployment_matches)),
+        "NetworkPolicy" | "PodDisruptionBudget" => Some((SPEC_OWNED_WHOLE, spec_matches)),
+        _ => None,
+    }
+}
+
+/// A comparison of a rendered object with a live one.
+pub type MatchFn = fn(&serde_json::Value, &serde_json::Value) -> bool;
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY_VALUE: &str = "hcp-fleet-agent";
 pub const COMPONENT_LABEL: &str = "app.kubernetes.io/name";
@@ -712,6 +738,35 @@ pub fn deployment_serving(d: &Deployment) -> bool {
 
 #[cfg(test)]
 mod tests {
+
+    /// The kinds owned whole, and only those: a NetworkPolicy with an egress section another
+    /// manager added does not match its rendering; the same addition to a Service (whose spec
+    /// the API server fills in) is not compared.
+    #[test]
+    fn what_another_manager_adds_beside_a_whole_spec_does_not_match() {
+        let desired =
+            serde_json::json!({"spec": {"policyTypes": ["Ingress"], "ingress": [{"from": []}]}});
+        let live = |managers: serde_json::Value| {
+            let mut l = desired.clone();
+            l["spec"]["egress"] = serde_json::json!([{}]);
+            l["metadata"] = serde_json::json!({"managedFields": managers});
+            l
+        };
+        let ours = serde_json::json!({"manager": FIELD_MANAGER, "operation": "Apply", "fieldsV1": {
+            "f:spec": {"f:policyTypes": {}, "f:ingress": {}}}});
+        let theirs = serde_json::json!({"manager": "someone-else", "operation": "Update", "fieldsV1": {
+            "f:spec": {"f:egress": {}}}});
+        let (under, same) = owned_whole("NetworkPolicy").expect("owned whole");
+        assert_eq!(under, SPEC_OWNED_WHOLE);
+        assert!(!same(&desired, &live(serde_json::json!([ours, theirs]))));
+        // Set by no manager (a server default) or by the agent: not foreign.
+        assert!(same(&desired, &live(serde_json::json!([ours]))));
+        assert!(owned_whole("PodDisruptionBudget").is_some());
+        assert!(owned_whole("Deployment").is_some_and(|(u, _)| u == DEPLOYMENT_OWNED_WHOLE));
+        for kind in ["Service", "Secret", "ServiceAccount", "ServiceMonitor"] {
+            assert!(owned_whole(kind).is_none(), "{kind}");
+        }
+    }
     use super::*;
     use crate::certificates::CertBundle;
 

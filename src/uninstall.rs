@@ -18,7 +18,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::rbac::v1::RoleBinding;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, Client, Resource, ResourceExt};
 
@@ -89,8 +89,8 @@ where
     }
 }
 
-/// Deletes the agent's webhook configurations, admission policies and bindings in one hosted
-/// cluster (by the owned label, so objects of an older naming go too).
+/// Deletes the agent's webhook configurations, admission policies and bindings, and the
+/// canaries' RBAC, in one hosted cluster (by the owned label, so objects of an older naming go too).
 async fn remove_hosted(hosted: &Client) -> Result<usize, kube::Error> {
     let lp = ListParams::default().labels(&webhooks::owned_selector());
     let mut n = 0;
@@ -110,6 +110,16 @@ async fn remove_hosted(hosted: &Client) -> Result<usize, kube::Error> {
     let papi: Api<ValidatingAdmissionPolicy> = Api::all(hosted.clone());
     for p in list_if_served(&papi, &lp).await? {
         n += usize::from(delete_named(&papi, &p).await?);
+    }
+    // The canaries' RBAC (`hosted::canary`), once the guards it served are gone; not counted
+    // (it exists only once a canary has run, and the count names the guards' objects).
+    let rbapi: Api<ClusterRoleBinding> = Api::all(hosted.clone());
+    for b in list_if_served(&rbapi, &lp).await? {
+        delete_named(&rbapi, &b).await?;
+    }
+    let rapi: Api<ClusterRole> = Api::all(hosted.clone());
+    for r in list_if_served(&rapi, &lp).await? {
+        delete_named(&rapi, &r).await?;
     }
     Ok(n)
 }

@@ -19,7 +19,8 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 
-use super::{BySni, certified_key, serve_tls};
+use super::{BySni, ProbeKeys, certified_key, serve_tls};
+use hcp_fleet_agent::guards::probe::{KEY_FILE, ProbeKey};
 
 enum Seen {
     Deployment(Box<Deployment>),
@@ -45,6 +46,7 @@ impl Drop for SimPods {
 pub async fn spawn(
     client: Client,
     service: String,
+    probe_keys: ProbeKeys,
     simulated: impl Fn(&str) -> bool + Send + 'static,
 ) -> Result<SimPods, String> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -118,6 +120,11 @@ pub async fn spawn(
                             .map(|b| String::from_utf8_lossy(&b.0).into_owned())
                             .unwrap_or_default()
                     };
+                    if let (Some(k), Ok(mut m)) =
+                        (ProbeKey::from_hex(&text(KEY_FILE)), probe_keys.lock())
+                    {
+                        m.insert(ns.clone(), k);
+                    }
                     match certified_key(&text("tls.crt"), &text("tls.key")) {
                         Ok(key) => {
                             if let Ok(mut m) = certs.0.lock() {

@@ -18,7 +18,9 @@
 //! - the probe: a dry-run ConfigMap create is denied with the admission service's answer when
 //!   an installed webhook's objectSelector selects its labels (as the real service answers it),
 //!   and with the probe policy's message when an installed binding and its policy select them.
-//!   There is no policy compile delay (a real server takes up to a second).
+//!   There is no policy compile delay (a real server takes up to a second). The webhook's
+//!   answer carries the proof of the probe's nonce under the HCP's probe key, which the
+//!   simulated pods read from the HCP's TLS Secret as the real service reads its mounted copy.
 //!
 //! Requests are counted per cluster, so the agent's own counters can be checked.
 
@@ -42,8 +44,10 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::sign::CertifiedKey;
 use serde_json::{Value, json};
 
-use hcp_fleet_agent::catalogue::{PROBE_ANSWER, PROBE_LABEL};
+use hcp_fleet_agent::catalogue::PROBE_LABEL;
 use hcp_fleet_agent::certificates::{Usage, generate_ca, issue};
+use hcp_fleet_agent::guards::probe::{NONCE_ANNOTATION, ProbeKey, answer};
+use hcp_fleet_agent::hosted::webhooks::CLAIM_ANNOTATION;
 
 /// Events kept per cluster for watches that resume from a resourceVersion.
 const EVENT_LOG: usize = 64;
@@ -124,6 +128,9 @@ struct Store {
     written: HashMap<(Kind, String), Instant>,
 }
 
+/// The probe key of each simulated HCP namespace, as the simulated pods read it.
+pub type ProbeKeys = Arc<Mutex<HashMap<String, ProbeKey>>>;
+
 /// One simulated hosted cluster.
 pub struct SimCluster {
     pub name: String,
@@ -132,6 +139,7 @@ pub struct SimCluster {
     uid: String,
     store: Mutex<Store>,
     pub requests: Requests,
+    probe_keys: ProbeKeys,
 }
 
 impl SimCluster {
@@ -750,12 +758,25 @@ impl SimCluster {
             for w in o["webhooks"].as_array().into_iter().flatten() {
                 let sel = &w["objectSelector"];
                 if sel["matchLabels"].get(PROBE_LABEL).is_some() && selects(sel, &labels) {
+                    // The HCP is the one the configuration is claimed for (`<uid>/<namespace>`).
+                    let ns = o["metadata"]["annotations"][CLAIM_ANNOTATION]
+                        .as_str()
+                        .and_then(|c| c.split_once('/'))
+                        .map(|(_, ns)| ns.to_string())
+                        .unwrap_or_default();
+                    let key = self
+                        .probe_keys
+                        .lock()
+                        .ok()
+                        .and_then(|m| m.get(&ns).cloned());
+                    let nonce = cm["metadata"]["annotations"][NONCE_ANNOTATION].as_str();
                     return status(
                         400,
                         "BadRequest",
                         &format!(
-                            "admission webhook \"{}\" denied the request: {PROBE_ANSWER}",
-                            w["name"].as_str().unwrap_or_default()
+                            "admission webhook \"{}\" denied the request: {}",
+                            w["name"].as_str().unwrap_or_default(),
+                            answer(key.as_ref(), nonce)
                         ),
                     );
                 }
@@ -888,7 +909,7 @@ impl Drop for SimFleet {
 impl SimFleet {
     /// Simulated clusters named `names`, each with its own CA, serving certificate for
     /// `<name>.simulated.test` and bearer token.
-    pub async fn start(names: &[String]) -> Result<SimFleet, String> {
+    pub async fn start(names: &[String], probe_keys: ProbeKeys) -> Result<SimFleet, String> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .map_err(|e| e.to_string())?;
@@ -927,6 +948,7 @@ impl SimFleet {
                 uid: format!("00000000-0000-4000-8000-{i:012}"),
                 store: Mutex::default(),
                 requests: Requests::default(),
+                probe_keys: probe_keys.clone(),
             });
             by_sni.insert(sni, c.clone());
             clusters.insert(name.clone(), c);

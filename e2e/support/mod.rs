@@ -384,7 +384,7 @@ where
 }
 
 /// How many objects the agent owns in a hosted cluster: webhook configurations (both kinds),
-/// and admission policies and bindings where the server serves them.
+/// admission policies and bindings where the server serves them, and the canaries' RBAC.
 pub async fn owned_hosted_objects(hosted: &kube::Client) -> usize {
     use k8s_openapi::api::admissionregistration::v1::{
         MutatingWebhookConfiguration, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
@@ -409,6 +409,8 @@ pub async fn owned_hosted_objects(hosted: &kube::Client) -> usize {
         + count::<MutatingWebhookConfiguration>(hosted).await
         + count::<ValidatingAdmissionPolicy>(hosted).await
         + count::<ValidatingAdmissionPolicyBinding>(hosted).await
+        + count::<k8s_openapi::api::rbac::v1::ClusterRole>(hosted).await
+        + count::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>(hosted).await
 }
 
 /// What the agent installs in a hosted cluster with the default configuration: the two

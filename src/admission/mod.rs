@@ -81,7 +81,11 @@ pub async fn run(args: WebhookArgs) -> ExitCode {
     };
     let _reloader = cert.watch(Duration::from_millis(args.cert_check_ms.max(50)));
     let limits = server::Limits::default();
-    let state = server::AppState::new(settings, limits.clone());
+    let state = server::AppState::new(
+        settings,
+        limits.clone(),
+        Some(args.cert_dir.join(crate::guards::probe::KEY_FILE)),
+    );
     let app = if args.baseline {
         server::baseline_router(state.clone())
     } else {

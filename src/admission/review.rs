@@ -51,6 +51,10 @@ pub struct UserInfo {
     pub username: String,
     #[serde(default)]
     pub groups: Vec<String>,
+    /// What the authenticator (or an `Impersonate-Extra-` header) added: the agent's canaries
+    /// carry their nonce here (`guards::canary::NONCE_EXTRA`).
+    #[serde(default)]
+    pub extra: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]

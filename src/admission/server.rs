@@ -136,10 +136,18 @@ pub struct AppState {
     pub metrics: AdmissionMetrics,
     pub limits: Limits,
     pub draining: AtomicBool,
+    /// Where the probe key is (`<cert-dir>/probe.key`), read at each probe: it arrives with
+    /// the Secret, after the service may have started, and probes come once a minute.
+    pub probe_key_file: Option<std::path::PathBuf>,
 }
 
 impl AppState {
-    pub fn new(settings: Settings, limits: Limits) -> Arc<Self> {
+    /// `probe_key_file`: where the probe key is (`None`: probes are answered without a proof).
+    pub fn new(
+        settings: Settings,
+        limits: Limits,
+        probe_key_file: Option<std::path::PathBuf>,
+    ) -> Arc<Self> {
         let mut names: HashMap<String, String> = settings
             .webhooks
             .iter()
@@ -154,7 +162,16 @@ impl AppState {
             metrics: AdmissionMetrics::new(),
             limits,
             draining: AtomicBool::new(false),
+            probe_key_file,
         })
+    }
+
+    /// The probe key, if its file is there and holds one.
+    async fn probe_key(&self) -> Option<crate::guards::probe::ProbeKey> {
+        let text = tokio::fs::read_to_string(self.probe_key_file.as_ref()?)
+            .await
+            .ok()?;
+        crate::guards::probe::ProbeKey::from_hex(&text)
     }
 }
 
@@ -209,12 +226,20 @@ async fn admit(State(st): State<Arc<AppState>>, req: Request) -> Response {
             }
         };
         let r = review::decode(&body).map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
-        let (_, d) = policies::decide(&path, &r, &st.settings).ok_or_else(|| {
+        let (_, mut d) = policies::decide(&path, &r, &st.settings).ok_or_else(|| {
             (
                 StatusCode::NOT_FOUND,
                 format!("no webhook is served on {path}"),
             )
         })?;
+        // The agent's probe and canaries carry a nonce: a denial proves it came from here.
+        if !d.allowed
+            && let Some(nonce) = crate::guards::probe::nonce_of(&r)
+            && let Some(key) = st.probe_key().await
+            && let Some(msg) = d.message.as_deref()
+        {
+            d.message = Some(crate::guards::probe::signed(msg, &key, nonce));
+        }
         Ok((r.uid, d))
     };
     let out = tokio::time::timeout(st.limits.deadline, work).await;

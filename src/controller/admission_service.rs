@@ -57,29 +57,20 @@ where
     let live = cache::read(ctx, ns, &api, store, name, dyntype)
         .await
         .map_err(failed)?;
-    // The Deployment's pods' spec is the agent's whole (`management::DEPLOYMENT_OWNED_WHOLE`):
-    // what another manager added there is named in the note and removed.
-    let (same, repair, foreign): (fn(&serde_json::Value, &serde_json::Value) -> bool, _, _) =
-        if kind == "Deployment" {
+    // The Deployment's pods' spec, and the NetworkPolicy's and PDB's spec, are the agent's
+    // whole (`management::owned_whole`): what another manager added there is named in the note
+    // and removed.
+    let (same, repair, foreign): (management::MatchFn, _, _) = match management::owned_whole(kind) {
+        Some((under, same)) => {
             let foreign = live
                 .as_ref()
                 .and_then(|l| serde_json::to_value(l).ok())
-                .map(|l| {
-                    compare::foreign_fields(
-                        &l,
-                        management::FIELD_MANAGER,
-                        management::DEPLOYMENT_OWNED_WHOLE,
-                    )
-                })
+                .map(|l| compare::foreign_fields(&l, management::FIELD_MANAGER, under))
                 .unwrap_or_default();
-            (
-                management::deployment_matches,
-                Repair::Whole(management::DEPLOYMENT_OWNED_WHOLE),
-                foreign,
-            )
-        } else {
-            (compare::subset, Repair::Apply, Vec::new())
-        };
+            (same, Repair::Whole(under), foreign)
+        }
+        None => (compare::subset, Repair::Apply, Vec::new()),
+    };
     let applied = apply_against(&api, name, obj, live, same, repair)
         .await
         .map_err(failed)?;

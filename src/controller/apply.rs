@@ -124,13 +124,27 @@ where
     if let Repair::Whole(under) = repair
         && !crate::compare::foreign_fields(&have, FIELD_MANAGER, under).is_empty()
     {
-        let mut whole = desired.clone();
-        whole.meta_mut().resource_version = live.meta().resource_version.clone();
         let params = PostParams {
             dry_run: false,
             field_manager: Some(FIELD_MANAGER.into()),
         };
-        api.replace(name, &params, &whole).await?;
+        let mut version = live.meta().resource_version.clone();
+        // A write between the read and the replace (a controller's status, a kubelet's) is a
+        // conflict: read again and replace at the new version, once; a second conflict is
+        // someone writing as fast as the agent repairs, and the reconcile's retry takes it.
+        for attempt in 0..2 {
+            let mut whole = desired.clone();
+            whole.meta_mut().resource_version = version.clone();
+            match api.replace(name, &params, &whole).await {
+                Err(kube::Error::Api(s)) if s.code == 409 && attempt == 0 => {
+                    version = api.get(name).await?.meta().resource_version.clone();
+                }
+                other => {
+                    other?;
+                    break;
+                }
+            }
+        }
         // A replace moves no ownership where a value stays the same: a field another manager
         // had set to the rendered value would still be theirs alone, and look foreign at every
         // look. The forced apply after it makes every rendered field the agent's (shared).

@@ -51,6 +51,14 @@ pub(super) struct WatchShared {
     pub drift_notes: Vec<String>,
     /// The last end-to-end probe verdict.
     pub probe: Option<ComplianceState>,
+    /// What the probe's answers must prove (the HCP's probe key; whether a rollout is on).
+    pub proof: super::probe::Proof,
+    /// The canaries of the guards enforced now, sent one per probe round in turn.
+    pub canaries: Arc<Vec<super::canary::Planned>>,
+    /// Each guard's last canary result (guards no longer planned are dropped).
+    pub canary_results: std::collections::BTreeMap<String, super::canary::Shown>,
+    /// Which canary goes next.
+    pub canary_next: usize,
     /// Why the connection to the hosted cluster is down, while it is (set and cleared by the
     /// drift watch: a dropped watch, then an answer again).
     pub lost: Option<String>,

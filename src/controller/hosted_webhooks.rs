@@ -50,15 +50,29 @@ pub struct Installed {
     pub targets: probe::ProbeTargets,
 }
 
+/// What the guards in a hosted cluster are to trust and run, and what their answers prove.
+pub struct Want<'a> {
+    /// The caBundle the webhook configurations carry.
+    pub ca_bundle: &'a str,
+    /// The configuration revision (the rollout's) they are annotated with.
+    pub revision: &'a str,
+    /// What the probe's and the canaries' answers must prove.
+    pub proof: &'a probe::Proof,
+}
+
 pub async fn ensure(
     ctx: &Context,
     cfg: &AgentConfig,
     ns: &str,
     cluster: &str,
     hosted: &HostedClient,
-    ca_bundle: &str,
-    revision: &str,
+    want: Want<'_>,
 ) -> Result<Installed, Failure> {
+    let Want {
+        ca_bundle,
+        revision,
+        proof,
+    } = want;
     let url_base = ctx.endpoints.url_base(&ctx.client, cfg, ns).await;
     // Installing what HyperShift deletes at once would be a fight counted as drift forever.
     let services = Api::<Service>::namespaced(ctx.client.clone(), ns)
@@ -96,11 +110,22 @@ pub async fn ensure(
     }
     let timeout = Duration::from_secs(u64::from(cfg.hosted_access.request_timeout_seconds));
     watches::ensure_drift_watch(ctx, ns, cluster, hosted, desired.clone(), features);
+    let canaries = std::sync::Arc::new(super::canary::plan(cfg, &desired));
+    ctx.with_hcp(ns, |s| {
+        if let Some(w) = s.watch.as_ref() {
+            let mut shared = lock(&w.shared);
+            shared.proof = proof.clone();
+            shared
+                .canary_results
+                .retain(|g, _| canaries.iter().any(|p| &p.guard == g));
+            shared.canaries = canaries;
+        }
+    });
     let t0 = Instant::now();
     // The deadline covers the writes and, when a guard moves, one proof of the new path.
     let installed = tokio::time::timeout(
         timeout * 2,
-        install(&hosted.client, &desired, features, timeout),
+        install(&hosted.client, &desired, features, timeout, proof),
     )
     .await;
     m.hosted_latency
@@ -145,7 +170,7 @@ pub async fn ensure(
         guards,
         notes,
         type_warnings,
-        targets: probe::ProbeTargets::of(&desired),
+        targets: probe::ProbeTargets::of(&desired, proof.clone()),
     })
 }
 
@@ -197,6 +222,7 @@ async fn prove(
     engine: Engine,
     revision: Option<&str>,
     within: Duration,
+    proof: &probe::Proof,
 ) -> Result<(), InstallError> {
     let to = match engine {
         Engine::Webhook => "webhooks",
@@ -211,8 +237,16 @@ async fn prove(
     let deadline = Instant::now() + within;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        match probe::probe_path(hosted, left.max(Duration::from_secs(1)), engine, revision).await {
-            Ok(()) => return Ok(()),
+        match probe::probe_path(
+            hosted,
+            left.max(Duration::from_secs(1)),
+            engine,
+            revision,
+            proof,
+        )
+        .await
+        {
+            Ok(_) => return Ok(()),
             Err(why) if Instant::now() >= deadline => {
                 return Err(InstallError::Unproven { to, why });
             }
@@ -233,7 +267,8 @@ pub async fn install(
     hosted: &Client,
     desired: &HostedWebhooks,
     features: HostedFeatures,
-    proof: Duration,
+    within: Duration,
+    proof: &probe::Proof,
 ) -> Result<Vec<String>, InstallError> {
     let owned = webhooks::owned_selector();
     let papi = Api::<ValidatingAdmissionPolicy>::all(hosted.clone());
@@ -276,7 +311,14 @@ pub async fn install(
         // Also when nothing was written but a guard still has its webhook entry: an earlier
         // reconcile wrote the policies and stopped before its proof.
         if wrote || guards_still_on_webhooks(hosted, wanted).await? {
-            prove(hosted, Engine::Policy, wanted.revision.as_deref(), proof).await?;
+            prove(
+                hosted,
+                Engine::Policy,
+                wanted.revision.as_deref(),
+                within,
+                proof,
+            )
+            .await?;
         }
     }
     apply_and_prune(
@@ -318,6 +360,7 @@ pub async fn install(
             hosted,
             Engine::Webhook,
             desired.webhook_revision.as_deref(),
+            within,
             proof,
         )
         .await?;

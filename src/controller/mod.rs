@@ -23,6 +23,7 @@
 mod admission_service;
 mod apply;
 mod cache;
+mod canary;
 mod certificates;
 mod context;
 mod discovery;
@@ -123,7 +124,7 @@ pub async fn run(
             &ctx,
             owned.clone(),
             &mut caches.network_policies,
-            &[],
+            management::SPEC_OWNED_WHOLE,
         ))
         .owns_stream(cached(
             &ctx,
@@ -147,9 +148,13 @@ pub async fn run(
             api_version: ar.api_version.clone(),
             kind: ar.kind.clone(),
         };
-        let stream = reflected(pdbs, owned.clone(), writer, &[], move |o| {
-            o.types = Some(types.clone())
-        })
+        let stream = reflected(
+            pdbs,
+            owned.clone(),
+            writer,
+            management::SPEC_OWNED_WHOLE,
+            move |o| o.types = Some(types.clone()),
+        )
         .touched_objects();
         controller = controller.owns_stream_with(stream, ar);
     }

@@ -12,28 +12,107 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client};
 use tracing::{Instrument, info};
 
+use super::canary;
 use super::context::{AbortOnDrop, Context, lock};
 use crate::catalogue::{
     POLICY_PROBE_ANSWER, POLICY_PROBE_VALUE, PROBE_ANSWER, PROBE_LABEL, PROBE_REVISION_LABEL,
 };
 use crate::crd::{ComplianceState, HostedControlPlane};
+use crate::guards::probe::{NONCE_ANNOTATION, PROOF_MARK, ProbeKey};
 use crate::hosted::policies::Engine;
 use crate::hosted::webhooks::HostedWebhooks;
 use crate::reporting::Observation;
 
-/// What the probe asks for: the revision of each path installed (`None`: that path is not).
+/// What the probe asks for: the revision of each path installed (`None`: that path is not),
+/// and what the admission service's answers must prove.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProbeTargets {
     pub webhook: Option<String>,
     pub policy: Option<String>,
+    pub proof: Proof,
 }
 
 impl ProbeTargets {
-    pub fn of(desired: &HostedWebhooks) -> Self {
+    pub fn of(desired: &HostedWebhooks, proof: Proof) -> Self {
         Self {
             webhook: desired.webhook_revision.clone(),
             policy: desired.policies.revision.clone(),
+            proof,
         }
+    }
+}
+
+/// What makes a webhook answer to the probe the admission service's own.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Proof {
+    /// The HCP's probe key (from its TLS Secret); `None` only in tests, where the words are
+    /// all there is to check.
+    pub key: Option<ProbeKey>,
+    /// The admission Deployment is rolling out: replicas of an agent version from before the
+    /// probe key answer without a proof, and an answer in the right words is taken as theirs
+    /// until every replica runs the current spec (a tenant's imitation passes only meanwhile).
+    pub rolling_out: bool,
+}
+
+/// How a denial of the probe reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// The agent's own answer, proven.
+    Proven,
+    /// The right words without the proof, while the Deployment rolls out (see `Proof`).
+    Unproven,
+    /// Not the agent's answer.
+    Imitation,
+}
+
+/// Whether a denial of the probe of `engine` is the agent's own answer, and not an imitation
+/// by something the hosted cluster's admins installed (see `judge`).
+pub fn authentic(engine: Engine, message: &str, proof: &Proof, nonce: &str) -> Answer {
+    let words = match engine {
+        Engine::Webhook => PROBE_ANSWER,
+        Engine::Policy => POLICY_PROBE_ANSWER,
+    };
+    judge(
+        engine,
+        crate::guards::probe::ROW.name,
+        words,
+        message,
+        proof,
+        nonce,
+    )
+}
+
+/// Whether a denial came from the agent's guard `name` on `engine`, beginning with `words`. A
+/// policy's denial names the policy and its binding (a tenant cannot hold either name while
+/// the agent's objects hold it, and a webhook's denial cannot begin so); a webhook's denial
+/// names a webhook, which anyone can name alike, so it must end with the proof of this
+/// request's nonce under the HCP's probe key.
+pub fn judge(
+    engine: Engine,
+    name: &str,
+    words: &str,
+    message: &str,
+    proof: &Proof,
+    nonce: &str,
+) -> Answer {
+    let said = match engine {
+        Engine::Webhook => format!("admission webhook \"{name}\" denied the request: {words}"),
+        Engine::Policy => {
+            format!(
+                "ValidatingAdmissionPolicy '{name}' with binding '{name}' denied request: {words}"
+            )
+        }
+    };
+    if !message.starts_with(&said) {
+        return Answer::Imitation;
+    }
+    match (engine, &proof.key) {
+        (Engine::Policy, _) | (Engine::Webhook, None) => Answer::Proven,
+        (Engine::Webhook, Some(k)) if k.proven(nonce, message) => Answer::Proven,
+        (Engine::Webhook, Some(_)) if proof.rolling_out && !message.contains(PROOF_MARK) => {
+            Answer::Unproven
+        }
+        (Engine::Webhook, Some(_)) => Answer::Imitation,
     }
 }
 
@@ -47,11 +126,14 @@ pub async fn probe_path(
     timeout: Duration,
     engine: Engine,
     revision: &str,
-) -> Result<(), String> {
-    let (value, answer) = match engine {
-        Engine::Webhook => ("true", PROBE_ANSWER),
-        Engine::Policy => (POLICY_PROBE_VALUE, POLICY_PROBE_ANSWER),
+    proof: &Proof,
+) -> Result<Answer, String> {
+    let value = match engine {
+        Engine::Webhook => "true",
+        Engine::Policy => POLICY_PROBE_VALUE,
     };
+    let nonce = crate::guards::probe::nonce()
+        .ok_or("the system's random source failed, so no probe nonce could be made")?;
     let api: Api<ConfigMap> = Api::namespaced(hosted.clone(), "default");
     let mut cm = ConfigMap::default();
     cm.metadata.generate_name = Some("hcp-fleet-probe-".into());
@@ -59,16 +141,27 @@ pub async fn probe_path(
         (PROBE_LABEL.to_string(), value.to_string()),
         (PROBE_REVISION_LABEL.to_string(), revision.to_string()),
     ]));
+    cm.metadata.annotations = Some(BTreeMap::from([(
+        NONCE_ANNOTATION.to_string(),
+        nonce.clone(),
+    )]));
     let pp = kube::api::PostParams {
         dry_run: true,
         ..Default::default()
     };
     let t0 = Instant::now();
     match tokio::time::timeout(timeout, api.create(&pp, &cm)).await {
-        Ok(Err(kube::Error::Api(s))) if s.message.contains(answer) => {
-            tracing::debug!(engine = engine.as_str(), ms = t0.elapsed().as_millis() as u64, "probe answered");
-            Ok(())
-        }
+        Ok(Err(kube::Error::Api(s))) => match authentic(engine, &s.message, proof, &nonce) {
+            Answer::Imitation => Err(match engine {
+                // The text is left out: it is the tenant's to choose.
+                Engine::Webhook => "the probe was denied without the admission service's proof: something other than the agent's service answered it (a webhook of the hosted cluster's own, named like the probe?), or the service does not hold this HCP's probe key".into(),
+                Engine::Policy => format!("the policy probe was not answered by the agent's probe policy: {}", s.message),
+            }),
+            answer => {
+                tracing::debug!(engine = engine.as_str(), ms = t0.elapsed().as_millis() as u64, ?answer, "probe answered");
+                Ok(answer)
+            }
+        },
         // No timing in the message: a steady probe must not add history (and writes) each time.
         Ok(Ok(_)) => Err(match engine {
             Engine::Webhook => "the hosted kube-apiserver did not reach the admission service (the probe was let through by failurePolicy Ignore)".into(),
@@ -83,13 +176,17 @@ pub async fn probe_path(
 pub async fn probe(hosted: &Client, timeout: Duration, targets: &ProbeTargets) -> Observation {
     let mut answered = Vec::new();
     let mut failed = Vec::new();
+    let mut unproven = false;
     for (engine, rev, who) in [
         (Engine::Webhook, &targets.webhook, "the admission service"),
         (Engine::Policy, &targets.policy, "the admission policies"),
     ] {
         let Some(rev) = rev else { continue };
-        match probe_path(hosted, timeout, engine, rev).await {
-            Ok(()) => answered.push(who),
+        match probe_path(hosted, timeout, engine, rev, &targets.proof).await {
+            Ok(a) => {
+                unproven |= a == Answer::Unproven;
+                answered.push(who);
+            }
             Err(e) => failed.push(e),
         }
     }
@@ -100,8 +197,13 @@ pub async fn probe(hosted: &Client, timeout: Duration, targets: &ProbeTargets) -
         return Observation::compliant("no guard is installed, so there is nothing to probe");
     }
     Observation::compliant(format!(
-        "{} answered the probe through the hosted kube-apiserver",
-        answered.join(" and ")
+        "{} answered the probe through the hosted kube-apiserver{}",
+        answered.join(" and "),
+        if unproven {
+            " (without the probe key's proof, taken while the admission Deployment rolls out)"
+        } else {
+            ""
+        }
     ))
 }
 
@@ -139,22 +241,45 @@ pub fn ensure_task(
         let shared = Arc::clone(&w.shared);
         let tx = ctx.requeue.clone();
         let hcp_ref = ObjectRef::<HostedControlPlane>::new(cluster).within(ns);
-        let first = first_probe(ns, every);
+        let ns = ns.to_string();
+        let first = first_probe(&ns, every);
         let span = tracing::info_span!(parent: None, "probe", hcp_namespace = %ns, hosted_cluster = %cluster);
         w.probe = Some(AbortOnDrop(tokio::spawn(
             async move {
                 let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + first, every);
                 loop {
                     tick.tick().await;
-                    // The revisions the last reconcile installed.
-                    let targets = lock(&shared)
-                        .desired
-                        .as_ref()
-                        .map(ProbeTargets::of)
-                        .unwrap_or_default();
-                    let now = probe(&hosted, timeout, &targets).await.state;
+                    // The revisions the last reconcile installed, and the canary whose turn it is.
+                    let (targets, canaries, next) = {
+                        let s = lock(&shared);
+                        let targets = s
+                            .desired
+                            .as_ref()
+                            .map(|d| ProbeTargets::of(d, s.proof.clone()))
+                            .unwrap_or_default();
+                        (targets, Arc::clone(&s.canaries), s.canary_next)
+                    };
+                    let probed = probe(&hosted, timeout, &targets).await.state;
+                    let mut canary_changed = false;
+                    // A path that fails its probe fails every canary on it: they wait for it.
+                    let turn = canaries.get(next % canaries.len().max(1));
+                    if let Some(p) = turn.filter(|_| probed == ComplianceState::Compliant) {
+                        let shown =
+                            canary::send(&hosted, p, &canaries, &targets.proof, &ns, timeout).await;
+                        if let canary::Shown::NotTried(why) = &shown {
+                            tracing::debug!(guard = %p.guard, %why, "canary not tried");
+                        }
+                        let mut s = lock(&shared);
+                        s.canary_next = next.wrapping_add(1);
+                        let before = s.canary_results.insert(p.guard.clone(), shown.clone());
+                        canary_changed = before != Some(shown);
+                    }
+                    let now = canary::combined(probed, &lock(&shared).canary_results);
                     if lock(&shared).probe != Some(now) {
                         info!(verdict = now.as_str(), "end-to-end probe changed");
+                        let _ = tx.send(hcp_ref.clone());
+                    } else if canary_changed && now == ComplianceState::NonCompliant {
+                        // Another guard failing, or failing otherwise: the report names it.
                         let _ = tx.send(hcp_ref.clone());
                     }
                 }
@@ -167,6 +292,50 @@ pub fn ensure_task(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::guards::probe::{answer, nonce};
+
+    #[test]
+    fn only_the_agents_own_answer_proves_the_path() {
+        let key = ProbeKey::generate().expect("random");
+        let n = nonce().expect("random");
+        let name = crate::guards::probe::ROW.name;
+        let hook =
+            |text: String| format!("admission webhook \"{name}\" denied the request: {text}");
+        let proof = |rolling_out| Proof {
+            key: Some(key.clone()),
+            rolling_out,
+        };
+        let proven = hook(answer(Some(&key), Some(&n)));
+        let words = hook(answer(None, None));
+        let other = ProbeKey::generate().expect("random");
+        let forged = hook(answer(Some(&other), Some(&n)));
+        let w = Engine::Webhook;
+        assert_eq!(authentic(w, &proven, &proof(false), &n), Answer::Proven);
+        assert_eq!(authentic(w, &words, &proof(false), &n), Answer::Imitation);
+        assert_eq!(authentic(w, &forged, &proof(false), &n), Answer::Imitation);
+        // While the Deployment rolls out, the words alone are taken (an old replica), but
+        // never a wrong proof.
+        assert_eq!(authentic(w, &words, &proof(true), &n), Answer::Unproven);
+        assert_eq!(authentic(w, &forged, &proof(true), &n), Answer::Imitation);
+        // Another webhook's name, or the words inside another message.
+        let renamed = proven.replace(name, "probe.tenant.example.com");
+        assert_eq!(authentic(w, &renamed, &proof(false), &n), Answer::Imitation);
+        let inside = format!("admission webhook \"x\" denied the request: {proven}");
+        assert_eq!(authentic(w, &inside, &proof(true), &n), Answer::Imitation);
+        // A policy's denial names the agent's policy and binding; a webhook cannot say so.
+        let p = Engine::Policy;
+        let by_policy = format!(
+            "ValidatingAdmissionPolicy '{name}' with binding '{name}' denied request: {POLICY_PROBE_ANSWER}"
+        );
+        assert_eq!(authentic(p, &by_policy, &proof(false), &n), Answer::Proven);
+        let by_hook = hook(POLICY_PROBE_ANSWER.into());
+        assert_eq!(authentic(p, &by_hook, &proof(false), &n), Answer::Imitation);
+        let other_policy = by_policy.replacen(name, "tenant-probe", 2);
+        assert_eq!(
+            authentic(p, &other_policy, &proof(false), &n),
+            Answer::Imitation
+        );
+    }
 
     #[test]
     fn first_probes_spread_over_the_interval() {

@@ -10,10 +10,11 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use tracing::{info, instrument, warn};
 
-use super::context::{Context, hcp_labels};
+use super::context::{Context, hcp_labels, lock};
 use super::error::{Failure, ReconcileError};
 use super::{
-    admission_service, certificates, hosted_access, hosted_webhooks, probe, report, rollout, trust,
+    admission_service, canary, certificates, hosted_access, hosted_webhooks, probe, report,
+    rollout, trust,
 };
 use crate::crd::hostedcontrolplane::Pause;
 use crate::crd::{ComplianceState, HostedControlPlane};
@@ -211,7 +212,22 @@ async fn run_phases(
         let (bundle, settled) =
             trust::hosted_bundle(ctx, cfg, ns, &hosted, &certs.bundle).await?;
         let installed =
-            hosted_webhooks::ensure(ctx, cfg, ns, cluster, &hosted, &bundle, revision).await?;
+            hosted_webhooks::ensure(
+                ctx,
+                cfg,
+                ns,
+                cluster,
+                &hosted,
+                hosted_webhooks::Want {
+                    ca_bundle: &bundle,
+                    revision,
+                    proof: &probe::Proof {
+                        key: certs.bundle.probe_key.clone(),
+                        rolling_out: !rolled_out,
+                    },
+                },
+            )
+            .await?;
         hosted_drift.extend(installed.drift);
         drift_repaired += hosted_drift.len() as u64;
         let mut webhooks = if hosted_drift.is_empty() {
@@ -264,7 +280,17 @@ async fn run_phases(
         }
         // 7. Prove it end to end, through the hosted kube-apiserver.
         let timeout = Duration::from_secs(u64::from(cfg.hosted_access.request_timeout_seconds));
-        let verdict = probe::probe(&hosted.client, timeout, &installed.targets).await;
+        let mut verdict = probe::probe(&hosted.client, timeout, &installed.targets).await;
+        // And what the guards' canaries showed in their last rounds (the probe task sends them).
+        let failed = ctx.with_hcp(ns, |s| {
+            s.watch
+                .as_ref()
+                .map(|w| canary::failures(&lock(&w.shared).canary_results))
+                .unwrap_or_default()
+        });
+        if !failed.is_empty() {
+            verdict = Observation::violation(format!("{}; {}", failed.join("; "), verdict.message));
+        }
         let ok = verdict.state == ComplianceState::Compliant;
         let labels = hcp_labels(ns, cluster);
         ctx.metrics

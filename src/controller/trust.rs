@@ -110,7 +110,17 @@ pub async fn pre_trust(
     }
     info!("adding the new CA to the hosted caBundle before the new certificate is served");
     let widened = union_bundle(&want, &installed);
-    let done = hosted_webhooks::ensure(ctx, cfg, ns, cluster, &hosted, &widened, revision)
+    // The new certificate is not served yet: replicas may be about to restart with it.
+    let proof = super::probe::Proof {
+        key: certs.probe_key.clone(),
+        rolling_out: true,
+    };
+    let want = hosted_webhooks::Want {
+        ca_bundle: &widened,
+        revision,
+        proof: &proof,
+    };
+    let done = hosted_webhooks::ensure(ctx, cfg, ns, cluster, &hosted, want)
         .await
         .map_err(held)?;
     Ok(done.drift)

@@ -2,6 +2,7 @@
 
 use serde_json::{Value, json};
 
+use super::canary::Canary;
 use super::case::{Case, Want, spec_obj};
 use super::{CelForm, Guard, cel};
 use crate::admission::policies::Settings;
@@ -63,6 +64,16 @@ impl Guard for FeatureGate {
             ),
             message: cel::message(denial::FEATURE_GATE, &[]),
         })
+    }
+
+    /// Creating a FeatureGate with the forbidden feature set (any name: the create is what
+    /// the guard judges).
+    fn canary(&self, _: &AdmissionConfig) -> Option<Canary> {
+        Some(Canary::create(
+            ("config.openshift.io", "v1", "FeatureGate", "featuregates"),
+            "hcp-fleet-canary",
+            json!({"spec": {"featureSet": "TechPreviewNoUpgrade"}}),
+        ))
     }
 
     fn cases(&self) -> Vec<Case> {

@@ -5,6 +5,7 @@
 
 use serde_json::{Value, json};
 
+use super::canary::Canary;
 use super::case::{Case, Want};
 use super::{CelForm, Guard, Scope, cel};
 use crate::admission::policies::Settings;
@@ -94,6 +95,19 @@ impl Guard for IdentityGroups {
                 ],
             ),
         })
+    }
+
+    /// Creating the first exempt group that can name a Group object.
+    fn canary(&self, a: &AdmissionConfig) -> Option<Canary> {
+        let name = a
+            .exempt_groups
+            .iter()
+            .find(|g| crate::names::validate_dns_name(g).is_ok())?;
+        Some(Canary::create(
+            ("user.openshift.io", "v1", "Group", "groups"),
+            name,
+            json!({"users": []}),
+        ))
     }
 
     fn cases(&self) -> Vec<Case> {

@@ -10,6 +10,7 @@
 
 use serde_json::{Value, json};
 
+use super::canary::Canary;
 use super::case::{Case, Want};
 use super::identity_groups::{CEL_OBJECT_NAME, object_name};
 use super::{CelForm, Guard, Scope, cel, matches};
@@ -154,6 +155,21 @@ impl Guard for IdentityNamespaces {
                 ),
             ),
         })
+    }
+
+    /// Creating a namespace under the first reserved prefix (`openshift-hcp-fleet-canary` by
+    /// default).
+    fn canary(&self, a: &AdmissionConfig) -> Option<Canary> {
+        let reserved = reserved_namespaces(&a.exempt_namespaces, &a.exempt_users, &a.exempt_groups);
+        let name = reserved.iter().find_map(|p| {
+            let n = format!("{}hcp-fleet-canary", p.strip_suffix('*')?);
+            (crate::names::validate_dns_name(&n).is_ok() && !n.contains('.')).then_some(n)
+        })?;
+        Some(Canary::create(
+            ("", "v1", "Namespace", "namespaces"),
+            &name,
+            json!({}),
+        ))
     }
 
     fn cases(&self) -> Vec<Case> {

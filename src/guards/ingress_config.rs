@@ -3,6 +3,7 @@
 
 use serde_json::{Value, json};
 
+use super::canary::Canary;
 use super::case::{Case, Want, spec_obj};
 use super::{CelForm, Guard, cel, unchanged};
 use crate::admission::policies::Settings;
@@ -65,6 +66,14 @@ impl Guard for IngressConfig {
                 ],
             ),
         })
+    }
+
+    /// Deleting the cluster's ingress configuration, `cluster`.
+    fn canary(&self, _: &AdmissionConfig) -> Option<Canary> {
+        Some(Canary::delete(
+            ("config.openshift.io", "v1", "ingresses"),
+            "cluster",
+        ))
     }
 
     fn cases(&self) -> Vec<Case> {

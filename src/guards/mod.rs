@@ -14,6 +14,7 @@ use crate::admission::review::{Decision, Request};
 use crate::catalogue::{BuiltinRow, WebhookDefinition};
 use crate::config::AdmissionConfig;
 
+pub mod canary;
 pub mod case;
 pub mod featuregate;
 pub mod identity_groups;
@@ -70,6 +71,14 @@ pub trait Guard: Sync {
 
     fn scope(&self) -> Scope {
         Scope::Workloads
+    }
+
+    /// A dry-run request this guard must deny from `canary::CANARY_USER` under `a` (the
+    /// agent's canary for it); `None` where none can be sent without side effects or without
+    /// a namespace the cluster may lack, or the guard denies nothing (the probe, a mutation).
+    fn canary(&self, a: &AdmissionConfig) -> Option<canary::Canary> {
+        let _ = a;
+        None
     }
 }
 
@@ -186,9 +195,14 @@ mod tests {
     /// and mode included), is what each guard's table says.
     #[test]
     fn every_guard_decides_its_own_cases() {
-        let s = Settings::from_config(&crate::config::AgentConfig::default());
+        let cfg = crate::config::AgentConfig::default();
+        let s = Settings::from_config(&cfg);
         for g in ALL {
-            for c in g.cases() {
+            for c in g
+                .cases()
+                .into_iter()
+                .chain(g.canary(&cfg.admission).map(|c| c.case()))
+            {
                 let req = crate::admission::review::decode(&c.review()).expect("decodes");
                 let (_, d) =
                     crate::admission::policies::decide(g.row().path, &req, &s).expect("a guard");
@@ -207,7 +221,88 @@ mod tests {
 }
 
 #[cfg(test)]
+mod canaries {
+    use super::ALL;
+    use crate::config::AgentConfig;
+
+    /// Every guard that denies something under the default configuration has a canary, but
+    /// those that cannot be tried without a namespace or an object the cluster may lack.
+    #[test]
+    fn the_guards_with_canaries_are_the_ones_expected() {
+        let a = AgentConfig::default().admission;
+        let with: Vec<&str> = ALL
+            .iter()
+            .filter(|g| g.canary(&a).is_some())
+            .map(|g| g.row().name)
+            .collect();
+        assert_eq!(
+            with,
+            [
+                "protected-rbac.hcp-fleet.openshift.io",
+                "featuregate.hcp-fleet.openshift.io",
+                "scc.hcp-fleet.openshift.io",
+                "ingress-config.hcp-fleet.openshift.io",
+                "identity-groups.hcp-fleet.openshift.io",
+                "identity-namespaces.hcp-fleet.openshift.io",
+            ]
+        );
+        let paths: Vec<String> = ALL
+            .iter()
+            .filter_map(|g| g.canary(&a))
+            .map(|c| c.path())
+            .collect();
+        assert!(
+            paths.iter().all(|p| p.ends_with("?dryRun=All")),
+            "{paths:?}"
+        );
+        assert!(paths.contains(
+            &"/apis/rbac.authorization.k8s.io/v1/clusterroles/cluster-admin?dryRun=All".to_string()
+        ));
+        assert!(paths.contains(&"/api/v1/namespaces?dryRun=All".to_string()));
+    }
+
+    /// A configuration whose exemptions leave no name to try gives no canary, not a wrong one.
+    #[test]
+    fn no_canary_without_a_name_to_try() {
+        let mut a = AgentConfig::default().admission;
+        a.exempt_groups = vec!["system:masters".into()];
+        a.exempt_namespaces = vec!["default".into()];
+        a.exempt_users.clear();
+        let g = |name: &str| ALL.iter().find(|g| g.row().name == name).expect("guard");
+        assert_eq!(g("identity-groups.hcp-fleet.openshift.io").canary(&a), None);
+        assert_eq!(
+            g("identity-namespaces.hcp-fleet.openshift.io").canary(&a),
+            None
+        );
+    }
+}
+
+#[cfg(test)]
 mod docs {
+    /// docs/admission.md's canary table names exactly the guards that have a canary.
+    #[test]
+    fn the_admission_doc_lists_every_canary() {
+        let doc = include_str!("../../docs/admission.md");
+        let section = doc
+            .split("## Canaries")
+            .nth(1)
+            .and_then(|s| s.split("\n## ").next())
+            .expect("a Canaries section");
+        let rows: Vec<&str> = section
+            .lines()
+            .filter_map(|l| l.strip_prefix("| "))
+            .filter_map(|l| l.split(" |").next())
+            .filter(|n| n.ends_with(".hcp-fleet.openshift.io"))
+            .collect();
+        let a = crate::config::AgentConfig::default().admission;
+        let with: Vec<&str> = super::ALL
+            .iter()
+            .filter(|g| g.canary(&a).is_some())
+            .map(|g| g.row().name)
+            .collect();
+        assert_eq!(rows, with);
+    }
+
     /// docs/admission.md lists every guard, with its path and name, and no guard that is gone.
     #[test]
     fn the_admission_doc_lists_every_guard() {

@@ -1,6 +1,7 @@
 //! The cluster's built-in ClusterRoles and ClusterRoleBindings (and the configured ones) may
 //! not be deleted: the platform's own access and the dedicated-admin roles hang on them.
 
+use super::canary::Canary;
 use super::case::{Case, Want};
 use super::{CelForm, Guard, cel, matches};
 use crate::admission::policies::Settings;
@@ -70,6 +71,22 @@ impl Guard for ProtectedRbac {
                 ],
             ),
         })
+    }
+
+    /// Deleting `cluster-admin` (or the first protected role named exactly), which every
+    /// cluster has.
+    fn canary(&self, a: &AdmissionConfig) -> Option<Canary> {
+        let name = if matches(&a.protected_cluster_roles, "cluster-admin") {
+            "cluster-admin"
+        } else {
+            a.protected_cluster_roles
+                .iter()
+                .find(|r| !r.ends_with('*'))?
+        };
+        Some(Canary::delete(
+            ("rbac.authorization.k8s.io", "v1", "clusterroles"),
+            name,
+        ))
     }
 
     fn cases(&self) -> Vec<Case> {

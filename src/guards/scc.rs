@@ -3,6 +3,7 @@
 
 use serde_json::{Value, json};
 
+use super::canary::Canary;
 use super::case::{Case, Want};
 use super::{CelForm, Guard, cel, unchanged};
 use crate::admission::policies::Settings;
@@ -81,6 +82,14 @@ impl Guard for Scc {
                 ],
             ),
         })
+    }
+
+    /// Deleting `privileged`, which every OpenShift cluster has.
+    fn canary(&self, _: &AdmissionConfig) -> Option<Canary> {
+        Some(Canary::delete(
+            ("security.openshift.io", "v1", "securitycontextconstraints"),
+            "privileged",
+        ))
     }
 
     fn cases(&self) -> Vec<Case> {

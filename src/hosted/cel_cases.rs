@@ -180,13 +180,17 @@ fn with_mode(mode: Mode) -> AgentConfig {
     cfg
 }
 
-/// Every guard with a CEL form and its table of cases.
+/// Every guard with a CEL form and its table of cases, its canary among them (a canary the
+/// policy lets through would read as a guard switched off).
 fn cases() -> Vec<(&'static dyn Guard, Case)> {
     let a = AgentConfig::default().admission;
     guards::ALL
         .iter()
         .filter(|g| g.cel(&a).is_some())
-        .flat_map(|g| g.cases().into_iter().map(move |c| (*g, c)))
+        .flat_map(|g| {
+            let canary = g.canary(&a).map(|c| c.case());
+            g.cases().into_iter().chain(canary).map(move |c| (*g, c))
+        })
         .collect()
 }
 

@@ -1,11 +1,15 @@
 //! The hosted clusters: access through each HCP's kubeconfig secret, and the guards installed
 //! there: webhook configurations (`webhooks`) and, where served, admission policies
-//! (`policies`), both rendered purely from the configuration.
+//! (`policies`), both rendered purely from the configuration, and what the canaries that prove
+//! each guard need there (`canary`).
 
+pub mod canary;
 pub mod cel;
 #[cfg(test)]
 mod cel_cases;
 pub mod clients;
 pub mod kubeconfig;
 pub mod policies;
+#[cfg(test)]
+mod tampering;
 pub mod webhooks;

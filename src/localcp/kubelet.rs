@@ -428,9 +428,16 @@ async fn publish(
 fn write_certs(dir: &Path, s: &Secret) -> Result<(), String> {
     let data = s.data.clone().unwrap_or_default();
     for key in ["tls.crt", "tls.key", "ca.crt"] {
-        let v = data
-            .get(key)
-            .ok_or_else(|| format!("secret has no {key}"))?;
+        if !data.contains_key(key) {
+            return Err(format!("secret has no {key}"));
+        }
+    }
+    // Every key, as a kubelet mounts a Secret volume without `items` (the probe key too).
+    for (key, v) in &data {
+        // The API server allows only [-._a-zA-Z0-9] in keys; "." and ".." are still names.
+        if key.starts_with('.') || key.contains('/') {
+            continue;
+        }
         // Write then rename, as the kubelet's atomic writer does: a reader never sees half a file.
         let tmp = dir.join(format!(".{key}.tmp"));
         std::fs::write(&tmp, &v.0).map_err(|e| e.to_string())?;

@@ -1,0 +1,451 @@
+//! `make bench`: what a hosted cluster-admin's tampering with a guard is worth. One real hosted
+//! kube-apiserver of the test bed's version, the agent in this process, the admission service
+//! run by the test bed's kubelet (the same bed as e2e/admission.rs). Prints:
+//! - per tampering (each of the fields a tenant would change to switch a guard off, and the
+//!   whole object deleted), the time until the live object is back as rendered: p50, p99 and
+//!   max over BENCH_TAMPER_RUNS runs (default 20);
+//! - the same for the admission Deployment on the management cluster (`hostNetwork`, an
+//!   initContainer);
+//! - the delete-then-act race, BENCH_RACE_TRIES times (default 50): the guard's configuration
+//!   deleted, then at once one guarded request by a non-exempt user (how many got through),
+//!   then the same request again and again until the guard denies (how many more got through,
+//!   and how long the window was).
+//!
+//! Environment: BENCH_TAMPER_RUNS (default 20), BENCH_RACE_TRIES (default 50).
+
+#[path = "support/mod.rs"]
+mod support;
+
+use support::{env_num, percentile};
+
+use std::time::{Duration, Instant};
+
+use hcp_fleet_agent::agent::{self, StartOptions};
+use hcp_fleet_agent::config::AgentConfig;
+use hcp_fleet_agent::crd::AdmissionHealth;
+use hcp_fleet_agent::hosted::webhooks::VALIDATING_NAME;
+use hcp_fleet_agent::localcp::assets::Feature;
+use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet, kubelet};
+use hcp_fleet_agent::reporting::HEALTH_NAME;
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::ApiResource;
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+const NS: &str = "clusters-hc-1";
+const GUARD: &str = "protected-rbac.hcp-fleet.openshift.io";
+
+fn main() {
+    support::bench_logs();
+    support::bench_main(None, run);
+}
+
+fn e<E: std::fmt::Display>(e: E) -> String {
+    e.to_string()
+}
+
+/// Whether the health record's `concern` is Compliant.
+async fn compliant(mgmt: &Client, concern: &str) -> bool {
+    let Ok(h) = Api::<AdmissionHealth>::namespaced(mgmt.clone(), NS)
+        .get(HEALTH_NAME)
+        .await
+    else {
+        return false;
+    };
+    h.status
+        .unwrap_or_default()
+        .concerns
+        .iter()
+        .any(|c| c.name == concern && c.compliant.map(|s| s.as_str()) == Some("Compliant"))
+}
+
+async fn wait_for<F, Fut>(what: &str, within: Duration, mut check: F) -> Result<Duration, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let t0 = Instant::now();
+    while !check().await {
+        if t0.elapsed() > within {
+            return Err(format!("{what}: not within {within:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(t0.elapsed())
+}
+
+/// The guarded request: a non-exempt user's dry-run delete of cluster-admin. `true` when the
+/// guard denied it.
+async fn denied(alice: &Api<ClusterRole>) -> Result<bool, String> {
+    let dp = DeleteParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    match alice.delete("cluster-admin", &dp).await {
+        Ok(_) => Ok(false),
+        Err(kube::Error::Api(s)) if s.message.contains("protected ClusterRole") => Ok(true),
+        Err(other) => Err(format!("the guarded request failed otherwise: {other}")),
+    }
+}
+
+/// The part of an object the agent renders whole, without what the server keeps for itself.
+fn shape(o: &DynamicObject) -> Value {
+    let v = serde_json::to_value(o).unwrap_or_default();
+    json!([v["spec"], v["webhooks"]])
+}
+
+/// The agent's drift counter `metric` for hc-1's `kind` (hosted or management side).
+fn drift(agent: &agent::AgentHandle, metric: &str, kind: &str) -> f64 {
+    let needle =
+        format!("{metric}{{hcp_namespace=\"{NS}\",hosted_cluster=\"hc-1\",kind=\"{kind}\"}}");
+    agent
+        .context
+        .metrics
+        .encode()
+        .lines()
+        .find(|l| l.starts_with(&needle))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or(0.0)
+}
+
+/// Every tampering timed was one the agent saw and repaired (its drift counter says so), so
+/// no figure comes from a change that never took.
+fn counted(what: &str, before: f64, after: f64, runs: usize) -> Result<(), String> {
+    if after - before < runs as f64 {
+        return Err(format!(
+            "{what}: {runs} tamperings, but the drift counter went from {before} to {after}"
+        ));
+    }
+    Ok(())
+}
+
+fn summary(what: &str, mut took: Vec<Duration>) {
+    took.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "  {what:<58} p50 {:>6.0} ms  p99 {:>6.0} ms  max {:>6.0} ms  (n={})",
+        ms(percentile(&took, 50.0)),
+        ms(percentile(&took, 99.0)),
+        ms(took.last().copied().unwrap_or_default()),
+        took.len()
+    );
+}
+
+async fn run() -> Result<(), String> {
+    let runs = env_num("BENCH_TAMPER_RUNS", 20) as usize;
+    let tries = env_num("BENCH_RACE_TRIES", 50) as usize;
+    let fleet = LocalFleet::start(FleetOptions::with_hosted(1))
+        .await
+        .map_err(e)?;
+    let mgmt = fleet.management.client().await.map_err(e)?;
+    let pods = tempfile::tempdir().map_err(e)?;
+    let _kubelet = kubelet::spawn(
+        mgmt.clone(),
+        kubelet::KubeletOptions {
+            binary: Some(env!("CARGO_BIN_EXE_hcp-fleet-agent").into()),
+            dir: pods.path().to_path_buf(),
+        },
+    );
+    let mut cfg = AgentConfig::default();
+    cfg.rollout.enabled = false;
+    let agent = agent::start(
+        mgmt.clone(),
+        hcp_fleet_agent::localcp::allow_loopback(cfg),
+        StartOptions {
+            agent_namespace: "hcp-fleet-agent".into(),
+            endpoints: kubelet::endpoints(),
+        },
+    )
+    .await
+    .map_err(e)?;
+    wait_for("hc-1 proven end to end", Duration::from_secs(120), || {
+        compliant(&mgmt, "e2e-probe")
+    })
+    .await?;
+    let hosted = fleet
+        .hosted("hc-1")
+        .ok_or("no hc-1")?
+        .client()
+        .await
+        .map_err(e)?;
+    // alice: RBAC lets her delete cluster roles; only the guard stands in the way.
+    let role: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": "bench-alice"},
+        "rules": [{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "verbs": ["get", "delete"]}],
+    }))
+    .map_err(e)?;
+    Api::<ClusterRole>::all(hosted.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .map_err(e)?;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "bench-alice"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "bench-alice"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}],
+    }))
+    .map_err(e)?;
+    Api::<ClusterRoleBinding>::all(hosted.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .map_err(e)?;
+    let alice = Api::<ClusterRole>::all(support::hosted_client_as(&fleet, "hc-1", "alice").await);
+    wait_for(
+        "the guard denies alice",
+        Duration::from_secs(30),
+        || async { denied(&alice).await.unwrap_or(false) },
+    )
+    .await?;
+
+    // The tamperings a tenant's `kubectl patch` would send, on the engine the server runs.
+    let policies = fleet.version.serves(Feature::AdmissionPolicies);
+    let hook = |patch: Value| {
+        let mut entry = json!({"name": GUARD});
+        if let (Some(e), Some(p)) = (entry.as_object_mut(), patch.as_object()) {
+            e.extend(p.clone());
+        }
+        json!({"webhooks": [entry]})
+    };
+    let sel = json!({"matchLabels": {"tenant": "off"}});
+    let cases: Vec<(ApiResource, &str, &str, Option<Value>)> = if policies {
+        let vap = ApiResource::erase::<ValidatingAdmissionPolicy>(&());
+        let vapb = ApiResource::erase::<ValidatingAdmissionPolicyBinding>(&());
+        vec![
+            (
+                vap.clone(),
+                GUARD,
+                "policy: objectSelector in matchConstraints",
+                Some(json!({"spec": {"matchConstraints": {"objectSelector": sel}}})),
+            ),
+            (
+                vap.clone(),
+                GUARD,
+                "policy: validation made true",
+                Some(json!({"spec": {"validations": [{"expression": "true"}]}})),
+            ),
+            (
+                vap.clone(),
+                GUARD,
+                "policy: matchCondition false",
+                Some(
+                    json!({"spec": {"matchConditions": [{"name": "tenant", "expression": "false"}]}}),
+                ),
+            ),
+            (
+                vap.clone(),
+                GUARD,
+                "policy: failurePolicy Ignore",
+                Some(json!({"spec": {"failurePolicy": "Ignore"}})),
+            ),
+            (vap, GUARD, "policy: deleted", None),
+            (
+                vapb.clone(),
+                GUARD,
+                "binding: matchResources",
+                Some(json!({"spec": {"matchResources": {"objectSelector": sel}}})),
+            ),
+            (
+                vapb.clone(),
+                GUARD,
+                "binding: validationActions Audit",
+                Some(json!({"spec": {"validationActions": ["Audit"]}})),
+            ),
+            (vapb, GUARD, "binding: deleted", None),
+        ]
+    } else {
+        let vwc = ApiResource::erase::<ValidatingWebhookConfiguration>(&());
+        vec![
+            (
+                vwc.clone(),
+                VALIDATING_NAME,
+                "webhook: objectSelector",
+                Some(hook(json!({"objectSelector": sel}))),
+            ),
+            (
+                vwc.clone(),
+                VALIDATING_NAME,
+                "webhook: namespaceSelector",
+                Some(hook(json!({"namespaceSelector": sel}))),
+            ),
+            (
+                vwc.clone(),
+                VALIDATING_NAME,
+                "webhook: failurePolicy Fail",
+                Some(hook(json!({"failurePolicy": "Fail"}))),
+            ),
+            (
+                vwc.clone(),
+                VALIDATING_NAME,
+                "webhook: rules narrowed to nothing",
+                Some(hook(
+                    json!({"rules": [{"operations": ["DELETE"], "apiGroups": ["none.example.com"], "apiVersions": ["v1"], "resources": ["nothing"]}]}),
+                )),
+            ),
+            (
+                vwc.clone(),
+                VALIDATING_NAME,
+                "webhook: URL pointed elsewhere",
+                Some(hook(
+                    json!({"clientConfig": {"url": "https://127.0.0.1:1/nowhere"}}),
+                )),
+            ),
+            (vwc, VALIDATING_NAME, "configuration: deleted", None),
+        ]
+    };
+    println!(
+        "guard tampering on {} ({}), one hosted cluster, the agent's in-process drift watch:",
+        fleet.version,
+        if policies {
+            "ValidatingAdmissionPolicy"
+        } else {
+            "webhooks"
+        }
+    );
+    println!("time until the live object is back as rendered, {runs} runs each:");
+    let tenant = PatchParams {
+        field_manager: Some("tenant-admin".into()),
+        ..Default::default()
+    };
+    for (ar, name, what, patch) in &cases {
+        let api = Api::<DynamicObject>::all_with(hosted.clone(), ar);
+        let rendered = shape(&api.get(name).await.map_err(e)?);
+        let before = drift(&agent, "hcp_fleet_webhook_drift_total", &ar.kind);
+        let mut took = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            match patch {
+                Some(p) => {
+                    api.patch(name, &tenant, &Patch::Strategic(p))
+                        .await
+                        .map_err(|err| format!("{what}: {err}"))?;
+                }
+                None => {
+                    api.delete(name, &DeleteParams::default())
+                        .await
+                        .map_err(|err| format!("{what}: {err}"))?;
+                }
+            }
+            let back = wait_for(what, Duration::from_secs(20), || {
+                let api = api.clone();
+                let rendered = rendered.clone();
+                async move { api.get(name).await.is_ok_and(|o| shape(&o) == rendered) }
+            })
+            .await?;
+            took.push(back);
+            wait_for(
+                "the guard denies again",
+                Duration::from_secs(20),
+                || async { denied(&alice).await.unwrap_or(false) },
+            )
+            .await?;
+            // The agent looks once more after a repair (the steady state for the history).
+            tokio::time::sleep(Duration::from_millis(700)).await;
+        }
+        let after = drift(&agent, "hcp_fleet_webhook_drift_total", &ar.kind);
+        counted(what, before, after, runs)?;
+        summary(what, took);
+    }
+
+    // The management side: the admission Deployment's pods' spec.
+    let deployments = Api::<Deployment>::namespaced(mgmt.clone(), NS);
+    let dname = AgentConfig::default().admission.service_name;
+    let ops = PatchParams {
+        field_manager: Some("tenant-ops".into()),
+        ..Default::default()
+    };
+    let pod_tamperings = [
+        (
+            "deployment: hostNetwork",
+            json!({"spec": {"template": {"spec": {"hostNetwork": true}}}}),
+        ),
+        (
+            "deployment: an initContainer",
+            json!({"spec": {"template": {"spec": {"initContainers": [{"name": "x", "image": "hcp-fleet-agent:x", "command": ["true"]}]}}}}),
+        ),
+    ];
+    println!("the admission Deployment on the management cluster, {runs} runs each:");
+    for (what, patch) in &pod_tamperings {
+        let before = drift(&agent, "hcp_fleet_management_drift_total", "Deployment");
+        let mut took = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            deployments
+                .patch(&dname, &ops, &Patch::Strategic(patch))
+                .await
+                .map_err(|err| format!("{what}: {err}"))?;
+            let back = wait_for(what, Duration::from_secs(20), || async {
+                deployments.get(&dname).await.is_ok_and(|d| {
+                    let pod = d.spec.and_then(|s| s.template.spec).unwrap_or_default();
+                    pod.host_network.is_none() && pod.init_containers.is_none()
+                })
+            })
+            .await?;
+            took.push(back);
+            wait_for("the service proven again", Duration::from_secs(60), || {
+                compliant(&mgmt, "admission-service")
+            })
+            .await?;
+            tokio::time::sleep(Duration::from_millis(700)).await;
+        }
+        let after = drift(&agent, "hcp_fleet_management_drift_total", "Deployment");
+        counted(what, before, after, runs)?;
+        summary(what, took);
+    }
+
+    // Delete, then act at once.
+    let (ar, name) = if policies {
+        (
+            ApiResource::erase::<ValidatingAdmissionPolicyBinding>(&()),
+            GUARD,
+        )
+    } else {
+        (
+            ApiResource::erase::<ValidatingWebhookConfiguration>(&()),
+            VALIDATING_NAME,
+        )
+    };
+    let api = Api::<DynamicObject>::all_with(hosted.clone(), &ar);
+    let (mut first_through, mut more_through, mut sent) = (0usize, 0usize, 0usize);
+    let mut windows = Vec::with_capacity(tries);
+    for _ in 0..tries {
+        api.delete(name, &DeleteParams::default())
+            .await
+            .map_err(e)?;
+        let t0 = Instant::now();
+        sent += 1;
+        if !denied(&alice).await? {
+            first_through += 1;
+            // Then as fast as one client goes, until the guard is back.
+            loop {
+                sent += 1;
+                if denied(&alice).await? {
+                    break;
+                }
+                more_through += 1;
+                if t0.elapsed() > Duration::from_secs(20) {
+                    return Err("the guard did not come back within 20 s".into());
+                }
+            }
+        }
+        windows.push(t0.elapsed());
+        wait_for("repaired", Duration::from_secs(20), || {
+            let api = api.clone();
+            async move { api.get(name).await.is_ok() }
+        })
+        .await?;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    println!(
+        "delete-then-act race ({}: {name} deleted, then alice's dry-run delete of cluster-admin at once), {tries} tries:",
+        ar.kind
+    );
+    println!(
+        "  the first request after the delete got through in {first_through} of {tries} tries; \
+         requests sent back to back until the guard denied: {sent} in all, {} got through",
+        first_through + more_through
+    );
+    summary("time from the delete until the guard denied again", windows);
+    Ok(())
+}

@@ -1,0 +1,266 @@
+//! The tampering table: every way a hosted cluster-admin could switch a guard off by editing
+//! the agent's own objects, applied to every guard's rendered object of each kind, and held to
+//! one rule: the drift comparison sees it. The e2e suite (`a_tenants_tampering_with_a_guard_…`)
+//! and `make bench` (`e2e/bench_guards.rs`) do the same against a real API server for one guard.
+
+use serde_json::{Value, json};
+
+use super::policies;
+use super::webhooks::{self, HostedFeatures, HostedWebhooks};
+use crate::config::AgentConfig;
+
+/// A tampering: what it is, where it goes (under the object's per-guard part), its value, and
+/// the managedFields path the tenant's `Update` then owns.
+struct Tampering {
+    what: &'static str,
+    path: &'static [&'static str],
+    value: Value,
+}
+
+fn t(what: &'static str, path: &'static [&'static str], value: Value) -> Tampering {
+    Tampering { what, path, value }
+}
+
+fn selector() -> Value {
+    json!({"matchLabels": {"tenant": "off"}})
+}
+
+/// Tamperings of one webhook entry of a configuration.
+fn webhook_tamperings() -> Vec<Tampering> {
+    vec![
+        t("objectSelector merged in", &["objectSelector"], selector()),
+        t(
+            "namespaceSelector replaced",
+            &["namespaceSelector"],
+            selector(),
+        ),
+        t(
+            "a matchCondition that never holds",
+            &["matchConditions"],
+            json!([{"name": "tenant", "expression": "false"}]),
+        ),
+        t("failurePolicy changed", &["failurePolicy"], json!("Fail")),
+        t("matchPolicy changed", &["matchPolicy"], json!("Exact")),
+        t(
+            "rules narrowed to nothing",
+            &["rules"],
+            json!([{"operations": ["DELETE"], "apiGroups": ["none.example.com"], "apiVersions": ["v1"], "resources": ["nothing"]}]),
+        ),
+        t(
+            "sideEffects changed",
+            &["sideEffects"],
+            json!("NoneOnDryRun"),
+        ),
+        t("timeoutSeconds changed", &["timeoutSeconds"], json!(29)),
+        t(
+            "URL pointed elsewhere",
+            &["clientConfig"],
+            json!({"url": "https://127.0.0.1:1/nowhere"}),
+        ),
+        t(
+            "admissionReviewVersions changed",
+            &["admissionReviewVersions"],
+            json!(["v1beta1"]),
+        ),
+    ]
+}
+
+/// Tamperings of a ValidatingAdmissionPolicy's spec.
+fn policy_tamperings() -> Vec<Tampering> {
+    vec![
+        t(
+            "objectSelector in matchConstraints",
+            &["matchConstraints", "objectSelector"],
+            selector(),
+        ),
+        t(
+            "namespaceSelector in matchConstraints",
+            &["matchConstraints", "namespaceSelector"],
+            selector(),
+        ),
+        t(
+            "resourceRules narrowed",
+            &["matchConstraints", "resourceRules"],
+            json!([{"operations": ["DELETE"], "apiGroups": ["none.example.com"], "apiVersions": ["v1"], "resources": ["nothing"]}]),
+        ),
+        t(
+            "validations made true",
+            &["validations"],
+            json!([{"expression": "true"}]),
+        ),
+        t(
+            "a matchCondition that never holds",
+            &["matchConditions"],
+            json!([{"name": "tenant", "expression": "false"}]),
+        ),
+        t("failurePolicy Ignore", &["failurePolicy"], json!("Ignore")),
+        t(
+            "a variable added",
+            &["variables"],
+            json!([{"name": "x", "expression": "true"}]),
+        ),
+        t(
+            "a paramKind added",
+            &["paramKind"],
+            json!({"apiVersion": "v1", "kind": "ConfigMap"}),
+        ),
+        t(
+            "an auditAnnotation added",
+            &["auditAnnotations"],
+            json!([{"key": "x", "valueExpression": "'y'"}]),
+        ),
+    ]
+}
+
+/// Tamperings of a binding's spec.
+fn binding_tamperings() -> Vec<Tampering> {
+    vec![
+        t(
+            "matchResources added",
+            &["matchResources"],
+            json!({"objectSelector": selector()}),
+        ),
+        t(
+            "validationActions set to Audit",
+            &["validationActions"],
+            json!(["Audit"]),
+        ),
+        t(
+            "policyName pointed elsewhere",
+            &["policyName"],
+            json!("tenant-policy"),
+        ),
+        t(
+            "a paramRef added",
+            &["paramRef"],
+            json!({"name": "x", "parameterNotFoundAction": "Allow"}),
+        ),
+    ]
+}
+
+/// `fieldsV1` for `path` under `prefix` (a managedFields entry's tree).
+fn fields(prefix: Vec<String>, path: &[&str]) -> Value {
+    let mut tree = json!({});
+    for key in prefix
+        .into_iter()
+        .chain(path.iter().map(|p| format!("f:{p}")))
+        .rev()
+    {
+        tree = json!({ key: tree });
+    }
+    tree
+}
+
+fn set(obj: &mut Value, path: &[&str], value: Value) {
+    let mut at = obj;
+    for p in &path[..path.len() - 1] {
+        at = &mut at[*p];
+    }
+    at[path[path.len() - 1]] = value;
+}
+
+fn tenant(fields_v1: Value) -> Value {
+    json!([{"manager": "tenant-admin", "operation": "Update", "fieldsV1": fields_v1}])
+}
+
+fn rendered(features: HostedFeatures) -> HostedWebhooks {
+    let cfg = AgentConfig::default();
+    webhooks::render(
+        &cfg,
+        "clusters-a",
+        &webhooks::default_url_base(&cfg, "clusters-a"),
+        "CA-PEM",
+        features,
+    )
+    .expect("render")
+}
+
+#[test]
+fn every_tampering_of_every_guards_webhook_is_drift() {
+    for features in [
+        HostedFeatures::default(),
+        HostedFeatures {
+            match_conditions: true,
+            admission_policies: false,
+        },
+    ] {
+        let desired =
+            serde_json::to_value(rendered(features).validating.expect("validating")).expect("json");
+        assert!(
+            webhooks::webhooks_match(&desired, &desired),
+            "untouched matches"
+        );
+        let entries = desired["webhooks"].as_array().expect("webhooks").len();
+        assert!(entries >= 9, "every guard and the probe: {entries}");
+        for i in 0..entries {
+            let name = desired["webhooks"][i]["name"]
+                .as_str()
+                .expect("name")
+                .to_string();
+            for tm in webhook_tamperings() {
+                let mut live = desired.clone();
+                set(&mut live["webhooks"][i], tm.path, tm.value.clone());
+                live["metadata"]["managedFields"] = tenant(fields(
+                    vec!["f:webhooks".into(), format!("k:{{\"name\":\"{name}\"}}")],
+                    tm.path,
+                ));
+                assert!(
+                    !webhooks::webhooks_match(&desired, &live),
+                    "{name}: {} ({features:?}) not seen",
+                    tm.what
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_tampering_of_every_guards_policy_and_binding_is_drift() {
+    let features = HostedFeatures {
+        match_conditions: true,
+        admission_policies: true,
+    };
+    let r = rendered(features).policies;
+    assert!(
+        r.policies.len() >= 8,
+        "every guard with a CEL form, and the probe"
+    );
+    for (objects, tamperings) in [
+        (
+            r.policies
+                .iter()
+                .map(|p| serde_json::to_value(p).expect("json"))
+                .collect::<Vec<_>>(),
+            policy_tamperings(),
+        ),
+        (
+            r.bindings
+                .iter()
+                .map(|b| serde_json::to_value(b).expect("json"))
+                .collect(),
+            binding_tamperings(),
+        ),
+    ] {
+        for desired in objects {
+            assert!(
+                policies::spec_matches(&desired, &desired),
+                "untouched matches"
+            );
+            let name = desired["metadata"]["name"]
+                .as_str()
+                .expect("name")
+                .to_string();
+            for tm in &tamperings {
+                let mut live = desired.clone();
+                set(&mut live["spec"], tm.path, tm.value.clone());
+                live["metadata"]["managedFields"] = tenant(fields(vec!["f:spec".into()], tm.path));
+                assert!(
+                    !policies::spec_matches(&desired, &live),
+                    "{} {name}: {} not seen",
+                    desired["kind"],
+                    tm.what
+                );
+            }
+        }
+    }
+}
