@@ -2007,14 +2007,25 @@ async fn acm_reads_the_fleet_verdict_from_events_on_the_replicated_policy() {
         "apiVersion": "policy.open-cluster-management.io/v1", "kind": "Policy",
         "name": root_name, "uid": uid, "controller": true, "blockOwnerDeletion": true,
     }]);
-    template["spec"]["remediationAction"] = "enforce".into();
-    Api::<AdmissionHealthPolicy>::namespaced(mgmt.clone(), cluster_ns)
+    // The Policy leaves each template its own remediationAction (ACM would copy a Policy-level
+    // one onto the agent's report-only template). A Policy written by hand may say `Enforce`
+    // and `High`, in ACM's capitalised forms, which its CRDs take: so must the template's (D4).
+    assert!(
+        root["spec"].get("remediationAction").is_none(),
+        "{}",
+        root["spec"]
+    );
+    assert_eq!(template["spec"]["remediationAction"], "inform");
+    template["spec"]["remediationAction"] = "Enforce".into();
+    template["spec"]["severity"] = "High".into();
+    let templates = Api::<AdmissionHealthPolicy>::namespaced(mgmt.clone(), cluster_ns);
+    templates
         .create(
             &Default::default(),
-            &serde_json::from_value(template).expect("typed template"),
+            &serde_json::from_value(template.clone()).expect("typed template"),
         )
         .await
-        .expect("template");
+        .expect("a template saying Enforce and High");
 
     let reason = format!("policy: {cluster_ns}/{template_name}");
     let synced = |want: &'static str, needle: &'static str| {
@@ -2126,6 +2137,69 @@ async fn acm_reads_the_fleet_verdict_from_events_on_the_replicated_policy() {
         .expect("rows");
     assert_eq!(state, "NonCompliant");
     assert_eq!(rows, ["clusters-hc-1", "clusters-hc-2"]);
+
+    // The hub Policy deleted and created again (D1): the replica and its template come back
+    // with the same names and new UIDs, and the verdict is reported to the new ones at once,
+    // though it has not changed.
+    policies
+        .delete(&root_name, &Default::default())
+        .await
+        .expect("delete the replica");
+    templates
+        .delete(&template_name, &Default::default())
+        .await
+        .expect("delete the template");
+    eventually("the old template gone", Duration::from_secs(10), || async {
+        match templates.get_opt(&template_name).await {
+            Ok(None) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let mut again = serde_json::to_value(&replica).expect("json");
+    again["metadata"] = serde_json::json!({
+        "name": root_name, "namespace": cluster_ns, "labels": replica.labels(),
+    });
+    again["status"] = serde_json::Value::Null;
+    let again: Policy = policies
+        .create(
+            &Default::default(),
+            &serde_json::from_value(again).expect("typed Policy"),
+        )
+        .await
+        .expect("the replica again");
+    let new_uid = again.uid().expect("uid");
+    assert_ne!(new_uid, uid);
+    template["metadata"]["ownerReferences"][0]["uid"] = new_uid.clone().into();
+    templates
+        .create(
+            &Default::default(),
+            &serde_json::from_value(template).expect("typed template"),
+        )
+        .await
+        .expect("the template again");
+    eventually(
+        "the re-created Policy gets the verdict",
+        Duration::from_secs(20),
+        || async {
+            let p = policies.get(&root_name).await.map_err(|e| e.to_string())?;
+            let status = status_sync(&mgmt, &p).await?;
+            let d = status
+                .details
+                .iter()
+                .find(|d| d.template_meta.name == template_name)
+                .ok_or("no details for the template")?;
+            match (d.compliant.as_deref(), d.history.first()) {
+                (Some("NonCompliant"), Some(h))
+                    if h.message.contains("clusters-hc-2/hc-2 NonCompliant") =>
+                {
+                    Ok(())
+                }
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
     // No Policy but ACM's own replica: the agent writes none, and removed the old ones.
     let all = Api::<Policy>::all(mgmt.clone())
         .list(&Default::default())

@@ -21,9 +21,23 @@ use crate::crd::AdmissionHealthPolicy;
 /// compliance Events is `policy: <cluster namespace>/<this>`).
 pub const HEALTH_TEMPLATE_NAME: &str = "hcp-fleet-hosted-clusters";
 
-/// The label ACM puts on clusters that are HyperShift management clusters.
+/// The label ROSA and OSD put on the ManagedClusters of their HyperShift management clusters
+/// (a convention of those services, not something ACM sets by itself).
 pub const MANAGEMENT_CLUSTER_LABEL: &str =
     "hypershift.open-cluster-management.io/management-cluster";
+/// The ClusterClaim MCE and ACM publish on a cluster that hosts HyperShift control planes
+/// (the hypershift-addon sets it), for fleets without the ROSA/OSD label.
+pub const HOSTING_CLUSTER_CLAIM: &str = "hostingcluster.hypershift.openshift.io";
+
+/// How the Placement finds the management clusters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ManagementSelector {
+    /// By the ROSA/OSD label `MANAGEMENT_CLUSTER_LABEL=true`.
+    #[default]
+    Label,
+    /// By MCE's ClusterClaim `HOSTING_CLUSTER_CLAIM=true`.
+    Claim,
+}
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum PackagingError {
@@ -50,6 +64,8 @@ pub struct FleetOptions {
     pub cluster_set: String,
     /// Hive ClusterDeployment labels of the ACM hubs (`key=value`).
     pub hub_selector: Vec<(String, String)>,
+    /// How the Placement selects the management clusters.
+    pub management_selector: ManagementSelector,
 }
 
 impl Default for FleetOptions {
@@ -62,6 +78,7 @@ impl Default for FleetOptions {
                 "ext-hypershift.openshift.io/cluster-type".into(),
                 "service-cluster".into(),
             )],
+            management_selector: ManagementSelector::default(),
         }
     }
 }
@@ -201,7 +218,9 @@ pub fn hub_objects(rendered: &str, opts: &FleetOptions) -> Result<Vec<Value>, Pa
         },
         "spec": {
             "disabled": false,
-            "remediationAction": "enforce",
+            // No remediationAction here: ACM copies a Policy's onto every template, which
+            // would make the agent's report-only template say `enforce`. Each template says
+            // its own (the install `enforce`, the report `inform`).
             "policy-templates": [{
                 "objectDefinition": {
                     "apiVersion": "policy.open-cluster-management.io/v1",
@@ -243,8 +262,15 @@ pub fn hub_objects(rendered: &str, opts: &FleetOptions) -> Result<Vec<Value>, Pa
         "spec": {
             "clusterSets": [opts.cluster_set],
             "predicates": [{
-                "requiredClusterSelector": {
-                    "labelSelector": {"matchLabels": {MANAGEMENT_CLUSTER_LABEL: "true"}},
+                "requiredClusterSelector": match opts.management_selector {
+                    ManagementSelector::Label => json!({
+                        "labelSelector": {"matchLabels": {MANAGEMENT_CLUSTER_LABEL: "true"}},
+                    }),
+                    ManagementSelector::Claim => json!({
+                        "claimSelector": {"matchExpressions": [
+                            {"key": HOSTING_CLUSTER_CLAIM, "operator": "In", "values": ["true"]},
+                        ]},
+                    }),
                 },
             }],
         },
@@ -478,6 +504,10 @@ pub enum PackageCommand {
         /// The hub namespace of the Policy.
         #[arg(long, default_value = "hcp-fleet-policies")]
         policy_namespace: String,
+        /// How the Placement finds the management clusters: the ROSA/OSD label, or MCE's
+        /// `hostingcluster.hypershift.openshift.io` ClusterClaim.
+        #[arg(long, value_enum, default_value = "label")]
+        management_selector: ManagementSelector,
     },
 }
 
@@ -496,6 +526,7 @@ pub fn run(args: PackageArgs) -> ExitCode {
             out,
             hub_selector,
             policy_namespace,
+            management_selector,
         } => {
             let text = if rendered.as_os_str() == "-" {
                 std::io::read_to_string(std::io::stdin())
@@ -511,6 +542,7 @@ pub fn run(args: PackageArgs) -> ExitCode {
             };
             let mut opts = FleetOptions {
                 policy_namespace,
+                management_selector,
                 ..FleetOptions::default()
             };
             if !hub_selector.is_empty() {
@@ -650,6 +682,32 @@ mod tests {
                 [MANAGEMENT_CLUSTER_LABEL],
             "true"
         );
+    }
+
+    /// Where the fleet is not ROSA/OSD, the Placement selects by MCE's ClusterClaim instead.
+    #[test]
+    fn the_placement_can_select_by_the_hosting_cluster_claim() {
+        let opts = FleetOptions {
+            management_selector: ManagementSelector::Claim,
+            ..FleetOptions::default()
+        };
+        let files = policies(RENDERED, &opts).expect("policies");
+        let hub = &files
+            .iter()
+            .find(|(n, _)| *n == "policy.yaml")
+            .expect("policy.yaml")
+            .1;
+        let docs: Vec<serde_json::Value> = serde_saphyr::from_str_multiple(hub).expect("yaml");
+        let placement = docs
+            .iter()
+            .find(|d| d["kind"] == "Placement")
+            .expect("Placement");
+        let sel = &placement["spec"]["predicates"][0]["requiredClusterSelector"];
+        assert_eq!(
+            sel["claimSelector"]["matchExpressions"][0],
+            json!({"key": HOSTING_CLUSTER_CLAIM, "operator": "In", "values": ["true"]})
+        );
+        assert!(sel.get("labelSelector").is_none(), "{sel}");
     }
 
     #[test]

@@ -201,8 +201,12 @@ pub async fn template_reporter(ctx: Arc<Context>) {
             }
         }))
     };
-    // What this reporter last wrote to each template: the store may not show it yet.
-    let mut written: BTreeMap<(String, String), AdmissionHealthPolicyStatus> = BTreeMap::new();
+    // What this reporter last wrote to each template: the store may not show it yet. Keyed by
+    // the template's UID too: a template deleted and created again (its Policy re-created on
+    // the hub: template-sync makes a new one, same namespace and name) is a new template with
+    // no status and a new parent, and must be reported to at once.
+    let mut written: BTreeMap<(String, String, String), AdmissionHealthPolicyStatus> =
+        BTreeMap::new();
     loop {
         ctx.rollup_changed.notified().await;
         // A fleet converging at once changes rows many times a second; one report a second
@@ -220,7 +224,11 @@ pub async fn template_reporter(ctx: Arc<Context>) {
         let want = reporting::evaluate_template(&rows, ctx.caps.pending_supported, halt.as_deref());
         let mut retry = false;
         for t in templates.state() {
-            let key = (t.namespace().unwrap_or_default(), t.name_any());
+            let key = (
+                t.namespace().unwrap_or_default(),
+                t.name_any(),
+                t.uid().unwrap_or_default(),
+            );
             if written.get(&key) == Some(&want) {
                 continue;
             }
@@ -241,6 +249,10 @@ pub async fn template_reporter(ctx: Arc<Context>) {
                 written.insert(key, want.clone());
             }
         }
+        // Templates gone (deleted, or replaced by a new one of the same name) are forgotten.
+        let live: std::collections::BTreeSet<String> =
+            templates.state().iter().filter_map(|t| t.uid()).collect();
+        written.retain(|(_, _, uid), _| live.contains(uid));
         if retry {
             tokio::time::sleep(Duration::from_secs(2)).await;
             ctx.rollup_changed.notify_one();

@@ -110,7 +110,11 @@ pub struct AdmissionHealthPolicySpec {
     pub severity: Option<Severity>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+/// What ACM copies from the Policy into its templates: either case, as ACM's own CRDs take it
+/// (the Policy's `remediationAction`: `Inform`, `inform`, `Enforce`, `enforce`). A schema
+/// with the lowercase values only would make template-sync's create fail on a Policy that
+/// says `Enforce`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RemediationAction {
     #[serde(rename = "inform", alias = "Inform")]
     Inform,
@@ -118,13 +122,42 @@ pub enum RemediationAction {
     Enforce,
 }
 
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "lowercase")]
+/// The severities ConfigurationPolicy takes, in either case.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Severity {
+    #[serde(rename = "low", alias = "Low")]
     Low,
+    #[serde(rename = "medium", alias = "Medium")]
     Medium,
+    #[serde(rename = "high", alias = "High")]
     High,
+    #[serde(rename = "critical", alias = "Critical")]
     Critical,
+}
+
+/// A string enum schema with these values.
+fn string_enum(values: &[&str]) -> schemars::Schema {
+    schemars::json_schema!({"type": "string", "enum": values})
+}
+
+impl JsonSchema for RemediationAction {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "RemediationAction".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        string_enum(&["Inform", "inform", "Enforce", "enforce"])
+    }
+}
+
+impl JsonSchema for Severity {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Severity".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        string_enum(&[
+            "low", "Low", "medium", "Medium", "high", "High", "critical", "Critical",
+        ])
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -263,6 +296,58 @@ const CEL_SINCE: &str = r#"{{- if semverCompare ">=1.25-0" .Capabilities.KubeVer
 
 #[cfg(test)]
 mod tests {
+
+    /// The template's remediationAction and severity take every value ACM's own CRDs take
+    /// (the Policy's, which spec-sync copies into each template; ConfigurationPolicy's
+    /// severities), read from ../shared/crds/upstream where it is beside the repository.
+    #[test]
+    fn the_template_takes_what_acm_writes_in_either_case() {
+        let crds = crds();
+        let template = crds
+            .iter()
+            .find(|c| c["spec"]["names"]["kind"] == "AdmissionHealthPolicy")
+            .expect("template CRD");
+        let spec = &template["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"];
+        let values = |v: &serde_json::Value| -> std::collections::BTreeSet<String> {
+            v["enum"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect()
+        };
+        let ours_action = values(&spec["remediationAction"]);
+        let ours_severity = values(&spec["severity"]);
+        for v in ["Inform", "inform", "Enforce", "enforce"] {
+            assert!(ours_action.contains(v), "{v}: {ours_action:?}");
+        }
+        for v in ["High", "high", "Critical", "low"] {
+            assert!(ours_severity.contains(v), "{v}: {ours_severity:?}");
+        }
+        let spec: AdmissionHealthPolicySpec = serde_json::from_value(
+            serde_json::json!({"remediationAction": "Enforce", "severity": "High"}),
+        )
+        .expect("ACM's cases");
+        assert_eq!(spec.remediation_action, Some(RemediationAction::Enforce));
+        assert_eq!(spec.severity, Some(Severity::High));
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/crds/upstream");
+        let read = |f: &str| std::fs::read_to_string(format!("{dir}/{f}")).ok();
+        let (Some(policy), Some(config)) = (
+            read("policy.open-cluster-management.io_policies.yaml"),
+            read("policy.open-cluster-management.io_configurationpolicies.yaml"),
+        ) else {
+            eprintln!("skipped: the comparison with ACM's own CRDs (no {dir})");
+            return;
+        };
+        let doc = |t: &str| -> serde_json::Value { serde_saphyr::from_str(t).expect("CRD YAML") };
+        let (policy, config) = (doc(&policy), doc(&config));
+        let props = |c: &serde_json::Value| {
+            c["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"].clone()
+        };
+        assert_eq!(ours_action, values(&props(&policy)["remediationAction"]));
+        assert_eq!(ours_severity, values(&props(&config)["severity"]));
+    }
     use super::*;
 
     #[test]
