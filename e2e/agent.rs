@@ -2112,6 +2112,33 @@ async fn acm_reads_the_fleet_verdict_from_events_on_the_replicated_policy() {
         "{history:?}"
     );
 
+    // Template-sync reports an error on the template (emitTemplateError: a compliance Event on
+    // the Policy, `NonCompliant; template-error; …`), then recovers without a word: it never
+    // reports a third-party kind as recovered. Its error is the hub's newest entry until the
+    // agent, seeing that in the Policy's status, says its verdict again (D2).
+    let now = jiff::Timestamp::now();
+    let nanos = now.as_nanosecond();
+    let seconds = now.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let error: k8s_openapi::api::core::v1::Event = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("{root_name}.{nanos:x}"), "namespace": cluster_ns},
+        "firstTimestamp": seconds, "lastTimestamp": seconds, "count": 1,
+        "involvedObject": {"apiVersion": "policy.open-cluster-management.io/v1", "kind": "Policy",
+            "name": root_name, "namespace": cluster_ns, "uid": uid},
+        "reason": reason,
+        "message": "NonCompliant; template-error; Failed to create the template: the server is busy",
+        "type": "Warning",
+    }))
+    .expect("event");
+    Api::<k8s_openapi::api::core::v1::Event>::namespaced(mgmt.clone(), cluster_ns)
+        .create(&Default::default(), &error)
+        .await
+        .expect("template-sync's error");
+    let history = synced("Compliant", "2 of 2 hosted cluster(s) compliant").await;
+    assert!(
+        history.iter().any(|h| h.message.contains("template-error")),
+        "the error stays in the history, below the verdict said again: {history:?}"
+    );
+
     // hc-2's kube-apiserver goes away: the verdict names it, newest first, the old one kept.
     fleet.hosted_mut("hc-2").expect("hc-2").stop();
     let history = synced(
@@ -2131,6 +2158,55 @@ async fn acm_reads_the_fleet_verdict_from_events_on_the_replicated_policy() {
             .any(|h| h.message.starts_with("Compliant; notification - 2 of 2")),
         "{history:?}"
     );
+    // Events expire (an hour, by default) or are lost; the template's own history keeps
+    // what they said, each entry named after its Event so status-sync counts them once (D6).
+    let p = policies.get(&root_name).await.expect("Policy");
+    let both = status_sync(&mgmt, &p).await.expect("status sync");
+    let with_events = both
+        .details
+        .iter()
+        .find(|d| d.template_meta.name == template_name)
+        .map(|d| d.history.clone())
+        .unwrap_or_default();
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(mgmt.clone(), cluster_ns);
+    for e in events
+        .list(&Default::default())
+        .await
+        .expect("events")
+        .items
+    {
+        if e.reason.as_deref() == Some(reason.as_str()) {
+            events
+                .delete(&e.name_any(), &Default::default())
+                .await
+                .expect("expire the event");
+        }
+    }
+    let without = status_sync(&mgmt, &p).await.expect("status sync");
+    let from_template = without
+        .details
+        .iter()
+        .find(|d| d.template_meta.name == template_name)
+        .map(|d| d.history.clone())
+        .unwrap_or_default();
+    // The agent's own entries (template-sync's error above was only ever an Event).
+    let names = |h: &[hcp_fleet_agent::crd::ComplianceHistory]| {
+        h.iter()
+            .filter(|e| !e.message.contains("template-error"))
+            .map(|e| (e.event_name.clone(), e.message.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        names(&from_template),
+        names(&with_events),
+        "the template's history says what the Events said, once each"
+    );
+    assert!(
+        from_template[0]
+            .message
+            .starts_with("NonCompliant; violation - 1 non-compliant")
+    );
+
     // The template's own status: a row per hosted cluster.
     let (state, rows) = template_rows(&mgmt, cluster_ns, &template_name)
         .await
@@ -2265,9 +2341,50 @@ async fn status_sync(
                 )
             })
             .collect();
+        // getEventsInTemplate: the template's own `status.history` (MicroTime, message), each
+        // entry named `<policy>.<hex nanoseconds>` after its timestamp.
+        if t.object_definition["kind"] == "AdmissionHealthPolicy" {
+            let tmpl = Api::<AdmissionHealthPolicy>::namespaced(mgmt.clone(), &ns)
+                .get_opt(name)
+                .await
+                .map_err(|e| e.to_string())?;
+            for h in tmpl
+                .and_then(|t| t.status)
+                .map(|s| s.history)
+                .unwrap_or_default()
+            {
+                let Ok(at) = h.last_timestamp.parse::<jiff::Timestamp>() else {
+                    continue;
+                };
+                if h.message.is_empty() {
+                    continue;
+                }
+                let nanos = at.as_nanosecond();
+                hist.push((
+                    nanos,
+                    ComplianceHistory {
+                        event_name: format!("{}.{nanos:x}", p.name_any()),
+                        last_timestamp: h.last_timestamp.clone(),
+                        message: h.message.trim().to_string(),
+                    },
+                ));
+            }
+        }
+        // mergeDetails: newest first; an entry with the previous one's message within 5 µs of
+        // it is the same event (an Event and its history entry); at most 10.
         hist.sort_by_key(|h| std::cmp::Reverse(h.0));
-        hist.truncate(10);
-        let history: Vec<ComplianceHistory> = hist.into_iter().map(|(_, h)| h).collect();
+        let mut deduped: Vec<(i128, ComplianceHistory)> = Vec::new();
+        for (i, (at, h)) in hist.iter().enumerate() {
+            if deduped.len() == 10 {
+                break;
+            }
+            let too_similar =
+                i > 0 && (hist[i - 1].0 - at).abs() < 5_000 && hist[i - 1].1.message == h.message;
+            if !too_similar {
+                deduped.push((*at, h.clone()));
+            }
+        }
+        let history: Vec<ComplianceHistory> = deduped.into_iter().map(|(_, h)| h).collect();
         let compliant = history.first().map(|h| {
             let m = h.message.trim().to_lowercase();
             if m.starts_with("compliant") {

@@ -370,12 +370,112 @@ pub fn evaluate_template(
         compliant: Some(state),
         message: Some(event_note(&acm_message(state, &summary))),
         related_objects,
+        history: Vec::new(),
     }
+}
+
+/// The most entries a template's `status.history` keeps (status-sync keeps as many per
+/// template).
+pub const TEMPLATE_HISTORY: usize = 10;
+
+/// A compliance Event's instant, to the microsecond: its name (`<policy>.<hex nanoseconds>`,
+/// client-go's convention, which status-sync parses for the time) and the `lastTimestamp` of
+/// its history entry (MicroTime) must say the same instant, or status-sync would count an
+/// Event and its entry twice.
+pub fn event_instant(now: jiff::Timestamp) -> (i128, String) {
+    let micros = now.as_microsecond();
+    let at = jiff::Timestamp::from_microsecond(micros).unwrap_or(now);
+    let text = at.strftime("%Y-%m-%dT%H:%M:%S.%6fZ").to_string();
+    (i128::from(micros) * 1000, text)
+}
+
+/// The newest entry the hub shows for a template (the replicated Policy's status, as
+/// status-sync wrote it), if it is someone else's: neither this reporter's verdict nor any
+/// message it reported before (status-sync may not have read its newest Event yet), and not
+/// one it has already answered. Template-sync's error and pending events land there and stay
+/// newest, since it never reports a third-party kind as recovered; the reporter answers with
+/// its verdict once per such entry, so a template error that persists (template-sync says it
+/// again, after the answer) stays newest, as it should.
+pub fn foreign_newest<'a>(
+    newest: Option<&'a str>,
+    ours: &AdmissionHealthPolicyStatus,
+    answered: Option<&str>,
+) -> Option<&'a str> {
+    let n = newest?.trim();
+    let mine = |m: &str| m.trim() == n;
+    let known =
+        ours.message.as_deref().is_some_and(mine) || ours.history.iter().any(|h| mine(&h.message));
+    (!n.is_empty() && !known && answered != Some(n)).then_some(n)
+}
+
+/// `history` with `entry` in front, at most `TEMPLATE_HISTORY`.
+pub fn with_entry(
+    history: &[crate::crd::health::TemplateHistoryEntry],
+    entry: crate::crd::health::TemplateHistoryEntry,
+) -> Vec<crate::crd::health::TemplateHistoryEntry> {
+    std::iter::once(entry)
+        .chain(history.iter().cloned())
+        .take(TEMPLATE_HISTORY)
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Template-sync's error stays the hub's newest entry until the reporter says its verdict
+    /// again, once; status-sync's lag behind the reporter's own Events is no reason to.
+    #[test]
+    fn the_reporter_answers_someone_elses_newest_entry_once() {
+        let entry = |m: &str| crate::crd::health::TemplateHistoryEntry {
+            last_timestamp: "2026-11-25T10:00:00.000001Z".into(),
+            message: m.into(),
+        };
+        let ours = AdmissionHealthPolicyStatus {
+            message: Some("Compliant; notification - 2 of 2 hosted cluster(s) compliant".into()),
+            history: vec![
+                entry("Compliant; notification - 2 of 2 hosted cluster(s) compliant"),
+                entry("NonCompliant; violation - 1 non-compliant"),
+            ],
+            ..Default::default()
+        };
+        let error = "NonCompliant; template-error; Mapping not found";
+        assert_eq!(foreign_newest(Some(error), &ours, None), Some(error));
+        assert_eq!(foreign_newest(Some(error), &ours, Some(error)), None);
+        assert_eq!(
+            foreign_newest(
+                Some("NonCompliant; violation - 1 non-compliant"),
+                &ours,
+                None
+            ),
+            None,
+            "an older verdict of ours: status-sync has not caught up"
+        );
+        assert_eq!(foreign_newest(ours.message.as_deref(), &ours, None), None);
+        assert_eq!(foreign_newest(None, &ours, None), None);
+        assert_eq!(foreign_newest(Some("  "), &ours, None), None);
+    }
+
+    /// The instant names the Event and stamps its history entry alike, as status-sync parses
+    /// each (`parseTimestampFromEventName`: hex nanoseconds; MicroTime: RFC 3339, six digits).
+    #[test]
+    fn an_events_name_and_its_history_entry_say_the_same_instant() {
+        let now: jiff::Timestamp = "2026-11-25T10:00:00.123456789Z".parse().expect("time");
+        let (nanos, text) = event_instant(now);
+        assert_eq!(text, "2026-11-25T10:00:00.123456Z");
+        let back: jiff::Timestamp = text.parse().expect("parses");
+        assert_eq!(back.as_nanosecond(), nanos);
+        assert_eq!(nanos % 1000, 0);
+        let e = |m: &str| crate::crd::health::TemplateHistoryEntry {
+            last_timestamp: text.clone(),
+            message: m.into(),
+        };
+        let full: Vec<_> = (0..TEMPLATE_HISTORY).map(|i| e(&format!("m{i}"))).collect();
+        let next = with_entry(&full, e("new"));
+        assert_eq!(next.len(), TEMPLATE_HISTORY);
+        assert_eq!(next[0].message, "new");
+        assert_eq!(next[1].message, "m0");
+    }
 
     #[test]
     fn event_notes_fit_the_apis_limit() {

@@ -19,6 +19,7 @@ use tracing::{info, warn};
 use super::apply::apply;
 use super::cache;
 use super::context::{Context, hcp_labels};
+use crate::crd::health::TemplateHistoryEntry;
 use crate::crd::{
     AdmissionHealth, AdmissionHealthPolicy, AdmissionHealthPolicyStatus, ComplianceState,
     HostedControlPlane, Policy,
@@ -201,6 +202,28 @@ pub async fn template_reporter(ctx: Arc<Context>) {
             }
         }))
     };
+    // The replicated Policies (where ACM's Policy CRD is served): the newest entry the hub
+    // shows for each template, to answer template-sync's error and pending events.
+    let (policies, policy_writer) = kube::runtime::reflector::store::<Policy>();
+    let _policy_watch = ctx.caps.policy_crd.then(|| {
+        let ctx = ctx.clone();
+        let api: Api<Policy> = Api::all(ctx.client.clone());
+        super::context::AbortOnDrop(tokio::spawn(async move {
+            let mut events = watcher(api, watcher::Config::default())
+                .default_backoff()
+                .reflect(policy_writer)
+                .boxed();
+            while let Some(ev) = events.next().await {
+                match ev {
+                    Ok(watcher::Event::Apply(_)) => ctx.rollup_changed.notify_one(),
+                    Ok(_) => {}
+                    Err(e) => warn!(error = %e, "watching the replicated Policies"),
+                }
+            }
+        }))
+    });
+    // The foreign entries already answered, per template UID (at most one each: the newest).
+    let mut answered: BTreeMap<String, String> = BTreeMap::new();
     // What this reporter last wrote to each template: the store may not show it yet. Keyed by
     // the template's UID too: a template deleted and created again (its Policy re-created on
     // the hub: template-sync makes a new one, same namespace and name) is a new template with
@@ -229,30 +252,48 @@ pub async fn template_reporter(ctx: Arc<Context>) {
                 t.name_any(),
                 t.uid().unwrap_or_default(),
             );
-            if written.get(&key) == Some(&want) {
-                continue;
-            }
             let mut t = (*t).clone();
             if let Some(w) = written.get(&key) {
                 t.status = Some(w.clone());
             }
-            if let Err(e) = report_template(&ctx, &t, &want).await {
-                warn!(
-                    error = %e,
-                    namespace = t.namespace().unwrap_or_default(),
-                    template = t.name_any(),
-                    "reporting an AdmissionHealthPolicy failed; retrying"
-                );
-                retry = true;
-                written.remove(&key);
-            } else {
-                written.insert(key, want.clone());
+            let newest = hub_newest(&policies, &t);
+            let ours = t.status.clone().unwrap_or_default();
+            let foreign = reporting::foreign_newest(
+                newest.as_deref(),
+                &ours,
+                answered.get(&key.2).map(String::as_str),
+            )
+            .map(str::to_string);
+            if foreign.is_none() && written.get(&key).is_some_and(|w| w.same_verdict(&want)) {
+                continue;
+            }
+            if let Some(f) = &foreign {
+                info!(namespace = %key.0, template = %key.1, newest = %f, "the hub's newest entry for the template is not the agent's; reporting the verdict again");
+            }
+            match report_template(&ctx, &t, &want, foreign.is_some()).await {
+                Err(e) => {
+                    warn!(
+                        error = %e,
+                        namespace = t.namespace().unwrap_or_default(),
+                        template = t.name_any(),
+                        "reporting an AdmissionHealthPolicy failed; retrying"
+                    );
+                    retry = true;
+                    written.remove(&key);
+                }
+                Ok(status) => {
+                    if let Some(f) = foreign {
+                        answered.insert(key.2.clone(), f);
+                    }
+                    written.insert(key, status);
+                }
             }
         }
         // Templates gone (deleted, or replaced by a new one of the same name) are forgotten.
         let live: std::collections::BTreeSet<String> =
             templates.state().iter().filter_map(|t| t.uid()).collect();
         written.retain(|(_, _, uid), _| live.contains(uid));
+        answered.retain(|uid, _| live.contains(uid));
         if retry {
             tokio::time::sleep(Duration::from_secs(2)).await;
             ctx.rollup_changed.notify_one();
@@ -270,13 +311,22 @@ async fn report_template(
     ctx: &Context,
     t: &AdmissionHealthPolicy,
     want: &AdmissionHealthPolicyStatus,
-) -> Result<(), kube::Error> {
+    again: bool,
+) -> Result<AdmissionHealthPolicyStatus, kube::Error> {
     let ns = t.namespace().unwrap_or_default();
     let name = t.name_any();
-    if t.status.as_ref() == Some(want) {
-        return Ok(());
+    if let Some(live) = t.status.as_ref().filter(|s| s.same_verdict(want) && !again) {
+        return Ok(live.clone());
     }
     let before = t.status.as_ref().and_then(|s| s.message.clone());
+    let mut status = AdmissionHealthPolicyStatus {
+        history: t
+            .status
+            .as_ref()
+            .map(|s| s.history.clone())
+            .unwrap_or_default(),
+        ..want.clone()
+    };
     let parent = t
         .owner_references()
         .iter()
@@ -287,10 +337,20 @@ async fn report_template(
         })
         .cloned();
     // Event first: a status written without its Event would hide the change from the hub.
-    if before != want.message {
+    if before != want.message || again {
         match &parent {
             Some(p) => {
-                emit_compliance_event(ctx, &ns, &name, p, want).await?;
+                let (nanos, at) = reporting::event_instant(jiff::Timestamp::now());
+                emit_compliance_event(ctx, &ns, &name, p, want, nanos).await?;
+                // The same message at the same instant: status-sync counts the Event and this
+                // entry once, and still has the entry once the Event has expired.
+                status.history = reporting::with_entry(
+                    &status.history,
+                    TemplateHistoryEntry {
+                        last_timestamp: at,
+                        message: want.message.clone().unwrap_or_default(),
+                    },
+                );
                 info!(namespace = %ns, template = %name, message = want.message.as_deref().unwrap_or_default(), "reported to ACM");
             }
             None => warn!(
@@ -301,10 +361,33 @@ async fn report_template(
         }
     }
     let api: Api<AdmissionHealthPolicy> = Api::namespaced(ctx.client.clone(), &ns);
-    let patch = serde_json::json!({ "status": want });
+    let patch = serde_json::json!({ "status": status });
     api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
-    Ok(())
+    Ok(status)
+}
+
+/// The newest history message the replicated Policy owning `t` shows for it (status-sync's
+/// `details[].history[0]`), if the Policy is in the store.
+fn hub_newest(
+    policies: &kube::runtime::reflector::Store<Policy>,
+    t: &AdmissionHealthPolicy,
+) -> Option<String> {
+    let parent = t.owner_references().iter().find(|o| o.kind == "Policy")?;
+    let key = kube::runtime::reflector::ObjectRef::<Policy>::new(&parent.name)
+        .within(&t.namespace().unwrap_or_default());
+    let p = policies.get(&key)?;
+    if p.uid().as_deref() != Some(parent.uid.as_str()) {
+        return None;
+    }
+    p.status
+        .as_ref()?
+        .details
+        .iter()
+        .find(|d| d.template_meta.name == t.name_any())?
+        .history
+        .first()
+        .map(|h| h.message.clone())
 }
 
 async fn emit_compliance_event(
@@ -313,9 +396,9 @@ async fn emit_compliance_event(
     template: &str,
     parent: &OwnerReference,
     want: &AdmissionHealthPolicyStatus,
+    nanos: i128,
 ) -> Result<(), kube::Error> {
-    let now = jiff::Timestamp::now();
-    let nanos = now.as_nanosecond();
+    let now = jiff::Timestamp::from_nanosecond(nanos).unwrap_or_else(|_| jiff::Timestamp::now());
     let compliant = want.compliant == Some(ComplianceState::Compliant);
     let event = CoreEvent {
         metadata: kube::api::ObjectMeta {

@@ -171,6 +171,33 @@ pub struct AdmissionHealthPolicyStatus {
     /// One row per hosted cluster, in ConfigurationPolicy's shape.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub related_objects: Vec<RelatedObject>,
+    /// The compliance Events this template's reporter emitted, newest first, at most 10, in
+    /// the shape ACM's status sync reads from a template (governance-policy-framework-addon
+    /// v0.17.0 on: `getEventsInTemplate`). Each `lastTimestamp` is the instant that also names
+    /// its Event, so status-sync counts the two once; an Event lost (expired after an hour,
+    /// never written) is still read from here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<TemplateHistoryEntry>,
+}
+
+impl AdmissionHealthPolicyStatus {
+    /// The same verdict: compliance, message and rows (the history is what reporting them
+    /// left behind, not part of the verdict).
+    pub fn same_verdict(&self, other: &Self) -> bool {
+        self.compliant == other.compliant
+            && self.message == other.message
+            && self.related_objects == other.related_objects
+    }
+}
+
+/// One entry of a template's `status.history`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateHistoryEntry {
+    /// RFC 3339 with microseconds (Kubernetes' MicroTime): the instant of the Event.
+    pub last_timestamp: String,
+    /// The Event's message, `Compliant; notification - …` or `NonCompliant; violation - …`.
+    pub message: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
