@@ -660,6 +660,9 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
         leader_elect: false,
         lease_duration_seconds: 15,
         metrics_addr: "127.0.0.1:0".parse().expect("addr"),
+        template_sync_binding: None,
+        framework_service_account: "governance-policy-framework-sa".into(),
+        framework_namespace: None,
     };
     std::fs::write(
         &path,

@@ -425,8 +425,121 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
         impersonating_kubeconfig(&fleet.management.kubeconfig_yaml),
     )
     .expect("write kubeconfig");
+    // As the chart's Deployment runs it: its environment, the chart's values.
+    let deployment = render(&[])
+        .into_iter()
+        .find(|o| o["kind"] == "Deployment" && !is_hook(o))
+        .expect("the agent's Deployment");
+    let env: Vec<(String, String)> = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| {
+            e["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("HCP_FLEET_"))
+                && e["value"].is_string()
+        })
+        .filter(|e| e["name"] != "HCP_FLEET_ADMISSION_IMAGE")
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap_or_default().to_string(),
+                e["value"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    let binding = env
+        .iter()
+        .find(|(k, _)| k == "HCP_FLEET_TEMPLATE_SYNC_BINDING")
+        .map(|(_, v)| v.clone())
+        .expect("the chart names the template-sync binding to the agent");
+    // ACM's framework addon in hosted mode: one account per hosted cluster, in klusterlet-<name>,
+    // besides the default-mode one. Each must be able to list the agent's template kind in its
+    // own namespace (template-sync's cleanUpExcessTemplates does, for every labelled kind);
+    // one that cannot fails every Policy reconcile of its cluster (D3).
+    let addon_sa = "governance-policy-framework-sa";
+    for ns in ["klusterlet-hc-a", "klusterlet-hc-b"] {
+        hcp_fleet_agent::localcp::fixtures::ensure_namespace(&admin, ns, Default::default())
+            .await
+            .expect("namespace");
+        let sa: k8s_openapi::api::core::v1::ServiceAccount =
+            serde_json::from_value(json!({"metadata": {"name": addon_sa}})).expect("sa");
+        Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(admin.clone(), ns)
+            .create(&PostParams::default(), &sa)
+            .await
+            .expect("the addon's account");
+    }
     let (_agent, metrics_addr) =
-        support::spawn_elected_agent("agent-rbac", &kubeconfig, AGENT_NAMESPACE, None);
+        support::spawn_elected_agent_env("agent-rbac", &kubeconfig, AGENT_NAMESPACE, None, &env);
+    let as_addon = |ns: &str| {
+        let user = format!("system:serviceaccount:{ns}:{addon_sa}");
+        let yaml = fleet.management.kubeconfig_yaml.clone();
+        async move {
+            let kc = kube::config::Kubeconfig::from_yaml(&yaml).expect("kubeconfig");
+            let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .expect("config");
+            config.auth_info.impersonate = Some(user);
+            Client::try_from(config).expect("client")
+        }
+    };
+    for ns in ["klusterlet-hc-a", "klusterlet-hc-b"] {
+        let client = as_addon(ns).await;
+        eventually(
+            &format!("{ns}'s framework addon may list the template kind there"),
+            Duration::from_secs(30),
+            || {
+                let api: Api<hcp_fleet_agent::crd::AdmissionHealthPolicy> =
+                    Api::namespaced(client.clone(), ns);
+                async move {
+                    api.list(&ListParams::default())
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                }
+            },
+        )
+        .await;
+    }
+    // An account of another name in such a namespace gains nothing.
+    let other = {
+        let kc = kube::config::Kubeconfig::from_yaml(&fleet.management.kubeconfig_yaml)
+            .expect("kubeconfig");
+        let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .expect("config");
+        config.auth_info.impersonate = Some("system:serviceaccount:klusterlet-hc-a:someone".into());
+        Client::try_from(config).expect("client")
+    };
+    assert_eq!(
+        status_code(
+            Api::<hcp_fleet_agent::crd::AdmissionHealthPolicy>::namespaced(
+                other,
+                "klusterlet-hc-a"
+            )
+            .list(&ListParams::default())
+            .await
+        ),
+        Some(403)
+    );
+    let subjects = Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(admin.clone())
+        .get(&binding)
+        .await
+        .expect("binding")
+        .subjects
+        .unwrap_or_default();
+    assert!(
+        subjects.iter().all(|s| s.name == addon_sa),
+        "only the addon's accounts: {subjects:?}"
+    );
+    // The chart's own subject stays, so the chart (and ACM's ConfigurationPolicy) never
+    // has to put it back.
+    assert!(
+        subjects
+            .iter()
+            .any(|s| s.namespace.as_deref() == Some("open-cluster-management-agent-addon")),
+        "{subjects:?}"
+    );
 
     // An ACM template of the agent's kind, owned by a Policy as ACM's framework addon leaves
     // it: the agent must write its status and the compliance Event on that Policy.

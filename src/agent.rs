@@ -42,6 +42,22 @@ pub struct AgentArgs {
     /// Where `/metrics`, `/healthz` and `/readyz` are served.
     #[arg(long, env = "HCP_FLEET_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: std::net::SocketAddr,
+    /// The chart's ClusterRoleBinding that lets ACM's framework addon sync the agent's template
+    /// kind; set, its subjects follow every service account named `--framework-service-account`
+    /// (`controller::template_access`).
+    #[arg(long, env = "HCP_FLEET_TEMPLATE_SYNC_BINDING")]
+    pub template_sync_binding: Option<String>,
+    /// The name of ACM's framework addon service account, in every namespace it runs in.
+    #[arg(
+        long,
+        env = "HCP_FLEET_FRAMEWORK_SERVICE_ACCOUNT",
+        default_value = "governance-policy-framework-sa"
+    )]
+    pub framework_service_account: String,
+    /// The namespace of the addon's default-mode install, whose account stays in the binding
+    /// whether it exists or not (the chart names it there).
+    #[arg(long, env = "HCP_FLEET_FRAMEWORK_NAMESPACE")]
+    pub framework_namespace: Option<String>,
 }
 
 /// Loads the file and applies the overrides; every problem is reported at once.
@@ -227,6 +243,16 @@ pub async fn run(args: AgentArgs, endpoints: Arc<dyn AdmissionEndpoints>) -> Exi
         agent_namespace: args.namespace.clone(),
         endpoints: endpoints.clone(),
     };
+    // Every replica keeps it (its writes are the same, and only when the accounts change), so
+    // a new hosted cluster's addon is let in even while no replica leads.
+    let _template_access = args.template_sync_binding.clone().map(|binding| {
+        crate::controller::template_access::spawn(
+            client.clone(),
+            binding,
+            args.framework_service_account.clone(),
+            args.framework_namespace.clone(),
+        )
+    });
     let code = if args.leader_elect {
         run_leader_elected(client, lease_client, &args, metrics, opts).await
     } else {

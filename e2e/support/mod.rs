@@ -255,11 +255,30 @@ pub fn spawn_elected_agent(
     namespace: &str,
     lease_seconds: Option<u64>,
 ) -> (KillOnDrop, std::net::SocketAddr) {
+    spawn_elected_agent_env(name, kubeconfig, namespace, lease_seconds, &[])
+}
+
+/// `spawn_elected_agent` with environment variables besides (the chart's Deployment's).
+pub fn spawn_elected_agent_env(
+    name: &str,
+    kubeconfig: &Path,
+    namespace: &str,
+    lease_seconds: Option<u64>,
+    env: &[(String, String)],
+) -> (KillOnDrop, std::net::SocketAddr) {
     let port = hcp_fleet_agent::localcp::free_port().expect("port");
     // The test bed's configuration, beside the kubeconfig (which outlives the agent).
     let config = kubeconfig.with_file_name(format!("agent-{name}-{port}.yaml"));
     std::fs::write(&config, hcp_fleet_agent::localcp::agent_config_yaml()).expect("config");
-    spawn_elected_agent_with(name, kubeconfig, namespace, lease_seconds, &config, port)
+    spawn_agent_process(
+        name,
+        kubeconfig,
+        namespace,
+        lease_seconds,
+        &config,
+        port,
+        env,
+    )
 }
 
 /// `spawn_elected_agent` reading its configuration from `config` (which the test may rewrite:
@@ -272,7 +291,28 @@ pub fn spawn_elected_agent_with(
     config: &Path,
     port: u16,
 ) -> (KillOnDrop, std::net::SocketAddr) {
+    spawn_agent_process(
+        name,
+        kubeconfig,
+        namespace,
+        lease_seconds,
+        config,
+        port,
+        &[],
+    )
+}
+
+fn spawn_agent_process(
+    name: &str,
+    kubeconfig: &Path,
+    namespace: &str,
+    lease_seconds: Option<u64>,
+    config: &Path,
+    port: u16,
+    env: &[(String, String)],
+) -> (KillOnDrop, std::net::SocketAddr) {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"));
+    cmd.envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     cmd.args(["agent", "--local-mode", "--leader-elect"])
         .arg("--config")
         .arg(config)

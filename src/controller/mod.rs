@@ -35,6 +35,7 @@ mod probe;
 mod reconcile;
 mod report;
 mod rollout;
+pub mod template_access;
 mod trust;
 mod watches;
 
