@@ -2419,3 +2419,139 @@ async fn status_sync(
         status: Vec::new(),
     })
 }
+
+/// Hosted-mode addons (item 1 of #28): ACM's framework addon for hosted cluster X runs on the
+/// management cluster in `klusterlet-X`; spec-sync copies the hosted clusters' Policy there and
+/// template-sync creates the agent's template labelled `policy.open-cluster-management.io/
+/// cluster-name: X` (this test plays both, as `acm_reads_the_fleet_verdict_…` does). Each such
+/// template is its hosted cluster's own row: its own verdict and history, and only its own;
+/// breaking one hosted cluster turns only its row NonCompliant. A name that maps to no HCP is
+/// NonCompliant, saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_hosted_cluster_is_its_own_row_with_hosted_mode_addons() {
+    let (mut fleet, mgmt, _pods) = support::fleet_with_pods(2).await;
+    if let Some(acm) = fleet.upstream_crd(hcp_fleet_agent::localcp::assets::UPSTREAM_POLICY_CRD) {
+        hcp_fleet_agent::localcp::fixtures::install_crd_manifests(
+            &mgmt,
+            [("policies.policy.open-cluster-management.io", acm.as_str())],
+        )
+        .await
+        .expect("ACM's Policy CRD");
+    }
+    let _agent = start_agent(&mgmt).await;
+    wait_compliant(&mgmt, &["hc-1", "hc-2"]).await;
+    let root_name = "hcp-fleet-policies.hcp-fleet-hosted-clusters";
+    let template_name = "hcp-fleet-hosted-cluster";
+    // One replica and one template per hosted cluster, in its klusterlet namespace.
+    let mut rows = Vec::new();
+    for x in ["hc-1", "hc-2", "hc-9"] {
+        let ns = format!("klusterlet-{x}");
+        hcp_fleet_agent::localcp::fixtures::ensure_namespace(&mgmt, &ns, Default::default())
+            .await
+            .expect("klusterlet namespace");
+        let replica: Policy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "policy.open-cluster-management.io/v1", "kind": "Policy",
+            "metadata": {"name": root_name, "namespace": ns, "labels": {
+                "policy.open-cluster-management.io/root-policy": root_name,
+                "policy.open-cluster-management.io/cluster-name": x,
+                "policy.open-cluster-management.io/cluster-namespace": x,
+            }},
+            "spec": {"disabled": false, "policy-templates": [{"objectDefinition": {
+                "apiVersion": "hcp-fleet.openshift.io/v1alpha1", "kind": "AdmissionHealthPolicy",
+                "metadata": {"name": template_name},
+                "spec": {"remediationAction": "inform", "severity": "high"},
+            }}]},
+        }))
+        .expect("replica");
+        let policies: Api<Policy> = Api::namespaced(mgmt.clone(), &ns);
+        let replica = policies
+            .create(&Default::default(), &replica)
+            .await
+            .expect("replicated Policy");
+        let template: AdmissionHealthPolicy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "hcp-fleet.openshift.io/v1alpha1", "kind": "AdmissionHealthPolicy",
+            "metadata": {"name": template_name, "namespace": ns,
+                "labels": {"policy.open-cluster-management.io/cluster-name": x},
+                "ownerReferences": [{"apiVersion": "policy.open-cluster-management.io/v1",
+                    "kind": "Policy", "name": root_name, "uid": replica.uid(),
+                    "controller": true, "blockOwnerDeletion": true}]},
+            "spec": {"remediationAction": "inform", "severity": "high"},
+        }))
+        .expect("template");
+        Api::<AdmissionHealthPolicy>::namespaced(mgmt.clone(), &ns)
+            .create(&Default::default(), &template)
+            .await
+            .expect("template");
+        rows.push((x, policies));
+    }
+    // What the hub shows for each hosted cluster (status-sync, as the other test plays it).
+    let row = |x: &'static str| {
+        let mgmt = mgmt.clone();
+        let policies = rows
+            .iter()
+            .find(|(n, _)| *n == x)
+            .map(|(_, p)| p.clone())
+            .expect("row");
+        async move {
+            let p = policies.get(root_name).await.map_err(|e| e.to_string())?;
+            let status = status_sync(&mgmt, &p).await?;
+            let d = status.details.first().ok_or("no details")?;
+            Ok::<_, String>((
+                d.compliant.clone().unwrap_or_default(),
+                d.history
+                    .first()
+                    .map(|h| h.message.clone())
+                    .unwrap_or_default(),
+                d.history.len(),
+            ))
+        }
+    };
+    let expect = |x: &'static str, want: &'static str, needle: &'static str| async move {
+        eventually(
+            &format!("{x}'s row says {want}"),
+            Duration::from_secs(20),
+            || async {
+                match row(x).await? {
+                    (c, m, _) if c == want && m.contains(needle) => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        )
+        .await;
+    };
+    expect(
+        "hc-1",
+        "Compliant",
+        "clusters-hc-1/hc-1: the admission guards",
+    )
+    .await;
+    expect(
+        "hc-2",
+        "Compliant",
+        "clusters-hc-2/hc-2: the admission guards",
+    )
+    .await;
+    expect(
+        "hc-9",
+        "NonCompliant",
+        "no hosted control plane on this management cluster is for hosted cluster hc-9",
+    )
+    .await;
+
+    // hc-2's kube-apiserver goes away: only hc-2's row turns NonCompliant, and says why.
+    fleet.hosted_mut("hc-2").expect("hc-2").stop();
+    expect("hc-2", "NonCompliant", "clusters-hc-2/hc-2 NonCompliant").await;
+    let (c, m, n) = row("hc-1").await.expect("hc-1's row");
+    assert_eq!(
+        (c.as_str(), n),
+        ("Compliant", 1),
+        "hc-1's row is untouched: {m}"
+    );
+    // Each template holds its own hosted cluster only.
+    for (x, ns) in [("hc-1", "clusters-hc-1"), ("hc-2", "clusters-hc-2")] {
+        let (_, related) = template_rows(&mgmt, &format!("klusterlet-{x}"), template_name)
+            .await
+            .expect("rows");
+        assert_eq!(related, [ns]);
+    }
+}

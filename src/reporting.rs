@@ -296,6 +296,84 @@ pub fn rollup_row(cluster: &str, obs: &Observations) -> RollupRow {
     }
 }
 
+/// ACM's label on the templates its framework addon syncs: the managed cluster they are for.
+pub const ACM_CLUSTER_NAME_LABEL: &str = "policy.open-cluster-management.io/cluster-name";
+
+/// The ACM managed cluster a template reports, when it is a hosted-mode one: with hosted-mode
+/// addons, ACM's framework addon for hosted cluster X runs on the management cluster in
+/// `klusterlet-X`, and template-sync creates the template there labelled with X. Any other
+/// template (the management cluster's own) reports the fleet.
+pub fn hosted_cluster_of<'a>(
+    namespace: &str,
+    labels: &'a BTreeMap<String, String>,
+) -> Option<&'a str> {
+    let x = labels.get(ACM_CLUSTER_NAME_LABEL)?;
+    (namespace.strip_prefix("klusterlet-") == Some(x.as_str()) && !x.is_empty()).then_some(x)
+}
+
+/// A hosted-mode template's verdict: the one hosted cluster it is for (the HCP whose hosted
+/// cluster is named `cluster`), as its own row on the hub. A name that maps to no HCP on this
+/// management cluster, or to more than one, is NonCompliant and says so: a row that silently
+/// read Compliant for a cluster the agent does not guard would be a lie.
+pub fn evaluate_cluster_template(
+    rows: &BTreeMap<String, RollupRow>,
+    cluster: &str,
+    pending_supported: bool,
+) -> AdmissionHealthPolicyStatus {
+    let found: Vec<(&String, &RollupRow)> = rows
+        .iter()
+        .filter(|(_, r)| r.cluster_name == cluster)
+        .collect();
+    let (state, summary, related) = match found.as_slice() {
+        [(ns, r)] => {
+            let summary = if r.state == ComplianceState::Compliant {
+                format!("{ns}/{cluster}: the admission guards are installed, current and proven")
+            } else {
+                format!("{ns}/{cluster} {}: {}", r.state.as_str(), r.reason)
+            };
+            let related = RelatedObject {
+                object: ObjectRef {
+                    api_version: AdmissionHealth::api_version(&()).into_owned(),
+                    kind: AdmissionHealth::kind(&()).into_owned(),
+                    metadata: ObjectMeta {
+                        name: HEALTH_NAME.into(),
+                        namespace: (*ns).clone(),
+                    },
+                },
+                compliant: Some(r.state),
+                reason: Some(cut(&summary, MAX_ROW_REASON)),
+            };
+            (r.state, summary, vec![related])
+        }
+        [] => (
+            ComplianceState::NonCompliant,
+            format!(
+                "no hosted control plane on this management cluster is for hosted cluster {cluster}"
+            ),
+            Vec::new(),
+        ),
+        many => (
+            ComplianceState::NonCompliant,
+            format!(
+                "hosted cluster {cluster} maps to {} hosted control planes ({}); none is reported for it",
+                many.len(),
+                many.iter()
+                    .map(|(ns, _)| ns.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Vec::new(),
+        ),
+    };
+    let state = writable(state, pending_supported);
+    AdmissionHealthPolicyStatus {
+        compliant: Some(state),
+        message: Some(event_note(&acm_message(state, &summary))),
+        related_objects: related,
+        history: Vec::new(),
+    }
+}
+
 /// An `AdmissionHealthPolicy` template's verdict over the fleet: its status (one related object
 /// per hosted cluster) and the message of its compliance Event.
 ///
@@ -422,6 +500,71 @@ pub fn with_entry(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A hosted-mode template reports its own hosted cluster only: its row, its verdict; a
+    /// name that maps to no HCP, or to two, says so.
+    #[test]
+    fn a_hosted_mode_template_reports_its_own_cluster() {
+        let row = |c: &str, state| RollupRow {
+            cluster_name: c.into(),
+            state,
+            reason: if state == ComplianceState::Compliant {
+                String::new()
+            } else {
+                "hosted-webhooks: drift".into()
+            },
+        };
+        let mut rows = BTreeMap::new();
+        rows.insert(
+            "clusters-a".to_string(),
+            row("a", ComplianceState::Compliant),
+        );
+        rows.insert(
+            "clusters-b".to_string(),
+            row("b", ComplianceState::NonCompliant),
+        );
+        let a = evaluate_cluster_template(&rows, "a", true);
+        assert_eq!(a.compliant, Some(ComplianceState::Compliant));
+        assert_eq!(a.related_objects.len(), 1);
+        assert_eq!(a.related_objects[0].object.metadata.namespace, "clusters-a");
+        assert!(
+            a.message
+                .as_deref()
+                .is_some_and(|m| m.starts_with("Compliant; notification - clusters-a/a"))
+        );
+        let b = evaluate_cluster_template(&rows, "b", true);
+        assert_eq!(b.compliant, Some(ComplianceState::NonCompliant));
+        assert!(
+            b.message
+                .as_deref()
+                .is_some_and(|m| m.contains("clusters-b/b NonCompliant: hosted-webhooks: drift"))
+        );
+        let none = evaluate_cluster_template(&rows, "c", true);
+        assert_eq!(none.compliant, Some(ComplianceState::NonCompliant));
+        assert!(
+            none.message
+                .as_deref()
+                .is_some_and(|m| m.contains("no hosted control plane"))
+        );
+        rows.insert("other-a".to_string(), row("a", ComplianceState::Compliant));
+        let two = evaluate_cluster_template(&rows, "a", true);
+        assert_eq!(two.compliant, Some(ComplianceState::NonCompliant));
+        assert!(
+            two.message
+                .as_deref()
+                .is_some_and(|m| m.contains("maps to 2"))
+        );
+        // Which templates are hosted-mode ones.
+        let labels =
+            |x: &str| BTreeMap::from([(ACM_CLUSTER_NAME_LABEL.to_string(), x.to_string())]);
+        assert_eq!(hosted_cluster_of("klusterlet-a", &labels("a")), Some("a"));
+        assert_eq!(hosted_cluster_of("klusterlet-a", &labels("b")), None);
+        assert_eq!(
+            hosted_cluster_of("local-cluster", &labels("local-cluster")),
+            None
+        );
+        assert_eq!(hosted_cluster_of("klusterlet-a", &BTreeMap::new()), None);
+    }
 
     /// Template-sync's error stays the hub's newest entry until the reporter says its verdict
     /// again, once; status-sync's lag behind the reporter's own Events is no reason to.

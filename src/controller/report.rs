@@ -244,7 +244,8 @@ pub async fn template_reporter(ctx: Arc<Context>) {
         }
         let rows: BTreeMap<String, RollupRow> = ctx.rollup_rows();
         let halt = ctx.rollout_halt();
-        let want = reporting::evaluate_template(&rows, ctx.caps.pending_supported, halt.as_deref());
+        let fleet =
+            reporting::evaluate_template(&rows, ctx.caps.pending_supported, halt.as_deref());
         let mut retry = false;
         for t in templates.state() {
             let key = (
@@ -252,6 +253,14 @@ pub async fn template_reporter(ctx: Arc<Context>) {
                 t.name_any(),
                 t.uid().unwrap_or_default(),
             );
+            // A hosted-mode template (in klusterlet-X) is its hosted cluster's own row on the
+            // hub; any other is the fleet's.
+            let want = match reporting::hosted_cluster_of(&key.0, t.labels()) {
+                Some(x) => {
+                    reporting::evaluate_cluster_template(&rows, x, ctx.caps.pending_supported)
+                }
+                None => fleet.clone(),
+            };
             let mut t = (*t).clone();
             if let Some(w) = written.get(&key) {
                 t.status = Some(w.clone());
