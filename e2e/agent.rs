@@ -2440,8 +2440,21 @@ async fn each_hosted_cluster_is_its_own_row_with_hosted_mode_addons() {
     }
     let _agent = start_agent(&mgmt).await;
     wait_compliant(&mgmt, &["hc-1", "hc-2"]).await;
-    let root_name = "hcp-fleet-policies.hcp-fleet-hosted-clusters";
-    let template_name = "hcp-fleet-hosted-cluster";
+    // The hosted clusters' Policy as `make policies` writes it.
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/policies/policy.yaml"))
+            .expect("policies/policy.yaml");
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_str_multiple(&text).expect("yaml");
+    let hosted = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "Policy" && d["metadata"]["name"] == "hcp-fleet-agent-hosted-clusters"
+        })
+        .expect("the hosted clusters' Policy");
+    let root_name = "hcp-fleet-policies.hcp-fleet-agent-hosted-clusters";
+    let template_name = hcp_fleet_agent::packaging::HOSTED_CLUSTER_TEMPLATE_NAME;
+    let template_def = hosted["spec"]["policy-templates"][0]["objectDefinition"].clone();
+    assert_eq!(template_def["metadata"]["name"], template_name);
     // One replica and one template per hosted cluster, in its klusterlet namespace.
     let mut rows = Vec::new();
     for x in ["hc-1", "hc-2", "hc-9"] {
@@ -2456,11 +2469,7 @@ async fn each_hosted_cluster_is_its_own_row_with_hosted_mode_addons() {
                 "policy.open-cluster-management.io/cluster-name": x,
                 "policy.open-cluster-management.io/cluster-namespace": x,
             }},
-            "spec": {"disabled": false, "policy-templates": [{"objectDefinition": {
-                "apiVersion": "hcp-fleet.openshift.io/v1alpha1", "kind": "AdmissionHealthPolicy",
-                "metadata": {"name": template_name},
-                "spec": {"remediationAction": "inform", "severity": "high"},
-            }}]},
+            "spec": hosted["spec"],
         }))
         .expect("replica");
         let policies: Api<Policy> = Api::namespaced(mgmt.clone(), &ns);
@@ -2468,16 +2477,15 @@ async fn each_hosted_cluster_is_its_own_row_with_hosted_mode_addons() {
             .create(&Default::default(), &replica)
             .await
             .expect("replicated Policy");
-        let template: AdmissionHealthPolicy = serde_json::from_value(serde_json::json!({
-            "apiVersion": "hcp-fleet.openshift.io/v1alpha1", "kind": "AdmissionHealthPolicy",
-            "metadata": {"name": template_name, "namespace": ns,
-                "labels": {"policy.open-cluster-management.io/cluster-name": x},
-                "ownerReferences": [{"apiVersion": "policy.open-cluster-management.io/v1",
-                    "kind": "Policy", "name": root_name, "uid": replica.uid(),
-                    "controller": true, "blockOwnerDeletion": true}]},
-            "spec": {"remediationAction": "inform", "severity": "high"},
-        }))
-        .expect("template");
+        // Template-sync: the template as the Policy defines it, labelled for its cluster and
+        // owned by the replica.
+        let mut template = template_def.clone();
+        template["metadata"] = serde_json::json!({"name": template_name, "namespace": ns,
+            "labels": {"policy.open-cluster-management.io/cluster-name": x},
+            "ownerReferences": [{"apiVersion": "policy.open-cluster-management.io/v1",
+                "kind": "Policy", "name": root_name, "uid": replica.uid(),
+                "controller": true, "blockOwnerDeletion": true}]});
+        let template: AdmissionHealthPolicy = serde_json::from_value(template).expect("template");
         Api::<AdmissionHealthPolicy>::namespaced(mgmt.clone(), &ns)
             .create(&Default::default(), &template)
             .await

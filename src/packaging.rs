@@ -21,6 +21,13 @@ use crate::crd::AdmissionHealthPolicy;
 /// compliance Events is `policy: <cluster namespace>/<this>`).
 pub const HEALTH_TEMPLATE_NAME: &str = "hcp-fleet-hosted-clusters";
 
+/// The name of the `AdmissionHealthPolicy` template in the hosted clusters' Policy: one per
+/// hosted cluster, in its `klusterlet-<name>` namespace where ACM runs hosted-mode addons.
+pub const HOSTED_CLUSTER_TEMPLATE_NAME: &str = "hcp-fleet-hosted-cluster";
+/// The ClusterClaim MCE's hypershift-addon publishes on the ManagedCluster of a hosted
+/// cluster.
+pub const HOSTED_CLUSTER_CLAIM: &str = "hostedcluster.hypershift.openshift.io";
+
 /// The label ROSA and OSD put on the ManagedClusters of their HyperShift management clusters
 /// (a convention of those services, not something ACM sets by itself).
 pub const MANAGEMENT_CLUSTER_LABEL: &str =
@@ -297,7 +304,78 @@ pub fn hub_objects(rendered: &str, opts: &FleetOptions) -> Result<Vec<Value>, Pa
         "metadata": {"name": opts.cluster_set, "namespace": ns},
         "spec": {"clusterSet": opts.cluster_set},
     });
-    Ok(vec![policy, placement, binding, set_binding])
+    // The hosted clusters' own rows (docs/reporting.md, "One row per hosted cluster"): a
+    // Policy with one template of the agent's kind, placed on every hosted cluster. With
+    // hosted-mode addons its template lands in klusterlet-<name> on the management cluster,
+    // where the agent reports that cluster's verdict into it.
+    let hosted = format!("{name}-hosted-clusters");
+    let hosted_policy = json!({
+        "apiVersion": "policy.open-cluster-management.io/v1",
+        "kind": "Policy",
+        "metadata": {
+            "name": hosted,
+            "namespace": ns,
+            "annotations": {
+                "policy.open-cluster-management.io/standards": "NIST SP 800-53",
+                "policy.open-cluster-management.io/categories": "CM Configuration Management",
+                "policy.open-cluster-management.io/controls": "CM-2 Baseline Configuration",
+                "policy.open-cluster-management.io/description":
+                    "The admission guards of each hosted cluster, as hcp-fleet-agent on its management cluster reports them (hosted-mode addons).",
+            },
+        },
+        "spec": {
+            "disabled": false,
+            "policy-templates": [{
+                "objectDefinition": {
+                    "apiVersion": AdmissionHealthPolicy::api_version(&()),
+                    "kind": AdmissionHealthPolicy::kind(&()),
+                    "metadata": {"name": HOSTED_CLUSTER_TEMPLATE_NAME},
+                    "spec": {"remediationAction": "inform", "severity": "high"},
+                },
+            }],
+        },
+    });
+    // By MCE's claim on hosted clusters; a service cluster that labels its hosted
+    // ManagedClusters can select by that label instead (docs/operations.md).
+    let hosted_placement = json!({
+        "apiVersion": "cluster.open-cluster-management.io/v1beta1",
+        "kind": "Placement",
+        "metadata": {"name": hosted, "namespace": ns},
+        "spec": {
+            "clusterSets": [opts.cluster_set],
+            "predicates": [{
+                "requiredClusterSelector": {
+                    "claimSelector": {"matchExpressions": [
+                        {"key": HOSTED_CLUSTER_CLAIM, "operator": "In", "values": ["true"]},
+                    ]},
+                },
+            }],
+        },
+    });
+    let hosted_binding = json!({
+        "apiVersion": "policy.open-cluster-management.io/v1",
+        "kind": "PlacementBinding",
+        "metadata": {"name": hosted, "namespace": ns},
+        "placementRef": {
+            "apiGroup": "cluster.open-cluster-management.io",
+            "kind": "Placement",
+            "name": hosted,
+        },
+        "subjects": [{
+            "apiGroup": "policy.open-cluster-management.io",
+            "kind": "Policy",
+            "name": hosted,
+        }],
+    });
+    Ok(vec![
+        policy,
+        placement,
+        binding,
+        set_binding,
+        hosted_policy,
+        hosted_placement,
+        hosted_binding,
+    ])
 }
 
 /// The Hive SelectorSyncSet carrying the hub namespace and objects to every ACM hub.
@@ -638,7 +716,11 @@ mod tests {
                 "Policy",
                 "Placement",
                 "PlacementBinding",
-                "ManagedClusterSetBinding"
+                "ManagedClusterSetBinding",
+                // The hosted clusters' own rows.
+                "Policy",
+                "Placement",
+                "PlacementBinding",
             ]
         );
         let cp = &hub[0]["spec"]["policy-templates"][0]["objectDefinition"];
@@ -681,6 +763,40 @@ mod tests {
             hub[1]["spec"]["predicates"][0]["requiredClusterSelector"]["labelSelector"]["matchLabels"]
                 [MANAGEMENT_CLUSTER_LABEL],
             "true"
+        );
+    }
+
+    /// The hosted clusters' Policy: one template of the agent's kind, placed by MCE's claim on
+    /// hosted clusters, bound, and without a remediationAction of its own.
+    #[test]
+    fn the_hosted_clusters_have_a_policy_of_their_own() {
+        let files = policies(RENDERED, &FleetOptions::default()).expect("policies");
+        let hub = &files
+            .iter()
+            .find(|(n, _)| *n == "policy.yaml")
+            .expect("policy.yaml")
+            .1;
+        let docs: Vec<serde_json::Value> = serde_saphyr::from_str_multiple(hub).expect("yaml");
+        let named = |kind: &str| {
+            docs.iter()
+                .find(|d| {
+                    d["kind"] == kind && d["metadata"]["name"] == "hcp-fleet-agent-hosted-clusters"
+                })
+                .unwrap_or_else(|| panic!("{kind}"))
+        };
+        let policy = named("Policy");
+        assert!(policy["spec"].get("remediationAction").is_none());
+        let t = &policy["spec"]["policy-templates"][0]["objectDefinition"];
+        assert_eq!(t["kind"], "AdmissionHealthPolicy");
+        assert_eq!(t["metadata"]["name"], HOSTED_CLUSTER_TEMPLATE_NAME);
+        assert_eq!(
+            named("Placement")["spec"]["predicates"][0]["requiredClusterSelector"]["claimSelector"]
+                ["matchExpressions"][0]["key"],
+            HOSTED_CLUSTER_CLAIM
+        );
+        assert_eq!(
+            named("PlacementBinding")["subjects"][0]["name"],
+            "hcp-fleet-agent-hosted-clusters"
         );
     }
 
