@@ -11,14 +11,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use hcp_fleet_agent::agent::{self, AgentHandle, StartOptions};
 use hcp_fleet_agent::certificates::{self, KeyedCert, Usage};
 use hcp_fleet_agent::config::{AgentConfig, GuardEngine, Mode};
 use hcp_fleet_agent::controller::AdmissionEndpoints;
 use hcp_fleet_agent::crd::AdmissionHealth;
 use hcp_fleet_agent::guards::has_cel_form;
 use hcp_fleet_agent::localcp::assets::Feature;
-use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet, kubelet};
+use hcp_fleet_agent::localcp::kubelet;
 use hcp_fleet_agent::management;
 use hcp_fleet_agent::reporting::HEALTH_NAME;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -30,51 +29,15 @@ use kube::{Api, Client};
 const NS: &str = "clusters-hc-1";
 const PROTECTED: &str = "hcp-fleet: deleting the protected ClusterRole \"cluster-admin\"";
 
-struct Bed {
-    fleet: LocalFleet,
-    mgmt: Client,
-    agent: AgentHandle,
-    pods: tempfile::TempDir,
-    _kubelet: tokio::task::JoinHandle<()>,
-}
+/// The admission bed (`support::agent_bed`). These tests change the configuration to exercise
+/// the admission path (modes, engines), not the waves: with waves on, a configuration change is
+/// a rollout, and an HCP already NonCompliant before it (engine policy asked of a 1.20 server)
+/// halts it and is rolled back, sometimes before the test sees the new mode (a known gap: #29,
+/// "Rollout halt"; e2e/rollout.rs tests the waves).
+type Bed = support::AgentBed;
 
 async fn bed(cfg: AgentConfig) -> Bed {
-    let fleet = LocalFleet::start(FleetOptions::with_hosted(1))
-        .await
-        .expect("fleet");
-    let mgmt = fleet.management.client().await.expect("mgmt");
-    let pods = tempfile::tempdir().expect("tmp");
-    let kubelet = kubelet::spawn(
-        mgmt.clone(),
-        kubelet::KubeletOptions {
-            binary: Some(env!("CARGO_BIN_EXE_hcp-fleet-agent").into()),
-            dir: pods.path().to_path_buf(),
-        },
-    );
-    // These tests change the configuration to exercise the admission path (modes, engines), not
-    // the waves: a new revision reaches the HCP at once. With waves on, a configuration
-    // change is a rollout, and an HCP already NonCompliant before it (engine policy asked of
-    // a 1.20 server) halts it and is rolled back, sometimes before the test sees the new mode
-    // (a known gap: #29, "Rollout halt"; e2e/rollout.rs tests the waves).
-    let mut cfg = cfg;
-    cfg.rollout.enabled = false;
-    let agent = agent::start(
-        mgmt.clone(),
-        hcp_fleet_agent::localcp::allow_loopback(cfg),
-        StartOptions {
-            agent_namespace: "hcp-fleet-agent".into(),
-            endpoints: kubelet::endpoints(),
-        },
-    )
-    .await
-    .expect("agent");
-    let bed = Bed {
-        fleet,
-        mgmt,
-        agent,
-        pods,
-        _kubelet: kubelet,
-    };
+    let bed = support::agent_bed(cfg).await.expect("bed");
     wait_concern(&bed.mgmt, "e2e-probe", "Compliant").await;
     grant_alice(&bed).await;
     bed

@@ -1911,6 +1911,51 @@ async fn a_hung_hosted_api_server_is_reported_within_twenty_seconds() {
     );
 }
 
+/// Two hosted clusters with real admission services, and ACM's own Policy CRD where the asset
+/// script provided it (else the repository's).
+async fn fleet_with_acm() -> (hcp_fleet_agent::localcp::LocalFleet, Client, support::Pods) {
+    let (fleet, mgmt, pods) = support::fleet_with_pods(2).await;
+    if let Some(acm) = fleet.upstream_crd(hcp_fleet_agent::localcp::assets::UPSTREAM_POLICY_CRD) {
+        hcp_fleet_agent::localcp::fixtures::install_crd_manifests(
+            &mgmt,
+            [("policies.policy.open-cluster-management.io", acm.as_str())],
+        )
+        .await
+        .expect("ACM's Policy CRD");
+    }
+    (fleet, mgmt, pods)
+}
+
+/// The hub objects `make policies` writes (policies/policy.yaml).
+fn hub_objects() -> Vec<serde_json::Value> {
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/policies/policy.yaml"))
+            .expect("policies/policy.yaml");
+    serde_saphyr::from_str_multiple(&text).expect("yaml")
+}
+
+/// The metadata of the propagator's replica of root Policy `root_name` (`<namespace>.<name>`)
+/// in namespace `ns`, for managed cluster `cluster`.
+fn replica_metadata(root_name: &str, ns: &str, cluster: &str) -> serde_json::Value {
+    serde_json::json!({
+        "name": root_name,
+        "namespace": ns,
+        "labels": {
+            "policy.open-cluster-management.io/root-policy": root_name,
+            "policy.open-cluster-management.io/cluster-name": cluster,
+            "policy.open-cluster-management.io/cluster-namespace": cluster,
+        },
+    })
+}
+
+/// The owner references template-sync gives a template: its replicated Policy.
+fn owned_by(policy: &str, uid: &str) -> serde_json::Value {
+    serde_json::json!([{
+        "apiVersion": "policy.open-cluster-management.io/v1", "kind": "Policy",
+        "name": policy, "uid": uid, "controller": true, "blockOwnerDeletion": true,
+    }])
+}
+
 /// What ACM's framework addon does on the managed cluster, step by step, on ACM's own Policy
 /// CRD (where the asset script provided it): the fleet Policy of `policies/` replicated into
 /// the cluster's namespace, its `AdmissionHealthPolicy` template created next to it
@@ -1920,15 +1965,7 @@ async fn a_hung_hosted_api_server_is_reported_within_twenty_seconds() {
 /// The agent writes no Policy of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acm_reads_the_fleet_verdict_from_events_on_the_replicated_policy() {
-    let (mut fleet, mgmt, _pods) = support::fleet_with_pods(2).await;
-    if let Some(acm) = fleet.upstream_crd(hcp_fleet_agent::localcp::assets::UPSTREAM_POLICY_CRD) {
-        hcp_fleet_agent::localcp::fixtures::install_crd_manifests(
-            &mgmt,
-            [("policies.policy.open-cluster-management.io", acm.as_str())],
-        )
-        .await
-        .expect("ACM's Policy CRD");
-    }
+    let (mut fleet, mgmt, _pods) = fleet_with_acm().await;
     // Template-sync syncs only kinds whose CRD carries this label (hasPolicyTemplateLabel).
     let crd = Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(mgmt.clone())
         .get("admissionhealthpolicies.hcp-fleet.openshift.io")
@@ -1965,10 +2002,7 @@ async fn acm_reads_the_fleet_verdict_from_events_on_the_replicated_policy() {
     hcp_fleet_agent::localcp::fixtures::ensure_namespace(&mgmt, cluster_ns, Default::default())
         .await
         .expect("cluster namespace");
-    let text =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/policies/policy.yaml"))
-            .expect("policies/policy.yaml");
-    let docs: Vec<serde_json::Value> = serde_saphyr::from_str_multiple(&text).expect("yaml");
+    let docs = hub_objects();
     let root = docs
         .iter()
         .find(|d| d["kind"] == "Policy")
@@ -1979,15 +2013,7 @@ async fn acm_reads_the_fleet_verdict_from_events_on_the_replicated_policy() {
         root["metadata"]["name"].as_str().expect("name")
     );
     let mut replica = root.clone();
-    replica["metadata"] = serde_json::json!({
-        "name": root_name,
-        "namespace": cluster_ns,
-        "labels": {
-            "policy.open-cluster-management.io/root-policy": root_name,
-            "policy.open-cluster-management.io/cluster-name": cluster_ns,
-            "policy.open-cluster-management.io/cluster-namespace": cluster_ns,
-        },
-    });
+    replica["metadata"] = replica_metadata(&root_name, cluster_ns, cluster_ns);
     let policies: Api<Policy> = Api::namespaced(mgmt.clone(), cluster_ns);
     let replica: Policy = policies
         .create(
@@ -2006,10 +2032,7 @@ async fn acm_reads_the_fleet_verdict_from_events_on_the_replicated_policy() {
         .expect("name")
         .to_string();
     template["metadata"]["namespace"] = cluster_ns.into();
-    template["metadata"]["ownerReferences"] = serde_json::json!([{
-        "apiVersion": "policy.open-cluster-management.io/v1", "kind": "Policy",
-        "name": root_name, "uid": uid, "controller": true, "blockOwnerDeletion": true,
-    }]);
+    template["metadata"]["ownerReferences"] = owned_by(&root_name, &uid);
     // The Policy leaves each template its own remediationAction (ACM would copy a Policy-level
     // one onto the agent's report-only template). A Policy written by hand may say `Enforce`
     // and `High`, in ACM's capitalised forms, which its CRDs take: so must the template's (D4).
@@ -2429,22 +2452,11 @@ async fn status_sync(
 /// NonCompliant, saying so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_hosted_cluster_is_its_own_row_with_hosted_mode_addons() {
-    let (mut fleet, mgmt, _pods) = support::fleet_with_pods(2).await;
-    if let Some(acm) = fleet.upstream_crd(hcp_fleet_agent::localcp::assets::UPSTREAM_POLICY_CRD) {
-        hcp_fleet_agent::localcp::fixtures::install_crd_manifests(
-            &mgmt,
-            [("policies.policy.open-cluster-management.io", acm.as_str())],
-        )
-        .await
-        .expect("ACM's Policy CRD");
-    }
+    let (mut fleet, mgmt, _pods) = fleet_with_acm().await;
     let _agent = start_agent(&mgmt).await;
     wait_compliant(&mgmt, &["hc-1", "hc-2"]).await;
     // The hosted clusters' Policy as `make policies` writes it.
-    let text =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/policies/policy.yaml"))
-            .expect("policies/policy.yaml");
-    let docs: Vec<serde_json::Value> = serde_saphyr::from_str_multiple(&text).expect("yaml");
+    let docs = hub_objects();
     let hosted = docs
         .iter()
         .find(|d| {
@@ -2464,11 +2476,7 @@ async fn each_hosted_cluster_is_its_own_row_with_hosted_mode_addons() {
             .expect("klusterlet namespace");
         let replica: Policy = serde_json::from_value(serde_json::json!({
             "apiVersion": "policy.open-cluster-management.io/v1", "kind": "Policy",
-            "metadata": {"name": root_name, "namespace": ns, "labels": {
-                "policy.open-cluster-management.io/root-policy": root_name,
-                "policy.open-cluster-management.io/cluster-name": x,
-                "policy.open-cluster-management.io/cluster-namespace": x,
-            }},
+            "metadata": replica_metadata(root_name, &ns, x),
             "spec": hosted["spec"],
         }))
         .expect("replica");
@@ -2482,9 +2490,7 @@ async fn each_hosted_cluster_is_its_own_row_with_hosted_mode_addons() {
         let mut template = template_def.clone();
         template["metadata"] = serde_json::json!({"name": template_name, "namespace": ns,
             "labels": {"policy.open-cluster-management.io/cluster-name": x},
-            "ownerReferences": [{"apiVersion": "policy.open-cluster-management.io/v1",
-                "kind": "Policy", "name": root_name, "uid": replica.uid(),
-                "controller": true, "blockOwnerDeletion": true}]});
+            "ownerReferences": owned_by(root_name, &replica.uid().unwrap_or_default())});
         let template: AdmissionHealthPolicy = serde_json::from_value(template).expect("template");
         Api::<AdmissionHealthPolicy>::namespaced(mgmt.clone(), &ns)
             .create(&Default::default(), &template)

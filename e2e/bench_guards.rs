@@ -20,12 +20,11 @@ use support::{env_num, percentile};
 
 use std::time::{Duration, Instant};
 
-use hcp_fleet_agent::agent::{self, StartOptions};
+use hcp_fleet_agent::agent;
 use hcp_fleet_agent::config::AgentConfig;
 use hcp_fleet_agent::crd::AdmissionHealth;
 use hcp_fleet_agent::hosted::webhooks::VALIDATING_NAME;
 use hcp_fleet_agent::localcp::assets::Feature;
-use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet, kubelet};
 use hcp_fleet_agent::reporting::HEALTH_NAME;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding, ValidatingWebhookConfiguration,
@@ -139,30 +138,13 @@ fn summary(what: &str, mut took: Vec<Duration>) {
 async fn run() -> Result<(), String> {
     let runs = env_num("BENCH_TAMPER_RUNS", 20) as usize;
     let tries = env_num("BENCH_RACE_TRIES", 50) as usize;
-    let fleet = LocalFleet::start(FleetOptions::with_hosted(1))
-        .await
-        .map_err(e)?;
-    let mgmt = fleet.management.client().await.map_err(e)?;
-    let pods = tempfile::tempdir().map_err(e)?;
-    let _kubelet = kubelet::spawn(
-        mgmt.clone(),
-        kubelet::KubeletOptions {
-            binary: Some(env!("CARGO_BIN_EXE_hcp-fleet-agent").into()),
-            dir: pods.path().to_path_buf(),
-        },
-    );
-    let mut cfg = AgentConfig::default();
-    cfg.rollout.enabled = false;
-    let agent = agent::start(
-        mgmt.clone(),
-        hcp_fleet_agent::localcp::allow_loopback(cfg),
-        StartOptions {
-            agent_namespace: "hcp-fleet-agent".into(),
-            endpoints: kubelet::endpoints(),
-        },
-    )
-    .await
-    .map_err(e)?;
+    let support::AgentBed {
+        fleet,
+        mgmt,
+        agent,
+        pods: _pods,
+        kubelet: _kubelet,
+    } = support::agent_bed(AgentConfig::default()).await?;
     wait_for("hc-1 proven end to end", Duration::from_secs(120), || {
         compliant(&mgmt, "e2e-probe")
     })

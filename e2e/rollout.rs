@@ -224,6 +224,7 @@ async fn waves_a_leader_change_and_two_bad_revisions_that_halt_and_roll_back() {
                 Some(10),
                 &path,
                 port,
+                &[],
             );
             agents.push((name, child, addr));
         }

@@ -215,13 +215,9 @@ pub fn hub_objects(rendered: &str, opts: &FleetOptions) -> Result<Vec<Value>, Pa
         "metadata": {
             "name": name,
             "namespace": ns,
-            "annotations": {
-                "policy.open-cluster-management.io/standards": "NIST SP 800-53",
-                "policy.open-cluster-management.io/categories": "CM Configuration Management",
-                "policy.open-cluster-management.io/controls": "CM-2 Baseline Configuration",
-                "policy.open-cluster-management.io/description":
-                    "Installs hcp-fleet-agent on every HyperShift management cluster and reports the admission health of its hosted clusters.",
-            },
+            "annotations": policy_annotations(
+                "Installs hcp-fleet-agent on every HyperShift management cluster and reports the admission health of its hosted clusters.",
+            ),
         },
         "spec": {
             "disabled": false,
@@ -262,41 +258,17 @@ pub fn hub_objects(rendered: &str, opts: &FleetOptions) -> Result<Vec<Value>, Pa
             }],
         },
     });
-    let placement = json!({
-        "apiVersion": "cluster.open-cluster-management.io/v1beta1",
-        "kind": "Placement",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "clusterSets": [opts.cluster_set],
-            "predicates": [{
-                "requiredClusterSelector": match opts.management_selector {
-                    ManagementSelector::Label => json!({
-                        "labelSelector": {"matchLabels": {MANAGEMENT_CLUSTER_LABEL: "true"}},
-                    }),
-                    ManagementSelector::Claim => json!({
-                        "claimSelector": {"matchExpressions": [
-                            {"key": HOSTING_CLUSTER_CLAIM, "operator": "In", "values": ["true"]},
-                        ]},
-                    }),
-                },
-            }],
+    let fleet_placement = placement(
+        name,
+        opts,
+        match opts.management_selector {
+            ManagementSelector::Label => json!({
+                "labelSelector": {"matchLabels": {MANAGEMENT_CLUSTER_LABEL: "true"}},
+            }),
+            ManagementSelector::Claim => claim_selector(HOSTING_CLUSTER_CLAIM),
         },
-    });
-    let binding = json!({
-        "apiVersion": "policy.open-cluster-management.io/v1",
-        "kind": "PlacementBinding",
-        "metadata": {"name": name, "namespace": ns},
-        "placementRef": {
-            "apiGroup": "cluster.open-cluster-management.io",
-            "kind": "Placement",
-            "name": name,
-        },
-        "subjects": [{
-            "apiGroup": "policy.open-cluster-management.io",
-            "kind": "Policy",
-            "name": name,
-        }],
-    });
+    );
+    let fleet_binding = placement_binding(name, ns);
     // A Placement only sees clusters of sets bound to its namespace.
     let set_binding = json!({
         "apiVersion": "cluster.open-cluster-management.io/v1beta2",
@@ -315,13 +287,9 @@ pub fn hub_objects(rendered: &str, opts: &FleetOptions) -> Result<Vec<Value>, Pa
         "metadata": {
             "name": hosted,
             "namespace": ns,
-            "annotations": {
-                "policy.open-cluster-management.io/standards": "NIST SP 800-53",
-                "policy.open-cluster-management.io/categories": "CM Configuration Management",
-                "policy.open-cluster-management.io/controls": "CM-2 Baseline Configuration",
-                "policy.open-cluster-management.io/description":
-                    "The admission guards of each hosted cluster, as hcp-fleet-agent on its management cluster reports them (hosted-mode addons).",
-            },
+            "annotations": policy_annotations(
+                "The admission guards of each hosted cluster, as hcp-fleet-agent on its management cluster reports them (hosted-mode addons).",
+            ),
         },
         "spec": {
             "disabled": false,
@@ -337,45 +305,69 @@ pub fn hub_objects(rendered: &str, opts: &FleetOptions) -> Result<Vec<Value>, Pa
     });
     // By MCE's claim on hosted clusters; a service cluster that labels its hosted
     // ManagedClusters can select by that label instead (docs/operations.md).
-    let hosted_placement = json!({
-        "apiVersion": "cluster.open-cluster-management.io/v1beta1",
-        "kind": "Placement",
-        "metadata": {"name": hosted, "namespace": ns},
-        "spec": {
-            "clusterSets": [opts.cluster_set],
-            "predicates": [{
-                "requiredClusterSelector": {
-                    "claimSelector": {"matchExpressions": [
-                        {"key": HOSTED_CLUSTER_CLAIM, "operator": "In", "values": ["true"]},
-                    ]},
-                },
-            }],
-        },
-    });
-    let hosted_binding = json!({
-        "apiVersion": "policy.open-cluster-management.io/v1",
-        "kind": "PlacementBinding",
-        "metadata": {"name": hosted, "namespace": ns},
-        "placementRef": {
-            "apiGroup": "cluster.open-cluster-management.io",
-            "kind": "Placement",
-            "name": hosted,
-        },
-        "subjects": [{
-            "apiGroup": "policy.open-cluster-management.io",
-            "kind": "Policy",
-            "name": hosted,
-        }],
-    });
+    let hosted_placement = placement(&hosted, opts, claim_selector(HOSTED_CLUSTER_CLAIM));
+    let hosted_binding = placement_binding(&hosted, ns);
     Ok(vec![
         policy,
-        placement,
-        binding,
+        fleet_placement,
+        fleet_binding,
         set_binding,
         hosted_policy,
         hosted_placement,
         hosted_binding,
     ])
+}
+
+/// The governance annotations ACM's console groups Policies by, with `description`.
+fn policy_annotations(description: &str) -> Value {
+    json!({
+        "policy.open-cluster-management.io/standards": "NIST SP 800-53",
+        "policy.open-cluster-management.io/categories": "CM Configuration Management",
+        "policy.open-cluster-management.io/controls": "CM-2 Baseline Configuration",
+        "policy.open-cluster-management.io/description": description,
+    })
+}
+
+/// A `requiredClusterSelector` for the ManagedClusters whose ClusterClaim `claim` is "true".
+fn claim_selector(claim: &str) -> Value {
+    json!({
+        "claimSelector": {"matchExpressions": [
+            {"key": claim, "operator": "In", "values": ["true"]},
+        ]},
+    })
+}
+
+/// A Placement `name` choosing, from the configured cluster set, the clusters `selector`
+/// (a `requiredClusterSelector`) selects.
+fn placement(name: &str, opts: &FleetOptions, selector: Value) -> Value {
+    json!({
+        "apiVersion": "cluster.open-cluster-management.io/v1beta1",
+        "kind": "Placement",
+        "metadata": {"name": name, "namespace": opts.policy_namespace},
+        "spec": {
+            "clusterSets": [opts.cluster_set],
+            "predicates": [{"requiredClusterSelector": selector}],
+        },
+    })
+}
+
+/// The PlacementBinding of Policy `name` to Placement `name`.
+fn placement_binding(name: &str, ns: &str) -> Value {
+    json!({
+        "apiVersion": "policy.open-cluster-management.io/v1",
+        "kind": "PlacementBinding",
+        "metadata": {"name": name, "namespace": ns},
+        "placementRef": {
+            "apiGroup": "cluster.open-cluster-management.io",
+            "kind": "Placement",
+            "name": name,
+        },
+        "subjects": [{
+            "apiGroup": "policy.open-cluster-management.io",
+            "kind": "Policy",
+            "name": name,
+        }],
+    })
 }
 
 /// The Hive SelectorSyncSet carrying the hub namespace and objects to every ACM hub.

@@ -270,7 +270,7 @@ pub fn spawn_elected_agent_env(
     // The test bed's configuration, beside the kubeconfig (which outlives the agent).
     let config = kubeconfig.with_file_name(format!("agent-{name}-{port}.yaml"));
     std::fs::write(&config, hcp_fleet_agent::localcp::agent_config_yaml()).expect("config");
-    spawn_agent_process(
+    spawn_elected_agent_with(
         name,
         kubeconfig,
         namespace,
@@ -282,27 +282,8 @@ pub fn spawn_elected_agent_env(
 }
 
 /// `spawn_elected_agent` reading its configuration from `config` (which the test may rewrite:
-/// the leader re-reads it) with its metrics on `port`.
+/// the leader re-reads it) with its metrics on `port`, and `env` besides.
 pub fn spawn_elected_agent_with(
-    name: &str,
-    kubeconfig: &Path,
-    namespace: &str,
-    lease_seconds: Option<u64>,
-    config: &Path,
-    port: u16,
-) -> (KillOnDrop, std::net::SocketAddr) {
-    spawn_agent_process(
-        name,
-        kubeconfig,
-        namespace,
-        lease_seconds,
-        config,
-        port,
-        &[],
-    )
-}
-
-fn spawn_agent_process(
     name: &str,
     kubeconfig: &Path,
     namespace: &str,
@@ -582,4 +563,52 @@ where
         eprintln!("bench failed: {e}");
         std::process::exit(1);
     }
+}
+
+/// One hosted cluster, the admission services run by the test bed's kubelet (real processes,
+/// in `pods`), and the agent in this process with `cfg` (loopback allowed, rollout waves off: a
+/// new revision reaches the HCP at once; e2e/rollout.rs tests the waves).
+pub struct AgentBed {
+    pub fleet: hcp_fleet_agent::localcp::LocalFleet,
+    pub mgmt: kube::Client,
+    pub agent: hcp_fleet_agent::agent::AgentHandle,
+    pub pods: tempfile::TempDir,
+    pub kubelet: tokio::task::JoinHandle<()>,
+}
+
+pub async fn agent_bed(cfg: hcp_fleet_agent::config::AgentConfig) -> Result<AgentBed, String> {
+    use hcp_fleet_agent::localcp::kubelet;
+    let fleet = hcp_fleet_agent::localcp::LocalFleet::start(
+        hcp_fleet_agent::localcp::FleetOptions::with_hosted(1),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let mgmt = fleet.management.client().await.map_err(|e| e.to_string())?;
+    let pods = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let kubelet = kubelet::spawn(
+        mgmt.clone(),
+        kubelet::KubeletOptions {
+            binary: Some(env!("CARGO_BIN_EXE_hcp-fleet-agent").into()),
+            dir: pods.path().to_path_buf(),
+        },
+    );
+    let mut cfg = cfg;
+    cfg.rollout.enabled = false;
+    let agent = hcp_fleet_agent::agent::start(
+        mgmt.clone(),
+        hcp_fleet_agent::localcp::allow_loopback(cfg),
+        hcp_fleet_agent::agent::StartOptions {
+            agent_namespace: "hcp-fleet-agent".into(),
+            endpoints: kubelet::endpoints(),
+        },
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok(AgentBed {
+        fleet,
+        mgmt,
+        agent,
+        pods,
+        kubelet,
+    })
 }

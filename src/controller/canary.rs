@@ -15,7 +15,7 @@ use super::probe::{Answer, Proof, judge};
 use crate::catalogue::Mode;
 use crate::config::AgentConfig;
 use crate::crd::ComplianceState;
-use crate::guards::canary::{CANARY_USER, Canary, Verb};
+use crate::guards::canary::{CANARY_USER, Canary};
 use crate::hosted::canary::{RBAC_NAME, rbac, refused_by_rbac, request};
 use crate::hosted::policies::Engine;
 use crate::hosted::webhooks::HostedWebhooks;
@@ -71,13 +71,11 @@ pub fn plan(cfg: &AgentConfig, desired: &HostedWebhooks) -> Vec<Planned> {
 }
 
 fn what(c: &Canary) -> String {
-    let verb = match c.verb {
-        Verb::Create => "create",
-        Verb::Delete => "delete",
-    };
     format!(
-        "a dry-run {verb} of {} {:?} by {CANARY_USER}",
-        c.resource, c.name
+        "a dry-run {} of {} {:?} by {CANARY_USER}",
+        c.verb.as_str(),
+        c.resource,
+        c.name
     )
 }
 

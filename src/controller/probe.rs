@@ -274,8 +274,11 @@ pub fn ensure_task(
                         let before = s.canary_results.insert(p.guard.clone(), shown.clone());
                         canary_changed = before != Some(shown);
                     }
-                    let now = canary::combined(probed, &lock(&shared).canary_results);
-                    if lock(&shared).probe != Some(now) {
+                    let (now, last) = {
+                        let s = lock(&shared);
+                        (canary::combined(probed, &s.canary_results), s.probe)
+                    };
+                    if last != Some(now) {
                         info!(verdict = now.as_str(), "end-to-end probe changed");
                         let _ = tx.send(hcp_ref.clone());
                     } else if canary_changed && now == ComplianceState::NonCompliant {

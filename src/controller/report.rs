@@ -181,46 +181,17 @@ pub async fn template_reporter(ctx: Arc<Context>) {
     // not at the next change of a hosted cluster: watch them and wake the loop. The watch
     // keeps the templates in a store, so a report reads them without a request.
     let (templates, writer) = kube::runtime::reflector::store();
-    let wake = {
-        let ctx = ctx.clone();
-        let api = api.clone();
-        super::context::AbortOnDrop(tokio::spawn(async move {
-            // With backoff: an unreachable API server must not turn this into a busy loop
-            // (it did, at 100% of two cores, in the admission e2e suite).
-            let mut events = watcher(api, watcher::Config::default())
-                .default_backoff()
-                .reflect(writer)
-                .boxed();
-            while let Some(ev) = events.next().await {
-                match ev {
-                    Ok(watcher::Event::Apply(_) | watcher::Event::InitDone) => {
-                        ctx.rollup_changed.notify_one()
-                    }
-                    Ok(_) => {}
-                    Err(e) => warn!(error = %e, "watching AdmissionHealthPolicy templates"),
-                }
-            }
-        }))
-    };
+    let wake = reflect_and_wake(&ctx, api.clone(), writer, "AdmissionHealthPolicy templates");
     // The replicated Policies (where ACM's Policy CRD is served): the newest entry the hub
     // shows for each template, to answer template-sync's error and pending events.
     let (policies, policy_writer) = kube::runtime::reflector::store::<Policy>();
     let _policy_watch = ctx.caps.policy_crd.then(|| {
-        let ctx = ctx.clone();
-        let api: Api<Policy> = Api::all(ctx.client.clone());
-        super::context::AbortOnDrop(tokio::spawn(async move {
-            let mut events = watcher(api, watcher::Config::default())
-                .default_backoff()
-                .reflect(policy_writer)
-                .boxed();
-            while let Some(ev) = events.next().await {
-                match ev {
-                    Ok(watcher::Event::Apply(_)) => ctx.rollup_changed.notify_one(),
-                    Ok(_) => {}
-                    Err(e) => warn!(error = %e, "watching the replicated Policies"),
-                }
-            }
-        }))
+        reflect_and_wake(
+            &ctx,
+            Api::all(ctx.client.clone()),
+            policy_writer,
+            "the replicated Policies",
+        )
     });
     // The foreign entries already answered, per template UID (at most one each: the newest).
     let mut answered: BTreeMap<String, String> = BTreeMap::new();
@@ -308,6 +279,44 @@ pub async fn template_reporter(ctx: Arc<Context>) {
             ctx.rollup_changed.notify_one();
         }
     }
+}
+
+/// Keeps `writer`'s store from a watch of `api` and wakes the report loop when an object
+/// appears or changes, or the store is filled again after a relist (whose objects come as
+/// initial ones, not as changes).
+fn reflect_and_wake<K>(
+    ctx: &Arc<Context>,
+    api: Api<K>,
+    writer: kube::runtime::reflector::store::Writer<K>,
+    what: &'static str,
+) -> super::context::AbortOnDrop
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let ctx = ctx.clone();
+    super::context::AbortOnDrop(tokio::spawn(async move {
+        // With backoff: an unreachable API server must not turn this into a busy loop
+        // (it did, at 100% of two cores, in the admission e2e suite).
+        let mut events = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .reflect(writer)
+            .boxed();
+        while let Some(ev) = events.next().await {
+            match ev {
+                Ok(watcher::Event::Apply(_) | watcher::Event::InitDone) => {
+                    ctx.rollup_changed.notify_one()
+                }
+                Ok(_) => {}
+                Err(e) => warn!(error = %e, "watching {what}"),
+            }
+        }
+    }))
 }
 
 /// One template: its status, then (when the verdict's message changed) a compliance Event on
