@@ -778,17 +778,13 @@ async fn policies_are_kept_from_drifting_and_type_checked(bed: &Bed, hosted: &Cl
 
 /// How many repairs of hc-1's hosted objects of `kind` the agent has counted.
 fn webhook_drift(bed: &Bed, kind: &str) -> f64 {
-    let needle = format!(
-        "hcp_fleet_webhook_drift_total{{hcp_namespace=\"{NS}\",hosted_cluster=\"hc-1\",kind=\"{kind}\"}}"
-    );
-    bed.agent
-        .context
-        .metrics
-        .encode()
-        .lines()
-        .find(|l| l.starts_with(&needle))
-        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .unwrap_or(0.0)
+    support::drift_count(
+        &bed.agent,
+        "hcp_fleet_webhook_drift_total",
+        NS,
+        "hc-1",
+        kind,
+    )
 }
 
 /// The newest history message of one concern of hc-1's health record.

@@ -100,16 +100,7 @@ fn shape(o: &DynamicObject) -> Value {
 
 /// The agent's drift counter `metric` for hc-1's `kind` (hosted or management side).
 fn drift(agent: &agent::AgentHandle, metric: &str, kind: &str) -> f64 {
-    let needle =
-        format!("{metric}{{hcp_namespace=\"{NS}\",hosted_cluster=\"hc-1\",kind=\"{kind}\"}}");
-    agent
-        .context
-        .metrics
-        .encode()
-        .lines()
-        .find(|l| l.starts_with(&needle))
-        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .unwrap_or(0.0)
+    support::drift_count(agent, metric, NS, "hc-1", kind)
 }
 
 /// Every tampering timed was one the agent saw and repaired (its drift counter says so), so

@@ -762,13 +762,7 @@ mod tests {
     /// hosted clusters, bound, and without a remediationAction of its own.
     #[test]
     fn the_hosted_clusters_have_a_policy_of_their_own() {
-        let files = policies(RENDERED, &FleetOptions::default()).expect("policies");
-        let hub = &files
-            .iter()
-            .find(|(n, _)| *n == "policy.yaml")
-            .expect("policy.yaml")
-            .1;
-        let docs: Vec<serde_json::Value> = serde_saphyr::from_str_multiple(hub).expect("yaml");
+        let docs = hub_objects(RENDERED, &FleetOptions::default()).expect("hub");
         let named = |kind: &str| {
             docs.iter()
                 .find(|d| {
@@ -799,13 +793,7 @@ mod tests {
             management_selector: ManagementSelector::Claim,
             ..FleetOptions::default()
         };
-        let files = policies(RENDERED, &opts).expect("policies");
-        let hub = &files
-            .iter()
-            .find(|(n, _)| *n == "policy.yaml")
-            .expect("policy.yaml")
-            .1;
-        let docs: Vec<serde_json::Value> = serde_saphyr::from_str_multiple(hub).expect("yaml");
+        let docs = hub_objects(RENDERED, &opts).expect("hub");
         let placement = docs
             .iter()
             .find(|d| d["kind"] == "Placement")

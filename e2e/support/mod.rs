@@ -612,3 +612,24 @@ pub async fn agent_bed(cfg: hcp_fleet_agent::config::AgentConfig) -> Result<Agen
         kubelet,
     })
 }
+
+/// The agent's drift counter `metric` (`hcp_fleet_webhook_drift_total`,
+/// `hcp_fleet_management_drift_total`) for hosted cluster `cluster` of `ns` and `kind`.
+pub fn drift_count(
+    agent: &hcp_fleet_agent::agent::AgentHandle,
+    metric: &str,
+    ns: &str,
+    cluster: &str,
+    kind: &str,
+) -> f64 {
+    let needle =
+        format!("{metric}{{hcp_namespace=\"{ns}\",hosted_cluster=\"{cluster}\",kind=\"{kind}\"}}");
+    agent
+        .context
+        .metrics
+        .encode()
+        .lines()
+        .find(|l| l.starts_with(&needle))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or(0.0)
+}
