@@ -62,7 +62,9 @@ fmt:
 # The admission service under load (BENCH_SECONDS), the guards' two engines side by side
 # through a hosted kube-apiserver (BENCH_SECONDS, BENCH_CLIENTS), the agent against 16 real
 # hosted kube-apiservers (BENCH_HOSTED, BENCH_IDLE_SECONDS), a tenant's tampering with the guards
-# and the delete-then-act race (BENCH_TAMPER_RUNS, BENCH_RACE_TRIES), then one agent and a thousand
+# and the delete-then-act race (BENCH_TAMPER_RUNS, BENCH_RACE_TRIES), one row per hosted cluster on
+# the ACM hub: a broken cluster to its row and Event, and the idle requests reporting adds
+# (BENCH_HOSTED, BENCH_ROUNDS, BENCH_IDLE_SECONDS), then one agent and a thousand
 # HCPs, 16 hosted clusters real and the rest simulated (BENCH_SCALE_SIZES, default
 # 100,300,1000; BENCH_SCALE_REAL, BENCH_SCALE_DRIFTS, BENCH_SCALE_NEW, BENCH_IDLE_SECONDS).
 bench:
@@ -71,6 +73,7 @@ bench:
 	KUBEBUILDER_ASSETS="$$assets" $(CARGO) bench --bench engines && \
 	KUBEBUILDER_ASSETS="$$assets" $(CARGO) bench --bench fleet && \
 	KUBEBUILDER_ASSETS="$$assets" $(CARGO) bench --bench guards && \
+	KUBEBUILDER_ASSETS="$$assets" $(CARGO) bench --bench acm && \
 	KUBEBUILDER_ASSETS="$$assets" $(CARGO) bench --bench scale
 
 # The container image of Containerfile, as an OCI archive (target/image/hcp-fleet-agent.oci.tar),

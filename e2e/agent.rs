@@ -4,16 +4,16 @@
 
 mod support;
 
-use support::eventually;
+use support::{
+    AGENT_NS, compliant, eventually, health, start_agent, template_rows, wait_compliant,
+};
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use hcp_fleet_agent::agent::{self, StartOptions};
+use hcp_fleet_agent::agent;
 use hcp_fleet_agent::config::AgentConfig;
-use hcp_fleet_agent::crd::{
-    AdmissionHealth, AdmissionHealthPolicy, AdmissionHealthPolicySpec, Policy,
-};
+use hcp_fleet_agent::crd::{AdmissionHealth, AdmissionHealthPolicy, AdmissionHealthPolicySpec};
 use hcp_fleet_agent::hosted::webhooks::{MUTATING_NAME, OWNED_LABEL, VALIDATING_NAME};
 use hcp_fleet_agent::localcp::assets::Feature;
 use hcp_fleet_agent::localcp::fixtures::{
@@ -30,22 +30,6 @@ use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::api::DeleteParams;
 use kube::{Api, Client, ResourceExt};
 
-const AGENT_NS: &str = "hcp-fleet-agent";
-
-async fn health(client: &Client, ns: &str) -> Result<AdmissionHealth, String> {
-    Api::<AdmissionHealth>::namespaced(client.clone(), ns)
-        .get(HEALTH_NAME)
-        .await
-        .map_err(|e| format!("{ns}/{HEALTH_NAME}: {e}"))
-}
-
-fn compliant(h: &AdmissionHealth) -> Option<&'static str> {
-    h.status
-        .as_ref()
-        .and_then(|s| s.compliant)
-        .map(|c| c.as_str())
-}
-
 fn history_messages(h: &AdmissionHealth, concern: &str) -> Vec<String> {
     h.status
         .iter()
@@ -56,7 +40,7 @@ fn history_messages(h: &AdmissionHealth, concern: &str) -> Vec<String> {
 }
 
 /// An `AdmissionHealthPolicy` template with no parent Policy: the agent still writes its
-/// verdict (one row per hosted cluster) into its status.
+/// verdict (the fleet's summary) into its status.
 async fn create_template(mgmt: &Client, ns: &str, name: &str) {
     let t = AdmissionHealthPolicy::new(name, AdmissionHealthPolicySpec::default());
     Api::<AdmissionHealthPolicy>::namespaced(mgmt.clone(), ns)
@@ -65,78 +49,28 @@ async fn create_template(mgmt: &Client, ns: &str, name: &str) {
         .expect("create the template");
 }
 
-/// Waits until the template `fleet` in the agent's namespace says `state` over `rows` hosted
-/// clusters.
-async fn wait_template(mgmt: &Client, state: &str, rows: usize) {
+/// Waits until the template `fleet` in the agent's namespace says `state` over `total` hosted
+/// clusters, with a related object for each one that is not Compliant.
+async fn wait_template(mgmt: &Client, state: &str, total: usize, worst: &[&str]) {
     eventually(
-        &format!("the template says {state} over {rows} rows"),
+        &format!("the template says {state} over {total} hosted clusters"),
         Duration::from_secs(10),
         || {
             let mgmt = mgmt.clone();
             async move {
-                let (have, list) = template_rows(&mgmt, AGENT_NS, "fleet").await?;
-                if have == state && list.len() == rows {
+                let (have, message, list) = template_rows(&mgmt, AGENT_NS, "fleet").await?;
+                if have == state
+                    && hcp_fleet_agent::reporting::summary_total(&message) == Some(total)
+                    && list == worst
+                {
                     Ok(())
                 } else {
-                    Err(format!("{have} {list:?}"))
+                    Err(format!("{have} {message} {list:?}"))
                 }
             }
         },
     )
     .await;
-}
-
-/// The template's verdict and the HCP namespaces of its rows.
-async fn template_rows(
-    mgmt: &Client,
-    ns: &str,
-    name: &str,
-) -> Result<(String, Vec<String>), String> {
-    let t = Api::<AdmissionHealthPolicy>::namespaced(mgmt.clone(), ns)
-        .get(name)
-        .await
-        .map_err(|e| e.to_string())?;
-    let st = t.status.unwrap_or_default();
-    Ok((
-        st.compliant
-            .map(|c| c.as_str().to_string())
-            .unwrap_or_default(),
-        st.related_objects
-            .iter()
-            .map(|r| r.object.metadata.namespace.clone())
-            .collect(),
-    ))
-}
-
-async fn start_agent(mgmt: &Client) -> agent::AgentHandle {
-    agent::start(
-        mgmt.clone(),
-        hcp_fleet_agent::localcp::allow_loopback(AgentConfig::default()),
-        StartOptions {
-            agent_namespace: AGENT_NS.into(),
-            endpoints: kubelet::endpoints(),
-        },
-    )
-    .await
-    .expect("agent starts")
-}
-
-async fn wait_compliant(mgmt: &Client, names: &[&str]) {
-    for name in names {
-        let ns = hcp_namespace(name);
-        eventually(&format!("{ns} Compliant"), Duration::from_secs(60), || {
-            let mgmt = mgmt.clone();
-            let ns = ns.clone();
-            async move {
-                let p = health(&mgmt, &ns).await?;
-                match compliant(&p) {
-                    Some("Compliant") => Ok(()),
-                    other => Err(format!("{other:?}: {:?}", p.status)),
-                }
-            }
-        })
-        .await;
-    }
 }
 
 /// Waits until the health record in `ns` says `overall` and the newest history entry of
@@ -242,14 +176,14 @@ async fn versions(mgmt: &Client, hosted: &Client, ns: &str) -> BTreeMap<String, 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
     let (fleet, mgmt, _pods) = support::fleet_with_pods(3).await;
-    let agent = start_agent(&mgmt).await;
+    let agent = start_agent(&mgmt, AgentConfig::default()).await;
     let names = ["hc-1", "hc-2", "hc-3"];
     wait_compliant(&mgmt, &names).await;
 
     // An AdmissionHealthPolicy template (ACM's framework addon creates it; here without a
     // parent Policy) gets one row per hosted cluster.
     create_template(&mgmt, AGENT_NS, "fleet").await;
-    wait_template(&mgmt, "Compliant", 3).await;
+    wait_template(&mgmt, "Compliant", 3, &[]).await;
 
     for name in names {
         let ns = hcp_namespace(name);
@@ -322,7 +256,7 @@ async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
         .expect("client");
     let before = versions(&mgmt, &hc1, "clusters-hc-1").await;
     drop(agent);
-    let agent = start_agent(&mgmt).await;
+    let agent = start_agent(&mgmt, AgentConfig::default()).await;
     eventually(
         "the new agent reconciled every HCP",
         Duration::from_secs(30),
@@ -557,7 +491,7 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
         .expect("unready");
     let pods = tempfile::tempdir().expect("tmp");
     let _kubelet = kubelet::spawn(mgmt.clone(), support::real_pods(pods.path()));
-    let agent = start_agent(&mgmt).await;
+    let agent = start_agent(&mgmt, AgentConfig::default()).await;
     assert!(
         !agent.context.caps.pending_supported,
         "detected the CRD without Pending"
@@ -595,7 +529,13 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
 
     // The fleet verdict for ACM aggregates as ACM does and stays within the old enum (hc-2 is
     // Pending in its own record, which has Pending).
-    wait_template(&mgmt, "NonCompliant", 3).await;
+    wait_template(
+        &mgmt,
+        "NonCompliant",
+        3,
+        &["clusters-hc-3", "clusters-hc-2"],
+    )
+    .await;
 
     // Metrics over HTTP, OpenMetrics text.
     let (code, body) = support::http_get(addr, "/metrics").await.expect("metrics");
@@ -725,10 +665,10 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
         let mgmt = mgmt.clone();
         let ctx = agent.context.clone();
         async move {
-            let (_, rows) = template_rows(&mgmt, AGENT_NS, "fleet").await?;
+            let (_, message, rows) = template_rows(&mgmt, AGENT_NS, "fleet").await?;
             let (_, body) = support::http_get(addr, "/metrics").await?;
             if !rows.contains(&"clusters-hc-3".to_string())
-                && rows.len() == 2
+                && hcp_fleet_agent::reporting::summary_total(&message) == Some(2)
                 && !body.contains("clusters-hc-3")
                 && body.contains("hcp_fleet_hosted_clusters 2")
                 && ctx.hosted_clients() + 1 == clients_before
@@ -895,6 +835,113 @@ async fn two_replicas_one_leader_and_a_takeover() {
     assert_eq!(holder.as_deref(), Some(standby));
     eprintln!(
         "leader killed -> drift repaired by the standby in {takeover:?} (lease {lease_seconds}s)"
+    );
+}
+
+/// A leader whose controller dies (the test-only hook ends it as a panic would) does not sit on
+/// the Lease: `/healthz` fails at once, the process hands the Lease back and exits non-zero,
+/// and the standby leads within the lease duration plus 5 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_controller_dies_hands_over_and_exits() {
+    let (fleet, mgmt, _pods) = support::fleet_with_pods(1).await;
+    // In this process first: what /healthz says of an ended controller.
+    {
+        let agent = start_agent(&mgmt, AgentConfig::default()).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let _server = agent::serve(listener, agent.context.metrics.clone());
+        wait_compliant(&mgmt, &["hc-1"]).await;
+        assert_eq!(
+            support::http_get(addr, "/healthz").await.map(|r| r.0),
+            Ok(200)
+        );
+        agent.kill_controller();
+        eventually("/healthz fails", Duration::from_secs(5), || async {
+            match support::http_get(addr, "/healthz").await? {
+                (503, body) if body.contains("the controller has ended") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    }
+    let lease_seconds = 10u64;
+    let hook = [("HCP_FLEET_TEST_HOOKS".to_string(), "1".to_string())];
+    let mut agents: Vec<_> = ["agent-a", "agent-b"]
+        .into_iter()
+        .map(|name| {
+            let (child, addr) = support::spawn_elected_agent_env(
+                name,
+                &fleet.management.kubeconfig_path,
+                AGENT_NS,
+                Some(lease_seconds),
+                &hook,
+            );
+            (name, child, addr)
+        })
+        .collect();
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(mgmt.clone(), AGENT_NS);
+    let holder = || async {
+        leases
+            .get("hcp-fleet-agent")
+            .await
+            .ok()
+            .and_then(|l| l.spec?.holder_identity)
+            .filter(|h| !h.is_empty())
+    };
+    let leading = |h: Option<String>| {
+        let h = h?;
+        let addr = agents
+            .iter()
+            .find(|(n, _, _)| *n == h)
+            .map(|(_, _, a)| *a)?;
+        Some((h, addr))
+    };
+    eventually("one agent leads", Duration::from_secs(30), || async {
+        match leading(holder().await) {
+            Some((_, a)) if leader_gauge(a).await == Some(1.0) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let (leader, _) = leading(holder().await).expect("the leader");
+    let idx = agents
+        .iter()
+        .position(|(n, _, _)| *n == leader)
+        .expect("leader");
+    let (_, mut child, _) = agents.remove(idx);
+    let (standby, _standby_child, standby_addr) = agents.remove(0);
+    let killed = Instant::now();
+    let status = std::process::Command::new("kill")
+        .args(["-USR2", &child.0.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let exited = tokio::task::spawn_blocking(move || child.0.wait())
+        .await
+        .expect("join")
+        .expect("wait");
+    assert_eq!(
+        exited.code(),
+        Some(1),
+        "the leader exits non-zero: {exited:?}"
+    );
+    eventually(
+        "the standby leads",
+        Duration::from_secs(lease_seconds + 5),
+        || async {
+            match (holder().await, leader_gauge(standby_addr).await) {
+                (Some(h), Some(g)) if h == standby && g == 1.0 => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    eprintln!(
+        "controller ended -> leader exited {exited:?}, {standby} leads {:?} after the hook",
+        killed.elapsed()
     );
 }
 
@@ -1067,7 +1114,7 @@ async fn a_paused_hcp_is_left_alone_and_resumes() {
     use hcp_fleet_agent::crd::hostedcontrolplane::PAUSE_ANNOTATION;
     use kube::api::{Patch, PatchParams};
     let (fleet, mgmt, _pods) = support::fleet_with_pods(1).await;
-    let _agent = start_agent(&mgmt).await;
+    let _agent = start_agent(&mgmt, AgentConfig::default()).await;
     wait_compliant(&mgmt, &["hc-1"]).await;
     let ns = hcp_namespace("hc-1");
     let hcps: Api<HostedControlPlane> = Api::namespaced(mgmt.clone(), &ns);
@@ -1134,7 +1181,7 @@ async fn uninstall_removes_webhooks_first_and_keeps_what_it_cannot_reach() {
     use k8s_openapi::api::coordination::v1::Lease;
     use kube::api::PostParams;
     let (mut fleet, mgmt, _pods) = support::fleet_with_pods(2).await;
-    let agent = start_agent(&mgmt).await;
+    let agent = start_agent(&mgmt, AgentConfig::default()).await;
     wait_compliant(&mgmt, &["hc-1", "hc-2"]).await;
     let kubeconfig = fleet.management.kubeconfig_path.clone();
     // The test bed's configuration: uninstall talks only to the API servers it allows.
@@ -1246,7 +1293,7 @@ async fn management_objects_deleted_or_edited_come_back_within_a_second() {
     use k8s_openapi::api::networking::v1::NetworkPolicy;
     use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
     let (_fleet, mgmt, _pods) = support::fleet_with_pods(1).await;
-    let agent = start_agent(&mgmt).await;
+    let agent = start_agent(&mgmt, AgentConfig::default()).await;
     wait_compliant(&mgmt, &["hc-1"]).await;
     let ns = "clusters-hc-1";
     let svc = "hcp-fleet-admission";
@@ -1485,7 +1532,7 @@ async fn each_admission_service_is_scraped_from_its_own_namespace_over_verified_
     use kube::api::{DynamicObject, ListParams};
     let (_fleet, mgmt, _pods) = support::fleet_with_pods(1).await;
     support::install_monitoring_crds(&mgmt).await;
-    let agent = start_agent(&mgmt).await;
+    let agent = start_agent(&mgmt, AgentConfig::default()).await;
     wait_compliant(&mgmt, &["hc-1"]).await;
     let ns = "clusters-hc-1";
     let svc = "hcp-fleet-admission";
@@ -1691,13 +1738,15 @@ async fn each_admission_service_is_scraped_from_its_own_namespace_over_verified_
 /// No confused deputy: a kubeconfig naming the management cluster itself, one naming a hosted
 /// cluster another HCP namespace already holds, and one naming a server outside the allow-list
 /// are each refused with the reason, and nothing is written where they point. The claim is
-/// recorded in the hosted cluster, so a restarted agent refuses the same namespace again.
+/// recorded on the management side (the HCP's AdmissionHealth), so a restarted agent refuses
+/// the same namespace again; the annotation in the hosted cluster is only a hint, and a tenant
+/// who rewrites it to name another namespace locks nobody out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_management_cluster_a_claimed_cluster_and_a_foreign_server_are_refused() {
     use hcp_fleet_agent::hosted::webhooks::CLAIM_ANNOTATION;
     use hcp_fleet_agent::localcp::fixtures::create_hcp;
     let (fleet, mgmt, _pods) = support::fleet_with_pods(1).await;
-    let agent = start_agent(&mgmt).await;
+    let agent = start_agent(&mgmt, AgentConfig::default()).await;
     wait_compliant(&mgmt, &["hc-1"]).await;
     let hc1 = fleet.hosted("hc-1").expect("hc-1");
     // The management cluster's own kubeconfig (admin credentials, a loopback server the test
@@ -1790,21 +1839,66 @@ async fn the_management_cluster_a_claimed_cluster_and_a_foreign_server_are_refus
         assert_eq!(starts(r)[..2], header[..2], "out of line:\n{table}");
     }
 
+    // The record on the management side.
+    let record = Api::<AdmissionHealth>::namespaced(mgmt.clone(), "clusters-hc-1")
+        .get(HEALTH_NAME)
+        .await
+        .expect("hc-1's record");
+    let uid = record
+        .spec
+        .hosted_cluster_uid
+        .clone()
+        .expect("hc-1's claim");
+    let hc1_system =
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(hc1.client().await.expect("hc-1 client"))
+            .get("kube-system")
+            .await
+            .expect("hc-1's kube-system");
+    assert_eq!(
+        Some(uid),
+        hc1_system.metadata.uid,
+        "the claim names hc-1's identity"
+    );
+
     // A restarted agent finds the claim where it left it: the twin is refused again (had it
-    // been first in line this time, it would otherwise have taken hc-1).
+    // been first in line this time, it would otherwise have taken hc-1). Meanwhile hc-1's
+    // admins rewrite the annotation to say the twin's namespace holds their cluster: nothing
+    // changes for that, and the annotation is put back.
     drop(agent);
+    let hosted = hc1.client().await.expect("hc-1 client");
+    let forged = claim.replace("/clusters-hc-1", "/clusters-twin");
+    Api::<ValidatingWebhookConfiguration>::all(hosted.clone())
+        .patch(
+            VALIDATING_NAME,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                serde_json::json!({"metadata": {"annotations": {CLAIM_ANNOTATION: forged}}}),
+            ),
+        )
+        .await
+        .expect("a tenant rewrites the claim annotation");
     for (ns, _) in verdicts {
         Api::<AdmissionHealth>::namespaced(mgmt.clone(), ns)
             .delete(HEALTH_NAME, &DeleteParams::default())
             .await
             .expect("delete the old verdict");
     }
-    let agent = start_agent(&mgmt).await;
+    let agent = start_agent(&mgmt, AgentConfig::default()).await;
     for (ns, why) in verdicts {
         wait_verdict(&mgmt, ns, "hosted-webhooks", "NonCompliant", why).await;
     }
     wait_compliant(&mgmt, &["hc-1"]).await;
-    assert_eq!(claim_of_hc1().await, Some(claim));
+    eventually(
+        "the annotation put back",
+        Duration::from_secs(10),
+        || async {
+            match claim_of_hc1().await {
+                Some(c) if c == claim => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
     assert_management_untouched().await;
     drop(agent);
 }
@@ -1816,7 +1910,7 @@ async fn the_management_cluster_a_claimed_cluster_and_a_foreign_server_are_refus
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_hosted_api_server_is_reported_within_twenty_seconds() {
     let (fleet, mgmt, _pods) = support::fleet_with_pods(2).await;
-    let agent = start_agent(&mgmt).await;
+    let agent = start_agent(&mgmt, AgentConfig::default()).await;
     wait_compliant(&mgmt, &["hc-1", "hc-2"]).await;
     let pid = fleet.hosted("hc-2").expect("hc-2").pid().expect("pid");
     let signal = |sig: &str| {
@@ -1909,663 +2003,4 @@ async fn a_hung_hosted_api_server_is_reported_within_twenty_seconds() {
     eprintln!(
         "hung hosted kube-apiserver: NonCompliant after {detected:?}, Compliant {recovered:?} after SIGCONT; hc-1 repaired in {hc1_repair:?} meanwhile; hc-2 requests {requests_before:?} -> {requests_during:?} during the hang"
     );
-}
-
-/// Two hosted clusters with real admission services, and ACM's own Policy CRD where the asset
-/// script provided it (else the repository's).
-async fn fleet_with_acm() -> (hcp_fleet_agent::localcp::LocalFleet, Client, support::Pods) {
-    let (fleet, mgmt, pods) = support::fleet_with_pods(2).await;
-    if let Some(acm) = fleet.upstream_crd(hcp_fleet_agent::localcp::assets::UPSTREAM_POLICY_CRD) {
-        hcp_fleet_agent::localcp::fixtures::install_crd_manifests(
-            &mgmt,
-            [("policies.policy.open-cluster-management.io", acm.as_str())],
-        )
-        .await
-        .expect("ACM's Policy CRD");
-    }
-    (fleet, mgmt, pods)
-}
-
-/// The hub objects `make policies` writes (policies/policy.yaml).
-fn hub_objects() -> Vec<serde_json::Value> {
-    let text =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/policies/policy.yaml"))
-            .expect("policies/policy.yaml");
-    serde_saphyr::from_str_multiple(&text).expect("yaml")
-}
-
-/// The metadata of the propagator's replica of root Policy `root_name` (`<namespace>.<name>`)
-/// in namespace `ns`, for managed cluster `cluster`.
-fn replica_metadata(root_name: &str, ns: &str, cluster: &str) -> serde_json::Value {
-    serde_json::json!({
-        "name": root_name,
-        "namespace": ns,
-        "labels": {
-            "policy.open-cluster-management.io/root-policy": root_name,
-            "policy.open-cluster-management.io/cluster-name": cluster,
-            "policy.open-cluster-management.io/cluster-namespace": cluster,
-        },
-    })
-}
-
-/// The owner references template-sync gives a template: its replicated Policy.
-fn owned_by(policy: &str, uid: &str) -> serde_json::Value {
-    serde_json::json!([{
-        "apiVersion": "policy.open-cluster-management.io/v1", "kind": "Policy",
-        "name": policy, "uid": uid, "controller": true, "blockOwnerDeletion": true,
-    }])
-}
-
-/// What ACM's framework addon does on the managed cluster, step by step, on ACM's own Policy
-/// CRD (where the asset script provided it): the fleet Policy of `policies/` replicated into
-/// the cluster's namespace, its `AdmissionHealthPolicy` template created next to it
-/// (template-sync), and the Policy's status computed from the compliance Events found there
-/// (status-sync: governance-policy-framework-addon, `controllers/statussync/
-/// policy_status_sync.go`, `getEventsInCluster`, `mergeDetails`, `parseComplianceFromMessage`).
-/// The agent writes no Policy of its own.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acm_reads_the_fleet_verdict_from_events_on_the_replicated_policy() {
-    let (mut fleet, mgmt, _pods) = fleet_with_acm().await;
-    // Template-sync syncs only kinds whose CRD carries this label (hasPolicyTemplateLabel).
-    let crd = Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(mgmt.clone())
-        .get("admissionhealthpolicies.hcp-fleet.openshift.io")
-        .await
-        .expect("template CRD");
-    assert_eq!(
-        crd.labels()
-            .get("policy.open-cluster-management.io/policy-type")
-            .map(String::as_str),
-        Some("template")
-    );
-    // What an earlier release wrote outside ACM's flow: removed when the agent starts.
-    for (ns, name) in [
-        ("clusters-hc-1", "hcp-fleet-admission"),
-        (AGENT_NS, "hcp-fleet-rollup"),
-    ] {
-        let legacy: Policy = serde_json::from_value(serde_json::json!({
-            "apiVersion": "policy.open-cluster-management.io/v1", "kind": "Policy",
-            "metadata": {"name": name, "namespace": ns,
-                "labels": {"app.kubernetes.io/managed-by": "hcp-fleet-agent"}},
-            "spec": {"disabled": false, "policy-templates": []},
-        }))
-        .expect("legacy Policy");
-        Api::<Policy>::namespaced(mgmt.clone(), ns)
-            .create(&Default::default(), &legacy)
-            .await
-            .expect("create legacy Policy");
-    }
-    let _agent = start_agent(&mgmt).await;
-    wait_compliant(&mgmt, &["hc-1", "hc-2"]).await;
-
-    // The propagator's replica of the fleet Policy, in the managed cluster's namespace.
-    let cluster_ns = "local-cluster";
-    hcp_fleet_agent::localcp::fixtures::ensure_namespace(&mgmt, cluster_ns, Default::default())
-        .await
-        .expect("cluster namespace");
-    let docs = hub_objects();
-    let root = docs
-        .iter()
-        .find(|d| d["kind"] == "Policy")
-        .expect("the fleet Policy");
-    let root_name = format!(
-        "{}.{}",
-        root["metadata"]["namespace"].as_str().expect("ns"),
-        root["metadata"]["name"].as_str().expect("name")
-    );
-    let mut replica = root.clone();
-    replica["metadata"] = replica_metadata(&root_name, cluster_ns, cluster_ns);
-    let policies: Api<Policy> = Api::namespaced(mgmt.clone(), cluster_ns);
-    let replica: Policy = policies
-        .create(
-            &Default::default(),
-            &serde_json::from_value(replica).expect("typed Policy"),
-        )
-        .await
-        .expect("replicated Policy");
-    let uid = replica.uid().expect("uid");
-
-    // Template-sync: the template of the agent's kind, owned by the replicated Policy.
-    let mut template = replica.spec.policy_templates[1].object_definition.clone();
-    assert_eq!(template["kind"], "AdmissionHealthPolicy");
-    let template_name = template["metadata"]["name"]
-        .as_str()
-        .expect("name")
-        .to_string();
-    template["metadata"]["namespace"] = cluster_ns.into();
-    template["metadata"]["ownerReferences"] = owned_by(&root_name, &uid);
-    // The Policy leaves each template its own remediationAction (ACM would copy a Policy-level
-    // one onto the agent's report-only template). A Policy written by hand may say `Enforce`
-    // and `High`, in ACM's capitalised forms, which its CRDs take: so must the template's (D4).
-    assert!(
-        root["spec"].get("remediationAction").is_none(),
-        "{}",
-        root["spec"]
-    );
-    assert_eq!(template["spec"]["remediationAction"], "inform");
-    template["spec"]["remediationAction"] = "Enforce".into();
-    template["spec"]["severity"] = "High".into();
-    let templates = Api::<AdmissionHealthPolicy>::namespaced(mgmt.clone(), cluster_ns);
-    templates
-        .create(
-            &Default::default(),
-            &serde_json::from_value(template.clone()).expect("typed template"),
-        )
-        .await
-        .expect("a template saying Enforce and High");
-
-    let reason = format!("policy: {cluster_ns}/{template_name}");
-    let synced = |want: &'static str, needle: &'static str| {
-        let mgmt = mgmt.clone();
-        let policies = policies.clone();
-        let root_name = root_name.clone();
-        let template_name = template_name.clone();
-        let reason = reason.clone();
-        let uid = uid.clone();
-        async move {
-            eventually(
-                &format!("status sync says {want}"),
-                Duration::from_secs(20),
-                || {
-                    let mgmt = mgmt.clone();
-                    let policies = policies.clone();
-                    let root_name = root_name.clone();
-                    let template_name = template_name.clone();
-                    let reason = reason.clone();
-                    let uid = uid.clone();
-                    async move {
-                        let p = policies.get(&root_name).await.map_err(|e| e.to_string())?;
-                        let status = status_sync(&mgmt, &p).await?;
-                        // Written through the status subresource: ACM's schema must take it.
-                        policies
-                            .patch_status(
-                                &root_name,
-                                &Default::default(),
-                                &kube::api::Patch::Merge(serde_json::json!({"status": status})),
-                            )
-                            .await
-                            .map_err(|e| format!("ACM's schema refused the status: {e}"))?;
-                        let d = status
-                            .details
-                            .iter()
-                            .find(|d| d.template_meta.name == template_name)
-                            .ok_or("no details for the template")?;
-                        let newest = d
-                            .history
-                            .first()
-                            .map(|h| h.message.clone())
-                            .unwrap_or_default();
-                        let ok = d.compliant.as_deref() == Some(want) && newest.contains(needle);
-                        let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(
-                            mgmt.clone(),
-                            "local-cluster",
-                        )
-                        .list(&Default::default())
-                        .await
-                        .map_err(|e| e.to_string())?;
-                        let ours = events
-                            .items
-                            .iter()
-                            .filter(|e| {
-                                e.reason.as_deref() == Some(reason.as_str())
-                                    && e.involved_object.uid.as_deref() == Some(uid.as_str())
-                            })
-                            .count();
-                        if ok {
-                            Ok(())
-                        } else {
-                            Err(format!(
-                                "{:?} {newest:?} ({ours} compliance events)",
-                                d.compliant
-                            ))
-                        }
-                    }
-                },
-            )
-            .await;
-            let p = policies.get(&root_name).await.expect("Policy");
-            let status = status_sync(&mgmt, &p).await.expect("status sync");
-            status
-                .details
-                .into_iter()
-                .find(|d| d.template_meta.name == template_name)
-                .map(|d| d.history)
-                .unwrap_or_default()
-        }
-    };
-    let history = synced("Compliant", "2 of 2 hosted cluster(s) compliant").await;
-    assert!(
-        history[0].message.starts_with("Compliant; notification - "),
-        "{history:?}"
-    );
-
-    // Template-sync reports an error on the template (emitTemplateError: a compliance Event on
-    // the Policy, `NonCompliant; template-error; …`), then recovers without a word: it never
-    // reports a third-party kind as recovered. Its error is the hub's newest entry until the
-    // agent, seeing that in the Policy's status, says its verdict again (D2).
-    let now = jiff::Timestamp::now();
-    let nanos = now.as_nanosecond();
-    let seconds = now.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
-    let error: k8s_openapi::api::core::v1::Event = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": format!("{root_name}.{nanos:x}"), "namespace": cluster_ns},
-        "firstTimestamp": seconds, "lastTimestamp": seconds, "count": 1,
-        "involvedObject": {"apiVersion": "policy.open-cluster-management.io/v1", "kind": "Policy",
-            "name": root_name, "namespace": cluster_ns, "uid": uid},
-        "reason": reason,
-        "message": "NonCompliant; template-error; Failed to create the template: the server is busy",
-        "type": "Warning",
-    }))
-    .expect("event");
-    Api::<k8s_openapi::api::core::v1::Event>::namespaced(mgmt.clone(), cluster_ns)
-        .create(&Default::default(), &error)
-        .await
-        .expect("template-sync's error");
-    let history = synced("Compliant", "2 of 2 hosted cluster(s) compliant").await;
-    assert!(
-        history.iter().any(|h| h.message.contains("template-error")),
-        "the error stays in the history, below the verdict said again: {history:?}"
-    );
-
-    // hc-2's kube-apiserver goes away: the verdict names it, newest first, the old one kept.
-    fleet.hosted_mut("hc-2").expect("hc-2").stop();
-    let history = synced(
-        "NonCompliant",
-        "clusters-hc-2/hc-2 NonCompliant: hosted-webhooks",
-    )
-    .await;
-    assert!(
-        history[0]
-            .message
-            .starts_with("NonCompliant; violation - 1 non-compliant"),
-        "{history:?}"
-    );
-    assert!(
-        history
-            .iter()
-            .any(|h| h.message.starts_with("Compliant; notification - 2 of 2")),
-        "{history:?}"
-    );
-    // Events expire (an hour, by default) or are lost; the template's own history keeps
-    // what they said, each entry named after its Event so status-sync counts them once (D6).
-    let p = policies.get(&root_name).await.expect("Policy");
-    let both = status_sync(&mgmt, &p).await.expect("status sync");
-    let with_events = both
-        .details
-        .iter()
-        .find(|d| d.template_meta.name == template_name)
-        .map(|d| d.history.clone())
-        .unwrap_or_default();
-    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(mgmt.clone(), cluster_ns);
-    for e in events
-        .list(&Default::default())
-        .await
-        .expect("events")
-        .items
-    {
-        if e.reason.as_deref() == Some(reason.as_str()) {
-            events
-                .delete(&e.name_any(), &Default::default())
-                .await
-                .expect("expire the event");
-        }
-    }
-    let without = status_sync(&mgmt, &p).await.expect("status sync");
-    let from_template = without
-        .details
-        .iter()
-        .find(|d| d.template_meta.name == template_name)
-        .map(|d| d.history.clone())
-        .unwrap_or_default();
-    // The agent's own entries (template-sync's error above was only ever an Event).
-    let names = |h: &[hcp_fleet_agent::crd::ComplianceHistory]| {
-        h.iter()
-            .filter(|e| !e.message.contains("template-error"))
-            .map(|e| (e.event_name.clone(), e.message.clone()))
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(
-        names(&from_template),
-        names(&with_events),
-        "the template's history says what the Events said, once each"
-    );
-    assert!(
-        from_template[0]
-            .message
-            .starts_with("NonCompliant; violation - 1 non-compliant")
-    );
-
-    // The template's own status: a row per hosted cluster.
-    let (state, rows) = template_rows(&mgmt, cluster_ns, &template_name)
-        .await
-        .expect("rows");
-    assert_eq!(state, "NonCompliant");
-    assert_eq!(rows, ["clusters-hc-1", "clusters-hc-2"]);
-
-    // The hub Policy deleted and created again (D1): the replica and its template come back
-    // with the same names and new UIDs, and the verdict is reported to the new ones at once,
-    // though it has not changed.
-    policies
-        .delete(&root_name, &Default::default())
-        .await
-        .expect("delete the replica");
-    templates
-        .delete(&template_name, &Default::default())
-        .await
-        .expect("delete the template");
-    eventually("the old template gone", Duration::from_secs(10), || async {
-        match templates.get_opt(&template_name).await {
-            Ok(None) => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
-    let mut again = serde_json::to_value(&replica).expect("json");
-    again["metadata"] = serde_json::json!({
-        "name": root_name, "namespace": cluster_ns, "labels": replica.labels(),
-    });
-    again["status"] = serde_json::Value::Null;
-    let again: Policy = policies
-        .create(
-            &Default::default(),
-            &serde_json::from_value(again).expect("typed Policy"),
-        )
-        .await
-        .expect("the replica again");
-    let new_uid = again.uid().expect("uid");
-    assert_ne!(new_uid, uid);
-    template["metadata"]["ownerReferences"][0]["uid"] = new_uid.clone().into();
-    templates
-        .create(
-            &Default::default(),
-            &serde_json::from_value(template).expect("typed template"),
-        )
-        .await
-        .expect("the template again");
-    eventually(
-        "the re-created Policy gets the verdict",
-        Duration::from_secs(20),
-        || async {
-            let p = policies.get(&root_name).await.map_err(|e| e.to_string())?;
-            let status = status_sync(&mgmt, &p).await?;
-            let d = status
-                .details
-                .iter()
-                .find(|d| d.template_meta.name == template_name)
-                .ok_or("no details for the template")?;
-            match (d.compliant.as_deref(), d.history.first()) {
-                (Some("NonCompliant"), Some(h))
-                    if h.message.contains("clusters-hc-2/hc-2 NonCompliant") =>
-                {
-                    Ok(())
-                }
-                other => Err(format!("{other:?}")),
-            }
-        },
-    )
-    .await;
-    // No Policy but ACM's own replica: the agent writes none, and removed the old ones.
-    let all = Api::<Policy>::all(mgmt.clone())
-        .list(&Default::default())
-        .await
-        .expect("list");
-    assert_eq!(
-        all.items.iter().map(|p| p.name_any()).collect::<Vec<_>>(),
-        [root_name]
-    );
-}
-
-/// ACM's status sync for one replicated Policy, as its source reads (see above): core/v1 Events
-/// in the Policy's namespace with the Policy's UID and a `policy: [ns/]template` reason, per
-/// template newest first (the client-go name suffix gives the precise time), at most 10, the
-/// compliance from the newest message's prefix.
-async fn status_sync(
-    mgmt: &Client,
-    p: &Policy,
-) -> Result<hcp_fleet_agent::crd::PolicyStatus, String> {
-    use hcp_fleet_agent::crd::policy::TemplateMeta;
-    use hcp_fleet_agent::crd::{ComplianceHistory, PolicyStatus, TemplateDetails};
-    let ns = p.namespace().unwrap_or_default();
-    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(mgmt.clone(), &ns)
-        .list(&Default::default())
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut details = Vec::new();
-    let mut overall: Option<&str> = Some("Compliant");
-    for t in &p.spec.policy_templates {
-        let name = t.object_definition["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default();
-        let mut hist: Vec<(i128, ComplianceHistory)> = events
-            .items
-            .iter()
-            .filter(|e| e.involved_object.uid == p.uid())
-            .filter(|e| {
-                e.reason
-                    .as_deref()
-                    .and_then(|r| r.strip_prefix("policy:"))
-                    .map(|r| r.trim().rsplit_once('/').map_or(r.trim(), |(_, t)| t))
-                    == Some(name)
-            })
-            .map(|e| {
-                let event_name = e.metadata.name.clone().unwrap_or_default();
-                let nanos = event_name
-                    .rsplit('.')
-                    .next()
-                    .and_then(|h| i128::from_str_radix(h, 16).ok())
-                    .unwrap_or_default();
-                let ts = e
-                    .last_timestamp
-                    .as_ref()
-                    .map(|t| t.0.to_string())
-                    .unwrap_or_default();
-                (
-                    nanos,
-                    ComplianceHistory {
-                        event_name,
-                        last_timestamp: ts,
-                        message: e.message.clone().unwrap_or_default(),
-                    },
-                )
-            })
-            .collect();
-        // getEventsInTemplate: the template's own `status.history` (MicroTime, message), each
-        // entry named `<policy>.<hex nanoseconds>` after its timestamp.
-        if t.object_definition["kind"] == "AdmissionHealthPolicy" {
-            let tmpl = Api::<AdmissionHealthPolicy>::namespaced(mgmt.clone(), &ns)
-                .get_opt(name)
-                .await
-                .map_err(|e| e.to_string())?;
-            for h in tmpl
-                .and_then(|t| t.status)
-                .map(|s| s.history)
-                .unwrap_or_default()
-            {
-                let Ok(at) = h.last_timestamp.parse::<jiff::Timestamp>() else {
-                    continue;
-                };
-                if h.message.is_empty() {
-                    continue;
-                }
-                let nanos = at.as_nanosecond();
-                hist.push((
-                    nanos,
-                    ComplianceHistory {
-                        event_name: format!("{}.{nanos:x}", p.name_any()),
-                        last_timestamp: h.last_timestamp.clone(),
-                        message: h.message.trim().to_string(),
-                    },
-                ));
-            }
-        }
-        // mergeDetails: newest first; an entry with the previous one's message within 5 µs of
-        // it is the same event (an Event and its history entry); at most 10.
-        hist.sort_by_key(|h| std::cmp::Reverse(h.0));
-        let mut deduped: Vec<(i128, ComplianceHistory)> = Vec::new();
-        for (i, (at, h)) in hist.iter().enumerate() {
-            if deduped.len() == 10 {
-                break;
-            }
-            let too_similar =
-                i > 0 && (hist[i - 1].0 - at).abs() < 5_000 && hist[i - 1].1.message == h.message;
-            if !too_similar {
-                deduped.push((*at, h.clone()));
-            }
-        }
-        let history: Vec<ComplianceHistory> = deduped.into_iter().map(|(_, h)| h).collect();
-        let compliant = history.first().map(|h| {
-            let m = h.message.trim().to_lowercase();
-            if m.starts_with("compliant") {
-                "Compliant"
-            } else if m.starts_with("pending") {
-                "Pending"
-            } else {
-                "NonCompliant"
-            }
-        });
-        match compliant {
-            Some("NonCompliant") => overall = Some("NonCompliant"),
-            Some("Pending") if overall != Some("NonCompliant") => overall = Some("Pending"),
-            Some(_) => {}
-            None if overall == Some("Compliant") => overall = None,
-            None => {}
-        }
-        details.push(TemplateDetails {
-            compliant: compliant.map(str::to_string),
-            template_meta: TemplateMeta {
-                name: name.to_string(),
-            },
-            history,
-        });
-    }
-    Ok(PolicyStatus {
-        compliant: overall.map(str::to_string),
-        details,
-        status: Vec::new(),
-    })
-}
-
-/// Hosted-mode addons (item 1 of #28): ACM's framework addon for hosted cluster X runs on the
-/// management cluster in `klusterlet-X`; spec-sync copies the hosted clusters' Policy there and
-/// template-sync creates the agent's template labelled `policy.open-cluster-management.io/
-/// cluster-name: X` (this test plays both, as `acm_reads_the_fleet_verdict_…` does). Each such
-/// template is its hosted cluster's own row: its own verdict and history, and only its own;
-/// breaking one hosted cluster turns only its row NonCompliant. A name that maps to no HCP is
-/// NonCompliant, saying so.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_hosted_cluster_is_its_own_row_with_hosted_mode_addons() {
-    let (mut fleet, mgmt, _pods) = fleet_with_acm().await;
-    let _agent = start_agent(&mgmt).await;
-    wait_compliant(&mgmt, &["hc-1", "hc-2"]).await;
-    // The hosted clusters' Policy as `make policies` writes it.
-    let docs = hub_objects();
-    let hosted = docs
-        .iter()
-        .find(|d| {
-            d["kind"] == "Policy" && d["metadata"]["name"] == "hcp-fleet-agent-hosted-clusters"
-        })
-        .expect("the hosted clusters' Policy");
-    let root_name = "hcp-fleet-policies.hcp-fleet-agent-hosted-clusters";
-    let template_name = hcp_fleet_agent::packaging::HOSTED_CLUSTER_TEMPLATE_NAME;
-    let template_def = hosted["spec"]["policy-templates"][0]["objectDefinition"].clone();
-    assert_eq!(template_def["metadata"]["name"], template_name);
-    // One replica and one template per hosted cluster, in its klusterlet namespace.
-    let mut rows = Vec::new();
-    for x in ["hc-1", "hc-2", "hc-9"] {
-        let ns = format!("klusterlet-{x}");
-        hcp_fleet_agent::localcp::fixtures::ensure_namespace(&mgmt, &ns, Default::default())
-            .await
-            .expect("klusterlet namespace");
-        let replica: Policy = serde_json::from_value(serde_json::json!({
-            "apiVersion": "policy.open-cluster-management.io/v1", "kind": "Policy",
-            "metadata": replica_metadata(root_name, &ns, x),
-            "spec": hosted["spec"],
-        }))
-        .expect("replica");
-        let policies: Api<Policy> = Api::namespaced(mgmt.clone(), &ns);
-        let replica = policies
-            .create(&Default::default(), &replica)
-            .await
-            .expect("replicated Policy");
-        // Template-sync: the template as the Policy defines it, labelled for its cluster and
-        // owned by the replica.
-        let mut template = template_def.clone();
-        template["metadata"] = serde_json::json!({"name": template_name, "namespace": ns,
-            "labels": {"policy.open-cluster-management.io/cluster-name": x},
-            "ownerReferences": owned_by(root_name, &replica.uid().unwrap_or_default())});
-        let template: AdmissionHealthPolicy = serde_json::from_value(template).expect("template");
-        Api::<AdmissionHealthPolicy>::namespaced(mgmt.clone(), &ns)
-            .create(&Default::default(), &template)
-            .await
-            .expect("template");
-        rows.push((x, policies));
-    }
-    // What the hub shows for each hosted cluster (status-sync, as the other test plays it).
-    let row = |x: &'static str| {
-        let mgmt = mgmt.clone();
-        let policies = rows
-            .iter()
-            .find(|(n, _)| *n == x)
-            .map(|(_, p)| p.clone())
-            .expect("row");
-        async move {
-            let p = policies.get(root_name).await.map_err(|e| e.to_string())?;
-            let status = status_sync(&mgmt, &p).await?;
-            let d = status.details.first().ok_or("no details")?;
-            Ok::<_, String>((
-                d.compliant.clone().unwrap_or_default(),
-                d.history
-                    .first()
-                    .map(|h| h.message.clone())
-                    .unwrap_or_default(),
-                d.history.len(),
-            ))
-        }
-    };
-    let expect = |x: &'static str, want: &'static str, needle: &'static str| async move {
-        eventually(
-            &format!("{x}'s row says {want}"),
-            Duration::from_secs(20),
-            || async {
-                match row(x).await? {
-                    (c, m, _) if c == want && m.contains(needle) => Ok(()),
-                    other => Err(format!("{other:?}")),
-                }
-            },
-        )
-        .await;
-    };
-    expect(
-        "hc-1",
-        "Compliant",
-        "clusters-hc-1/hc-1: the admission guards",
-    )
-    .await;
-    expect(
-        "hc-2",
-        "Compliant",
-        "clusters-hc-2/hc-2: the admission guards",
-    )
-    .await;
-    expect(
-        "hc-9",
-        "NonCompliant",
-        "no hosted control plane on this management cluster is for hosted cluster hc-9",
-    )
-    .await;
-
-    // hc-2's kube-apiserver goes away: only hc-2's row turns NonCompliant, and says why.
-    fleet.hosted_mut("hc-2").expect("hc-2").stop();
-    expect("hc-2", "NonCompliant", "clusters-hc-2/hc-2 NonCompliant").await;
-    let (c, m, n) = row("hc-1").await.expect("hc-1's row");
-    assert_eq!(
-        (c.as_str(), n),
-        ("Compliant", 1),
-        "hc-1's row is untouched: {m}"
-    );
-    // Each template holds its own hosted cluster only.
-    for (x, ns) in [("hc-1", "clusters-hc-1"), ("hc-2", "clusters-hc-2")] {
-        let (_, related) = template_rows(&mgmt, &format!("klusterlet-{x}"), template_name)
-            .await
-            .expect("rows");
-        assert_eq!(related, [ns]);
-    }
 }

@@ -604,14 +604,12 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
                     .await
                     .map_err(|e| e.to_string())?;
                 let st = t.status.unwrap_or_default();
-                if st.compliant.map(|c| c.as_str()) != Some("Compliant")
-                    || st.related_objects.len() != 2
-                {
-                    return Err(format!(
-                        "template: {:?} {} rows",
-                        st.compliant,
-                        st.related_objects.len()
-                    ));
+                let total = st
+                    .message
+                    .as_deref()
+                    .and_then(hcp_fleet_agent::reporting::summary_total);
+                if st.compliant.map(|c| c.as_str()) != Some("Compliant") || total != Some(2) {
+                    return Err(format!("template: {:?} {:?}", st.compliant, st.message));
                 }
                 Ok(())
             }
@@ -847,6 +845,25 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
         .list(&ListParams::default())
         .await
         .expect("list HCPs");
+    // The HostedClusters' metadata and the klusterlets' kubeconfigs, by name: which HCP an
+    // ACM managed cluster is (docs/reporting.md).
+    Api::<kube::api::PartialObjectMeta<hcp_fleet_agent::crd::HostedCluster>>::all(sa.clone())
+        .list_metadata(&ListParams::default())
+        .await
+        .expect("list HostedClusters");
+    Api::<Secret>::all(sa.clone())
+        .list(&ListParams::default().fields("metadata.name=external-managed-kubeconfig"))
+        .await
+        .expect("list the klusterlets' kubeconfigs, by name");
+    assert_eq!(
+        status_code(
+            Api::<Secret>::all(sa.clone())
+                .list(&ListParams::default().fields("metadata.name=hub-kubeconfig-secret"))
+                .await
+        ),
+        Some(403),
+        "any other secret of a klusterlet"
+    );
 }
 
 /// Every query in the dashboard and every alert expression names only metrics the agent or
@@ -1293,5 +1310,92 @@ async fn the_uninstall_hook_stops_the_agent_then_removes_webhooks_and_admission_
     assert!(
         support::absent(&records, HEALTH_NAME).await,
         "health record"
+    );
+}
+
+/// `helm install` then `helm uninstall` for real against the test bed's API server: the CRDs
+/// stay (`helm.sh/resource-policy: keep`), and with them an SRE's override and its reason.
+/// (`--no-hooks`: the pre-delete Job needs a kubelet that runs Jobs; the hook is tested
+/// apart, above.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_uninstall_keeps_the_crds_and_the_overrides() {
+    use hcp_fleet_agent::crd::rollout::HostedAdmissionOverride;
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let fleet =
+        hcp_fleet_agent::localcp::LocalFleet::start(hcp_fleet_agent::localcp::FleetOptions {
+            install_fixtures: false,
+            ..hcp_fleet_agent::localcp::FleetOptions::with_hosted(0)
+        })
+        .await
+        .expect("fleet");
+    let admin = fleet.management.client().await.expect("client");
+    support::install_monitoring_crds(&admin).await;
+    let kubeconfig = fleet
+        .management
+        .kubeconfig_path
+        .to_string_lossy()
+        .into_owned();
+    run_helm(&[
+        "install",
+        "hcp-fleet-agent",
+        CHART,
+        "--namespace",
+        AGENT_NAMESPACE,
+        "--create-namespace",
+        // No Prometheus Operator here (ServiceMonitor's trimmed CRD is, for the agent).
+        "--set",
+        "prometheusRule.enabled=false",
+        "--kubeconfig",
+        &kubeconfig,
+    ]);
+    let ns = "clusters-hc-1";
+    hcp_fleet_agent::localcp::fixtures::ensure_namespace(&admin, ns, Default::default())
+        .await
+        .expect("namespace");
+    let o: HostedAdmissionOverride = serde_json::from_value(json!({
+        "apiVersion": "hcp-fleet.openshift.io/v1alpha1",
+        "kind": "HostedAdmissionOverride",
+        "metadata": {"name": "override"},
+        "spec": {"reason": "OHSS-1234: the customer's migration", "paused": true},
+    }))
+    .expect("override");
+    let overrides = Api::<HostedAdmissionOverride>::namespaced(admin.clone(), ns);
+    overrides
+        .create(&Default::default(), &o)
+        .await
+        .expect("an override");
+    run_helm(&[
+        "uninstall",
+        "hcp-fleet-agent",
+        "--namespace",
+        AGENT_NAMESPACE,
+        "--no-hooks",
+        "--wait",
+        "--kubeconfig",
+        &kubeconfig,
+    ]);
+    // The release is gone (its Deployment with it), the CRDs and the override are not.
+    let gone =
+        Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(admin.clone(), AGENT_NAMESPACE)
+            .get_opt("hcp-fleet-agent")
+            .await
+            .expect("get");
+    assert!(gone.is_none(), "the release was uninstalled");
+    for crd in hcp_fleet_agent::crd::health::crds() {
+        let name = crd["metadata"]["name"].as_str().expect("name");
+        let kept = Api::<CustomResourceDefinition>::all(admin.clone())
+            .get_opt(name)
+            .await
+            .expect("get");
+        let kept = kept.unwrap_or_else(|| panic!("{name} was deleted"));
+        assert!(
+            kept.metadata.deletion_timestamp.is_none(),
+            "{name} is being deleted"
+        );
+    }
+    let kept = overrides.get("override").await.expect("the override stays");
+    assert_eq!(
+        kept.spec.reason.as_deref(),
+        Some("OHSS-1234: the customer's migration")
     );
 }

@@ -550,3 +550,118 @@ async fn an_override_is_checked_pins_its_hcp_and_its_removal_rejoins_the_fleet()
     wait_on(&mgmt, &ns2, &rev1, Duration::from_secs(60)).await;
     drop(fleet);
 }
+
+/// A tenant who makes their own cluster's probe fail (a webhook of theirs, failing closed, on
+/// the probe's ConfigMaps) does not halt a rollout across the others: that HCP is excused
+/// (an Event says why), keeps the new revision, and the rollout completes, with the default
+/// threshold of one failure. The canary is the tenant's cluster, the worst place for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_failing_its_own_probe_does_not_halt_the_rollout() {
+    use hcp_fleet_agent::catalogue::PROBE_LABEL;
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    let (fleet, mgmt, _pods) = support::fleet_with_pods(3).await;
+    let nss: Vec<String> = ["hc-1", "hc-2", "hc-3"]
+        .iter()
+        .map(|n| hcp_namespace(n))
+        .collect();
+    Api::<HostedControlPlane>::namespaced(mgmt.clone(), &nss[1])
+        .patch(
+            "hc-2",
+            &PatchParams::default(),
+            &Patch::Merge(&serde_json::json!({"metadata": {"labels": {CANARY.0: CANARY.1}}})),
+        )
+        .await
+        .expect("label the canary");
+    let mut cfg = config();
+    cfg.probe_interval_seconds = 5;
+    let agent = support::start_agent(&mgmt, cfg.clone()).await;
+    let rev0 = Revision::of(&cfg).id;
+    for ns in &nss {
+        wait_on(&mgmt, ns, &rev0, Duration::from_secs(90)).await;
+    }
+    support::wait_compliant(&mgmt, &["hc-1", "hc-2", "hc-3"]).await;
+    // hc-2's admins: every probe ConfigMap now fails at a webhook of theirs that answers nothing.
+    let hosted = fleet
+        .hosted("hc-2")
+        .expect("hc-2")
+        .client()
+        .await
+        .expect("hc-2 client");
+    let vwc: ValidatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "tenant-breaks-the-probe"},
+        "webhooks": [{
+            "name": "breaker.tenant.example.com",
+            "clientConfig": {"url": "https://127.0.0.1:1/nothing", "caBundle": "Zm9v"},
+            "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"]}],
+            "objectSelector": {"matchExpressions": [{"key": PROBE_LABEL, "operator": "Exists"}]},
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "failurePolicy": "Fail",
+            "timeoutSeconds": 1,
+        }],
+    }))
+    .expect("configuration");
+    Api::<ValidatingWebhookConfiguration>::all(hosted)
+        .create(&PostParams::default(), &vwc)
+        .await
+        .expect("the tenant's webhook");
+    eventually("hc-2's probe fails", Duration::from_secs(30), || async {
+        let h = support::health(&mgmt, &nss[1]).await?;
+        let probe = h
+            .status
+            .iter()
+            .flat_map(|s| s.concerns.iter())
+            .find(|c| c.name == "e2e-probe")
+            .and_then(|c| c.history.first())
+            .map(|e| e.message.clone())
+            .unwrap_or_default();
+        if probe.starts_with("NonCompliant")
+            && probe.contains(hcp_fleet_agent::guards::probe::FOREIGN_ANSWER)
+        {
+            Ok(())
+        } else {
+            Err(probe)
+        }
+    })
+    .await;
+    // A new revision: the canary (hc-2) is excused, the others get it, the rollout completes.
+    let next = with_mode(
+        cfg.clone(),
+        "featuregate",
+        hcp_fleet_agent::config::Mode::Warn,
+    );
+    let rev1 = Revision::of(&next).id;
+    agent.set_config(next);
+    let done = wait_phase(
+        &mgmt,
+        RolloutPhase::Complete,
+        &rev1,
+        None,
+        Duration::from_secs(120),
+    )
+    .await;
+    for ns in &nss {
+        assert_eq!(
+            revision_of(&mgmt, ns).await.as_deref(),
+            Some(rev1.as_str()),
+            "{ns}"
+        );
+    }
+    assert!(done.status.unwrap_or_default().failed.is_empty());
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(mgmt.clone(), AGENT_NS)
+        .list(&Default::default())
+        .await
+        .expect("events");
+    assert!(
+        events
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("RolloutNotHeldAgainst")
+                && e.note
+                    .as_deref()
+                    .is_some_and(|n| n.contains("clusters-hc-2"))),
+        "an Event says why hc-2 was not held against the revision"
+    );
+}

@@ -83,13 +83,18 @@ pub fn load_config(args: &AgentArgs) -> Result<AgentConfig, crate::config::Confi
 /// A running in-process agent; dropping it stops the controller.
 pub struct AgentHandle {
     pub context: Arc<Context>,
+    /// Awaits the controller and says so when it ends on its own.
     task: JoinHandle<()>,
+    controller: tokio::task::AbortHandle,
     reload_tx: tokio::sync::mpsc::UnboundedSender<()>,
 }
 
 impl Drop for AgentHandle {
     fn drop(&mut self) {
+        // Stopped on purpose: the watcher first, so the end is not taken for a failure.
         self.task.abort();
+        self.controller.abort();
+        self.context.metrics.liveness.idle();
     }
 }
 
@@ -101,6 +106,11 @@ impl AgentHandle {
             Err(p) => *p.into_inner() = Arc::new(cfg),
         }
         let _ = self.reload_tx.send(());
+    }
+
+    /// Ends the controller as a crash would (the test hook, `HCP_FLEET_TEST_HOOKS`).
+    pub fn kill_controller(&self) {
+        self.controller.abort();
     }
 
     /// Re-reads the configuration; a bad one is refused and the running one kept.
@@ -119,6 +129,7 @@ impl AgentHandle {
 pub fn router(metrics: Arc<Metrics>) -> axum::Router {
     use axum::http::{StatusCode, header};
     use axum::routing::get;
+    let live = metrics.clone();
     axum::Router::new()
         .route(
             "/metrics",
@@ -135,7 +146,15 @@ pub fn router(metrics: Arc<Metrics>) -> axum::Router {
                 }
             }),
         )
-        .route("/healthz", get(|| async { (StatusCode::OK, "ok") }))
+        .route(
+            "/healthz",
+            get(move || async move {
+                match live.liveness.check() {
+                    Ok(()) => (StatusCode::OK, "ok".to_string()),
+                    Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+                }
+            }),
+        )
         .route("/readyz", get(|| async { (StatusCode::OK, "ok") }))
 }
 
@@ -184,12 +203,24 @@ pub async fn start_with_metrics(
     );
     let c2 = ctx.clone();
     let (reload_tx, reload_rx) = tokio::sync::mpsc::unbounded_channel();
-    let task = tokio::spawn(async move {
+    let run = tokio::spawn(async move {
         controller::run(c2, rx, reload_rx, futures::future::pending::<()>()).await;
+    });
+    let controller = run.abort_handle();
+    let c3 = ctx.clone();
+    let task = tokio::spawn(async move {
+        let why = match run.await {
+            Ok(()) => "its event stream ended".to_string(),
+            Err(e) if e.is_panic() => "it panicked".to_string(),
+            Err(_) => "it was cancelled".to_string(),
+        };
+        tracing::error!(%why, "the controller ended");
+        c3.metrics.liveness.end(why);
     });
     Ok(AgentHandle {
         context: ctx,
         task,
+        controller,
         reload_tx,
     })
 }
@@ -259,8 +290,13 @@ pub async fn run(args: AgentArgs, endpoints: Arc<dyn AdmissionEndpoints>) -> Exi
         match start_with_metrics(client, cfg, opts(), metrics.clone()).await {
             Ok(handle) => {
                 metrics.leader.set(1);
-                wait_and_reload(&handle, &args).await;
-                ExitCode::SUCCESS
+                match wait_and_reload(&handle, &args).await {
+                    None => ExitCode::SUCCESS,
+                    Some(why) => {
+                        eprintln!("error: the controller ended ({why}); exiting");
+                        ExitCode::FAILURE
+                    }
+                }
             }
             Err(e) => {
                 eprintln!("error: starting the agent: {e}");
@@ -329,6 +365,8 @@ async fn run_leader_elected(
         .applied_objects()
     );
     let mut file = ConfigWatch::new(args);
+    let mut hook = TestHook::new();
+    let mut code = ExitCode::SUCCESS;
     // Until when this replica may write without seeing its lease renewed again.
     let mut deadline = Instant::now();
     let mut handle: Option<AgentHandle> = None;
@@ -389,6 +427,19 @@ async fn run_leader_elected(
                     reload(h, args);
                 }
             }
+            // A controller that ended on its own (a panic) leaves this replica unable to do
+            // its job: give the Lease back and exit non-zero, so a standby leads at once and
+            // the kubelet restarts this one.
+            why = metrics.liveness.ended() => {
+                tracing::error!(%identity, %why, "the controller ended; handing the leader lease back and exiting");
+                code = ExitCode::FAILURE;
+                break;
+            }
+            _ = hook.fired() => {
+                if let Some(h) = &handle {
+                    h.kill_controller();
+                }
+            }
             _ = term.recv() => break,
             _ = int.recv() => break,
         }
@@ -414,7 +465,7 @@ async fn run_leader_elected(
     stop(&mut handle);
     drop(leading);
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), lease_task).await;
-    ExitCode::SUCCESS
+    code
 }
 
 /// The leader election of one replica `identity` on the Lease `hcp-fleet-agent` in `namespace`.
@@ -493,21 +544,51 @@ pub fn lease_deadline(
 /// Until SIGINT/SIGTERM: reload the configuration on SIGHUP, and when the file changes (a
 /// mounted ConfigMap is swapped in place, so its content is compared every few seconds; this
 /// reads a local file, not the API).
-async fn wait_and_reload(handle: &AgentHandle, args: &AgentArgs) {
+/// Until a signal (None) or the controller's end (why).
+async fn wait_and_reload(handle: &AgentHandle, args: &AgentArgs) -> Option<String> {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
     ) else {
         let _ = tokio::signal::ctrl_c().await;
-        return;
+        return None;
     };
     let mut file = ConfigWatch::new(args);
+    let mut hook = TestHook::new();
+    let liveness = &handle.context.metrics.liveness;
     loop {
         tokio::select! {
-            _ = term.recv() => return,
-            _ = int.recv() => return,
+            _ = term.recv() => return None,
+            _ = int.recv() => return None,
+            why = liveness.ended() => return Some(why),
             _ = file.due() => reload(handle, args),
+            _ = hook.fired() => handle.kill_controller(),
+        }
+    }
+}
+
+/// A test-only hook, off unless `HCP_FLEET_TEST_HOOKS` is set: SIGUSR2 ends the controller as
+/// a crash would, so the e2e suite can see what follows (docs/testbed.md).
+struct TestHook(Option<tokio::signal::unix::Signal>);
+
+impl TestHook {
+    fn new() -> Self {
+        let on = std::env::var_os("HCP_FLEET_TEST_HOOKS").is_some_and(|v| !v.is_empty());
+        Self(
+            on.then(|| {
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2()).ok()
+            })
+            .flatten(),
+        )
+    }
+
+    async fn fired(&mut self) {
+        match &mut self.0 {
+            Some(s) => {
+                s.recv().await;
+            }
+            None => std::future::pending().await,
         }
     }
 }

@@ -60,6 +60,21 @@ pub struct AgentConfig {
     /// its kube-apiserver that the admission service must answer).
     #[serde(default = "default_probe_interval")]
     pub probe_interval_seconds: u32,
+    /// How the agent reports to ACM (docs/reporting.md).
+    #[serde(default)]
+    pub reporting: ReportingConfig,
+}
+
+/// Reporting to ACM: how an ACM managed cluster is matched to its HCP where ACM runs the
+/// governance addons in hosted mode (docs/reporting.md, "What an SRE sees on the hub").
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ReportingConfig {
+    /// The prefix ACM's discovery gives the managed clusters of this management cluster's
+    /// hosted clusters (`<prefix>-<hosted cluster name>`). Empty: only the HostedCluster's
+    /// `cluster.open-cluster-management.io/managedcluster-name` annotation and its name are
+    /// matched.
+    pub discovery_prefix: String,
 }
 
 fn default_probe_interval() -> u32 {
@@ -81,6 +96,7 @@ impl Default for AgentConfig {
             rollout: RolloutConfig::default(),
             concurrency: default_concurrency(),
             probe_interval_seconds: default_probe_interval(),
+            reporting: ReportingConfig::default(),
         }
     }
 }
@@ -135,8 +151,12 @@ pub struct RolloutConfig {
     pub max_unavailable: MaxUnavailable,
     /// How long an HCP must stay Compliant on the new revision before it counts as done.
     pub soak_seconds: u32,
-    /// How long an HCP may take to be done before it counts as failed (and halts the rollout).
+    /// How long an HCP may take to be done before it counts as failed.
     pub deadline_seconds: u32,
+    /// How many HCPs may fail on a new revision before the rollout halts: a count (`1`, the
+    /// first failure halts) or a percentage of the HCPs in the rollout (`"5%"`, at least 1).
+    /// Each HCP that fails goes back to the stable revision at once, whatever the threshold.
+    pub failure_threshold: MaxUnavailable,
 }
 
 impl Default for RolloutConfig {
@@ -147,11 +167,13 @@ impl Default for RolloutConfig {
             max_unavailable: MaxUnavailable::Count(1),
             soak_seconds: 120,
             deadline_seconds: 900,
+            failure_threshold: MaxUnavailable::Count(1),
         }
     }
 }
 
-/// `maxUnavailable`: a count or a percentage, as a Deployment's.
+/// A number of HCPs, as a count or a percentage of the HCPs in the rollout, as a Deployment's
+/// `maxUnavailable` (`rollout.maxUnavailable`, `rollout.failureThreshold`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum MaxUnavailable {
@@ -160,11 +182,11 @@ pub enum MaxUnavailable {
 }
 
 impl MaxUnavailable {
-    /// How many of `total` HCPs may be in flight at once (at least 1). `Err`: not a count or
-    /// a percentage from 1% to 100%.
+    /// How many of `total` HCPs it means (at least 1). `Err`: not a count or a percentage from
+    /// 1% to 100% (the message follows the field's name).
     pub fn of(&self, total: usize) -> Result<usize, String> {
         match self {
-            MaxUnavailable::Count(0) => Err("maxUnavailable must be at least 1".into()),
+            MaxUnavailable::Count(0) => Err("must be at least 1".into()),
             MaxUnavailable::Count(n) => Ok(*n as usize),
             MaxUnavailable::Percent(p) => {
                 let n: u32 = p
@@ -172,9 +194,7 @@ impl MaxUnavailable {
                     .and_then(|n| n.parse().ok())
                     .filter(|n| (1..=100).contains(n))
                     .ok_or_else(|| {
-                        format!(
-                            "maxUnavailable {p:?} must be a count or a percentage from 1% to 100%"
-                        )
+                        format!("{p:?} must be a count or a percentage from 1% to 100%")
                     })?;
                 Ok((total * n as usize / 100).max(1))
             }
@@ -574,8 +594,11 @@ impl AgentConfig {
             p.push("concurrency must be at least 1".into());
         }
         let r = &self.rollout;
+        if let Err(e) = r.failure_threshold.of(1) {
+            p.push(format!("rollout.failureThreshold {e}"));
+        }
         if let Err(e) = r.max_unavailable.of(1) {
-            p.push(format!("rollout.{e}"));
+            p.push(format!("rollout.maxUnavailable {e}"));
         }
         if r.deadline_seconds <= r.soak_seconds {
             p.push(format!(

@@ -297,6 +297,9 @@ pub const MANAGEMENT_KINDS: [&str; 6] = [
 
 pub struct Metrics {
     registry: Mutex<Registry>,
+    /// Not a metric: whether the controller is alive, which `/healthz` answers from (kept here
+    /// because every part that must say so already holds the metrics).
+    pub liveness: crate::liveness::Liveness,
     pub compliance: Family<HcpLabels, Gauge>,
     pub drift: Family<DriftLabels, Counter>,
     pub management_drift: Family<DriftLabels, Counter>,
@@ -342,6 +345,7 @@ impl Metrics {
     pub fn new() -> Self {
         let m = Self {
             registry: Mutex::new(Registry::with_prefix("hcp_fleet")),
+            liveness: Default::default(),
             compliance: Family::default(),
             drift: Family::default(),
             management_drift: Family::default(),

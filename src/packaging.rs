@@ -200,13 +200,21 @@ pub fn hub_objects(rendered: &str, opts: &FleetOptions) -> Result<Vec<Value>, Pa
         "apiVersion": "v1", "kind": "Namespace",
         "metadata": {"name": agent_ns, "labels": {"app.kubernetes.io/part-of": "hcp-fleet-agent"}},
     });
+    let object_template = |o: Value| {
+        let kind = str_at(&o, &["kind"]).unwrap_or_default();
+        json!({"complianceType": compliance_type(kind), "objectDefinition": o})
+    };
+    // The CRDs go in a ConfigurationPolicy of their own that never prunes: a cluster leaving
+    // the Placement (or the Policy deleted) must not delete the CRDs, which would delete every
+    // override SREs wrote, with its reason, and the rollout's history.
+    let (crds, objs): (Vec<Value>, Vec<Value>) = objs
+        .into_iter()
+        .partition(|o| str_at(o, &["kind"]) == Some("CustomResourceDefinition"));
     let templates: Vec<Value> = std::iter::once(namespace)
         .chain(objs)
-        .map(|o| {
-            let kind = str_at(&o, &["kind"]).unwrap_or_default();
-            json!({"complianceType": compliance_type(kind), "objectDefinition": o})
-        })
+        .map(object_template)
         .collect();
+    let crd_templates: Vec<Value> = crds.into_iter().map(object_template).collect();
     let name = &opts.name;
     let ns = &opts.policy_namespace;
     let policy = json!({
@@ -254,6 +262,18 @@ pub fn hub_objects(rendered: &str, opts: &FleetOptions) -> Result<Vec<Value>, Pa
                     "kind": AdmissionHealthPolicy::kind(&()),
                     "metadata": {"name": HEALTH_TEMPLATE_NAME},
                     "spec": {"remediationAction": "inform", "severity": "high"},
+                },
+            }, {
+                "objectDefinition": {
+                    "apiVersion": "policy.open-cluster-management.io/v1",
+                    "kind": "ConfigurationPolicy",
+                    "metadata": {"name": format!("{name}-crds")},
+                    "spec": {
+                        "remediationAction": "enforce",
+                        "severity": "high",
+                        "pruneObjectBehavior": "None",
+                        "object-templates": crd_templates,
+                    },
                 },
             }],
         },
@@ -756,6 +776,54 @@ mod tests {
                 [MANAGEMENT_CLUSTER_LABEL],
             "true"
         );
+    }
+
+    /// The CRDs outlive the Policy: a ConfigurationPolicy of their own that never prunes (a
+    /// cluster leaving the Placement keeps SREs' overrides and the rollout's history), and
+    /// each carries Helm's keep annotation for `helm uninstall`.
+    #[test]
+    fn the_crds_are_never_pruned() {
+        let crds: String = crate::crd::health::crds()
+            .iter()
+            .map(|c| format!("---\n{}", serde_saphyr::to_string(c).expect("yaml")))
+            .collect();
+        let rendered = format!("{RENDERED}{crds}");
+        let hub = hub_objects(&rendered, &FleetOptions::default()).expect("hub");
+        let templates = hub[0]["spec"]["policy-templates"]
+            .as_array()
+            .expect("templates");
+        let kinds_in = |t: &Value| -> Vec<String> {
+            t["objectDefinition"]["spec"]["object-templates"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|o| {
+                            str_at(o, &["objectDefinition", "kind"]).map(str::to_string)
+                        })
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        assert!(!kinds_in(&templates[0]).contains(&"CustomResourceDefinition".to_string()));
+        assert_eq!(
+            templates[0]["objectDefinition"]["spec"]["pruneObjectBehavior"],
+            "DeleteIfCreated"
+        );
+        let keep = &templates[2]["objectDefinition"];
+        assert_eq!(keep["kind"], "ConfigurationPolicy");
+        assert_eq!(keep["spec"]["pruneObjectBehavior"], "None");
+        assert_eq!(
+            kinds_in(&templates[2]),
+            vec!["CustomResourceDefinition".to_string(); 4]
+        );
+        for crd in crate::crd::health::crds() {
+            assert_eq!(
+                crd["metadata"]["annotations"][crate::crd::health::HELM_RESOURCE_POLICY],
+                "keep",
+                "{}",
+                crd["metadata"]["name"]
+            );
+        }
     }
 
     /// The hosted clusters' Policy: one template of the agent's kind, placed by MCE's claim on

@@ -135,7 +135,7 @@ pub fn render_all(
     }
     push(
         mgmt,
-        serde_json::to_value(reporting::render_health(namespace, name)),
+        serde_json::to_value(reporting::render_health(namespace, name, None)),
     )?;
     let hc = "hosted cluster";
     if let Some(v) = &hosted.validating {

@@ -62,23 +62,38 @@ pub struct Observation {
 
 impl Observation {
     pub fn compliant(msg: impl Into<String>) -> Self {
-        Self {
-            state: ComplianceState::Compliant,
-            message: msg.into(),
-        }
+        Self::new(ComplianceState::Compliant, msg.into())
     }
     pub fn violation(msg: impl Into<String>) -> Self {
-        Self {
-            state: ComplianceState::NonCompliant,
-            message: msg.into(),
-        }
+        Self::new(ComplianceState::NonCompliant, msg.into())
     }
     pub fn pending(msg: impl Into<String>) -> Self {
+        Self::new(ComplianceState::Pending, msg.into())
+    }
+    /// Every message is bounded and clean before it is stored (the health record), forwarded
+    /// (Events, the hub) or logged: it may carry what a hosted cluster's admins wrote (a
+    /// webhook's denial, a server's error text).
+    fn new(state: ComplianceState, message: String) -> Self {
         Self {
-            state: ComplianceState::Pending,
-            message: msg.into(),
+            state,
+            message: untrusted(&message, MAX_OBSERVATION),
         }
     }
+}
+
+/// The longest message one observation keeps.
+pub const MAX_OBSERVATION: usize = 1024;
+
+/// Text a hosted cluster's admins may have written (a webhook's denial, an API server's error
+/// message), made safe to store and forward: control characters (line breaks, escape
+/// sequences that would rewrite a terminal or forge a log line) become spaces, and it is cut
+/// to `max` bytes.
+pub fn untrusted(text: &str, max: usize) -> String {
+    let clean: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    cut(&clean, max)
 }
 
 pub type Observations = BTreeMap<Concern, Observation>;
@@ -149,11 +164,12 @@ pub fn cut(message: &str, max: usize) -> String {
 pub const MAX_ROW_REASON: usize = 300;
 
 /// The per-HCP health record, without status.
-pub fn render_health(namespace: &str, cluster: &str) -> AdmissionHealth {
+pub fn render_health(namespace: &str, cluster: &str, hosted_uid: Option<&str>) -> AdmissionHealth {
     let mut h = AdmissionHealth::new(
         HEALTH_NAME,
         AdmissionHealthSpec {
             cluster: cluster.to_string(),
+            hosted_cluster_uid: hosted_uid.map(str::to_string),
         },
     );
     h.metadata.namespace = Some(namespace.to_string());
@@ -311,21 +327,19 @@ pub fn hosted_cluster_of<'a>(
     (namespace.strip_prefix("klusterlet-") == Some(x.as_str()) && !x.is_empty()).then_some(x)
 }
 
-/// A hosted-mode template's verdict: the one hosted cluster it is for (the HCP whose hosted
-/// cluster is named `cluster`), as its own row on the hub. A name that maps to no HCP on this
-/// management cluster, or to more than one, is NonCompliant and says so: a row that silently
-/// read Compliant for a cluster the agent does not guard would be a lie.
+/// A hosted-mode template's verdict: the one hosted cluster it is for, as its own row on the
+/// hub. `hcp` is the HCP namespace managed cluster `cluster` maps to
+/// (`managed_clusters::resolve`), or why it maps to none: a row that silently read Compliant
+/// for a cluster the agent does not guard would be a lie, so that is NonCompliant and says so.
+/// A HostedCluster whose HCP the agent has not reported yet is Pending.
 pub fn evaluate_cluster_template(
     rows: &BTreeMap<String, RollupRow>,
     cluster: &str,
+    hcp: Result<&str, &str>,
     pending_supported: bool,
 ) -> AdmissionHealthPolicyStatus {
-    let found: Vec<(&String, &RollupRow)> = rows
-        .iter()
-        .filter(|(_, r)| r.cluster_name == cluster)
-        .collect();
-    let (state, summary, related) = match found.as_slice() {
-        [(ns, r)] => {
+    let (state, summary, related) = match hcp.map(|ns| (ns, rows.get(ns))) {
+        Ok((ns, Some(r))) => {
             let summary = if r.state == ComplianceState::Compliant {
                 format!("{ns}/{cluster}: the admission guards are installed, current and proven")
             } else {
@@ -337,7 +351,7 @@ pub fn evaluate_cluster_template(
                     kind: AdmissionHealth::kind(&()).into_owned(),
                     metadata: ObjectMeta {
                         name: HEALTH_NAME.into(),
-                        namespace: (*ns).clone(),
+                        namespace: ns.to_string(),
                     },
                 },
                 compliant: Some(r.state),
@@ -345,25 +359,14 @@ pub fn evaluate_cluster_template(
             };
             (r.state, summary, vec![related])
         }
-        [] => (
-            ComplianceState::NonCompliant,
+        Ok((ns, None)) => (
+            ComplianceState::Pending,
             format!(
-                "no hosted control plane on this management cluster is for hosted cluster {cluster}"
+                "managed cluster {cluster} is the HostedCluster whose control plane is in {ns}; no hosted control plane there is reported yet"
             ),
             Vec::new(),
         ),
-        many => (
-            ComplianceState::NonCompliant,
-            format!(
-                "hosted cluster {cluster} maps to {} hosted control planes ({}); none is reported for it",
-                many.len(),
-                many.iter()
-                    .map(|(ns, _)| ns.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-            Vec::new(),
-        ),
+        Err(why) => (ComplianceState::NonCompliant, why.to_string(), Vec::new()),
     };
     let state = writable(state, pending_supported);
     AdmissionHealthPolicyStatus {
@@ -374,8 +377,16 @@ pub fn evaluate_cluster_template(
     }
 }
 
-/// An `AdmissionHealthPolicy` template's verdict over the fleet: its status (one related object
-/// per hosted cluster) and the message of its compliance Event.
+/// How many hosted clusters the fleet summary names: the worst, each with a related object.
+/// The summary counts the rest; each hosted cluster's detail is its own AdmissionHealth and,
+/// with hosted-mode addons, its own row on the hub.
+pub const SUMMARY_WORST: usize = 5;
+
+/// The management cluster's `AdmissionHealthPolicy` template: a summary of the fleet (counts,
+/// and the few worst hosted clusters, each with a related object and its reason), its status
+/// and the message of its compliance Event. It used to carry one related object per hosted
+/// cluster, a status the size of the fleet rewritten at every change; the per-cluster detail
+/// now lives in each hosted cluster's own row (`evaluate_cluster_template`).
 ///
 /// `halt`: why the progressive rollout is halted, while it is. The hub must hear of it: the
 /// verdict is NonCompliant and the message begins with it, even when every hosted cluster is
@@ -385,7 +396,19 @@ pub fn evaluate_template(
     pending_supported: bool,
     halt: Option<&str>,
 ) -> AdmissionHealthPolicyStatus {
-    let related_objects = rows
+    // Worst first: NonCompliant, then Pending, each in namespace order.
+    let rank = |s: ComplianceState| match s {
+        ComplianceState::NonCompliant => 0,
+        ComplianceState::Pending => 1,
+        ComplianceState::Compliant => 2,
+    };
+    let mut bad: Vec<(&String, &RollupRow)> = rows
+        .iter()
+        .filter(|(_, r)| r.state != ComplianceState::Compliant)
+        .collect();
+    bad.sort_by_key(|(ns, r)| (rank(r.state), ns.as_str()));
+    let worst = &bad[..bad.len().min(SUMMARY_WORST)];
+    let related_objects = worst
         .iter()
         .map(|(ns, r)| RelatedObject {
             object: ObjectRef {
@@ -393,18 +416,14 @@ pub fn evaluate_template(
                 kind: AdmissionHealth::kind(&()).into_owned(),
                 metadata: ObjectMeta {
                     name: HEALTH_NAME.into(),
-                    namespace: ns.clone(),
+                    namespace: (*ns).clone(),
                 },
             },
             compliant: Some(r.state),
-            reason: Some(if r.state == ComplianceState::Compliant {
-                format!("hosted cluster {} is compliant", r.cluster_name)
-            } else {
-                cut(
-                    &format!("hosted cluster {}: {}", r.cluster_name, r.reason),
-                    MAX_ROW_REASON,
-                )
-            }),
+            reason: Some(cut(
+                &format!("hosted cluster {}: {}", r.cluster_name, r.reason),
+                MAX_ROW_REASON,
+            )),
         })
         .collect();
     // No hosted cluster yet is nothing wrong: a management cluster may be empty.
@@ -420,19 +439,27 @@ pub fn evaluate_template(
             format!("{total} of {total} hosted cluster(s) compliant")
         }
         _ => {
-            let bad: Vec<String> = rows
+            let named: Vec<String> = worst
                 .iter()
-                .filter(|(_, r)| r.state != ComplianceState::Compliant)
                 .map(|(ns, r)| {
-                    format!("{ns}/{} {}: {}", r.cluster_name, r.state.as_str(), r.reason)
+                    format!(
+                        "{ns}/{} {}: {}",
+                        r.cluster_name,
+                        r.state.as_str(),
+                        cut(&r.reason, MAX_ROW_REASON)
+                    )
                 })
                 .collect();
+            let more = match bad.len() - worst.len() {
+                0 => String::new(),
+                n => format!("; and {n} more"),
+            };
             format!(
-                "{} non-compliant, {} pending, {} of {total} hosted cluster(s) compliant: {}",
+                "{} non-compliant, {} pending, {} of {total} hosted cluster(s) compliant: {}{more}",
                 count(ComplianceState::NonCompliant),
                 count(ComplianceState::Pending),
                 count(ComplianceState::Compliant),
-                bad.join("; ")
+                named.join("; ")
             )
         }
     };
@@ -450,6 +477,13 @@ pub fn evaluate_template(
         related_objects,
         history: Vec::new(),
     }
+}
+
+/// How many hosted clusters a fleet summary says it counts (`N of M hosted cluster(s)`), for
+/// readers of the template (the `status` command, the tests).
+pub fn summary_total(message: &str) -> Option<usize> {
+    let at = message.find(" hosted cluster(s) compliant")?;
+    message[..at].rsplit(' ').next()?.parse().ok()
 }
 
 /// The most entries a template's `status.history` keeps (status-sync keeps as many per
@@ -523,7 +557,7 @@ mod tests {
             "clusters-b".to_string(),
             row("b", ComplianceState::NonCompliant),
         );
-        let a = evaluate_cluster_template(&rows, "a", true);
+        let a = evaluate_cluster_template(&rows, "a", Ok("clusters-a"), true);
         assert_eq!(a.compliant, Some(ComplianceState::Compliant));
         assert_eq!(a.related_objects.len(), 1);
         assert_eq!(a.related_objects[0].object.metadata.namespace, "clusters-a");
@@ -532,28 +566,26 @@ mod tests {
                 .as_deref()
                 .is_some_and(|m| m.starts_with("Compliant; notification - clusters-a/a"))
         );
-        let b = evaluate_cluster_template(&rows, "b", true);
+        let b = evaluate_cluster_template(&rows, "b", Ok("clusters-b"), true);
         assert_eq!(b.compliant, Some(ComplianceState::NonCompliant));
         assert!(
             b.message
                 .as_deref()
                 .is_some_and(|m| m.contains("clusters-b/b NonCompliant: hosted-webhooks: drift"))
         );
-        let none = evaluate_cluster_template(&rows, "c", true);
+        // A managed cluster that maps to no HCP says why.
+        let none = evaluate_cluster_template(&rows, "c", Err("no HostedCluster is c"), true);
         assert_eq!(none.compliant, Some(ComplianceState::NonCompliant));
-        assert!(
-            none.message
-                .as_deref()
-                .is_some_and(|m| m.contains("no hosted control plane"))
+        assert_eq!(
+            none.message.as_deref(),
+            Some("NonCompliant; violation - no HostedCluster is c")
         );
-        rows.insert("other-a".to_string(), row("a", ComplianceState::Compliant));
-        let two = evaluate_cluster_template(&rows, "a", true);
-        assert_eq!(two.compliant, Some(ComplianceState::NonCompliant));
-        assert!(
-            two.message
-                .as_deref()
-                .is_some_and(|m| m.contains("maps to 2"))
-        );
+        assert!(none.related_objects.is_empty());
+        // One whose HCP is not reported yet waits (NonCompliant where the hub has no Pending).
+        let early = evaluate_cluster_template(&rows, "d", Ok("clusters-d"), true);
+        assert_eq!(early.compliant, Some(ComplianceState::Pending));
+        let early = evaluate_cluster_template(&rows, "d", Ok("clusters-d"), false);
+        assert_eq!(early.compliant, Some(ComplianceState::NonCompliant));
         // Which templates are hosted-mode ones.
         let labels =
             |x: &str| BTreeMap::from([(ACM_CLUSTER_NAME_LABEL.to_string(), x.to_string())]);
@@ -755,7 +787,7 @@ mod tests {
     }
 
     #[test]
-    fn the_template_names_every_cluster_and_every_violation() {
+    fn the_fleet_template_counts_every_cluster_and_names_the_worst() {
         let mut rows = BTreeMap::new();
         rows.insert(
             "clusters-a".into(),
@@ -778,12 +810,19 @@ mod tests {
                  clusters-b/b NonCompliant: hosted-webhooks: down; clusters-c/c Pending: admission-service: waiting"
             )
         );
-        assert_eq!(s.related_objects.len(), 3);
-        assert_eq!(s.related_objects[1].object.metadata.namespace, "clusters-b");
-        assert_eq!(s.related_objects[1].object.kind, "AdmissionHealth");
+        // The summary's related objects are the worst, NonCompliant first; the compliant
+        // cluster is counted, not listed.
+        assert_eq!(s.related_objects.len(), 2);
+        assert_eq!(s.related_objects[0].object.metadata.namespace, "clusters-b");
+        assert_eq!(s.related_objects[0].object.kind, "AdmissionHealth");
         assert_eq!(
-            s.related_objects[1].reason.as_deref(),
+            s.related_objects[0].reason.as_deref(),
             Some("hosted cluster b: hosted-webhooks: down")
+        );
+        assert_eq!(s.related_objects[1].object.metadata.namespace, "clusters-c");
+        assert_eq!(
+            summary_total(s.message.as_deref().unwrap_or_default()),
+            Some(3)
         );
         let json = serde_json::to_value(&s).expect("json");
         assert!(
@@ -816,6 +855,7 @@ mod tests {
             s.message.as_deref(),
             Some("Compliant; notification - 1 of 1 hosted cluster(s) compliant")
         );
+        assert!(s.related_objects.is_empty());
         let s = evaluate_template(&BTreeMap::new(), true, None);
         assert_eq!(s.compliant, Some(ComplianceState::Compliant));
         // A halted rollout reaches the hub even when every cluster is back and Compliant.
@@ -916,7 +956,45 @@ mod tests {
             m.starts_with("NonCompliant; violation - 1000 non-compliant"),
             "{m}"
         );
-        assert_eq!(s.related_objects.len(), 1000);
+        // The few worst are named and carried; the rest are counted.
+        assert_eq!(s.related_objects.len(), SUMMARY_WORST);
+        assert!(m.contains("; and 995 more"), "{m}");
+        assert_eq!(summary_total(&m), Some(1000));
+        // Worst first: one NonCompliant cluster among a thousand Pending ones leads.
+        let mut mixed: BTreeMap<String, RollupRow> = (0..1000)
+            .map(|i| {
+                let r = row(&format!("hc-{i}"), ComplianceState::Pending, "waiting");
+                (format!("clusters-hc-{i:04}"), r)
+            })
+            .collect();
+        mixed.insert(
+            "clusters-zz".into(),
+            row("zz", ComplianceState::NonCompliant, "e2e-probe: no answer"),
+        );
+        let s = evaluate_template(&mixed, true, None);
+        assert_eq!(
+            s.related_objects[0].object.metadata.namespace,
+            "clusters-zz"
+        );
+        assert_eq!(
+            s.related_objects[1].object.metadata.namespace,
+            "clusters-hc-0000"
+        );
+    }
+
+    /// A tenant's text reaches the record at most 1 KiB long, with no control characters.
+    #[test]
+    fn tenant_text_is_cut_and_cleaned_before_it_is_kept() {
+        let hostile = format!("denied\n\u{1b}[2Jfake log line\r{}", "x".repeat(5000));
+        let o = Observation::violation(format!("probe failed: {hostile}"));
+        assert!(o.message.len() <= MAX_OBSERVATION, "{}", o.message.len());
+        assert!(!o.message.chars().any(char::is_control), "{:?}", o.message);
+        assert!(
+            o.message
+                .starts_with("probe failed: denied  [2Jfake log line ")
+        );
+        assert!(o.message.ends_with('…'));
+        assert_eq!(untrusted("fine", 10), "fine");
     }
 
     #[test]

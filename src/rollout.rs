@@ -11,10 +11,16 @@
 //! - A new revision goes to the canaries first, then to the rest in batches of at most
 //!   `maxUnavailable`; a batch starts only when every HCP of the one before is done: on the
 //!   revision, its Deployment fully rolled out, every concern Compliant for the soak time.
-//! - An HCP of a batch that reports NonCompliant on the new revision, or is not done within the
-//!   deadline, halts the rollout: it and the rest of its batch go back to the stable revision;
-//!   the HCPs already done keep the new one. A halted revision stays halted until the
-//!   configuration changes or an operator resumes it.
+//! - An HCP of a batch that reports NonCompliant on the new revision for a reason the revision
+//!   can cause (`attributable`), or is not done within the deadline, has failed: it goes back
+//!   to the stable revision. Once `failureThreshold` HCPs have failed, the rollout halts: the
+//!   rest of the batch goes back too; the HCPs already done keep the new one. A halted revision
+//!   stays halted until the configuration changes or an operator resumes it.
+//! - What the revision cannot have caused is not held against it: an HCP that was not
+//!   Compliant when its batch started, or whose only failures are its hosted cluster's own (a
+//!   probe answered by a webhook of the tenant's, or held past the agent's timeout), keeps the
+//!   new revision and counts as done. A tenant cannot stall a rollout, security fixes
+//!   included, by breaking its own cluster.
 //! - HCPs not ready, paused or pinned take no part: they run the stable revision (or their pin)
 //!   and follow the fleet once the rollout completes.
 
@@ -154,20 +160,66 @@ pub struct Health {
     pub ready_for: Option<i64>,
     /// Why it is not Compliant (the first concern that is not).
     pub reason: String,
+    /// Whether a concern that is not Compliant could be the revision's doing
+    /// (`attributable`).
+    pub attributable: bool,
+}
+
+/// Whether a concern's failure (its name and newest message) could be the revision's doing:
+/// the admission service and its certificate are the revision's; the end-to-end probe is,
+/// unless the hosted cluster's own webhooks answered or held it; the hosted webhook
+/// configurations are the hosted cluster's state (unreachable, or refusing), and a revision
+/// that breaks them fails the probe as well.
+pub fn attributable(concern: &str, message: &str) -> bool {
+    use crate::guards::probe::{FOREIGN_ANSWER, FOREIGN_POLICY_ANSWER, NO_ANSWER};
+    match concern {
+        "admission-service" | "certificate" => true,
+        "e2e-probe" => ![FOREIGN_ANSWER, FOREIGN_POLICY_ANSWER, NO_ANSWER]
+            .iter()
+            .any(|m| message.contains(m)),
+        _ => false,
+    }
 }
 
 /// What the step did, for Events, logs and metrics.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Transition {
-    Adopted { revision: String },
-    Started { revision: String, canaries: usize },
-    Cancelled { revision: String },
-    Batch { wave: String, hcps: Vec<String> },
-    Done { namespace: String },
-    Failed { namespace: String, reason: String },
-    Halted { revision: String, reason: String },
-    Resumed { revision: String },
-    Completed { revision: String },
+    Adopted {
+        revision: String,
+    },
+    Started {
+        revision: String,
+        canaries: usize,
+    },
+    Cancelled {
+        revision: String,
+    },
+    Batch {
+        wave: String,
+        hcps: Vec<String>,
+    },
+    Done {
+        namespace: String,
+    },
+    /// Kept on the new revision though not Compliant: not the revision's doing.
+    Excused {
+        namespace: String,
+        reason: String,
+    },
+    Failed {
+        namespace: String,
+        reason: String,
+    },
+    Halted {
+        revision: String,
+        reason: String,
+    },
+    Resumed {
+        revision: String,
+    },
+    Completed {
+        revision: String,
+    },
 }
 
 /// The clock and settings of one step.
@@ -270,12 +322,28 @@ pub fn step(
         };
         let on_target = m.health.revision.as_deref() == Some(target.revision.as_str());
         let age = seconds_since(&f.since, inp.now_secs);
+        let non_compliant = on_target && m.health.verdict == Some(ComplianceState::NonCompliant);
+        // Not the revision's doing: broken before its batch started, or broken only by the
+        // hosted cluster's own parts.
+        let excuse = if f.was_compliant == Some(false) {
+            Some("it was not Compliant on the stable revision when its batch started")
+        } else if non_compliant && !m.health.attributable {
+            Some("only its hosted cluster's own parts fail")
+        } else {
+            None
+        };
         if on_target && m.health.ready_for.is_some_and(|s| s >= soak) {
             out.push(Transition::Done {
                 namespace: f.namespace.clone(),
             });
             st.done.push(f.namespace);
-        } else if on_target && m.health.verdict == Some(ComplianceState::NonCompliant) {
+        } else if let Some(why) = excuse.filter(|_| non_compliant || age > deadline) {
+            out.push(Transition::Excused {
+                namespace: f.namespace.clone(),
+                reason: format!("{why}: {}", m.health.reason),
+            });
+            st.done.push(f.namespace);
+        } else if non_compliant {
             failed.push(FailedHcp {
                 namespace: f.namespace,
                 reason: format!("NonCompliant on the new revision: {}", m.health.reason),
@@ -300,23 +368,26 @@ pub fn step(
             still.push(f);
         }
     }
-    if !failed.is_empty() {
-        let reason = failed
+    for f in &failed {
+        out.push(Transition::Failed {
+            namespace: f.namespace.clone(),
+            reason: f.reason.clone(),
+        });
+    }
+    st.failed.extend(failed);
+    let eligible_count = inp.members.values().filter(|m| m.eligible).count();
+    let threshold = inp.cfg.failure_threshold.of(eligible_count).unwrap_or(1);
+    if !st.failed.is_empty() && st.failed.len() >= threshold {
+        let reason = st
+            .failed
             .iter()
             .map(|f| format!("{}: {}", f.namespace, f.reason))
             .collect::<Vec<_>>()
             .join("; ");
-        for f in &failed {
-            out.push(Transition::Failed {
-                namespace: f.namespace.clone(),
-                reason: f.reason.clone(),
-            });
-        }
         out.push(Transition::Halted {
             revision: target.revision.clone(),
             reason: reason.clone(),
         });
-        st.failed.extend(failed);
         // The rest of the batch goes back too: nothing unproven keeps the new revision.
         st.phase = RolloutPhase::Halted;
         st.message = format!(
@@ -341,10 +412,12 @@ pub fn step(
         .filter(|(_, m)| m.eligible)
         .map(|(ns, _)| ns)
         .collect();
+    // A failed HCP is not tried again in this rollout (it runs the stable revision).
+    let failed: BTreeSet<&String> = st.failed.iter().map(|f| &f.namespace).collect();
     let remaining: Vec<&String> = eligible
         .iter()
         .copied()
-        .filter(|ns| !done.contains(ns))
+        .filter(|ns| !done.contains(ns) && !failed.contains(ns))
         .collect();
     if remaining.is_empty() {
         out.push(Transition::Completed {
@@ -382,6 +455,13 @@ pub fn step(
         .map(|ns| InFlight {
             namespace: ns.clone(),
             since: inp.now.to_string(),
+            // NonCompliant on the stable revision: what it shows on the new one is not news.
+            // No verdict yet (a new record) is no evidence either way, and counts.
+            was_compliant: Some(
+                inp.members
+                    .get(ns)
+                    .is_none_or(|m| m.health.verdict != Some(ComplianceState::NonCompliant)),
+            ),
         })
         .collect();
     out.push(Transition::Batch { wave, hcps: batch });
@@ -568,6 +648,7 @@ mod tests {
                     } else {
                         "probe: denied".into()
                     },
+                    attributable: !ok,
                 };
             }
         }
@@ -608,6 +689,136 @@ mod tests {
         let rest: Vec<usize> = batches[1..].iter().map(|(_, h)| h.len()).collect();
         assert_eq!(rest, vec![2, 2, 2], "{batches:?}");
         assert_eq!(sim.on(&b), 7);
+    }
+
+    /// Runs `sim` to `b` until it completes or halts (at most 100 steps); `healthy` as in
+    /// `reconcile`, then `after` adjusts the records (what the tenant or the revision did).
+    fn drive(
+        sim: &mut Sim,
+        b: &Revision,
+        healthy: impl Fn(&str, &str) -> bool,
+        after: impl Fn(&str, &mut Health),
+    ) -> Vec<Transition> {
+        let mut all = Vec::new();
+        for _ in 0..100 {
+            let t = sim.step(b, None);
+            all.extend(t);
+            if sim.st.phase != RolloutPhase::Progressing {
+                break;
+            }
+            sim.now += 5;
+            sim.reconcile(&healthy);
+            for (ns, m) in sim.members.iter_mut() {
+                after(ns, &mut m.health);
+            }
+        }
+        all
+    }
+
+    /// A tenant who breaks their own cluster (a webhook of theirs answering the probe), or a
+    /// cluster that was broken before its batch started, never holds a revision back: they
+    /// keep it, the Event says why, and the rest of the fleet gets it.
+    #[test]
+    fn what_the_revision_did_not_cause_is_not_held_against_it() {
+        let (a, b) = (rev("a"), rev("b"));
+        // ns-1: only its own parts fail (the probe answered by its own webhook).
+        let mut sim = Sim::new(3, &[], 1, &a);
+        let t = drive(
+            &mut sim,
+            &b,
+            |ns, r| ns != "ns-1" || r != b.id,
+            |ns, h| h.attributable = ns != "ns-1" && h.attributable,
+        );
+        assert_eq!(sim.st.phase, RolloutPhase::Complete, "{t:?}");
+        assert!(t.iter().any(|t| matches!(t, Transition::Excused { namespace, reason } if namespace == "ns-1" && reason.contains("hosted cluster's own"))), "{t:?}");
+        assert_eq!(sim.on(&b), 3);
+        // ns-2 was NonCompliant on the stable revision already, for reasons that would count.
+        let mut sim = Sim::new(3, &[], 1, &a);
+        sim.reconcile(|ns, _| ns != "ns-2");
+        let t = drive(&mut sim, &b, |ns, _| ns != "ns-2", |_, _| {});
+        assert_eq!(sim.st.phase, RolloutPhase::Complete, "{t:?}");
+        assert!(t.iter().any(|t| matches!(t, Transition::Excused { namespace, reason } if namespace == "ns-2" && reason.contains("when its batch started"))), "{t:?}");
+        assert!(
+            !t.iter().any(|t| matches!(t, Transition::Failed { .. })),
+            "{t:?}"
+        );
+    }
+
+    /// With a threshold above one, a failed HCP goes back to the stable revision and the
+    /// rollout goes on, until the threshold is reached.
+    #[test]
+    fn failures_halt_at_the_threshold_each_failed_hcp_back_on_stable_at_once() {
+        let (a, b) = (rev("a"), rev("b"));
+        let mut sim = Sim::new(5, &[], 1, &a);
+        sim.cfg.failure_threshold = MaxUnavailable::Count(2);
+        let mut saw_ns1_back = false;
+        let mut all = Vec::new();
+        for _ in 0..100 {
+            all.extend(sim.step(&b, None));
+            if sim.st.failed.iter().any(|f| f.namespace == "ns-1") {
+                saw_ns1_back |= assigned(&sim.st, "ns-1").map(|r| &r.revision) == Some(&a.id);
+            }
+            if sim.st.phase != RolloutPhase::Progressing {
+                break;
+            }
+            sim.now += 5;
+            sim.reconcile(|ns, r| ns != "ns-1" || r != b.id);
+        }
+        assert_eq!(
+            sim.st.phase,
+            RolloutPhase::Complete,
+            "one failure of two allowed: {all:?}"
+        );
+        assert!(
+            saw_ns1_back,
+            "the failed HCP ran the stable revision while the rollout went on"
+        );
+        assert!(
+            all.iter()
+                .any(|t| matches!(t, Transition::Failed { namespace, .. } if namespace == "ns-1"))
+        );
+        // Two failures: halted.
+        let mut sim = Sim::new(5, &[], 1, &a);
+        sim.cfg.failure_threshold = MaxUnavailable::Count(2);
+        let t = drive(
+            &mut sim,
+            &b,
+            |ns, r| !["ns-1", "ns-3"].contains(&ns) || r != b.id,
+            |_, _| {},
+        );
+        assert_eq!(sim.st.phase, RolloutPhase::Halted, "{t:?}");
+        assert_eq!(sim.st.failed.len(), 2);
+        // A percentage of the fleet.
+        assert_eq!(MaxUnavailable::Percent("10%".into()).of(50), Ok(5));
+    }
+
+    /// Attribution by concern and message.
+    #[test]
+    fn failures_are_attributed_to_the_revision_or_to_the_hosted_cluster() {
+        use crate::guards::probe::{FOREIGN_ANSWER, NO_ANSWER};
+        assert!(attributable(
+            "admission-service",
+            "Deployment not available"
+        ));
+        assert!(attributable("certificate", "expired"));
+        assert!(attributable(
+            "e2e-probe",
+            "the hosted kube-apiserver did not reach the admission service"
+        ));
+        assert!(!attributable(
+            "e2e-probe",
+            &format!(
+                "the probe was denied without the admission service's proof: {FOREIGN_ANSWER}"
+            )
+        ));
+        assert!(!attributable(
+            "e2e-probe",
+            &format!("probe {NO_ANSWER} 10s")
+        ));
+        assert!(!attributable(
+            "hosted-webhooks",
+            "hosted kube-apiserver stopped answering"
+        ));
     }
 
     #[test]

@@ -294,7 +294,7 @@ mod tests {
 
     #[test]
     fn a_row_shows_each_concern_and_the_drift_count() {
-        let mut p = render_health("clusters-hc-1", "hc-1");
+        let mut p = render_health("clusters-hc-1", "hc-1", None);
         let mut obs: crate::reporting::Observations = Concern::ALL
             .iter()
             .map(|c| (*c, Observation::compliant("ok")))

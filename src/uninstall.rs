@@ -314,14 +314,20 @@ pub async fn uninstall(
 
 /// Scales the agent's Deployment to zero and waits until no agent holds the Lease (a leader
 /// that stops hands it back; one that dies lets it expire). A missing Deployment is an agent
-/// already gone.
+/// already gone. Returns the replicas it had, to restore if the uninstall fails: an agent
+/// left at zero would leave every HCP without drift repair, probes or renewals.
 async fn stop_agent(
     client: &Client,
     namespace: &str,
     deployment: &str,
     wait: Duration,
-) -> Result<(), String> {
+) -> Result<Option<i32>, String> {
     let deployments = Api::<Deployment>::namespaced(client.clone(), namespace);
+    let before = match deployments.get_opt(deployment).await {
+        Ok(Some(d)) => d.spec.and_then(|s| s.replicas).or(Some(1)),
+        Ok(None) => None,
+        Err(e) => return Err(format!("reading {namespace}/{deployment}: {e}")),
+    };
     let zero = serde_json::json!({"spec": {"replicas": 0}});
     match deployments
         .patch(deployment, &PatchParams::default(), &Patch::Merge(&zero))
@@ -333,6 +339,36 @@ async fn stop_agent(
         }
         Err(e) => return Err(format!("scaling {namespace}/{deployment} to 0: {e}")),
     }
+    let stopped = wait_for_lease(client, namespace, deployment, wait).await;
+    if stopped.is_err() {
+        restart_agent(client, namespace, deployment, before).await;
+    }
+    stopped.map(|()| before)
+}
+
+/// Puts the agent's Deployment back at `replicas` after a failed uninstall.
+async fn restart_agent(client: &Client, namespace: &str, deployment: &str, replicas: Option<i32>) {
+    let Some(n) = replicas.filter(|n| *n > 0) else {
+        return;
+    };
+    let back = serde_json::json!({"spec": {"replicas": n}});
+    match Api::<Deployment>::namespaced(client.clone(), namespace)
+        .patch(deployment, &PatchParams::default(), &Patch::Merge(&back))
+        .await
+    {
+        Ok(_) => println!("{namespace}/{deployment}: the uninstall failed; scaled back to {n}"),
+        Err(e) => eprintln!(
+            "error: the uninstall failed and {namespace}/{deployment} could not be scaled back to {n}: {e}; scale it up by hand"
+        ),
+    }
+}
+
+async fn wait_for_lease(
+    client: &Client,
+    namespace: &str,
+    deployment: &str,
+    wait: Duration,
+) -> Result<(), String> {
     let leases = Api::<Lease>::namespaced(client.clone(), namespace);
     let deadline = tokio::time::Instant::now() + wait;
     loop {
@@ -368,13 +404,29 @@ pub async fn run(args: UninstallArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let mut stopped = None;
     if let Some(deployment) = &args.stop_agent {
         let wait = Duration::from_secs(args.stop_timeout_seconds);
-        if let Err(e) = stop_agent(&client, &args.namespace, deployment, wait).await {
-            eprintln!("error: {e}");
-            return ExitCode::FAILURE;
+        match stop_agent(&client, &args.namespace, deployment, wait).await {
+            Ok(before) => stopped = Some((deployment.clone(), before)),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
         }
     }
+    let code = remove_all(&client, &cfg, &args).await;
+    if code != ExitCode::SUCCESS
+        && let Some((deployment, before)) = stopped
+    {
+        restart_agent(&client, &args.namespace, &deployment, before).await;
+    }
+    code
+}
+
+/// Everything after the agent is stopped: the Lease checked, then each HCP's webhooks and
+/// admission service removed.
+async fn remove_all(client: &Client, cfg: &AgentConfig, args: &UninstallArgs) -> ExitCode {
     if !args.force {
         let lease = Api::<Lease>::namespaced(client.clone(), &args.namespace)
             .get_opt(LEASE_NAME)
@@ -400,7 +452,7 @@ pub async fn run(args: UninstallArgs) -> ExitCode {
             }
         }
     }
-    match uninstall(&client, &cfg).await {
+    match uninstall(client, cfg).await {
         Ok((lines, ok)) => {
             for l in &lines {
                 println!("{l}");

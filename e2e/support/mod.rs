@@ -1,6 +1,8 @@
 //! Helpers shared by the e2e tests.
 #![allow(dead_code)]
 
+pub mod acm;
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -632,4 +634,88 @@ pub fn drift_count(
         .find(|l| l.starts_with(&needle))
         .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .unwrap_or(0.0)
+}
+
+/// The namespace the in-process agents run in (their Lease, their fleet template).
+pub const AGENT_NS: &str = "hcp-fleet-agent";
+
+/// The agent in this process, on `mgmt`, with `cfg` made to accept the test bed's loopback
+/// servers.
+pub async fn start_agent(
+    mgmt: &kube::Client,
+    cfg: hcp_fleet_agent::config::AgentConfig,
+) -> hcp_fleet_agent::agent::AgentHandle {
+    hcp_fleet_agent::agent::start(
+        mgmt.clone(),
+        hcp_fleet_agent::localcp::allow_loopback(cfg),
+        hcp_fleet_agent::agent::StartOptions {
+            agent_namespace: AGENT_NS.into(),
+            endpoints: hcp_fleet_agent::localcp::kubelet::endpoints(),
+        },
+    )
+    .await
+    .expect("agent starts")
+}
+
+/// The health record of the HCP in `ns`.
+pub async fn health(
+    client: &kube::Client,
+    ns: &str,
+) -> Result<hcp_fleet_agent::crd::AdmissionHealth, String> {
+    use hcp_fleet_agent::reporting::HEALTH_NAME;
+    kube::Api::<hcp_fleet_agent::crd::AdmissionHealth>::namespaced(client.clone(), ns)
+        .get(HEALTH_NAME)
+        .await
+        .map_err(|e| format!("{ns}/{HEALTH_NAME}: {e}"))
+}
+
+/// A health record's overall verdict.
+pub fn compliant(h: &hcp_fleet_agent::crd::AdmissionHealth) -> Option<&'static str> {
+    h.status
+        .as_ref()
+        .and_then(|s| s.compliant)
+        .map(|c| c.as_str())
+}
+
+/// Waits until the HCP of each hosted cluster in `names` is Compliant.
+pub async fn wait_compliant(mgmt: &kube::Client, names: &[&str]) {
+    for name in names {
+        let ns = hcp_fleet_agent::localcp::fixtures::hcp_namespace(name);
+        eventually(&format!("{ns} Compliant"), Duration::from_secs(60), || {
+            let mgmt = mgmt.clone();
+            let ns = ns.clone();
+            async move {
+                let p = health(&mgmt, &ns).await?;
+                match compliant(&p) {
+                    Some("Compliant") => Ok(()),
+                    other => Err(format!("{other:?}: {:?}", p.status)),
+                }
+            }
+        })
+        .await;
+    }
+}
+
+/// An `AdmissionHealthPolicy` template's verdict, its message, and the HCP namespaces of its
+/// related objects.
+pub async fn template_rows(
+    mgmt: &kube::Client,
+    ns: &str,
+    name: &str,
+) -> Result<(String, String, Vec<String>), String> {
+    let t = kube::Api::<hcp_fleet_agent::crd::AdmissionHealthPolicy>::namespaced(mgmt.clone(), ns)
+        .get(name)
+        .await
+        .map_err(|e| e.to_string())?;
+    let st = t.status.unwrap_or_default();
+    Ok((
+        st.compliant
+            .map(|c| c.as_str().to_string())
+            .unwrap_or_default(),
+        st.message.unwrap_or_default(),
+        st.related_objects
+            .iter()
+            .map(|r| r.object.metadata.namespace.clone())
+            .collect(),
+    ))
 }

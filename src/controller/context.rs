@@ -47,6 +47,9 @@ impl Drop for AbortOnDrop {
 pub(super) struct WatchShared {
     /// What the agent last applied (the drift watch compares live objects with it).
     pub desired: Option<HostedWebhooks>,
+    /// Whether `desired` has been installed: until it has, a listing that lacks or differs
+    /// from it is the install still to come, not drift.
+    pub applied: bool,
     /// Drift seen since the last reconcile (reported, then cleared).
     pub drift_notes: Vec<String>,
     /// The last end-to-end probe verdict.

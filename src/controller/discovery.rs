@@ -12,6 +12,8 @@ use crate::config::MonitoringApi;
 use crate::management::PdbApi;
 
 const POLICY_CRD: &str = "policies.policy.open-cluster-management.io";
+/// HyperShift's HostedCluster: where served, the ACM managed cluster of each is read from it.
+pub const HOSTED_CLUSTER_CRD: &str = "hostedclusters.hypershift.openshift.io";
 pub const HEALTH_CRD: &str = "admissionhealths.hcp-fleet.openshift.io";
 pub const TEMPLATE_CRD: &str = "admissionhealthpolicies.hcp-fleet.openshift.io";
 pub const ROLLOUT_CRD: &str = "admissionrollouts.hcp-fleet.openshift.io";
@@ -33,6 +35,9 @@ pub struct Capabilities {
     pub rollout_crd: bool,
     /// `hostedadmissionoverrides.hcp-fleet.openshift.io`: without it, no overrides.
     pub override_crd: bool,
+    /// `hostedclusters.hypershift.openshift.io`: without it, each HCP's HostedCluster is
+    /// inferred from the HCP (its name and namespace), with no managed-cluster annotation.
+    pub hosted_cluster_crd: bool,
 }
 
 impl Capabilities {
@@ -100,6 +105,7 @@ pub async fn discover(client: &Client) -> Capabilities {
         monitoring_served,
         rollout_crd: read(ROLLOUT_CRD).await.is_some(),
         override_crd: read(OVERRIDE_CRD).await.is_some(),
+        hosted_cluster_crd: read(HOSTED_CLUSTER_CRD).await.is_some(),
     }
 }
 

@@ -3,11 +3,8 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
-};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use kube::Api;
+use kube::{Api, ResourceExt};
 
 use super::certificates::secret_bytes;
 use super::context::{Context, hcp_labels, lock};
@@ -15,7 +12,6 @@ use super::error::Failure;
 use crate::config::AgentConfig;
 use crate::crd::HostedControlPlane;
 use crate::hosted::clients::{HostedAccessError, HostedClient};
-use crate::hosted::webhooks::{CLAIM_ANNOTATION, MUTATING_NAME, VALIDATING_NAME};
 
 pub async fn connect(
     ctx: &Context,
@@ -95,9 +91,12 @@ fn reachable(ctx: &Context, ns: &str, cluster: &str, hosted: &HostedClient) -> R
 
 /// No confused deputy: the hosted cluster must be neither the management cluster nor one
 /// another HCP namespace claims. Identities are the UIDs of the clusters' kube-system
-/// namespaces. The claim is recorded on the webhook configurations the agent installs
-/// (annotation `CLAIM_ANNOTATION`), where a restarted agent finds it again; a claim by a
-/// namespace whose HCP is gone is stale and taken over. Checked once per hosted client.
+/// namespaces. The claim is recorded on the management side, in the HCP's `AdmissionHealth`
+/// (`spec.hostedClusterUid`), where a restarted agent finds it again and no tenant reaches; a
+/// claim by a namespace whose HCP is gone is stale and taken over. The annotation the agent
+/// puts on the hosted webhook configurations (`hosted::webhooks::CLAIM_ANNOTATION`) is a hint for people, which
+/// the hosted cluster's admins can rewrite: it is never read here, and the next apply puts it
+/// back. Checked once per hosted client.
 async fn claim(
     ctx: &Context,
     cfg: &AgentConfig,
@@ -128,17 +127,12 @@ async fn claim(
             reason,
         })
     };
-    let read = async {
-        let system = Api::<Namespace>::all(hosted.client.clone())
-            .get("kube-system")
-            .await?;
-        let recorded = recorded_claim(&hosted.client).await?;
-        Ok::<_, kube::Error>((system.metadata.uid.unwrap_or_default(), recorded))
-    };
-    let (uid, recorded) = tokio::time::timeout(timeout, read)
+    let namespaces = Api::<Namespace>::all(hosted.client.clone());
+    let system = tokio::time::timeout(timeout, namespaces.get("kube-system"))
         .await
         .map_err(|_| identity_err(format!("no answer within {}s", timeout.as_secs())))?
         .map_err(|e| identity_err(e.to_string()))?;
+    let uid = system.metadata.uid.unwrap_or_default();
     if uid.is_empty() {
         return Err(identity_err("namespace kube-system has no UID".into()));
     }
@@ -157,21 +151,36 @@ async fn claim(
             uid,
         }));
     }
-    let ours = crate::hosted::webhooks::claim_value(&mgmt, ns);
-    if let Some((their_mgmt, their_ns)) = recorded
-        .as_deref()
-        .filter(|c| *c != ours)
-        .and_then(|c| c.split_once('/'))
-    {
-        if their_mgmt != mgmt {
-            return Err(claimed(format!(
-                "HCP namespace {their_ns} of another management cluster (kube-system UID {their_mgmt})"
-            )));
+    // The records: another HCP namespace that reached this cluster before (this agent, or an
+    // earlier run of it). A store not yet filled (a restart) is waited for: read empty, it
+    // would let the first namespace in line take any cluster.
+    let mut recorded: Vec<String> = Vec::new();
+    if let Some(store) = ctx.caches().health {
+        // Not the hosted cluster's failure: refused without counting it as one.
+        let unread = || {
+            refuse(HostedAccessError::HostedIdentity {
+                namespace: ns.to_string(),
+                server: hosted.server.clone(),
+                reason: "the claims recorded on the management cluster (AdmissionHealth) could not be read yet".into(),
+            })
+        };
+        tokio::time::timeout(timeout, store.wait_until_ready())
+            .await
+            .map_err(|_| unread())?
+            .map_err(|_| unread())?;
+        recorded = store
+            .state()
+            .iter()
+            .filter(|h| h.spec.hosted_cluster_uid.as_deref() == Some(uid.as_str()))
+            .filter_map(|h| h.namespace())
+            .filter(|other| other != ns)
+            .collect();
+    }
+    for other in recorded {
+        if hcp_exists(ctx, &other).await {
+            return Err(claimed(format!("HCP namespace {other}")));
         }
-        if hcp_exists(ctx, their_ns).await {
-            return Err(claimed(format!("HCP namespace {their_ns}")));
-        }
-        tracing::warn!(previous = %their_ns, "taking over the claim of an HCP namespace that has no HostedControlPlane any more");
+        tracing::warn!(previous = %other, "taking over the claim of an HCP namespace that has no HostedControlPlane any more");
     }
     // Checked and recorded under one lock, so two namespaces first seen together cannot
     // both claim one cluster.
@@ -185,23 +194,6 @@ async fn claim(
     }
     hcps.entry(ns.to_string()).or_default().hosted_identity = Some(uid);
     Ok(())
-}
-
-/// The claim recorded on the agent's webhook configurations in the hosted cluster, if any.
-async fn recorded_claim(hosted: &kube::Client) -> Result<Option<String>, kube::Error> {
-    let v = Api::<ValidatingWebhookConfiguration>::all(hosted.clone())
-        .get_metadata_opt(VALIDATING_NAME)
-        .await?;
-    let claim = |m: Option<kube::api::ObjectMeta>| {
-        m.and_then(|m| m.annotations.and_then(|a| a.get(CLAIM_ANNOTATION).cloned()))
-    };
-    if let Some(c) = claim(v.map(|v| v.metadata)) {
-        return Ok(Some(c));
-    }
-    let m = Api::<MutatingWebhookConfiguration>::all(hosted.clone())
-        .get_metadata_opt(MUTATING_NAME)
-        .await?;
-    Ok(claim(m.map(|m| m.metadata)))
 }
 
 async fn hcp_exists(ctx: &Context, ns: &str) -> bool {

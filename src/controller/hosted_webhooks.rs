@@ -160,7 +160,14 @@ pub async fn ensure(
     let drift = ctx.with_hcp(ns, |s| {
         s.watch
             .as_ref()
-            .map(|w| std::mem::take(&mut lock(&w.shared).drift_notes))
+            .map(|w| {
+                let mut shared = lock(&w.shared);
+                // Installed as desired: from now on a listing that differs is drift.
+                if shared.desired.as_ref() == Some(&desired) {
+                    shared.applied = true;
+                }
+                std::mem::take(&mut shared.drift_notes)
+            })
             .unwrap_or_default()
     });
     Ok(Installed {

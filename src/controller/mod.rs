@@ -223,15 +223,27 @@ pub async fn run(
         let in_namespace = in_namespace.clone();
         controller = controller.watches_stream(overrides, move |o| in_namespace(o.namespace()));
     }
-    controller
+    let running = controller
         .watches_stream(kubeconfigs, move |s: Secret| in_namespace(s.namespace()))
         .reconcile_on(receiver_stream(requeue))
         .reconcile_all_on(receiver_stream(reload))
         .with_config(kube::runtime::controller::Config::default().concurrency(cfg.concurrency))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx.clone())
-        .for_each(|_| futures::future::ready(()))
-        .await;
+        .for_each(|_| futures::future::ready(()));
+    // The heartbeat beats in the controller's own task: a controller stuck there (a blocking
+    // call, a deadlock) stops it, and `/healthz` fails (`crate::liveness`).
+    let heartbeat = async {
+        let mut every = tokio::time::interval(crate::liveness::HEARTBEAT);
+        loop {
+            every.tick().await;
+            ctx.metrics.liveness.beat();
+        }
+    };
+    tokio::select! {
+        () = running => {}
+        () = heartbeat => {}
+    }
 }
 
 /// A watch of `K` (selected by `cfg`) that keeps `slot`'s store, as a trigger stream for the
@@ -340,6 +352,7 @@ mod tests {
             monitoring_served: [false; 2],
             rollout_crd: false,
             override_crd: false,
+            hosted_cluster_crd: false,
         };
         let opts = RunOptions {
             agent_namespace: "agent".into(),

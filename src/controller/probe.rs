@@ -18,6 +18,7 @@ use crate::catalogue::{
     POLICY_PROBE_ANSWER, POLICY_PROBE_VALUE, PROBE_ANSWER, PROBE_LABEL, PROBE_REVISION_LABEL,
 };
 use crate::crd::{ComplianceState, HostedControlPlane};
+use crate::guards::probe::{FOREIGN_ANSWER, FOREIGN_POLICY_ANSWER, NO_ANSWER};
 use crate::guards::probe::{NONCE_ANNOTATION, PROOF_MARK, ProbeKey};
 use crate::hosted::policies::Engine;
 use crate::hosted::webhooks::HostedWebhooks;
@@ -154,8 +155,11 @@ pub async fn probe_path(
         Ok(Err(kube::Error::Api(s))) => match authentic(engine, &s.message, proof, &nonce) {
             Answer::Imitation => Err(match engine {
                 // The text is left out: it is the tenant's to choose.
-                Engine::Webhook => "the probe was denied without the admission service's proof: something other than the agent's service answered it (a webhook of the hosted cluster's own, named like the probe?), or the service does not hold this HCP's probe key".into(),
-                Engine::Policy => format!("the policy probe was not answered by the agent's probe policy: {}", s.message),
+                Engine::Webhook => format!("the probe was denied without the admission service's proof: {FOREIGN_ANSWER} (a webhook of the hosted cluster's own, named like the probe?), or the service does not hold this HCP's probe key"),
+                Engine::Policy => format!(
+                    "the policy probe {FOREIGN_POLICY_ANSWER}: {}",
+                    crate::reporting::untrusted(&s.message, 300)
+                ),
             }),
             answer => {
                 tracing::debug!(engine = engine.as_str(), ms = t0.elapsed().as_millis() as u64, ?answer, "probe answered");
@@ -168,7 +172,7 @@ pub async fn probe_path(
             Engine::Policy => "the hosted kube-apiserver does not run the agent's admission policies (the policy probe was let through)".into(),
         }),
         Ok(Err(e)) => Err(format!("probe failed: {e}")),
-        Err(_) => Err(format!("probe got no answer within {}s", timeout.as_secs())),
+        Err(_) => Err(format!("probe {NO_ANSWER} {}s", timeout.as_secs())),
     }
 }
 

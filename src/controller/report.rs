@@ -7,10 +7,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource, ObjectReference};
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource, ObjectReference, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{PartialObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
@@ -22,8 +22,9 @@ use super::context::{Context, hcp_labels};
 use crate::crd::health::TemplateHistoryEntry;
 use crate::crd::{
     AdmissionHealth, AdmissionHealthPolicy, AdmissionHealthPolicyStatus, ComplianceState,
-    HostedControlPlane, Policy,
+    HostedCluster, HostedControlPlane, Policy,
 };
+use crate::managed_clusters::{self, HostedClusterRef, KlusterletServer};
 use crate::reporting::{self, Observations, RollupRow};
 
 fn now_rfc3339() -> String {
@@ -93,7 +94,15 @@ async fn write_health(
     pass: &Pass<'_>,
 ) -> Result<(), kube::Error> {
     let api: Api<AdmissionHealth> = Api::namespaced(ctx.client.clone(), ns);
-    let mut desired = reporting::render_health(ns, cluster);
+    let store = ctx.caches().health;
+    let live = cache::read(ctx, ns, &api, store.as_ref(), reporting::HEALTH_NAME, &()).await?;
+    // The claim: the hosted cluster this namespace reached, or the one it is recorded to have
+    // reached (a reconcile that has not reached it yet must not erase the record).
+    let uid = ctx.with_hcp(ns, |s| s.hosted_identity.clone()).or_else(|| {
+        live.as_ref()
+            .and_then(|l| l.spec.hosted_cluster_uid.clone())
+    });
+    let mut desired = reporting::render_health(ns, cluster, uid.as_deref());
     if let Some(o) = hcp.controller_owner_ref(&()) {
         // Garbage-collected with its HCP, but never blocking the HCP's deletion.
         desired.metadata.owner_references = Some(vec![OwnerReference {
@@ -102,8 +111,6 @@ async fn write_health(
             ..o
         }]);
     }
-    let store = ctx.caches().health;
-    let live = cache::read(ctx, ns, &api, store.as_ref(), reporting::HEALTH_NAME, &()).await?;
     let current = match live {
         Some(c)
             if c.spec == desired.spec
@@ -193,6 +200,26 @@ pub async fn template_reporter(ctx: Arc<Context>) {
             "the replicated Policies",
         )
     });
+    // Hosted-mode rows: which HCP each ACM managed cluster is. The HostedClusters' metadata
+    // (ACM's managed-cluster annotation) where HyperShift's API is served, and the server of
+    // each hosted-mode klusterlet's kubeconfig.
+    let (hosted_clusters, hc_writer) =
+        kube::runtime::reflector::store::<PartialObjectMeta<HostedCluster>>();
+    let _hc_watch = ctx.caps.hosted_cluster_crd.then(|| {
+        wake_on(
+            &ctx,
+            watcher(
+                Api::<PartialObjectMeta<HostedCluster>>::all(ctx.client.clone()),
+                watcher::Config::default(),
+            )
+            .default_backoff()
+            .modify(|m| m.metadata.managed_fields = None)
+            .reflect(hc_writer)
+            .boxed(),
+            "the HostedClusters",
+        )
+    });
+    let (klusterlet_servers, _klusterlet_watch) = watch_klusterlet_servers(&ctx);
     // The foreign entries already answered, per template UID (at most one each: the newest).
     let mut answered: BTreeMap<String, String> = BTreeMap::new();
     // What this reporter last wrote to each template: the store may not show it yet. Keyed by
@@ -218,6 +245,7 @@ pub async fn template_reporter(ctx: Arc<Context>) {
         let fleet =
             reporting::evaluate_template(&rows, ctx.caps.pending_supported, halt.as_deref());
         let mut retry = false;
+        let mut mapping: Option<Vec<HostedClusterRef>> = None;
         for t in templates.state() {
             let key = (
                 t.namespace().unwrap_or_default(),
@@ -228,7 +256,27 @@ pub async fn template_reporter(ctx: Arc<Context>) {
             // hub; any other is the fleet's.
             let want = match reporting::hosted_cluster_of(&key.0, t.labels()) {
                 Some(x) => {
-                    reporting::evaluate_cluster_template(&rows, x, ctx.caps.pending_supported)
+                    if mapping.is_none() {
+                        mapping = known_hosted_clusters(&ctx, &hosted_clusters, &rows);
+                    }
+                    let Some(hosted) = mapping.as_ref() else {
+                        // Until the HostedClusters are listed, an annotated cluster would
+                        // read as unknown: report it once they are (their watch wakes us).
+                        continue;
+                    };
+                    let server = klusterlet_servers
+                        .lock()
+                        .ok()
+                        .and_then(|m| m.get(&key.0).cloned())
+                        .unwrap_or(KlusterletServer::Absent);
+                    let prefix = ctx.config().reporting.discovery_prefix.clone();
+                    let hcp = managed_clusters::resolve(x, hosted, Some(&prefix), &server);
+                    reporting::evaluate_cluster_template(
+                        &rows,
+                        x,
+                        hcp.as_deref().map_err(String::as_str),
+                        ctx.caps.pending_supported,
+                    )
                 }
                 None => fleet.clone(),
             };
@@ -281,6 +329,106 @@ pub async fn template_reporter(ctx: Arc<Context>) {
     }
 }
 
+/// The HostedClusters to map managed clusters against: listed from HyperShift's API where it
+/// is served (None until the first list is in), else inferred from the HCPs.
+fn known_hosted_clusters(
+    ctx: &Context,
+    store: &kube::runtime::reflector::Store<PartialObjectMeta<HostedCluster>>,
+    rows: &BTreeMap<String, RollupRow>,
+) -> Option<Vec<HostedClusterRef>> {
+    if !ctx.caps.hosted_cluster_crd {
+        let hcps = rows
+            .iter()
+            .map(|(ns, r)| (ns.clone(), r.cluster_name.clone()))
+            .collect();
+        return Some(managed_clusters::inferred(&hcps));
+    }
+    store.wait_until_ready().now_or_never()?.ok()?;
+    Some(
+        store
+            .state()
+            .iter()
+            .map(|m| HostedClusterRef {
+                namespace: m.namespace().unwrap_or_default(),
+                name: m.name_any(),
+                managed_cluster: m
+                    .annotations()
+                    .get(managed_clusters::MANAGED_CLUSTER_ANNOTATION)
+                    .cloned(),
+            })
+            .collect(),
+    )
+}
+
+/// Keeps, per `klusterlet-*` namespace, what its `external-managed-kubeconfig` says about the
+/// server (never the Secret itself, which holds credentials), and wakes the report loop when
+/// that changes.
+fn watch_klusterlet_servers(
+    ctx: &Arc<Context>,
+) -> (
+    Arc<std::sync::Mutex<BTreeMap<String, KlusterletServer>>>,
+    Option<super::context::AbortOnDrop>,
+) {
+    let servers = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
+    if !ctx.caps.template_crd {
+        return (servers, None);
+    }
+    let api: Api<Secret> = Api::all(ctx.client.clone());
+    let cfg = watcher::Config::default().fields(&format!(
+        "metadata.name={}",
+        managed_clusters::EXTERNAL_KUBECONFIG
+    ));
+    let (ctx, shared) = (ctx.clone(), servers.clone());
+    let task = tokio::spawn(async move {
+        let mut events = watcher(api, cfg).default_backoff().boxed();
+        let mut relisted: BTreeMap<String, KlusterletServer> = BTreeMap::new();
+        let read = |s: &Secret| {
+            let raw = s.data.as_ref().and_then(|d| d.get("kubeconfig"));
+            raw.map_or(
+                KlusterletServer::Unusable("it has no kubeconfig key".into()),
+                |b| managed_clusters::klusterlet_server(&b.0),
+            )
+        };
+        while let Some(ev) = events.next().await {
+            let changed = match ev {
+                Ok(watcher::Event::Init) => {
+                    relisted.clear();
+                    false
+                }
+                Ok(watcher::Event::InitApply(s)) => {
+                    relisted.insert(s.namespace().unwrap_or_default(), read(&s));
+                    false
+                }
+                Ok(watcher::Event::InitDone) => {
+                    if let Ok(mut m) = shared.lock() {
+                        *m = std::mem::take(&mut relisted);
+                    }
+                    true
+                }
+                Ok(watcher::Event::Apply(s)) => {
+                    let (ns, now) = (s.namespace().unwrap_or_default(), read(&s));
+                    shared
+                        .lock()
+                        .map(|mut m| m.insert(ns, now.clone()) != Some(now))
+                        .unwrap_or(false)
+                }
+                Ok(watcher::Event::Delete(s)) => shared
+                    .lock()
+                    .map(|mut m| m.remove(&s.namespace().unwrap_or_default()).is_some())
+                    .unwrap_or(false),
+                Err(e) => {
+                    warn!(error = %e, "watching the klusterlets' external-managed-kubeconfig");
+                    false
+                }
+            };
+            if changed {
+                ctx.rollup_changed.notify_one();
+            }
+        }
+    });
+    (servers, Some(super::context::AbortOnDrop(task)))
+}
+
 /// Keeps `writer`'s store from a watch of `api` and wakes the report loop when an object
 /// appears or changes, or the store is filled again after a relist (whose objects come as
 /// initial ones, not as changes).
@@ -299,14 +447,27 @@ where
         + Sync
         + 'static,
 {
+    // With backoff: an unreachable API server must not turn this into a busy loop
+    // (it did, at 100% of two cores, in the admission e2e suite).
+    let events = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .boxed();
+    wake_on(ctx, events, what)
+}
+
+/// Drives a reflecting watch and wakes the report loop when an object appears or changes, or
+/// the store is filled again after a relist.
+fn wake_on<K>(
+    ctx: &Arc<Context>,
+    mut events: futures::stream::BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>,
+    what: &'static str,
+) -> super::context::AbortOnDrop
+where
+    K: Send + 'static,
+{
     let ctx = ctx.clone();
     super::context::AbortOnDrop(tokio::spawn(async move {
-        // With backoff: an unreachable API server must not turn this into a busy loop
-        // (it did, at 100% of two cores, in the admission e2e suite).
-        let mut events = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .reflect(writer)
-            .boxed();
         while let Some(ev) = events.next().await {
             match ev {
                 Ok(watcher::Event::Apply(_) | watcher::Event::InitDone) => {
@@ -379,7 +540,11 @@ async fn report_template(
         }
     }
     let api: Api<AdmissionHealthPolicy> = Api::namespaced(ctx.client.clone(), &ns);
-    let patch = serde_json::json!({ "status": status });
+    // A merge patch keeps an array it does not name: an empty list must be sent as one, or
+    // the related objects of a verdict that has none (a summary with every cluster Compliant)
+    // would stay the old ones.
+    let mut patch = serde_json::json!({ "status": status });
+    patch["status"]["relatedObjects"] = serde_json::json!(status.related_objects);
     api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     Ok(status)

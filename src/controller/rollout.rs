@@ -432,6 +432,14 @@ fn members(
                             format!("{}: {m}", c.name)
                         })
                         .unwrap_or_default(),
+                    attributable: s
+                        .concerns
+                        .iter()
+                        .filter(|c| c.compliant == Some(ComplianceState::NonCompliant))
+                        .any(|c| {
+                            let m = c.history.first().map(|e| e.message.as_str()).unwrap_or("");
+                            rollout::attributable(&c.name, m)
+                        }),
                 })
                 .unwrap_or_default();
             Some((
@@ -480,6 +488,12 @@ async fn tell(
                 (false, "Batch", format!("{wave}: {}", hcps.join(", ")), None)
             }
             Transition::Done { .. } => continue,
+            Transition::Excused { namespace, reason } => (
+                true,
+                "NotHeldAgainst",
+                format!("{namespace}: {reason}; it keeps the new revision and the rollout goes on"),
+                Some(namespace.clone()),
+            ),
             Transition::Failed { namespace, reason } => (
                 true,
                 "RevisionFailed",

@@ -40,13 +40,18 @@ pub fn ensure_drift_watch(
             && w.drift.is_running()
             && w.features == features
         {
-            lock(&w.shared).desired = Some(desired);
+            let mut shared = lock(&w.shared);
+            if shared.desired.as_ref() != Some(&desired) {
+                shared.applied = false;
+            }
+            shared.desired = Some(desired);
             return;
         }
         // Notes and the last probe verdict outlive a restarted watch.
         let carried = s.watch.take().map(|w| std::mem::take(&mut *lock(&w.shared)));
         let shared = Arc::new(Mutex::new(WatchShared {
             desired: Some(desired),
+            applied: false,
             lost: None,
             ..carried.unwrap_or_default()
         }));
@@ -117,6 +122,11 @@ fn drift_task(
         // The type-check warnings last seen per policy: a new one queues a reconcile, which
         // reports it (the status is the API server's, never drift).
         let mut warned: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        // The names each kind's (re)list in progress has shown so far.
+        let mut listed: std::collections::BTreeMap<
+            &'static str,
+            std::collections::BTreeSet<String>,
+        > = Default::default();
         // Set while the connection is down: a dropped watch (the HTTP/2 keepalive gave up on
         // a hung server, or the server went away) queues a reconcile at once, which then
         // reports the cluster; a look every RECOVERY_CHECK brings it back as soon as the
@@ -146,7 +156,7 @@ fn drift_task(
                     let _ = tx.send(hcp_ref.clone());
                 }
             };
-            let (kind, what, name, live) = match seen {
+            let changes: Vec<(&'static str, &'static str, String, Option<Value>)> = match seen {
                 Seen::Lost(why) => {
                     if lost.is_none() {
                         warn!(error = %why, "lost the connection to the hosted cluster; reporting it");
@@ -167,51 +177,96 @@ fn drift_task(
                 }
                 Seen::Change(kind, what, name, live) => {
                     back();
-                    (kind, what, name, live)
+                    vec![(kind, what, name, live)]
+                }
+                Seen::ListStart(kind) => {
+                    back();
+                    listed.insert(kind, Default::default());
+                    continue;
+                }
+                Seen::Listed(kind, name, live) => {
+                    listed.entry(kind).or_default().insert(name.clone());
+                    if !lock(&shared).applied {
+                        continue;
+                    }
+                    vec![(kind, "changed while no watch was open", name, live)]
+                }
+                Seen::ListDone(kind) => {
+                    let seen = listed.remove(kind).unwrap_or_default();
+                    let want = {
+                        let shared = lock(&shared);
+                        match (&shared.desired, shared.applied) {
+                            (Some(d), true) => desired_names(d, kind),
+                            _ => Vec::new(),
+                        }
+                    };
+                    want.into_iter()
+                        .filter(|n| !seen.contains(n))
+                        .map(|n| (kind, "deleted while no watch was open", n, None))
+                        .collect()
                 }
             };
-            if kind == "ValidatingAdmissionPolicy"
-                && let Some(l) = &live
-                && let Ok(p) = serde_json::from_value::<ValidatingAdmissionPolicy>(l.clone())
-            {
-                let now = policies::type_warnings(&p);
-                if warned.get(&name) != Some(&now) {
-                    let queue = !now.is_empty() || warned.contains_key(&name);
-                    warned.insert(name.clone(), now);
-                    if queue {
-                        let _ = tx.send(hcp_ref.clone());
+            for (kind, what, name, live) in changes {
+                if kind == "ValidatingAdmissionPolicy"
+                    && let Some(l) = &live
+                    && let Ok(p) = serde_json::from_value::<ValidatingAdmissionPolicy>(l.clone())
+                {
+                    let now = policies::type_warnings(&p);
+                    if warned.get(&name) != Some(&now) {
+                        let queue = !now.is_empty() || warned.contains_key(&name);
+                        warned.insert(name.clone(), now);
+                        if queue {
+                            let _ = tx.send(hcp_ref.clone());
+                        }
                     }
                 }
+                let want = lock(&shared)
+                    .desired
+                    .as_ref()
+                    .and_then(|d| desired_of(d, kind, &name));
+                let Some(want) = want else { continue };
+                let drifted = match &live {
+                    Some(l) => !matches_desired(kind, &want, l),
+                    None => true,
+                };
+                if !drifted {
+                    continue;
+                }
+                // Who changed what, where the live object says (its managedFields).
+                let fields = live.as_ref().and_then(webhooks::foreign_summary);
+                warn!(kind, name = %name, what, fields = fields.as_deref().unwrap_or(""), "the agent's object in the hosted cluster drifted; repairing");
+                metrics
+                    .drift
+                    .get_or_create(&DriftLabels {
+                        hcp_namespace: ns.clone(),
+                        hosted_cluster: cluster.clone(),
+                        kind: kind.to_string(),
+                    })
+                    .inc();
+                lock(&shared).drift_notes.push(match fields {
+                    Some(f) => format!("{kind} {name} was {what} by someone else: {f}"),
+                    None => format!("{kind} {name} was {what} by someone else"),
+                });
+                let _ = tx.send(hcp_ref.clone());
             }
-            let want = lock(&shared)
-                .desired
-                .as_ref()
-                .and_then(|d| desired_of(d, kind, &name));
-            let Some(want) = want else { continue };
-            let drifted = match &live {
-                Some(l) => !matches_desired(kind, &want, l),
-                None => true,
-            };
-            if !drifted {
-                continue;
-            }
-            // Who changed what, where the live object says (its managedFields).
-            let fields = live.as_ref().and_then(webhooks::foreign_summary);
-            warn!(kind, name = %name, what, fields = fields.as_deref().unwrap_or(""), "the agent's object in the hosted cluster drifted; repairing");
-            metrics
-                .drift
-                .get_or_create(&DriftLabels {
-                    hcp_namespace: ns.clone(),
-                    hosted_cluster: cluster.clone(),
-                    kind: kind.to_string(),
-                })
-                .inc();
-            lock(&shared).drift_notes.push(match fields {
-                Some(f) => format!("{kind} {name} was {what} by someone else: {f}"),
-                None => format!("{kind} {name} was {what} by someone else"),
-            });
-            let _ = tx.send(hcp_ref.clone());
         }
+    }
+}
+
+/// The names of the desired objects of `kind`.
+fn desired_names(d: &HostedWebhooks, kind: &str) -> Vec<String> {
+    fn names<'a, K: kube::Resource + 'a>(objects: impl IntoIterator<Item = &'a K>) -> Vec<String> {
+        objects
+            .into_iter()
+            .filter_map(|o| o.meta().name.clone())
+            .collect()
+    }
+    match kind {
+        "ValidatingWebhookConfiguration" => names(&d.validating),
+        "MutatingWebhookConfiguration" => names(&d.mutating),
+        "ValidatingAdmissionPolicy" => names(&d.policies.policies),
+        "ValidatingAdmissionPolicyBinding" => names(&d.policies.bindings),
+        _ => Vec::new(),
     }
 }
 
@@ -253,6 +308,12 @@ const RECOVERY_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
 enum Seen {
     /// A live change to one of the agent's objects: kind, what happened, its name, the object.
     Change(&'static str, &'static str, String, Option<Value>),
+    /// A (re)list of `kind` begins: what it lists is what is there now.
+    ListStart(&'static str),
+    /// One object of a (re)list: name and object.
+    Listed(&'static str, String, Option<Value>),
+    /// The (re)list of `kind` is complete: any desired object it did not list is gone.
+    ListDone(&'static str),
     /// The watch (re)started, or the server answered: the connection is up.
     Alive,
     /// The connection is down.
@@ -261,7 +322,9 @@ enum Seen {
     Refused(String),
 }
 
-/// Initial listings are not changes: the reconcile that started the watch applied them.
+/// A listing (the watch's first, or a relist after it expired or lost its connection) is
+/// compared like a change: an object deleted or edited while no watch was open (between the
+/// apply and the watch's start, or in a gap) shows only there.
 fn classify<K: serde::Serialize + kube::Resource>(
     kind: &'static str,
     ev: Result<watcher::Event<K>, watcher::Error>,
@@ -271,7 +334,11 @@ fn classify<K: serde::Serialize + kube::Resource>(
             Seen::Change(kind, "changed", o.name_any(), serde_json::to_value(o).ok())
         }
         Ok(watcher::Event::Delete(o)) => Seen::Change(kind, "deleted", o.name_any(), None),
-        Ok(_) => Seen::Alive,
+        Ok(watcher::Event::Init) => Seen::ListStart(kind),
+        Ok(watcher::Event::InitApply(o)) => {
+            Seen::Listed(kind, o.name_any(), serde_json::to_value(o).ok())
+        }
+        Ok(watcher::Event::InitDone) => Seen::ListDone(kind),
         // The connection failed (a refused or dropped connection, a keepalive that went
         // unanswered), as opposed to the server answering with an error status.
         Err(e) => match &e {

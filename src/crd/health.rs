@@ -43,6 +43,12 @@ pub const ACM_POLICY_TYPE_LABEL: &str = "policy.open-cluster-management.io/polic
 pub struct AdmissionHealthSpec {
     /// The hosted cluster this record is about (the HostedControlPlane's name).
     pub cluster: String,
+    /// The UID of the hosted cluster's `kube-system` namespace, recorded when the agent first
+    /// reached it through this HCP's kubeconfig: the claim that no other HCP namespace may
+    /// reach the same cluster. Kept here, on the management cluster, where the hosted cluster's
+    /// admins cannot write it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosted_cluster_uid: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -168,7 +174,8 @@ pub struct AdmissionHealthPolicyStatus {
     /// The message of the last compliance Event, so a restarted agent does not repeat it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
-    /// One row per hosted cluster, in ConfigurationPolicy's shape.
+    /// The hosted clusters the verdict is about, in ConfigurationPolicy's shape: the few worst
+    /// (the fleet's summary), or the one (a hosted cluster's own row).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub related_objects: Vec<RelatedObject>,
     /// The compliance Events this template's reporter emitted, newest first, at most 10, in
@@ -234,9 +241,17 @@ pub fn crds() -> Vec<serde_json::Value> {
         serde_json::to_value(super::rollout::AdmissionRollout::crd()).unwrap_or_default(),
         serde_json::to_value(super::rollout::HostedAdmissionOverride::crd()).unwrap_or_default(),
     ];
-    crds.iter_mut().for_each(normalize_schema);
+    for crd in &mut crds {
+        normalize_schema(crd);
+        // `helm uninstall` keeps them, and with them SREs' overrides (and their reasons) and
+        // the rollout's history: deleting a CRD deletes every object of its kind.
+        crd["metadata"]["annotations"] = serde_json::json!({ HELM_RESOURCE_POLICY: "keep" });
+    }
     crds
 }
+
+/// Helm's annotation for resources `helm uninstall` leaves in place.
+pub const HELM_RESOURCE_POLICY: &str = "helm.sh/resource-policy";
 
 /// What older API servers would refuse or rewrite in schemars' output:
 /// - `null` among an optional enum's values (`nullable: true` already says it): Kubernetes 1.20

@@ -7,6 +7,7 @@
 //! accept. The agent's own CRDs (`health`, `rollout`) are derived from their structs.
 
 pub mod health;
+pub mod hostedcluster;
 pub mod hostedcontrolplane;
 pub mod policy;
 pub mod rollout;
@@ -15,6 +16,7 @@ pub use health::{
     AdmissionHealth, AdmissionHealthPolicy, AdmissionHealthPolicySpec, AdmissionHealthPolicyStatus,
     AdmissionHealthSpec, AdmissionHealthStatus, ConcernStatus, HistoryEntry,
 };
+pub use hostedcluster::HostedCluster;
 pub use hostedcontrolplane::{HostedControlPlane, HostedControlPlaneStatus, SecretKeyRef};
 pub use policy::{
     ClusterCompliance, ComplianceHistory, ComplianceState, Policy, PolicySpec, PolicyStatus,
@@ -61,5 +63,9 @@ pub const CRD_MANIFESTS: &[(&str, &str)] = &[
     (
         "policies.policy.open-cluster-management.io",
         include_str!("policies.yaml"),
+    ),
+    (
+        "hostedclusters.hypershift.openshift.io",
+        include_str!("hostedclusters.yaml"),
     ),
 ];

@@ -120,6 +120,10 @@ pub struct InFlight {
     pub namespace: String,
     /// When it was given the target (RFC 3339): its deadline runs from here.
     pub since: String,
+    /// Whether it was Compliant (on the stable revision) when its batch started; one that was
+    /// not is never held against the new revision. Absent in records of earlier releases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub was_compliant: Option<bool>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]

@@ -191,6 +191,16 @@ impl Guard for Probe {
     }
 }
 
+/// In a probe's message: the denial came from something other than the agent's service (a
+/// webhook of the hosted cluster's own). Not the revision's doing (`rollout::attributable`).
+pub const FOREIGN_ANSWER: &str = "something other than the agent's service answered it";
+/// The same, on the policy path.
+pub const FOREIGN_POLICY_ANSWER: &str = "was not answered by the agent's probe policy";
+/// In a probe's message: the hosted kube-apiserver held the request past the agent's timeout.
+/// The agent's own webhooks time out sooner (5 s at most) and let requests through, so
+/// something of the hosted cluster's held it.
+pub const NO_ANSWER: &str = "got no answer within";
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -59,6 +59,16 @@ pub enum KubeconfigError {
     },
 }
 
+/// Where a document failed to parse, and nothing else: the parser's own message may quote the
+/// text around the error (a snippet of a token or key), which would travel on to the health
+/// record, Events, the ACM hub and the logs.
+fn syntax_error(e: &serde_saphyr::Error) -> KubeconfigError {
+    KubeconfigError::Syntax(match e.location() {
+        Some(l) => format!("at line {}, column {}", l.line(), l.column()),
+        None => "at an unknown position".into(),
+    })
+}
+
 /// A kubeconfig that passed validation, with its server already rewritten.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ValidKubeconfig {
@@ -149,8 +159,7 @@ pub fn validate(
         return Err(KubeconfigError::TooLarge(raw.len()));
     }
     let text = std::str::from_utf8(raw).map_err(|_| KubeconfigError::Syntax("not UTF-8".into()))?;
-    let mut doc: Value =
-        serde_saphyr::from_str(text).map_err(|e| KubeconfigError::Syntax(e.to_string()))?;
+    let mut doc: Value = serde_saphyr::from_str(text).map_err(|e| syntax_error(&e))?;
     check_keys(&doc, TOP_KEYS, "kubeconfig")?;
     let clusters = named_entries(&doc, "clusters", "cluster", CLUSTER_KEYS)?;
     named_entries(&doc, "users", "user", USER_KEYS)?;
@@ -190,10 +199,10 @@ pub fn validate(
         .get("server")
         .and_then(Value::as_str)
         .ok_or_else(|| KubeconfigError::Incomplete("cluster has no server".into()))?;
-    if !server.starts_with("https://") {
+    if let Err(why) = parse_server(server) {
         return Err(KubeconfigError::Forbidden {
             field: "cluster.server".into(),
-            why: "only https:// servers are accepted",
+            why,
         });
     }
     if cluster.get("certificate-authority-data").is_none() {
@@ -249,14 +258,89 @@ pub fn validate(
     })
 }
 
-/// Whether `server` (after rewriting) matches one of `patterns`: `{namespace}` stands for the
-/// HCP namespace, `*` for any run of characters other than `/` (a port, say), and a
-/// trailing `/` is ignored on both sides.
+/// A hosted API server's URL, parsed (by `http::Uri`) and held to what a kubeconfig server
+/// needs: `https`, a host, a numeric port or none, a path. User information (`user@host`: the
+/// host is what follows the `@`), a query and a fragment are refused, so what is compared is
+/// what the client connects to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerUrl {
+    pub host: String,
+    pub port: Option<u16>,
+    /// Without its trailing `/` (empty for none).
+    pub path: String,
+}
+
+impl std::fmt::Display for ServerUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "https://{}", self.host)?;
+        if let Some(p) = self.port {
+            write!(f, ":{p}")?;
+        }
+        f.write_str(&self.path)
+    }
+}
+
+/// `server` parsed, or why it is refused (no part of it quoted: the reason names the rule).
+pub fn parse_server(server: &str) -> Result<ServerUrl, &'static str> {
+    if server.contains('#') {
+        return Err("a fragment (#) is not accepted");
+    }
+    let uri: http::Uri = server.parse().map_err(|_| "not a URL")?;
+    if uri.scheme_str() != Some("https") {
+        return Err("only https:// servers are accepted");
+    }
+    if uri.query().is_some() {
+        return Err("a query (?) is not accepted");
+    }
+    let authority = uri.authority().ok_or("no host")?;
+    if authority.as_str().contains('@') {
+        return Err("user information (user@host) is not accepted");
+    }
+    let host = authority.host().to_ascii_lowercase();
+    if host.is_empty() {
+        return Err("no host");
+    }
+    let port = match authority.port() {
+        Some(p) => Some(p.as_u16()),
+        None if authority.as_str() == authority.host() => None,
+        None => return Err("a port that is not a number"),
+    };
+    Ok(ServerUrl {
+        host,
+        port,
+        path: uri.path().trim_end_matches('/').to_string(),
+    })
+}
+
+/// Whether `server` (after rewriting) matches one of `patterns`, compared part by part on the
+/// parsed URL: `https` only; the host by a glob (`{namespace}` stands for the HCP namespace,
+/// `*` for any run of host characters); the port equal, or `*` for any; the path equal (a
+/// trailing `/` ignored). A server that does not parse matches nothing.
 pub fn server_allowed(server: &str, namespace: &str, patterns: &[String]) -> bool {
-    let server = server.trim_end_matches('/');
+    let Ok(url) = parse_server(server) else {
+        return false;
+    };
     patterns.iter().any(|p| {
         let p = p.replace("{namespace}", namespace);
-        glob(p.trim_end_matches('/').as_bytes(), server.as_bytes())
+        let Some(rest) = p.strip_prefix("https://") else {
+            return false;
+        };
+        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        let (host, port) = match authority.rsplit_once(':') {
+            Some((h, port)) if port == "*" || port.chars().all(|c| c.is_ascii_digit()) => {
+                (h, Some(port))
+            }
+            _ => (authority, None),
+        };
+        let port_ok = match (port, url.port) {
+            (Some("*"), _) => true,
+            (Some(want), Some(have)) => want.parse::<u16>().ok() == Some(have),
+            (None, None) => true,
+            _ => false,
+        };
+        port_ok
+            && glob(host.to_ascii_lowercase().as_bytes(), url.host.as_bytes())
+            && path.trim_end_matches('/') == url.path
     })
 }
 
@@ -282,22 +366,13 @@ fn glob(pattern: &[u8], text: &[u8]) -> bool {
     }
 }
 
-/// `host[:port]` of a URL's authority; an IPv6 literal keeps its brackets.
-fn split_authority(authority: &str) -> (&str, Option<&str>) {
-    let host_end = if authority.starts_with('[') {
-        authority.find(']').map_or(authority.len(), |i| i + 1)
-    } else {
-        authority.find(':').unwrap_or(authority.len())
-    };
-    let (host, rest) = authority.split_at(host_end);
-    (host, rest.strip_prefix(':'))
-}
-
 /// The first rewrite that matches wins:
-/// - `from` a host (no `://`): the server's host is replaced by `to`, its scheme, port and
-///   path kept. HyperShift publishes `https://kube-apiserver:<port>` with the port the
-///   platform uses (6443, 2040 on IBM Cloud), so the host is what identifies it.
+/// - `from` a host (no `://`): the server's host is replaced by `to`, its port and path kept.
+///   HyperShift publishes `https://kube-apiserver:<port>` with the port the platform uses
+///   (6443, 2040 on IBM Cloud), so the host is what identifies it.
 /// - `from` a whole URL: the server must equal it (ignoring a trailing '/') and becomes `to`.
+///
+/// A server that does not parse (`parse_server`) is left as it is, to be refused.
 pub fn rewrite_server(server: &str, namespace: &str, rewrites: &[ServerRewrite]) -> String {
     let norm = server.trim_end_matches('/');
     for rw in rewrites {
@@ -307,14 +382,14 @@ pub fn rewrite_server(server: &str, namespace: &str, rewrites: &[ServerRewrite])
             }
             continue;
         }
-        if let Some((scheme, rest)) = norm.split_once("://") {
-            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-            let (host, port) = split_authority(authority);
-            if host.eq_ignore_ascii_case(&rw.from) {
-                let to = rw.to.replace("{namespace}", namespace);
-                let port = port.map(|p| format!(":{p}")).unwrap_or_default();
-                return format!("{scheme}://{to}{port}{path}");
+        if let Ok(url) = parse_server(server)
+            && url.host.eq_ignore_ascii_case(&rw.from)
+        {
+            return ServerUrl {
+                host: rw.to.replace("{namespace}", namespace),
+                ..url
             }
+            .to_string();
         }
     }
     server.to_string()
@@ -572,5 +647,81 @@ mod tests {
         let star = p(&["https://*.{namespace}.svc:6443"]);
         assert!(server_allowed("https://kas.a.svc:6443", "a", &star));
         assert!(!server_allowed("https://kas.b.svc:6443", "a", &star));
+        // Scheme, host and port compared apart: a port pattern never spills into the host.
+        let any_port = p(&["https://kube-apiserver.{namespace}.svc:*"]);
+        assert!(!server_allowed(
+            "https://kube-apiserver.a.svc:6443@10.0.0.5:443",
+            "a",
+            &any_port
+        ));
+        assert!(!server_allowed(
+            "https://kube-apiserver.a.svc.evil.example:6443",
+            "a",
+            &any_port
+        ));
+        assert!(!server_allowed(
+            "https://kube-apiserver.a.svc",
+            "a",
+            &p(&["https://kube-apiserver.a.svc:6443"])
+        ));
+        assert!(server_allowed(
+            "https://KUBE-apiserver.a.svc:6443",
+            "a",
+            &any_port
+        ));
+    }
+
+    /// What the client would connect to is what is checked: a URL whose host hides behind user
+    /// information, or carries a query or a fragment, is refused, naming the field and the
+    /// rule, quoting nothing of the URL.
+    #[test]
+    fn user_information_query_and_fragment_are_refused_by_field() {
+        for (server, rule) in [
+            (
+                "https://kube-apiserver:6443@10.0.0.5:443",
+                "user information",
+            ),
+            (
+                "https://tok3n-s3cr3t@kube-apiserver:6443",
+                "user information",
+            ),
+            ("https://kube-apiserver:6443/?x=tok3n-s3cr3t", "a query"),
+            ("https://kube-apiserver:6443/#tok3n-s3cr3t", "a fragment"),
+            ("https://kube-apiserver:http", "not a number"),
+        ] {
+            let doc = kc("", CERT_USER).replace("https://kube-apiserver:6443", server);
+            let err = check(&doc).expect_err(server);
+            assert!(
+                matches!(&err, KubeconfigError::Forbidden { field, .. } if field == "cluster.server"),
+                "{server}: {err}"
+            );
+            let msg = err.to_string();
+            assert!(msg.contains(rule), "{server}: {msg}");
+            assert!(!msg.contains("tok3n") && !msg.contains("10.0.0.5"), "{msg}");
+        }
+        // After the rewrite, the userinfo form is refused too: the allow-list never sees it.
+        let rw = &HostedAccessConfig::default().server_rewrites;
+        assert_eq!(
+            rewrite_server("https://kube-apiserver:6443@10.0.0.5:443", "ns", rw),
+            "https://kube-apiserver:6443@10.0.0.5:443"
+        );
+    }
+
+    /// A malformed document is refused with where it broke, never with the text around it
+    /// (the parser's own message quotes it: a token's fragment would reach the health record,
+    /// Events, the hub and the logs).
+    #[test]
+    fn a_yaml_error_names_its_position_and_quotes_nothing() {
+        for doc in [
+            "apiVersion: v1\nusers:\n- name: u\n  user:\n    token: \"s3cr3t-tok3n-abcdef\n",
+            "users: [{name: u, user: {token: s3cr3t-tok3n-abcdef}\n",
+            "users:\n  - name: u\n   user: s3cr3t-tok3n-abcdef\n",
+        ] {
+            let err = check(doc).expect_err("malformed");
+            let msg = err.to_string();
+            assert!(matches!(err, KubeconfigError::Syntax(_)), "{msg}");
+            assert!(msg.contains("line "), "{msg}");
+            assert!(!msg.contains("s3cr3t") && !msg.contains("abcdef"), "{msg}");
+        }
     }
 }

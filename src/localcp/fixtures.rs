@@ -177,8 +177,34 @@ pub async fn create_hcp(
         Err(kube::Error::Api(s)) if s.code == 409 => {}
         Err(e) => return Err(kube_err(format!("creating HostedControlPlane {ns}/{name}"))(e)),
     }
+    create_hosted_cluster(client, name).await?;
     set_hcp_ready(client, &ns, name, true).await
 }
+
+/// The HostedCluster `clusters/<name>` whose control plane is in `clusters-<name>`, as the
+/// HyperShift operator keeps it beside the HCP (the agent reads its metadata only).
+pub async fn create_hosted_cluster(client: &Client, name: &str) -> Result<(), LocalCpError> {
+    ensure_namespace(client, HOSTED_CLUSTER_NAMESPACE, BTreeMap::new()).await?;
+    let mut hc = crate::crd::HostedCluster::new(name, Default::default());
+    hc.metadata.namespace = Some(HOSTED_CLUSTER_NAMESPACE.into());
+    hc.spec.extra = BTreeMap::from([(
+        "release".to_string(),
+        serde_json::json!({"image": "quay.io/openshift-release-dev/ocp-release:4.17.0-x86_64"}),
+    )]);
+    match Api::<crate::crd::HostedCluster>::namespaced(client.clone(), HOSTED_CLUSTER_NAMESPACE)
+        .create(&PostParams::default(), &hc)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(kube_err(format!(
+            "creating HostedCluster {HOSTED_CLUSTER_NAMESPACE}/{name}"
+        ))(e)),
+    }
+}
+
+/// The namespace of the test bed's HostedClusters (HyperShift's default).
+pub const HOSTED_CLUSTER_NAMESPACE: &str = "clusters";
 
 /// The spec of a HostedControlPlane as HyperShift writes one for an AWS hosted cluster: every
 /// field HyperShift's own CRD requires (dns, etcd, infraID, issuerURL, platform with region
