@@ -63,6 +63,16 @@ async fn hub_says(
         .expect("the hub's row")
 }
 
+/// Starts a stopped hosted kube-apiserver again.
+async fn restart(fleet: &mut hcp_fleet_agent::localcp::LocalFleet, name: &str) {
+    fleet
+        .hosted_mut(name)
+        .expect("hosted cluster")
+        .start()
+        .await
+        .expect("restarts");
+}
+
 /// Status-sync's reading of the Event reasons: `(?i)^policy:\s*(?:([a-z0-9.-]+)\s*\/)?(.+)`.
 #[test]
 fn reasons_read_as_status_sync_reads_them() {
@@ -255,12 +265,7 @@ async fn acm_reads_the_fleet_verdict_from_events_on_the_replicated_policy() {
     );
 
     // hc-2 back: the summary says so.
-    fleet
-        .hosted_mut("hc-2")
-        .expect("hc-2")
-        .start()
-        .await
-        .expect("hc-2 restarts");
+    restart(&mut fleet, "hc-2").await;
     row("Compliant", "2 of 2 hosted cluster(s) compliant").await;
 
     // The hub Policy deleted and created again (D1): the replica and its template come back
@@ -427,12 +432,7 @@ async fn each_hosted_cluster_is_its_own_row_with_hosted_mode_addons() {
         ("Compliant", 1),
         "prod-hc-1's row is untouched: {h:?}"
     );
-    fleet
-        .hosted_mut("hc-2")
-        .expect("hc-2")
-        .start()
-        .await
-        .expect("hc-2 restarts");
+    restart(&mut fleet, "hc-2").await;
     let h = row(
         "mgmt-hc-2",
         "Compliant",

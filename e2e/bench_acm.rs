@@ -105,25 +105,7 @@ async fn until(
 
 /// Management requests by resource, from the agent's counters.
 fn by_resource(text: &str) -> BTreeMap<String, f64> {
-    let mut m = BTreeMap::new();
-    for l in text
-        .lines()
-        .filter(|l| l.starts_with("hcp_fleet_management_api_requests_total{"))
-    {
-        let resource = l
-            .split("resource=\"")
-            .nth(1)
-            .and_then(|r| r.split('"').next())
-            .unwrap_or("")
-            .to_string();
-        let v: f64 = l
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0);
-        *m.entry(resource).or_insert(0.0) += v;
-    }
-    m
+    support::sum_by_label(text, "hcp_fleet_management_api_requests_total", "resource")
 }
 
 async fn run() -> Result<(), String> {

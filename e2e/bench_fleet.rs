@@ -26,22 +26,7 @@ use kube::{Api, ResourceExt};
 
 /// Sum of a metric's samples per hcp_namespace label (or under "" without one).
 fn per_namespace(text: &str, metric: &str) -> BTreeMap<String, f64> {
-    let mut m = BTreeMap::new();
-    for l in text.lines().filter(|l| l.starts_with(metric)) {
-        let ns = l
-            .split("hcp_namespace=\"")
-            .nth(1)
-            .and_then(|r| r.split('"').next())
-            .unwrap_or("")
-            .to_string();
-        let v: f64 = l
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0);
-        *m.entry(ns).or_insert(0.0) += v;
-    }
-    m
+    support::sum_by_label(text, metric, "hcp_namespace")
 }
 
 fn main() {

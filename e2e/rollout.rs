@@ -160,6 +160,20 @@ fn intervals(history: &History, rev: &str) -> BTreeMap<String, (Instant, Option<
     out
 }
 
+/// Whether an Event in the agent's namespace has `reason` and mentions `needle`.
+async fn agent_event(mgmt: &Client, reason: &str, needle: &str) -> bool {
+    Api::<k8s_openapi::api::events::v1::Event>::namespaced(mgmt.clone(), AGENT_NS)
+        .list(&Default::default())
+        .await
+        .expect("events")
+        .items
+        .iter()
+        .any(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.note.as_deref().is_some_and(|n| n.contains(needle))
+        })
+}
+
 async fn revision_of(mgmt: &Client, ns: &str) -> Option<String> {
     let h = Api::<AdmissionHealth>::namespaced(mgmt.clone(), ns)
         .get(HEALTH_NAME)
@@ -367,18 +381,8 @@ async fn waves_a_leader_change_and_two_bad_revisions_that_halt_and_roll_back() {
         .await
         .expect("metrics");
     assert!(body.contains("hcp_fleet_rollout_halted 1"), "{body}");
-    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(mgmt.clone(), AGENT_NS)
-        .list(&Default::default())
-        .await
-        .expect("events");
     assert!(
-        events
-            .items
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("RolloutHalted")
-                && e.note
-                    .as_deref()
-                    .is_some_and(|n| n.contains("clusters-hc-1"))),
+        agent_event(&mgmt, "RolloutHalted", "clusters-hc-1").await,
         "a RolloutHalted Event names the canary"
     );
 
@@ -650,18 +654,8 @@ async fn a_tenant_failing_its_own_probe_does_not_halt_the_rollout() {
         );
     }
     assert!(done.status.unwrap_or_default().failed.is_empty());
-    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(mgmt.clone(), AGENT_NS)
-        .list(&Default::default())
-        .await
-        .expect("events");
     assert!(
-        events
-            .items
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("RolloutNotHeldAgainst")
-                && e.note
-                    .as_deref()
-                    .is_some_and(|n| n.contains("clusters-hc-2"))),
+        agent_event(&mgmt, "RolloutNotHeldAgainst", "clusters-hc-2").await,
         "an Event says why hc-2 was not held against the revision"
     );
 }

@@ -719,3 +719,32 @@ pub async fn template_rows(
             .collect(),
     ))
 }
+
+/// The samples of `metric` in OpenMetrics `text`, summed by the value of `label` (under ""
+/// where a sample has none).
+pub fn sum_by_label(
+    text: &str,
+    metric: &str,
+    label: &str,
+) -> std::collections::BTreeMap<String, f64> {
+    let mut m = std::collections::BTreeMap::new();
+    let key = format!("{label}=\"");
+    for l in text.lines().filter(|l| {
+        l.strip_prefix(metric)
+            .is_some_and(|r| r.starts_with(['{', ' ']))
+    }) {
+        let by = l
+            .split(key.as_str())
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .unwrap_or("")
+            .to_string();
+        let v: f64 = l
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        *m.entry(by).or_insert(0.0) += v;
+    }
+    m
+}
