@@ -160,6 +160,18 @@ fn intervals(history: &History, rev: &str) -> BTreeMap<String, (Instant, Option<
     out
 }
 
+/// Makes hosted cluster `name`'s HCP a canary, by its label.
+async fn label_canary(mgmt: &Client, name: &str) {
+    Api::<HostedControlPlane>::namespaced(mgmt.clone(), &hcp_namespace(name))
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&serde_json::json!({"metadata": {"labels": {CANARY.0: CANARY.1}}})),
+        )
+        .await
+        .expect("label the canary");
+}
+
 /// Whether an Event in the agent's namespace has `reason` and mentions `needle`.
 async fn agent_event(mgmt: &Client, reason: &str, needle: &str) -> bool {
     Api::<k8s_openapi::api::events::v1::Event>::namespaced(mgmt.clone(), AGENT_NS)
@@ -214,14 +226,7 @@ async fn waves_a_leader_change_and_two_bad_revisions_that_halt_and_roll_back() {
     let names = ["hc-1", "hc-2", "hc-3"];
     let nss: Vec<String> = names.iter().map(|n| hcp_namespace(n)).collect();
     // hc-1 is the canary, by its HCP's label.
-    Api::<HostedControlPlane>::namespaced(mgmt.clone(), &nss[0])
-        .patch(
-            "hc-1",
-            &PatchParams::default(),
-            &Patch::Merge(&serde_json::json!({"metadata": {"labels": {CANARY.0: CANARY.1}}})),
-        )
-        .await
-        .expect("label the canary");
+    label_canary(&mgmt, "hc-1").await;
     let kubeconfig = &fleet.management.kubeconfig_path;
     let mut paths = Vec::new();
     let mut agents = Vec::new();
@@ -568,14 +573,7 @@ async fn a_tenant_failing_its_own_probe_does_not_halt_the_rollout() {
         .iter()
         .map(|n| hcp_namespace(n))
         .collect();
-    Api::<HostedControlPlane>::namespaced(mgmt.clone(), &nss[1])
-        .patch(
-            "hc-2",
-            &PatchParams::default(),
-            &Patch::Merge(&serde_json::json!({"metadata": {"labels": {CANARY.0: CANARY.1}}})),
-        )
-        .await
-        .expect("label the canary");
+    label_canary(&mgmt, "hc-2").await;
     let mut cfg = config();
     cfg.probe_interval_seconds = 5;
     let agent = support::start_agent(&mgmt, cfg.clone()).await;
