@@ -105,10 +105,32 @@ async fn grant_alice(bed: &Bed) {
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}],
     }))
     .expect("binding");
-    Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(hosted)
+    Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(hosted.clone())
         .create(&PostParams::default(), &binding)
         .await
         .expect("binding");
+    // The API server's authorizer learns of the binding from a watch, a moment after the
+    // create: until it has, alice's first requests are refused by RBAC, not by the guards (a
+    // load test once counted one such refusal). Ask it until it says yes.
+    use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+    let review: SubjectAccessReview = serde_json::from_value(serde_json::json!({
+        "spec": {"user": "alice", "resourceAttributes": {
+            "verb": "delete", "group": "rbac.authorization.k8s.io", "resource": "clusterroles",
+            "name": "cluster-admin"}},
+    }))
+    .expect("review");
+    let reviews = Api::<SubjectAccessReview>::all(hosted);
+    eventually("RBAC lets alice in", Duration::from_secs(10), || async {
+        let r = reviews
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| e.to_string())?;
+        match r.status {
+            Some(st) if st.allowed => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
 }
 
 /// kubectl against hc-1 with `input` on its standard input: (success, stdout + stderr).

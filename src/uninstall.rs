@@ -90,50 +90,37 @@ where
 }
 
 /// Deletes the agent's webhook configurations, admission policies and bindings, and the
-/// canaries' RBAC, in one hosted cluster (by the owned label, so objects of an older naming go too).
-async fn remove_hosted(hosted: &Client) -> Result<usize, kube::Error> {
-    let lp = ListParams::default().labels(&webhooks::owned_selector());
+/// canaries' RBAC, in one hosted cluster, by the names the agent gives them: never by its
+/// label, which any tenant can put on objects of their own.
+async fn remove_hosted(hosted: &Client, cfg: &AgentConfig) -> Result<usize, kube::Error> {
     let mut n = 0;
     let vapi: Api<ValidatingWebhookConfiguration> = Api::all(hosted.clone());
-    for v in vapi.list(&lp).await? {
-        n += usize::from(delete_named(&vapi, &v.name_any()).await?);
-    }
+    n += usize::from(delete_named(&vapi, webhooks::VALIDATING_NAME).await?);
     let mapi: Api<MutatingWebhookConfiguration> = Api::all(hosted.clone());
-    for m in mapi.list(&lp).await? {
-        n += usize::from(delete_named(&mapi, &m.name_any()).await?);
-    }
-    // Bindings before their policies. A server without admission policies answers 404.
+    n += usize::from(delete_named(&mapi, webhooks::MUTATING_NAME).await?);
+    // A policy and its binding are named after their guard's webhook: every guard's, and every
+    // configured one's. Bindings before their policies; a server without admission policies
+    // answers 404, as for an object that is not there.
+    let names: std::collections::BTreeSet<&str> = crate::guards::ALL
+        .iter()
+        .map(|g| g.row().name)
+        .chain(cfg.webhooks.iter().map(|w| w.name.as_str()))
+        .collect();
     let bapi: Api<ValidatingAdmissionPolicyBinding> = Api::all(hosted.clone());
-    for b in list_if_served(&bapi, &lp).await? {
-        n += usize::from(delete_named(&bapi, &b).await?);
-    }
     let papi: Api<ValidatingAdmissionPolicy> = Api::all(hosted.clone());
-    for p in list_if_served(&papi, &lp).await? {
-        n += usize::from(delete_named(&papi, &p).await?);
+    for name in &names {
+        n += usize::from(delete_named(&bapi, name).await?);
+    }
+    for name in &names {
+        n += usize::from(delete_named(&papi, name).await?);
     }
     // The canaries' RBAC (`hosted::canary`), once the guards it served are gone; not counted
     // (it exists only once a canary has run, and the count names the guards' objects).
     let rbapi: Api<ClusterRoleBinding> = Api::all(hosted.clone());
-    for b in list_if_served(&rbapi, &lp).await? {
-        delete_named(&rbapi, &b).await?;
-    }
+    delete_named(&rbapi, crate::hosted::canary::RBAC_NAME).await?;
     let rapi: Api<ClusterRole> = Api::all(hosted.clone());
-    for r in list_if_served(&rapi, &lp).await? {
-        delete_named(&rapi, &r).await?;
-    }
+    delete_named(&rapi, crate::hosted::canary::RBAC_NAME).await?;
     Ok(n)
-}
-
-/// The names of the listed objects; none where the server does not serve the resource.
-async fn list_if_served<K>(api: &Api<K>, lp: &ListParams) -> Result<Vec<String>, kube::Error>
-where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    match api.list_metadata(lp).await {
-        Ok(l) => Ok(l.into_iter().map(|o| o.name_any()).collect()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Vec::new()),
-        Err(e) => Err(e),
-    }
 }
 
 /// One HCP namespace: hosted webhooks first, then the management-side objects.
@@ -172,7 +159,7 @@ async fn remove_hcp(
     .await
     .map_err(|e| hosted_err(e.to_string()))?;
     let timeout = Duration::from_secs(u64::from(access.request_timeout_seconds) * 3);
-    let hosted_objects = tokio::time::timeout(timeout, remove_hosted(&hosted))
+    let hosted_objects = tokio::time::timeout(timeout, remove_hosted(&hosted, cfg))
         .await
         .map_err(|_| hosted_err(format!("{server} did not answer within {timeout:?}")))?
         .map_err(|e| hosted_err(format!("{server}: {e}")))?;

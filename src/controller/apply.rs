@@ -3,8 +3,8 @@
 //! objects that are no longer wanted. The same helpers serve management-side objects and the
 //! webhook configurations in hosted clusters.
 
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{Api, Resource, ResourceExt};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -164,14 +164,13 @@ where
     }
 }
 
-/// One owned object of a kind: `desired` applied under `name` (or deleted when `None`), then
-/// every other object of the kind that carries the agent's `owned` label selector pruned (an
-/// older agent's, or one renamed by a configuration change).
-pub async fn apply_and_prune<K>(
+/// One owned object of a kind, by its fixed name: `desired` applied under `name`, or the object
+/// deleted when `None`. Nothing is listed: in a hosted cluster any tenant can label objects
+/// like the agent's, and a list by that label would hold (and delete) whatever they put there.
+pub async fn apply_or_delete<K>(
     api: &Api<K>,
     name: &str,
     desired: Option<&K>,
-    owned: &str,
     same: fn(&Value, &Value) -> bool,
     repair: Repair,
 ) -> Result<(), kube::Error>
@@ -184,15 +183,6 @@ where
         }
         None => {
             delete_if_present(api, name).await?;
-        }
-    }
-    for o in api
-        .list_metadata(&ListParams::default().labels(owned))
-        .await?
-    {
-        let other = o.name_any();
-        if other != name {
-            delete_if_present(api, &other).await?;
         }
     }
     Ok(())

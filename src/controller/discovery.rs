@@ -59,8 +59,19 @@ impl Capabilities {
     }
 }
 
+/// How long one discovery read may take: a management API server that accepts the connection
+/// and never answers must not hold the controller's start (and with it every HCP) forever.
+pub const DISCOVERY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub async fn discover(client: &Client) -> Capabilities {
-    let (pdb_api, monitoring_served) = match client.list_api_groups().await {
+    let groups = tokio::time::timeout(DISCOVERY_DEADLINE, client.list_api_groups())
+        .await
+        .unwrap_or_else(|_| {
+            Err(kube::Error::Service(
+                format!("no answer within {}s", DISCOVERY_DEADLINE.as_secs()).into(),
+            ))
+        });
+    let (pdb_api, monitoring_served) = match groups {
         Ok(groups) => {
             let served = |group: &str, v: &str| {
                 groups
@@ -89,10 +100,21 @@ pub async fn discover(client: &Client) -> Capabilities {
     let read = |name: &'static str| {
         let crds = crds.clone();
         async move {
-            crds.get_opt(name).await.unwrap_or_else(|e| {
-                warn!(error = %e, crd = name, "cannot read a CRD; taking it as absent");
-                None
-            })
+            match tokio::time::timeout(DISCOVERY_DEADLINE, crds.get_opt(name)).await {
+                Ok(Ok(crd)) => crd,
+                Ok(Err(e)) => {
+                    warn!(error = %e, crd = name, "cannot read a CRD; taking it as absent");
+                    None
+                }
+                Err(_) => {
+                    warn!(
+                        crd = name,
+                        seconds = DISCOVERY_DEADLINE.as_secs(),
+                        "no answer reading a CRD; taking it as absent"
+                    );
+                    None
+                }
+            }
         }
     };
     let policy = read(POLICY_CRD).await;

@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::Service;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 
-use super::apply::{Applied, Repair, apply_against, apply_and_prune, delete_if_present};
+use super::apply::{Applied, Repair, apply_against, apply_or_delete, delete_if_present};
 
 /// Every hosted object the agent installs is its own whole (`webhooks::OWNED_WHOLE`).
 const WHOLE: Repair = Repair::Whole(webhooks::OWNED_WHOLE);
@@ -263,6 +263,63 @@ async fn prove(
     }
 }
 
+/// The names of the policies and bindings the agent may have written in a hosted cluster: the
+/// ones it wants now, every guard's (a guard may have moved to its webhook, or be off), and
+/// the webhooks' (a guard configured by name).
+fn names_ours(desired: &HostedWebhooks) -> BTreeSet<String> {
+    let wanted = &desired.policies;
+    wanted
+        .policies
+        .iter()
+        .filter_map(|p| p.metadata.name.clone())
+        .chain(
+            wanted
+                .bindings
+                .iter()
+                .filter_map(|b| b.metadata.name.clone()),
+        )
+        .chain(crate::guards::ALL.iter().map(|g| g.row().name.to_string()))
+        .chain(
+            desired
+                .validating
+                .iter()
+                .flat_map(|v| v.webhooks.iter().flatten().map(|w| w.name.clone())),
+        )
+        .chain(
+            desired
+                .mutating
+                .iter()
+                .flat_map(|m| m.webhooks.iter().flatten().map(|w| w.name.clone())),
+        )
+        .collect()
+}
+
+/// The objects `lp` selects whose names are in `ours`, read in pages of
+/// `watches::HOSTED_PAGE`: whatever else the selector matches is dropped page by page.
+async fn list_ours<K>(
+    api: &Api<K>,
+    lp: &ListParams,
+    ours: &BTreeSet<String>,
+) -> Result<Vec<K>, kube::Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut kept = Vec::new();
+    let mut page = lp.clone().limit(super::watches::HOSTED_PAGE);
+    loop {
+        let list = api.list(&page).await?;
+        kept.extend(
+            list.items
+                .into_iter()
+                .filter(|o| o.meta().name.as_ref().is_some_and(|n| ours.contains(n))),
+        );
+        match list.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => page = page.continue_token(&token),
+            None => return Ok(kept),
+        }
+    }
+}
+
 /// Everything the agent wants in one hosted cluster, in an order that never leaves a guard
 /// without a path: policies and bindings are added and (if any was written, or a guard still
 /// has its webhook entry) proven in force, then the webhook configurations are written, then
@@ -284,9 +341,14 @@ pub async fn install(
     let mut warnings = Vec::new();
     let lp = ListParams::default().labels(&owned);
     // What is there, one list per kind (not a read per object): compared against, and
-    // pruned from, below.
+    // pruned from, below. Only names the agent renders are kept: a tenant can label objects
+    // of their own like the agent's, and those pass through a page at a time.
+    let ours = names_ours(desired);
     let (mut live_policies, mut live_bindings) = if features.admission_policies {
-        (papi.list(&lp).await?.items, bapi.list(&lp).await?.items)
+        (
+            list_ours(&papi, &lp, &ours).await?,
+            list_ours(&bapi, &lp, &ours).await?,
+        )
     } else {
         (Vec::new(), Vec::new())
     };
@@ -328,20 +390,18 @@ pub async fn install(
             .await?;
         }
     }
-    apply_and_prune(
+    apply_or_delete(
         &Api::<ValidatingWebhookConfiguration>::all(hosted.clone()),
         VALIDATING_NAME,
         desired.validating.as_ref(),
-        &owned,
         webhooks::webhooks_match,
         WHOLE,
     )
     .await?;
-    apply_and_prune(
+    apply_or_delete(
         &Api::<MutatingWebhookConfiguration>::all(hosted.clone()),
         MUTATING_NAME,
         desired.mutating.as_ref(),
-        &owned,
         webhooks::webhooks_match,
         WHOLE,
     )

@@ -418,16 +418,11 @@ mod tests {
             seconds: 1,
         }
         .in_namespace("clusters-hc-1");
+        // Each retry at a jittered point of its backoff (`retries_are_spread_…` below).
         let first = error_policy(Arc::new(hcp("u")), &err, ctx.clone());
         let second = error_policy(Arc::new(hcp("u")), &err, ctx.clone());
-        assert_eq!(
-            first,
-            kube::runtime::controller::Action::requeue(backoff(1))
-        );
-        assert_eq!(
-            second,
-            kube::runtime::controller::Action::requeue(backoff(2))
-        );
+        assert_ne!(first, kube::runtime::controller::Action::await_change());
+        assert_ne!(second, kube::runtime::controller::Action::await_change());
         let text = ctx.metrics.encode();
         assert!(
             text.contains("hcp_fleet_reconcile_errors_total{phase=\"hosted-webhooks\"} 2"),
@@ -456,6 +451,24 @@ mod tests {
             weak.strong_count(),
             0,
             "nothing keeps the context (and its watches) alive"
+        );
+    }
+
+    #[test]
+    fn retries_are_spread_over_their_whole_backoff() {
+        use super::reconcile::jittered;
+        let cap = Duration::from_secs(32);
+        assert_eq!(jittered(cap, 0.0), Duration::from_secs(1), "never at once");
+        assert_eq!(jittered(cap, 0.5), Duration::from_secs(16));
+        assert!(jittered(cap, 0.999_999) <= cap);
+        assert_eq!(
+            jittered(cap, 7.0),
+            cap,
+            "a fraction out of range is clamped"
+        );
+        assert_eq!(
+            jittered(Duration::from_millis(500), 0.0),
+            Duration::from_millis(500)
         );
     }
 

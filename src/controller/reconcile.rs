@@ -385,12 +385,31 @@ pub fn error_policy(
         s.failures = s.failures.saturating_add(1);
         s.failures
     });
-    Action::requeue(backoff(failures))
+    Action::requeue(jittered(backoff(failures), random_fraction()))
 }
 
 /// Per-HCP exponential backoff: 2 s, 4 s, … capped at 60 s; a success resets it.
 pub fn backoff(failures: u32) -> Duration {
     Duration::from_secs(2u64.saturating_pow(failures.min(6)).min(60))
+}
+
+/// Full jitter: a retry at a uniform point of `[0, cap]` (`r` in `[0, 1)`), at least a second
+/// later. A thousand HCPs failing together (a management API server restarting, a shared
+/// dependency down) must not come back in step, each wave as large as the last.
+pub fn jittered(cap: Duration, r: f64) -> Duration {
+    cap.mul_f64(r.clamp(0.0, 1.0))
+        .max(Duration::from_secs(1).min(cap))
+}
+
+/// A uniform fraction in `[0, 1)` from the system's random source (1.0, no jitter, if it
+/// fails).
+fn random_fraction() -> f64 {
+    use ring::rand::SecureRandom;
+    let mut b = [0u8; 4];
+    match ring::rand::SystemRandom::new().fill(&mut b) {
+        Ok(()) => f64::from(u32::from_le_bytes(b)) / (f64::from(u32::MAX) + 1.0),
+        Err(_) => 1.0,
+    }
 }
 
 /// How long to wait before looking again at replicas that do not all serve the new

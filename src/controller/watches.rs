@@ -68,6 +68,10 @@ pub fn ensure_drift_watch(
     });
 }
 
+/// Objects per page when listing what a tenant can add to (labelled hosted objects): what one
+/// page holds is all the agent holds at once, whatever the tenant keeps.
+pub const HOSTED_PAGE: u32 = 10;
+
 fn drift_task(
     ctx: &Context,
     ns: &str,
@@ -83,19 +87,28 @@ fn drift_task(
     let cluster = cluster.to_string();
     let client = hosted.client.clone();
     async move {
-        let cfg = watcher::Config::default().labels(&webhooks::owned_selector());
+        // The two configurations by name: a label any tenant can set on objects of their own
+        // (300 of them, 900 KiB each) must not decide what the agent lists and holds.
+        let by_name =
+            |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
         let v = watcher(
             Api::<ValidatingWebhookConfiguration>::all(client.clone()),
-            cfg.clone(),
+            by_name(webhooks::VALIDATING_NAME),
         )
         .default_backoff()
         .map(|e| classify("ValidatingWebhookConfiguration", e));
         let m = watcher(
             Api::<MutatingWebhookConfiguration>::all(client.clone()),
-            cfg.clone(),
+            by_name(webhooks::MUTATING_NAME),
         )
         .default_backoff()
         .map(|e| classify("MutatingWebhookConfiguration", e));
+        // The policies and bindings are one per guard, named by the configuration: by label,
+        // in small pages, so a tenant's labelled objects pass through a few at a time and are
+        // dropped (nothing here keeps an object whose name the agent does not render).
+        let cfg = watcher::Config::default()
+            .labels(&webhooks::owned_selector())
+            .page_size(HOSTED_PAGE);
         let hooks = futures::stream::select(v, m);
         // Only where served: a watch of a resource the server lacks would be refused forever.
         let events: futures::stream::BoxStream<'static, Seen> = if features.admission_policies {
@@ -207,6 +220,13 @@ fn drift_task(
                 }
             };
             for (kind, what, name, live) in changes {
+                let want = lock(&shared)
+                    .desired
+                    .as_ref()
+                    .and_then(|d| desired_of(d, kind, &name));
+                // Not an object the agent renders (a tenant's, labelled like the agent's):
+                // nothing to compare, and nothing of it kept.
+                let Some(want) = want else { continue };
                 if kind == "ValidatingAdmissionPolicy"
                     && let Some(l) = &live
                     && let Ok(p) = serde_json::from_value::<ValidatingAdmissionPolicy>(l.clone())
@@ -220,11 +240,6 @@ fn drift_task(
                         }
                     }
                 }
-                let want = lock(&shared)
-                    .desired
-                    .as_ref()
-                    .and_then(|d| desired_of(d, kind, &name));
-                let Some(want) = want else { continue };
                 let drifted = match &live {
                     Some(l) => !matches_desired(kind, &want, l),
                     None => true,
