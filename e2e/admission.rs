@@ -1646,6 +1646,13 @@ fn loopback_serving_files(ca_name: &str) -> (KeyedCert, tempfile::TempDir) {
 /// The admission service on its own, as its container runs it, with the default settings:
 /// (the process, its port, the CA its certificate is signed by, the directory of its files).
 async fn standalone_service() -> (std::process::Child, u16, String, tempfile::TempDir) {
+    standalone_service_with(&[]).await
+}
+
+/// `standalone_service`, with more arguments.
+async fn standalone_service_with(
+    extra: &[&str],
+) -> (std::process::Child, u16, String, tempfile::TempDir) {
     hcp_fleet_agent::tls::install_crypto_provider();
     let (ca, dir) = loopback_serving_files("t");
     let port = hcp_fleet_agent::localcp::free_port().expect("port");
@@ -1659,6 +1666,7 @@ async fn standalone_service() -> (std::process::Child, u16, String, tempfile::Te
             "--cert-dir",
         ])
         .arg(dir.path())
+        .args(extra)
         .spawn()
         .expect("webhook");
     eventually("webhook ready", Duration::from_secs(10), || {
@@ -1672,6 +1680,51 @@ async fn standalone_service() -> (std::process::Child, u16, String, tempfile::Te
     })
     .await;
     (child, port, ca.cert_pem, dir)
+}
+
+/// A flood of connections cannot hold the service: past `--max-connections` a new connection
+/// is closed at once, and one that never finishes its TLS handshake frees its slot after the
+/// handshake timeout (5 s).
+#[tokio::test]
+async fn connections_beyond_the_limit_are_closed_at_once() {
+    use tokio::io::AsyncReadExt;
+    let (mut child, port, ca_pem, _dir) =
+        standalone_service_with(&["--max-connections", "3"]).await;
+    // Three connections that say nothing hold the three slots.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .expect("connect"),
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A fourth is closed at once: its read ends with nothing.
+    let mut extra = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let mut buf = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(2), extra.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "a connection past the limit is closed at once: {read:?}"
+    );
+    assert!(kubelet::https_get(port, &ca_pem, "/readyz").await.is_err());
+    // The silent ones time out of their handshakes; the service answers again.
+    eventually("a slot is free again", Duration::from_secs(10), || {
+        let ca = ca_pem.clone();
+        async move {
+            match kubelet::https_get(port, &ca, "/readyz").await {
+                Ok((200, _)) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+    drop(held);
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// Malformed input gets a clear 4xx, never a crash; SIGTERM drains and exits cleanly.

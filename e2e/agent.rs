@@ -1114,10 +1114,21 @@ async fn a_paused_hcp_is_left_alone_and_resumes() {
     use hcp_fleet_agent::crd::hostedcontrolplane::PAUSE_ANNOTATION;
     use kube::api::{Patch, PatchParams};
     let (fleet, mgmt, _pods) = support::fleet_with_pods(1).await;
-    let _agent = start_agent(&mgmt, AgentConfig::default()).await;
+    let agent = start_agent(&mgmt, AgentConfig::default()).await;
     wait_compliant(&mgmt, &["hc-1"]).await;
     let ns = hcp_namespace("hc-1");
     let hcps: Api<HostedControlPlane> = Api::namespaced(mgmt.clone(), &ns);
+    // Since when, and by whom: the gauge the pause alert reads, and the record's start.
+    let paused_series = || {
+        agent
+            .context
+            .metrics
+            .encode()
+            .lines()
+            .filter(|l| l.starts_with("hcp_fleet_paused_since_timestamp_seconds{"))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
     let patch = |body: serde_json::Value| {
         let hcps = hcps.clone();
         async move {
@@ -1132,14 +1143,17 @@ async fn a_paused_hcp_is_left_alone_and_resumes() {
             serde_json::json!({"metadata": {"annotations": {PAUSE_ANNOTATION: "true"}}}),
             serde_json::json!({"metadata": {"annotations": {PAUSE_ANNOTATION: null}}}),
             "paused by hcp-fleet.openshift.io/paused",
+            "annotation",
         ),
         (
             serde_json::json!({"spec": {"pausedUntil": "true"}}),
             serde_json::json!({"spec": {"pausedUntil": null}}),
             "paused by spec.pausedUntil",
+            "hypershift",
         ),
     ];
-    for (pause, resume, reason) in ways {
+    for (pause, resume, reason, by) in ways {
+        let before = jiff::Timestamp::now().as_second();
         patch(pause).await;
         eventually(reason, Duration::from_secs(20), || {
             let mgmt = mgmt.clone();
@@ -1154,6 +1168,23 @@ async fn a_paused_hcp_is_left_alone_and_resumes() {
             }
         })
         .await;
+        let since = health(&mgmt, &ns)
+            .await
+            .expect("record")
+            .status
+            .and_then(|s| s.paused_since)
+            .expect("the record says since when");
+        let since = since
+            .parse::<jiff::Timestamp>()
+            .expect("RFC 3339")
+            .as_second();
+        assert!(since >= before - 1, "{since} {before}");
+        assert_eq!(
+            paused_series(),
+            [format!(
+                "hcp_fleet_paused_since_timestamp_seconds{{hcp_namespace=\"{ns}\",hosted_cluster=\"hc-1\",reason=\"{by}\"}} {since}"
+            )]
+        );
         let vapi = delete_validating(&fleet, "hc-1").await;
         // A repair takes well under a second when not paused (drift test above); give it
         // ten times that and see nothing come back.
@@ -1170,7 +1201,61 @@ async fn a_paused_hcp_is_left_alone_and_resumes() {
         )
         .await;
         wait_compliant(&mgmt, &["hc-1"]).await;
+        assert!(paused_series().is_empty(), "{:?}", paused_series());
+        assert_eq!(
+            health(&mgmt, &ns)
+                .await
+                .expect("record")
+                .status
+                .and_then(|s| s.paused_since),
+            None
+        );
     }
+
+    // A pause older than maxPauseHours no longer holds: the agent repairs drift again, and the
+    // record and the gauge keep the pause's start, so its alert goes on.
+    patch(serde_json::json!({"metadata": {"annotations": {PAUSE_ANNOTATION: "true"}}})).await;
+    eventually("paused again", Duration::from_secs(20), || async {
+        match health(&mgmt, &ns)
+            .await?
+            .status
+            .and_then(|s| s.paused_since)
+        {
+            Some(_) => Ok(()),
+            None => Err("not yet".to_string()),
+        }
+    })
+    .await;
+    let long_ago = jiff::Timestamp::now().as_second() - 2 * 3600;
+    let long_ago_text = jiff::Timestamp::from_second(long_ago)
+        .expect("t")
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    Api::<hcp_fleet_agent::crd::AdmissionHealth>::namespaced(mgmt.clone(), &ns)
+        .patch_status(
+            HEALTH_NAME,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"pausedSince": long_ago_text}})),
+        )
+        .await
+        .expect("a pause begun two hours ago");
+    let mut cfg = hcp_fleet_agent::localcp::allow_loopback(AgentConfig::default());
+    cfg.max_pause_hours = 1;
+    agent.set_config(cfg);
+    let vapi = delete_validating(&fleet, "hc-1").await;
+    eventually(
+        "a pause past its maximum: drift repaired",
+        Duration::from_secs(20),
+        || present(&vapi),
+    )
+    .await;
+    assert!(
+        paused_series()
+            .iter()
+            .any(|l| l.contains("reason=\"annotation\"") && l.ends_with(&format!(" {long_ago}"))),
+        "{:?}",
+        paused_series()
+    );
 }
 
 /// Removing the agent cleanly: `uninstall` refuses while an agent leads; then removes the

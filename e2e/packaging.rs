@@ -845,6 +845,61 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
         .list(&ListParams::default())
         .await
         .expect("list HCPs");
+    // Where the API server runs admission policies, the chart's management policy holds the
+    // same identity to HCP namespaces, whatever RBAC allows it by name.
+    if support::serves(
+        &fleet.version,
+        Feature::AdmissionPolicies,
+        "the management ValidatingAdmissionPolicy refusing the agent's ServiceAccount a write outside an HCP namespace (its CEL is checked by the_management_policy_holds_… everywhere)",
+    ) {
+        let policy: Vec<Value> = render(&[
+            "--api-versions",
+            "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
+        ])
+        .into_iter()
+        .filter(|o| {
+            o["kind"]
+                .as_str()
+                .is_some_and(|k| k.starts_with("ValidatingAdmissionPolicy"))
+        })
+        .collect();
+        assert_eq!(policy.len(), 2);
+        apply_all(&admin, &policy).await;
+        let secret = |ns: &str| -> Secret {
+            serde_json::from_value(json!({
+                "metadata": {"name": "hcp-fleet-admission-ca", "namespace": ns},
+                "data": {},
+            }))
+            .expect("secret")
+        };
+        let dry = PostParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        eventually(
+            "the policy refuses a write outside an HCP namespace",
+            Duration::from_secs(20),
+            || async {
+                match Api::<Secret>::namespaced(sa.clone(), "default")
+                    .create(&dry, &secret("default"))
+                    .await
+                {
+                    Err(kube::Error::Api(s)) if s.message.contains("only in HCP namespaces") => {
+                        Ok(())
+                    }
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        )
+        .await;
+        let in_hcp = Api::<Secret>::namespaced(sa.clone(), &hc1)
+            .create(&dry, &secret(&hc1))
+            .await;
+        assert!(
+            !matches!(&in_hcp, Err(kube::Error::Api(s)) if s.message.contains("only in HCP namespaces")),
+            "{in_hcp:?}"
+        );
+    }
     // The HostedClusters' metadata and the klusterlets' kubeconfigs, by name: which HCP an
     // ACM managed cluster is (docs/reporting.md).
     Api::<kube::api::PartialObjectMeta<hcp_fleet_agent::crd::HostedCluster>>::all(sa.clone())
@@ -998,6 +1053,14 @@ fn exported_series() -> std::collections::BTreeSet<String> {
         .inc();
     m.set_revision("clusters-a", "a", Some("0123456789abcdef"));
     m.set_override("clusters-a", "a", Some(false));
+    m.set_paused(
+        "clusters-a",
+        "a",
+        Some((
+            hcp_fleet_agent::reporting::PauseReason::Override,
+            jiff::Timestamp::UNIX_EPOCH,
+        )),
+    );
     m.rollout
         .get_or_create(&hcp_fleet_agent::metrics::RolloutLabels {
             stable: "0123456789abcdef".into(),
@@ -1398,4 +1461,203 @@ async fn helm_uninstall_keeps_the_crds_and_the_overrides() {
         kept.spec.reason.as_deref(),
         Some("OHSS-1234: the customer's migration")
     );
+}
+
+/// The management cluster's ValidatingAdmissionPolicy (the chart renders it where the API
+/// serves the kind, 1.30+), its CEL run through a CEL interpreter (cel-rust) on a table of
+/// the agent's own writes, wherever the test runs: the matchCondition selects the agent's
+/// ServiceAccount only; namespaced writes only in HCP namespaces; the admission Deployment
+/// only as the admission ServiceAccount and with an image of the admission image's repository.
+#[test]
+fn the_management_policy_holds_the_agent_to_hcp_namespaces_and_its_image() {
+    use ::cel::{Context, Env, Value as Cel};
+    let objs = render(&[
+        "--api-versions",
+        "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
+    ]);
+    let policy = objs
+        .iter()
+        .find(|o| o["kind"] == "ValidatingAdmissionPolicy")
+        .expect("the policy, where the API serves it");
+    let binding = objs
+        .iter()
+        .find(|o| o["kind"] == "ValidatingAdmissionPolicyBinding")
+        .expect("its binding");
+    assert_eq!(binding["spec"]["policyName"], policy["metadata"]["name"]);
+    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+    assert!(
+        !render(&[])
+            .iter()
+            .any(|o| o["kind"] == "ValidatingAdmissionPolicy"),
+        "left out where the API does not serve it"
+    );
+    let env = {
+        let mut env = Env::stdlib();
+        env.add_extension(::cel::extensions::strings)
+            .expect("strings");
+        std::sync::Arc::new(env)
+    };
+    let eval = |expr: &str, vars: &[(&str, &Value)]| -> bool {
+        let program = env
+            .compile(expr)
+            .unwrap_or_else(|e| panic!("{expr}: {e:?}"));
+        let mut ctx = Context::with_env(env.clone());
+        for (name, v) in vars {
+            ctx.add_variable_from_value(*name, ::cel::to_value(v).expect("value"));
+        }
+        match program.execute(&ctx) {
+            Ok(Cel::Bool(b)) => b,
+            other => panic!("{expr}: {other:?}"),
+        }
+    };
+    let condition = policy["spec"]["matchConditions"][0]["expression"]
+        .as_str()
+        .expect("condition");
+    let rules: Vec<(&str, &str)> = policy["spec"]["validations"]
+        .as_array()
+        .expect("validations")
+        .iter()
+        .map(|v| {
+            (
+                v["expression"].as_str().expect("expression"),
+                v["message"].as_str().expect("message"),
+            )
+        })
+        .collect();
+    // The first message that refuses, if any, of a request by `user`.
+    let judge =
+        |user: &str, kind: &str, op: &str, ns_labels: Value, object: Value| -> Option<String> {
+            let request =
+                json!({"userInfo": {"username": user}, "kind": {"kind": kind}, "operation": op});
+            // A namespace without labels has no `labels` field at all, as the API server sends it.
+            let ns = match ns_labels {
+                Value::Null => json!({"metadata": {"name": "x"}}),
+                labels => json!({"metadata": {"name": "x", "labels": labels}}),
+            };
+            if !eval(condition, &[("request", &request)]) {
+                return None;
+            }
+            let vars = [
+                ("request", &request),
+                ("namespaceObject", &ns),
+                ("object", &object),
+            ];
+            rules
+                .iter()
+                .find(|(expr, _)| !eval(expr, &vars))
+                .map(|(_, m)| m.to_string())
+        };
+    let agent = "system:serviceaccount:hcp-fleet-agent:hcp-fleet-agent";
+    let hcp = json!({"hypershift.openshift.io/hosted-control-plane": "true"});
+    let deployment = |sa: &str, image: &str| json!({"spec": {"template": {"spec": {"serviceAccountName": sa, "containers": [{"name": "webhook", "image": image}]}}}});
+    let good = deployment(
+        "hcp-fleet-admission",
+        "quay.io/hcp-fleet/hcp-fleet-agent:0.1.0",
+    );
+    let cases: Vec<(&str, Option<String>, Option<&str>)> = vec![
+        (
+            "a Secret in an HCP namespace",
+            judge(agent, "Secret", "CREATE", hcp.clone(), json!({})),
+            None,
+        ),
+        (
+            "a Secret in kube-system",
+            judge(
+                agent,
+                "Secret",
+                "CREATE",
+                json!({"kubernetes.io/metadata.name": "kube-system"}),
+                json!({}),
+            ),
+            Some("only in HCP namespaces"),
+        ),
+        (
+            "a namespace without labels",
+            judge(agent, "Secret", "UPDATE", Value::Null, json!({})),
+            Some("only in HCP namespaces"),
+        ),
+        (
+            "a namespace labelled false",
+            judge(
+                agent,
+                "Service",
+                "CREATE",
+                json!({"hypershift.openshift.io/hosted-control-plane": "false"}),
+                json!({}),
+            ),
+            Some("only in HCP namespaces"),
+        ),
+        (
+            "the admission Deployment",
+            judge(agent, "Deployment", "UPDATE", hcp.clone(), good.clone()),
+            None,
+        ),
+        (
+            "by digest",
+            judge(
+                agent,
+                "Deployment",
+                "CREATE",
+                hcp.clone(),
+                deployment(
+                    "hcp-fleet-admission",
+                    "quay.io/hcp-fleet/hcp-fleet-agent@sha256:0123",
+                ),
+            ),
+            None,
+        ),
+        (
+            "another image",
+            judge(
+                agent,
+                "Deployment",
+                "CREATE",
+                hcp.clone(),
+                deployment("hcp-fleet-admission", "evil.example.com/miner:1"),
+            ),
+            Some("with an image of quay.io/hcp-fleet/hcp-fleet-agent"),
+        ),
+        (
+            "a look-alike repository",
+            judge(
+                agent,
+                "Deployment",
+                "CREATE",
+                hcp.clone(),
+                deployment(
+                    "hcp-fleet-admission",
+                    "quay.io/hcp-fleet/hcp-fleet-agent-evil:1",
+                ),
+            ),
+            Some("with an image of"),
+        ),
+        (
+            "another ServiceAccount",
+            judge(
+                agent,
+                "Deployment",
+                "UPDATE",
+                hcp.clone(),
+                deployment("default", "quay.io/hcp-fleet/hcp-fleet-agent:0.1.0"),
+            ),
+            Some("runs as hcp-fleet-admission"),
+        ),
+        (
+            "deleting it",
+            judge(agent, "Deployment", "DELETE", hcp.clone(), Value::Null),
+            None,
+        ),
+        (
+            "someone else, anywhere",
+            judge("system:admin", "Secret", "CREATE", Value::Null, json!({})),
+            None,
+        ),
+    ];
+    for (what, got, want) in cases {
+        match (got.as_deref(), want) {
+            (None, None) => {}
+            (Some(m), Some(needle)) if m.contains(needle) => {}
+            other => panic!("{what}: {other:?}"),
+        }
+    }
 }

@@ -63,6 +63,12 @@ pub struct AgentConfig {
     /// How the agent reports to ACM (docs/reporting.md).
     #[serde(default)]
     pub reporting: ReportingConfig,
+    /// The longest the agent leaves an HCP alone when asked to (the pause annotation, an
+    /// override, HyperShift's `spec.pausedUntil`), in hours, counted from when it first saw
+    /// the pause; past it the agent goes back to work and the pause alert keeps firing until
+    /// the pause is removed. 0: no maximum.
+    #[serde(default)]
+    pub max_pause_hours: u32,
 }
 
 /// Reporting to ACM: how an ACM managed cluster is matched to its HCP where ACM runs the
@@ -97,6 +103,7 @@ impl Default for AgentConfig {
             concurrency: default_concurrency(),
             probe_interval_seconds: default_probe_interval(),
             reporting: ReportingConfig::default(),
+            max_pause_hours: 0,
         }
     }
 }

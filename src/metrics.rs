@@ -322,11 +322,20 @@ pub struct Metrics {
     pub rollout_halted: Gauge,
     pub rollout_halts: Counter,
     pub overrides: Family<OverrideLabels, Gauge>,
+    pub paused: Family<PausedLabels, Gauge>,
     /// Each HCP's revision series, so the next one can replace it.
     revision_of: Mutex<std::collections::HashMap<(String, String), String>>,
 }
 
 /// An HCP namespace's override and whether the agent took it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PausedLabels {
+    pub hcp_namespace: String,
+    pub hosted_cluster: String,
+    /// Who asked: annotation, hypershift or override.
+    pub reason: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OverrideLabels {
     pub hcp_namespace: String,
@@ -368,6 +377,7 @@ impl Metrics {
             rollout_halted: Gauge::default(),
             rollout_halts: Counter::default(),
             overrides: Family::default(),
+            paused: Family::default(),
             revision_of: Mutex::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
@@ -477,6 +487,11 @@ impl Metrics {
                 m.rollout_halts.clone(),
             );
             r.register(
+                "paused_since_timestamp_seconds",
+                "Since when the agent has left a hosted cluster alone, by who asked (annotation, hypershift, override); absent when it does not",
+                m.paused.clone(),
+            );
+            r.register(
                 "overrides",
                 "HCPs with a HostedAdmissionOverride, by whether the agent accepted it",
                 m.overrides.clone(),
@@ -515,6 +530,7 @@ impl Metrics {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clear();
         self.overrides.clear();
+        self.paused.clear();
         self.rollout.clear();
         self.rollout_hcps.clear();
         self.rollout_halted.set(0);
@@ -565,6 +581,30 @@ impl Metrics {
         }
     }
 
+    /// Since when an HCP has been paused, and by whom (`None`: not paused).
+    pub fn set_paused(
+        &self,
+        hcp_namespace: &str,
+        hosted_cluster: &str,
+        paused: Option<(crate::reporting::PauseReason, jiff::Timestamp)>,
+    ) {
+        for r in crate::reporting::PauseReason::ALL {
+            let l = PausedLabels {
+                hcp_namespace: hcp_namespace.into(),
+                hosted_cluster: hosted_cluster.into(),
+                reason: r.as_str().into(),
+            };
+            match paused {
+                Some((by, since)) if by == r => {
+                    self.paused.get_or_create(&l).set(since.as_second());
+                }
+                _ => {
+                    self.paused.remove(&l);
+                }
+            }
+        }
+    }
+
     /// Drops every series of a removed HCP.
     pub fn forget(&self, hcp_namespace: &str, hosted_cluster: &str) {
         let l = HcpLabels {
@@ -596,6 +636,7 @@ impl Metrics {
         }
         self.set_revision(hcp_namespace, hosted_cluster, None);
         self.set_override(hcp_namespace, hosted_cluster, None);
+        self.set_paused(hcp_namespace, hosted_cluster, None);
     }
 }
 

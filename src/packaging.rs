@@ -525,11 +525,16 @@ pub fn values_schema() -> Value {
                     "driftRepairsPerHour": {"type": "integer", "minimum": 1},
                     "certificateExpiryDays": {"type": "integer", "minimum": 1},
                     "admissionErrorRatio": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+                    "pausedForHours": {"type": "integer", "minimum": 1},
                 },
             },
             "dashboard": {
                 "type": "object", "additionalProperties": false,
                 "properties": {"enabled": flag("The Grafana dashboard as a ConfigMap."), "labels": labels},
+            },
+            "managementPolicy": {
+                "type": "object", "additionalProperties": false,
+                "properties": {"enabled": flag("A ValidatingAdmissionPolicy (Kubernetes 1.30+) holding the agent's ServiceAccount to HCP namespaces and to the admission image's repository.")},
             },
             "uninstallHook": {
                 "type": "object", "additionalProperties": false,

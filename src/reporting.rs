@@ -284,6 +284,55 @@ pub fn next_status(
         drift_repairs: prev.map_or(0, |p| p.drift_repairs) + drift_repaired,
         revision: Some(revision.to_string()),
         revision_ready_since,
+        paused_since: None,
+    }
+}
+
+/// Since when an HCP paused now has been paused: the recorded start, or now for a new pause;
+/// `None` once it is not.
+pub fn paused_since(
+    prev: Option<&AdmissionHealthStatus>,
+    paused: bool,
+    now: &str,
+) -> Option<String> {
+    paused.then(|| {
+        prev.and_then(|p| p.paused_since.clone())
+            .unwrap_or_else(|| now.to_string())
+    })
+}
+
+/// Whether a pause that began at `since` (RFC 3339, as recorded) has outlived `max_hours`
+/// (0: no maximum) at `now`.
+pub fn pause_expired(since: Option<&str>, max_hours: u32, now: jiff::Timestamp) -> bool {
+    let Some(since) = since.and_then(|s| s.parse::<jiff::Timestamp>().ok()) else {
+        return false;
+    };
+    max_hours > 0 && now.as_second() - since.as_second() > i64::from(max_hours) * 3600
+}
+
+/// The `reason` label of a pause: who asked for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PauseReason {
+    /// The agent's annotation on the HCP.
+    Annotation,
+    /// HyperShift's own `spec.pausedUntil`.
+    HyperShift,
+    /// A `HostedAdmissionOverride` with `paused: true`.
+    Override,
+}
+
+impl PauseReason {
+    pub const ALL: [PauseReason; 3] = [
+        PauseReason::Annotation,
+        PauseReason::HyperShift,
+        PauseReason::Override,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PauseReason::Annotation => "annotation",
+            PauseReason::HyperShift => "hypershift",
+            PauseReason::Override => "override",
+        }
     }
 }
 
@@ -995,6 +1044,43 @@ mod tests {
         );
         assert!(o.message.ends_with('…'));
         assert_eq!(untrusted("fine", 10), "fine");
+    }
+
+    #[test]
+    fn a_pause_expires_only_past_its_maximum() {
+        let now: jiff::Timestamp = "2026-01-03T00:00:00Z".parse().expect("t");
+        let since = Some("2026-01-01T00:00:00Z");
+        assert!(!pause_expired(since, 0, now), "no maximum");
+        assert!(
+            !pause_expired(since, 48, now),
+            "exactly 48 h is not past 48 h"
+        );
+        assert!(pause_expired(since, 47, now));
+        assert!(
+            !pause_expired(None, 1, now),
+            "a pause not yet recorded is new"
+        );
+        assert!(!pause_expired(Some("garbage"), 1, now));
+    }
+
+    /// A pause's start is kept while it lasts (across reports and restarts: it is in the
+    /// record), and dropped when it ends.
+    #[test]
+    fn a_pause_keeps_its_start_until_it_ends() {
+        let prev = |since: Option<&str>| AdmissionHealthStatus {
+            paused_since: since.map(str::to_string),
+            ..Default::default()
+        };
+        assert_eq!(paused_since(None, true, "t1").as_deref(), Some("t1"));
+        assert_eq!(
+            paused_since(Some(&prev(Some("t0"))), true, "t1").as_deref(),
+            Some("t0")
+        );
+        assert_eq!(paused_since(Some(&prev(Some("t0"))), false, "t1"), None);
+        assert_eq!(
+            paused_since(Some(&prev(None)), true, "t2").as_deref(),
+            Some("t2")
+        );
     }
 
     #[test]

@@ -37,6 +37,9 @@ pub struct WebhookArgs {
     /// Ignore).
     #[arg(long, default_value_t = 5)]
     pub shutdown_delay_seconds: u64,
+    /// Connections open at once; one more is closed at once.
+    #[arg(long, env = "HCP_FLEET_MAX_CONNECTIONS", default_value_t = server::DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
     /// Benchmark baseline: answer every review with a fixed response (`make bench`).
     #[arg(long, hide = true)]
     pub baseline: bool,
@@ -80,7 +83,10 @@ pub async fn run(args: WebhookArgs) -> ExitCode {
         }
     };
     let _reloader = cert.watch(Duration::from_millis(args.cert_check_ms.max(50)));
-    let limits = server::Limits::default();
+    let limits = server::Limits {
+        max_connections: args.max_connections.max(1),
+        ..server::Limits::default()
+    };
     let state = server::AppState::new(
         settings,
         limits.clone(),

@@ -31,6 +31,10 @@ use super::review::{self, Decision};
 /// Kubernetes sends at most about 3 MiB of object; anything larger is not a review.
 pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
 
+/// The default of `Limits::max_connections`: far above what one hosted kube-apiserver holds
+/// (it reuses a few connections per replica), far below the process's file limit.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+
 #[derive(Debug, Clone)]
 pub struct Limits {
     pub body_read: Duration,
@@ -40,6 +44,12 @@ pub struct Limits {
     /// from us before it gives up.
     pub deadline: Duration,
     pub drain: Duration,
+    /// Connections open at once (TLS handshakes in progress included); one more is closed at
+    /// once, so a flood of connections cannot take the memory every answer needs.
+    pub max_connections: usize,
+    /// HTTP/2 keep-alive: a PING this often on a quiet connection, and the connection closed
+    /// when half as long passes without an answer (a peer gone without a word).
+    pub h2_keep_alive: Duration,
 }
 
 impl Default for Limits {
@@ -50,6 +60,8 @@ impl Default for Limits {
             handshake: Duration::from_secs(5),
             deadline: Duration::from_millis(800),
             drain: Duration::from_secs(20),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            h2_keep_alive: Duration::from_secs(20),
         }
     }
 }
@@ -384,8 +396,13 @@ pub async fn serve(
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read)
         .keep_alive(true);
-    builder.http2().timer(TokioTimer::new());
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(limits.h2_keep_alive))
+        .keep_alive_timeout(limits.h2_keep_alive / 2);
     let builder = Arc::new(builder);
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         tokio::select! {
@@ -397,6 +414,13 @@ pub async fn serve(
                         continue;
                     }
                 };
+                // Over the limit: closed at once (the API server retries on another
+                // connection, or its failurePolicy decides).
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    tracing::debug!(limit = limits.max_connections, "connection limit reached; closing a new connection");
+                    drop(tcp);
+                    continue;
+                };
                 let _ = tcp.set_nodelay(true);
                 let acceptor = acceptor.clone();
                 let svc = TowerToHyperService::new(app.clone());
@@ -404,6 +428,7 @@ pub async fn serve(
                 let watcher = graceful.watcher();
                 let handshake = limits.handshake;
                 tokio::spawn(async move {
+                    let _slot = slot;
                     let tls = match tokio::time::timeout(handshake, acceptor.accept(tcp)).await {
                         Ok(Ok(t)) => t,
                         _ => return,

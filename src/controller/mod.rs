@@ -382,6 +382,7 @@ mod tests {
             drift_repaired: 0,
             revision: "r",
             rolled_out: true,
+            paused: None,
         }
     }
 

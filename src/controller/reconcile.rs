@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::{info, instrument, warn};
 
@@ -21,7 +22,7 @@ use crate::crd::{ComplianceState, HostedControlPlane};
 use crate::management::deployment_available;
 use crate::metrics::PhaseLabels;
 use crate::overrides::Resolved;
-use crate::reporting::{Concern, Observation, Observations};
+use crate::reporting::{Concern, Observation, Observations, PauseReason};
 
 /// What one pass found: an observation per concern reached, the drift it repaired, and how it
 /// ended.
@@ -30,6 +31,8 @@ struct Outcome {
     drift_repaired: u64,
     /// Whether the admission Deployment had fully rolled out to its current spec.
     rolled_out: bool,
+    /// Who paused the HCP, when it is paused.
+    paused: Option<PauseReason>,
     result: Result<Action, ReconcileError>,
 }
 
@@ -55,16 +58,53 @@ pub async fn reconcile(
             overrides.first().map(|o| o.name_any()).unwrap_or_default()
         )
     };
+    let by_hcp = || {
+        let by = hcp.paused_by(now);
+        let reason = if by.starts_with(crate::crd::hostedcontrolplane::PAUSE_ANNOTATION) {
+            PauseReason::Annotation
+        } else {
+            PauseReason::HyperShift
+        };
+        (by, reason)
+    };
+    // A pause past the configured maximum (counted from when the record first said paused)
+    // no longer holds: the agent goes back to work; the record keeps the pause's start, so
+    // the pause alert goes on until someone removes it.
+    let asked = hcp.pause(now).holds() || resolved.paused;
+    let expired = asked && {
+        let since = ctx
+            .caches()
+            .health
+            .and_then(|s| s.get(&ObjectRef::new(crate::reporting::HEALTH_NAME).within(&ns)))
+            .and_then(|h| h.status.as_ref().and_then(|s| s.paused_since.clone()));
+        crate::reporting::pause_expired(since.as_deref(), ctx.config().max_pause_hours, now)
+    };
+    if expired {
+        warn!(
+            max_hours = ctx.config().max_pause_hours,
+            "the HCP has been paused longer than maxPauseHours; the agent works on it again"
+        );
+    }
     let mut outcome = match hcp.pause(now) {
-        Pause::Indefinite => paused(&ctx, &ns, hcp.paused_by(now), None),
-        Pause::Until(t) => paused(&ctx, &ns, hcp.paused_by(now), Some(t)),
-        _ if resolved.paused => paused(&ctx, &ns, by_override(), None),
+        _ if expired => run_phases(&ctx, &hcp, &ns, &cluster, &resolved).await,
+        Pause::Indefinite => paused(&ctx, &ns, by_hcp(), None),
+        Pause::Until(t) => paused(&ctx, &ns, by_hcp(), Some(t)),
+        _ if resolved.paused => paused(&ctx, &ns, (by_override(), PauseReason::Override), None),
         Pause::Off => run_phases(&ctx, &hcp, &ns, &cluster, &resolved).await,
         Pause::Invalid(why) => {
             warn!(reason = %why, "pause annotation ignored");
             run_phases(&ctx, &hcp, &ns, &cluster, &resolved).await
         }
     };
+    // Still asked for, though no longer holding: the record keeps its start and the gauge
+    // its age.
+    if expired {
+        outcome.paused = Some(if hcp.pause(now).holds() {
+            by_hcp().1
+        } else {
+            PauseReason::Override
+        });
+    }
     // Phases are gated: what a pass did not reach is unknown now, never its old verdict.
     for c in Concern::ALL {
         outcome.observations.entry(c).or_insert_with(|| {
@@ -91,6 +131,7 @@ pub async fn reconcile(
             drift_repaired: outcome.drift_repaired,
             revision: &resolved.revision,
             rolled_out: outcome.rolled_out,
+            paused: outcome.paused,
         },
     )
     .await;
@@ -329,6 +370,7 @@ async fn run_phases(
         observations: seen,
         drift_repaired,
         rolled_out,
+        paused: None,
         result,
     }
 }
@@ -336,7 +378,12 @@ async fn run_phases(
 /// A paused HCP: its drift watch and probe stop, nothing is applied, and the report says so
 /// (every concern Pending, so no NonCompliant alert fires for a deliberate pause). Removing
 /// the annotation is an HCP change and resumes it; a pause with a time ends by itself.
-fn paused(ctx: &Context, ns: &str, by: String, until: Option<jiff::Timestamp>) -> Outcome {
+fn paused(
+    ctx: &Context,
+    ns: &str,
+    (by, reason): (String, PauseReason),
+    until: Option<jiff::Timestamp>,
+) -> Outcome {
     ctx.with_hcp(ns, |s| s.watch = None);
     let why = match until {
         Some(t) => format!(
@@ -360,6 +407,7 @@ fn paused(ctx: &Context, ns: &str, by: String, until: Option<jiff::Timestamp>) -
             .collect(),
         drift_repaired: 0,
         rolled_out: false,
+        paused: Some(reason),
         result: Ok(action),
     }
 }

@@ -43,6 +43,8 @@ pub struct Pass<'a> {
     pub revision: &'a str,
     /// Whether the admission Deployment had fully rolled out to its current spec.
     pub rolled_out: bool,
+    /// Who paused the HCP, when it is paused.
+    pub paused: Option<reporting::PauseReason>,
 }
 
 pub async fn report(
@@ -124,13 +126,25 @@ async fn write_health(
             c
         }
     };
-    let next = reporting::next_status(
+    let now = now_rfc3339();
+    let mut next = reporting::next_status(
         current.status.as_ref(),
         pass.obs,
-        &now_rfc3339(),
+        &now,
         pass.drift_repaired,
         pass.revision,
         pass.rolled_out,
+    );
+    next.paused_since =
+        reporting::paused_since(current.status.as_ref(), pass.paused.is_some(), &now);
+    ctx.metrics.set_paused(
+        ns,
+        cluster,
+        pass.paused.zip(
+            next.paused_since
+                .as_deref()
+                .and_then(|t| t.parse::<jiff::Timestamp>().ok()),
+        ),
     );
     if current.status.as_ref() == Some(&next) {
         return Ok(());
@@ -140,6 +154,9 @@ async fn write_health(
     let mut patch = serde_json::json!({ "status": next });
     if next.revision_ready_since.is_none() {
         patch["status"]["revisionReadySince"] = serde_json::Value::Null;
+    }
+    if next.paused_since.is_none() {
+        patch["status"]["pausedSince"] = serde_json::Value::Null;
     }
     let written = api
         .patch_status(

@@ -54,6 +54,11 @@ pub struct AdmissionHealthSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AdmissionHealthStatus {
+    /// Since when the agent has left this HCP alone (RFC 3339), while it does: a pause
+    /// annotation, HyperShift's `spec.pausedUntil`, or an override. Kept across restarts, so
+    /// the age of a pause is known (`hcp_fleet_paused_since_timestamp_seconds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_since: Option<String>,
     /// NonCompliant if any concern is, else Pending if any is, else Compliant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compliant: Option<ComplianceState>,
