@@ -8,14 +8,48 @@ use crate::config::{AgentConfig, Exempted, exemption_problem};
 use crate::crd::rollout::HostedAdmissionOverrideSpec;
 use crate::rollout::Revision;
 
-/// Groups an override may not exempt: each is everyone, or every workload.
+/// Groups an override may not exempt: each is everyone, every workload, every node, or the
+/// identities a tenant can mint (`unexemptable_group` also refuses every
+/// `system:serviceaccounts:<namespace>`, a whole namespace's workloads).
 pub const UNEXEMPTABLE_GROUPS: &[&str] = &[
     "system:authenticated",
     "system:unauthenticated",
     "system:serviceaccounts",
+    "system:nodes",
+    "system:bootstrappers",
 ];
-/// Users an override may not exempt.
-pub const UNEXEMPTABLE_USERS: &[&str] = &["*", "system:anonymous"];
+/// Users an override may not exempt (`unexemptable_user` also refuses every node and
+/// bootstrap identity).
+pub const UNEXEMPTABLE_USERS: &[&str] = &["*", "system:anonymous", "system:kube-proxy"];
+
+/// Why an override may not exempt user `u`, if it may not. An override is one SRE's exception
+/// for one hosted cluster: it names users exactly, never by pattern.
+pub fn unexemptable_user(u: &str) -> Option<&'static str> {
+    if UNEXEMPTABLE_USERS.contains(&u) {
+        Some(
+            "would turn the guards off for everyone, or for an identity anyone can take: set a guard's mode to off instead",
+        )
+    } else if u.contains('*') {
+        Some("is a pattern; an override names users exactly")
+    } else if u.starts_with("system:node:") || u.starts_with("system:bootstrap:") {
+        Some("is a node or bootstrap identity, which the hosted cluster's admins can mint")
+    } else {
+        None
+    }
+}
+
+/// Why an override may not exempt group `g`, if it may not.
+pub fn unexemptable_group(g: &str) -> Option<&'static str> {
+    if UNEXEMPTABLE_GROUPS.contains(&g) {
+        Some(
+            "would turn the guards off for everyone, or for an identity anyone can take: set a guard's mode to off instead",
+        )
+    } else if g.starts_with("system:serviceaccounts:") {
+        Some("is every service account of a namespace, which the hosted cluster's admins fill")
+    } else {
+        None
+    }
+}
 
 /// The configuration one HCP runs, and why.
 #[derive(Debug, Clone, PartialEq)]
@@ -131,10 +165,8 @@ fn apply(
         }
     }
     for u in &ov.exempt_users {
-        if UNEXEMPTABLE_USERS.contains(&u.as_str()) {
-            problems.push(format!(
-                "exempt user {u:?} would turn the guards off for everyone: set a guard's mode to off instead"
-            ));
+        if let Some(why) = unexemptable_user(u) {
+            problems.push(format!("exempt user {u:?} {why}"));
         } else if let Some(p) = exemption_problem("exemptUsers", u, Exempted::User) {
             problems.push(p);
         } else if !cfg.admission.exempt_users.contains(u) {
@@ -142,10 +174,8 @@ fn apply(
         }
     }
     for g in &ov.exempt_groups {
-        if UNEXEMPTABLE_GROUPS.contains(&g.as_str()) {
-            problems.push(format!(
-                "exempt group {g:?} would turn the guards off for everyone: set a guard's mode to off instead"
-            ));
+        if let Some(why) = unexemptable_group(g) {
+            problems.push(format!("exempt group {g:?} {why}"));
         } else if let Some(p) = exemption_problem("exemptGroups", g, Exempted::Group) {
             problems.push(p);
         } else if !cfg.admission.exempt_groups.contains(g) {
@@ -326,6 +356,35 @@ mod tests {
                     ..Default::default()
                 },
                 "would turn the guards off for everyone",
+            ),
+            // Exact names only, and no identity a tenant can take or mint.
+            (
+                HostedAdmissionOverrideSpec {
+                    exempt_users: vec!["system:serviceaccount:openshift-backplane:*".into()],
+                    ..Default::default()
+                },
+                "is a pattern; an override names users exactly",
+            ),
+            (
+                HostedAdmissionOverrideSpec {
+                    exempt_users: vec!["system:node:worker-1".into()],
+                    ..Default::default()
+                },
+                "node or bootstrap identity",
+            ),
+            (
+                HostedAdmissionOverrideSpec {
+                    exempt_groups: vec!["system:serviceaccounts:tenant-ns".into()],
+                    ..Default::default()
+                },
+                "every service account of a namespace",
+            ),
+            (
+                HostedAdmissionOverrideSpec {
+                    exempt_groups: vec!["system:nodes".into()],
+                    ..Default::default()
+                },
+                "for an identity anyone can take",
             ),
         ] {
             let r = resolve(&base, &rev, |_| None, Some(&ov));
