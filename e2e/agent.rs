@@ -5,7 +5,8 @@
 mod support;
 
 use support::{
-    AGENT_NS, compliant, eventually, health, start_agent, template_rows, wait_compliant,
+    AGENT_NS, compliant, delete_validating, eventually, health, start_agent, template_rows,
+    wait_compliant,
 };
 
 use std::collections::BTreeMap;
@@ -106,25 +107,6 @@ async fn wait_verdict(mgmt: &Client, ns: &str, template: &str, overall: &str, ne
 }
 
 /// The agent's validating configuration exists (again).
-/// Drift, as someone in the hosted cluster makes it: deletes the agent's validating
-/// configuration in `cluster`, and returns the API to see whether it comes back.
-async fn delete_validating(
-    fleet: &LocalFleet,
-    cluster: &str,
-) -> Api<ValidatingWebhookConfiguration> {
-    let hosted = fleet
-        .hosted(cluster)
-        .expect("hosted cluster")
-        .client()
-        .await
-        .expect("client");
-    let vapi = Api::<ValidatingWebhookConfiguration>::all(hosted);
-    vapi.delete(VALIDATING_NAME, &DeleteParams::default())
-        .await
-        .expect("delete");
-    vapi
-}
-
 fn present(
     vapi: &Api<ValidatingWebhookConfiguration>,
 ) -> impl std::future::Future<Output = Result<(), String>> + use<> {

@@ -13,7 +13,6 @@ use hcp_fleet_agent::hosted::webhooks::{OWNED_LABEL, VALIDATING_NAME};
 use hcp_fleet_agent::localcp::fixtures::{SERVICE_NETWORK_KUBECONFIG, put_kubeconfig_secret};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::DeleteParams;
 use kube::{Api, Client};
 
 /// How many configurations the tenant keeps, and how big each is.
@@ -74,16 +73,7 @@ async fn run_agent(
 /// Deletes the agent's validating configuration in `cluster` and returns how long the agent
 /// took to put it back.
 async fn repair_time(fleet: &hcp_fleet_agent::localcp::LocalFleet, cluster: &str) -> Duration {
-    let hosted = fleet
-        .hosted(cluster)
-        .expect("hosted cluster")
-        .client()
-        .await
-        .expect("client");
-    let vapi = Api::<ValidatingWebhookConfiguration>::all(hosted);
-    vapi.delete(VALIDATING_NAME, &DeleteParams::default())
-        .await
-        .expect("delete");
+    let vapi = support::delete_validating(fleet, cluster).await;
     let t0 = Instant::now();
     // Looked at every 10 ms: `eventually`'s pace would be what is measured.
     while vapi.get_opt(VALIDATING_NAME).await.ok().flatten().is_none() {

@@ -748,3 +748,25 @@ pub fn sum_by_label(
     }
     m
 }
+
+/// Drift, as someone in the hosted cluster makes it: deletes the agent's validating
+/// configuration in `cluster`, and returns the API to see whether it comes back.
+pub async fn delete_validating(
+    fleet: &hcp_fleet_agent::localcp::LocalFleet,
+    cluster: &str,
+) -> kube::Api<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration> {
+    use hcp_fleet_agent::hosted::webhooks::VALIDATING_NAME;
+    let hosted = fleet
+        .hosted(cluster)
+        .expect("hosted cluster")
+        .client()
+        .await
+        .expect("client");
+    let vapi = kube::Api::<
+        k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration,
+    >::all(hosted);
+    vapi.delete(VALIDATING_NAME, &Default::default())
+        .await
+        .expect("delete");
+    vapi
+}
