@@ -1376,10 +1376,11 @@ async fn the_uninstall_hook_stops_the_agent_then_removes_webhooks_and_admission_
     );
 }
 
-/// `helm install` then `helm uninstall` for real against the test bed's API server: the CRDs
-/// stay (`helm.sh/resource-policy: keep`), and with them an SRE's override and its reason.
-/// (`--no-hooks`: the pre-delete Job needs a kubelet that runs Jobs; the hook is tested
-/// apart, above.)
+/// `helm install` then `helm uninstall` for real against the test bed's API server. A failed
+/// pre-delete hook leaves no RBAC behind. The CRDs stay (`helm.sh/resource-policy: keep`),
+/// and with them an SRE's override and its reason. (The second uninstall runs `--no-hooks`:
+/// the pre-delete Job needs a kubelet that runs Jobs; the hook's command is tested apart,
+/// above.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_uninstall_keeps_the_crds_and_the_overrides() {
     use hcp_fleet_agent::crd::rollout::HostedAdmissionOverride;
@@ -1427,6 +1428,68 @@ async fn helm_uninstall_keeps_the_crds_and_the_overrides() {
         .create(&Default::default(), &o)
         .await
         .expect("an override");
+    // First with its pre-delete hook, which cannot finish here (no kubelet runs its Job): the
+    // uninstall fails, and Helm removes the hook's ServiceAccount and RBAC (hook-succeeded,
+    // which Helm 4 applies to the hooks before a failed one), keeping the Job for its logs.
+    let failed = Command::new(helm())
+        .args([
+            "uninstall",
+            "hcp-fleet-agent",
+            "--namespace",
+            AGENT_NAMESPACE,
+            "--timeout",
+            "5s",
+            "--kubeconfig",
+            &kubeconfig,
+        ])
+        .current_dir(repo())
+        .output()
+        .expect("helm");
+    assert!(!failed.status.success(), "the hook could not finish here");
+    let hook = "hcp-fleet-agent-uninstall";
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+    let gone = [
+        Api::<ClusterRole>::all(admin.clone())
+            .get_opt(hook)
+            .await
+            .expect("get")
+            .is_none(),
+        Api::<ClusterRoleBinding>::all(admin.clone())
+            .get_opt(hook)
+            .await
+            .expect("get")
+            .is_none(),
+        Api::<Role>::namespaced(admin.clone(), AGENT_NAMESPACE)
+            .get_opt(hook)
+            .await
+            .expect("get")
+            .is_none(),
+        Api::<RoleBinding>::namespaced(admin.clone(), AGENT_NAMESPACE)
+            .get_opt(hook)
+            .await
+            .expect("get")
+            .is_none(),
+        Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(
+            admin.clone(),
+            AGENT_NAMESPACE,
+        )
+        .get_opt(hook)
+        .await
+        .expect("get")
+        .is_none(),
+    ];
+    assert_eq!(
+        gone, [true; 5],
+        "the failed hook's ServiceAccount and RBAC are gone"
+    );
+    assert!(
+        Api::<k8s_openapi::api::batch::v1::Job>::namespaced(admin.clone(), AGENT_NAMESPACE)
+            .get_opt(hook)
+            .await
+            .expect("get")
+            .is_some(),
+        "the failed Job stays, for its logs"
+    );
     run_helm(&[
         "uninstall",
         "hcp-fleet-agent",
