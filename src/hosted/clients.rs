@@ -210,6 +210,7 @@ pub fn keepalive_client(
         req
     });
     let service = ServiceBuilder::new()
+        .map_response(|r: http::Response<hyper::body::Incoming>| r.map(LineCapped::new))
         .layer(config.base_uri_layer())
         .option_layer(config.auth_layer().map_err(|e| e.to_string())?)
         .layer(config.extra_headers_layer().map_err(|e| e.to_string())?)
@@ -219,4 +220,125 @@ pub fn keepalive_client(
         })
         .service(client);
     Ok(Client::new(service, config.default_namespace))
+}
+
+/// The most bytes a hosted API server may send without a line break: one watch event, or one
+/// whole (compact JSON) response. An object is at most 1.5 MiB (etcd's limit) and the agent
+/// lists what a tenant can add to in pages of `controller::watches::HOSTED_PAGE` (10), so only
+/// a server gone wrong comes near it; such a response fails, and the cluster is reported with
+/// the reason, instead of the agent holding whatever it sends.
+pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+
+/// A response body that fails once `max` bytes pass without a line break.
+pub struct LineCapped<B> {
+    inner: B,
+    run: usize,
+    max: usize,
+}
+
+impl<B> LineCapped<B> {
+    pub fn new(inner: B) -> Self {
+        Self::with_max(inner, MAX_LINE_BYTES)
+    }
+
+    pub fn with_max(inner: B, max: usize) -> Self {
+        Self { inner, run: 0, max }
+    }
+}
+
+/// A hosted API server sent a line longer than `LineCapped`'s limit.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the hosted kube-apiserver sent more than {0} bytes without a line break; the response was refused"
+)]
+pub struct LineTooLong(pub usize);
+
+impl<B> hyper::body::Body for LineCapped<B>
+where
+    B: hyper::body::Body<Data = bytes::Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Data = bytes::Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        use std::task::Poll;
+        match std::pin::Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    // Every line this frame ends, and the one it leaves open: the first
+                    // continues the line the frame before left open.
+                    let mut longest = 0;
+                    for (i, line) in data.split(|b| *b == b'\n').enumerate() {
+                        let len = if i == 0 {
+                            self.run.saturating_add(line.len())
+                        } else {
+                            line.len()
+                        };
+                        longest = longest.max(len);
+                        self.run = len;
+                    }
+                    if longest > self.max {
+                        return Poll::Ready(Some(Err(Box::new(LineTooLong(self.max)))));
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod line_cap_tests {
+    use super::*;
+
+    /// A body passes while its lines are short, however long it is; one line longer than the
+    /// cap fails it, with the reason.
+    #[tokio::test]
+    async fn a_line_longer_than_the_cap_fails_the_body() {
+        use http_body_util::BodyExt;
+        let stream = |chunks: Vec<&'static [u8]>| {
+            let frames = chunks.into_iter().map(|c| {
+                Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(
+                    bytes::Bytes::from_static(c),
+                ))
+            });
+            http_body_util::StreamBody::new(futures::stream::iter(frames))
+        };
+        // Short lines: 36 bytes in all, never more than 8 before a break.
+        let ok = LineCapped::with_max(
+            stream(vec![
+                b"12345678\n",
+                b"1234",
+                b"5678\n12",
+                b"345678\n",
+                b"12345678\n",
+            ]),
+            10,
+        );
+        let all = ok.collect().await.expect("short lines pass").to_bytes();
+        assert_eq!(all.len(), 36);
+        // A line split across frames, 12 bytes before its break.
+        let long = LineCapped::with_max(stream(vec![b"1234", b"5678", b"9012\n"]), 10);
+        let err = long.collect().await.expect_err("refused");
+        assert!(
+            err.to_string()
+                .contains("more than 10 bytes without a line break"),
+            "{err}"
+        );
+    }
 }
