@@ -1727,6 +1727,42 @@ async fn connections_beyond_the_limit_are_closed_at_once() {
     let _ = child.wait();
 }
 
+/// An idle connection does not hold a slot forever: a keep-alive HTTP/1.1 connection that sends
+/// nothing after its answer is closed by the service (its header read timeout, 5 s, runs while
+/// it waits for the next request).
+#[tokio::test]
+async fn an_idle_connection_is_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut child, port, ca_pem, _dir) = standalone_service().await;
+    let connector = kubelet::tls_connector(&ca_pem).expect("connector");
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+    let mut tls = connector.connect(name, tcp).await.expect("handshake");
+    tls.write_all(b"GET /readyz HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+        .await
+        .expect("request");
+    let mut buf = vec![0u8; 4096];
+    let n = tls.read(&mut buf).await.expect("answer");
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    // Then nothing: the service closes the connection within its header read timeout.
+    let t0 = Instant::now();
+    let closed = tokio::time::timeout(Duration::from_secs(15), tls.read(&mut buf)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+        "an idle connection is closed: {closed:?} after {:?}",
+        t0.elapsed()
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(7),
+        "closed after {:?}",
+        t0.elapsed()
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 /// Malformed input gets a clear 4xx, never a crash; SIGTERM drains and exits cleanly.
 #[tokio::test]
 // Sends signals to child processes (libc::kill).
