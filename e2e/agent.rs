@@ -1835,6 +1835,15 @@ async fn the_management_cluster_a_claimed_cluster_and_a_foreign_server_are_refus
     create_hcp(&mgmt, foreign_name, &foreign)
         .await
         .expect("foreign");
+    // hc-1's server again, behind user information: its host is what follows the '@'.
+    let userinfo = hc1.kubeconfig_yaml.replace(
+        "https://127.0.0.1:",
+        "https://kube-apiserver:6443@127.0.0.1:",
+    );
+    assert_ne!(userinfo, hc1.kubeconfig_yaml);
+    create_hcp(&mgmt, "userinfo", &userinfo)
+        .await
+        .expect("userinfo");
     let verdicts = [
         ("clusters-deputy", "names the management cluster itself"),
         (
@@ -1844,6 +1853,10 @@ async fn the_management_cluster_a_claimed_cluster_and_a_foreign_server_are_refus
         (
             "clusters-foreign-hosted-cluster-with-a-long-name-of-46",
             "is not allowed (hostedAccess.allowedServers",
+        ),
+        (
+            "clusters-userinfo",
+            "kubeconfig field cluster.server is not allowed: user information (user@host) is not accepted",
         ),
     ];
     for (ns, why) in verdicts {
@@ -1897,10 +1910,10 @@ async fn the_management_cluster_a_claimed_cluster_and_a_foreign_server_are_refus
     // The last line counts the fleet.
     assert_eq!(
         rows.pop(),
-        Some("4 hosted cluster(s): 1 Compliant, 3 NonCompliant, 0 Pending"),
+        Some("5 hosted cluster(s): 1 Compliant, 4 NonCompliant, 0 Pending"),
         "{table}"
     );
-    assert_eq!(rows.len(), 4, "{table}");
+    assert_eq!(rows.len(), 5, "{table}");
     assert!(rows.iter().any(|r| r.starts_with(foreign_name)), "{table}");
     for r in &rows {
         assert_eq!(starts(r)[..2], header[..2], "out of line:\n{table}");

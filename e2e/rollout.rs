@@ -652,8 +652,17 @@ async fn a_tenant_failing_its_own_probe_does_not_halt_the_rollout() {
         );
     }
     assert!(done.status.unwrap_or_default().failed.is_empty());
-    assert!(
-        agent_event(&mgmt, "RolloutNotHeldAgainst", "clusters-hc-2").await,
-        "an Event says why hc-2 was not held against the revision"
-    );
+    // The Events follow the status write the phase was read from.
+    eventually(
+        "an Event says why hc-2 was not held against the revision",
+        Duration::from_secs(15),
+        || async {
+            if agent_event(&mgmt, "RolloutNotHeldAgainst", "clusters-hc-2").await {
+                Ok(())
+            } else {
+                Err("no such Event yet".to_string())
+            }
+        },
+    )
+    .await;
 }

@@ -149,7 +149,7 @@ async fn a_tenants_labelled_objects_cost_the_agent_nothing_it_keeps() {
 }
 
 /// A kubeconfig Secret whose YAML is broken inside a token: the refusal names where, and the
-/// token appears in neither the health record nor any Event.
+/// token appears in neither the health record, nor any Event, nor any log line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_token_is_quoted_nowhere() {
     let (_fleet, mgmt, _pods) = support::fleet_with_pods(1).await;
@@ -161,6 +161,16 @@ async fn a_malformed_token_is_quoted_nowhere() {
     put_kubeconfig_secret(&secrets, SERVICE_NETWORK_KUBECONFIG, "kubeconfig", &broken)
         .await
         .expect("the broken secret");
+    // Every log line of the agent in this process, at every level.
+    let logs = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+    let sink = logs.clone();
+    let _ = tracing::subscriber::set_global_default(
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(move || Captured(sink.clone()))
+            .finish(),
+    );
     let _agent = support::start_agent(&mgmt, hcp_fleet_agent::config::AgentConfig::default()).await;
     eventually(
         "the refusal is recorded",
@@ -202,5 +212,30 @@ async fn a_malformed_token_is_quoted_nowhere() {
     ] {
         let events = events.expect("json");
         assert!(!events.contains("s3cr3t"), "{events}");
+    }
+    let logs = String::from_utf8_lossy(&logs.lock().expect("logs")).into_owned();
+    assert!(
+        logs.contains("not valid YAML: at line"),
+        "the refusal was logged (the capture works)"
+    );
+    assert!(
+        !logs.contains("s3cr3t") && !logs.contains("0123456789abcdef"),
+        "{logs}"
+    );
+}
+
+/// A log writer into a shared buffer.
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .map_err(|_| std::io::Error::other("poisoned"))?
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
