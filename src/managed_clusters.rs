@@ -209,25 +209,13 @@ fn server_of(raw: &[u8]) -> Result<String, &'static str> {
     Ok(server)
 }
 
-/// `<namespace>` of `https://<service>.<namespace>.svc[.cluster.local][:port][/path]`. A URL
-/// with user information (`user@host`) names no Service: what follows the `@` is the host.
+/// `<namespace>` of `https://<service>.<namespace>.svc[.cluster.local][:port][/path]`, read
+/// as a hosted server is (`hosted::kubeconfig::parse_server`: user information, a query or a
+/// fragment names no Service).
 fn service_namespace(server: &str) -> Option<String> {
-    let rest = server.strip_prefix("https://")?;
-    let authority = rest.split(['/', '?', '#']).next()?;
-    if authority.contains('@') {
-        return None;
-    }
-    let host = authority.rsplit_once(':').map_or(authority, |(h, port)| {
-        if port.chars().all(|c| c.is_ascii_digit()) {
-            h
-        } else {
-            authority
-        }
-    });
-    let host = host.to_ascii_lowercase();
-    let host = host.strip_suffix(".cluster.local").unwrap_or(&host);
-    let labels: Vec<&str> = host.split('.').collect();
-    match labels.as_slice() {
+    let url = crate::hosted::kubeconfig::parse_server(server).ok()?;
+    let host = url.host.strip_suffix(".cluster.local").unwrap_or(&url.host);
+    match host.split('.').collect::<Vec<_>>().as_slice() {
         [svc, ns, "svc"] if !svc.is_empty() && !ns.is_empty() => Some((*ns).to_string()),
         _ => None,
     }

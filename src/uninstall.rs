@@ -98,14 +98,9 @@ async fn remove_hosted(hosted: &Client, cfg: &AgentConfig) -> Result<usize, kube
     n += usize::from(delete_named(&vapi, webhooks::VALIDATING_NAME).await?);
     let mapi: Api<MutatingWebhookConfiguration> = Api::all(hosted.clone());
     n += usize::from(delete_named(&mapi, webhooks::MUTATING_NAME).await?);
-    // A policy and its binding are named after their guard's webhook: every guard's, and every
-    // configured one's. Bindings before their policies; a server without admission policies
-    // answers 404, as for an object that is not there.
-    let names: std::collections::BTreeSet<&str> = crate::guards::ALL
-        .iter()
-        .map(|g| g.row().name)
-        .chain(cfg.webhooks.iter().map(|w| w.name.as_str()))
-        .collect();
+    // Bindings before their policies; a server without admission policies answers 404, as for
+    // an object that is not there.
+    let names = crate::hosted::policies::names_ours(&cfg.webhooks);
     let bapi: Api<ValidatingAdmissionPolicyBinding> = Api::all(hosted.clone());
     let papi: Api<ValidatingAdmissionPolicy> = Api::all(hosted.clone());
     for name in &names {

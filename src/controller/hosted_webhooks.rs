@@ -125,7 +125,14 @@ pub async fn ensure(
     // The deadline covers the writes and, when a guard moves, one proof of the new path.
     let installed = tokio::time::timeout(
         timeout * 2,
-        install(&hosted.client, &desired, features, timeout, proof),
+        install(
+            &hosted.client,
+            &desired,
+            &policies::names_ours(&cfg.webhooks),
+            features,
+            timeout,
+            proof,
+        ),
     )
     .await;
     m.hosted_latency
@@ -263,37 +270,6 @@ async fn prove(
     }
 }
 
-/// The names of the policies and bindings the agent may have written in a hosted cluster: the
-/// ones it wants now, every guard's (a guard may have moved to its webhook, or be off), and
-/// the webhooks' (a guard configured by name).
-fn names_ours(desired: &HostedWebhooks) -> BTreeSet<String> {
-    let wanted = &desired.policies;
-    wanted
-        .policies
-        .iter()
-        .filter_map(|p| p.metadata.name.clone())
-        .chain(
-            wanted
-                .bindings
-                .iter()
-                .filter_map(|b| b.metadata.name.clone()),
-        )
-        .chain(crate::guards::ALL.iter().map(|g| g.row().name.to_string()))
-        .chain(
-            desired
-                .validating
-                .iter()
-                .flat_map(|v| v.webhooks.iter().flatten().map(|w| w.name.clone())),
-        )
-        .chain(
-            desired
-                .mutating
-                .iter()
-                .flat_map(|m| m.webhooks.iter().flatten().map(|w| w.name.clone())),
-        )
-        .collect()
-}
-
 /// The objects `lp` selects whose names are in `ours`, read in pages of
 /// `watches::HOSTED_PAGE`: whatever else the selector matches is dropped page by page.
 async fn list_ours<K>(
@@ -330,6 +306,7 @@ where
 pub async fn install(
     hosted: &Client,
     desired: &HostedWebhooks,
+    ours: &BTreeSet<String>,
     features: HostedFeatures,
     within: Duration,
     proof: &probe::Proof,
@@ -343,11 +320,10 @@ pub async fn install(
     // What is there, one list per kind (not a read per object): compared against, and
     // pruned from, below. Only names the agent renders are kept: a tenant can label objects
     // of their own like the agent's, and those pass through a page at a time.
-    let ours = names_ours(desired);
     let (mut live_policies, mut live_bindings) = if features.admission_policies {
         (
-            list_ours(&papi, &lp, &ours).await?,
-            list_ours(&bapi, &lp, &ours).await?,
+            list_ours(&papi, &lp, ours).await?,
+            list_ours(&bapi, &lp, ours).await?,
         )
     } else {
         (Vec::new(), Vec::new())

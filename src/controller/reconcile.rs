@@ -58,20 +58,30 @@ pub async fn reconcile(
             overrides.first().map(|o| o.name_any()).unwrap_or_default()
         )
     };
-    let by_hcp = || {
-        let by = hcp.paused_by(now);
-        let reason = if by.starts_with(crate::crd::hostedcontrolplane::PAUSE_ANNOTATION) {
+    // Who asks for a pause, and until when: the HCP itself (the agent's annotation, or
+    // HyperShift's spec.pausedUntil; the annotation named first), else an override.
+    let from_hcp = |until| {
+        let reason = if hcp.pauses(now).0.holds() {
             PauseReason::Annotation
         } else {
             PauseReason::HyperShift
         };
-        (by, reason)
+        Some((hcp.paused_by(now), reason, until))
+    };
+    let asked = match hcp.pause(now) {
+        Pause::Indefinite => from_hcp(None),
+        Pause::Until(t) => from_hcp(Some(t)),
+        _ if resolved.paused => Some((by_override(), PauseReason::Override, None)),
+        Pause::Off => None,
+        Pause::Invalid(why) => {
+            warn!(reason = %why, "pause annotation ignored");
+            None
+        }
     };
     // A pause past the configured maximum (counted from when the record first said paused)
     // no longer holds: the agent goes back to work; the record keeps the pause's start, so
     // the pause alert goes on until someone removes it.
-    let asked = hcp.pause(now).holds() || resolved.paused;
-    let expired = asked && {
+    let expired = asked.is_some() && {
         let since = ctx
             .caches()
             .health
@@ -79,31 +89,18 @@ pub async fn reconcile(
             .and_then(|h| h.status.as_ref().and_then(|s| s.paused_since.clone()));
         crate::reporting::pause_expired(since.as_deref(), ctx.config().max_pause_hours, now)
     };
+    let mut outcome = match &asked {
+        Some((by, reason, until)) if !expired => paused(&ctx, &ns, by.clone(), *reason, *until),
+        _ => run_phases(&ctx, &hcp, &ns, &cluster, &resolved).await,
+    };
     if expired {
         warn!(
             max_hours = ctx.config().max_pause_hours,
             "the HCP has been paused longer than maxPauseHours; the agent works on it again"
         );
-    }
-    let mut outcome = match hcp.pause(now) {
-        _ if expired => run_phases(&ctx, &hcp, &ns, &cluster, &resolved).await,
-        Pause::Indefinite => paused(&ctx, &ns, by_hcp(), None),
-        Pause::Until(t) => paused(&ctx, &ns, by_hcp(), Some(t)),
-        _ if resolved.paused => paused(&ctx, &ns, (by_override(), PauseReason::Override), None),
-        Pause::Off => run_phases(&ctx, &hcp, &ns, &cluster, &resolved).await,
-        Pause::Invalid(why) => {
-            warn!(reason = %why, "pause annotation ignored");
-            run_phases(&ctx, &hcp, &ns, &cluster, &resolved).await
-        }
-    };
-    // Still asked for, though no longer holding: the record keeps its start and the gauge
-    // its age.
-    if expired {
-        outcome.paused = Some(if hcp.pause(now).holds() {
-            by_hcp().1
-        } else {
-            PauseReason::Override
-        });
+        // Still asked for, though no longer holding: the record keeps its start and the
+        // gauge its age.
+        outcome.paused = asked.map(|(_, reason, _)| reason);
     }
     // Phases are gated: what a pass did not reach is unknown now, never its old verdict.
     for c in Concern::ALL {
@@ -381,7 +378,8 @@ async fn run_phases(
 fn paused(
     ctx: &Context,
     ns: &str,
-    (by, reason): (String, PauseReason),
+    by: String,
+    reason: PauseReason,
     until: Option<jiff::Timestamp>,
 ) -> Outcome {
     ctx.with_hcp(ns, |s| s.watch = None);

@@ -198,8 +198,20 @@ fn drift_task(
                     continue;
                 }
                 Seen::Listed(kind, name, live) => {
+                    // Only the agent's own names are kept: a tenant's labelled objects pass.
+                    let (ours, applied) = {
+                        let shared = lock(&shared);
+                        let ours = shared
+                            .desired
+                            .as_ref()
+                            .is_some_and(|d| desired_names(d, kind).contains(&name));
+                        (ours, shared.applied)
+                    };
+                    if !ours {
+                        continue;
+                    }
                     listed.entry(kind).or_default().insert(name.clone());
-                    if !lock(&shared).applied {
+                    if !applied {
                         continue;
                     }
                     vec![(kind, "changed while no watch was open", name, live)]

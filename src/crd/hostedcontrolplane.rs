@@ -122,7 +122,7 @@ pub struct Scheduling {
 impl HostedControlPlane {
     /// Each pause source at `now`: the agent's annotation, then HyperShift's
     /// `spec.pausedUntil`.
-    fn pauses(&self, now: jiff::Timestamp) -> (Pause, Pause) {
+    pub fn pauses(&self, now: jiff::Timestamp) -> (Pause, Pause) {
         let annotation = self
             .metadata
             .annotations

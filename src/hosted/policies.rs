@@ -241,6 +241,19 @@ fn render_json(
 
 /// Does the live policy or binding still say what was rendered? Its spec compared on the
 /// fields rendered (server defaults are not drift), its labels and annotations likewise.
+/// The names the agent gives admission policies and bindings in a hosted cluster: each is
+/// named after its guard's webhook, so every built-in guard's and every configured webhook's
+/// (a guard that moved to its webhook, or is off, may still have one from before). What the
+/// agent lists, prunes and uninstalls is held to these: a tenant can label objects of their own
+/// like the agent's.
+pub fn names_ours(webhooks: &[WebhookDefinition]) -> std::collections::BTreeSet<String> {
+    guards::ALL
+        .iter()
+        .map(|g| g.row().name.to_string())
+        .chain(webhooks.iter().map(|w| w.name.clone()))
+        .collect()
+}
+
 pub fn spec_matches(desired: &Value, live: &Value) -> bool {
     crate::compare::subset(&desired["spec"], &live["spec"])
         && super::webhooks::metadata_matches(desired, live)
