@@ -59,16 +59,18 @@ lint:
 fmt:
 	$(CARGO) fmt --all
 
-# The admission service under load (BENCH_SECONDS), the guards' two engines side by side
+# The admission service under load (BENCH_SECONDS), then beside a Go standard-library server
+# shaped like it under wrk (BENCH_WRK_SECONDS; both installed by hack/bench-tools.sh), the guards' two engines side by side
 # through a hosted kube-apiserver (BENCH_SECONDS, BENCH_CLIENTS), the agent against 16 real
 # hosted kube-apiservers (BENCH_HOSTED, BENCH_IDLE_SECONDS), a tenant's tampering with the guards
 # and the delete-then-act race (BENCH_TAMPER_RUNS, BENCH_RACE_TRIES), one row per hosted cluster on
 # the ACM hub: a broken cluster to its row and Event, and the idle requests reporting adds
 # (BENCH_HOSTED, BENCH_ROUNDS, BENCH_IDLE_SECONDS), then one agent and a thousand
 # HCPs, 16 hosted clusters real and the rest simulated (BENCH_SCALE_SIZES, default
-# 100,300,1000; BENCH_SCALE_REAL, BENCH_SCALE_DRIFTS, BENCH_SCALE_NEW, BENCH_IDLE_SECONDS).
+# 250,1000; the growth curve: BENCH_SCALE_SIZES=250,1000,2000,3000; BENCH_SCALE_REAL,
+# BENCH_SCALE_DRIFTS, BENCH_SCALE_NEW, BENCH_IDLE_SECONDS).
 bench:
-	$(CARGO) bench --bench admission
+	@eval "$$(bash hack/bench-tools.sh)" && $(CARGO) bench --bench admission
 	@assets="$$(bash hack/testbed-versions.sh | tail -n 1)" && \
 	KUBEBUILDER_ASSETS="$$assets" $(CARGO) bench --bench engines && \
 	KUBEBUILDER_ASSETS="$$assets" $(CARGO) bench --bench fleet && \

@@ -7,6 +7,11 @@
 //! The load generator is in this file: one HTTP/1.1 keep-alive connection per concurrent
 //! client, each sending its next request when the previous answer arrives (closed loop).
 //! Environment: BENCH_SECONDS per run (default 5).
+//!
+//! Then wrk (Debian's) against the service and a Go standard-library server shaped like it
+//! (`e2e/anchor/main.go`), at 1, 16 and 64 connections for BENCH_WRK_SECONDS (default 10): the
+//! anchor the target is set against. `make bench` installs both through
+//! `hack/bench-tools.sh`; without them this part says it is skipped.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -59,6 +64,10 @@ impl Drop for Server {
 
 fn start(dir: &Path, baseline: bool) -> Result<Server, String> {
     let port = hcp_fleet_agent::localcp::free_port().map_err(|e| e.to_string())?;
+    start_on(dir, baseline, port)
+}
+
+fn start_on(dir: &Path, baseline: bool, port: u16) -> Result<Server, String> {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"));
     cmd.args([
         "webhook",
@@ -69,7 +78,8 @@ fn start(dir: &Path, baseline: bool) -> Result<Server, String> {
         "--cert-dir",
     ])
     .arg(dir)
-    .env("RUST_LOG", "warn")
+    // wrk names the server by its IP address in SNI, which rustls notes at every handshake.
+    .env("RUST_LOG", "warn,rustls=error")
     .stdout(Stdio::null())
     .stderr(Stdio::inherit());
     if baseline {
@@ -244,8 +254,190 @@ async fn run_one(
     })
 }
 
+/// The body of one answer to `body` on the protected-RBAC path, over a fresh connection.
+async fn answer(port: u16, ca: &str, body: Bytes) -> Result<String, String> {
+    let tls = hcp_fleet_agent::localcp::kubelet::tls_connector(ca)?;
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
+    let stream = tls.connect(name, tcp).await.map_err(|e| e.to_string())?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    tokio::spawn(conn);
+    let req = hyper::Request::post("/validate/protected-rbac")
+        .header("content-type", "application/json")
+        .header("host", "127.0.0.1")
+        .body(Full::new(body))
+        .map_err(|e| e.to_string())?;
+    let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+    let bytes = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// What one wrk run measured.
+struct WrkRow {
+    rps: f64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+/// wrk's duration ("91.00us", "1.20ms", "1.01s") in microseconds.
+fn wrk_micros(v: &str) -> Option<f64> {
+    let (n, scale) = if let Some(n) = v.strip_suffix("us") {
+        (n, 1.0)
+    } else if let Some(n) = v.strip_suffix("ms") {
+        (n, 1e3)
+    } else if let Some(n) = v.strip_suffix('s') {
+        (n, 1e6)
+    } else {
+        return None;
+    };
+    n.parse::<f64>().ok().map(|n| n * scale)
+}
+
+/// wrk (one thread, `conns` keep-alive connections, `secs` seconds) against `port`, posting
+/// the review: requests per second and its latency percentiles. Any answer but 2xx fails it.
+fn run_wrk(
+    wrk: &Path,
+    script: &Path,
+    port: u16,
+    conns: usize,
+    secs: u64,
+) -> Result<WrkRow, String> {
+    let out = Command::new(wrk)
+        .args([
+            "-t1",
+            &format!("-c{conns}"),
+            &format!("-d{secs}s"),
+            "--latency",
+            "-s",
+        ])
+        .arg(script)
+        .arg(format!("https://127.0.0.1:{port}/validate/protected-rbac"))
+        .output()
+        .map_err(|e| format!("wrk: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() || text.contains("Non-2xx") || text.contains("Socket errors") {
+        return Err(format!(
+            "wrk on port {port} with {conns} connection(s):\n{text}"
+        ));
+    }
+    let field = |prefix: &str| {
+        text.lines()
+            .map(str::trim)
+            .find_map(|l| l.strip_prefix(prefix))
+            .map(|r| r.trim().to_string())
+    };
+    let rps = field("Requests/sec:").and_then(|v| v.parse().ok());
+    let p50 = field("50%").and_then(|v| wrk_micros(&v));
+    let p99 = field("99%").and_then(|v| wrk_micros(&v));
+    match (rps, p50, p99) {
+        (Some(rps), Some(p50_us), Some(p99_us)) => Ok(WrkRow {
+            rps,
+            p50_us,
+            p99_us,
+        }),
+        _ => Err(format!("wrk's output not understood:\n{text}")),
+    }
+}
+
+/// The same review through wrk against the admission service and the Go anchor
+/// (`e2e/anchor/main.go`), one connection first: the shape a kube-apiserver calls a webhook in.
+async fn against_go(dir: &Path, ca: &str, secs: u64) -> Result<(), String> {
+    let (Ok(wrk), Ok(anchor)) = (std::env::var("BENCH_WRK"), std::env::var("BENCH_ANCHOR")) else {
+        println!(
+            "wrk and the Go anchor: skipped (BENCH_WRK and BENCH_ANCHOR unset; `make bench` sets them through hack/bench-tools.sh)"
+        );
+        return Ok(());
+    };
+    let body = String::from_utf8(review_body()).map_err(|e| e.to_string())?;
+    let script = dir.join("post.lua");
+    std::fs::write(
+        &script,
+        format!(
+            "wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\nwrk.body = [==[{body}]==]\n"
+        ),
+    )
+    .map_err(|e| e.to_string())?;
+    let go_version = Command::new("go")
+        .args(["env", "GOVERSION"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    println!();
+    println!(
+        "wrk (1 thread) against the service and a Go {go_version} standard-library server shaped like it (e2e/anchor/main.go), {secs}s per run, the same review and certificate:"
+    );
+    println!(
+        "{:<9} {:>5} {:>10} {:>9} {:>9}",
+        "target", "conns", "req/s", "p50 µs", "p99 µs"
+    );
+    let mut rows: BTreeMap<usize, (Option<WrkRow>, Option<WrkRow>)> = BTreeMap::new();
+    for (name, go) in [("service", false), ("go", true)] {
+        let port = hcp_fleet_agent::localcp::free_port().map_err(|e| e.to_string())?;
+        let server = if go {
+            // Its log is one line per connection closed before a handshake (the readiness
+            // checks), nothing the benchmark reads.
+            let child = Command::new(&anchor)
+                .arg(dir)
+                .arg(port.to_string())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| format!("{anchor}: {e}"))?;
+            Server { child, port }
+        } else {
+            start_on(dir, false, port)?
+        };
+        wait_ready(server.port, ca).await?;
+        let said = answer(server.port, ca, Bytes::from(review_body())).await?;
+        if !said.contains("\"allowed\":false") || !said.contains("protected ClusterRole") {
+            return Err(format!("{name} did not deny the review: {said}"));
+        }
+        for conns in [1usize, 16, 64] {
+            let r = run_wrk(Path::new(&wrk), &script, server.port, conns, secs)?;
+            println!(
+                "{:<9} {:>5} {:>10.0} {:>9.0} {:>9.0}",
+                name, conns, r.rps, r.p50_us, r.p99_us
+            );
+            let e = rows.entry(conns).or_insert((None, None));
+            if go { e.1 = Some(r) } else { e.0 = Some(r) }
+        }
+    }
+    for (conns, pair) in rows {
+        if let (Some(svc), Some(go)) = pair {
+            let target = if conns == 1 {
+                "   target >= 1.30, p50 below Go's"
+            } else {
+                "   target > 1.00"
+            };
+            println!(
+                "service/go at {conns:>2} connection(s): {:.2}x requests/s, p50 {:.2}x, p99 {:.2}x{target}",
+                svc.rps / go.rps,
+                svc.p50_us / go.p50_us,
+                svc.p99_us / go.p99_us,
+            );
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     support::bench_main(Some(1), run);
+}
+
+fn env_secs(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 async fn run() -> Result<(), String> {
@@ -319,6 +511,7 @@ async fn run() -> Result<(), String> {
             svc / base
         );
     }
+    against_go(dir.path(), &ca.cert_pem, env_secs("BENCH_WRK_SECONDS", 10)).await?;
     let _ = support::processes_mentioning(dir.path());
     Ok(())
 }

@@ -9,14 +9,19 @@
 //! services over TLS (the figures in docs/architecture.md were taken on v1.36.2), so both kinds
 //! are printed side by side. Every figure from simulated clusters is marked as such.
 //!
-//! For each size of BENCH_SCALE_SIZES (default 100,300,1000), in one run:
-//! - cold convergence: the agent starts with nothing of its own anywhere, until every HCP's
+//! For each size of BENCH_SCALE_SIZES (default 250,1000; the growth curve in
+//! docs/architecture.md is 250,1000,2000,3000), in one run:
+//! - fresh install: the agent starts with nothing of its own anywhere, until every HCP's
 //!   health record is Compliant (the previous size's objects are first removed with the
-//!   agent's own `uninstall`);
+//!   agent's own `uninstall`), and the management requests it made, per HCP, by verb and
+//!   resource (the test bed's own lookups are not the agent's: its stand-in kubelet publishes
+//!   addresses on the Service, which the agent reads from its watch);
 //! - the agent's RSS after convergence, and per HCP (the growth between sizes);
 //! - BENCH_IDLE_SECONDS (default 60) of idle: the agent's CPU, its management requests (by
 //!   verb and resource) and its hosted requests per cluster;
-//! - the peak write rate on the management kube-apiserver (writes per second, sampled).
+//! - the peak write rate on the management kube-apiserver (writes per second, sampled);
+//! - a restart over the converged fleet: SIGTERM, a new agent, until its own reconciles have
+//!   found every HCP Compliant, and the management writes it made (the Lease's apart).
 //!
 //! At the largest size, also: drift repair latency (BENCH_SCALE_DRIFTS, default 100 simulated
 //! and every real cluster), a new HCP until Compliant (BENCH_SCALE_NEW simulated, default 10,
@@ -43,7 +48,9 @@ use hcp_fleet_agent::hosted::webhooks::VALIDATING_NAME;
 use hcp_fleet_agent::localcp::fixtures::{self, hcp_namespace};
 use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet, allow_loopback, free_port, kubelet};
 use hcp_fleet_agent::reporting::HEALTH_NAME;
-use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicyBinding, ValidatingWebhookConfiguration,
+};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use simhosted::{Kind, SimFleet};
@@ -210,6 +217,52 @@ impl Health {
     }
 }
 
+const COMPLIANCE: &str = "hcp_fleet_hosted_cluster_compliance";
+
+/// A management write other than the Lease's (which every replica renews whatever it does).
+fn is_fleet_write(key: &str) -> bool {
+    let mut it = key.split(' ');
+    let (verb, resource) = (it.next().unwrap_or(""), it.next().unwrap_or(""));
+    matches!(
+        verb,
+        "create" | "update" | "patch" | "delete" | "deletecollection"
+    ) && resource != "leases"
+}
+
+/// A restarted agent over a converged fleet: how long until its own reconciles have found
+/// every HCP Compliant (its compliance gauge, 0 for each; the records already said so), and
+/// the management writes it made until then and for 5 s after (the Lease's apart), by verb
+/// and resource.
+async fn restarted(
+    agent: &Agent,
+    n: usize,
+    within: Duration,
+) -> Result<(Duration, f64, BTreeMap<String, f64>), String> {
+    let deadline = Instant::now() + within;
+    let took = loop {
+        let text = agent.metrics().await?;
+        let ok = samples(&text, COMPLIANCE)
+            .values()
+            .filter(|v| **v == 0.0)
+            .count();
+        if ok >= n {
+            break agent.started.elapsed();
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "restart: only {ok}/{n} Compliant within {within:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let by: BTreeMap<String, f64> = management_delta("", &agent.metrics().await?)
+        .into_iter()
+        .filter(|(k, _)| is_fleet_write(k))
+        .collect();
+    Ok((took, by.values().sum(), by))
+}
+
 /// The agent as a separate release process.
 struct Agent {
     child: Child,
@@ -228,7 +281,19 @@ impl Agent {
             .parse()
             .map_err(|e| format!("{e}"))?;
         let started = Instant::now();
-        let child = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+        // BENCH_AGENT_WRAPPER: a command to run the agent under (a heap profiler, say:
+        // `heaptrack`); its figures are then the wrapped agent's.
+        let wrapper = std::env::var("BENCH_AGENT_WRAPPER").unwrap_or_default();
+        let mut words = wrapper.split_whitespace();
+        let mut cmd = match words.next() {
+            Some(w) => {
+                let mut c = Command::new(w);
+                c.args(words).arg(env!("CARGO_BIN_EXE_hcp-fleet-agent"));
+                c
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent")),
+        };
+        let child = cmd
             .args(["agent", "--config"])
             .arg(config)
             .args([
@@ -363,6 +428,11 @@ struct SizeFigures {
     mgmt_converge_by: BTreeMap<String, f64>,
     peak_writes: f64,
     uninstall: Option<Duration>,
+    /// A restart over the converged fleet: until every HCP is found Compliant, and the
+    /// management writes (the Lease's apart) it made.
+    restart: Duration,
+    restart_writes: f64,
+    restart_by: BTreeMap<String, f64>,
 }
 
 /// What only the largest size measured.
@@ -420,6 +490,35 @@ fn flipped_guard() -> Result<String, String> {
         .ok_or_else(|| "no feature-gate guard in the defaults".into())
 }
 
+/// How a real cluster is seen to carry the configuration change.
+enum RealFlip {
+    /// Its guard's ValidatingAdmissionPolicyBinding says Warn.
+    Binding(Api<ValidatingAdmissionPolicyBinding>),
+    /// Its health record names a revision other than this one, fully rolled out.
+    Revision(Api<AdmissionHealth>, Option<String>),
+}
+
+impl RealFlip {
+    async fn done(&self, guard: &str) -> bool {
+        match self {
+            RealFlip::Binding(api) => api
+                .get_opt(guard)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|b| serde_json::to_value(b).ok())
+                .is_some_and(|b| carries_flip(&b)),
+            RealFlip::Revision(api, before) => api
+                .get_opt(HEALTH_NAME)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|h| h.status)
+                .is_some_and(|s| s.revision != *before && s.revision_ready_since.is_some()),
+        }
+    }
+}
+
 fn carries_flip(binding: &serde_json::Value) -> bool {
     binding["spec"]["validationActions"]
         .as_array()
@@ -428,7 +527,7 @@ fn carries_flip(binding: &serde_json::Value) -> bool {
 
 async fn run() -> Result<(), String> {
     let mut sizes: Vec<usize> = std::env::var("BENCH_SCALE_SIZES")
-        .unwrap_or_else(|_| "100,300,1000".into())
+        .unwrap_or_else(|_| "250,1000".into())
         .split(',')
         .filter_map(|s| s.trim().parse().ok())
         .filter(|n| *n > 0)
@@ -606,6 +705,18 @@ async fn run() -> Result<(), String> {
         f.mgmt_converge = samples(&m0, MGMT_REQUESTS).values().sum();
         f.mgmt_writes_converge = management_writes(&m0);
         f.mgmt_converge_by = management_delta("", &m0);
+        eprintln!("bench: {n}: restarting the agent over the converged fleet…");
+        agent.stop();
+        agent = Agent::start(&config_path, &kubeconfig).await?;
+        let restart = restarted(&agent, n, deadline).await?;
+        f.restart = restart.0;
+        f.restart_writes = restart.1;
+        f.restart_by = restart.2;
+        eprintln!(
+            "bench: {n} reported Compliant again {} after the restart ({:.0} writes)",
+            secs(f.restart),
+            f.restart_writes
+        );
 
         if last {
             sampler = Some(WriteSampler::start(agent.addr));
@@ -727,28 +838,18 @@ async fn measure_at_scale(
         let Some(s) = fleet.hosted(name) else {
             continue;
         };
+        // The validating webhook configuration: every server version has it (a 1.20 server
+        // serves no ValidatingAdmissionPolicy, so there every guard is a webhook in it).
         let hosted = s.client().await.map_err(|e| e.to_string())?;
-        let api: Api<ValidatingAdmissionPolicyBinding> = Api::all(hosted);
-        let list = api
-            .list(&Default::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        let Some(b) = list
-            .items
-            .iter()
-            .find(|b| b.spec.as_ref().is_some_and(|s| s.match_resources.is_none()))
-        else {
-            continue;
-        };
-        let bname = b.name_any();
+        let api: Api<ValidatingWebhookConfiguration> = Api::all(hosted);
         let t0 = Instant::now();
-        api.delete(&bname, &Default::default())
+        api.delete(VALIDATING_NAME, &Default::default())
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| format!("{ns}: deleting {VALIDATING_NAME}: {e}"))?;
         let deadline = t0 + Duration::from_secs(10);
         loop {
             if api
-                .get_opt(&bname)
+                .get_opt(VALIDATING_NAME)
                 .await
                 .map_err(|e| e.to_string())?
                 .is_some()
@@ -757,7 +858,7 @@ async fn measure_at_scale(
                 break;
             }
             if Instant::now() > deadline {
-                return Err(format!("{ns}: binding {bname} not repaired within 10s"));
+                return Err(format!("{ns}: {VALIDATING_NAME} not repaired within 10s"));
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -804,7 +905,10 @@ async fn measure_at_scale(
         .filter_map(|ns| sim.cluster(ns.trim_start_matches("clusters-")))
         .chain(sim_new.iter().filter_map(|n| sim.cluster(n)))
         .collect();
-    let mut pending_real: Vec<(String, Api<ValidatingAdmissionPolicyBinding>)> = Vec::new();
+    // A real cluster carries the change in its guard's binding where the server runs the guard
+    // as a ValidatingAdmissionPolicy; on a server without (1.20) the guard is a webhook, and
+    // the change reaches it as a new admission service revision, rolled out.
+    let mut pending_real: Vec<(String, RealFlip)> = Vec::new();
     for ns in namespaces
         .iter()
         .filter(|ns| is_real(ns))
@@ -813,7 +917,19 @@ async fn measure_at_scale(
     {
         if let Some(s) = fleet.hosted(ns.trim_start_matches("clusters-")) {
             let c = s.client().await.map_err(|e| e.to_string())?;
-            pending_real.push((ns, Api::all(c)));
+            let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(c);
+            let how = if bindings.get_opt(&guard).await.ok().flatten().is_some() {
+                RealFlip::Binding(bindings)
+            } else {
+                let records: Api<AdmissionHealth> = Api::namespaced(mgmt.clone(), &ns);
+                let before = records
+                    .get_opt(HEALTH_NAME)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .and_then(|h| h.status.and_then(|s| s.revision));
+                RealFlip::Revision(records, before)
+            };
+            pending_real.push((ns, how));
         }
     }
     let deadline = t0 + Duration::from_secs(600);
@@ -834,19 +950,12 @@ async fn measure_at_scale(
         });
         if tick.is_multiple_of(10) {
             let mut still = Vec::new();
-            for (ns, api) in pending_real.drain(..) {
-                let done = api
-                    .get_opt(&guard)
-                    .await
-                    .ok()
-                    .flatten()
-                    .and_then(|b| serde_json::to_value(b).ok())
-                    .is_some_and(|b| carries_flip(&b));
-                if done {
+            for (ns, how) in pending_real.drain(..) {
+                if how.done(&guard).await {
                     last_real = Instant::now();
                     out.config_each.push(t0.elapsed());
                 } else {
-                    still.push((ns, api));
+                    still.push((ns, how));
                 }
             }
             pending_real = still;
@@ -934,6 +1043,15 @@ fn print_report(
         col(&|f| format!("{:.0} ({:.0})", f.mgmt_converge, f.mgmt_writes_converge))
     );
     println!(
+        "  {:<52}{}   <= 12",
+        "  per HCP (writes)",
+        col(&|f| format!(
+            "{:.1} ({:.1})",
+            f.mgmt_converge / f.n as f64,
+            f.mgmt_writes_converge / f.n as f64
+        ))
+    );
+    println!(
         "  {:<52}{}",
         "  peak writes per second",
         col(&|f| format!("{:.0}", f.peak_writes))
@@ -947,6 +1065,16 @@ fn print_report(
         "  {:<52}{}",
         "  simulated",
         col(&|f| format!("{:.1}", f.hosted_converge_sim))
+    );
+    println!(
+        "  {:<52}{}   < 20 s",
+        "restart over the converged fleet -> all Compliant",
+        col(&|f| secs(f.restart))
+    );
+    println!(
+        "  {:<52}{}   < 1",
+        "  management writes per HCP (the Lease's apart)",
+        col(&|f| format!("{:.2}", f.restart_writes / f.n as f64))
     );
     println!(
         "  {:<52}{}",
@@ -965,7 +1093,7 @@ fn print_report(
         })
         .collect();
     println!(
-        "  {:<52}{:>14}{}   < 200 KiB",
+        "  {:<52}{:>14}{}   < 150 KiB",
         "RSS per added HCP (growth from the size before)",
         "",
         per_hcp
@@ -974,7 +1102,7 @@ fn print_report(
             .collect::<String>()
     );
     println!(
-        "  {:<52}{}   < 5 %",
+        "  {:<52}{}   < 3 %",
         format!("idle CPU over {}s (% of one core)", idle.as_secs()),
         col(&|f| format!("{:.2} %", f.cpu_idle_pct))
     );
@@ -1011,17 +1139,27 @@ fn print_report(
         "uninstall before the next size",
         col(&|f| f.uninstall.map(secs).unwrap_or_else(|| "-".into()))
     );
-    let Some(big) = figs.last() else { return };
-    let mut by: Vec<(&String, &f64)> = big.mgmt_converge_by.iter().collect();
-    by.sort_by(|a, b| b.1.total_cmp(a.1));
-    println!(
-        "  management requests per HCP during the cold start at {}: {}",
-        big.n,
+    let per_hcp = |m: &BTreeMap<String, f64>, n: usize| {
+        let mut by: Vec<(&String, &f64)> = m.iter().collect();
+        by.sort_by(|a, b| b.1.total_cmp(a.1));
         by.iter()
-            .map(|(k, v)| format!("{k} {:.1}", **v / big.n as f64))
+            .map(|(k, v)| format!("{k} {:.2}", **v / n as f64))
             .collect::<Vec<_>>()
             .join(", ")
-    );
+    };
+    for f in figs {
+        println!(
+            "  management requests per HCP during the cold start at {}: {}",
+            f.n,
+            per_hcp(&f.mgmt_converge_by, f.n)
+        );
+        println!(
+            "  management writes per HCP after the restart at {}: {}",
+            f.n,
+            per_hcp(&f.restart_by, f.n)
+        );
+    }
+    let Some(big) = figs.last() else { return };
     let mut d = s.drift_sim.clone();
     d.sort();
     let mut r = s.drift_real.clone();

@@ -684,7 +684,12 @@ fn pdb(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<Option<DynamicObject>, 
 /// whose name is a prefix of the admission Service's host condemns it too, not only
 /// HyperShift's own. Returns their names, sorted.
 pub fn services_condemning(url: &str, services: &[Service]) -> Vec<String> {
-    let mut names: Vec<String> = services
+    names_condemning(url, &unlabelled_services(services))
+}
+
+/// The names of the Services without the `ALLOW_GUEST_WEBHOOKS` label: the candidates.
+pub fn unlabelled_services(services: &[Service]) -> Vec<String> {
+    services
         .iter()
         .filter(|s| {
             !s.metadata
@@ -693,7 +698,15 @@ pub fn services_condemning(url: &str, services: &[Service]) -> Vec<String> {
                 .is_some_and(|l| l.contains_key(ALLOW_GUEST_WEBHOOKS))
         })
         .filter_map(|s| s.metadata.name.clone())
+        .collect()
+}
+
+/// `services_condemning` on the names of the unlabelled Services alone.
+pub fn names_condemning(url: &str, unlabelled: &[String]) -> Vec<String> {
+    let mut names: Vec<String> = unlabelled
+        .iter()
         .filter(|name| url.contains(&format!("https://{name}")))
+        .cloned()
         .collect();
     names.sort();
     names

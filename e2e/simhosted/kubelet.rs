@@ -11,7 +11,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use hcp_fleet_agent::localcp::kubelet::{self, LOCAL_REPLICAS_ANNOTATION};
+use hcp_fleet_agent::localcp::kubelet::{
+    self, LOCAL_ENDPOINT_ANNOTATION, LOCAL_REPLICAS_ANNOTATION,
+};
 use hcp_fleet_agent::management::{MANAGED_BY, MANAGED_BY_VALUE, deployment_available};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service};
@@ -141,11 +143,12 @@ pub async fn spawn(
                     if !simulated(&ns) || svc.name_any() != service {
                         continue;
                     }
-                    let have = svc
-                        .annotations()
-                        .get(LOCAL_REPLICAS_ANNOTATION)
-                        .cloned()
-                        .unwrap_or_default();
+                    let a = svc.annotations();
+                    let have = format!(
+                        "{} {}",
+                        a.get(LOCAL_ENDPOINT_ANNOTATION).map_or("", |v| v.as_str()),
+                        a.get(LOCAL_REPLICAS_ANNOTATION).map_or("", |v| v.as_str())
+                    );
                     let want = replicas.get(&ns).copied().unwrap_or(2);
                     publish(&client, &ns, &service, &have, addr, want, &mut published).await;
                 }
@@ -157,7 +160,8 @@ pub async fn spawn(
     })
 }
 
-/// One address per replica on the Service (all the same listener), where it differs.
+/// The Service's address and one address per replica (all the same listener), as the test
+/// bed's kubelet publishes them, where they differ (`have`: "<endpoint> <replicas>").
 async fn publish(
     client: &Client,
     ns: &str,
@@ -167,10 +171,14 @@ async fn publish(
     replicas: i32,
     published: &mut HashMap<String, String>,
 ) {
-    let want = vec![addr.to_string(); usize::try_from(replicas.max(1)).unwrap_or(1)].join(",");
+    let ready = vec![addr.to_string(); usize::try_from(replicas.max(1)).unwrap_or(1)].join(",");
+    let endpoint = format!("https://{addr}");
+    let want = format!("{endpoint} {ready}");
     if have != want {
-        let patch =
-            serde_json::json!({"metadata": {"annotations": {LOCAL_REPLICAS_ANNOTATION: want}}});
+        let patch = serde_json::json!({"metadata": {"annotations": {
+            LOCAL_ENDPOINT_ANNOTATION: endpoint,
+            LOCAL_REPLICAS_ANNOTATION: ready,
+        }}});
         if let Err(e) = Api::<Service>::namespaced(client.clone(), ns)
             .patch(service, &PatchParams::default(), &Patch::Merge(&patch))
             .await

@@ -36,6 +36,8 @@ pub struct Caches {
     pub pdbs: Option<Store<DynamicObject>>,
     /// The health records (where their CRD is installed): read before each report.
     pub health: Option<Store<crate::crd::AdmissionHealth>>,
+    /// Which Services could make HyperShift delete guest webhooks (`guest_services.rs`).
+    pub guest_services: Option<super::guest_services::GuestServices>,
     /// The HostedAdmissionOverrides (where their CRD is installed).
     pub overrides: Option<Store<crate::crd::rollout::HostedAdmissionOverride>>,
 }
@@ -46,6 +48,10 @@ pub enum Seen {
     /// At this resourceVersion.
     At(String),
     Absent,
+    /// The watch has delivered what the agent last knew (a watch delivers every change in
+    /// order): whatever the store holds now is at least as new, such as the status a
+    /// Deployment's controller wrote after the agent's own apply.
+    Delivered,
 }
 
 impl Seen {
@@ -60,7 +66,7 @@ impl Seen {
 /// Whether a store's view may stand for the server's, given what the agent last knew.
 pub fn trust_store(last: Option<&Seen>, stored_rv: Option<Option<&str>>) -> bool {
     match (last, stored_rv) {
-        (None, _) => true,
+        (None | Some(Seen::Delivered), _) => true,
         (Some(Seen::Absent), None) => true,
         (Some(Seen::At(rv)), Some(Some(s))) => rv == s,
         _ => false,
@@ -96,13 +102,25 @@ where
         let last = ctx.with_hcp(ns, |s| s.seen.get(&key).cloned());
         if trust_store(last.as_ref(), stored_rv) {
             let obj = cached.map(Arc::unwrap_or_clone);
-            ctx.with_hcp(ns, |s| s.seen.insert(key, Seen::of(obj.as_ref())));
+            ctx.with_hcp(ns, |s| s.seen.insert(key, Seen::Delivered));
             return Ok(obj);
         }
     }
     let obj = api.get_opt(name).await?;
     ctx.with_hcp(ns, |s| s.seen.insert(key, Seen::of(obj.as_ref())));
     Ok(obj)
+}
+
+/// A watch event for `key` at `rv`: where that is what the agent last knew of the object (its
+/// own write, or a read from the server), the store has caught up with the agent.
+pub fn delivered(ctx: &Context, ns: &str, key: &str, rv: &str) {
+    ctx.with_known_hcp(ns, |s| {
+        if let Some(seen) = s.seen.get_mut(key)
+            && *seen == Seen::At(rv.to_string())
+        {
+            *seen = Seen::Delivered;
+        }
+    });
 }
 
 /// Records what the agent's own write left: the object as the server returned it.
@@ -124,6 +142,9 @@ mod tests {
         // Same version, or both absent.
         assert!(trust_store(Some(&at("5")), Some(Some("5"))));
         assert!(trust_store(Some(&Seen::Absent), None));
+        // Once the watch has delivered what the agent knew, the store is at least as new.
+        assert!(trust_store(Some(&Seen::Delivered), Some(Some("9"))));
+        assert!(trust_store(Some(&Seen::Delivered), None));
         // Behind the agent's own write, or changed or deleted by someone else since: ask.
         assert!(!trust_store(Some(&at("6")), Some(Some("5"))));
         assert!(!trust_store(Some(&at("5")), None));

@@ -17,7 +17,7 @@ use super::endpoints::AdmissionEndpoints;
 use crate::config::AgentConfig;
 use crate::crd::{ComplianceState, HostedControlPlane};
 use crate::hosted::clients::HostedClient;
-use crate::hosted::webhooks::HostedWebhooks;
+use crate::hosted::wanted::Wanted;
 use crate::metrics::{HcpLabels, Metrics};
 use crate::reporting::RollupRow;
 
@@ -45,8 +45,8 @@ impl Drop for AbortOnDrop {
 /// What one HCP's background tasks share with its reconciles.
 #[derive(Default)]
 pub(super) struct WatchShared {
-    /// What the agent last applied (the drift watch compares live objects with it).
-    pub desired: Option<HostedWebhooks>,
+    /// What the agent last applied, as the drift watch compares live objects with it.
+    pub desired: Option<Wanted>,
     /// Whether `desired` has been installed: until it has, a listing that lacks or differs
     /// from it is the install still to come, not drift.
     pub applied: bool,
@@ -103,6 +103,12 @@ pub struct HcpState {
     /// What the agent last knew of each management-side object it reads (same keys as
     /// `management`): whether its watch store may stand in for a read (`cache.rs`).
     pub(super) seen: HashMap<String, super::cache::Seen>,
+    /// When a reconcile first found this HCP Pending with no health record yet
+    /// (`report::NEW_RECORD_GRACE`).
+    pub(super) first_pending: Option<std::time::Instant>,
+    /// The serving certificate (fingerprint) every replica was seen to serve, the hosted
+    /// caBundle narrowed to its CA (`trust::hosted_bundle`).
+    pub(super) settled_for: Option<u64>,
 }
 
 /// How to run the controller.
@@ -231,6 +237,13 @@ impl Context {
     /// Runs `f` on the state of `ns`, creating it if this is the HCP's first reconcile.
     pub(super) fn with_hcp<R>(&self, ns: &str, f: impl FnOnce(&mut HcpState) -> R) -> R {
         f(lock(&self.hcps).entry(ns.to_string()).or_default())
+    }
+
+    /// Runs `f` on the state of `ns` if the agent holds one (a watch event must not create it).
+    pub(super) fn with_known_hcp(&self, ns: &str, f: impl FnOnce(&mut HcpState)) {
+        if let Some(s) = lock(&self.hcps).get_mut(ns) {
+            f(s);
+        }
     }
 
     /// The management cluster's identity: the UID of its kube-system namespace, read on first

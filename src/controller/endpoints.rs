@@ -6,6 +6,7 @@
 use std::net::SocketAddr;
 
 use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::ListParams;
 use kube::{Api, Client};
@@ -20,16 +21,18 @@ pub trait AdmissionEndpoints: Send + Sync {
 
     /// The base URL the hosted kube-apiserver calls for the admission service in
     /// `namespace` (each webhook's path is appended). Called after the admission Deployment
-    /// is available.
+    /// is available. `service`: the admission Service as the agent's watch last saw it.
     fn url_base<'a>(
         &'a self,
         management: &'a Client,
         cfg: &'a AgentConfig,
         namespace: &'a str,
+        service: Option<&'a Service>,
     ) -> BoxFuture<'a, String>;
 
     /// Where each ready replica of the admission service in `namespace` listens, to shake
-    /// hands with it and see which certificate it serves.
+    /// hands with it and see which certificate it serves (asked of the server: it changes
+    /// during the rollouts it is asked about, faster than a watch is sure to show).
     fn replicas<'a>(
         &'a self,
         management: &'a Client,
@@ -49,6 +52,7 @@ impl AdmissionEndpoints for InCluster {
         _management: &'a Client,
         cfg: &'a AgentConfig,
         namespace: &'a str,
+        _service: Option<&'a Service>,
     ) -> BoxFuture<'a, String> {
         let url = crate::hosted::webhooks::default_url_base(cfg, namespace);
         Box::pin(async move { url })

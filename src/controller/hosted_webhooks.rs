@@ -15,6 +15,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::core::v1::Service;
 use kube::api::ListParams;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, ResourceExt};
 
 use super::apply::{Applied, Repair, apply_against, apply_or_delete, delete_if_present};
@@ -27,6 +28,7 @@ use super::{probe, watches};
 use crate::config::AgentConfig;
 use crate::hosted::clients::HostedClient;
 use crate::hosted::policies::{self, Engine};
+use crate::hosted::wanted::Wanted;
 use crate::hosted::webhooks::{
     self, HostedFeatures, HostedWebhooks, MUTATING_NAME, VALIDATING_NAME,
 };
@@ -73,13 +75,30 @@ pub async fn ensure(
         revision,
         proof,
     } = want;
-    let url_base = ctx.endpoints.url_base(&ctx.client, cfg, ns).await;
+    let service = ctx
+        .caches()
+        .services
+        .and_then(|s| s.get(&ObjectRef::new(&cfg.admission.service_name).within(ns)));
+    let url_base = ctx
+        .endpoints
+        .url_base(&ctx.client, cfg, ns, service.as_deref())
+        .await;
     // Installing what HyperShift deletes at once would be a fight counted as drift forever.
-    let services = Api::<Service>::namespaced(ctx.client.clone(), ns)
-        .list(&ListParams::default())
-        .await
-        .map_err(Failure::ListServices)?;
-    let condemning = crate::management::services_condemning(&url_base, &services.items);
+    let unlabelled = match ctx.caches().guest_services {
+        Some(index) => index.unlabelled(ns).await,
+        None => None,
+    };
+    let unlabelled = match unlabelled {
+        Some(names) => names,
+        None => {
+            let services = Api::<Service>::namespaced(ctx.client.clone(), ns)
+                .list(&ListParams::default())
+                .await
+                .map_err(Failure::ListServices)?;
+            crate::management::unlabelled_services(&services.items)
+        }
+    };
+    let condemning = crate::management::names_condemning(&url_base, &unlabelled);
     if !condemning.is_empty() {
         return Err(Failure::GuestWebhooksCondemned {
             url: url_base,
@@ -109,7 +128,8 @@ pub async fn ensure(
             .set(n as i64);
     }
     let timeout = Duration::from_secs(u64::from(cfg.hosted_access.request_timeout_seconds));
-    watches::ensure_drift_watch(ctx, ns, cluster, hosted, desired.clone(), features);
+    let wanted = Wanted::of(&desired);
+    watches::ensure_drift_watch(ctx, ns, cluster, hosted, wanted.clone(), features);
     let canaries = std::sync::Arc::new(super::canary::plan(cfg, &desired));
     ctx.with_hcp(ns, |s| {
         if let Some(w) = s.watch.as_ref() {
@@ -170,7 +190,7 @@ pub async fn ensure(
             .map(|w| {
                 let mut shared = lock(&w.shared);
                 // Installed as desired: from now on a listing that differs is drift.
-                if shared.desired.as_ref() == Some(&desired) {
+                if shared.desired.as_ref() == Some(&wanted) {
                     shared.applied = true;
                 }
                 std::mem::take(&mut shared.drift_notes)

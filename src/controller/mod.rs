@@ -18,6 +18,7 @@
 //! | `watches` | drift watch per hosted cluster, HCP deletion watch |
 //! | `apply` | server-side apply, apply-if-changed, apply-and-prune |
 //! | `endpoints` | the seam: how the hosted kube-apiserver reaches an admission service |
+//! | `guest_services` | which Services could make HyperShift delete guest webhooks (a name index) |
 //! | `error` | `ReconcileError`: phase, concern, source |
 
 mod admission_service;
@@ -29,6 +30,7 @@ mod context;
 mod discovery;
 mod endpoints;
 mod error;
+mod guest_services;
 mod hosted_access;
 mod hosted_webhooks;
 mod probe;
@@ -105,9 +107,18 @@ pub async fn run(
     // agent may read only those (RBAC resourceNames), not every Secret.
     let by = |name: String| watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut caches = cache::Caches::default();
-    let controller = Controller::new(hcps, watcher::Config::default());
-    let store = controller.store();
-    let mut controller = controller
+    // The HCPs' store without their managed fields: HyperShift's controllers write many, and
+    // nothing here reads them (a large part of an HCP object, kept for every HCP).
+    let (store, writer) = kube::runtime::reflector::store();
+    let hcp_events = reflected(
+        hcps,
+        watcher::Config::default(),
+        writer,
+        &[],
+        |_| {},
+        |_| {},
+    );
+    let mut controller = Controller::for_stream(hcp_events.applied_objects(), store.clone())
         .owns_stream(cached(
             &ctx,
             owned.clone(),
@@ -149,12 +160,19 @@ pub async fn run(
             api_version: ar.api_version.clone(),
             kind: ar.kind.clone(),
         };
+        let weak = Arc::downgrade(&ctx);
+        let dyntype = ar.clone();
         let stream = reflected(
             pdbs,
             owned.clone(),
             writer,
             management::SPEC_OWNED_WHOLE,
             move |o| o.types = Some(types.clone()),
+            move |o| {
+                if let Some(ctx) = weak.upgrade() {
+                    delivered(&ctx, o, &dyntype);
+                }
+            },
         )
         .touched_objects();
         controller = controller.owns_stream_with(stream, ar);
@@ -186,10 +204,27 @@ pub async fn run(
         caches.health = Some(reader);
         let records = Api::<crate::crd::AdmissionHealth>::all(ctx.client.clone());
         AbortOnDrop(tokio::spawn(
-            reflected(records, watcher::Config::default(), writer, &[], |_| {})
-                .for_each(|_| futures::future::ready(())),
+            {
+                let weak = Arc::downgrade(&ctx);
+                reflected(
+                    records,
+                    watcher::Config::default(),
+                    writer,
+                    &[],
+                    |_| {},
+                    move |o| {
+                        if let Some(ctx) = weak.upgrade() {
+                            delivered(&ctx, o, &());
+                        }
+                    },
+                )
+            }
+            .for_each(|_| futures::future::ready(())),
         ))
     });
+    let (guest_services, filler) = guest_services::GuestServices::watch(ctx.client.clone());
+    caches.guest_services = Some(guest_services);
+    let _guest_services = AbortOnDrop(tokio::spawn(filler));
     // An override changes what its HCP runs: reconcile that HCP.
     let overrides = ctx
         .caps
@@ -250,7 +285,7 @@ pub async fn run(
 /// Controller. Of each object's managed fields the store keeps only the parts under `keep`
 /// (for the comparison of a part the agent owns whole, `compare::foreign_fields`).
 fn cached<K>(
-    ctx: &Context,
+    ctx: &Arc<Context>,
     cfg: watcher::Config,
     slot: &mut Option<kube::runtime::reflector::Store<K>>,
     keep: &'static [&'static str],
@@ -267,7 +302,26 @@ where
     let (reader, writer) = kube::runtime::reflector::store();
     *slot = Some(reader);
     let api = Api::<K>::all(ctx.client.clone());
-    reflected(api, cfg, writer, keep, |_| {}).touched_objects()
+    let ctx = Arc::downgrade(ctx);
+    let seen = move |o: &K| {
+        if let Some(ctx) = ctx.upgrade() {
+            delivered(&ctx, o, &());
+        }
+    };
+    reflected(api, cfg, writer, keep, |_| {}, seen).touched_objects()
+}
+
+/// Tells the HCP's read cache that its store has delivered `o` at its current version.
+fn delivered<K: kube::Resource>(ctx: &Context, o: &K, dyntype: &K::DynamicType) {
+    let (Some(ns), Some(name), Some(rv)) = (
+        o.meta().namespace.as_deref(),
+        o.meta().name.as_deref(),
+        o.meta().resource_version.as_deref(),
+    ) else {
+        return;
+    };
+    let key = format!("{}/{name}", K::url_path(dyntype, Some(ns)));
+    cache::delivered(ctx, ns, &key, rv);
 }
 
 /// The managed-field entries `foreign_fields` reads under `keep`: not of a subresource, each
@@ -304,6 +358,7 @@ fn reflected<K>(
     writer: kube::runtime::reflector::store::Writer<K>,
     keep: &'static [&'static str],
     fix: impl Fn(&mut K) + Send + 'static,
+    seen: impl Fn(&K) + Send + 'static,
 ) -> impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
 where
     K: kube::Resource
@@ -322,6 +377,7 @@ where
                 let kept = kept_managed_fields(o.managed_fields(), keep);
                 *o.managed_fields_mut() = kept;
                 fix(o);
+                seen(o);
             })
         })
         .reflect(writer)

@@ -259,7 +259,11 @@ pub fn ensure_task(
                         let targets = s
                             .desired
                             .as_ref()
-                            .map(|d| ProbeTargets::of(d, s.proof.clone()))
+                            .map(|d| ProbeTargets {
+                                webhook: d.webhook_revision.clone(),
+                                policy: d.policy_revision.clone(),
+                                proof: s.proof.clone(),
+                            })
                             .unwrap_or_default();
                         (targets, Arc::clone(&s.canaries), s.canary_next)
                     };

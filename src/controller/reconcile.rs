@@ -118,7 +118,7 @@ pub async fn reconcile(
         Err(e) => warn!(error = %e, "reconcile failed"),
         Ok(_) => ctx.with_hcp(&ns, |s| s.failures = 0),
     }
-    report::report(
+    let held_back = report::report(
         &ctx,
         &hcp,
         &ns,
@@ -135,7 +135,12 @@ pub async fn reconcile(
     ctx.metrics
         .reconcile_duration
         .observe(started.elapsed().as_secs_f64());
-    outcome.result
+    match (outcome.result, held_back) {
+        // A new record's Pending held back: look again by the end of its grace (a pass that
+        // wanted to come back sooner does so before it anyway, through its watches).
+        (Ok(_), Some(at)) => Ok(Action::requeue(at)),
+        (result, _) => result,
+    }
 }
 
 /// Owned for garbage collection, but never blocking HyperShift's deletion of the HCP.

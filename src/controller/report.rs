@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource, ObjectReference, Secret};
@@ -47,15 +47,24 @@ pub struct Pass<'a> {
     pub paused: Option<reporting::PauseReason>,
 }
 
+/// How long a new HCP's first "Pending" may go unwritten: at a fleet's cold start most
+/// HCPs pass from Pending (waiting for the admission Deployment) to a verdict within seconds,
+/// and writing the record twice (created Pending, then its verdict) was two more requests
+/// per HCP against the management ceiling. The metrics and the fleet row say Pending at once.
+pub const NEW_RECORD_GRACE: Duration = Duration::from_secs(10);
+
+/// Reports one pass. Returns when to come back if a new record's Pending was held back
+/// (`NEW_RECORD_GRACE`): the reconcile looks again by then, and writes it if still Pending.
 pub async fn report(
     ctx: &Context,
     hcp: &HostedControlPlane,
     ns: &str,
     cluster: &str,
     pass: &Pass<'_>,
-) {
+) -> Option<Duration> {
     let obs = pass.obs;
     let row = reporting::rollup_row(cluster, obs);
+    let pending = row.state == ComplianceState::Pending && pass.paused.is_none();
     let gauge = match row.state {
         ComplianceState::Compliant => 0,
         ComplianceState::NonCompliant => 1,
@@ -66,7 +75,7 @@ pub async fn report(
         // Under the lock `forget` also takes: the deletion watcher records the tombstone
         // before it forgets, so a late report can never resurrect the row or the series.
         if ctx.is_deleted(hcp) {
-            return;
+            return None;
         }
         ctx.metrics
             .compliance
@@ -81,10 +90,14 @@ pub async fn report(
         ctx.count_known(&hcps);
     }
     if !ctx.caps.health_crd {
-        return;
+        return None;
     }
-    if let Err(e) = write_health(ctx, hcp, ns, cluster, pass).await {
-        warn!(error = %e, "writing the AdmissionHealth record failed");
+    match write_health(ctx, hcp, ns, cluster, pass, pending).await {
+        Ok(later) => later,
+        Err(e) => {
+            warn!(error = %e, "writing the AdmissionHealth record failed");
+            None
+        }
     }
 }
 
@@ -94,10 +107,18 @@ async fn write_health(
     ns: &str,
     cluster: &str,
     pass: &Pass<'_>,
-) -> Result<(), kube::Error> {
+    pending: bool,
+) -> Result<Option<Duration>, kube::Error> {
     let api: Api<AdmissionHealth> = Api::namespaced(ctx.client.clone(), ns);
     let store = ctx.caches().health;
     let live = cache::read(ctx, ns, &api, store.as_ref(), reporting::HEALTH_NAME, &()).await?;
+    if live.is_none() && pending {
+        let first = ctx.with_hcp(ns, |s| *s.first_pending.get_or_insert_with(Instant::now));
+        let left = NEW_RECORD_GRACE.saturating_sub(first.elapsed());
+        if !left.is_zero() {
+            return Ok(Some(left));
+        }
+    }
     // The claim: the hosted cluster this namespace reached, or the one it is recorded to have
     // reached (a reconcile that has not reached it yet must not erase the record).
     let uid = ctx.with_hcp(ns, |s| s.hosted_identity.clone()).or_else(|| {
@@ -147,7 +168,7 @@ async fn write_health(
         ),
     );
     if current.status.as_ref() == Some(&next) {
-        return Ok(());
+        return Ok(None);
     }
     // The status is entirely the agent's; a merge patch replaces its arrays whole, and a field
     // now absent must be sent as null to go.
@@ -190,7 +211,7 @@ async fn write_health(
             warn!(error = %err, "publishing a health event failed");
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 /// How often, at most, the templates are re-evaluated and written.

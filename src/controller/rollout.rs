@@ -212,6 +212,7 @@ pub(super) async fn run(ctx: Arc<Context>, hcps: Store<HostedControlPlane>) {
             writer,
             &[],
             |_| {},
+            |_| {},
         )
         .for_each(|ev| {
             if let Err(e) = ev {

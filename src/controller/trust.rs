@@ -138,6 +138,30 @@ pub async fn hosted_bundle(
     certs: &CertBundle,
 ) -> Result<(String, bool), Failure> {
     let want = certs.ca_bundle_pem();
+    // Settled once for this serving certificate, settled for good: every replica loads the
+    // one Secret, and a new certificate is a new fingerprint.
+    let serving =
+        crate::compare::fingerprint(&serde_json::Value::String(certs.serving.cert_pem.clone()));
+    if ctx.with_hcp(ns, |s| s.settled_for == Some(serving)) {
+        return Ok((want, true));
+    }
+    let settled = |bundle: String| {
+        ctx.with_hcp(ns, |s| s.settled_for = Some(serving));
+        Ok((bundle, true))
+    };
+    let installed = installed_trust(&hosted.client)
+        .await
+        .map_err(|source| Failure::HostedApi {
+            server: hosted.server.clone(),
+            source,
+        })?;
+    // Nothing installed trusts another CA (a first install, or a converged one): there is
+    // nothing to retire, and the replicas need no look (a request per HCP at a cold start).
+    let have = bundle_ders(&installed);
+    let current = bundle_ders(&want);
+    if have.iter().all(|d| current.contains(d)) {
+        return settled(want);
+    }
     let served = replicas_serve(ctx, cfg, ns, &certs.serving.cert_pem).await;
     if served.replicas > 0 && served.failures.len() == served.replicas {
         return Err(Failure::AdmissionUnreachable {
@@ -145,18 +169,9 @@ pub async fn hosted_bundle(
         });
     }
     if served.replicas > 0 && served.current == served.replicas {
-        return Ok((want, true));
+        return settled(want);
     }
-    let installed = installed_trust(&hosted.client)
-        .await
-        .map_err(|source| Failure::HostedApi {
-            server: hosted.server.clone(),
-            source,
-        })?;
-    Ok((
-        union_bundle(&want, &installed),
-        bundle_ders(&installed).is_empty(),
-    ))
+    Ok((union_bundle(&want, &installed), false))
 }
 
 /// What the replicas serve: how many are listed, how many present `serving_pem`, and the

@@ -19,7 +19,8 @@ use super::context::{AbortOnDrop, Context, HostedWatch, WatchShared, lock};
 use crate::crd::HostedControlPlane;
 use crate::hosted::clients::HostedClient;
 use crate::hosted::policies;
-use crate::hosted::webhooks::{self, HostedFeatures, HostedWebhooks};
+use crate::hosted::wanted::Wanted;
+use crate::hosted::webhooks::{self, HostedFeatures};
 use crate::metrics::DriftLabels;
 
 /// Starts (or updates) the drift watch of one hosted cluster: its webhook configurations and,
@@ -31,7 +32,7 @@ pub fn ensure_drift_watch(
     ns: &str,
     cluster: &str,
     hosted: &HostedClient,
-    desired: HostedWebhooks,
+    desired: Wanted,
     features: HostedFeatures,
 ) {
     ctx.with_hcp(ns, |s| {
@@ -204,7 +205,7 @@ fn drift_task(
                         let ours = shared
                             .desired
                             .as_ref()
-                            .is_some_and(|d| desired_names(d, kind).contains(&name));
+                            .is_some_and(|d| d.names(kind).contains(&name));
                         (ours, shared.applied)
                     };
                     if !ours {
@@ -221,7 +222,7 @@ fn drift_task(
                     let want = {
                         let shared = lock(&shared);
                         match (&shared.desired, shared.applied) {
-                            (Some(d), true) => desired_names(d, kind),
+                            (Some(d), true) => d.names(kind),
                             _ => Vec::new(),
                         }
                     };
@@ -235,7 +236,7 @@ fn drift_task(
                 let want = lock(&shared)
                     .desired
                     .as_ref()
-                    .and_then(|d| desired_of(d, kind, &name));
+                    .and_then(|d| d.object(kind, &name));
                 // Not an object the agent renders (a tenant's, labelled like the agent's):
                 // nothing to compare, and nothing of it kept.
                 let Some(want) = want else { continue };
@@ -277,44 +278,6 @@ fn drift_task(
                 let _ = tx.send(hcp_ref.clone());
             }
         }
-    }
-}
-
-/// The names of the desired objects of `kind`.
-fn desired_names(d: &HostedWebhooks, kind: &str) -> Vec<String> {
-    fn names<'a, K: kube::Resource + 'a>(objects: impl IntoIterator<Item = &'a K>) -> Vec<String> {
-        objects
-            .into_iter()
-            .filter_map(|o| o.meta().name.clone())
-            .collect()
-    }
-    match kind {
-        "ValidatingWebhookConfiguration" => names(&d.validating),
-        "MutatingWebhookConfiguration" => names(&d.mutating),
-        "ValidatingAdmissionPolicy" => names(&d.policies.policies),
-        "ValidatingAdmissionPolicyBinding" => names(&d.policies.bindings),
-        _ => Vec::new(),
-    }
-}
-
-/// The desired object of `kind` named `name`, as JSON (`None`: not wanted, which the next
-/// reconcile prunes; not drift).
-fn desired_of(d: &HostedWebhooks, kind: &str, name: &str) -> Option<Value> {
-    fn named<'a, K: kube::Resource + serde::Serialize + 'a>(
-        objects: impl IntoIterator<Item = &'a K>,
-        name: &str,
-    ) -> Option<Value> {
-        objects
-            .into_iter()
-            .find(|o| o.meta().name.as_deref() == Some(name))
-            .and_then(|o| serde_json::to_value(o).ok())
-    }
-    match kind {
-        "ValidatingWebhookConfiguration" => named(&d.validating, name),
-        "MutatingWebhookConfiguration" => named(&d.mutating, name),
-        "ValidatingAdmissionPolicy" => named(&d.policies.policies, name),
-        "ValidatingAdmissionPolicyBinding" => named(&d.policies.bindings, name),
-        _ => None,
     }
 }
 

@@ -12,4 +12,5 @@ pub mod kubeconfig;
 pub mod policies;
 #[cfg(test)]
 mod tampering;
+pub mod wanted;
 pub mod webhooks;

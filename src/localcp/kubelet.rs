@@ -56,14 +56,19 @@ impl AdmissionEndpoints for LocalEndpoints {
         management: &'a Client,
         cfg: &'a AgentConfig,
         namespace: &'a str,
+        service: Option<&'a Service>,
     ) -> BoxFuture<'a, String> {
         Box::pin(async move {
-            let published = Api::<Service>::namespaced(management.clone(), namespace)
-                .get_opt(&cfg.admission.service_name)
-                .await
-                .ok()
-                .flatten()
-                .and_then(|svc| svc.annotations().get(LOCAL_ENDPOINT_ANNOTATION).cloned());
+            let published = published(
+                management,
+                cfg,
+                namespace,
+                service,
+                LOCAL_ENDPOINT_ANNOTATION,
+            )
+            .await
+            .ok()
+            .flatten();
             published.unwrap_or_else(|| crate::hosted::webhooks::default_url_base(cfg, namespace))
         })
     }
@@ -76,18 +81,36 @@ impl AdmissionEndpoints for LocalEndpoints {
         namespace: &'a str,
     ) -> BoxFuture<'a, Result<Vec<std::net::SocketAddr>, String>> {
         Box::pin(async move {
-            let svc = Api::<Service>::namespaced(management.clone(), namespace)
-                .get_opt(&cfg.admission.service_name)
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok(svc
-                .and_then(|s| s.annotations().get(LOCAL_REPLICAS_ANNOTATION).cloned())
-                .unwrap_or_default()
-                .split(',')
-                .filter_map(|a| a.parse().ok())
-                .collect())
+            Ok(
+                published(management, cfg, namespace, None, LOCAL_REPLICAS_ANNOTATION)
+                    .await?
+                    .unwrap_or_default()
+                    .split(',')
+                    .filter_map(|a| a.parse().ok())
+                    .collect(),
+            )
         })
     }
+}
+
+/// What this kubelet published on the admission Service under `annotation`: from the Service
+/// as the agent's watch saw it where that carries the annotation, else read from the server
+/// (the watch may not have brought the kubelet's annotation yet).
+async fn published(
+    management: &Client,
+    cfg: &AgentConfig,
+    namespace: &str,
+    service: Option<&Service>,
+    annotation: &str,
+) -> Result<Option<String>, String> {
+    if let Some(v) = service.and_then(|s| s.annotations().get(annotation)) {
+        return Ok(Some(v.clone()));
+    }
+    let svc = Api::<Service>::namespaced(management.clone(), namespace)
+        .get_opt(&cfg.admission.service_name)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(svc.and_then(|s| s.annotations().get(annotation).cloned()))
 }
 
 /// One running replica: its process, address and readiness.

@@ -1,0 +1,151 @@
+//! Which Services of each HCP namespace could make HyperShift delete guest webhooks
+//! (`management::services_condemning`): the names of those without HyperShift's allow label,
+//! kept by one metadata-only watch of every Service. A reconcile used to list its namespace's
+//! Services for this, one request per HCP on every install (a thousand at a cold start).
+//! Only names are kept, a few bytes each, never the objects.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Service;
+use kube::api::PartialObjectMeta;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tokio::sync::watch;
+
+use crate::management::ALLOW_GUEST_WEBHOOKS;
+
+/// How long a reconcile waits for the first listing before it lists its namespace itself.
+const READY_WAIT: Duration = Duration::from_secs(10);
+
+#[derive(Default)]
+struct Index {
+    /// namespace → names of the Services there without the allow label.
+    unlabelled: HashMap<String, HashSet<String>>,
+    /// The listing being built during a (re)list, swapped in when it completes.
+    building: Option<HashMap<String, HashSet<String>>>,
+}
+
+fn put(map: &mut HashMap<String, HashSet<String>>, svc: &PartialObjectMeta<Service>) {
+    let (Some(ns), Some(name)) = (&svc.metadata.namespace, &svc.metadata.name) else {
+        return;
+    };
+    let allowed = svc
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(ALLOW_GUEST_WEBHOOKS));
+    if allowed {
+        remove(map, svc);
+    } else {
+        map.entry(ns.clone()).or_default().insert(name.clone());
+    }
+}
+
+fn remove(map: &mut HashMap<String, HashSet<String>>, svc: &PartialObjectMeta<Service>) {
+    let (Some(ns), Some(name)) = (&svc.metadata.namespace, &svc.metadata.name) else {
+        return;
+    };
+    if let Some(names) = map.get_mut(ns) {
+        names.remove(name);
+        if names.is_empty() {
+            map.remove(ns);
+        }
+    }
+}
+
+/// The index, shared by the watch that fills it and the reconciles that read it.
+#[derive(Clone)]
+pub struct GuestServices {
+    index: Arc<RwLock<Index>>,
+    ready: watch::Receiver<bool>,
+}
+
+impl GuestServices {
+    /// The index and the watch that keeps it (to be polled to the end; it never ends).
+    pub fn watch(client: Client) -> (Self, impl std::future::Future<Output = ()> + Send) {
+        let index = Arc::new(RwLock::new(Index::default()));
+        let (tx, ready) = watch::channel(false);
+        let filler = {
+            let index = index.clone();
+            let api = Api::<PartialObjectMeta<Service>>::all(client);
+            async move {
+                watcher(api, watcher::Config::default())
+                    .default_backoff()
+                    .for_each(|ev| {
+                        let mut i = index.write().unwrap_or_else(PoisonError::into_inner);
+                        match ev {
+                            Ok(watcher::Event::Init) => i.building = Some(HashMap::new()),
+                            Ok(watcher::Event::InitApply(s)) => {
+                                if let Some(b) = i.building.as_mut() {
+                                    put(b, &s);
+                                }
+                            }
+                            Ok(watcher::Event::InitDone) => {
+                                if let Some(b) = i.building.take() {
+                                    i.unlabelled = b;
+                                }
+                                let _ = tx.send(true);
+                            }
+                            Ok(watcher::Event::Apply(s)) => put(&mut i.unlabelled, &s),
+                            Ok(watcher::Event::Delete(s)) => remove(&mut i.unlabelled, &s),
+                            Err(e) => tracing::warn!(error = %e, "watching Services"),
+                        }
+                        futures::future::ready(())
+                    })
+                    .await;
+            }
+        };
+        (Self { index, ready }, filler)
+    }
+
+    /// The names of the unlabelled Services in `ns`, once the first listing is complete
+    /// (waiting for it a while); `None` if it is not.
+    pub async fn unlabelled(&self, ns: &str) -> Option<Vec<String>> {
+        let mut ready = self.ready.clone();
+        let listed = tokio::time::timeout(READY_WAIT, ready.wait_for(|r| *r)).await;
+        if !matches!(listed, Ok(Ok(_))) {
+            return None;
+        }
+        let i = self.index.read().unwrap_or_else(PoisonError::into_inner);
+        Some(
+            i.unlabelled
+                .get(ns)
+                .map(|n| n.iter().cloned().collect())
+                .unwrap_or_default(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc(ns: &str, name: &str, allowed: bool) -> PartialObjectMeta<Service> {
+        let mut m = PartialObjectMeta::<Service>::default();
+        m.metadata.namespace = Some(ns.into());
+        m.metadata.name = Some(name.into());
+        if allowed {
+            m.metadata.labels = Some([(ALLOW_GUEST_WEBHOOKS.to_string(), "true".into())].into());
+        }
+        m
+    }
+
+    #[test]
+    fn only_unlabelled_names_are_kept_and_a_label_added_later_removes_one() {
+        let mut map = HashMap::new();
+        put(&mut map, &svc("a", "kube-apiserver", false));
+        put(&mut map, &svc("a", "ignition", true));
+        put(&mut map, &svc("b", "hcp", false));
+        assert_eq!(map["a"], HashSet::from(["kube-apiserver".to_string()]));
+        put(&mut map, &svc("b", "hcp", true));
+        assert!(
+            !map.contains_key("b"),
+            "labelled since: no longer a candidate"
+        );
+        remove(&mut map, &svc("a", "kube-apiserver", false));
+        assert!(map.is_empty());
+    }
+}

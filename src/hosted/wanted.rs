@@ -1,0 +1,219 @@
+//! What the drift watch of one hosted cluster compares live objects with, kept small: per
+//! object only the parts the comparison reads (its labels and annotations, and the part the
+//! agent renders whole: a configuration's `webhooks`, a policy's or binding's `spec`). Those
+//! parts are interned, so every HCP that renders a part alike (a policy's CEL, the exemptions)
+//! holds one shared copy: the whole rendering, kept per HCP, was most of the agent's memory per
+//! hosted cluster at a thousand (`make bench`, the scale benchmark).
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::webhooks::HostedWebhooks;
+
+/// One object the agent wants in the hosted cluster.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WantedObject {
+    pub kind: &'static str,
+    pub name: String,
+    /// `{"labels": …, "annotations": …}` as rendered (interned too: every object of an HCP
+    /// carries the same claim, and every HCP the same labels).
+    metadata: Arc<Value>,
+    /// `webhooks` or `spec`.
+    whole: &'static str,
+    body: Arc<Value>,
+}
+
+/// Everything the agent wants in one hosted cluster, and the revisions its probe selects.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Wanted {
+    objects: Vec<WantedObject>,
+    pub webhook_revision: Option<String>,
+    pub policy_revision: Option<String>,
+}
+
+impl Wanted {
+    pub fn of(d: &HostedWebhooks) -> Self {
+        let mut objects = Vec::new();
+        let mut add = |kind: &'static str, whole: &'static str, o: &dyn ErasedObject| {
+            if let Some(w) = o.wanted(kind, whole) {
+                objects.push(w);
+            }
+        };
+        if let Some(v) = &d.validating {
+            add("ValidatingWebhookConfiguration", "webhooks", v);
+        }
+        if let Some(m) = &d.mutating {
+            add("MutatingWebhookConfiguration", "webhooks", m);
+        }
+        for p in &d.policies.policies {
+            add("ValidatingAdmissionPolicy", "spec", p);
+        }
+        for b in &d.policies.bindings {
+            add("ValidatingAdmissionPolicyBinding", "spec", b);
+        }
+        Wanted {
+            objects,
+            webhook_revision: d.webhook_revision.clone(),
+            policy_revision: d.policies.revision.clone(),
+        }
+    }
+
+    /// The names of the wanted objects of `kind`.
+    pub fn names(&self, kind: &str) -> Vec<String> {
+        self.objects
+            .iter()
+            .filter(|o| o.kind == kind)
+            .map(|o| o.name.clone())
+            .collect()
+    }
+
+    /// The wanted object of `kind` named `name`, as JSON holding what the comparison reads
+    /// (`None`: not wanted).
+    pub fn object(&self, kind: &str, name: &str) -> Option<Value> {
+        let o = self
+            .objects
+            .iter()
+            .find(|o| o.kind == kind && o.name == name)?;
+        let mut v = serde_json::json!({ "metadata": Value::clone(&o.metadata) });
+        v[o.whole] = Value::clone(&o.body);
+        Some(v)
+    }
+}
+
+/// `Wanted::of`'s view of one typed object.
+trait ErasedObject {
+    fn wanted(&self, kind: &'static str, whole: &'static str) -> Option<WantedObject>;
+}
+
+impl<K: kube::Resource + Serialize> ErasedObject for K {
+    fn wanted(&self, kind: &'static str, whole: &'static str) -> Option<WantedObject> {
+        let name = self.meta().name.clone()?;
+        let mut v = serde_json::to_value(self).ok()?;
+        let body = v.get_mut(whole).map(Value::take).unwrap_or(Value::Null);
+        let meta = &v["metadata"];
+        let mut metadata = serde_json::Map::new();
+        for field in ["labels", "annotations"] {
+            if let Some(f) = meta.get(field).filter(|f| !f.is_null()) {
+                metadata.insert(field.into(), f.clone());
+            }
+        }
+        Some(WantedObject {
+            kind,
+            name,
+            metadata: intern(Value::Object(metadata)),
+            whole,
+            body: intern(body),
+        })
+    }
+}
+
+/// Every part interned and still held somewhere, by a hash of its JSON.
+static POOL: LazyLock<Mutex<Pool>> = LazyLock::new(Default::default);
+
+#[derive(Default)]
+struct Pool {
+    parts: HashMap<u64, Weak<Value>>,
+    /// Inserts since the dead entries were last swept.
+    since_sweep: usize,
+}
+
+/// One shared copy of `v`: the one already held elsewhere if it is equal, else `v`.
+pub fn intern(v: Value) -> Arc<Value> {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    v.to_string().hash(&mut h);
+    let key = h.finish();
+    let mut pool = POOL.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(held) = pool.parts.get(&key).and_then(Weak::upgrade)
+        && *held == v
+    {
+        return held;
+    }
+    let part = Arc::new(v);
+    pool.parts.insert(key, Arc::downgrade(&part));
+    pool.since_sweep += 1;
+    // Parts no HCP holds any more (a configuration changed, HCPs went) are swept now and then,
+    // so the pool stays the size of what is held.
+    if pool.since_sweep > 1024 {
+        pool.parts.retain(|_, w| w.strong_count() > 0);
+        pool.since_sweep = 0;
+    }
+    part
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::AgentConfig;
+    use crate::hosted::webhooks::{HostedFeatures, render};
+
+    const CA: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+
+    fn rendered(ns: &str) -> HostedWebhooks {
+        let features = HostedFeatures {
+            match_conditions: true,
+            admission_policies: true,
+        };
+        let url = format!("https://hcp-fleet-admission.{ns}.svc:443");
+        render(&AgentConfig::default(), ns, &url, CA, features)
+            .expect("render")
+            .claimed(&format!("mgmt/{ns}"))
+    }
+
+    #[test]
+    fn each_object_keeps_what_the_comparison_reads() {
+        let d = rendered("clusters-a");
+        let w = Wanted::of(&d);
+        let vwc = d.validating.as_ref().expect("validating");
+        let name = vwc.metadata.name.clone().expect("name");
+        let got = w
+            .object("ValidatingWebhookConfiguration", &name)
+            .expect("wanted");
+        let full = serde_json::to_value(vwc).expect("json");
+        assert_eq!(got["webhooks"], full["webhooks"]);
+        assert_eq!(got["metadata"]["labels"], full["metadata"]["labels"]);
+        assert_eq!(
+            got["metadata"]["annotations"],
+            full["metadata"]["annotations"]
+        );
+        // The comparisons give the same answer on the whole rendering and the kept parts.
+        assert!(crate::hosted::webhooks::webhooks_match(&got, &full));
+        let p = &d.policies.policies[0];
+        let pname = p.metadata.name.clone().expect("name");
+        let pw = w
+            .object("ValidatingAdmissionPolicy", &pname)
+            .expect("policy");
+        let pfull = serde_json::to_value(p).expect("json");
+        assert!(crate::hosted::policies::spec_matches(&pw, &pfull));
+        assert_eq!(
+            w.names("ValidatingAdmissionPolicy").len(),
+            d.policies.policies.len()
+        );
+        assert!(w.object("ValidatingAdmissionPolicy", "not-ours").is_none());
+        assert_eq!(w.policy_revision, d.policies.revision);
+    }
+
+    #[test]
+    fn hcps_that_render_a_part_alike_share_one_copy() {
+        let (a, b) = (
+            Wanted::of(&rendered("clusters-a")),
+            Wanted::of(&rendered("clusters-b")),
+        );
+        let policy = |w: &Wanted| {
+            w.objects
+                .iter()
+                .find(|o| o.kind == "ValidatingAdmissionPolicy")
+                .map(|o| Arc::clone(&o.body))
+                .expect("a policy")
+        };
+        assert!(
+            Arc::ptr_eq(&policy(&a), &policy(&b)),
+            "the CEL is held once"
+        );
+        // What differs per HCP (the claim) stays its own.
+        assert_ne!(a, b);
+    }
+}
