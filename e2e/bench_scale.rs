@@ -6,7 +6,7 @@
 //! (`simhosted`: real TLS, a CA and SNI name per cluster, the part of the Kubernetes API the
 //! agent uses, the probe answered as a working admission service would). The real ones (16 by
 //! default) are kube-apiservers of the test bed's newest version calling real admission
-//! services over TLS (the figures in docs/architecture.md were taken on v1.36.2), so both kinds
+//! services over TLS (docs/architecture.md has the figures of one run), so both kinds
 //! are printed side by side. Every figure from simulated clusters is marked as such.
 //!
 //! For each size of BENCH_SCALE_SIZES (default 250,1000; the growth curve in
@@ -1017,7 +1017,7 @@ fn print_report(
     println!("  agent's management request ceiling: {rps} per second");
     let col = |f: &dyn Fn(&SizeFigures) -> String| {
         figs.iter()
-            .map(|x| format!("{:>14}", f(x)))
+            .map(|x| format!("{:>16}", f(x)))
             .collect::<Vec<_>>()
             .join("")
     };
@@ -1093,12 +1093,12 @@ fn print_report(
         })
         .collect();
     println!(
-        "  {:<52}{:>14}{}   < 150 KiB",
+        "  {:<52}{:>16}{}   < 150 KiB",
         "RSS per added HCP (growth from the size before)",
         "",
         per_hcp
             .iter()
-            .map(|p| format!("{p:>14}"))
+            .map(|p| format!("{p:>16}"))
             .collect::<String>()
     );
     println!(
@@ -1200,14 +1200,14 @@ fn print_report(
             .join(", ")
     );
     println!(
-        "  {:<52}all {} (p50 {}; the real ones by {})",
+        "  {:<52} all {} (p50 {}; the real ones by {})",
         "  a guard's mode flipped -> every cluster carries it",
         secs(s.config_all),
         secs(percentile(&s.config_each, 50.0)),
         secs(s.config_real_max)
     );
     println!(
-        "  {:<52}{:.0}",
+        "  {:<52} {:.0}",
         "  peak management writes per second (all of the above)", s.peak_writes
     );
     println!(

@@ -61,6 +61,9 @@ fn remove(map: &mut HashMap<String, HashSet<String>>, svc: &PartialObjectMeta<Se
 pub struct GuestServices {
     index: Arc<RwLock<Index>>,
     ready: watch::Receiver<bool>,
+    /// A wait for the first listing has timed out once (the watch cannot list, say): later
+    /// reconciles look at once instead of each waiting `READY_WAIT`.
+    waited: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl GuestServices {
@@ -98,16 +101,32 @@ impl GuestServices {
                     .await;
             }
         };
-        (Self { index, ready }, filler)
+        let waited = Arc::default();
+        (
+            Self {
+                index,
+                ready,
+                waited,
+            },
+            filler,
+        )
     }
 
     /// The names of the unlabelled Services in `ns`, once the first listing is complete
-    /// (waiting for it a while); `None` if it is not.
+    /// (the first caller waits for it a while); `None` if it is not (the caller lists).
     pub async fn unlabelled(&self, ns: &str) -> Option<Vec<String>> {
+        use std::sync::atomic::Ordering;
         let mut ready = self.ready.clone();
-        let listed = tokio::time::timeout(READY_WAIT, ready.wait_for(|r| *r)).await;
-        if !matches!(listed, Ok(Ok(_))) {
-            return None;
+        if self.waited.load(Ordering::Relaxed) {
+            if !*ready.borrow() {
+                return None;
+            }
+        } else {
+            let listed = tokio::time::timeout(READY_WAIT, ready.wait_for(|r| *r)).await;
+            if !matches!(listed, Ok(Ok(_))) {
+                self.waited.store(true, Ordering::Relaxed);
+                return None;
+            }
         }
         let i = self.index.read().unwrap_or_else(PoisonError::into_inner);
         Some(
@@ -131,6 +150,27 @@ mod tests {
             m.metadata.labels = Some([(ALLOW_GUEST_WEBHOOKS.to_string(), "true".into())].into());
         }
         m
+    }
+
+    /// Once listed, the names of a namespace; before, a caller after a timed-out wait is told
+    /// at once that there is no listing (it lists itself) rather than waiting again.
+    #[tokio::test]
+    async fn names_once_listed_and_no_second_wait_when_the_watch_cannot_list() {
+        let (tx, ready) = watch::channel(false);
+        let g = GuestServices {
+            index: Default::default(),
+            ready,
+            waited: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+        };
+        let t = std::time::Instant::now();
+        assert_eq!(g.unlabelled("a").await, None);
+        assert!(t.elapsed() < READY_WAIT / 10, "no second wait");
+        if let Ok(mut i) = g.index.write() {
+            put(&mut i.unlabelled, &svc("a", "hcp", false));
+        }
+        let _ = tx.send(true);
+        assert_eq!(g.unlabelled("a").await, Some(vec!["hcp".to_string()]));
+        assert_eq!(g.unlabelled("b").await, Some(vec![]));
     }
 
     #[test]
