@@ -1690,16 +1690,37 @@ async fn connections_beyond_the_limit_are_closed_at_once() {
     use tokio::io::AsyncReadExt;
     let (mut child, port, ca_pem, _dir) =
         standalone_service_with(&["--max-connections", "3"]).await;
-    // Three connections that say nothing hold the three slots.
+    // Three connections that say nothing hold the three slots. The readiness checks before
+    // hold slots of their own until the service has seen them close, which on a loaded
+    // machine can come after the first of these arrive (and are turned away): the three
+    // are made again until all three are seen held (open, unanswered).
     let mut held = Vec::new();
-    for _ in 0..3 {
-        held.push(
-            tokio::net::TcpStream::connect(("127.0.0.1", port))
+    for attempt in 0.. {
+        held.clear();
+        for _ in 0..3 {
+            held.push(
+                tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .expect("connect"),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut open = 0;
+        for c in &mut held {
+            let mut b = [0u8; 1];
+            if tokio::time::timeout(Duration::from_millis(100), c.read(&mut b))
                 .await
-                .expect("connect"),
-        );
+                .is_err()
+            {
+                open += 1;
+            }
+        }
+        if open == 3 {
+            break;
+        }
+        assert!(attempt < 20, "three connections never held the three slots");
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
     // A fourth is closed at once: its read ends with nothing.
     let mut extra = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
