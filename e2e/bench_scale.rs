@@ -90,15 +90,17 @@ fn label<'a>(labels: &'a str, name: &str) -> &'a str {
 const MGMT_REQUESTS: &str = "hcp_fleet_management_api_requests_total";
 const HOSTED_REQUESTS: &str = "hcp_fleet_hosted_api_requests_total";
 
+fn is_write(verb: &str) -> bool {
+    matches!(
+        verb,
+        "create" | "update" | "patch" | "delete" | "deletecollection"
+    )
+}
+
 fn management_writes(text: &str) -> f64 {
     samples(text, MGMT_REQUESTS)
         .iter()
-        .filter(|(l, _)| {
-            matches!(
-                label(l, "verb"),
-                "create" | "update" | "patch" | "delete" | "deletecollection"
-            )
-        })
+        .filter(|(l, _)| is_write(label(l, "verb")))
         .map(|(_, v)| v)
         .sum()
 }
@@ -223,10 +225,7 @@ const COMPLIANCE: &str = "hcp_fleet_hosted_cluster_compliance";
 fn is_fleet_write(key: &str) -> bool {
     let mut it = key.split(' ');
     let (verb, resource) = (it.next().unwrap_or(""), it.next().unwrap_or(""));
-    matches!(
-        verb,
-        "create" | "update" | "patch" | "delete" | "deletecollection"
-    ) && resource != "leases"
+    is_write(verb) && resource != "leases"
 }
 
 /// A restarted agent over a converged fleet: how long until its own reconciles have found

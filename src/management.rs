@@ -676,32 +676,30 @@ fn pdb(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<Option<DynamicObject>, 
     serde_json::from_value(v).map(Some).map_err(failed)
 }
 
-/// The Services of an HCP namespace that would make HyperShift delete guest webhooks calling
-/// `url`. HyperShift's hosted-cluster-config-operator (its `webhookvalidation` controller,
-/// `buildDisallowedURLs` and `isAllowedWebhookURL`) deletes a guest webhook configuration
-/// when any webhook's URL *contains* `https://<name>` for a Service in the HCP namespace
-/// without the `hypershift.openshift.io/allow-guest-webhooks` label. So an unlabelled Service
-/// whose name is a prefix of the admission Service's host condemns it too, not only
-/// HyperShift's own. Returns their names, sorted.
-pub fn services_condemning(url: &str, services: &[Service]) -> Vec<String> {
-    names_condemning(url, &unlabelled_services(services))
+/// Whether HyperShift lets guest webhooks name this Service: it carries the
+/// `ALLOW_GUEST_WEBHOOKS` label.
+pub fn allows_guest_webhooks(meta: &ObjectMeta) -> bool {
+    meta.labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(ALLOW_GUEST_WEBHOOKS))
 }
 
-/// The names of the Services without the `ALLOW_GUEST_WEBHOOKS` label: the candidates.
+/// The names of the Services that do not (`allows_guest_webhooks`): the candidates.
 pub fn unlabelled_services(services: &[Service]) -> Vec<String> {
     services
         .iter()
-        .filter(|s| {
-            !s.metadata
-                .labels
-                .as_ref()
-                .is_some_and(|l| l.contains_key(ALLOW_GUEST_WEBHOOKS))
-        })
+        .filter(|s| !allows_guest_webhooks(&s.metadata))
         .filter_map(|s| s.metadata.name.clone())
         .collect()
 }
 
-/// `services_condemning` on the names of the unlabelled Services alone.
+/// Of the unlabelled Services of an HCP namespace (their names), those that would make
+/// HyperShift delete guest webhooks calling `url`. HyperShift's hosted-cluster-config-operator
+/// (its `webhookvalidation` controller, `buildDisallowedURLs` and `isAllowedWebhookURL`)
+/// deletes a guest webhook configuration when any webhook's URL *contains* `https://<name>`
+/// for a Service in the HCP namespace without the `hypershift.openshift.io/allow-guest-webhooks`
+/// label. So an unlabelled Service whose name is a prefix of the admission Service's host
+/// condemns it too, not only HyperShift's own. Returns their names, sorted.
 pub fn names_condemning(url: &str, unlabelled: &[String]) -> Vec<String> {
     let mut names: Vec<String> = unlabelled
         .iter()
@@ -959,13 +957,15 @@ mod tests {
             svc("hcp-fleet-admission-x", false), // longer than the host part: no
             svc("h", true),                      // labelled: allowed
         ];
-        assert_eq!(services_condemning(url, &services), ["hcp", "hcp-fleet"]);
+        let condemning =
+            |services: &[Service]| names_condemning(url, &unlabelled_services(services));
+        assert_eq!(condemning(&services), ["hcp", "hcp-fleet"]);
         // The agent's own Service without its label condemns its own webhooks.
         assert_eq!(
-            services_condemning(url, &[svc("hcp-fleet-admission", false)]),
+            condemning(&[svc("hcp-fleet-admission", false)]),
             ["hcp-fleet-admission"]
         );
-        assert!(services_condemning(url, &[]).is_empty());
+        assert!(condemning(&[]).is_empty());
     }
 
     #[test]

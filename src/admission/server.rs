@@ -162,23 +162,20 @@ struct Hook {
 
 impl Hook {
     fn count(&self, m: &AdmissionMetrics, decision: &str, outcome: &str) {
-        match OUTCOMES.iter().position(|o| *o == (decision, outcome)) {
-            Some(i) => self.counts[i]
-                .get_or_init(|| {
-                    m.requests
-                        .get_or_create(&RequestLabels {
-                            webhook: self.name.clone(),
-                            decision: decision.to_string(),
-                            outcome: outcome.to_string(),
-                        })
-                        .clone()
-                })
-                .inc(),
-            None => {
-                m.count(&self.name, decision, outcome);
-                0
-            }
+        let Some(i) = OUTCOMES.iter().position(|o| *o == (decision, outcome)) else {
+            return m.count(&self.name, decision, outcome);
         };
+        self.counts[i]
+            .get_or_init(|| {
+                m.requests
+                    .get_or_create(&RequestLabels {
+                        webhook: self.name.clone(),
+                        decision: decision.to_string(),
+                        outcome: outcome.to_string(),
+                    })
+                    .clone()
+            })
+            .inc();
     }
 
     fn observe(&self, m: &AdmissionMetrics, seconds: f64) {

@@ -1,5 +1,5 @@
 //! Which Services of each HCP namespace could make HyperShift delete guest webhooks
-//! (`management::services_condemning`): the names of those without HyperShift's allow label,
+//! (`management::names_condemning`): the names of those without HyperShift's allow label,
 //! kept by one metadata-only watch of every Service. A reconcile used to list its namespace's
 //! Services for this, one request per HCP on every install (a thousand at a cold start).
 //! Only names are kept, a few bytes each, never the objects.
@@ -15,7 +15,9 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::sync::watch;
 
+#[cfg(test)]
 use crate::management::ALLOW_GUEST_WEBHOOKS;
+use crate::management::allows_guest_webhooks;
 
 /// How long a reconcile waits for the first listing before it lists its namespace itself.
 const READY_WAIT: Duration = Duration::from_secs(10);
@@ -32,12 +34,7 @@ fn put(map: &mut HashMap<String, HashSet<String>>, svc: &PartialObjectMeta<Servi
     let (Some(ns), Some(name)) = (&svc.metadata.namespace, &svc.metadata.name) else {
         return;
     };
-    let allowed = svc
-        .metadata
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.contains_key(ALLOW_GUEST_WEBHOOKS));
-    if allowed {
+    if allows_guest_webhooks(&svc.metadata) {
         remove(map, svc);
     } else {
         map.entry(ns.clone()).or_default().insert(name.clone());

@@ -75,8 +75,8 @@ pub async fn ensure(
         revision,
         proof,
     } = want;
-    let service = ctx
-        .caches()
+    let caches = ctx.caches();
+    let service = caches
         .services
         .and_then(|s| s.get(&ObjectRef::new(&cfg.admission.service_name).within(ns)));
     let url_base = ctx
@@ -84,11 +84,11 @@ pub async fn ensure(
         .url_base(&ctx.client, cfg, ns, service.as_deref())
         .await;
     // Installing what HyperShift deletes at once would be a fight counted as drift forever.
-    let unlabelled = match ctx.caches().guest_services {
+    let indexed = match caches.guest_services {
         Some(index) => index.unlabelled(ns).await,
         None => None,
     };
-    let unlabelled = match unlabelled {
+    let unlabelled = match indexed {
         Some(names) => names,
         None => {
             let services = Api::<Service>::namespaced(ctx.client.clone(), ns)
@@ -204,7 +204,7 @@ pub async fn ensure(
         guards,
         notes,
         type_warnings,
-        targets: probe::ProbeTargets::of(&desired, proof.clone()),
+        targets: probe::ProbeTargets::of(&wanted, proof.clone()),
     })
 }
 

@@ -160,19 +160,13 @@ pub async fn run(
             api_version: ar.api_version.clone(),
             kind: ar.kind.clone(),
         };
-        let weak = Arc::downgrade(&ctx);
-        let dyntype = ar.clone();
         let stream = reflected(
             pdbs,
             owned.clone(),
             writer,
             management::SPEC_OWNED_WHOLE,
             move |o| o.types = Some(types.clone()),
-            move |o| {
-                if let Some(ctx) = weak.upgrade() {
-                    delivered(&ctx, o, &dyntype);
-                }
-            },
+            delivered(&ctx, ar.clone()),
         )
         .touched_objects();
         controller = controller.owns_stream_with(stream, ar);
@@ -204,21 +198,14 @@ pub async fn run(
         caches.health = Some(reader);
         let records = Api::<crate::crd::AdmissionHealth>::all(ctx.client.clone());
         AbortOnDrop(tokio::spawn(
-            {
-                let weak = Arc::downgrade(&ctx);
-                reflected(
-                    records,
-                    watcher::Config::default(),
-                    writer,
-                    &[],
-                    |_| {},
-                    move |o| {
-                        if let Some(ctx) = weak.upgrade() {
-                            delivered(&ctx, o, &());
-                        }
-                    },
-                )
-            }
+            reflected(
+                records,
+                watcher::Config::default(),
+                writer,
+                &[],
+                |_| {},
+                delivered(&ctx, ()),
+            )
             .for_each(|_| futures::future::ready(())),
         ))
     });
@@ -302,26 +289,32 @@ where
     let (reader, writer) = kube::runtime::reflector::store();
     *slot = Some(reader);
     let api = Api::<K>::all(ctx.client.clone());
-    let ctx = Arc::downgrade(ctx);
-    let seen = move |o: &K| {
-        if let Some(ctx) = ctx.upgrade() {
-            delivered(&ctx, o, &());
-        }
-    };
-    reflected(api, cfg, writer, keep, |_| {}, seen).touched_objects()
+    reflected(api, cfg, writer, keep, |_| {}, delivered(ctx, ())).touched_objects()
 }
 
-/// Tells the HCP's read cache that its store has delivered `o` at its current version.
-fn delivered<K: kube::Resource>(ctx: &Context, o: &K, dyntype: &K::DynamicType) {
-    let (Some(ns), Some(name), Some(rv)) = (
-        o.meta().namespace.as_deref(),
-        o.meta().name.as_deref(),
-        o.meta().resource_version.as_deref(),
-    ) else {
-        return;
-    };
-    let key = format!("{}/{name}", K::url_path(dyntype, Some(ns)));
-    cache::delivered(ctx, ns, &key, rv);
+/// For `reflected`: tells the HCP's read cache that its store has delivered each object at
+/// its current version (`cache::delivered`). Holds the context weakly: a watch must not keep
+/// the controller's context alive.
+fn delivered<K: kube::Resource>(
+    ctx: &Arc<Context>,
+    dyntype: K::DynamicType,
+) -> impl Fn(&K) + Send + 'static
+where
+    K::DynamicType: Send + 'static,
+{
+    let ctx = Arc::downgrade(ctx);
+    move |o: &K| {
+        let (Some(ctx), Some(ns), Some(name), Some(rv)) = (
+            ctx.upgrade(),
+            o.meta().namespace.as_deref(),
+            o.meta().name.as_deref(),
+            o.meta().resource_version.as_deref(),
+        ) else {
+            return;
+        };
+        let key = format!("{}/{name}", K::url_path(&dyntype, Some(ns)));
+        cache::delivered(&ctx, ns, &key, rv);
+    }
 }
 
 /// The managed-field entries `foreign_fields` reads under `keep`: not of a subresource, each

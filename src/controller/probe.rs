@@ -21,7 +21,7 @@ use crate::crd::{ComplianceState, HostedControlPlane};
 use crate::guards::probe::{FOREIGN_ANSWER, FOREIGN_POLICY_ANSWER, NO_ANSWER};
 use crate::guards::probe::{NONCE_ANNOTATION, PROOF_MARK, ProbeKey};
 use crate::hosted::policies::Engine;
-use crate::hosted::webhooks::HostedWebhooks;
+use crate::hosted::wanted::Wanted;
 use crate::reporting::Observation;
 
 /// What the probe asks for: the revision of each path installed (`None`: that path is not),
@@ -34,10 +34,10 @@ pub struct ProbeTargets {
 }
 
 impl ProbeTargets {
-    pub fn of(desired: &HostedWebhooks, proof: Proof) -> Self {
+    pub fn of(wanted: &Wanted, proof: Proof) -> Self {
         Self {
-            webhook: desired.webhook_revision.clone(),
-            policy: desired.policies.revision.clone(),
+            webhook: wanted.webhook_revision.clone(),
+            policy: wanted.policy_revision.clone(),
             proof,
         }
     }
@@ -259,11 +259,7 @@ pub fn ensure_task(
                         let targets = s
                             .desired
                             .as_ref()
-                            .map(|d| ProbeTargets {
-                                webhook: d.webhook_revision.clone(),
-                                policy: d.policy_revision.clone(),
-                                proof: s.proof.clone(),
-                            })
+                            .map(|d| ProbeTargets::of(d, s.proof.clone()))
                             .unwrap_or_default();
                         (targets, Arc::clone(&s.canaries), s.canary_next)
                     };
