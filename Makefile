@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 CARGO ?= cargo
 
-.PHONY: all build test unit e2e demo lint fmt bench assets tools clean chart-schema policies helm image image-binary
+.PHONY: all build test unit e2e demo lint fmt bench assets tools clean chart-schema policies helm image image-binary kubectl-plugin
 
 all: build
 
@@ -85,6 +85,15 @@ image:
 
 image-binary:
 	@bash hack/image.sh binary
+
+# `kubectl hcp-fleet status`: the release binary on the PATH as kubectl-hcp_fleet (kubectl's
+# plugin naming). PLUGIN_DIR defaults to ~/.local/bin.
+PLUGIN_DIR ?= $(HOME)/.local/bin
+kubectl-plugin:
+	$(CARGO) build --release --bin hcp-fleet-agent
+	mkdir -p $(PLUGIN_DIR)
+	install -m 0755 target/release/hcp-fleet-agent $(PLUGIN_DIR)/kubectl-hcp_fleet
+	@echo "installed $(PLUGIN_DIR)/kubectl-hcp_fleet: run kubectl hcp-fleet status"
 
 clean:
 	$(CARGO) clean

@@ -162,6 +162,107 @@ async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
     let names = ["hc-1", "hc-2", "hc-3"];
     wait_compliant(&mgmt, &names).await;
 
+    // The tools SREs already use read the records: `kubectl wait` on the Ready condition,
+    // every kind of the project under one category.
+    let kubeconfig = &fleet.management.kubeconfig_path;
+    let (ok, out, err) = support::kubectl_with(
+        kubeconfig,
+        &[
+            "wait",
+            "--for=condition=Ready",
+            "admissionhealths",
+            "--all",
+            "-A",
+            "--timeout=60s",
+        ],
+    );
+    assert!(ok, "kubectl wait on a converged fleet: {out}{err}");
+    assert_eq!(out.lines().count(), 3, "{out}");
+    let (ok, out, err) = support::kubectl_with(kubeconfig, &["get", "hcp-fleet", "-A"]);
+    assert!(ok, "{err}");
+    for needle in ["admissionhealth", "admissionrollout", "READY", "REVISION"] {
+        assert!(
+            out.to_lowercase().contains(&needle.to_lowercase()),
+            "{needle}: {out}"
+        );
+    }
+    // The API server publishes a new CRD's schema to OpenAPI a few seconds after it serves it.
+    support::eventually("kubectl explain", Duration::from_secs(30), || async {
+        let (ok, out, err) = support::kubectl_with(
+            kubeconfig,
+            &["explain", "admissionhealths.status.conditions"],
+        );
+        if ok && out.contains("Ready") && !out.contains("Auto-generated") {
+            Ok(())
+        } else {
+            Err(format!("{out}{err}"))
+        }
+    })
+    .await;
+
+    // `status -o json` says what the table says.
+    let table = status_table(&fleet);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+        .args(["status", "-o", "json"])
+        .env("KUBECONFIG", kubeconfig)
+        .output()
+        .expect("status");
+    assert!(out.status.success());
+    let doc: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("status -o json parses");
+    let from_json: Vec<String> = doc["clusters"]
+        .as_array()
+        .expect("clusters")
+        .iter()
+        .map(|c| {
+            let concerns = &c["concerns"];
+            format!(
+                "{} {} {} {} {} {} {}",
+                c["cluster"].as_str().unwrap_or_default(),
+                c["compliant"].as_str().unwrap_or_default(),
+                concerns["admission-service"].as_str().unwrap_or_default(),
+                concerns["certificate"].as_str().unwrap_or_default(),
+                concerns["hosted-webhooks"].as_str().unwrap_or_default(),
+                concerns["e2e-probe"].as_str().unwrap_or_default(),
+                c["driftRepairs"],
+            )
+        })
+        .collect();
+    let from_table: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter(|l| l.starts_with("hc-"))
+        .map(|l| l.split_whitespace().take(7).collect::<Vec<_>>().join(" "))
+        .collect();
+    assert_eq!(from_json, from_table, "{table}");
+    assert_eq!(doc["summary"]["compliant"], 3, "{doc}");
+    // Installed as a kubectl plugin (`make kubectl-plugin`: the binary as kubectl-hcp_fleet on
+    // the PATH), `kubectl hcp-fleet status` prints the same table.
+    let plugins = tempfile::tempdir().expect("tmp");
+    std::os::unix::fs::symlink(
+        env!("CARGO_BIN_EXE_hcp-fleet-agent"),
+        plugins.path().join("kubectl-hcp_fleet"),
+    )
+    .expect("symlink");
+    let assets = hcp_fleet_agent::localcp::Assets::resolve(None).expect("assets");
+    let path = format!(
+        "{}:{}",
+        plugins.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = std::process::Command::new(&assets.kubectl)
+        .args(["hcp-fleet", "status", "--kubeconfig"])
+        .arg(kubeconfig)
+        .env("PATH", path)
+        .output()
+        .expect("kubectl hcp-fleet");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), table);
+
     // An AdmissionHealthPolicy template (ACM's framework addon creates it; here without a
     // parent Policy) gets one row per hosted cluster.
     create_template(&mgmt, AGENT_NS, "fleet").await;
@@ -397,6 +498,78 @@ async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
         )
         .await;
     }
+    // Revoked credentials (the kubeconfig as it was, its user's now a token the server does
+    // not know): the real server answers 401, and every place a person reads says which Secret
+    // to look at, in words, and `status --problems` fails.
+    let good = fleet.hosted("hc-3").expect("hc-3").kubeconfig_yaml.clone();
+    let mut revoked: serde_json::Value = serde_saphyr::from_str(&good).expect("kubeconfig");
+    revoked["users"][0]["user"] = serde_json::json!({"token": "revoked-token"});
+    let revoked = serde_json::to_string(&revoked).expect("json");
+    put_kubeconfig_secret(&secrets, SERVICE_NETWORK_KUBECONFIG, "kubeconfig", &revoked)
+        .await
+        .expect("secret");
+    let secret_ref = format!("Secret clusters-hc-3/{SERVICE_NETWORK_KUBECONFIG}");
+    wait_verdict(
+        &mgmt,
+        "clusters-hc-3",
+        "hosted-webhooks",
+        "NonCompliant",
+        &secret_ref,
+    )
+    .await;
+    let record = support::health(&mgmt, "clusters-hc-3")
+        .await
+        .expect("record");
+    for m in history_messages(&record, "hosted-webhooks") {
+        assert!(!hcp_fleet_agent::human::shows_debug(&m), "{m}");
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+        .args(["status", "--problems", "-o", "wide", "--kubeconfig"])
+        .arg(&fleet.management.kubeconfig_path)
+        .output()
+        .expect("status");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "--problems found one: {text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("hc-3 "))
+        .expect("hc-3's row");
+    assert!(
+        line.contains("401 Unauthorized") && line.contains(&secret_ref),
+        "{line}"
+    );
+    assert!(!hcp_fleet_agent::human::shows_debug(&text), "{text}");
+    // The Event follows the record's write.
+    let events =
+        Api::<k8s_openapi::api::core::v1::Event>::namespaced(mgmt.clone(), "clusters-hc-3");
+    support::eventually(
+        "the Event naming the Secret",
+        Duration::from_secs(10),
+        || async {
+            let list = events
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let notes: Vec<String> = list
+                .items
+                .iter()
+                .filter_map(|e| e.message.clone())
+                .collect();
+            assert!(
+                notes
+                    .iter()
+                    .all(|n| !hcp_fleet_agent::human::shows_debug(n)),
+                "{notes:#?}"
+            );
+            if notes.iter().any(|n| n.contains(&secret_ref)) {
+                Ok(())
+            } else {
+                Err(format!("{notes:#?}"))
+            }
+        },
+    )
+    .await;
+
     // A secret without the key.
     put_kubeconfig_secret(&secrets, SERVICE_NETWORK_KUBECONFIG, "other-key", "x")
         .await
@@ -508,6 +681,34 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
         hc1_time < Duration::from_secs(20),
         "hc-1 was not held up by hc-3: {hc1_time:?}"
     );
+    // While hc-3 is down, waiting for the fleet to be Ready times out, and its record says why.
+    let kubeconfig = &fleet.management.kubeconfig_path;
+    let (ok, out, err) = support::kubectl_with(
+        kubeconfig,
+        &[
+            "wait",
+            "--for=condition=Ready",
+            "admissionhealths",
+            "--all",
+            "-A",
+            "--timeout=3s",
+        ],
+    );
+    assert!(!ok, "kubectl wait must time out while hc-3 is down: {out}");
+    assert!(err.contains("timed out"), "{err}");
+    let (ok, out, err) = support::kubectl_with(
+        kubeconfig,
+        &[
+            "get",
+            "admissionhealths",
+            "-n",
+            "clusters-hc-3",
+            "-o",
+            r#"jsonpath={.items[0].status.conditions[?(@.type=="Ready")].reason}"#,
+        ],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out, "HostedWebhooksNotReady");
 
     // The fleet verdict for ACM aggregates as ACM does and stays within the old enum (hc-2 is
     // Pending in its own record, which has Pending).

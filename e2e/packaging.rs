@@ -60,6 +60,40 @@ fn run_helm(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// What a cluster with the Prometheus Operator serves (`helm template` cannot ask).
+const MONITORING_API: &[&str] = &[
+    "--api-versions",
+    "monitoring.coreos.com/v1/ServiceMonitor",
+    "--api-versions",
+    "monitoring.coreos.com/v1/PrometheusRule",
+];
+
+/// Without the Prometheus Operator's API the chart renders no ServiceMonitor or PrometheusRule
+/// (`helm install` would fail on a kind the server does not know); with it, both; and neither
+/// where the values turn them off.
+#[test]
+fn monitoring_objects_only_where_the_prometheus_operator_api_is_served() {
+    let kinds = |objs: Vec<Value>| -> Vec<String> {
+        objs.iter()
+            .filter_map(|o| o["kind"].as_str())
+            .filter(|k| ["ServiceMonitor", "PrometheusRule"].contains(k))
+            .map(String::from)
+            .collect()
+    };
+    assert!(kinds(render(&[])).is_empty());
+    let mut both = kinds(render(MONITORING_API));
+    both.sort();
+    assert_eq!(both, ["PrometheusRule", "ServiceMonitor"]);
+    let mut off = MONITORING_API.to_vec();
+    off.extend([
+        "--set",
+        "serviceMonitor.enabled=false",
+        "--set",
+        "prometheusRule.enabled=false",
+    ]);
+    assert!(kinds(render(&off)).is_empty());
+}
+
 fn render(extra: &[&str]) -> Vec<Value> {
     let mut args = vec![
         "template",
@@ -312,8 +346,11 @@ async fn rendered_chart_and_policies_pass_server_side_dry_run() {
         .expect("fleet");
     let client = fleet.management.client().await.expect("client");
     install_test_crds(&client).await;
-    // As helm would render for this server: policy/v1beta1 for the PDB on 1.20.
-    let objs = render(&["--kube-version", &fleet.version.full]);
+    // As helm would render for this server (policy/v1beta1 for the PDB on 1.20) with the
+    // Prometheus Operator's API, whose CRDs `install_test_crds` served.
+    let mut args = vec!["--kube-version", fleet.version.full.as_str()];
+    args.extend(MONITORING_API);
+    let objs = render(&args);
     let kinds: Vec<&str> = objs.iter().filter_map(|o| o["kind"].as_str()).collect();
     // Every kind the Policy orders, but the Namespace it adds itself.
     for k in packaging::INSTALL_ORDER
@@ -970,7 +1007,7 @@ fn dashboard_and_alerts_name_only_exported_metrics() {
             exprs.push(t["expr"].as_str().expect("expr").to_string());
         }
     }
-    let rules = render(&[]);
+    let rules = render(MONITORING_API);
     let rule = rules
         .iter()
         .find(|o| o["kind"] == "PrometheusRule")
@@ -1406,9 +1443,8 @@ async fn helm_uninstall_keeps_the_crds_and_the_overrides() {
         "--namespace",
         AGENT_NAMESPACE,
         "--create-namespace",
-        // No Prometheus Operator here (ServiceMonitor's trimmed CRD is, for the agent).
-        "--set",
-        "prometheusRule.enabled=false",
+        // Only ServiceMonitor's trimmed CRD is served here, not PrometheusRule's: the chart
+        // asks the server and leaves the rule out by itself.
         "--kubeconfig",
         &kubeconfig,
     ]);

@@ -16,6 +16,10 @@ rendered="$(mktemp)"
 trap 'rm -f "$rendered"' EXIT
 # managedBy: the objects on management clusters are kept by the ACM Policy, not by Helm; and
 # no hooks: the pre-delete uninstall Job is Helm's, ACM never runs it (docs/operations.md).
+# The management clusters are OpenShift, whose monitoring serves the Prometheus Operator's API:
+# the ServiceMonitor and PrometheusRule go out with the rest (helm template cannot ask).
 "$helm" template hcp-fleet-agent charts/hcp-fleet-agent --no-hooks \
-  --namespace hcp-fleet-agent --set managedBy=acm-policy >"$rendered"
+  --namespace hcp-fleet-agent --set managedBy=acm-policy \
+  --api-versions monitoring.coreos.com/v1/ServiceMonitor \
+  --api-versions monitoring.coreos.com/v1/PrometheusRule >"$rendered"
 "$bin" package policies --rendered "$rendered" --out "$out"

@@ -412,7 +412,7 @@ async fn run_leader_elected(
                     }
                     // Retried with backoff; a refusal (RBAC) shows here, and without renewals seen
                     // the leader stops at its deadline, which the NoLeader alert reports.
-                    Some(Err(e)) => tracing::warn!(error = %e, "watching the leader lease"),
+                    Some(Err(e)) => tracing::warn!(error = %crate::human::WatchError(&e), "watching the leader lease"),
                     None => break,
                 }
             }

@@ -151,7 +151,9 @@ async fn wait_for_fleet(fleet: &LocalFleet, names: &[String]) -> Result<String, 
     let mgmt = fleet.management.client().await.map_err(|e| e.to_string())?;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
-        let rows = crate::status::fleet_rows(&mgmt).await.unwrap_or_default();
+        let rows = crate::status::fleet_rows(&mgmt, &Default::default())
+            .await
+            .unwrap_or_default();
         let done = rows.len() == names.len()
             && rows
                 .iter()

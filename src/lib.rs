@@ -14,6 +14,7 @@ pub mod crd;
 pub mod dev;
 pub mod guards;
 pub mod hosted;
+pub mod human;
 pub mod liveness;
 pub mod localcp;
 pub mod managed_clusters;

@@ -5,7 +5,8 @@
 //! pause: pausing never depends on the rest being right.
 
 use crate::config::{AgentConfig, Exempted, exemption_problem};
-use crate::crd::rollout::HostedAdmissionOverrideSpec;
+use crate::crd::conditions::{self, ConditionStatus};
+use crate::crd::rollout::{HostedAdmissionOverrideSpec, HostedAdmissionOverrideStatus};
 use crate::rollout::Revision;
 
 /// Groups an override may not exempt: each is everyone, every workload, every node, or the
@@ -70,6 +71,39 @@ pub struct Verdict {
     pub accepted: bool,
     pub message: String,
 }
+
+/// The reason of the `Accepted` condition of an override that is not the one in effect
+/// (another in the same namespace sorts first by name).
+pub const DUPLICATE: &str = "Duplicate";
+
+/// What an override's status should say: `verdict`, about the revision the HCP runs, with the
+/// `Accepted` condition keeping its transition time from `prev` where it did not flip.
+pub fn status(
+    prev: Option<&HostedAdmissionOverrideStatus>,
+    verdict: &Verdict,
+    reason: &str,
+    revision: &str,
+    generation: Option<i64>,
+    now: &str,
+) -> HostedAdmissionOverrideStatus {
+    let want = conditions::Want {
+        type_: ACCEPTED,
+        status: ConditionStatus::from_bool(verdict.accepted),
+        reason,
+        message: verdict.message.clone(),
+    };
+    let prev_conditions = prev.map_or(&[][..], |p| &p.conditions[..]);
+    HostedAdmissionOverrideStatus {
+        observed_generation: generation,
+        conditions: vec![conditions::set(prev_conditions, want, generation, now)],
+        accepted: Some(ConditionStatus::from_bool(verdict.accepted).as_str().into()),
+        message: verdict.message.clone(),
+        revision: Some(revision.to_string()),
+    }
+}
+
+/// The override's condition.
+pub const ACCEPTED: &str = "Accepted";
 
 /// `fleet`: the revision the rollout assigns this HCP (the configuration's while the rollout
 /// has recorded nothing); `known`: a revision by name, if the rollout still holds it. The

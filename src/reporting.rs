@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use kube::Resource;
 
+use crate::crd::conditions::{self, Condition, ConditionStatus};
 use crate::crd::health::{ObjectMeta, ObjectRef, RelatedObject};
 use crate::crd::{
     AdmissionHealth, AdmissionHealthPolicyStatus, AdmissionHealthSpec, AdmissionHealthStatus,
@@ -42,6 +43,16 @@ impl Concern {
         Concern::HostedWebhooks,
         Concern::EndToEndProbe,
     ];
+
+    /// The type of this concern's condition on the health record.
+    pub fn condition_type(self) -> &'static str {
+        match self {
+            Concern::AdmissionService => "AdmissionServiceReady",
+            Concern::Certificate => "CertificateReady",
+            Concern::HostedWebhooks => "HostedWebhooksReady",
+            Concern::EndToEndProbe => "EndToEndProbeReady",
+        }
+    }
 
     pub fn template_name(self) -> &'static str {
         match self {
@@ -231,6 +242,7 @@ pub fn new_entries(
 /// The next status from the previous one, this reconcile's observations and the drift
 /// repairs it made. A concern's history gains an entry only when its message changes, so
 /// repeating the same observation is a no-op (no write, no event).
+/// The `generation` is the record's own (`metadata.generation`), for `observedGeneration`.
 pub fn next_status(
     prev: Option<&AdmissionHealthStatus>,
     obs: &Observations,
@@ -238,9 +250,13 @@ pub fn next_status(
     drift_repaired: u64,
     revision: &str,
     rolled_out: bool,
+    generation: Option<i64>,
 ) -> AdmissionHealthStatus {
     let mut concerns = Vec::new();
     let mut states = Vec::new();
+    let prev_conditions = prev.map_or(&[][..], |p| &p.conditions[..]);
+    let mut conditions = vec![Condition::default()];
+    let mut failing = Vec::new();
     for c in Concern::ALL {
         let name = c.template_name();
         let prev_c = prev.and_then(|p| p.concerns.iter().find(|d| d.name == name));
@@ -249,8 +265,24 @@ pub fn next_status(
                 concerns.push(d.clone());
                 states.extend(d.compliant);
             }
+            // Not looked at in this pass: what was last said about it stands.
+            if let Some(kept) = conditions::find(prev_conditions, c.condition_type()) {
+                conditions.push(kept.clone());
+                if kept.status != ConditionStatus::True {
+                    failing.push((c, kept.message.clone(), kept.status));
+                }
+            }
             continue;
         };
+        conditions.push(conditions::set(
+            prev_conditions,
+            concern_condition(c, o),
+            generation,
+            now,
+        ));
+        if o.state != ComplianceState::Compliant {
+            failing.push((c, o.message.clone(), condition_status(o.state)));
+        }
         states.push(o.state);
         let msg = acm_message(o.state, &o.message);
         let mut history = prev_c.map(|d| d.history.clone()).unwrap_or_default();
@@ -278,7 +310,15 @@ pub fn next_status(
             .and_then(|p| p.revision_ready_since.clone())
             .unwrap_or_else(|| now.to_string())
     });
+    conditions[0] = conditions::set(
+        prev_conditions,
+        ready_condition(compliant, &failing, revision),
+        generation,
+        now,
+    );
     AdmissionHealthStatus {
+        observed_generation: generation,
+        conditions,
         compliant: Some(compliant),
         concerns,
         drift_repairs: prev.map_or(0, |p| p.drift_repairs) + drift_repaired,
@@ -287,6 +327,67 @@ pub fn next_status(
         paused_since: None,
     }
 }
+
+/// A compliance state as a condition's status: Pending is not yet known.
+pub fn condition_status(state: ComplianceState) -> ConditionStatus {
+    match state {
+        ComplianceState::Compliant => ConditionStatus::True,
+        ComplianceState::NonCompliant => ConditionStatus::False,
+        ComplianceState::Pending => ConditionStatus::Unknown,
+    }
+}
+
+fn concern_condition(c: Concern, o: &Observation) -> conditions::Want<'static> {
+    conditions::Want {
+        type_: c.condition_type(),
+        status: condition_status(o.state),
+        reason: o.state.as_str(),
+        message: o.message.clone(),
+    }
+}
+
+/// `Ready`: why not names each concern that is not, the first one in the reason
+/// (`HostedWebhooksNotReady`), so `kubectl get` shows what to look at.
+fn ready_condition(
+    compliant: ComplianceState,
+    failing: &[(Concern, String, ConditionStatus)],
+    revision: &str,
+) -> conditions::Want<'static> {
+    let reason = match (compliant, failing.first()) {
+        (ComplianceState::Compliant, _) => "Compliant",
+        (ComplianceState::NonCompliant, Some((c, ..))) => match c {
+            Concern::AdmissionService => "AdmissionServiceNotReady",
+            Concern::Certificate => "CertificateNotReady",
+            Concern::HostedWebhooks => "HostedWebhooksNotReady",
+            Concern::EndToEndProbe => "EndToEndProbeNotReady",
+        },
+        (ComplianceState::NonCompliant, None) => "NonCompliant",
+        (ComplianceState::Pending, _) => "Pending",
+    };
+    let message = if compliant == ComplianceState::Compliant {
+        format!("every concern is Compliant on revision {revision}")
+    } else if failing.is_empty() {
+        "nothing observed yet".to_string()
+    } else {
+        // NonCompliant concerns first: they are why it is not Ready.
+        let mut parts: Vec<_> = failing.iter().collect();
+        parts.sort_by_key(|(_, _, s)| *s != ConditionStatus::False);
+        parts
+            .iter()
+            .map(|(c, m, _)| format!("{}: {m}", c.template_name()))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    conditions::Want {
+        type_: READY,
+        status: condition_status(compliant),
+        reason,
+        message,
+    }
+}
+
+/// The health record's summary condition.
+pub const READY: &str = "Ready";
 
 /// Since when an HCP paused now has been paused: the recorded start, or now for a new pause;
 /// `None` once it is not.
@@ -760,8 +861,8 @@ mod tests {
     #[test]
     fn same_observation_twice_is_a_no_op() {
         let o = all(ComplianceState::Compliant, "fine");
-        let s1 = next_status(None, &o, "2026-01-01T00:00:00Z", 0, "r1", true);
-        let s2 = next_status(Some(&s1), &o, "2026-01-01T00:05:00Z", 0, "r1", true);
+        let s1 = next_status(None, &o, "2026-01-01T00:00:00Z", 0, "r1", true, None);
+        let s2 = next_status(Some(&s1), &o, "2026-01-01T00:05:00Z", 0, "r1", true, None);
         assert_eq!(s1, s2);
         assert_eq!(s1.compliant, Some(ComplianceState::Compliant));
         assert_eq!(s1.concerns.len(), 4);
@@ -771,30 +872,83 @@ mod tests {
     #[test]
     fn ready_on_a_revision_since_the_first_report_that_found_it_so() {
         let ok = all(ComplianceState::Compliant, "fine");
-        let s1 = next_status(None, &ok, "t1", 0, "r1", false);
+        let s1 = next_status(None, &ok, "t1", 0, "r1", false, None);
         assert_eq!(
             s1.revision_ready_since, None,
             "its Deployment has not rolled out"
         );
-        let s2 = next_status(Some(&s1), &ok, "t2", 0, "r1", true);
-        let s3 = next_status(Some(&s2), &ok, "t3", 0, "r1", true);
+        let s2 = next_status(Some(&s1), &ok, "t2", 0, "r1", true, None);
+        let s3 = next_status(Some(&s2), &ok, "t3", 0, "r1", true, None);
         assert_eq!(s3.revision_ready_since.as_deref(), Some("t2"));
-        let s4 = next_status(Some(&s3), &ok, "t4", 0, "r2", true);
+        let s4 = next_status(Some(&s3), &ok, "t4", 0, "r2", true, None);
         assert_eq!(
             s4.revision_ready_since.as_deref(),
             Some("t4"),
             "a new revision starts again"
         );
         let bad = all(ComplianceState::NonCompliant, "down");
-        let s5 = next_status(Some(&s4), &bad, "t5", 0, "r2", true);
+        let s5 = next_status(Some(&s4), &bad, "t5", 0, "r2", true, None);
         assert_eq!(s5.revision_ready_since, None);
+    }
+
+    #[test]
+    fn conditions_say_ready_and_which_concern_is_not() {
+        let ok = all(ComplianceState::Compliant, "fine");
+        let s1 = next_status(None, &ok, "t1", 0, "r1", true, Some(1));
+        let ready = conditions::find(&s1.conditions, READY).expect("Ready");
+        assert_eq!(
+            (
+                ready.status,
+                ready.reason.as_str(),
+                ready.observed_generation
+            ),
+            (ConditionStatus::True, "Compliant", Some(1))
+        );
+        assert_eq!(s1.conditions.len(), 5, "Ready and one per concern");
+        assert_eq!(s1.observed_generation, Some(1));
+        for c in Concern::ALL {
+            let cond = conditions::find(&s1.conditions, c.condition_type()).expect("concern");
+            assert_eq!(
+                (cond.status, cond.message.as_str()),
+                (ConditionStatus::True, "fine")
+            );
+        }
+        let mut broken = ok.clone();
+        broken.insert(Concern::EndToEndProbe, Observation::pending("probing"));
+        broken.insert(
+            Concern::HostedWebhooks,
+            Observation::violation("webhook missing"),
+        );
+        let s2 = next_status(Some(&s1), &broken, "t2", 0, "r1", true, Some(1));
+        let ready = conditions::find(&s2.conditions, READY).expect("Ready");
+        assert_eq!(ready.status, ConditionStatus::False);
+        assert_eq!(ready.reason, "HostedWebhooksNotReady");
+        assert_eq!(
+            ready.message,
+            "hosted-webhooks: webhook missing; e2e-probe: probing"
+        );
+        assert_eq!(ready.last_transition_time, "t2");
+        let probe = conditions::find(&s2.conditions, "EndToEndProbeReady").expect("probe");
+        assert_eq!(
+            (probe.status, probe.reason.as_str()),
+            (ConditionStatus::Unknown, "Pending")
+        );
+        let cert = conditions::find(&s2.conditions, "CertificateReady").expect("cert");
+        assert_eq!(
+            cert.last_transition_time, "t1",
+            "unchanged since the first pass"
+        );
+        // A pass that looks at one concern only keeps what the others last said.
+        let only = BTreeMap::from([(Concern::Certificate, Observation::compliant("fine"))]);
+        let s3 = next_status(Some(&s2), &only, "t3", 0, "r1", true, Some(1));
+        assert_eq!(s3.conditions, s2.conditions, "nothing new was seen");
     }
 
     #[test]
     fn drift_repairs_add_up_across_reconciles() {
         let o = all(ComplianceState::Compliant, "fine");
-        let s1 = next_status(None, &o, "t1", 2, "r", true);
-        let s2 = next_status(Some(&s1), &o, "t2", 3, "r", true);
+        let s1 = next_status(None, &o, "t1", 2, "r", true, None);
+        let s2 = next_status(Some(&s1), &o, "t2", 3, "r", true, None);
         assert_eq!((s1.drift_repairs, s2.drift_repairs), (2, 5));
     }
 
@@ -810,6 +964,7 @@ mod tests {
                 0,
                 "r",
                 true,
+                None,
             ));
         }
         let s = s.expect("status");
@@ -823,7 +978,7 @@ mod tests {
     #[test]
     fn the_record_keeps_pending_whatever_acms_crd_says() {
         let o = all(ComplianceState::Pending, "waiting");
-        let s = next_status(None, &o, "t", 0, "r", true);
+        let s = next_status(None, &o, "t", 0, "r", true, None);
         assert_eq!(s.compliant, Some(ComplianceState::Pending));
     }
 
@@ -1100,11 +1255,11 @@ mod tests {
     #[test]
     fn new_entries_are_only_the_changes() {
         let a = all(ComplianceState::Compliant, "fine");
-        let s1 = next_status(None, &a, "t1", 0, "r", true);
+        let s1 = next_status(None, &a, "t1", 0, "r", true, None);
         assert_eq!(new_entries(None, &s1).len(), 4);
         let mut b = a.clone();
         b.insert(Concern::HostedWebhooks, Observation::violation("down"));
-        let s2 = next_status(Some(&s1), &b, "t2", 0, "r", true);
+        let s2 = next_status(Some(&s1), &b, "t2", 0, "r", true, None);
         let e = new_entries(Some(&s1), &s2);
         assert_eq!(
             e,
@@ -1121,7 +1276,7 @@ mod tests {
     fn status_never_holds_empty_strings() {
         // The test bed (and some API servers) turn "" into null in status merge patches.
         let o = all(ComplianceState::Compliant, "fine");
-        let s = next_status(None, &o, "2026-01-01T00:00:00Z", 0, "r", true);
+        let s = next_status(None, &o, "2026-01-01T00:00:00Z", 0, "r", true, None);
         let text = serde_json::to_string(&s).expect("json");
         assert!(!text.contains("\"\""), "{text}");
     }

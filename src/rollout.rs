@@ -509,6 +509,92 @@ fn prune(history: Vec<RevisionRecord>, pinned: &BTreeSet<String>) -> Vec<Revisio
         .collect()
 }
 
+/// The rollout's condition types, as a Deployment's and an OpenShift ClusterOperator's.
+pub const AVAILABLE: &str = "Available";
+pub const PROGRESSING: &str = "Progressing";
+pub const DEGRADED: &str = "Degraded";
+
+/// `st` with its conditions and `observedGeneration` set from what it says (the phase, the
+/// revisions, the failures), each keeping its transition time from `prev` where its status
+/// did not change: a step that moved nothing renders the same status and writes nothing.
+pub fn with_conditions(
+    prev: Option<&AdmissionRolloutStatus>,
+    mut st: AdmissionRolloutStatus,
+    generation: Option<i64>,
+    now: &str,
+) -> AdmissionRolloutStatus {
+    use crate::crd::conditions::{self, ConditionStatus, Want};
+    let halted = st.phase == RolloutPhase::Halted;
+    let available = match &st.stable {
+        Some(s) => Want {
+            type_: AVAILABLE,
+            status: ConditionStatus::True,
+            reason: "StableRevision",
+            message: format!(
+                "revision {} is stable: every HCP not given the target runs it",
+                s.revision
+            ),
+        },
+        None => Want {
+            type_: AVAILABLE,
+            status: ConditionStatus::Unknown,
+            reason: "NoStableRevision",
+            message: "no revision adopted yet: waiting for the leader's first step".into(),
+        },
+    };
+    let progressing = Want {
+        type_: PROGRESSING,
+        status: ConditionStatus::from_bool(st.phase == RolloutPhase::Progressing),
+        reason: st.phase.as_str(),
+        message: st.message.clone(),
+    };
+    let degraded = if halted {
+        Want {
+            type_: DEGRADED,
+            status: ConditionStatus::True,
+            reason: "Halted",
+            message: format!(
+                "{}; fix the configuration, or resume with the {} annotation \
+                 (docs/operations.md)",
+                st.message,
+                crate::crd::rollout::RESUME_ANNOTATION
+            ),
+        }
+    } else if !st.failed.is_empty() {
+        Want {
+            type_: DEGRADED,
+            status: ConditionStatus::True,
+            reason: "HcpsFailed",
+            message: format!(
+                "{} HCP(s) failed the target and went back to the stable revision: {}",
+                st.failed.len(),
+                st.failed
+                    .iter()
+                    .take(5)
+                    .map(|f| format!("{}: {}", f.namespace, f.reason))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+        }
+    } else {
+        Want {
+            type_: DEGRADED,
+            status: ConditionStatus::False,
+            reason: "AsExpected",
+            message: "no HCP failed the rollout".into(),
+        }
+    };
+    let prev_conditions = prev.map_or(&[][..], |p| &p.conditions[..]);
+    st.observed_generation = generation;
+    st.conditions = conditions::set_all(
+        prev_conditions,
+        [available, progressing, degraded],
+        generation,
+        now,
+    );
+    st
+}
+
 fn progress(st: &AdmissionRolloutStatus, target: &str) -> String {
     format!(
         "revision {target}: {} in flight ({}), {} done",
@@ -931,6 +1017,56 @@ mod tests {
         sim.step(&c, None);
         assert_eq!(sim.st.phase, RolloutPhase::Complete);
         assert_eq!(sim.on(&c), 3);
+    }
+
+    #[test]
+    fn conditions_follow_the_phase_and_keep_their_times() {
+        use crate::crd::conditions::{ConditionStatus, find};
+        let status_of = |st: &AdmissionRolloutStatus, t: &str| {
+            find(&st.conditions, t).map(|c| (c.status, c.reason.clone()))
+        };
+        let complete = with_conditions(None, adopted(&rev("a"), "t0"), Some(1), "t0");
+        assert_eq!(complete.observed_generation, Some(1));
+        assert_eq!(
+            status_of(&complete, AVAILABLE),
+            Some((ConditionStatus::True, "StableRevision".into()))
+        );
+        assert_eq!(
+            status_of(&complete, PROGRESSING),
+            Some((ConditionStatus::False, "Complete".into()))
+        );
+        assert_eq!(
+            status_of(&complete, DEGRADED),
+            Some((ConditionStatus::False, "AsExpected".into()))
+        );
+        let again = with_conditions(Some(&complete), adopted(&rev("a"), "t0"), Some(1), "t5");
+        assert_eq!(again, complete, "the same facts render the same status");
+        let halted = AdmissionRolloutStatus {
+            phase: RolloutPhase::Halted,
+            message: "halted: 3 HCPs failed".into(),
+            failed: vec![FailedHcp {
+                namespace: "ns-1".into(),
+                reason: "e2e-probe: no answer".into(),
+            }],
+            ..complete.clone()
+        };
+        let halted = with_conditions(Some(&complete), halted, Some(1), "t9");
+        let degraded = find(&halted.conditions, DEGRADED).expect("Degraded");
+        assert_eq!(
+            (degraded.status, degraded.reason.as_str()),
+            (ConditionStatus::True, "Halted")
+        );
+        assert!(
+            degraded
+                .message
+                .contains(crate::crd::rollout::RESUME_ANNOTATION)
+        );
+        assert_eq!(degraded.last_transition_time, "t9");
+        let available = find(&halted.conditions, AVAILABLE).expect("Available");
+        assert_eq!(
+            available.last_transition_time, "t0",
+            "still available since t0"
+        );
     }
 
     #[test]

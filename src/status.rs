@@ -1,25 +1,47 @@
-//! `hcp-fleet-agent status`: the fleet table (hosted cluster, compliance, each concern, drift
-//! repairs, last change) read from the per-HCP `AdmissionHealth` records.
+//! `hcp-fleet-agent status` (also `kubectl hcp-fleet status`, installed as a kubectl plugin):
+//! the fleet table (hosted cluster, compliance, each concern, drift repairs, last change) read
+//! from the per-HCP `AdmissionHealth` records, as a table, a wide table, JSON or YAML, once or
+//! as the records change.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;
 
+use futures::StreamExt;
 use kube::api::ListParams;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
+use serde::Serialize;
 
-use crate::crd::AdmissionHealth;
-use crate::reporting::{Concern, HEALTH_NAME};
+use crate::crd::{AdmissionHealth, HostedControlPlane};
+use crate::human::KubeError;
+use crate::reporting::{Concern, HEALTH_NAME, READY};
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct FleetRow {
     pub cluster: String,
     pub namespace: String,
     pub compliant: String,
     /// Per concern, in `Concern::ALL` order.
+    #[serde(serialize_with = "concerns_by_name")]
     pub concerns: Vec<String>,
     pub drift_repairs: u64,
     pub last_change: String,
     /// The revision it was last reconciled to.
     pub revision: String,
+    /// Why it is not Compliant (its `Ready` condition's message); empty when it is.
+    pub reason: String,
+}
+
+/// The concerns as `{"admission-service": "Compliant", …}` in JSON and YAML.
+fn concerns_by_name<S: serde::Serializer>(v: &[String], s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut m = s.serialize_map(Some(v.len()))?;
+    for (c, state) in Concern::ALL.iter().zip(v) {
+        m.serialize_entry(c.template_name(), state)?;
+    }
+    m.end()
 }
 
 /// A row from one health record.
@@ -43,6 +65,23 @@ pub fn row(h: &AdmissionHealth) -> FleetRow {
         .map(|h| h.last_timestamp.clone())
         .max()
         .unwrap_or_else(|| "-".into());
+    let reason = match crate::crd::conditions::find(&st.conditions, READY) {
+        Some(c) if c.status == crate::crd::ConditionStatus::True => String::new(),
+        Some(c) => c.message.clone(),
+        // A record of an earlier release, without conditions: the newest word of each concern
+        // that is not Compliant.
+        None => st
+            .concerns
+            .iter()
+            .filter(|d| d.compliant != Some(crate::crd::ComplianceState::Compliant))
+            .filter_map(|d| {
+                d.history
+                    .first()
+                    .map(|h| format!("{}: {}", d.name, h.message))
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+    };
     FleetRow {
         cluster: h.spec.cluster.clone(),
         namespace: h.namespace().unwrap_or_default(),
@@ -51,17 +90,23 @@ pub fn row(h: &AdmissionHealth) -> FleetRow {
         drift_repairs: st.drift_repairs,
         last_change,
         revision: st.revision.clone().unwrap_or_else(|| "-".into()),
+        reason: crate::reporting::untrusted(&reason, 2048),
     }
+}
+
+/// How many hosted clusters run each revision.
+pub fn revision_counts(rows: &[FleetRow]) -> BTreeMap<String, usize> {
+    let mut by = BTreeMap::new();
+    for r in rows {
+        *by.entry(r.revision.clone()).or_default() += 1;
+    }
+    by
 }
 
 /// How many hosted clusters run each revision, most first: `revisions: a 998, b 2`.
 pub fn revisions(rows: &[FleetRow]) -> String {
-    let mut by: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
-    for r in rows {
-        *by.entry(r.revision.as_str()).or_default() += 1;
-    }
-    let mut v: Vec<(&str, usize)> = by.into_iter().collect();
-    v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let mut v: Vec<(String, usize)> = revision_counts(rows).into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let parts: Vec<String> = v.iter().map(|(r, n)| format!("{r} {n}")).collect();
     format!("revisions: {}", parts.join(", "))
 }
@@ -112,34 +157,66 @@ const HEADERS: [&str; 8] = [
     "LAST-CHANGE",
 ];
 
-/// The table, each column as wide as its widest cell (a hosted cluster name of any length keeps
-/// the rows in line), two spaces between columns, no trailing padding.
-pub fn render_table(rows: &[FleetRow]) -> String {
-    let cells: Vec<[String; 8]> = rows
-        .iter()
-        .map(|r| {
-            let c = |i: usize| r.concerns.get(i).cloned().unwrap_or_else(|| "-".into());
-            [
-                r.cluster.clone(),
-                r.compliant.clone(),
-                c(0),
-                c(1),
-                c(2),
-                c(3),
-                r.drift_repairs.to_string(),
-                r.last_change.clone(),
-            ]
-        })
-        .collect();
-    let mut widths = HEADERS.map(|h| h.chars().count());
-    for row in &cells {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
+/// `-o wide` adds these after `HEADERS`.
+const WIDE_HEADERS: [&str; 3] = ["NAMESPACE", "REVISION", "REASON"];
+
+/// A table's layout: each column as wide as its widest cell (a hosted cluster name of any
+/// length keeps the rows in line), two spaces between columns, no trailing padding. `--watch`
+/// keeps the first layout for the rows that follow, as kubectl does.
+pub struct Table {
+    wide: bool,
+    widths: Vec<usize>,
+}
+
+impl Table {
+    pub fn new(rows: &[FleetRow], wide: bool) -> Self {
+        let mut widths: Vec<usize> = Self::headers(wide)
+            .iter()
+            .map(|h| h.chars().count())
+            .collect();
+        for r in rows {
+            for (w, cell) in widths.iter_mut().zip(Self::cells(r, wide)) {
+                *w = (*w).max(cell.chars().count());
+            }
         }
+        Self { wide, widths }
     }
-    let line = |row: &[&str]| {
+
+    fn headers(wide: bool) -> Vec<&'static str> {
+        let mut h = HEADERS.to_vec();
+        if wide {
+            h.extend(WIDE_HEADERS);
+        }
+        h
+    }
+
+    fn cells(r: &FleetRow, wide: bool) -> Vec<String> {
+        let c = |i: usize| r.concerns.get(i).cloned().unwrap_or_else(|| "-".into());
+        let mut cells = vec![
+            r.cluster.clone(),
+            r.compliant.clone(),
+            c(0),
+            c(1),
+            c(2),
+            c(3),
+            r.drift_repairs.to_string(),
+            r.last_change.clone(),
+        ];
+        if wide {
+            cells.push(r.namespace.clone());
+            cells.push(r.revision.clone());
+            cells.push(if r.reason.is_empty() {
+                "-".into()
+            } else {
+                r.reason.clone()
+            });
+        }
+        cells
+    }
+
+    fn line(&self, row: &[String]) -> String {
         let mut l = String::new();
-        for (i, (cell, w)) in row.iter().zip(widths).enumerate() {
+        for (i, (cell, w)) in row.iter().zip(&self.widths).enumerate() {
             if i + 1 == row.len() {
                 l.push_str(cell);
             } else {
@@ -148,57 +225,131 @@ pub fn render_table(rows: &[FleetRow]) -> String {
         }
         l.push('\n');
         l
-    };
-    let mut out = line(&HEADERS);
-    for row in &cells {
-        out.push_str(&line(&row.each_ref().map(String::as_str)));
     }
-    out
+
+    pub fn header(&self) -> String {
+        let h: Vec<String> = Self::headers(self.wide)
+            .into_iter()
+            .map(String::from)
+            .collect();
+        self.line(&h)
+    }
+
+    pub fn row(&self, r: &FleetRow) -> String {
+        self.line(&Self::cells(r, self.wide))
+    }
+
+    pub fn render(&self, rows: &[FleetRow]) -> String {
+        let mut out = self.header();
+        for r in rows {
+            out.push_str(&self.row(r));
+        }
+        out
+    }
+}
+
+/// The table (`Table`'s layout).
+pub fn render_table(rows: &[FleetRow]) -> String {
+    Table::new(rows, false).render(rows)
+}
+
+/// How many hosted clusters are in each state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Summary {
+    pub total: usize,
+    pub compliant: usize,
+    pub non_compliant: usize,
+    pub pending: usize,
+    pub not_reported: usize,
+}
+
+pub fn counts(rows: &[FleetRow]) -> Summary {
+    let count = |s: &str| rows.iter().filter(|r| r.compliant == s).count();
+    let (compliant, non_compliant, pending) =
+        (count("Compliant"), count("NonCompliant"), count("Pending"));
+    Summary {
+        total: rows.len(),
+        compliant,
+        non_compliant,
+        pending,
+        not_reported: rows.len() - compliant - non_compliant - pending,
+    }
 }
 
 /// The last line under the table: how many hosted clusters, and how many in each state.
 pub fn summary(rows: &[FleetRow]) -> String {
-    let count = |s: &str| rows.iter().filter(|r| r.compliant == s).count();
-    let other = rows.len()
-        - ["Compliant", "NonCompliant", "Pending"]
-            .iter()
-            .map(|s| count(s))
-            .sum::<usize>();
+    let c = counts(rows);
     let mut line = format!(
         "{} hosted cluster(s): {} Compliant, {} NonCompliant, {} Pending",
-        rows.len(),
-        count("Compliant"),
-        count("NonCompliant"),
-        count("Pending")
+        c.total, c.compliant, c.non_compliant, c.pending
     );
-    if other > 0 {
-        line.push_str(&format!(", {other} not reported yet"));
+    if c.not_reported > 0 {
+        line.push_str(&format!(", {} not reported yet", c.not_reported));
     }
     line
+}
+
+/// Whether a row is a problem: anything but Compliant.
+pub fn is_problem(r: &FleetRow) -> bool {
+    r.compliant != "Compliant"
 }
 
 /// The rows an SRE asked for: all, or (`problems`) only those not Compliant.
 pub fn select(rows: Vec<FleetRow>, problems: bool) -> Vec<FleetRow> {
     if problems {
-        rows.into_iter()
-            .filter(|r| r.compliant != "Compliant")
-            .collect()
+        rows.into_iter().filter(is_problem).collect()
     } else {
         rows
     }
+}
+
+/// `-o json` and `-o yaml`: the rows shown, the summary of all, and with `--rollout` the
+/// revisions and the rollout's and overrides' lines.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    pub clusters: Vec<FleetRow>,
+    pub summary: Summary,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revisions: Option<BTreeMap<String, usize>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rollout: Vec<String>,
 }
 
 /// Records per page: a thousand health records (each with its history) in one response would
 /// be megabytes for the API server to hold at once.
 const PAGE: u32 = 250;
 
-/// Every health record whose HCP still exists, sorted by cluster. A deleted HCP's record
-/// lingers until the garbage collector removes it (never, where none runs); its row would
-/// report a cluster that is gone.
-pub async fn fleet_rows(client: &Client) -> Result<Vec<FleetRow>, kube::Error> {
-    let mut existing = std::collections::BTreeSet::new();
-    let hcps = Api::<crate::crd::HostedControlPlane>::all(client.clone());
+/// Which hosted clusters: `-n` (one HCP namespace) and `-l` (a label selector on the
+/// HostedControlPlanes).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filter {
+    pub namespace: Option<String>,
+    pub selector: Option<String>,
+}
+
+impl Filter {
+    fn api<K>(&self, client: &Client) -> Api<K>
+    where
+        K: kube::Resource<Scope = kube::core::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        match &self.namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        }
+    }
+}
+
+/// The HCP namespaces `filter` selects.
+async fn hcp_namespaces(client: &Client, filter: &Filter) -> Result<BTreeSet<String>, kube::Error> {
+    let mut existing = BTreeSet::new();
+    let hcps: Api<HostedControlPlane> = filter.api(client);
     let mut lp = ListParams::default().limit(PAGE);
+    if let Some(sel) = &filter.selector {
+        lp = lp.labels(sel);
+    }
     loop {
         let page = hcps.list_metadata(&lp).await?;
         existing.extend(page.items.iter().filter_map(|h| h.namespace()));
@@ -207,13 +358,25 @@ pub async fn fleet_rows(client: &Client) -> Result<Vec<FleetRow>, kube::Error> {
             None => break,
         }
     }
-    let api: Api<AdmissionHealth> = Api::all(client.clone());
+    Ok(existing)
+}
+
+fn records_selector() -> String {
+    format!(
+        "{}={}",
+        crate::management::MANAGED_BY,
+        crate::management::MANAGED_BY_VALUE
+    )
+}
+
+/// Every health record whose HCP still exists (and `filter` selects), sorted by cluster. A
+/// deleted HCP's record lingers until the garbage collector removes it (never, where none
+/// runs); its row would report a cluster that is gone.
+pub async fn fleet_rows(client: &Client, filter: &Filter) -> Result<Vec<FleetRow>, kube::Error> {
+    let existing = hcp_namespaces(client, filter).await?;
+    let api: Api<AdmissionHealth> = filter.api(client);
     let mut lp = ListParams::default()
-        .labels(&format!(
-            "{}={}",
-            crate::management::MANAGED_BY,
-            crate::management::MANAGED_BY_VALUE
-        ))
+        .labels(&records_selector())
         .limit(PAGE);
     let mut rows = Vec::new();
     loop {
@@ -234,57 +397,228 @@ pub async fn fleet_rows(client: &Client) -> Result<Vec<FleetRow>, kube::Error> {
     Ok(rows)
 }
 
+/// How `status` prints.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    #[default]
+    Table,
+    /// The table with the HCP namespace, revision and why it is not Compliant.
+    Wide,
+    Json,
+    Yaml,
+}
+
 #[derive(Debug, Default, clap::Args)]
 pub struct StatusArgs {
-    /// Only the hosted clusters that are not Compliant (the summary line still counts all).
+    /// Only the hosted clusters that are not Compliant (the summary still counts all); exits 1
+    /// when there is any.
     #[arg(long)]
     pub problems: bool,
     /// Also how many hosted clusters run each revision, the rollout's phase and why, and every
     /// HostedAdmissionOverride with whether it was accepted.
     #[arg(long)]
     pub rollout: bool,
+    /// table, wide, json or yaml.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+    /// The kubeconfig file (default: $KUBECONFIG, ~/.kube/config, then the in-cluster account).
+    #[arg(long)]
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// The kubeconfig context to use (default: its current context).
+    #[arg(long)]
+    pub context: Option<String>,
+    /// Only the hosted cluster of this HCP namespace.
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+    /// Only the hosted clusters whose HostedControlPlane matches this label selector.
+    #[arg(short = 'l', long)]
+    pub selector: Option<String>,
+    /// After the table, print each row again whenever it changes (until interrupted).
+    #[arg(short = 'w', long)]
+    pub watch: bool,
+}
+
+/// The management cluster's client, as kubectl picks it: `--kubeconfig`, else `$KUBECONFIG`
+/// or `~/.kube/config`, else the in-cluster account; `--context` within the file.
+pub async fn client(args: &StatusArgs) -> Result<Client, String> {
+    let opts = KubeConfigOptions {
+        context: args.context.clone(),
+        ..Default::default()
+    };
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path)
+                .map_err(|e| format!("reading kubeconfig {}: {e}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &opts)
+                .await
+                .map_err(|e| format!("kubeconfig {}: {e}", path.display()))?
+        }
+        None if args.context.is_some() => kube::Config::from_kubeconfig(&opts)
+            .await
+            .map_err(|e| format!("kubeconfig: {e}"))?,
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| format!("no usable kubeconfig or in-cluster account: {e}"))?,
+    };
+    Client::try_from(config).map_err(|e| format!("building the client: {}", KubeError(&e)))
 }
 
 pub async fn run(args: StatusArgs) -> ExitCode {
-    let client = match Client::try_default().await {
+    let client = match client(&args).await {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("error: no usable kubeconfig: {e}");
+            eprintln!("error: {e}");
             return ExitCode::FAILURE;
         }
     };
-    match fleet_rows(&client).await {
-        Ok(rows) if rows.is_empty() => {
-            println!("no hosted clusters reported yet");
-            ExitCode::SUCCESS
-        }
-        Ok(rows) => {
-            let total = summary(&rows);
-            let by_revision = args.rollout.then(|| revisions(&rows));
-            let shown = select(rows, args.problems);
-            if !shown.is_empty() {
-                print!("{}", render_table(&shown));
-            }
-            if let Some(by_revision) = by_revision {
-                println!("{by_revision}");
-                for line in rollout_lines(&client).await {
-                    println!("{line}");
-                }
-            }
-            println!("{total}");
-            ExitCode::SUCCESS
-        }
+    let filter = Filter {
+        namespace: args.namespace.clone(),
+        selector: args.selector.clone(),
+    };
+    let rows = match fleet_rows(&client, &filter).await {
+        Ok(rows) => rows,
         Err(kube::Error::Api(s)) if s.code == 404 => {
             eprintln!(
                 "error: the AdmissionHealth CRD (admissionhealths.hcp-fleet.openshift.io) is not installed here; the agent reports through metrics only"
             );
-            ExitCode::FAILURE
+            return ExitCode::FAILURE;
         }
         Err(e) => {
-            eprintln!("error: listing AdmissionHealth records: {e}");
-            ExitCode::FAILURE
+            eprintln!("error: listing AdmissionHealth records: {}", KubeError(&e));
+            return ExitCode::FAILURE;
+        }
+    };
+    let problems = rows.iter().any(is_problem);
+    let rollout = if args.rollout {
+        rollout_lines(&client).await
+    } else {
+        Vec::new()
+    };
+    match print(&args, rows.clone(), rollout) {
+        Ok(out) => print!("{out}"),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
         }
     }
+    if args.watch {
+        return watch(&client, &args, &filter, rows).await;
+    }
+    // As a check in a script: `status --problems` fails while any hosted cluster is not
+    // Compliant.
+    if args.problems && problems {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// What `status` prints once, in the asked-for output.
+pub fn print(
+    args: &StatusArgs,
+    rows: Vec<FleetRow>,
+    rollout: Vec<String>,
+) -> Result<String, String> {
+    let summary_all = counts(&rows);
+    let total = summary(&rows);
+    let by_revision = args.rollout.then(|| revision_counts(&rows));
+    let revisions_line = args.rollout.then(|| revisions(&rows));
+    let shown = select(rows, args.problems);
+    match args.output {
+        Output::Json | Output::Yaml => {
+            let report = Report {
+                clusters: shown,
+                summary: summary_all,
+                revisions: by_revision,
+                rollout,
+            };
+            if args.output == Output::Json {
+                serde_json::to_string_pretty(&report)
+                    .map(|s| s + "\n")
+                    .map_err(|e| e.to_string())
+            } else {
+                serde_saphyr::to_string(&report).map_err(|e| e.to_string())
+            }
+        }
+        Output::Table | Output::Wide => {
+            let mut out = String::new();
+            if summary_all.total == 0 {
+                return Ok("no hosted clusters reported yet\n".into());
+            }
+            if !shown.is_empty() {
+                out.push_str(&Table::new(&shown, args.output == Output::Wide).render(&shown));
+            }
+            if let Some(line) = revisions_line {
+                out.push_str(&line);
+                out.push('\n');
+                for l in rollout {
+                    out.push_str(&l);
+                    out.push('\n');
+                }
+            }
+            out.push_str(&total);
+            out.push('\n');
+            Ok(out)
+        }
+    }
+}
+
+/// `--watch`: each row again whenever its record changes (only problems with `--problems`),
+/// one line each in a table (the first table's layout), one document each in JSON or YAML.
+async fn watch(
+    client: &Client,
+    args: &StatusArgs,
+    filter: &Filter,
+    rows: Vec<FleetRow>,
+) -> ExitCode {
+    let table = Table::new(&rows, args.output == Output::Wide);
+    let mut last: BTreeMap<String, FleetRow> =
+        rows.into_iter().map(|r| (r.namespace.clone(), r)).collect();
+    let selected = match hcp_namespaces(client, filter).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: listing HostedControlPlanes: {}", KubeError(&e));
+            return ExitCode::FAILURE;
+        }
+    };
+    let api: Api<AdmissionHealth> = filter.api(client);
+    let cfg = watcher::Config::default().labels(&records_selector());
+    let mut events = watcher(api, cfg).boxed();
+    while let Some(ev) = events.next().await {
+        let h = match ev {
+            Ok(watcher::Event::Apply(h) | watcher::Event::InitApply(h)) => h,
+            Ok(_) => continue,
+            Err(e) => {
+                eprintln!("warning: {}; watching again", crate::human::WatchError(&e));
+                continue;
+            }
+        };
+        let ns = h.namespace().unwrap_or_default();
+        // A cluster the selector did not pick at the start stays out (an HCP created later
+        // and matching is shown by the next `status`).
+        if h.name_any() != HEALTH_NAME || (filter.selector.is_some() && !selected.contains(&ns)) {
+            continue;
+        }
+        let r = row(&h);
+        let was_problem = last.get(&ns).is_some_and(is_problem);
+        if last.get(&ns) == Some(&r) || (args.problems && !is_problem(&r) && !was_problem) {
+            continue;
+        }
+        last.insert(ns, r.clone());
+        let out = match args.output {
+            Output::Table | Output::Wide => table.row(&r),
+            Output::Json => serde_json::to_string(&r)
+                .map(|s| s + "\n")
+                .unwrap_or_default(),
+            Output::Yaml => serde_saphyr::to_string(&r)
+                .map(|s| format!("---\n{s}"))
+                .unwrap_or_default(),
+        };
+        print!("{out}");
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+    }
+    ExitCode::SUCCESS
 }
 
 #[cfg(test)]
@@ -307,6 +641,7 @@ mod tests {
             3,
             "r",
             true,
+            None,
         ));
         let r = row(&p);
         assert_eq!(r.cluster, "hc-1");
@@ -333,6 +668,7 @@ mod tests {
             drift_repairs: 12,
             last_change: "2026-11-22T10:00:00Z".into(),
             revision: if compliant == "Compliant" { "r1" } else { "r0" }.into(),
+            reason: String::new(),
         }
     }
 
@@ -392,6 +728,79 @@ mod tests {
             .collect();
         assert_eq!(shown, ["b", "c", "d"]);
         assert_eq!(select(rows, false).len(), 5);
+    }
+
+    #[test]
+    fn json_and_yaml_say_what_the_table_says_and_wide_says_why() {
+        let mut bad = fleet_row("b", "NonCompliant");
+        bad.reason = "hosted-webhooks: 401 Unauthorized".into();
+        let rows = vec![fleet_row("a", "Compliant"), bad];
+        let args = |output, problems| StatusArgs {
+            output,
+            problems,
+            ..Default::default()
+        };
+        let json = print(&args(Output::Json, false), rows.clone(), vec![]).expect("json");
+        let doc: serde_json::Value = serde_json::from_str(&json).expect("parses");
+        assert_eq!(doc["clusters"][1]["cluster"], "b");
+        assert_eq!(
+            doc["clusters"][1]["concerns"]["hosted-webhooks"],
+            "NonCompliant"
+        );
+        assert_eq!(
+            doc["clusters"][1]["reason"],
+            "hosted-webhooks: 401 Unauthorized"
+        );
+        assert_eq!(
+            doc["summary"],
+            serde_json::json!({"total": 2, "compliant": 1, "nonCompliant": 1, "pending": 0, "notReported": 0})
+        );
+        let yaml = print(&args(Output::Yaml, true), rows.clone(), vec![]).expect("yaml");
+        let doc: serde_json::Value = serde_saphyr::from_str(&yaml).expect("parses");
+        assert_eq!(
+            doc["clusters"].as_array().map(Vec::len),
+            Some(1),
+            "problems only"
+        );
+        assert_eq!(doc["summary"]["total"], 2, "the summary counts all");
+        let wide = print(&args(Output::Wide, false), rows.clone(), vec![]).expect("wide");
+        let header = wide.lines().next().unwrap_or_default();
+        let last: Vec<&str> = header.split_whitespace().rev().take(3).collect();
+        assert_eq!(last, ["REASON", "REVISION", "NAMESPACE"], "{wide}");
+        assert!(
+            wide.lines()
+                .nth(2)
+                .is_some_and(|l| l.contains("clusters-b  r0 ")
+                    && l.ends_with("  hosted-webhooks: 401 Unauthorized")),
+            "{wide}"
+        );
+        let table = print(&args(Output::Table, false), rows, vec![]).expect("table");
+        assert!(
+            !table.contains("REASON")
+                && table.ends_with("2 hosted cluster(s): 1 Compliant, 1 NonCompliant, 0 Pending\n"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn a_row_says_why_from_the_ready_condition_or_an_older_records_history() {
+        let mut h = render_health("clusters-hc-1", "hc-1", None);
+        let mut obs: crate::reporting::Observations = Concern::ALL
+            .iter()
+            .map(|c| (*c, Observation::compliant("ok")))
+            .collect();
+        obs.insert(Concern::Certificate, Observation::violation("expired"));
+        let st = next_status(None, &obs, "t", 0, "r", true, Some(1));
+        h.status = Some(st.clone());
+        assert_eq!(row(&h).reason, "certificate: expired");
+        h.status = Some(crate::crd::AdmissionHealthStatus {
+            conditions: vec![],
+            ..st
+        });
+        assert_eq!(
+            row(&h).reason,
+            "certificate: NonCompliant; violation - expired"
+        );
     }
 
     #[test]

@@ -770,3 +770,19 @@ pub async fn delete_validating(
         .expect("delete");
     vapi
 }
+
+/// kubectl (the test bed's) with `kubeconfig`, as an SRE runs it: (success, stdout, stderr).
+pub fn kubectl_with(kubeconfig: &Path, args: &[&str]) -> (bool, String, String) {
+    let assets = Assets::resolve(None).expect("assets");
+    let out = std::process::Command::new(&assets.kubectl)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .expect("kubectl");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

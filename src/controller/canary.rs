@@ -127,7 +127,12 @@ pub async fn send(
                 ));
             }
             Err(kube::Error::Api(s)) => s,
-            Err(e) => return Shown::NotTried(format!("{what} could not be sent: {e}")),
+            Err(e) => {
+                return Shown::NotTried(format!(
+                    "{what} could not be sent: {}",
+                    crate::human::KubeError(&e)
+                ));
+            }
         };
         if refused_by_rbac(&status) {
             if attempt > 0 {
@@ -137,7 +142,10 @@ pub async fn send(
                 ));
             }
             if let Err(e) = ensure_rbac(hosted, plan, ns).await {
-                return Shown::NotTried(format!("{what}: its RBAC could not be written: {e}"));
+                return Shown::NotTried(format!(
+                    "{what}: its RBAC could not be written: {}",
+                    crate::human::KubeError(&e)
+                ));
             }
             continue;
         }

@@ -134,7 +134,8 @@ pub struct Context {
     pub(super) rollup_changed: Notify,
     /// The management cluster's identity (the UID of its kube-system namespace), read once.
     management_identity: tokio::sync::OnceCell<String>,
-    pub(super) recorder: Recorder,
+    /// Who the agent's Events say reported them.
+    reporter: Reporter,
     /// The watch stores of the agent's own management objects (filled by `run`).
     caches: RwLock<super::cache::Caches>,
     /// The rollout as last read or written (`rollout.rs`): which revision each HCP runs.
@@ -152,6 +153,22 @@ pub fn hcp_labels(ns: &str, cluster: &str) -> HcpLabels {
 }
 
 impl Context {
+    /// Publishes `ev` about `reference` as an Event of its own. kube's `Recorder` keys its
+    /// cache by type, reason and action but not the note, so a second NonCompliant Event with
+    /// a new message would only bump the first one's count and keep its old message (client-go
+    /// keys by the note too): an SRE would read why the cluster failed an hour ago. A recorder
+    /// without history per Event keeps each message; the agent only publishes when a message
+    /// changes, so nothing repeats.
+    pub(super) async fn publish(
+        &self,
+        ev: &kube::runtime::events::Event,
+        reference: &k8s_openapi::api::core::v1::ObjectReference,
+    ) -> Result<(), kube::Error> {
+        Recorder::new(self.client.clone(), self.reporter.clone())
+            .publish(ev, reference)
+            .await
+    }
+
     pub fn new(
         client: Client,
         config: Arc<RwLock<Arc<AgentConfig>>>,
@@ -163,13 +180,10 @@ impl Context {
         mpsc::UnboundedReceiver<ObjectRef<HostedControlPlane>>,
     ) {
         let (tx, rx) = mpsc::unbounded_channel();
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "hcp-fleet-agent".into(),
-                instance: std::env::var("POD_NAME").ok(),
-            },
-        );
+        let reporter = Reporter {
+            controller: "hcp-fleet-agent".into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
         let ctx = Arc::new(Self {
             client,
             config,
@@ -182,7 +196,7 @@ impl Context {
             tombstones: Mutex::new(HashSet::new()),
             rollup_changed: Notify::new(),
             management_identity: tokio::sync::OnceCell::new(),
-            recorder,
+            reporter,
             caches: RwLock::default(),
             rollout: RwLock::default(),
             rollout_halt: Mutex::new(None),

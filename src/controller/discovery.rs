@@ -91,7 +91,7 @@ pub async fn discover(client: &Client) -> Capabilities {
             (pdb, monitoring)
         }
         Err(e) => {
-            warn!(error = %e, "API discovery failed; rendering no PodDisruptionBudget and no ServiceMonitor");
+            warn!(error = %crate::human::KubeError(&e), "API discovery failed; rendering no PodDisruptionBudget and no ServiceMonitor");
             (PdbApi::None, [false; 2])
         }
     };
@@ -103,7 +103,7 @@ pub async fn discover(client: &Client) -> Capabilities {
             match tokio::time::timeout(DISCOVERY_DEADLINE, crds.get_opt(name)).await {
                 Ok(Ok(crd)) => crd,
                 Ok(Err(e)) => {
-                    warn!(error = %e, crd = name, "cannot read a CRD; taking it as absent");
+                    warn!(error = %crate::human::KubeError(&e), crd = name, "cannot read a CRD; taking it as absent");
                     None
                 }
                 Err(_) => {

@@ -4,6 +4,7 @@
 use crate::certificates::CertError;
 use crate::hosted::clients::HostedAccessError;
 use crate::hosted::webhooks::WebhookRenderError;
+use crate::human::{KubeError, credentials_hint};
 use crate::management::RenderError;
 use crate::reporting::Concern;
 
@@ -61,7 +62,7 @@ pub struct ReconcileError {
 /// Policy lives in it), so each carries its source's text as well as the source itself.
 #[derive(Debug, thiserror::Error)]
 pub enum Failure {
-    #[error("certificate: reading Secret {name}: {source}")]
+    #[error("certificate: reading Secret {name}: {}", KubeError(.source))]
     ReadCertificates {
         name: String,
         #[source]
@@ -71,7 +72,7 @@ pub enum Failure {
     Certificate(#[source] CertError),
     #[error("rendering the admission service: {0}")]
     RenderAdmission(#[source] RenderError),
-    #[error("applying the admission service: {kind} {name}: {source}")]
+    #[error("applying the admission service: {kind} {name}: {}", KubeError(.source))]
     ApplyAdmission {
         kind: &'static str,
         name: String,
@@ -82,9 +83,11 @@ pub enum Failure {
     HostedAccess(#[source] HostedAccessError),
     #[error("{0}")]
     RenderWebhooks(#[source] WebhookRenderError),
-    #[error("hosted kube-apiserver {server}: {source}")]
+    #[error("hosted kube-apiserver {server}: {}", hosted_refusal(.source, .secret))]
     HostedApi {
         server: String,
+        /// The kubeconfig Secret (`namespace/name`) the credentials came from.
+        secret: String,
         #[source]
         source: kube::Error,
     },
@@ -117,11 +120,21 @@ pub enum Failure {
         seconds: u64,
         why: String,
     },
-    #[error("listing the Services of the HCP namespace: {0}")]
+    #[error("listing the Services of the HCP namespace: {}", KubeError(.0))]
     ListServices(#[source] kube::Error),
     /// A new serving certificate is held back until the hosted cluster trusts its CA.
     #[error("certificate: the new certificate waits until the hosted cluster trusts its CA: {0}")]
     TrustFirst(#[source] Box<Failure>),
+}
+
+/// A hosted API server's refusal, with what to do about it where the credentials are the
+/// likely cause.
+pub fn hosted_refusal(source: &kube::Error, secret: &str) -> String {
+    let text = KubeError(source).to_string();
+    match crate::human::code(source).and_then(|c| credentials_hint(c, secret)) {
+        Some(hint) => format!("{text}: {hint}"),
+        None => text,
+    }
 }
 
 impl Failure {
@@ -192,6 +205,115 @@ mod tests {
         .in_namespace("clusters-a");
         assert_eq!(e.phase(), Phase::HostedAccess);
         assert!(std::error::Error::source(&e).is_some());
+    }
+
+    fn api(code: u16, reason: &str) -> kube::Error {
+        kube::Error::Api(Box::new(kube::core::Status {
+            status: Some(kube::core::response::StatusSummary::Failure),
+            code,
+            message: reason.into(),
+            reason: reason.into(),
+            metadata: None,
+            details: None,
+        }))
+    }
+
+    fn refused() -> kube::Error {
+        kube::Error::Service(Box::new(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "connection refused",
+        )))
+    }
+
+    /// Every failure that carries an API error, as each kind of API error, reads without
+    /// Rust's Debug form: what reaches AdmissionHealth, its Events, the hub and `status`.
+    #[test]
+    fn no_failure_shows_debug_text_to_a_person() {
+        let sources = || {
+            [
+                api(401, "Unauthorized"),
+                api(403, "Forbidden"),
+                api(404, "NotFound"),
+                api(500, "InternalError"),
+                refused(),
+            ]
+        };
+        let mut messages = Vec::new();
+        for source in sources() {
+            messages.push(
+                Failure::ReadCertificates {
+                    name: "ca".into(),
+                    source,
+                }
+                .to_string(),
+            );
+        }
+        for source in sources() {
+            messages.push(
+                Failure::ApplyAdmission {
+                    kind: "Deployment",
+                    name: "d".into(),
+                    source,
+                }
+                .to_string(),
+            );
+        }
+        for source in sources() {
+            messages.push(
+                Failure::HostedApi {
+                    server: "https://h:6443".into(),
+                    secret: "clusters-a/admin-kubeconfig".into(),
+                    source,
+                }
+                .to_string(),
+            );
+        }
+        for source in sources() {
+            messages.push(Failure::ListServices(source).to_string());
+        }
+        for source in sources() {
+            messages.push(
+                Failure::HostedAccess(HostedAccessError::ReadSecret {
+                    namespace: "clusters-a".into(),
+                    secret: "kc".into(),
+                    source,
+                })
+                .to_string(),
+            );
+        }
+        for source in sources() {
+            messages.push(
+                Failure::HostedAccess(HostedAccessError::ManagementIdentity {
+                    namespace: "clusters-a".into(),
+                    source,
+                })
+                .to_string(),
+            );
+        }
+        for source in sources() {
+            messages.push(
+                Failure::HostedAccess(HostedAccessError::HostedIdentity {
+                    namespace: "clusters-a".into(),
+                    server: "https://h:6443".into(),
+                    reason: hosted_refusal(&source, "clusters-a/kc"),
+                })
+                .to_string(),
+            );
+        }
+        for m in &messages {
+            assert!(!crate::human::shows_debug(m), "{m}");
+        }
+        let revoked = Failure::HostedApi {
+            server: "https://h:6443".into(),
+            secret: "clusters-a/admin-kubeconfig".into(),
+            source: api(401, "Unauthorized"),
+        }
+        .to_string();
+        assert!(revoked.contains("401 Unauthorized"), "{revoked}");
+        assert!(
+            revoked.contains("Secret clusters-a/admin-kubeconfig"),
+            "{revoked}"
+        );
     }
 
     #[test]

@@ -91,7 +91,7 @@ impl GuestServices {
                             }
                             Ok(watcher::Event::Apply(s)) => put(&mut i.unlabelled, &s),
                             Ok(watcher::Event::Delete(s)) => remove(&mut i.unlabelled, &s),
-                            Err(e) => tracing::warn!(error = %e, "watching Services"),
+                            Err(e) => tracing::warn!(error = %crate::human::WatchError(&e), "watching Services"),
                         }
                         futures::future::ready(())
                     })

@@ -131,7 +131,7 @@ async fn claim(
     let system = tokio::time::timeout(timeout, namespaces.get("kube-system"))
         .await
         .map_err(|_| identity_err(format!("no answer within {}s", timeout.as_secs())))?
-        .map_err(|e| identity_err(e.to_string()))?;
+        .map_err(|e| identity_err(super::error::hosted_refusal(&e, &hosted.secret)))?;
     let uid = system.metadata.uid.unwrap_or_default();
     if uid.is_empty() {
         return Err(identity_err("namespace kube-system has no UID".into()));

@@ -162,6 +162,7 @@ pub async fn ensure(
         Ok(Ok(warnings)) => Ok(warnings),
         Ok(Err(InstallError::Api(source))) => Err(Failure::HostedApi {
             server: hosted.server.clone(),
+            secret: hosted.secret.clone(),
             source,
         }),
         Ok(Err(InstallError::Unproven { to, why })) => Err(Failure::SwitchUnproven {

@@ -171,7 +171,7 @@ pub async fn probe_path(
             Engine::Webhook => "the hosted kube-apiserver did not reach the admission service (the probe was let through by failurePolicy Ignore)".into(),
             Engine::Policy => "the hosted kube-apiserver does not run the agent's admission policies (the policy probe was let through)".into(),
         }),
-        Ok(Err(e)) => Err(format!("probe failed: {e}")),
+        Ok(Err(e)) => Err(format!("probe failed: {}", crate::human::KubeError(&e))),
         Err(_) => Err(format!("probe {NO_ANSWER} {}s", timeout.as_secs())),
     }
 }

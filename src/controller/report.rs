@@ -95,7 +95,7 @@ pub async fn report(
     match write_health(ctx, hcp, ns, cluster, pass, pending).await {
         Ok(later) => later,
         Err(e) => {
-            warn!(error = %e, "writing the AdmissionHealth record failed");
+            warn!(error = %crate::human::KubeError(&e), "writing the AdmissionHealth record failed");
             None
         }
     }
@@ -155,6 +155,7 @@ async fn write_health(
         pass.drift_repaired,
         pass.revision,
         pass.rolled_out,
+        current.metadata.generation,
     );
     next.paused_since =
         reporting::paused_since(current.status.as_ref(), pass.paused.is_some(), &now);
@@ -207,8 +208,8 @@ async fn write_health(
             action: "ComplianceStateUpdated".into(),
             secondary: None,
         };
-        if let Err(err) = ctx.recorder.publish(&ev, &reference).await {
-            warn!(error = %err, "publishing a health event failed");
+        if let Err(err) = ctx.publish(&ev, &reference).await {
+            warn!(error = %crate::human::KubeError(&err), "publishing a health event failed");
         }
     }
     Ok(None)
@@ -339,7 +340,7 @@ pub async fn template_reporter(ctx: Arc<Context>) {
             match report_template(&ctx, &t, &want, foreign.is_some()).await {
                 Err(e) => {
                     warn!(
-                        error = %e,
+                        error = %crate::human::KubeError(&e),
                         namespace = t.namespace().unwrap_or_default(),
                         template = t.name_any(),
                         "reporting an AdmissionHealthPolicy failed; retrying"
@@ -455,7 +456,7 @@ fn watch_klusterlet_servers(
                     .map(|mut m| m.remove(&s.namespace().unwrap_or_default()).is_some())
                     .unwrap_or(false),
                 Err(e) => {
-                    warn!(error = %e, "watching the klusterlets' external-managed-kubeconfig");
+                    warn!(error = %crate::human::WatchError(&e), "watching the klusterlets' external-managed-kubeconfig");
                     false
                 }
             };
@@ -512,7 +513,7 @@ where
                     ctx.rollup_changed.notify_one()
                 }
                 Ok(_) => {}
-                Err(e) => warn!(error = %e, "watching {what}"),
+                Err(e) => warn!(error = %crate::human::WatchError(&e), "watching {what}"),
             }
         }
     }))
@@ -685,7 +686,7 @@ pub async fn remove_legacy_policies(ctx: &Context) {
                 .filter_map(|p| Some((p.namespace()?, p.name_any()))),
         ),
         Err(e) => {
-            warn!(error = %e, "listing the Policies earlier releases wrote failed; they stay");
+            warn!(error = %crate::human::KubeError(&e), "listing the Policies earlier releases wrote failed; they stay");
             return;
         }
     }
@@ -699,7 +700,7 @@ pub async fn remove_legacy_policies(ctx: &Context) {
             }
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => {
-                warn!(error = %e, namespace = %ns, policy = %name, "removing a legacy Policy failed")
+                warn!(error = %crate::human::KubeError(&e), namespace = %ns, policy = %name, "removing a legacy Policy failed")
             }
         }
     }

@@ -25,7 +25,7 @@ use tracing::{info, warn};
 use super::context::{AbortOnDrop, Context};
 use crate::crd::rollout::{
     AdmissionRollout, AdmissionRolloutSpec, AdmissionRolloutStatus, HostedAdmissionOverride,
-    HostedAdmissionOverrideStatus, RESUME_ANNOTATION, ROLLOUT_NAME, RolloutPhase,
+    RESUME_ANNOTATION, ROLLOUT_NAME, RolloutPhase,
 };
 use crate::crd::{ComplianceState, HostedControlPlane};
 use crate::metrics::{RolloutLabels, RolloutStateLabels};
@@ -145,13 +145,13 @@ pub(super) async fn init(ctx: &Context) {
                     return;
                 }
                 Err(e) => {
-                    warn!(error = %e, namespace = %ctx.agent_namespace, "adopting the configuration's revision in the AdmissionRollout; retrying");
+                    warn!(error = %crate::human::KubeError(&e), namespace = %ctx.agent_namespace, "adopting the configuration's revision in the AdmissionRollout; retrying");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(30));
                 }
             },
             Err(e) => {
-                warn!(error = %e, namespace = %ctx.agent_namespace, "reading the AdmissionRollout; retrying");
+                warn!(error = %crate::human::KubeError(&e), namespace = %ctx.agent_namespace, "reading the AdmissionRollout; retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(30));
             }
@@ -173,7 +173,12 @@ async fn adopt_if_new(
         .strftime("%Y-%m-%dT%H:%M:%SZ")
         .to_string();
     let mut o = obj;
-    o.status = Some(rollout::adopted(desired, &now));
+    o.status = Some(rollout::with_conditions(
+        None,
+        rollout::adopted(desired, &now),
+        o.metadata.generation,
+        &now,
+    ));
     o.metadata.managed_fields = None;
     match api
         .replace_status(ROLLOUT_NAME, &PostParams::default(), &o)
@@ -216,7 +221,7 @@ pub(super) async fn run(ctx: Arc<Context>, hcps: Store<HostedControlPlane>) {
         )
         .for_each(|ev| {
             if let Err(e) = ev {
-                warn!(error = %e, "watching the AdmissionRollout");
+                warn!(error = %crate::human::WatchError(&e), "watching the AdmissionRollout");
             }
             futures::future::ready(())
         }),
@@ -246,7 +251,7 @@ pub(super) async fn run(ctx: Arc<Context>, hcps: Store<HostedControlPlane>) {
             (None, _) => match read_or_create(&api).await {
                 Ok(o) => o,
                 Err(e) => {
-                    warn!(error = %e, "reading the AdmissionRollout; trying again");
+                    warn!(error = %crate::human::KubeError(&e), "reading the AdmissionRollout; trying again");
                     continue;
                 }
             },
@@ -311,6 +316,7 @@ async fn once(
             now_secs: now.as_second(),
         },
     );
+    let next = rollout::with_conditions(prev, next, obj.metadata.generation, &now_text);
     let mut written = obj.clone();
     let changed = prev != Some(&next);
     if changed {
@@ -564,8 +570,8 @@ async fn publish(ctx: &Context, r: &ObjectReference, warning: bool, reason: &str
         action: "Rollout".into(),
         secondary: None,
     };
-    if let Err(e) = ctx.recorder.publish(&ev, r).await {
-        warn!(error = %e, "publishing a rollout Event");
+    if let Err(e) = ctx.publish(&ev, r).await {
+        warn!(error = %crate::human::KubeError(&e), "publishing a rollout Event");
     }
 }
 
@@ -620,23 +626,32 @@ pub(super) async fn report_overrides(
 ) {
     ctx.metrics
         .set_override(ns, cluster, resolved.verdict.as_ref().map(|v| v.accepted));
+    let now = jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
     for (i, o) in ovs.iter().enumerate() {
-        let (accepted, message) = match (&resolved.verdict, i) {
-            (Some(v), 0) => (v.accepted, v.message.clone()),
+        let (verdict, reason) = match (&resolved.verdict, i) {
+            (Some(v), 0) => (v.clone(), if v.accepted { "Accepted" } else { "Refused" }),
             _ => (
-                false,
-                format!(
-                    "refused: one HostedAdmissionOverride per HCP namespace; {} is in effect",
-                    ovs[0].name_any()
-                ),
+                overrides::Verdict {
+                    accepted: false,
+                    message: format!(
+                        "refused: one HostedAdmissionOverride per HCP namespace; {} is in \
+                         effect: merge this one into it and delete this one",
+                        ovs[0].name_any()
+                    ),
+                },
+                overrides::DUPLICATE,
             ),
         };
-        let want = HostedAdmissionOverrideStatus {
-            observed_generation: o.metadata.generation,
-            accepted: Some(if accepted { "True" } else { "False" }.into()),
-            message,
-            revision: Some(resolved.revision.clone()),
-        };
+        let want = overrides::status(
+            o.status.as_ref(),
+            &verdict,
+            reason,
+            &resolved.revision,
+            o.metadata.generation,
+            &now,
+        );
         if o.status.as_ref() == Some(&want) {
             continue;
         }
@@ -650,7 +665,7 @@ pub(super) async fn report_overrides(
             )
             .await
         {
-            warn!(error = %e, name = o.name_any(), "writing a HostedAdmissionOverride's status");
+            warn!(error = %crate::human::KubeError(&e), name = o.name_any(), "writing a HostedAdmissionOverride's status");
         }
     }
 }

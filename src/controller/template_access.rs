@@ -71,7 +71,7 @@ pub async fn keep(client: Client, binding: String, account: String, always: Opti
             }
             Ok(_) => continue,
             Err(e) => {
-                warn!(error = %e, "watching ACM's framework addon service accounts");
+                warn!(error = %crate::human::WatchError(&e), "watching ACM's framework addon service accounts");
                 continue;
             }
         }
@@ -98,7 +98,7 @@ pub async fn keep(client: Client, binding: String, account: String, always: Opti
                 written = Some(want);
             }
             Err(e) => {
-                warn!(error = %e, binding = %binding, "updating the template-sync ClusterRoleBinding failed")
+                warn!(error = %crate::human::KubeError(&e), binding = %binding, "updating the template-sync ClusterRoleBinding failed")
             }
         }
     }

@@ -97,6 +97,7 @@ pub async fn pre_trust(
     let installed = installed_trust(&hosted.client).await.map_err(|source| {
         held(Failure::HostedApi {
             server: hosted.server.clone(),
+            secret: hosted.secret.clone(),
             source,
         })
     })?;
@@ -153,6 +154,7 @@ pub async fn hosted_bundle(
         .await
         .map_err(|source| Failure::HostedApi {
             server: hosted.server.clone(),
+            secret: hosted.secret.clone(),
             source,
         })?;
     // Nothing installed trusts another CA (a first install, or a converged one): there is

@@ -337,7 +337,15 @@ fn classify<K: serde::Serialize + kube::Resource>(
             | watcher::Error::WatchFailed(k)
                 if !matches!(k, kube::Error::Api(_)) =>
             {
-                Seen::Lost(e.to_string())
+                Seen::Lost(crate::human::KubeError(k).to_string())
+            }
+            watcher::Error::InitialListFailed(k)
+            | watcher::Error::WatchStartFailed(k)
+            | watcher::Error::WatchFailed(k) => {
+                Seen::Refused(crate::human::KubeError(k).to_string())
+            }
+            watcher::Error::WatchError(s) => {
+                Seen::Refused(format!("{} {}: {}", s.code, s.reason, s.message))
             }
             _ => Seen::Refused(e.to_string()),
         },

@@ -19,6 +19,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::ComplianceState;
+use super::conditions::Condition;
 
 /// The label ACM's framework addon looks for on a CRD before it syncs templates of that kind
 /// (governance-policy-framework-addon, `controllers/templatesync/template_sync.go`,
@@ -26,6 +27,8 @@ use super::ComplianceState;
 pub const ACM_POLICY_TYPE_LABEL: &str = "policy.open-cluster-management.io/policy-type";
 
 /// One hosted cluster's admission health, in its HCP namespace.
+///
+/// The spec is the agent's too: nobody else writes this object.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "hcp-fleet.openshift.io",
@@ -33,11 +36,16 @@ pub const ACM_POLICY_TYPE_LABEL: &str = "policy.open-cluster-management.io/polic
     kind = "AdmissionHealth",
     plural = "admissionhealths",
     shortname = "ahealth",
+    category = "hcp-fleet",
+    doc = "One hosted cluster's admission health, written by hcp-fleet-agent in its HCP namespace: a verdict per concern (admission service, certificate, hosted webhooks, end-to-end probe) with history, as Ready conditions and in ACM's compliance form.",
     namespaced,
     status = "AdmissionHealthStatus",
     printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.cluster"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Compliant","type":"string","jsonPath":".status.compliant"}"#,
     printcolumn = r#"{"name":"Drift","type":"integer","jsonPath":".status.driftRepairs"}"#,
+    printcolumn = r#"{"name":"Revision","type":"string","jsonPath":".status.revision"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 pub struct AdmissionHealthSpec {
@@ -51,9 +59,19 @@ pub struct AdmissionHealthSpec {
     pub hosted_cluster_uid: Option<String>,
 }
 
+/// What the agent last found on this hosted cluster; written by the agent only.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AdmissionHealthStatus {
+    /// The record's `metadata.generation` this status was written for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready` (every concern Compliant; `Unknown` while any is Pending) and one per concern:
+    /// `AdmissionServiceReady`, `CertificateReady`, `HostedWebhooksReady`,
+    /// `EndToEndProbeReady`. Each message says what is wrong and what to do next.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "super::conditions::list_schema")]
+    pub conditions: Vec<Condition>,
     /// Since when the agent has left this HCP alone (RFC 3339), while it does: a pause
     /// annotation, HyperShift's `spec.pausedUntil`, or an override. Kept across restarts, so
     /// the age of a pause is known (`hcp_fleet_paused_since_timestamp_seconds`).
@@ -79,10 +97,13 @@ pub struct AdmissionHealthStatus {
     pub revision_ready_since: Option<String>,
 }
 
+/// One concern's verdict and its recent history.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ConcernStatus {
+    /// `admission-service`, `certificate`, `hosted-webhooks` or `e2e-probe`.
     pub name: String,
+    /// This concern's verdict in ACM's terms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compliant: Option<ComplianceState>,
     /// Newest first, at most 10 entries; an entry is added only when the message changes.
@@ -106,6 +127,9 @@ pub struct HistoryEntry {
     version = "v1alpha1",
     kind = "AdmissionHealthPolicy",
     plural = "admissionhealthpolicies",
+    shortname = "ahpolicy",
+    category = "hcp-fleet",
+    doc = "An ACM policy template: ACM's framework addon creates it from a Policy, and hcp-fleet-agent reports the hosted clusters' AdmissionHealth through it as compliance on the parent Policy. Its status is in ConfigurationPolicy's shape, which ACM's status sync reads.",
     namespaced,
     status = "AdmissionHealthPolicyStatus",
     printcolumn = r#"{"name":"Compliant","type":"string","jsonPath":".status.compliant"}"#,
@@ -117,6 +141,7 @@ pub struct AdmissionHealthPolicySpec {
     /// (the agent repairs drift whatever this says).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remediation_action: Option<RemediationAction>,
+    /// Set by ACM from the parent Policy's template: how much a violation matters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub severity: Option<Severity>,
 }
@@ -171,9 +196,11 @@ impl JsonSchema for Severity {
     }
 }
 
+/// The template's verdict over the hosted clusters it covers, in ConfigurationPolicy's shape.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AdmissionHealthPolicyStatus {
+    /// The verdict ACM reads: NonCompliant if any hosted cluster it covers is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compliant: Option<ComplianceState>,
     /// The message of the last compliance Event, so a restarted agent does not repeat it.
@@ -212,26 +239,37 @@ pub struct TemplateHistoryEntry {
     pub message: String,
 }
 
+/// One hosted cluster's record behind a template's verdict.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub struct RelatedObject {
+    /// The `AdmissionHealth` record.
     pub object: ObjectRef,
+    /// Its verdict.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compliant: Option<ComplianceState>,
+    /// Why, when it is not Compliant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
 
+/// Which object, in ConfigurationPolicy's `relatedObjects` shape.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ObjectRef {
+    /// `hcp-fleet.openshift.io/v1alpha1`.
     pub api_version: String,
+    /// `AdmissionHealth`.
     pub kind: String,
+    /// Its name and namespace.
     pub metadata: ObjectMeta,
 }
 
+/// An object's name and namespace.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub struct ObjectMeta {
+    /// The object's name.
     pub name: String,
+    /// The object's namespace (the HCP namespace).
     pub namespace: String,
 }
 
@@ -248,6 +286,19 @@ pub fn crds() -> Vec<serde_json::Value> {
     ];
     for crd in &mut crds {
         normalize_schema(crd);
+        // The API server publishes a nullable field to OpenAPI v2 without its type or fields
+        // (v2 cannot say "null or object"), so `kubectl explain` could not look inside
+        // `status`. The agent never writes a null status, and a null there would be pruned.
+        if let Some(versions) = crd["spec"]["versions"].as_array_mut() {
+            for v in versions {
+                if let Some(status) = v["schema"]["openAPIV3Schema"]["properties"]
+                    .get_mut("status")
+                    .and_then(serde_json::Value::as_object_mut)
+                {
+                    status.remove("nullable");
+                }
+            }
+        }
         // `helm uninstall` keeps them, and with them SREs' overrides (and their reasons) and
         // the rollout's history: deleting a CRD deletes every object of its kind.
         crd["metadata"]["annotations"] = serde_json::json!({ HELM_RESOURCE_POLICY: "keep" });
@@ -419,6 +470,96 @@ mod tests {
                 "{status}"
             );
             assert_eq!(status["properties"]["compliant"]["nullable"], true);
+        }
+    }
+
+    /// `kubectl explain` prints each field's description: every field of every CRD has one,
+    /// and no kind says "Auto-generated derived type".
+    #[test]
+    fn kubectl_explain_explains_every_field() {
+        fn walk(path: &str, schema: &serde_json::Value, missing: &mut Vec<String>) {
+            let Some(props) = schema["properties"].as_object() else {
+                if let Some(items) = schema.get("items") {
+                    walk(&format!("{path}[]"), items, missing);
+                }
+                return;
+            };
+            for (name, p) in props {
+                let here = format!("{path}.{name}");
+                // The envelope is Kubernetes' own, described by the API server.
+                let envelope =
+                    path.is_empty() && ["apiVersion", "kind", "metadata"].contains(&name.as_str());
+                if !envelope && p["description"].as_str().is_none_or(str::is_empty) {
+                    missing.push(here.clone());
+                }
+                walk(&here, p, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        for crd in crds() {
+            let kind = crd["spec"]["names"]["kind"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let root = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+            let doc = root["description"].as_str().unwrap_or_default();
+            assert!(
+                !doc.is_empty() && !doc.contains("Auto-generated"),
+                "{kind}: {doc}"
+            );
+            assert_eq!(
+                crd["spec"]["names"]["categories"],
+                serde_json::json!(["hcp-fleet"]),
+                "{kind}"
+            );
+            assert!(
+                crd["spec"]["names"]["shortNames"].is_array(),
+                "{kind} has no short name"
+            );
+            walk(&kind, root, &mut missing);
+        }
+        assert!(
+            missing.is_empty(),
+            "fields without a description: {missing:#?}"
+        );
+    }
+
+    #[test]
+    fn every_status_the_agent_writes_has_conditions_and_an_observed_generation() {
+        for crd in crds() {
+            let kind = crd["spec"]["names"]["kind"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            if kind == "AdmissionHealthPolicy" {
+                continue; // ConfigurationPolicy's shape, which ACM's status sync reads.
+            }
+            let status =
+                &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"];
+            let conditions = &status["properties"]["conditions"];
+            assert_eq!(conditions["x-kubernetes-list-type"], "map", "{kind}");
+            assert_eq!(
+                conditions["x-kubernetes-list-map-keys"],
+                serde_json::json!(["type"])
+            );
+            let item = &conditions["items"];
+            let required: Vec<&str> = item["required"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str())
+                .collect();
+            for field in ["type", "status", "lastTransitionTime", "reason"] {
+                assert!(required.contains(&field), "{kind}: {field} not required");
+            }
+            assert_eq!(
+                item["properties"]["status"]["enum"],
+                serde_json::json!(["True", "False", "Unknown"])
+            );
+            assert_eq!(
+                status["properties"]["observedGeneration"]["type"], "integer",
+                "{kind}"
+            );
         }
     }
 

@@ -6,12 +6,14 @@
 //! `e2e/testbed.rs` proves the typed structs read and write objects that the served schemas
 //! accept. The agent's own CRDs (`health`, `rollout`) are derived from their structs.
 
+pub mod conditions;
 pub mod health;
 pub mod hostedcluster;
 pub mod hostedcontrolplane;
 pub mod policy;
 pub mod rollout;
 
+pub use conditions::{Condition, ConditionStatus};
 pub use health::{
     AdmissionHealth, AdmissionHealthPolicy, AdmissionHealthPolicySpec, AdmissionHealthPolicyStatus,
     AdmissionHealthSpec, AdmissionHealthStatus, ConcernStatus, HistoryEntry,

@@ -17,6 +17,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::conditions::Condition;
 use crate::catalogue::Mode;
 
 /// The one rollout object's name.
@@ -32,12 +33,16 @@ pub const RESUME_ANNOTATION: &str = "hcp-fleet.openshift.io/resume";
     version = "v1alpha1",
     kind = "AdmissionRollout",
     plural = "admissionrollouts",
+    shortname = "arollout",
+    category = "hcp-fleet",
+    doc = "The fleet's rollout of admission revisions, one object named fleet in the agent's namespace, all of it status written by hcp-fleet-agent: the stable and target revisions, canaries, waves, the HCPs in flight, done and failed, and Available, Progressing and Degraded conditions.",
     namespaced,
     status = "AdmissionRolloutStatus",
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Stable","type":"string","jsonPath":".status.stable.revision"}"#,
     printcolumn = r#"{"name":"Target","type":"string","jsonPath":".status.target.revision"}"#,
     printcolumn = r#"{"name":"Wave","type":"string","jsonPath":".status.wave"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.message","priority":1}"#
 )]
 pub struct AdmissionRolloutSpec {}
@@ -64,9 +69,19 @@ impl RolloutPhase {
     }
 }
 
+/// The rollout's durable state, written by the leading agent only.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AdmissionRolloutStatus {
+    /// The object's `metadata.generation` this status was written for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Available` (a stable revision serves every HCP in the rollout), `Progressing` (a
+    /// target is going out) and `Degraded` (halted, or some HCP failed the target).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "super::conditions::list_schema")]
+    pub conditions: Vec<Condition>,
+    /// `Complete`, `Progressing` or `Halted`.
     #[serde(default)]
     pub phase: RolloutPhase,
     /// The last good revision: what every HCP not yet given the target runs.
@@ -114,9 +129,11 @@ pub struct RevisionRecord {
     pub since: String,
 }
 
+/// An HCP given the target revision in the current batch.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct InFlight {
+    /// The HCP namespace.
     pub namespace: String,
     /// When it was given the target (RFC 3339): its deadline runs from here.
     pub since: String,
@@ -126,10 +143,13 @@ pub struct InFlight {
     pub was_compliant: Option<bool>,
 }
 
+/// An HCP that failed the target revision and went back to the stable one.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FailedHcp {
+    /// The HCP namespace.
     pub namespace: String,
+    /// What failed: the concern and its message, or the deadline passed.
     pub reason: String,
 }
 
@@ -141,12 +161,14 @@ pub struct FailedHcp {
     kind = "HostedAdmissionOverride",
     plural = "hostedadmissionoverrides",
     shortname = "hao",
+    category = "hcp-fleet",
+    doc = "An SRE's exception for one hosted cluster, at most one per HCP namespace: pause the agent, set a guard's mode, exempt more users or groups, or pin a revision. The agent checks it against its configuration and says in the Accepted condition whether it took it.",
     namespaced,
     status = "HostedAdmissionOverrideStatus",
-    printcolumn = r#"{"name":"Accepted","type":"string","jsonPath":".status.accepted"}"#,
+    printcolumn = r#"{"name":"Accepted","type":"string","jsonPath":".status.conditions[?(@.type==\"Accepted\")].status"}"#,
     printcolumn = r#"{"name":"Revision","type":"string","jsonPath":".status.revision"}"#,
-    printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.message"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.message","priority":1}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct HostedAdmissionOverrideSpec {
@@ -198,17 +220,23 @@ pub struct GuardOverride {
         regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
     )]
     pub name: String,
+    /// `enforce`, `warn` or `off` on this hosted cluster.
     pub mode: Mode,
 }
 
+/// Whether the agent took the override, and what is in effect.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HostedAdmissionOverrideStatus {
     /// The generation this status is about.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `True` when the agent applies it, `False` (with the reason in `message`) when it does
-    /// not: then the HCP runs as if it had no override.
+    /// `Accepted`: `True` when the agent applies it, `False` (with the reason) when it does
+    /// not, and then the HCP runs as if it had no override.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "super::conditions::list_schema")]
+    pub conditions: Vec<Condition>,
+    /// `True` or `False`, as the `Accepted` condition (kept for readers of earlier releases).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accepted: Option<String>,
     /// What is in effect, or why it was refused.

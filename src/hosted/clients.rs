@@ -13,7 +13,7 @@ use crate::config::HostedAccessConfig;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HostedAccessError {
-    #[error("{namespace}: reading kubeconfig secret {secret}: {source}")]
+    #[error("{namespace}: reading kubeconfig secret {secret}: {}", crate::human::KubeError(.source))]
     ReadSecret {
         namespace: String,
         secret: String,
@@ -42,7 +42,7 @@ pub enum HostedAccessError {
         reason: String,
     },
     #[error(
-        "{namespace}: the management cluster's identity (the UID of its namespace kube-system) cannot be read: {source}; nothing is installed in any hosted cluster until it is known"
+        "{namespace}: the management cluster's identity (the UID of its namespace kube-system) cannot be read: {}; nothing is installed in any hosted cluster until it is known", crate::human::KubeError(.source)
     )]
     ManagementIdentity {
         namespace: String,
@@ -82,6 +82,9 @@ pub struct HostedClient {
     secret_hash: Vec<u8>,
     pub client: Client,
     pub server: String,
+    /// The Secret its credentials came from (`namespace/name`), for messages that must say
+    /// where to look when the server refuses them.
+    pub secret: String,
     /// What the server offers the guards, asked once per client (a rotated kubeconfig or a
     /// restarted agent asks again); a failed question is asked again next time.
     features: std::sync::Arc<tokio::sync::OnceCell<HostedFeatures>>,
@@ -104,7 +107,7 @@ impl HostedClient {
         {
             Ok(f) => *f,
             Err(e) => {
-                tracing::warn!(server = %self.server, error = %e, "cannot tell which features the hosted API server offers; installing without them");
+                tracing::warn!(server = %self.server, error = %crate::human::KubeError(&e), "cannot tell which features the hosted API server offers; installing without them");
                 HostedFeatures::default()
             }
         }
@@ -156,6 +159,7 @@ impl HostedClient {
             secret_hash: digest(raw),
             client,
             server: valid.server,
+            secret: format!("{namespace}/{secret_name}"),
             features: Default::default(),
         })
     }
