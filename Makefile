@@ -20,7 +20,8 @@ helm:
 # Debian's 1.20.2, or the KUBEBUILDER_ASSETS directory), in two lanes side by side
 # (hack/test.sh), then the container image built and run alone (hack/image-check.sh).
 test:
-	@helm="$$(bash hack/helm.sh)" && HELM="$$helm" CARGO="$(CARGO)" bash hack/test.sh && \
+	@helm="$$(bash hack/helm.sh)" && eval "$$(bash hack/prometheus.sh)" && \
+	HELM="$$helm" CARGO="$(CARGO)" bash hack/test.sh && \
 	echo "== the container image ==" && bash hack/image.sh >/dev/null && bash hack/image-check.sh
 
 # The chart's generated files: values.schema.json from the configuration types, and
@@ -40,7 +41,7 @@ unit:
 	$(CARGO) test --lib
 
 e2e:
-	@helm="$$(bash hack/helm.sh)" && versions="$$(bash hack/testbed-versions.sh)" && \
+	@helm="$$(bash hack/helm.sh)" && eval "$$(bash hack/prometheus.sh)" && versions="$$(bash hack/testbed-versions.sh)" && \
 	for assets in $$versions; do \
 	  KUBEBUILDER_ASSETS="$$assets" HELM="$$helm" $(CARGO) test --test '*'; \
 	done

@@ -605,6 +605,24 @@ impl Metrics {
         }
     }
 
+    /// The counters of a newly known HCP, at zero: Prometheus's `increase` and `rate` read a
+    /// counter's rise between two samples, so a series that first appears at 1 (created by the
+    /// first drift repair, the first failed request) would hide that first event from the
+    /// alerts (`HcpFleetGuardTampered` fires on the first repair). Five series per HCP.
+    pub fn known(&self, hcp_namespace: &str, hosted_cluster: &str) {
+        for kind in HOSTED_KINDS {
+            let _ = self.drift.get_or_create(&DriftLabels {
+                hcp_namespace: hcp_namespace.to_string(),
+                hosted_cluster: hosted_cluster.to_string(),
+                kind: kind.to_string(),
+            });
+        }
+        let _ = self.hosted_errors.get_or_create(&HcpLabels {
+            hcp_namespace: hcp_namespace.to_string(),
+            hosted_cluster: hosted_cluster.to_string(),
+        });
+    }
+
     /// Drops every series of a removed HCP.
     pub fn forget(&self, hcp_namespace: &str, hosted_cluster: &str) {
         let l = HcpLabels {

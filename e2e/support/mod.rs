@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod acm;
+pub mod chart;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

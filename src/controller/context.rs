@@ -184,6 +184,15 @@ impl Context {
             controller: "hcp-fleet-agent".into(),
             instance: std::env::var("POD_NAME").ok(),
         };
+        // Each phase's error counter from zero, so the first failure shows in `increase`
+        // (the alerts on reconcile errors and refused kubeconfigs).
+        for phase in super::error::Phase::ALL {
+            let _ = metrics
+                .reconcile_errors
+                .get_or_create(&crate::metrics::PhaseLabels {
+                    phase: phase.as_str().into(),
+                });
+        }
         let ctx = Arc::new(Self {
             client,
             config,

@@ -20,6 +20,14 @@ pub enum Phase {
 }
 
 impl Phase {
+    pub const ALL: [Phase; 5] = [
+        Phase::Certificates,
+        Phase::AdmissionService,
+        Phase::HostedAccess,
+        Phase::HostedWebhooks,
+        Phase::Probe,
+    ];
+
     /// The `phase` label of `hcp_fleet_reconcile_errors_total`.
     pub fn as_str(self) -> &'static str {
         match self {

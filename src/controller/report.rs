@@ -83,6 +83,9 @@ pub async fn report(
             .set(gauge);
         ctx.metrics.set_revision(ns, cluster, Some(pass.revision));
         let state = hcps.entry(ns.to_string()).or_default();
+        if state.rollup.is_none() {
+            ctx.metrics.known(ns, cluster);
+        }
         if state.rollup.as_ref() != Some(&row) {
             state.rollup = Some(row);
             ctx.rollup_changed.notify_one();
