@@ -24,14 +24,17 @@ test:
 	HELM="$$helm" CARGO="$(CARGO)" bash hack/test.sh && \
 	echo "== the container image ==" && bash hack/image.sh >/dev/null && bash hack/image-check.sh
 
-# The chart's generated files: values.schema.json from the configuration types, and
-# templates/crds.yaml from the agent's own resource types (src/crd/health.rs).
+# The chart's generated files: values.schema.json from the configuration types,
+# templates/crds.yaml from the agent's own resource types (src/crd/health.rs), and README.md
+# from the schema and values.yaml.
 chart-schema:
 	$(CARGO) build -q --bin hcp-fleet-agent
 	./target/debug/hcp-fleet-agent package values-schema > charts/hcp-fleet-agent/values.schema.json.tmp
 	mv charts/hcp-fleet-agent/values.schema.json.tmp charts/hcp-fleet-agent/values.schema.json
 	./target/debug/hcp-fleet-agent package crds > charts/hcp-fleet-agent/templates/crds.yaml.tmp
 	mv charts/hcp-fleet-agent/templates/crds.yaml.tmp charts/hcp-fleet-agent/templates/crds.yaml
+	./target/debug/hcp-fleet-agent package chart-readme > charts/hcp-fleet-agent/README.md.tmp
+	mv charts/hcp-fleet-agent/README.md.tmp charts/hcp-fleet-agent/README.md
 
 # policies/ from the rendered chart; never edit those files by hand (make test compares).
 policies: chart-schema

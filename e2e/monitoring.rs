@@ -402,7 +402,8 @@ async fn a_real_prometheus_evaluates_every_rule_and_dashboard_query_on_a_fleet()
     let dir = tempfile::tempdir().expect("tmp");
     let rules = write_rules(dir.path());
     let mut scrape = vec![serde_json::json!({
-        "job_name": "hcp-fleet-agent",
+        // The job the Prometheus Operator names after the chart's Service.
+        "job_name": "hcp-fleet-agent-metrics",
         "static_configs": [{"targets": [agent_addr.to_string()], "labels": {"namespace": AGENT_NAMESPACE}}],
     })];
     for ns in ["clusters-hc-1", "clusters-hc-2"] {

@@ -387,9 +387,10 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
         .into_iter()
         .filter(|o| rbac_kinds.contains(&o["kind"].as_str().unwrap_or_default()) && !is_hook(o))
         .collect();
-    // ... the role and binding that let ACM's framework addon create the agent's templates, and
-    // the metrics-reader role the agent binds the platform Prometheus to.
-    assert_eq!(rbac.len(), rbac_kinds.len() + 3);
+    // ... the role and binding that let ACM's framework addon create the agent's templates, the
+    // metrics-reader role the agent binds the platform Prometheus to, and the role and binding
+    // of who may scrape the agent's own /metrics.
+    assert_eq!(rbac.len(), rbac_kinds.len() + 5);
     assert!(
         rbac.iter().any(|o| o["kind"] == "ClusterRole"
             && o["metadata"]["name"] == hcp_fleet_agent::management::METRICS_READER_ROLE),
@@ -429,6 +430,16 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
             )
         })
         .collect();
+    // /metrics over HTTPS as the chart serves it, on loopback here.
+    let secure_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let mut env = env;
+    env.push((
+        "HCP_FLEET_SECURE_METRICS_ADDR".into(),
+        format!("127.0.0.1:{secure_port}"),
+    ));
     let binding = env
         .iter()
         .find(|(k, _)| k == "HCP_FLEET_TEMPLATE_SYNC_BINDING")
@@ -672,6 +683,55 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
             .all(|l| l.ends_with(" 0")),
         "no reconcile failed for want of a right:\n{body}"
     );
+
+    // Over HTTPS, /metrics answers only a token the chart's metrics.readers bind: none is 401,
+    // another account's 403, the platform Prometheus's (openshift-monitoring/prometheus-k8s by
+    // default) the metrics. The agent asks with the chart's RBAC (TokenReview, SAR).
+    let token_of = |ns: &'static str, name: &'static str| {
+        let admin = admin.clone();
+        async move {
+            hcp_fleet_agent::localcp::fixtures::ensure_namespace(&admin, ns, Default::default())
+                .await
+                .expect("namespace");
+            let sas = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(admin, ns);
+            let sa: k8s_openapi::api::core::v1::ServiceAccount =
+                serde_json::from_value(json!({"metadata": {"name": name}})).expect("sa");
+            let _ = sas.create(&PostParams::default(), &sa).await;
+            let tr = sas
+                .create_token_request(name, &PostParams::default(), &Default::default())
+                .await
+                .expect("token");
+            tr.status.map(|s| s.token).expect("a token")
+        }
+    };
+    let secure: std::net::SocketAddr = format!("127.0.0.1:{secure_port}").parse().expect("addr");
+    let (code, _) = support::https_get_insecure(secure, "/metrics", None)
+        .await
+        .expect("https");
+    assert_eq!(code, 401, "no token");
+    let (code, _) = support::https_get_insecure(secure, "/metrics", Some("not-a-token"))
+        .await
+        .expect("https");
+    assert_eq!(code, 401, "a token the API server does not know");
+    let other = token_of("someone", "curious").await;
+    let (code, body) = support::https_get_insecure(secure, "/metrics", Some(&other))
+        .await
+        .expect("https");
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body.contains("system:serviceaccount:someone:curious"),
+        "{body}"
+    );
+    let prometheus = token_of("openshift-monitoring", "prometheus-k8s").await;
+    let (code, body) = support::https_get_insecure(secure, "/metrics", Some(&prometheus))
+        .await
+        .expect("https");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("hcp_fleet_leader 1"), "{body}");
+    let (code, _) = support::https_get_insecure(secure, "/healthz", Some(&prometheus))
+        .await
+        .expect("https");
+    assert_eq!(code, 404, "only /metrics is served over HTTPS");
 
     // The same identity, asked to do what the agent never does.
     let sa = kube::Client::try_from(
@@ -1719,4 +1779,70 @@ fn the_management_policy_holds_the_agent_to_hcp_namespaces_and_its_image() {
             other => panic!("{what}: {other:?}"),
         }
     }
+}
+
+/// The chart's `helm test` asks the agent's health port through its Service with the `ready`
+/// command: the pod names the Service and port the chart renders, and the command answers 0
+/// for a ready agent and 1, saying why, for one that is not there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_helm_test_asks_the_agents_health_port_with_the_ready_command() {
+    let objs = render(&[]);
+    let test = objs
+        .iter()
+        .find(|o| o["metadata"]["annotations"]["helm.sh/hook"] == "test")
+        .expect("a helm test");
+    let args: Vec<&str> = test["spec"]["containers"][0]["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(args[0], "ready");
+    let service = objs
+        .iter()
+        .find(|o| o["kind"] == "Service")
+        .expect("the agent's Service");
+    let health = service["spec"]["ports"]
+        .as_array()
+        .expect("ports")
+        .iter()
+        .find(|p| p["name"] == "health")
+        .expect("a health port");
+    let want = format!(
+        "--addr={}.{AGENT_NAMESPACE}.svc:{}",
+        service["metadata"]["name"].as_str().expect("name"),
+        health["port"]
+    );
+    assert_eq!(args[1], want);
+
+    let metrics = std::sync::Arc::new(Metrics::new());
+    metrics.liveness.beat();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let app = hcp_fleet_agent::agent::health_router(metrics);
+    let _server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let ready = |addr: String| {
+        Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+            .args(["ready", "--addr", &addr, "--timeout-seconds", "3"])
+            .output()
+            .expect("ready")
+    };
+    let out = tokio::task::spawn_blocking(move || ready(addr.to_string()))
+        .await
+        .expect("join");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port");
+    let out = tokio::task::spawn_blocking(move || ready(closed.to_string()))
+        .await
+        .expect("join");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("connecting"));
 }

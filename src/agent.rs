@@ -39,9 +39,28 @@ pub struct AgentArgs {
     /// How long a lease lasts without renewal; a standby takes over within it.
     #[arg(long, default_value_t = 15, env = "HCP_FLEET_LEASE_DURATION_SECONDS")]
     pub lease_duration_seconds: u64,
-    /// Where `/metrics`, `/healthz` and `/readyz` are served.
-    #[arg(long, env = "HCP_FLEET_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    /// Where `/metrics`, `/healthz` and `/readyz` are served over plain HTTP: a loopback
+    /// address only (anything else is refused). Prometheus scrapes `--secure-metrics-addr`.
+    #[arg(long, env = "HCP_FLEET_METRICS_ADDR", default_value = "127.0.0.1:8080")]
     pub metrics_addr: std::net::SocketAddr,
+    /// Where `/metrics` is served over HTTPS to callers whose bearer token a TokenReview
+    /// accepts and a SubjectAccessReview allows `get` on `/metrics` (`secure_metrics`).
+    #[arg(long, env = "HCP_FLEET_SECURE_METRICS_ADDR")]
+    pub secure_metrics_addr: Option<std::net::SocketAddr>,
+    /// `tls.crt` and `tls.key` for `--secure-metrics-addr` (re-read when they change);
+    /// without it a self-signed certificate is made at start.
+    #[arg(long, env = "HCP_FLEET_METRICS_TLS_DIR")]
+    pub metrics_tls_dir: Option<std::path::PathBuf>,
+    /// The Service Prometheus scrapes, named in the self-signed certificate.
+    #[arg(
+        long,
+        env = "HCP_FLEET_METRICS_SERVICE",
+        default_value = "hcp-fleet-agent-metrics"
+    )]
+    pub metrics_service: String,
+    /// Where `/healthz` and `/readyz` alone are served, for the kubelet's probes.
+    #[arg(long, env = "HCP_FLEET_HEALTH_ADDR")]
+    pub health_addr: Option<std::net::SocketAddr>,
     /// The chart's ClusterRoleBinding that lets ACM's framework addon sync the agent's template
     /// kind; set, its subjects follow every service account named `--framework-service-account`
     /// (`controller::template_access`).
@@ -158,6 +177,24 @@ pub fn router(metrics: Arc<Metrics>) -> axum::Router {
         .route("/readyz", get(|| async { (StatusCode::OK, "ok") }))
 }
 
+/// `/healthz` and `/readyz` alone (the kubelet's probes reach the pod's address, where the
+/// metrics are not served in the clear).
+pub fn health_router(metrics: Arc<Metrics>) -> axum::Router {
+    use axum::http::StatusCode;
+    use axum::routing::get;
+    axum::Router::new()
+        .route(
+            "/healthz",
+            get(move || async move {
+                match metrics.liveness.check() {
+                    Ok(()) => (StatusCode::OK, "ok".to_string()),
+                    Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+                }
+            }),
+        )
+        .route("/readyz", get(|| async { (StatusCode::OK, "ok") }))
+}
+
 /// Serves `router` on `listener` until the task is aborted.
 pub fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) -> JoinHandle<()> {
     tokio::spawn(async move {
@@ -225,6 +262,63 @@ pub async fn start_with_metrics(
     })
 }
 
+/// The agent's HTTP servers: plain `/metrics` and health on loopback, health alone where the
+/// kubelet probes, `/metrics` over HTTPS behind token and access reviews. Aborted on drop.
+pub struct Servers(Vec<JoinHandle<()>>);
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        self.0.iter().for_each(JoinHandle::abort);
+    }
+}
+
+async fn serve_all(
+    args: &AgentArgs,
+    metrics: &Arc<Metrics>,
+    client: &kube::Client,
+) -> Result<Servers, String> {
+    let bind = |addr: std::net::SocketAddr| async move {
+        tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("cannot listen on {addr}: {e}"))
+    };
+    if !args.metrics_addr.ip().is_loopback() {
+        return Err(format!(
+            "--metrics-addr {} is not a loopback address: plain-HTTP metrics are served on \
+             loopback only; give Prometheus --secure-metrics-addr, and the kubelet \
+             --health-addr",
+            args.metrics_addr
+        ));
+    }
+    let mut tasks = vec![serve(bind(args.metrics_addr).await?, metrics.clone())];
+    tracing::info!(addr = %args.metrics_addr, "serving /metrics, /healthz and /readyz (loopback)");
+    if let Some(addr) = args.health_addr {
+        let listener = bind(addr).await?;
+        let app = health_router(metrics.clone());
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::error!(error = %e, "health server stopped");
+            }
+        }));
+        tracing::info!(%addr, "serving /healthz and /readyz");
+    }
+    if let Some(addr) = args.secure_metrics_addr {
+        let ns = &args.namespace;
+        let svc = &args.metrics_service;
+        let names = vec![
+            format!("{svc}.{ns}.svc"),
+            format!("{svc}.{ns}.svc.cluster.local"),
+            "localhost".to_string(),
+        ];
+        let tls = crate::secure_metrics::tls(args.metrics_tls_dir.as_deref(), &names)
+            .map_err(|e| format!("the metrics serving certificate: {e}"))?;
+        let app = crate::secure_metrics::router(metrics.clone(), client.clone());
+        tasks.push(crate::secure_metrics::serve(bind(addr).await?, tls, app));
+        tracing::info!(%addr, self_signed = args.metrics_tls_dir.is_none(), "serving /metrics over HTTPS to callers allowed get on /metrics");
+    }
+    Ok(Servers(tasks))
+}
+
 /// `endpoints`: how hosted kube-apiservers reach the admission services (the command line
 /// passes `controller::InCluster`, or the test bed's with `--local-mode`).
 pub async fn run(args: AgentArgs, endpoints: Arc<dyn AdmissionEndpoints>) -> ExitCode {
@@ -261,15 +355,13 @@ pub async fn run(args: AgentArgs, endpoints: Arc<dyn AdmissionEndpoints>) -> Exi
             return ExitCode::FAILURE;
         }
     };
-    let listener = match tokio::net::TcpListener::bind(args.metrics_addr).await {
-        Ok(l) => l,
+    let servers = match serve_all(&args, &metrics, &lease_client).await {
+        Ok(s) => s,
         Err(e) => {
-            eprintln!("error: cannot listen on {}: {e}", args.metrics_addr);
+            eprintln!("error: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let server = serve(listener, metrics.clone());
-    tracing::info!(addr = %args.metrics_addr, "serving /metrics, /healthz and /readyz");
     let opts = || StartOptions {
         agent_namespace: args.namespace.clone(),
         endpoints: endpoints.clone(),
@@ -304,7 +396,7 @@ pub async fn run(args: AgentArgs, endpoints: Arc<dyn AdmissionEndpoints>) -> Exi
             }
         }
     };
-    server.abort();
+    drop(servers);
     code
 }
 

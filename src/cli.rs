@@ -35,6 +35,8 @@ pub enum Command {
     Package(crate::packaging::PackageArgs),
     /// Remove what the agent put into the fleet (after the agent itself is gone).
     Uninstall(crate::uninstall::UninstallArgs),
+    /// Ask an agent's health port whether it is ready (the chart's helm test).
+    Ready(crate::liveness::ReadyArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -67,6 +69,7 @@ pub fn main() -> ExitCode {
         Command::Render(args) => crate::render::run(args),
         Command::Package(args) => crate::packaging::run(args),
         Command::Uninstall(args) => runtime.block_on(crate::uninstall::run(args)),
+        Command::Ready(args) => runtime.block_on(crate::liveness::ready(args)),
         Command::Webhook(args) => runtime.block_on(crate::admission::run(args)),
     }
 }

@@ -26,6 +26,7 @@ pub mod packaging;
 pub mod render;
 pub mod reporting;
 pub mod rollout;
+pub mod secure_metrics;
 pub mod status;
 pub mod telemetry;
 pub mod tls;

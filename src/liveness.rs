@@ -82,6 +82,74 @@ pub fn judge(ended: Option<&str>, beat: i64, now: i64) -> Result<(), String> {
     Ok(())
 }
 
+/// `hcp-fleet-agent ready`: asks an agent's health port whether it is ready (the chart's
+/// `helm test`), exiting 0 on `200`, 1 otherwise with the reason.
+#[derive(Debug, clap::Args)]
+pub struct ReadyArgs {
+    /// The agent's health port, `host:port` (the chart's Service names it).
+    #[arg(long)]
+    pub addr: String,
+    /// `/readyz`, or `/healthz` for liveness.
+    #[arg(long, default_value = "/readyz")]
+    pub path: String,
+    #[arg(long, default_value_t = 10)]
+    pub timeout_seconds: u64,
+}
+
+pub async fn ready(args: ReadyArgs) -> std::process::ExitCode {
+    let wait = std::time::Duration::from_secs(args.timeout_seconds);
+    match tokio::time::timeout(wait, get(&args.addr, &args.path)).await {
+        Ok(Ok((200, _))) => {
+            println!("{}{}: ready", args.addr, args.path);
+            std::process::ExitCode::SUCCESS
+        }
+        Ok(Ok((code, body))) => {
+            eprintln!(
+                "{}{}: {code}: {}",
+                args.addr,
+                args.path,
+                crate::reporting::untrusted(body.trim(), 512)
+            );
+            std::process::ExitCode::FAILURE
+        }
+        Ok(Err(e)) => {
+            eprintln!("{}{}: {e}", args.addr, args.path);
+            std::process::ExitCode::FAILURE
+        }
+        Err(_) => {
+            eprintln!("{}{}: no answer within {wait:?}", args.addr, args.path);
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// One plain HTTP/1.0 GET: (status code, body), the body cut at 64 KiB.
+async fn get(addr: &str, path: &str) -> Result<(u16, String), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connecting: {e}"))?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .map_err(|e| format!("sending: {e}"))?;
+    let mut buf = Vec::new();
+    s.take(64 * 1024)
+        .read_to_end(&mut buf)
+        .await
+        .map_err(|e| format!("reading: {e}"))?;
+    let text = String::from_utf8_lossy(&buf);
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or("not an HTTP answer")?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    Ok((code, body.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

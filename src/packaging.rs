@@ -469,105 +469,254 @@ pub fn values_schema() -> Value {
             json!("The agent's configuration file (docs/configuration.md); empty for the built-in defaults."),
         );
     }
-    let labels = json!({"type": "object", "additionalProperties": {"type": "string"}});
-    let duration = json!({"type": "string", "pattern": "^([0-9]+(ms|s|m|h|d|w|y))+$"});
-    let flag = |d: &str| json!({"type": "boolean", "description": d});
+    let mut properties = pod_values();
+    properties.extend(monitoring_values());
+    properties.extend(other_values());
+    properties.insert("config".into(), config);
     json!({
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "hcp-fleet-agent chart values",
         "type": "object",
         "additionalProperties": false,
-        "properties": {
-            "image": {
-                "type": "object", "additionalProperties": false,
-                "properties": {
-                    "repository": {"type": "string", "minLength": 1},
-                    "tag": {"type": "string", "description": "Defaults to the chart's appVersion."},
-                    "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]},
-                },
-                "required": ["repository"],
-            },
-            "imagePullSecrets": {
-                "type": "array",
-                "items": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
-            },
-            "replicas": {"type": "integer", "minimum": 1, "maximum": 5,
-                "description": "More than one needs leaderElection.enabled."},
-            "leaderElection": {
-                "type": "object", "additionalProperties": false,
-                "properties": {
-                    "enabled": flag("One replica reconciles; the others wait on the Lease hcp-fleet-agent."),
-                    "leaseDurationSeconds": {"type": "integer", "minimum": 3, "maximum": 300},
-                },
-            },
-            "logFormat": {"enum": ["json", "text"]},
-            "logLevel": {"type": "string", "minLength": 1},
-            "resources": {"type": "object"},
-            "nodeSelector": labels,
-            "tolerations": {"type": "array", "items": {"type": "object"}},
-            "affinity": {"type": "object"},
-            "priorityClassName": {"type": "string"},
-            "metricsPort": {"type": "integer", "minimum": 1024, "maximum": 65535},
-            "podDisruptionBudget": {
-                "type": "object", "additionalProperties": false,
-                "properties": {"enabled": flag("Keep one replica through voluntary disruptions.")},
-            },
-            "serviceMonitor": {
-                "type": "object", "additionalProperties": false,
-                "properties": {"enabled": flag("The agent's ServiceMonitor (the admission services' are the agent's: config.admission.serviceMonitor)."), "interval": duration, "labels": labels},
-            },
-            "prometheusRule": {
-                "type": "object", "additionalProperties": false,
-                "properties": {
-                    "enabled": flag("The alerts of docs/runbook.md."),
-                    "labels": labels,
-                    "nonCompliantFor": duration,
-                    "fleetNonCompliantRatio": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-                    "fleetNonCompliantMin": {"type": "integer", "minimum": 1},
-                    "unreachableFor": duration,
-                    "driftRepairsPerHour": {"type": "integer", "minimum": 1},
-                    "certificateExpiryDays": {"type": "integer", "minimum": 1},
-                    "certificateCriticalDays": {"type": "integer", "minimum": 1},
-                    "admissionErrorRatio": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-                    "pausedForHours": {"type": "integer", "minimum": 1},
-                },
-            },
-            "dashboard": {
-                "type": "object", "additionalProperties": false,
-                "properties": {"enabled": flag("The Grafana dashboard as a ConfigMap."), "labels": labels},
-            },
-            "managementPolicy": {
-                "type": "object", "additionalProperties": false,
-                "properties": {"enabled": flag("A ValidatingAdmissionPolicy (Kubernetes 1.30+) holding the agent's ServiceAccount to HCP namespaces and to the admission image's repository.")},
-            },
-            "uninstallHook": {
-                "type": "object", "additionalProperties": false,
-                "properties": {
-                    "enabled": flag("helm uninstall first removes the hosted webhooks and admission services (a pre-delete Job running uninstall)."),
-                    "activeDeadlineSeconds": {"type": "integer", "minimum": 60},
-                },
-            },
-            "acm": {
-                "type": "object", "additionalProperties": false,
-                "properties": {
-                    "frameworkAddon": {
-                        "type": "object", "additionalProperties": false,
-                        "properties": {
-                            "enabled": flag("Let ACM's framework addon create the AdmissionHealthPolicy templates it finds in Policies."),
-                            "namespace": {"type": "string", "minLength": 1},
-                            "serviceAccount": {"type": "string", "minLength": 1},
-                        },
-                    },
-                },
-            },
-            "managedBy": {"type": "string",
-                "description": "app.kubernetes.io/managed-by of every object; empty for Helm."},
-            "config": config,
-        },
+        "properties": properties,
         "if": {"properties": {"replicas": {"minimum": 2}}},
         "then": {"properties": {"leaderElection": {"properties": {"enabled": {"const": true}}}}},
         "$defs": defs,
     })
+}
+
+/// `schema` with its description (every value has one: the chart's README is made from them).
+fn described(description: &str, mut schema: Value) -> Value {
+    if let Some(o) = schema.as_object_mut() {
+        o.insert("description".into(), json!(description));
+    }
+    schema
+}
+
+fn labels(description: &str) -> Value {
+    described(
+        description,
+        json!({"type": "object", "additionalProperties": {"type": "string"}}),
+    )
+}
+
+fn duration(description: &str) -> Value {
+    described(
+        description,
+        json!({"type": "string", "pattern": "^([0-9]+(ms|s|m|h|d|w|y))+$"}),
+    )
+}
+
+fn flag(description: &str) -> Value {
+    described(description, json!({"type": "boolean"}))
+}
+
+fn object(description: &str, properties: Value) -> Value {
+    described(
+        description,
+        json!({"type": "object", "additionalProperties": false, "properties": properties}),
+    )
+}
+
+type Properties = serde_json::Map<String, Value>;
+
+fn into_map(v: Value) -> Properties {
+    match v {
+        Value::Object(m) => m,
+        _ => Properties::new(),
+    }
+}
+
+/// The agent's image and pods.
+fn pod_values() -> Properties {
+    into_map(json!({
+        "image": described("The agent's image; the admission services run it too, unless config.admission.image names another.", json!({
+            "type": "object", "additionalProperties": false,
+            "properties": {
+                "repository": described("Where the image is pulled from.", json!({"type": "string", "minLength": 1})),
+                "tag": described("Defaults to the chart's appVersion.", json!({"type": "string"})),
+                "digest": described("sha256:… of the image; set, the pods run exactly that image (repository@digest) and the tag is ignored.", json!({"type": "string", "pattern": "^(sha256:[0-9a-f]{64})?$"})),
+                "pullPolicy": described("The containers' imagePullPolicy.", json!({"enum": ["Always", "IfNotPresent", "Never"]})),
+            },
+            "required": ["repository"],
+        })),
+        "imagePullSecrets": described("Secrets to pull the image with (their names).", json!({
+            "type": "array",
+            "items": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+        })),
+        "replicas": described("Agent replicas; more than one needs leaderElection.enabled (one reconciles, the others stand by).", json!({"type": "integer", "minimum": 1, "maximum": 5})),
+        "leaderElection": object("Leader election on the Lease hcp-fleet-agent.", json!({
+            "enabled": flag("One replica reconciles; the others wait on the Lease hcp-fleet-agent."),
+            "leaseDurationSeconds": described("How long a lease lasts without renewal: a standby takes over within it.", json!({"type": "integer", "minimum": 3, "maximum": 300})),
+        })),
+        "logFormat": described("The agent's log lines: json (one object per line) or text.", json!({"enum": ["json", "text"]})),
+        "logLevel": described("tracing's env-filter syntax (RUST_LOG), e.g. info or info,hcp_fleet_agent=debug.", json!({"type": "string", "minLength": 1})),
+        "resources": described("The agent container's resources (about 60 MiB plus 330 KiB per HCP: docs/architecture.md).", json!({"type": "object"})),
+        "nodeSelector": labels("The pods' nodeSelector."),
+        "tolerations": described("The pods' tolerations.", json!({"type": "array", "items": {"type": "object"}})),
+        "affinity": described("The pods' affinity; empty: the replicas prefer different nodes.", json!({"type": "object"})),
+        "topologySpreadConstraints": described("The pods' topologySpreadConstraints; a constraint without labelSelector gets the agent's pods' labels.", json!({"type": "array", "items": {"type": "object"}})),
+        "priorityClassName": described("The pods' priorityClassName.", json!({"type": "string"})),
+        "podAnnotations": labels("Annotations added to the agent's pods."),
+        "podLabels": labels("Labels added to the agent's pods."),
+        "extraEnv": described("More environment variables of the agent's container (name with value or valueFrom).", json!({"type": "array", "items": {"type": "object", "required": ["name"]}})),
+        "podDisruptionBudget": object("A PodDisruptionBudget for the agent.", json!({"enabled": flag("Keep one replica through voluntary disruptions.")})),
+    }))
+}
+
+/// Metrics, alerts and the dashboard.
+fn monitoring_values() -> Properties {
+    into_map(json!({
+        "metricsPort": described("Port of /metrics over HTTPS (behind a TokenReview and a SubjectAccessReview); plain HTTP only on the pod's loopback.", json!({"type": "integer", "minimum": 1024, "maximum": 65535})),
+        "healthPort": described("Port of /healthz and /readyz, for the kubelet's probes.", json!({"type": "integer", "minimum": 1024, "maximum": 65535})),
+        "metrics": object("How /metrics is served.", json!({
+            "tlsSecretName": described("A Secret (tls.crt, tls.key) with /metrics' serving certificate; empty: the service CA's with serviceCA, else self-signed at start.", json!({"type": "string"})),
+            "serviceCA": flag("OpenShift: the service CA issues the certificate and the ServiceMonitor verifies it with the service CA bundle."),
+            "readers": described("Accounts allowed to scrape /metrics (bound to the <release>-metrics-reader ClusterRole).", json!({
+                "type": "array",
+                "items": {"type": "object", "additionalProperties": false, "required": ["namespace", "name"],
+                    "properties": {"namespace": {"type": "string", "minLength": 1}, "name": {"type": "string", "minLength": 1}}},
+            })),
+        })),
+        "serviceMonitor": object("The agent's ServiceMonitor, rendered where the Prometheus Operator's API is served.", json!({
+            "enabled": flag("The agent's ServiceMonitor (the admission services' are the agent's: config.admission.serviceMonitor)."),
+            "interval": duration("How often Prometheus scrapes the agent."),
+            "labels": labels("Extra labels, e.g. the ones your Prometheus selects ServiceMonitors by."),
+            "tlsCA": described("With metrics.tlsSecretName: the CA that issued it, as a tlsConfig.ca (e.g. {secret: {name, key}}); without it the certificate is not verified.", json!({"type": "object"})),
+        })),
+        "prometheusRule": object("The alerts of docs/runbook.md, rendered where the Prometheus Operator's API is served.", json!({
+            "enabled": flag("The alerts of docs/runbook.md."),
+            "labels": labels("Extra labels, e.g. the ones your Prometheus selects rules by."),
+            "nonCompliantFor": duration("How long a hosted cluster (or the fleet's share) is NonCompliant before it alerts."),
+            "fleetNonCompliantRatio": described("The share of NonCompliant hosted clusters above which the fleet alert pages once (inhibiting the per-cluster ones).", json!({"type": "number", "exclusiveMinimum": 0, "maximum": 1})),
+            "fleetNonCompliantMin": described("The fewest NonCompliant hosted clusters the fleet alert needs.", json!({"type": "integer", "minimum": 1})),
+            "unreachableFor": duration("How long the agent fails to reach a hosted cluster before it alerts."),
+            "driftRepairsPerHour": described("Drift repairs within an hour on one hosted cluster above which it alerts.", json!({"type": "integer", "minimum": 1})),
+            "certificateExpiryDays": described("A serving certificate expiring within this many days alerts (warning).", json!({"type": "integer", "minimum": 1})),
+            "certificateCriticalDays": described("A serving certificate expiring within this many days pages (critical).", json!({"type": "integer", "minimum": 1})),
+            "admissionErrorRatio": described("The share of malformed or timed-out AdmissionReviews above which it alerts.", json!({"type": "number", "exclusiveMinimum": 0, "maximum": 1})),
+            "pausedForHours": described("A hosted cluster paused for longer than this alerts.", json!({"type": "integer", "minimum": 1})),
+        })),
+        "dashboard": object("The Grafana dashboard, as a ConfigMap Grafana's sidecar loads.", json!({
+            "enabled": flag("The Grafana dashboard as a ConfigMap."),
+            "labels": labels("The labels Grafana's dashboard sidecar watches for."),
+        })),
+    }))
+}
+
+/// Policy, uninstall and ACM.
+fn other_values() -> Properties {
+    into_map(json!({
+        "managementPolicy": object("A guard on the agent itself.", json!({"enabled": flag("A ValidatingAdmissionPolicy (Kubernetes 1.30+) holding the agent's ServiceAccount to HCP namespaces and to the admission image's repository.")})),
+        "uninstallHook": object("What helm uninstall does first.", json!({
+            "enabled": flag("helm uninstall first removes the hosted webhooks and admission services (a pre-delete Job running uninstall)."),
+            "activeDeadlineSeconds": described("How long the uninstall Job may run, all tries included.", json!({"type": "integer", "minimum": 60})),
+        })),
+        "acm": object("ACM's governance framework on this cluster.", json!({
+            "frameworkAddon": object("ACM's framework addon, which creates the AdmissionHealthPolicy templates.", json!({
+                "enabled": flag("Let ACM's framework addon create the AdmissionHealthPolicy templates it finds in Policies."),
+                "namespace": described("The addon's namespace in its default-mode install.", json!({"type": "string", "minLength": 1})),
+                "serviceAccount": described("The addon's ServiceAccount name, in every namespace it runs in.", json!({"type": "string", "minLength": 1})),
+            })),
+        })),
+        "managedBy": described("app.kubernetes.io/managed-by of every object; empty for Helm (make policies sets acm-policy).", json!({"type": "string"})),
+    }))
+}
+
+/// The chart's values as shipped, for the README's defaults.
+const CHART_VALUES: &str = include_str!("../charts/hcp-fleet-agent/values.yaml");
+
+/// The chart's README.md: how to install it and every value, each with its type, default
+/// (from values.yaml) and description (from the schema, so the two cannot drift apart: `make
+/// chart-schema` writes it, a test compares).
+pub fn chart_readme() -> String {
+    let schema = values_schema();
+    let defaults: Value = serde_saphyr::from_str(CHART_VALUES).unwrap_or(Value::Null);
+    let mut rows = Vec::new();
+    value_rows("", &schema, &defaults, &mut rows);
+    let mut out = String::from(README_HEAD);
+    out.push_str("| Value | Type | Default | Description |\n| --- | --- | --- | --- |\n");
+    for (key, ty, default, description) in rows {
+        out.push_str(&format!(
+            "| `{key}` | {ty} | {default} | {} |\n",
+            description.replace('|', "\\|").replace('\n', " ")
+        ));
+    }
+    out
+}
+
+const README_HEAD: &str = "<!-- Generated by `make chart-schema` from the values schema (src/packaging.rs) and values.yaml; do not edit by hand. -->
+# hcp-fleet-agent
+
+Admission webhooks for every hosted control plane of a HyperShift management cluster: one
+admission service per HCP, webhook configurations kept in each hosted cluster, health reported
+as `AdmissionHealth` records (with `Ready` conditions), ACM policy status and Prometheus
+metrics. The project's docs/ explain the architecture, the configuration, the metrics and a
+runbook entry per alert.
+
+```sh
+helm install hcp-fleet-agent charts/hcp-fleet-agent -n hcp-fleet-agent --create-namespace
+helm test hcp-fleet-agent -n hcp-fleet-agent     # the agent answers ready
+kubectl get hcp-fleet -A                         # every resource of the project
+```
+
+The CRDs are kept by `helm uninstall` (with them, SREs' overrides and the rollout's history).
+The ServiceMonitor and PrometheusRule are rendered only where the Prometheus Operator's API is
+served. `/metrics` is HTTPS behind a TokenReview and a SubjectAccessReview: the accounts of
+`metrics.readers` may scrape it.
+
+## Values
+
+Every value is checked by values.schema.json; an unknown key is refused.
+
+";
+
+/// One row per value: objects with properties are walked, anything else is a row.
+fn value_rows(
+    path: &str,
+    schema: &Value,
+    defaults: &Value,
+    rows: &mut Vec<(String, String, String, String)>,
+) {
+    let Some(props) = schema["properties"].as_object() else {
+        return;
+    };
+    for (name, p) in props {
+        let key = if path.is_empty() {
+            name.clone()
+        } else {
+            format!("{path}.{name}")
+        };
+        let default = &defaults[name.as_str()];
+        // The agent's configuration is documented field by field in docs/configuration.md.
+        if p["properties"].is_object() && key != "config" {
+            value_rows(&key, p, default, rows);
+            continue;
+        }
+        let ty = p["type"]
+            .as_str()
+            .map(String::from)
+            .or_else(|| {
+                p["enum"].as_array().map(|v| {
+                    v.iter()
+                        .filter_map(Value::as_str)
+                        .collect::<Vec<_>>()
+                        .join(" \\| ")
+                })
+            })
+            .unwrap_or_else(|| "object".into());
+        let shown = match default {
+            Value::Null => "".to_string(),
+            Value::String(s) if s.is_empty() => "`\"\"`".into(),
+            other => format!("`{}`", serde_json::to_string(other).unwrap_or_default()),
+        };
+        let description = if key == "config" {
+            "The agent's configuration file; empty for the built-in defaults. Every field: docs/configuration.md.".to_string()
+        } else {
+            p["description"].as_str().unwrap_or_default().to_string()
+        };
+        rows.push((key, ty, shown, description));
+    }
 }
 
 /// The JSON file as committed: pretty, with a final newline.
@@ -589,6 +738,8 @@ pub enum PackageCommand {
     ValuesSchema,
     /// Print the chart's templates/crds.yaml (the agent's own CRDs).
     Crds,
+    /// Print the chart's README.md: every value, from the values schema and values.yaml.
+    ChartReadme,
     /// Write policies/ from a rendered chart (`helm template` output).
     Policies {
         /// The rendered chart; `-` for standard input.
@@ -618,6 +769,10 @@ pub fn run(args: PackageArgs) -> ExitCode {
         }
         PackageCommand::Crds => {
             print!("{}", crate::crd::health::crds_yaml());
+            ExitCode::SUCCESS
+        }
+        PackageCommand::ChartReadme => {
+            print!("{}", chart_readme());
             ExitCode::SUCCESS
         }
         PackageCommand::Policies {
@@ -674,6 +829,46 @@ pub fn run(args: PackageArgs) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_chart_readme_describes_every_value_and_is_current() {
+        fn walk(path: &str, schema: &Value, missing: &mut Vec<String>) {
+            for (name, p) in schema["properties"].as_object().into_iter().flatten() {
+                let key = if path.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{path}.{name}")
+                };
+                if p["description"].as_str().is_none_or(str::is_empty) {
+                    missing.push(key.clone());
+                }
+                if key != "config" {
+                    walk(&key, p, missing);
+                }
+            }
+        }
+        let mut missing = Vec::new();
+        walk("", &values_schema(), &mut missing);
+        assert!(
+            missing.is_empty(),
+            "values without a description: {missing:?}"
+        );
+        let readme = chart_readme();
+        for key in [
+            "image.digest",
+            "metrics.readers",
+            "topologySpreadConstraints",
+            "extraEnv",
+            "podAnnotations",
+        ] {
+            assert!(readme.contains(&format!("| `{key}` |")), "{key}");
+        }
+        assert_eq!(
+            include_str!("../charts/hcp-fleet-agent/README.md"),
+            readme,
+            "charts/hcp-fleet-agent/README.md is stale: run `make chart-schema`"
+        );
+    }
 
     const RENDERED: &str = "---\n# Source: x/templates/deployment.yaml\napiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: agent\n  namespace: ns1\n---\n# Source: x/templates/rbac.yaml\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: agent\nrules: []\n---\napiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: agent\n  namespace: ns1\n";
 

@@ -787,3 +787,43 @@ pub fn kubectl_with(kubeconfig: &Path, args: &[&str]) -> (bool, String, String) 
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// GET over TLS without verifying the server (the agent's self-signed metrics certificate),
+/// with `token` as a bearer token: (status, body).
+pub async fn https_get_insecure(
+    addr: std::net::SocketAddr,
+    path: &str,
+    token: Option<&str>,
+) -> Result<(u16, String), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    hcp_fleet_agent::tls::install_crypto_provider();
+    let cfg = hcp_fleet_agent::tls::accept_any_server()?;
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg));
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = rustls::pki_types::ServerName::try_from("localhost").map_err(|e| e.to_string())?;
+    let mut s = connector
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n{auth}\r\n").as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf).await;
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("no status line in {text:?}"))?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
+}

@@ -20,8 +20,22 @@ app.kubernetes.io/managed-by: {{ .Values.managedBy | default .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
+{{/* repository@digest where a digest is set (what runs is then exactly what was built), else repository:tag. */}}
 {{- define "hcp-fleet-agent.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret of /metrics' serving certificate: the one named, or the service CA's; empty for a self-signed one. */}}
+{{- define "hcp-fleet-agent.metricsTlsSecret" -}}
+{{- if .Values.metrics.tlsSecretName -}}
+{{- .Values.metrics.tlsSecretName -}}
+{{- else if .Values.metrics.serviceCA -}}
+{{- printf "%s-metrics-tls" (include "hcp-fleet-agent.fullname" .) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Names the agent manages in every HCP namespace; RBAC grants exactly these. */}}
