@@ -26,7 +26,7 @@ test:
 
 # The chart's generated files: values.schema.json from the configuration types,
 # templates/crds.yaml from the agent's own resource types (src/crd/health.rs), and README.md
-# from the schema and values.yaml.
+# from the schema and values.yaml; docs/api.md from the resource types.
 chart-schema:
 	$(CARGO) build -q --bin hcp-fleet-agent
 	./target/debug/hcp-fleet-agent package values-schema > charts/hcp-fleet-agent/values.schema.json.tmp
@@ -35,6 +35,8 @@ chart-schema:
 	mv charts/hcp-fleet-agent/templates/crds.yaml.tmp charts/hcp-fleet-agent/templates/crds.yaml
 	./target/debug/hcp-fleet-agent package chart-readme > charts/hcp-fleet-agent/README.md.tmp
 	mv charts/hcp-fleet-agent/README.md.tmp charts/hcp-fleet-agent/README.md
+	./target/debug/hcp-fleet-agent package api-reference > docs/api.md.tmp
+	mv docs/api.md.tmp docs/api.md
 
 # policies/ from the rendered chart; never edit those files by hand (make test compares).
 policies: chart-schema

@@ -65,7 +65,7 @@ pub async fn run(args: DevArgs) -> ExitCode {
     let names: Vec<String> = fleet.hosted.keys().cloned().collect();
     match wait_for_fleet(&fleet, &names).await {
         Ok(table) => {
-            println!("Fleet health (from the Policies):");
+            println!("Fleet health (from the AdmissionHealth records):");
             println!("{table}");
         }
         Err(e) => eprintln!("warning: the fleet did not converge: {e}"),

@@ -740,6 +740,8 @@ pub enum PackageCommand {
     Crds,
     /// Print the chart's README.md: every value, from the values schema and values.yaml.
     ChartReadme,
+    /// Print docs/api.md: the agent's resources, field by field, from their types.
+    ApiReference,
     /// Write policies/ from a rendered chart (`helm template` output).
     Policies {
         /// The rendered chart; `-` for standard input.
@@ -773,6 +775,10 @@ pub fn run(args: PackageArgs) -> ExitCode {
         }
         PackageCommand::ChartReadme => {
             print!("{}", chart_readme());
+            ExitCode::SUCCESS
+        }
+        PackageCommand::ApiReference => {
+            print!("{}", crate::crd::reference::api_reference());
             ExitCode::SUCCESS
         }
         PackageCommand::Policies {

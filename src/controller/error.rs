@@ -66,8 +66,8 @@ pub struct ReconcileError {
     pub failure: Failure,
 }
 
-/// What failed. The message is what the Policy's history shows (without the namespace: the
-/// Policy lives in it), so each carries its source's text as well as the source itself.
+/// What failed. The message is what the health record's history shows (without the namespace:
+/// the record lives in it), so each carries its source's text as well as the source itself.
 #[derive(Debug, thiserror::Error)]
 pub enum Failure {
     #[error("certificate: reading Secret {name}: {}", KubeError(.source))]

@@ -68,7 +68,7 @@ pub struct AdmissionHealthStatus {
     pub observed_generation: Option<i64>,
     /// `Ready` (every concern Compliant; `Unknown` while any is Pending) and one per concern:
     /// `AdmissionServiceReady`, `CertificateReady`, `HostedWebhooksReady`,
-    /// `EndToEndProbeReady`. Each message says what is wrong and what to do next.
+    /// `EndToEndProbeReady`. Each message says what was found, and what is wrong.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "super::conditions::list_schema")]
     pub conditions: Vec<Condition>,

@@ -11,6 +11,7 @@ pub mod health;
 pub mod hostedcluster;
 pub mod hostedcontrolplane;
 pub mod policy;
+pub mod reference;
 pub mod rollout;
 
 pub use conditions::{Condition, ConditionStatus};
