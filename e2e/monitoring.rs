@@ -365,8 +365,8 @@ async fn a_real_prometheus_evaluates_every_rule_and_dashboard_query_on_a_fleet()
     let agent_addr = listener.local_addr().expect("addr");
     let _server = agent::serve(listener, agent.context.metrics.clone());
 
-    // What the dashboard shows must exist: an override, a broken cluster, and (once
-    // Prometheus watches, so it sees the counter rise) a drift repaired.
+    // What the dashboard shows must exist: an override, and (once Prometheus watches, so it
+    // sees the counters rise from zero) a broken cluster and a drift repaired.
     let overrides = Api::<hcp_fleet_agent::crd::rollout::HostedAdmissionOverride>::namespaced(
         mgmt.clone(),
         "clusters-hc-1",
@@ -385,17 +385,6 @@ async fn a_real_prometheus_evaluates_every_rule_and_dashboard_query_on_a_fleet()
         .create(&Default::default(), &o)
         .await
         .expect("create override");
-    let good = fleet.hosted("hc-2").expect("hc-2").kubeconfig_yaml.clone();
-    let mut revoked: Value = serde_saphyr::from_str(&good).expect("kubeconfig");
-    revoked["users"][0]["user"] = serde_json::json!({"token": "revoked"});
-    put_kubeconfig_secret(
-        &Api::<Secret>::namespaced(mgmt.clone(), "clusters-hc-2"),
-        SERVICE_NETWORK_KUBECONFIG,
-        "kubeconfig",
-        &serde_json::to_string(&revoked).expect("json"),
-    )
-    .await
-    .expect("secret");
 
     // Prometheus: the agent as the chart's ServiceMonitor names it (job and namespace), each
     // admission service as the agent's ServiceMonitor does (HTTPS, its CA, its DNS name).
@@ -458,6 +447,18 @@ async fn a_real_prometheus_evaluates_every_rule_and_dashboard_query_on_a_fleet()
         }
     })
     .await;
+    // hc-2's credentials revoked: 401 from its API server, hosted-access errors counted.
+    let good = fleet.hosted("hc-2").expect("hc-2").kubeconfig_yaml.clone();
+    let mut revoked: Value = serde_saphyr::from_str(&good).expect("kubeconfig");
+    revoked["users"][0]["user"] = serde_json::json!({"token": "revoked"});
+    put_kubeconfig_secret(
+        &Api::<Secret>::namespaced(mgmt.clone(), "clusters-hc-2"),
+        SERVICE_NETWORK_KUBECONFIG,
+        "kubeconfig",
+        &serde_json::to_string(&revoked).expect("json"),
+    )
+    .await
+    .expect("secret");
     eventually(
         "hc-2 NonCompliant in Prometheus",
         Duration::from_secs(60),
@@ -568,11 +569,19 @@ async fn a_real_prometheus_evaluates_every_rule_and_dashboard_query_on_a_fleet()
         if !active.contains(&name.as_str()) {
             continue;
         }
-        let series = query(&base, &expr).await.expect("query");
-        assert!(
-            !series.is_empty(),
-            "{name}: {expr} found nothing on this fleet"
-        );
+        // A rate needs the counter's rise inside its window: asked until it shows.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let series = loop {
+            let found = query(&base, &expr).await.expect("query");
+            if !found.is_empty() {
+                break found;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name}: {expr} found nothing on this fleet"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
         for l in annotation_labels(&annotations) {
             for s in &series {
                 assert!(
