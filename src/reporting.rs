@@ -411,6 +411,25 @@ pub fn pause_expired(since: Option<&str>, max_hours: u32, now: jiff::Timestamp) 
     max_hours > 0 && now.as_second() - since.as_second() > i64::from(max_hours) * 3600
 }
 
+/// When a pause that began at `since` (RFC 3339, as recorded; `None`: it begins `now`) stops
+/// holding under `max_hours` (0: never). A paused HCP waits for no event (its drift watch is
+/// dropped), so the reconcile comes back by then, or the pause would hold for ever.
+pub fn pause_ends(
+    since: Option<&str>,
+    max_hours: u32,
+    now: jiff::Timestamp,
+) -> Option<jiff::Timestamp> {
+    if max_hours == 0 {
+        return None;
+    }
+    let start = since
+        .and_then(|s| s.parse::<jiff::Timestamp>().ok())
+        .unwrap_or(now);
+    start
+        .checked_add(jiff::SignedDuration::from_hours(i64::from(max_hours)))
+        .ok()
+}
+
 /// The `reason` label of a pause: who asked for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PauseReason {
@@ -942,6 +961,25 @@ mod tests {
         let only = BTreeMap::from([(Concern::Certificate, Observation::compliant("fine"))]);
         let s3 = next_status(Some(&s2), &only, "t3", 0, "r1", true, Some(1));
         assert_eq!(s3.conditions, s2.conditions, "nothing new was seen");
+    }
+
+    #[test]
+    fn a_pause_with_a_maximum_ends_by_itself() {
+        let now: jiff::Timestamp = "2026-11-25T12:00:00Z".parse().expect("t");
+        assert_eq!(
+            pause_ends(Some("2026-11-25T10:00:00Z"), 0, now),
+            None,
+            "no maximum"
+        );
+        assert_eq!(
+            pause_ends(Some("2026-11-25T10:00:00Z"), 3, now).map(|t| t.to_string()),
+            Some("2026-11-25T13:00:00Z".into())
+        );
+        assert_eq!(
+            pause_ends(None, 1, now).map(|t| t.to_string()),
+            Some("2026-11-25T13:00:00Z".into()),
+            "a pause not yet recorded begins now"
+        );
     }
 
     #[test]

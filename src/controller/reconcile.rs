@@ -81,16 +81,25 @@ pub async fn reconcile(
     // A pause past the configured maximum (counted from when the record first said paused)
     // no longer holds: the agent goes back to work; the record keeps the pause's start, so
     // the pause alert goes on until someone removes it.
-    let expired = asked.is_some() && {
-        let since = ctx
-            .caches()
+    let max_hours = ctx.config().max_pause_hours;
+    let since = asked.as_ref().and_then(|_| {
+        ctx.caches()
             .health
             .and_then(|s| s.get(&ObjectRef::new(crate::reporting::HEALTH_NAME).within(&ns)))
-            .and_then(|h| h.status.as_ref().and_then(|s| s.paused_since.clone()));
-        crate::reporting::pause_expired(since.as_deref(), ctx.config().max_pause_hours, now)
-    };
+            .and_then(|h| h.status.as_ref().and_then(|s| s.paused_since.clone()))
+    });
+    let expired =
+        asked.is_some() && crate::reporting::pause_expired(since.as_deref(), max_hours, now);
     let mut outcome = match &asked {
-        Some((by, reason, until)) if !expired => paused(&ctx, &ns, by.clone(), *reason, *until),
+        Some((by, reason, until)) if !expired => {
+            // Back when the pause ends by itself: its own end, or the maximum's.
+            let ends = crate::reporting::pause_ends(since.as_deref(), max_hours, now);
+            let wake = match (*until, ends) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            paused(&ctx, &ns, by.clone(), *reason, *until, wake)
+        }
         _ => run_phases(&ctx, &hcp, &ns, &cluster, &resolved).await,
     };
     if expired {
@@ -386,6 +395,7 @@ fn paused(
     by: String,
     reason: PauseReason,
     until: Option<jiff::Timestamp>,
+    wake: Option<jiff::Timestamp>,
 ) -> Outcome {
     ctx.with_hcp(ns, |s| s.watch = None);
     let why = match until {
@@ -396,7 +406,7 @@ fn paused(
         None => format!("paused by {by}; the agent changes nothing for this HCP"),
     };
     info!(%why, "paused");
-    let action = match until {
+    let action = match wake {
         Some(t) => {
             let left = jiff::Timestamp::now().duration_until(t);
             Action::requeue(Duration::try_from(left).unwrap_or_default())
