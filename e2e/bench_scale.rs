@@ -28,8 +28,11 @@
 //! and one real), and a configuration change (a guard's mode flipped) until every cluster
 //! carries it.
 
+#[path = "bench_scale/figures.rs"]
+mod figures;
 #[path = "support/mod.rs"]
 mod support;
+use figures::*;
 
 use support::{cpu_ticks, env_num, percentile, proc_status_kib};
 
@@ -54,103 +57,6 @@ use k8s_openapi::api::admissionregistration::v1::{
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use simhosted::{Kind, SimFleet};
-
-/// A metric's samples: label text (inside the braces) → value.
-fn samples(text: &str, metric: &str) -> BTreeMap<String, f64> {
-    let mut m = BTreeMap::new();
-    for l in text.lines() {
-        let Some(rest) = l.strip_prefix(metric) else {
-            continue;
-        };
-        let (labels, value) = match rest.strip_prefix('{') {
-            Some(r) => match r.rsplit_once("} ") {
-                Some((l, v)) => (l.to_string(), v),
-                None => continue,
-            },
-            None => match rest.strip_prefix(' ') {
-                Some(v) => (String::new(), v),
-                None => continue,
-            },
-        };
-        if let Ok(v) = value.trim().parse::<f64>() {
-            *m.entry(labels).or_insert(0.0) += v;
-        }
-    }
-    m
-}
-
-fn label<'a>(labels: &'a str, name: &str) -> &'a str {
-    labels
-        .split(&format!("{name}=\""))
-        .nth(1)
-        .and_then(|r| r.split('"').next())
-        .unwrap_or("")
-}
-
-const MGMT_REQUESTS: &str = "hcp_fleet_management_api_requests_total";
-const HOSTED_REQUESTS: &str = "hcp_fleet_hosted_api_requests_total";
-
-fn is_write(verb: &str) -> bool {
-    matches!(
-        verb,
-        "create" | "update" | "patch" | "delete" | "deletecollection"
-    )
-}
-
-fn management_writes(text: &str) -> f64 {
-    samples(text, MGMT_REQUESTS)
-        .iter()
-        .filter(|(l, _)| is_write(label(l, "verb")))
-        .map(|(_, v)| v)
-        .sum()
-}
-
-/// Management requests by "verb resource", `after - before`.
-fn management_delta(before: &str, after: &str) -> BTreeMap<String, f64> {
-    let b = samples(before, MGMT_REQUESTS);
-    let mut out = BTreeMap::new();
-    for (l, v) in samples(after, MGMT_REQUESTS) {
-        let d = v - b.get(&l).copied().unwrap_or(0.0);
-        if d > 0.0 {
-            out.insert(
-                format!("{} {}", label(&l, "verb"), label(&l, "resource")),
-                d,
-            );
-        }
-    }
-    out
-}
-
-/// Hosted requests per HCP namespace, `after - before`.
-fn hosted_delta(before: &str, after: &str) -> BTreeMap<String, f64> {
-    let per_ns = |t: &str| {
-        let mut m: BTreeMap<String, f64> = BTreeMap::new();
-        for (l, v) in samples(t, HOSTED_REQUESTS) {
-            *m.entry(label(&l, "hcp_namespace").to_string()).or_default() += v;
-        }
-        m
-    };
-    let b = per_ns(before);
-    per_ns(after)
-        .into_iter()
-        .map(|(ns, v)| {
-            let d = v - b.get(&ns).copied().unwrap_or(0.0);
-            (ns, d)
-        })
-        .collect()
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.0} ms", d.as_secs_f64() * 1000.0)
-}
-
-fn secs(d: Duration) -> String {
-    format!("{:.1} s", d.as_secs_f64())
-}
-
-fn is_real(ns: &str) -> bool {
-    ns.starts_with("clusters-real-")
-}
 
 /// When each HCP namespace's health record turned Compliant (and still is).
 #[derive(Clone, Default)]

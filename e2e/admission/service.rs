@@ -1,0 +1,269 @@
+//! The admission service alone: connection limits, idle connections, malformed requests, every guard's cases over TLS.
+
+use super::*;
+
+/// POST over TLS to the service; returns (status, body).
+pub(crate) async fn https_post(
+    port: u16,
+    ca_pem: &str,
+    path: &str,
+    content_type: &str,
+    body: &[u8],
+) -> Result<(u16, String), String> {
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    kubelet::https_request(port, ca_pem, &head, body).await
+}
+
+/// A directory holding `tls.crt` and `tls.key` for 127.0.0.1, issued by a new CA named
+/// `ca_name` (returned, for the client's trust).
+pub(crate) fn loopback_serving_files(ca_name: &str) -> (KeyedCert, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tmp");
+    let ca = certificates::generate_ca(ca_name, time::Duration::days(1)).expect("ca");
+    let srv = certificates::issue(
+        &ca,
+        "127.0.0.1",
+        &Usage::Server {
+            sans: vec!["127.0.0.1".into()],
+        },
+        time::Duration::days(1),
+    )
+    .expect("srv");
+    std::fs::write(dir.path().join("tls.crt"), &srv.cert_pem).expect("crt");
+    std::fs::write(dir.path().join("tls.key"), &srv.key_pem).expect("key");
+    (ca, dir)
+}
+
+/// The admission service on its own, as its container runs it, with the default settings:
+/// (the process, its port, the CA its certificate is signed by, the directory of its files).
+pub(crate) async fn standalone_service() -> (std::process::Child, u16, String, tempfile::TempDir) {
+    standalone_service_with(&[]).await
+}
+
+/// `standalone_service`, with more arguments.
+pub(crate) async fn standalone_service_with(
+    extra: &[&str],
+) -> (std::process::Child, u16, String, tempfile::TempDir) {
+    hcp_fleet_agent::tls::install_crypto_provider();
+    let (ca, dir) = loopback_serving_files("t");
+    let port = hcp_fleet_agent::localcp::free_port().expect("port");
+    let child = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+        .args([
+            "webhook",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--cert-dir",
+        ])
+        .arg(dir.path())
+        .args(extra)
+        .spawn()
+        .expect("webhook");
+    eventually("webhook ready", Duration::from_secs(10), || {
+        let ca = ca.cert_pem.clone();
+        async move {
+            match kubelet::https_get(port, &ca, "/readyz").await {
+                Ok((200, _)) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+    (child, port, ca.cert_pem, dir)
+}
+
+/// A flood of connections cannot hold the service: past `--max-connections` a new connection
+/// is closed at once, and one that never finishes its TLS handshake frees its slot after the
+/// handshake timeout (5 s).
+#[tokio::test]
+async fn connections_beyond_the_limit_are_closed_at_once() {
+    use tokio::io::AsyncReadExt;
+    let (mut child, port, ca_pem, _dir) =
+        standalone_service_with(&["--max-connections", "3"]).await;
+    // Three connections that say nothing hold the three slots. The readiness checks before
+    // hold slots of their own until the service has seen them close, which on a loaded
+    // machine can come after the first of these arrive (and are turned away): the three
+    // are made again until all three are seen held (open, unanswered).
+    let mut held = Vec::new();
+    for attempt in 0.. {
+        held.clear();
+        for _ in 0..3 {
+            held.push(
+                tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .expect("connect"),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut open = 0;
+        for c in &mut held {
+            let mut b = [0u8; 1];
+            if tokio::time::timeout(Duration::from_millis(100), c.read(&mut b))
+                .await
+                .is_err()
+            {
+                open += 1;
+            }
+        }
+        if open == 3 {
+            break;
+        }
+        assert!(attempt < 20, "three connections never held the three slots");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A fourth is closed at once: its read ends with nothing.
+    let mut extra = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let mut buf = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(2), extra.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "a connection past the limit is closed at once: {read:?}"
+    );
+    assert!(kubelet::https_get(port, &ca_pem, "/readyz").await.is_err());
+    // The silent ones time out of their handshakes; the service answers again.
+    eventually("a slot is free again", Duration::from_secs(10), || {
+        let ca = ca_pem.clone();
+        async move {
+            match kubelet::https_get(port, &ca, "/readyz").await {
+                Ok((200, _)) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+    drop(held);
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// An idle connection does not hold a slot forever: a keep-alive HTTP/1.1 connection that sends
+/// nothing after its answer is closed by the service (its header read timeout, 5 s, runs while
+/// it waits for the next request).
+#[tokio::test]
+async fn an_idle_connection_is_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut child, port, ca_pem, _dir) = standalone_service().await;
+    let connector = kubelet::tls_connector(&ca_pem).expect("connector");
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+    let mut tls = connector.connect(name, tcp).await.expect("handshake");
+    tls.write_all(b"GET /readyz HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+        .await
+        .expect("request");
+    let mut buf = vec![0u8; 4096];
+    let n = tls.read(&mut buf).await.expect("answer");
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    // Then nothing: the service closes the connection within its header read timeout.
+    let t0 = Instant::now();
+    let closed = tokio::time::timeout(Duration::from_secs(15), tls.read(&mut buf)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+        "an idle connection is closed: {closed:?} after {:?}",
+        t0.elapsed()
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(7),
+        "closed after {:?}",
+        t0.elapsed()
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Malformed input gets a clear 4xx, never a crash; SIGTERM drains and exits cleanly.
+#[tokio::test]
+// Sends signals to child processes (libc::kill).
+#[allow(unsafe_code)]
+async fn malformed_requests_get_clear_client_errors() {
+    let (mut child, port, ca_pem, _dir) = standalone_service().await;
+    let path = "/validate/protected-rbac";
+    let json = "application/json";
+    let cases: Vec<(&str, String, Vec<u8>, u16, &str)> = vec![
+        ("invalid JSON", json.into(), b"{not json".to_vec(), 400, "not valid JSON"),
+        ("not an object", json.into(), b"[1,2]".to_vec(), 400, "not a JSON object"),
+        ("wrong apiVersion", json.into(), br#"{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview","request":{}}"#.to_vec(), 400, "apiVersion must be admission.k8s.io/v1"),
+        ("missing request", json.into(), br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#.to_vec(), 400, "has no request"),
+        ("request missing fields", json.into(), br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u"}}"#.to_vec(), 400, "request is malformed"),
+        ("wrong content type", "text/plain".into(), b"{}".to_vec(), 415, "content type must be application/json"),
+        ("huge body", json.into(), vec![b' '; 4 * 1024 * 1024], 413, "over"),
+    ];
+    for (what, ct, body, want, needle) in cases {
+        let (code, text) = https_post(port, &ca_pem, path, &ct, &body)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(code, want, "{what}: {text}");
+        assert!(text.contains(needle), "{what}: {text}");
+    }
+    // Still healthy, and still answering real reviews.
+    let review = serde_json::json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "u-9", "kind": {"group": "rbac.authorization.k8s.io", "version": "v1", "kind": "ClusterRole"},
+        "resource": {"group": "rbac.authorization.k8s.io", "version": "v1", "resource": "clusterroles"},
+        "name": "cluster-admin", "operation": "DELETE", "userInfo": {"username": "alice"}}});
+    let (code, text) = https_post(port, &ca_pem, path, json, review.to_string().as_bytes())
+        .await
+        .expect("review");
+    assert_eq!(code, 200, "{text}");
+    assert!(
+        text.contains("\"uid\":\"u-9\"") && text.contains("\"allowed\":false"),
+        "{text}"
+    );
+    let (_, metrics) = kubelet::https_get(port, &ca_pem, "/metrics")
+        .await
+        .expect("metrics");
+    assert!(metrics.contains("outcome=\"bad_request\""), "{metrics}");
+    assert!(metrics.contains("decision=\"denied\""), "{metrics}");
+
+    // SIGTERM: drain and exit 0.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(25);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "no exit after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status}");
+}
+
+/// Every guard's table of cases (`hcp_fleet_agent::guards`), sent as AdmissionReviews to the
+/// real admission service over TLS: each answer is the one the table asks for (a denial, or
+/// for the mutation a patch; in warn mode a warning), and the service's answer names the same
+/// request. The same tables run through each guard's CEL form in the unit tests.
+#[tokio::test]
+async fn every_guards_cases_through_the_admission_service_over_tls() {
+    use hcp_fleet_agent::guards::{ALL, Want};
+    let (mut child, port, ca_pem, _dir) = standalone_service().await;
+    let mut checked = 0;
+    for g in ALL {
+        for c in g.cases() {
+            let (code, text) =
+                https_post(port, &ca_pem, g.row().path, "application/json", &c.review())
+                    .await
+                    .unwrap_or_else(|e| panic!("{}, {}: {e}", g.row().name, c.what));
+            assert_eq!(code, 200, "{}, {}: {text}", g.row().name, c.what);
+            let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+            let r = &v["response"];
+            assert_eq!(r["uid"], "u", "{text}");
+            let acted = r["allowed"] == false || !r["patch"].is_null() || r["warnings"].is_array();
+            assert_eq!(
+                acted,
+                c.want == Want::Deny,
+                "{}, {}: {text}",
+                g.row().name,
+                c.what
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 60, "only {checked} cases");
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -1,0 +1,457 @@
+//! A hostile tenant: tampering with a guard, imitating the probe's answer, a guard that stops denying its canary.
+
+use super::*;
+
+/// A hosted cluster's admin cannot quietly switch a guard off: each tampering with the
+/// protected-RBAC guard (a selector merged in, its failure policy, its rules, its URL; where
+/// the guards run as ValidatingAdmissionPolicies, their constraints, validations and the
+/// binding's matchResources and actions) is undone within a second, counted as drift, named
+/// in the health record with the field and the field manager that changed it, and the guarded
+/// request by a non-exempt user is denied again. Fields the agent does not render count too:
+/// a selector the tenant adds makes the guard match nothing while every rendered field stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_tampering_with_a_guard_is_undone_counted_and_named() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding, ValidatingWebhookConfiguration,
+    };
+    use kube::api::DynamicObject;
+    let bed = bed(AgentConfig::default()).await;
+    let hosted = hc1_admin(&bed).await;
+    let rbac = "protected-rbac.hcp-fleet.openshift.io";
+    let policies = support::serves(
+        &bed.fleet.version,
+        Feature::AdmissionPolicies,
+        "tampering with ValidatingAdmissionPolicies and bindings (the guards run as webhooks here)",
+    );
+    // (kind, object name, what, strategic merge patch) as a tenant's `kubectl patch` sends it.
+    let mut cases: Vec<(&str, &str, &str, serde_json::Value)> = Vec::new();
+    if policies {
+        cases.extend([
+            ("ValidatingAdmissionPolicy", rbac, "an object selector merged into matchConstraints",
+             serde_json::json!({"spec": {"matchConstraints": {"objectSelector": {"matchLabels": {"tenant": "off"}}}}})),
+            ("ValidatingAdmissionPolicy", rbac, "its validation made true",
+             serde_json::json!({"spec": {"validations": [{"expression": "true"}]}})),
+            ("ValidatingAdmissionPolicy", rbac, "a matchCondition that never holds",
+             serde_json::json!({"spec": {"matchConditions": [{"name": "tenant", "expression": "false"}]}})),
+            ("ValidatingAdmissionPolicyBinding", rbac, "matchResources added to the binding",
+             serde_json::json!({"spec": {"matchResources": {"objectSelector": {"matchLabels": {"tenant": "off"}}}}})),
+            ("ValidatingAdmissionPolicyBinding", rbac, "validationActions set to Audit",
+             serde_json::json!({"spec": {"validationActions": ["Audit"]}})),
+        ]);
+    } else {
+        let hook = |patch: serde_json::Value| {
+            let mut entry = serde_json::json!({"name": rbac});
+            if let (Some(e), Some(p)) = (entry.as_object_mut(), patch.as_object()) {
+                e.extend(p.clone());
+            }
+            serde_json::json!({"webhooks": [entry]})
+        };
+        let vwc = hcp_fleet_agent::hosted::webhooks::VALIDATING_NAME;
+        cases.extend([
+            ("ValidatingWebhookConfiguration", vwc, "an object selector merged in",
+             hook(serde_json::json!({"objectSelector": {"matchLabels": {"tenant": "off"}}}))),
+            ("ValidatingWebhookConfiguration", vwc, "its failure policy changed",
+             hook(serde_json::json!({"failurePolicy": "Fail"}))),
+            ("ValidatingWebhookConfiguration", vwc, "its rules narrowed to nothing",
+             hook(serde_json::json!({"rules": [{"operations": ["DELETE"], "apiGroups": ["none.example.com"], "apiVersions": ["v1"], "resources": ["nothing"]}]}))),
+            ("ValidatingWebhookConfiguration", vwc, "its URL pointed elsewhere",
+             hook(serde_json::json!({"clientConfig": {"url": "https://127.0.0.1:1/nowhere"}}))),
+        ]);
+    }
+    let resource = |kind: &str| -> kube::core::ApiResource {
+        match kind {
+            "ValidatingAdmissionPolicy" => {
+                kube::core::ApiResource::erase::<ValidatingAdmissionPolicy>(&())
+            }
+            "ValidatingAdmissionPolicyBinding" => {
+                kube::core::ApiResource::erase::<ValidatingAdmissionPolicyBinding>(&())
+            }
+            _ => kube::core::ApiResource::erase::<ValidatingWebhookConfiguration>(&()),
+        }
+    };
+    // The part the agent renders whole, without what the server keeps for itself.
+    let shape = |o: &DynamicObject| {
+        let v = serde_json::to_value(o).unwrap_or_default();
+        serde_json::json!([v["spec"], v["webhooks"]])
+    };
+    let drift = |kind: &str| webhook_drift(&bed, kind);
+    let (ok, out) = kubectl(&bed, DELETE_AS_ALICE);
+    assert!(!ok && out.contains(PROTECTED), "guarded before: {out}");
+    let mut took = Vec::new();
+    for (kind, name, what, patch) in cases {
+        let api = Api::<DynamicObject>::all_with(hosted.clone(), &resource(kind));
+        let rendered = shape(&api.get(name).await.expect("installed"));
+        let counted = drift(kind);
+        let pp = PatchParams {
+            field_manager: Some("tenant-admin".into()),
+            ..Default::default()
+        };
+        api.patch(name, &pp, &Patch::Strategic(&patch))
+            .await
+            .unwrap_or_else(|e| panic!("{kind} {what}: {e}"));
+        let t0 = Instant::now();
+        eventually(
+            &format!("{kind}: {what} undone"),
+            Duration::from_secs(10),
+            || {
+                let api = api.clone();
+                let rendered = rendered.clone();
+                async move {
+                    let now = shape(&api.get(name).await.map_err(|e| e.to_string())?);
+                    if now == rendered {
+                        Ok(())
+                    } else {
+                        Err(now.to_string())
+                    }
+                }
+            },
+        )
+        .await;
+        let back = t0.elapsed();
+        took.push((what, back));
+        assert!(
+            back < Duration::from_secs(1),
+            "{kind}: {what} undone after {back:?}"
+        );
+        eventually(
+            &format!("{kind}: {what} counted"),
+            Duration::from_secs(5),
+            || {
+                let now = drift(kind);
+                async move {
+                    if now > counted {
+                        Ok(())
+                    } else {
+                        Err(format!("{now}"))
+                    }
+                }
+            },
+        )
+        .await;
+        eventually(
+            &format!("{kind}: {what}: the guard denies again"),
+            Duration::from_secs(10),
+            || {
+                let r = kubectl(&bed, DELETE_AS_ALICE);
+                async move {
+                    match r {
+                        (false, out) if out.contains(PROTECTED) => Ok(()),
+                        (_, out) => Err(out),
+                    }
+                }
+            },
+        )
+        .await;
+    }
+    // The record names the field manager behind the change.
+    let h = Api::<AdmissionHealth>::namespaced(bed.mgmt.clone(), NS)
+        .get(HEALTH_NAME)
+        .await
+        .expect("health record");
+    let history: Vec<String> = h
+        .status
+        .unwrap_or_default()
+        .concerns
+        .into_iter()
+        .filter(|c| c.name == "hosted-webhooks")
+        .flat_map(|c| c.history.into_iter().map(|e| e.message))
+        .collect();
+    assert!(
+        history
+            .iter()
+            .any(|m| m.contains("(by tenant-admin)") && m.contains("by someone else")),
+        "{history:?}"
+    );
+    eprintln!(
+        "tampering undone: {}",
+        took.iter()
+            .map(|(w, t)| format!("{w} {t:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+}
+
+/// The probe passes only on the admission service's own answer: a webhook of the hosted
+/// cluster's admins, named like the probe and answering in the same words (here the agent's
+/// own binary, run without the HCP's probe key), cannot make a path that does not prove itself
+/// look Compliant. The service that cannot prove (its mounted key replaced) and the imitation
+/// are both reported; with the key back and the imitation gone, Compliant again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_imitation_of_the_probes_answer_never_passes_for_the_service() {
+    use hcp_fleet_agent::catalogue::{PROBE_ANSWER, PROBE_LABEL};
+    use hcp_fleet_agent::guards::probe::{KEY_FILE, ProbeKey, ROW};
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let mut cfg = through_the_service();
+    cfg.probe_interval_seconds = 5;
+    let bed = bed(cfg).await;
+    let hosted = hc1_admin(&bed).await;
+    let (_, m) = newest(&bed.mgmt, "e2e-probe").await;
+    assert!(
+        m.contains("answered the probe") && !m.contains("without"),
+        "{m}"
+    );
+
+    // The imitation: the same webhook name, the same words, its own service and CA.
+    let (mut faker, port, ca_pem, _dir) = standalone_service().await;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let vwc: ValidatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "tenant-probe"},
+        "webhooks": [{
+            "name": ROW.name,
+            "clientConfig": {
+                "url": format!("https://127.0.0.1:{port}{}", ROW.path),
+                "caBundle": base64::Engine::encode(&b64, &ca_pem),
+            },
+            "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"]}],
+            "objectSelector": {"matchExpressions": [{"key": PROBE_LABEL, "operator": "Exists"}]},
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "failurePolicy": "Fail",
+            "timeoutSeconds": 5,
+        }],
+    }))
+    .expect("configuration");
+    let vapi = Api::<ValidatingWebhookConfiguration>::all(hosted.clone());
+    let pp = PostParams {
+        field_manager: Some("tenant-admin".into()),
+        ..Default::default()
+    };
+    vapi.create(&pp, &vwc).await.expect("tenant webhook");
+    // It answers in the words of the service, under the service's webhook name.
+    let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"generateName": "imitation-", "labels": {PROBE_LABEL: "true"}},
+    }))
+    .expect("configmap");
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    eventually("the imitation answers", Duration::from_secs(10), || {
+        let api = Api::<ConfigMap>::namespaced(hosted.clone(), "default");
+        let cm = cm.clone();
+        let dry = dry.clone();
+        async move {
+            match api.create(&dry, &cm).await {
+                Err(kube::Error::Api(s))
+                    if s.message.contains(&format!(
+                        "\"{}\" denied the request: {PROBE_ANSWER}",
+                        ROW.name
+                    )) =>
+                {
+                    Ok(())
+                }
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+
+    // The service loses its key (its pods' mounted copy replaced): nothing that answers can
+    // prove the path any more.
+    let key_file = bed.pods.path().join(NS).join(KEY_FILE);
+    let real = std::fs::read_to_string(&key_file).expect("the pods hold the probe key");
+    assert!(ProbeKey::from_hex(&real).is_some(), "a probe key: {real:?}");
+    let wrong = ProbeKey::generate().expect("random").to_hex();
+    std::fs::write(&key_file, &wrong).expect("replace the key");
+    let t0 = Instant::now();
+    eventually(
+        "e2e-probe NonCompliant, naming the missing proof",
+        Duration::from_secs(30),
+        || async {
+            match newest(&bed.mgmt, "e2e-probe").await {
+                (Some(c), m)
+                    if c == "NonCompliant"
+                        && m.contains("without the admission service's proof") =>
+                {
+                    Ok(())
+                }
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    let reported = t0.elapsed();
+
+    // The key back and the imitation gone: proven again.
+    std::fs::write(&key_file, &real).expect("restore the key");
+    vapi.delete("tenant-probe", &DeleteParams::default())
+        .await
+        .expect("delete the imitation");
+    let _ = faker.kill();
+    let _ = faker.wait();
+    wait_concern(&bed.mgmt, "e2e-probe", "Compliant").await;
+    let (_, m) = newest(&bed.mgmt, "e2e-probe").await;
+    assert!(
+        m.contains("answered the probe") && !m.contains("without"),
+        "{m}"
+    );
+    eprintln!("an unproven probe answer reported NonCompliant after {reported:?}");
+}
+
+/// A mutating webhook of the hosted cluster's admins that removes every FeatureGate's feature
+/// set on its way in: served over TLS by this test (the crate's own server stack, an axum
+/// handler of its own). The guard never sees the forbidden feature set, so it denies nothing.
+pub(crate) async fn tenant_mutator() -> (tokio::task::JoinHandle<()>, u16, String, tempfile::TempDir)
+{
+    use axum::routing::post;
+    use hcp_fleet_agent::admission::{server, tls::ReloadingCert};
+    let (ca, dir) = loopback_serving_files("tenant mutator CA");
+    let cert =
+        ReloadingCert::new(dir.path().join("tls.crt"), dir.path().join("tls.key")).expect("cert");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let app = axum::Router::new().route(
+        "/mutate",
+        post(|body: axum::body::Bytes| async move {
+            let review: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+            let patch = serde_json::json!([{"op": "remove", "path": "/spec/featureSet"}]);
+            let b64 = base64::engine::general_purpose::STANDARD;
+            let out = serde_json::json!({
+                "apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview",
+                "response": {
+                    "uid": review["request"]["uid"],
+                    "allowed": true,
+                    "patchType": "JSONPatch",
+                    "patch": base64::Engine::encode(&b64, patch.to_string()),
+                },
+            });
+            (
+                [(http::header::CONTENT_TYPE, "application/json")],
+                out.to_string(),
+            )
+        }),
+    );
+    let task = tokio::spawn(server::serve(
+        listener,
+        server::tls_config(cert as Arc<dyn rustls::server::ResolvesServerCert>),
+        app,
+        server::Limits::default(),
+        std::future::pending(),
+    ));
+    (task, port, ca.cert_pem, dir)
+}
+
+/// Each enforced guard is tried by its canary, one per probe round: a dry-run request it must
+/// deny, sent as a non-exempt user the agent grants just those requests. A guard that stops
+/// denying its canary (here a tenant's mutating webhook rewrites what the featuregate guard
+/// would judge, so the API server lets the forbidden feature set through) is reported
+/// NonCompliant, naming the guard, within one round of the canaries; once it denies again,
+/// Compliant again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_that_stops_denying_its_canary_is_named_noncompliant() {
+    use hcp_fleet_agent::hosted::canary::RBAC_NAME;
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    let mut cfg = through_the_service();
+    cfg.probe_interval_seconds = 5;
+    let planned = cfg
+        .webhooks
+        .iter()
+        .filter(|w| w.mode == Mode::Enforce)
+        .filter(|w| {
+            hcp_fleet_agent::guards::for_path(&w.path)
+                .and_then(|g| g.canary(&cfg.admission))
+                .is_some()
+        })
+        .count();
+    let round = Duration::from_secs(5 * (planned as u64 + 1));
+    let bed = bed(cfg).await;
+    let hosted = hc1_admin(&bed).await;
+    // A round in, every guard has been tried: the canaries' RBAC is there, and the service
+    // answered the canaries of the guards that could be tried here (the test bed has no SCCs
+    // and no ingress configuration to delete: those are not tried).
+    let tried = [
+        "protected-rbac.hcp-fleet.openshift.io",
+        "featuregate.hcp-fleet.openshift.io",
+        "identity-groups.hcp-fleet.openshift.io",
+        "identity-namespaces.hcp-fleet.openshift.io",
+    ];
+    let before: Vec<f64> =
+        futures::future::join_all(tried.iter().map(|w| service_requests(&bed, w))).await;
+    eventually("every canary sent", round * 2, || async {
+        let now: Vec<f64> =
+            futures::future::join_all(tried.iter().map(|w| service_requests(&bed, w))).await;
+        let rbac = Api::<ClusterRole>::all(hosted.clone())
+            .get_opt(RBAC_NAME)
+            .await;
+        match (now.iter().zip(&before).all(|(n, b)| n > b), rbac) {
+            (true, Ok(Some(_))) => Ok(()),
+            other => Err(format!("{now:?} {other:?}")),
+        }
+    })
+    .await;
+    let (c, m) = newest(&bed.mgmt, "e2e-probe").await;
+    assert_eq!(c.as_deref(), Some("Compliant"), "{m}");
+
+    // The tenant's mutation: the featuregate guard sees no forbidden feature set any more.
+    let (mutator, port, ca_pem, _dir) = tenant_mutator().await;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mwc: MutatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "tenant-feature-set"},
+        "webhooks": [{
+            "name": "feature-set.tenant.example.com",
+            "clientConfig": {
+                "url": format!("https://127.0.0.1:{port}/mutate"),
+                "caBundle": base64::Engine::encode(&b64, &ca_pem),
+            },
+            "rules": [{"operations": ["CREATE"], "apiGroups": ["config.openshift.io"], "apiVersions": ["v1"], "resources": ["featuregates"]}],
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "failurePolicy": "Fail",
+            "timeoutSeconds": 5,
+        }],
+    }))
+    .expect("configuration");
+    let mapi = Api::<MutatingWebhookConfiguration>::all(hosted.clone());
+    mapi.create(&PostParams::default(), &mwc)
+        .await
+        .expect("tenant mutating webhook");
+    let t0 = Instant::now();
+    eventually(
+        "e2e-probe NonCompliant, naming the featuregate guard",
+        round * 2,
+        || async {
+            match newest(&bed.mgmt, "e2e-probe").await {
+                (Some(c), m)
+                    if c == "NonCompliant"
+                        && m.contains(
+                            "guard featuregate.hcp-fleet.openshift.io did not deny its canary",
+                        )
+                        && m.contains("let through") =>
+                {
+                    Ok(())
+                }
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    let named = t0.elapsed();
+    assert!(
+        named <= round + Duration::from_secs(5),
+        "named after {named:?} (a round: {round:?})"
+    );
+
+    mapi.delete("tenant-feature-set", &DeleteParams::default())
+        .await
+        .expect("delete the mutation");
+    mutator.abort();
+    eventually("e2e-probe Compliant again", round * 2, || async {
+        match newest(&bed.mgmt, "e2e-probe").await {
+            (Some(c), m) if c == "Compliant" => Ok(m),
+            other => Err(format!("{other:?}")),
+        }
+        .map(|_| ())
+    })
+    .await;
+    eprintln!(
+        "a guard letting its canary through named NonCompliant after {named:?} (round {round:?})"
+    );
+}
