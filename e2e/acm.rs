@@ -4,6 +4,10 @@
 //! The agent writes no Policy of its own; what reaches the hub is what status-sync makes of
 //! the agent's Events and template status.
 
+// An e2e scenario reads as one story, set up, acted and checked in order: the 100-line and
+// seven-argument limits hold the shipped code in src/ (clippy.toml).
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)]
+
 mod support;
 
 use support::acm::{self, emit_template_error, hub_row, spec_sync, template_sync};

@@ -1,6 +1,10 @@
 //! The admission service end to end: the hosted kube-apiserver calls the real `webhook`
 //! process (run by the test bed's kubelet from the agent's Deployment) over TLS.
 
+// An e2e scenario reads as one story, set up, acted and checked in order: the 100-line and
+// seven-argument limits hold the shipped code in src/ (clippy.toml).
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)]
+
 #[path = "admission/service.rs"]
 mod service;
 mod support;

@@ -2,6 +2,10 @@
 //! on the management side and webhook configurations in each hosted cluster; a restarted
 //! agent changes nothing; drift is repaired and recorded; hostile kubeconfigs are refused.
 
+// An e2e scenario reads as one story, set up, acted and checked in order: the 100-line and
+// seven-argument limits hold the shipped code in src/ (clippy.toml).
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)]
+
 #[path = "agent/access.rs"]
 mod access;
 #[path = "agent/leadership.rs"]

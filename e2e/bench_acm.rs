@@ -10,6 +10,10 @@
 //! Environment: BENCH_HOSTED (default 4), BENCH_ROUNDS (default 10), BENCH_IDLE_SECONDS
 //! (default 300: longer than one watch's timeout, so watch renewals are counted).
 
+// An e2e scenario reads as one story, set up, acted and checked in order: the 100-line and
+// seven-argument limits hold the shipped code in src/ (clippy.toml).
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)]
+
 #[path = "support/mod.rs"]
 mod support;
 

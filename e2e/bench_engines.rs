@@ -11,6 +11,10 @@
 //! reached the admission service (its own request counter). Everything shares the machine's
 //! two cores: the figures compare the engines, they do not size a production server.
 
+// An e2e scenario reads as one story, set up, acted and checked in order: the 100-line and
+// seven-argument limits hold the shipped code in src/ (clippy.toml).
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)]
+
 #[path = "support/mod.rs"]
 mod support;
 

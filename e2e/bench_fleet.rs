@@ -7,6 +7,10 @@
 //!
 //! Environment: BENCH_HOSTED (default 16), BENCH_IDLE_SECONDS (default 60).
 
+// An e2e scenario reads as one story, set up, acted and checked in order: the 100-line and
+// seven-argument limits hold the shipped code in src/ (clippy.toml).
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)]
+
 #[path = "support/mod.rs"]
 mod support;
 

@@ -2,6 +2,10 @@
 //! policies/, and real kube-apiservers that judge the rendered objects and enforce the chart's
 //! RBAC on a running agent.
 
+// An e2e scenario reads as one story, set up, acted and checked in order: the 100-line and
+// seven-argument limits hold the shipped code in src/ (clippy.toml).
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)]
+
 #[path = "packaging/monitoring.rs"]
 mod monitoring;
 #[path = "packaging/policy.rs"]

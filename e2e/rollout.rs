@@ -6,6 +6,10 @@
 //! HCPs never see them; an override is checked by the API server, pins an HCP, and its removal
 //! returns the HCP to the fleet's revision.
 
+// An e2e scenario reads as one story, set up, acted and checked in order: the 100-line and
+// seven-argument limits hold the shipped code in src/ (clippy.toml).
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)]
+
 mod support;
 
 use std::collections::BTreeMap;

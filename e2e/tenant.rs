@@ -2,6 +2,10 @@
 //! write is untrusted input, and the agent's memory, its repairs and its records must hold
 //! against it.
 
+// An e2e scenario reads as one story, set up, acted and checked in order: the 100-line and
+// seven-argument limits hold the shipped code in src/ (clippy.toml).
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)]
+
 mod support;
 
 use support::{AGENT_NS, eventually, wait_compliant};

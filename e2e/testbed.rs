@@ -1,6 +1,10 @@
 //! The test bed itself, against real etcd and kube-apiservers: a management and two hosted
 //! API servers come up, serve the project's CRDs and fixtures, and leave nothing behind.
 
+// An e2e scenario reads as one story, set up, acted and checked in order: the 100-line and
+// seven-argument limits hold the shipped code in src/ (clippy.toml).
+#![allow(clippy::too_many_lines, clippy::too_many_arguments)]
+
 mod support;
 
 use std::io::{BufRead, BufReader};

@@ -597,6 +597,16 @@ impl AgentConfig {
     /// Every guardrail violation, as sentences an operator can act on.
     pub fn problems(&self) -> Vec<String> {
         let mut p = Vec::new();
+        self.rollout_and_limit_problems(&mut p);
+        self.admission_problems(&mut p);
+        self.hosted_access_problems(&mut p);
+        self.monitoring_and_certificate_problems(&mut p);
+        self.webhook_problems(&mut p);
+        p
+    }
+
+    /// Concurrency, the rollout, the management API's ceiling, the probe interval.
+    fn rollout_and_limit_problems(&self, p: &mut Vec<String>) {
         if self.concurrency == 0 {
             p.push("concurrency must be at least 1".into());
         }
@@ -636,6 +646,10 @@ impl AgentConfig {
         if !(5..=3600).contains(&self.probe_interval_seconds) {
             p.push("probeIntervalSeconds must be 5 to 3600".into());
         }
+    }
+
+    /// The admission service: image, replicas, port, Service name, exemptions.
+    fn admission_problems(&self, p: &mut Vec<String>) {
         let a = &self.admission;
         if a.image.trim().is_empty() {
             p.push("admission.image must be set".into());
@@ -678,6 +692,10 @@ impl AgentConfig {
                     .filter_map(|e| exemption_problem(field, e, kind)),
             );
         }
+    }
+
+    /// Hosted access: the kubeconfig Secret, timeouts, server rewrites and allowed servers.
+    fn hosted_access_problems(&self, p: &mut Vec<String>) {
         let h = &self.hosted_access;
         if h.kubeconfig_secret.is_empty() || h.kubeconfig_key.is_empty() {
             p.push("hostedAccess.kubeconfigSecret and kubeconfigKey must be set".into());
@@ -713,6 +731,10 @@ impl AgentConfig {
                 ));
             }
         }
+    }
+
+    /// The admission services' ServiceMonitor and the certificates' lifetimes.
+    fn monitoring_and_certificate_problems(&self, p: &mut Vec<String>) {
         let sm = &self.admission.service_monitor;
         if !is_prometheus_duration(&sm.interval) || sm.interval == "0" {
             p.push(format!(
@@ -743,7 +765,10 @@ impl AgentConfig {
         if !(1..=90).contains(&c.renew_at_remaining_percent) {
             p.push("certificates.renewAtRemainingPercent must be 1 to 90".into());
         }
+    }
 
+    /// The webhook definitions: names and paths unique, rules, selectors, engines.
+    fn webhook_problems(&self, p: &mut Vec<String>) {
         let mut names = BTreeSet::new();
         let mut paths = BTreeSet::new();
         for w in &self.webhooks {
@@ -840,7 +865,6 @@ impl AgentConfig {
                 }
             }
         }
-        p
     }
 
     /// Parses and validates; every problem is reported at once.

@@ -308,16 +308,10 @@ pub fn replicas(cfg: &AgentConfig, scheduling: &Scheduling) -> i32 {
     }
 }
 
-fn deployment(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<Deployment, RenderError> {
-    let a = &cfg.admission;
-    let ns = inp.namespace;
-    let settings = serde_json::to_string(&crate::admission::policies::Settings::from_config(cfg))
-        .map_err(|source| RenderError {
-        namespace: ns.to_string(),
-        kind: "Deployment",
-        source,
-    })?;
-    let container = Container {
+/// The admission service's container: the `webhook` command with the guards' settings in its
+/// environment (a change rolls out like any Deployment change), TLS from the mounted Secret.
+fn webhook_container(a: &crate::config::AdmissionConfig, settings: String) -> Container {
+    Container {
         name: "webhook".into(),
         image: Some(a.image.clone()),
         args: Some(vec![
@@ -373,7 +367,56 @@ fn deployment(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<Deployment, Rend
             ..Default::default()
         }]),
         ..Default::default()
-    };
+    }
+}
+
+/// Near the HCP's control plane (HyperShift's labels and taints), away from each other
+/// across zones and nodes.
+fn affinity(cfg: &AgentConfig, ns: &str) -> Affinity {
+    Affinity {
+        node_affinity: Some(NodeAffinity {
+            preferred_during_scheduling_ignored_during_execution: Some(vec![
+                preferred_node(50, CONTROL_PLANE_TAINT, "true"),
+                preferred_node(100, CLUSTER_TAINT, ns),
+            ]),
+            ..Default::default()
+        }),
+        pod_affinity: Some(PodAffinity {
+            preferred_during_scheduling_ignored_during_execution: Some(vec![
+                WeightedPodAffinityTerm {
+                    weight: 100,
+                    pod_affinity_term: PodAffinityTerm {
+                        label_selector: Some(match_labels(BTreeMap::from([(
+                            COLOCATION_LABEL.to_string(),
+                            ns.to_string(),
+                        )]))),
+                        topology_key: "kubernetes.io/hostname".into(),
+                        ..Default::default()
+                    },
+                },
+            ]),
+            ..Default::default()
+        }),
+        pod_anti_affinity: Some(PodAntiAffinity {
+            preferred_during_scheduling_ignored_during_execution: Some(vec![
+                spread(cfg, 100, "topology.kubernetes.io/zone"),
+                spread(cfg, 50, "kubernetes.io/hostname"),
+            ]),
+            ..Default::default()
+        }),
+    }
+}
+
+fn deployment(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<Deployment, RenderError> {
+    let a = &cfg.admission;
+    let ns = inp.namespace;
+    let settings = serde_json::to_string(&crate::admission::policies::Settings::from_config(cfg))
+        .map_err(|source| RenderError {
+        namespace: ns.to_string(),
+        kind: "Deployment",
+        source,
+    })?;
+    let container = webhook_container(a, settings);
     let pod = PodSpec {
         service_account_name: Some(a.service_name.clone()),
         automount_service_account_token: Some(false),
@@ -389,38 +432,7 @@ fn deployment(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<Deployment, Rend
             .chain(inp.scheduling.tolerations.iter().cloned())
             .collect(),
         ),
-        affinity: Some(Affinity {
-            node_affinity: Some(NodeAffinity {
-                preferred_during_scheduling_ignored_during_execution: Some(vec![
-                    preferred_node(50, CONTROL_PLANE_TAINT, "true"),
-                    preferred_node(100, CLUSTER_TAINT, ns),
-                ]),
-                ..Default::default()
-            }),
-            pod_affinity: Some(PodAffinity {
-                preferred_during_scheduling_ignored_during_execution: Some(vec![
-                    WeightedPodAffinityTerm {
-                        weight: 100,
-                        pod_affinity_term: PodAffinityTerm {
-                            label_selector: Some(match_labels(BTreeMap::from([(
-                                COLOCATION_LABEL.to_string(),
-                                ns.to_string(),
-                            )]))),
-                            topology_key: "kubernetes.io/hostname".into(),
-                            ..Default::default()
-                        },
-                    },
-                ]),
-                ..Default::default()
-            }),
-            pod_anti_affinity: Some(PodAntiAffinity {
-                preferred_during_scheduling_ignored_during_execution: Some(vec![
-                    spread(cfg, 100, "topology.kubernetes.io/zone"),
-                    spread(cfg, 50, "kubernetes.io/hostname"),
-                ]),
-                ..Default::default()
-            }),
-        }),
+        affinity: Some(affinity(cfg, ns)),
         // Restricted, with no fixed UID: OpenShift assigns one from the namespace range.
         security_context: Some(PodSecurityContext {
             run_as_non_root: Some(true),

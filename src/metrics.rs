@@ -381,123 +381,133 @@ impl Metrics {
             revision_of: Mutex::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
-            r.register(
-                "hosted_cluster_compliance",
-                "Per hosted cluster: 0 compliant, 1 non-compliant, -1 pending (like ACM's policy_governance_info)",
-                m.compliance.clone(),
-            );
-            r.register(
-                "webhook_drift",
-                "The agent's webhook configurations, admission policies and bindings changed or deleted in a hosted cluster by someone else and repaired",
-                m.drift.clone(),
-            );
-            r.register(
-                "management_drift",
-                "Objects of the admission service in an HCP namespace (Secrets, Service, NetworkPolicy, PodDisruptionBudget, ServiceAccount, Deployment) deleted or changed by someone else and repaired",
-                m.management_drift.clone(),
-            );
-            r.register(
-                "webhook_configurations_desired",
-                "Webhook configurations the agent wants in the hosted cluster",
-                m.webhooks_desired.clone(),
-            );
-            r.register(
-                "webhook_configurations_installed",
-                "Webhook configurations installed and current in the hosted cluster",
-                m.webhooks_installed.clone(),
-            );
-            r.register(
-                "guards",
-                "Guards in force in the hosted cluster (the probe and the Service mutation aside: each validating built-in), by the engine that carries them: webhook or policy",
-                m.guards.clone(),
-            );
-            r.register(
-                "certificate_expiry_timestamp_seconds",
-                "When the admission service's serving certificate expires (Unix time)",
-                m.cert_expiry.clone(),
-            );
-            r.register(
-                "hosted_api_request_duration_seconds",
-                "Latency of the agent's calls to a hosted kube-apiserver",
-                m.hosted_latency.clone(),
-            );
-            r.register(
-                "hosted_api_errors",
-                "Failed calls to a hosted kube-apiserver",
-                m.hosted_errors.clone(),
-            );
-            r.register(
-                "hosted_api_requests",
-                "Requests the agent sent to a hosted kube-apiserver (watches count once, when opened)",
-                m.hosted_requests.clone(),
-            );
-            r.register(
-                "management_api_requests",
-                "Requests the agent sent to the management kube-apiserver, by verb and resource",
-                m.management_requests.clone(),
-            );
-            r.register(
-                "e2e_probe_success",
-                "1 if the last end-to-end probe through the hosted kube-apiserver was answered by the admission service",
-                m.probe_success.clone(),
-            );
-            r.register(
-                "reconcile_duration_seconds",
-                "Duration of one HCP reconcile",
-                m.reconcile_duration.clone(),
-            );
-            r.register(
-                "reconcile_errors",
-                "Reconciles that failed, by phase",
-                m.reconcile_errors.clone(),
-            );
-            r.register(
-                "hosted_clusters",
-                "Hosted clusters the agent knows",
-                m.hosted_clusters.clone(),
-            );
-            r.register(
-                "leader",
-                "1 while this replica holds the leader lease",
-                m.leader.clone(),
-            );
-            r.register(
-                "hcp_revision_info",
-                "The revision each hosted cluster was last reconciled to (always 1)",
-                m.revision.clone(),
-            );
-            r.register(
-                "rollout_info",
-                "The rollout's stable and target revisions and its phase (always 1)",
-                m.rollout.clone(),
-            );
-            r.register(
-                "rollout_hcps",
-                "HCPs of the rollout in flight, done, failed (back on the stable revision) or waiting for their batch",
-                m.rollout_hcps.clone(),
-            );
-            r.register(
-                "rollout_halted",
-                "1 while the rollout is halted (a revision failed on an HCP; see the AdmissionRollout's message)",
-                m.rollout_halted.clone(),
-            );
-            r.register(
-                "rollout_halts",
-                "Rollouts halted by a failing HCP",
-                m.rollout_halts.clone(),
-            );
-            r.register(
-                "paused_since_timestamp_seconds",
-                "Since when the agent has left a hosted cluster alone, by who asked (annotation, hypershift, override); absent when it does not",
-                m.paused.clone(),
-            );
-            r.register(
-                "overrides",
-                "HCPs with a HostedAdmissionOverride, by whether the agent accepted it",
-                m.overrides.clone(),
-            );
+            m.register_hosted(&mut r);
+            m.register_fleet(&mut r);
         }
         m
+    }
+
+    /// The per-hosted-cluster series, and the requests sent to the API servers.
+    fn register_hosted(&self, r: &mut Registry) {
+        r.register(
+            "hosted_cluster_compliance",
+            "Per hosted cluster: 0 compliant, 1 non-compliant, -1 pending (like ACM's policy_governance_info)",
+            self.compliance.clone(),
+        );
+        r.register(
+            "webhook_drift",
+            "The agent's webhook configurations, admission policies and bindings changed or deleted in a hosted cluster by someone else and repaired",
+            self.drift.clone(),
+        );
+        r.register(
+            "management_drift",
+            "Objects of the admission service in an HCP namespace (Secrets, Service, NetworkPolicy, PodDisruptionBudget, ServiceAccount, Deployment) deleted or changed by someone else and repaired",
+            self.management_drift.clone(),
+        );
+        r.register(
+            "webhook_configurations_desired",
+            "Webhook configurations the agent wants in the hosted cluster",
+            self.webhooks_desired.clone(),
+        );
+        r.register(
+            "webhook_configurations_installed",
+            "Webhook configurations installed and current in the hosted cluster",
+            self.webhooks_installed.clone(),
+        );
+        r.register(
+            "guards",
+            "Guards in force in the hosted cluster (the probe and the Service mutation aside: each validating built-in), by the engine that carries them: webhook or policy",
+            self.guards.clone(),
+        );
+        r.register(
+            "certificate_expiry_timestamp_seconds",
+            "When the admission service's serving certificate expires (Unix time)",
+            self.cert_expiry.clone(),
+        );
+        r.register(
+            "hosted_api_request_duration_seconds",
+            "Latency of the agent's calls to a hosted kube-apiserver",
+            self.hosted_latency.clone(),
+        );
+        r.register(
+            "hosted_api_errors",
+            "Failed calls to a hosted kube-apiserver",
+            self.hosted_errors.clone(),
+        );
+        r.register(
+            "hosted_api_requests",
+            "Requests the agent sent to a hosted kube-apiserver (watches count once, when opened)",
+            self.hosted_requests.clone(),
+        );
+        r.register(
+            "management_api_requests",
+            "Requests the agent sent to the management kube-apiserver, by verb and resource",
+            self.management_requests.clone(),
+        );
+    }
+
+    /// The controller's, the rollout's and the fleet's series.
+    fn register_fleet(&self, r: &mut Registry) {
+        r.register(
+            "e2e_probe_success",
+            "1 if the last end-to-end probe through the hosted kube-apiserver was answered by the admission service",
+            self.probe_success.clone(),
+        );
+        r.register(
+            "reconcile_duration_seconds",
+            "Duration of one HCP reconcile",
+            self.reconcile_duration.clone(),
+        );
+        r.register(
+            "reconcile_errors",
+            "Reconciles that failed, by phase",
+            self.reconcile_errors.clone(),
+        );
+        r.register(
+            "hosted_clusters",
+            "Hosted clusters the agent knows",
+            self.hosted_clusters.clone(),
+        );
+        r.register(
+            "leader",
+            "1 while this replica holds the leader lease",
+            self.leader.clone(),
+        );
+        r.register(
+            "hcp_revision_info",
+            "The revision each hosted cluster was last reconciled to (always 1)",
+            self.revision.clone(),
+        );
+        r.register(
+            "rollout_info",
+            "The rollout's stable and target revisions and its phase (always 1)",
+            self.rollout.clone(),
+        );
+        r.register(
+            "rollout_hcps",
+            "HCPs of the rollout in flight, done, failed (back on the stable revision) or waiting for their batch",
+            self.rollout_hcps.clone(),
+        );
+        r.register(
+            "rollout_halted",
+            "1 while the rollout is halted (a revision failed on an HCP; see the AdmissionRollout's message)",
+            self.rollout_halted.clone(),
+        );
+        r.register(
+            "rollout_halts",
+            "Rollouts halted by a failing HCP",
+            self.rollout_halts.clone(),
+        );
+        r.register(
+            "paused_since_timestamp_seconds",
+            "Since when the agent has left a hosted cluster alone, by who asked (annotation, hypershift, override); absent when it does not",
+            self.paused.clone(),
+        );
+        r.register(
+            "overrides",
+            "HCPs with a HostedAdmissionOverride, by whether the agent accepted it",
+            self.overrides.clone(),
+        );
     }
 
     pub fn encode(&self) -> String {

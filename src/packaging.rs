@@ -174,50 +174,10 @@ fn compliance_type(kind: &str) -> &'static str {
     }
 }
 
-/// The hub objects: Policy, Placement, PlacementBinding, ManagedClusterSetBinding.
-pub fn hub_objects(rendered: &str, opts: &FleetOptions) -> Result<Vec<Value>, PackagingError> {
-    let objs = parse_rendered(rendered)?;
-    let mut namespaces: Vec<String> = objs
-        .iter()
-        .filter_map(|o| str_at(o, &["metadata", "namespace"]).map(str::to_string))
-        .collect();
-    namespaces.sort();
-    namespaces.dedup();
-    let agent_ns = match namespaces.as_slice() {
-        [ns] => ns.clone(),
-        [] => return Err(PackagingError::NoAgentNamespace),
-        _ => return Err(PackagingError::SeveralNamespaces(namespaces)),
-    };
-    if !objs
-        .iter()
-        .any(|o| str_at(o, &["kind"]) == Some("Deployment"))
-    {
-        return Err(PackagingError::NoAgentNamespace);
-    }
-    // The chart never creates its namespace (helm install --create-namespace does); the
-    // Policy must.
-    let namespace = json!({
-        "apiVersion": "v1", "kind": "Namespace",
-        "metadata": {"name": agent_ns, "labels": {"app.kubernetes.io/part-of": "hcp-fleet-agent"}},
-    });
-    let object_template = |o: Value| {
-        let kind = str_at(&o, &["kind"]).unwrap_or_default();
-        json!({"complianceType": compliance_type(kind), "objectDefinition": o})
-    };
-    // The CRDs go in a ConfigurationPolicy of their own that never prunes: a cluster leaving
-    // the Placement (or the Policy deleted) must not delete the CRDs, which would delete every
-    // override SREs wrote, with its reason, and the rollout's history.
-    let (crds, objs): (Vec<Value>, Vec<Value>) = objs
-        .into_iter()
-        .partition(|o| str_at(o, &["kind"]) == Some("CustomResourceDefinition"));
-    let templates: Vec<Value> = std::iter::once(namespace)
-        .chain(objs)
-        .map(object_template)
-        .collect();
-    let crd_templates: Vec<Value> = crds.into_iter().map(object_template).collect();
-    let name = &opts.name;
-    let ns = &opts.policy_namespace;
-    let policy = json!({
+/// The fleet Policy: the chart's objects (enforced, pruned with the Policy), the agent's report
+/// template, and the CRDs (never pruned).
+fn fleet_policy(name: &str, ns: &str, templates: Vec<Value>, crd_templates: Vec<Value>) -> Value {
+    json!({
         "apiVersion": "policy.open-cluster-management.io/v1",
         "kind": "Policy",
         "metadata": {
@@ -277,7 +237,53 @@ pub fn hub_objects(rendered: &str, opts: &FleetOptions) -> Result<Vec<Value>, Pa
                 },
             }],
         },
+    })
+}
+
+/// The hub objects: Policy, Placement, PlacementBinding, ManagedClusterSetBinding.
+pub fn hub_objects(rendered: &str, opts: &FleetOptions) -> Result<Vec<Value>, PackagingError> {
+    let objs = parse_rendered(rendered)?;
+    let mut namespaces: Vec<String> = objs
+        .iter()
+        .filter_map(|o| str_at(o, &["metadata", "namespace"]).map(str::to_string))
+        .collect();
+    namespaces.sort();
+    namespaces.dedup();
+    let agent_ns = match namespaces.as_slice() {
+        [ns] => ns.clone(),
+        [] => return Err(PackagingError::NoAgentNamespace),
+        _ => return Err(PackagingError::SeveralNamespaces(namespaces)),
+    };
+    if !objs
+        .iter()
+        .any(|o| str_at(o, &["kind"]) == Some("Deployment"))
+    {
+        return Err(PackagingError::NoAgentNamespace);
+    }
+    // The chart never creates its namespace (helm install --create-namespace does); the
+    // Policy must.
+    let namespace = json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": agent_ns, "labels": {"app.kubernetes.io/part-of": "hcp-fleet-agent"}},
     });
+    let object_template = |o: Value| {
+        let kind = str_at(&o, &["kind"]).unwrap_or_default();
+        json!({"complianceType": compliance_type(kind), "objectDefinition": o})
+    };
+    // The CRDs go in a ConfigurationPolicy of their own that never prunes: a cluster leaving
+    // the Placement (or the Policy deleted) must not delete the CRDs, which would delete every
+    // override SREs wrote, with its reason, and the rollout's history.
+    let (crds, objs): (Vec<Value>, Vec<Value>) = objs
+        .into_iter()
+        .partition(|o| str_at(o, &["kind"]) == Some("CustomResourceDefinition"));
+    let templates: Vec<Value> = std::iter::once(namespace)
+        .chain(objs)
+        .map(object_template)
+        .collect();
+    let crd_templates: Vec<Value> = crds.into_iter().map(object_template).collect();
+    let name = &opts.name;
+    let ns = &opts.policy_namespace;
+    let policy = fleet_policy(name, ns, templates, crd_templates);
     let fleet_placement = placement(
         name,
         opts,

@@ -132,7 +132,13 @@ async fn remove_hcp(
     let secret = Api::<Secret>::namespaced(client.clone(), ns)
         .get_opt(&access.kubeconfig_secret)
         .await
-        .map_err(|e| hosted_err(format!("reading {}: {e}", access.kubeconfig_secret)))?
+        .map_err(|e| {
+            hosted_err(format!(
+                "reading {}: {}",
+                access.kubeconfig_secret,
+                crate::human::KubeError(&e)
+            ))
+        })?
         .ok_or_else(|| hosted_err(format!("secret {} not found", access.kubeconfig_secret)))?;
     let raw = secret
         .data
@@ -157,8 +163,22 @@ async fn remove_hcp(
     let hosted_objects = tokio::time::timeout(timeout, remove_hosted(&hosted, cfg))
         .await
         .map_err(|_| hosted_err(format!("{server} did not answer within {timeout:?}")))?
-        .map_err(|e| hosted_err(format!("{server}: {e}")))?;
+        .map_err(|e| hosted_err(format!("{server}: {}", crate::human::KubeError(&e))))?;
 
+    let n = remove_management_side(client, cfg, ns).await?;
+    Ok(Removed {
+        hosted_objects,
+        management_objects: n,
+    })
+}
+
+/// The admission service's objects in the HCP namespace, and its health record: how many
+/// were there.
+async fn remove_management_side(
+    client: &Client,
+    cfg: &AgentConfig,
+    ns: &str,
+) -> Result<usize, UninstallError> {
     let del = |what: String| {
         move |source| UninstallError::Delete {
             namespace: ns.to_string(),
@@ -249,10 +269,7 @@ async fn remove_hcp(
             ));
         }
     }
-    Ok(Removed {
-        hosted_objects,
-        management_objects: n,
-    })
+    Ok(n)
 }
 
 /// Removes the agent's objects from every HCP. Returns one line per HCP

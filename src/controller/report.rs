@@ -221,6 +221,62 @@ async fn write_health(
 /// How often, at most, the templates are re-evaluated and written.
 const REPORT_EVERY: Duration = Duration::from_secs(1);
 
+/// The HostedClusters' metadata, in a store (where HyperShift's API is served), each change
+/// waking the reporter.
+fn watch_hosted_clusters(
+    ctx: &Arc<Context>,
+) -> (
+    kube::runtime::reflector::Store<PartialObjectMeta<HostedCluster>>,
+    Option<super::context::AbortOnDrop>,
+) {
+    let (store, writer) = kube::runtime::reflector::store::<PartialObjectMeta<HostedCluster>>();
+    let watch = ctx.caps.hosted_cluster_crd.then(|| {
+        wake_on(
+            ctx,
+            watcher(
+                Api::<PartialObjectMeta<HostedCluster>>::all(ctx.client.clone()),
+                watcher::Config::default(),
+            )
+            .default_backoff()
+            .modify(|m| m.metadata.managed_fields = None)
+            .reflect(writer)
+            .boxed(),
+            "the HostedClusters",
+        )
+    });
+    (store, watch)
+}
+
+/// What a template was last told (and which foreign entry answered); `false` when the write
+/// failed, to be tried again.
+fn remember(
+    result: Result<AdmissionHealthPolicyStatus, kube::Error>,
+    key: (String, String, String),
+    foreign: Option<String>,
+    written: &mut BTreeMap<(String, String, String), AdmissionHealthPolicyStatus>,
+    answered: &mut BTreeMap<String, String>,
+) -> bool {
+    match result {
+        Err(e) => {
+            warn!(
+                error = %crate::human::KubeError(&e),
+                namespace = %key.0,
+                template = %key.1,
+                "reporting an AdmissionHealthPolicy failed; retrying"
+            );
+            written.remove(&key);
+            false
+        }
+        Ok(status) => {
+            if let Some(f) = foreign {
+                answered.insert(key.2.clone(), f);
+            }
+            written.insert(key, status);
+            true
+        }
+    }
+}
+
 /// Re-evaluates every `AdmissionHealthPolicy` template whenever a hosted cluster's row changes
 /// or a template appears or changes (debounced, so a fleet converging at once costs a few
 /// writes, not one per HCP).
@@ -235,32 +291,13 @@ pub async fn template_reporter(ctx: Arc<Context>) {
     // shows for each template, to answer template-sync's error and pending events.
     let (policies, policy_writer) = kube::runtime::reflector::store::<Policy>();
     let _policy_watch = ctx.caps.policy_crd.then(|| {
-        reflect_and_wake(
-            &ctx,
-            Api::all(ctx.client.clone()),
-            policy_writer,
-            "the replicated Policies",
-        )
+        let api = Api::all(ctx.client.clone());
+        reflect_and_wake(&ctx, api, policy_writer, "the replicated Policies")
     });
     // Hosted-mode rows: which HCP each ACM managed cluster is. The HostedClusters' metadata
     // (ACM's managed-cluster annotation) where HyperShift's API is served, and the server of
     // each hosted-mode klusterlet's kubeconfig.
-    let (hosted_clusters, hc_writer) =
-        kube::runtime::reflector::store::<PartialObjectMeta<HostedCluster>>();
-    let _hc_watch = ctx.caps.hosted_cluster_crd.then(|| {
-        wake_on(
-            &ctx,
-            watcher(
-                Api::<PartialObjectMeta<HostedCluster>>::all(ctx.client.clone()),
-                watcher::Config::default(),
-            )
-            .default_backoff()
-            .modify(|m| m.metadata.managed_fields = None)
-            .reflect(hc_writer)
-            .boxed(),
-            "the HostedClusters",
-        )
-    });
+    let (hosted_clusters, _hc_watch) = watch_hosted_clusters(&ctx);
     let (klusterlet_servers, _klusterlet_watch) = watch_klusterlet_servers(&ctx);
     // The foreign entries already answered, per template UID (at most one each: the newest).
     let mut answered: BTreeMap<String, String> = BTreeMap::new();
@@ -340,24 +377,8 @@ pub async fn template_reporter(ctx: Arc<Context>) {
             if let Some(f) = &foreign {
                 info!(namespace = %key.0, template = %key.1, newest = %f, "the hub's newest entry for the template is not the agent's; reporting the verdict again");
             }
-            match report_template(&ctx, &t, &want, foreign.is_some()).await {
-                Err(e) => {
-                    warn!(
-                        error = %crate::human::KubeError(&e),
-                        namespace = t.namespace().unwrap_or_default(),
-                        template = t.name_any(),
-                        "reporting an AdmissionHealthPolicy failed; retrying"
-                    );
-                    retry = true;
-                    written.remove(&key);
-                }
-                Ok(status) => {
-                    if let Some(f) = foreign {
-                        answered.insert(key.2.clone(), f);
-                    }
-                    written.insert(key, status);
-                }
-            }
+            let result = report_template(&ctx, &t, &want, foreign.is_some()).await;
+            retry |= !remember(result, key, foreign, &mut written, &mut answered);
         }
         // Templates gone (deleted, or replaced by a new one of the same name) are forgotten.
         let live: std::collections::BTreeSet<String> =
