@@ -60,6 +60,7 @@ demo:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --no-default-features --lib --bins -- -D warnings
 	@bash hack/advisories.sh
 
 fmt:

@@ -10,7 +10,8 @@
 #   (/etc/hosts, the service account's CA, token and namespace): it prints its version, and
 #   with the in-cluster configuration pointing at a name from /etc/hosts on a closed port it
 #   gets as far as connecting (name resolved, CA loaded), which a static glibc binary without
-#   NSS files or a CA bundle would not.
+#   NSS files or a CA bundle would not;
+# - it was built without the test bed: no `dev` or `package` command, `--local-mode` refused.
 # chroot needs root; as another user it runs under `unshare -r`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -80,4 +81,12 @@ out="$(CHECK_LOG=hyper_util::client::legacy::connect::http=debug run uninstall -
 grep -q "connecting to 127.0.0.1:1" <<<"$out" \
   || die "in-cluster access does not get as far as connecting:"$'\n'"$out"
 say "in-cluster configuration loaded, kube-apiserver.image-check.svc resolved from /etc/hosts"
+# Built without the test bed: no `dev` or `package` command, and --local-mode refused.
+for cmd in dev package; do
+  out="$(run "$cmd" --help 2>&1)" && die "the image's binary has the test bed's '$cmd' command"
+  grep -q "unrecognized subcommand" <<<"$out" || die "'$cmd': $out"
+done
+out="$(run agent --local-mode 2>&1)" && die "the image's binary accepted --local-mode"
+grep -q "needs the test bed, which this build leaves out" <<<"$out" || die "--local-mode: $out"
+say "built without the test bed: no dev or package command, --local-mode refused"
 say "ok: $image"

@@ -24,8 +24,10 @@ version="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/hcp-f
 target=x86_64-unknown-linux-gnu
 binary="target/$target/release/hcp-fleet-agent"
 # --target keeps this build apart from the debug one (build scripts stay dynamic, host-built).
+# Without the test bed (the `testbed` feature: etcd and kube-apiserver supervision, the
+# stand-in kubelet, `dev`, `package`): none of it ships.
 RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
-  cargo build --release --locked --target "$target" --bin hcp-fleet-agent >&2
+  cargo build --release --locked --no-default-features --target "$target" --bin hcp-fleet-agent >&2
 interp="$(readelf -l "$binary" 2>/dev/null | grep -c 'Requesting program interpreter' || true)"
 [ "$interp" = 0 ] || die "$binary is dynamically linked"
 say "static binary: $binary ($(du -h "$binary" | cut -f1))"

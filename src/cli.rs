@@ -26,12 +26,14 @@ pub enum Command {
     /// The admission service the agent deploys into each HCP namespace.
     Webhook(crate::admission::WebhookArgs),
     /// A local fleet: etcd, a management and N hosted kube-apiservers, HCP fixtures.
+    #[cfg(feature = "testbed")]
     Dev(crate::dev::DevArgs),
     /// The fleet table, read from the health records, and a summary line.
     Status(crate::status::StatusArgs),
     /// Print every manifest the agent would apply for an HCP.
     Render(crate::render::RenderArgs),
     /// Fleet packaging: the chart's values schema, the ACM Policy and SelectorSyncSet.
+    #[cfg(feature = "testbed")]
     Package(crate::packaging::PackageArgs),
     /// Remove what the agent put into the fleet (after the agent itself is gone).
     Uninstall(crate::uninstall::UninstallArgs),
@@ -54,22 +56,49 @@ pub fn main() -> ExitCode {
         }
     };
     match cli.command {
+        #[cfg(feature = "testbed")]
         Command::Dev(args) => runtime.block_on(crate::dev::run(args)),
         Command::Agent(args) => {
             // The composition root: the only place that picks the test bed's seam.
-            let endpoints: std::sync::Arc<dyn crate::controller::AdmissionEndpoints> =
-                if args.local_mode {
-                    crate::localcp::kubelet::endpoints()
-                } else {
-                    std::sync::Arc::new(crate::controller::InCluster)
-                };
+            let endpoints = match endpoints(args.local_mode) {
+                Ok(e) => e,
+                Err(why) => {
+                    eprintln!("error: {why}");
+                    return ExitCode::from(2);
+                }
+            };
             runtime.block_on(crate::agent::run(args, endpoints))
         }
         Command::Status(args) => runtime.block_on(crate::status::run(args)),
         Command::Render(args) => crate::render::run(args),
+        #[cfg(feature = "testbed")]
         Command::Package(args) => crate::packaging::run(args),
         Command::Uninstall(args) => runtime.block_on(crate::uninstall::run(args)),
         Command::Ready(args) => runtime.block_on(crate::liveness::ready(args)),
         Command::Webhook(args) => runtime.block_on(crate::admission::run(args)),
     }
+}
+
+/// How hosted kube-apiservers reach the admission services: in the cluster, or (`--local-mode`,
+/// the test bed's) at the addresses its stand-in kubelet publishes.
+#[cfg(feature = "testbed")]
+fn endpoints(
+    local: bool,
+) -> Result<std::sync::Arc<dyn crate::controller::AdmissionEndpoints>, &'static str> {
+    Ok(if local {
+        crate::localcp::kubelet::endpoints()
+    } else {
+        std::sync::Arc::new(crate::controller::InCluster)
+    })
+}
+
+/// This build has no test bed (the image's): `--local-mode` is refused.
+#[cfg(not(feature = "testbed"))]
+fn endpoints(
+    local: bool,
+) -> Result<std::sync::Arc<dyn crate::controller::AdmissionEndpoints>, &'static str> {
+    if local {
+        return Err("--local-mode needs the test bed, which this build leaves out");
+    }
+    Ok(std::sync::Arc::new(crate::controller::InCluster))
 }
