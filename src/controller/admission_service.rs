@@ -24,25 +24,40 @@ use crate::management::{self, HcpInputs};
 use crate::metrics::DriftLabels;
 use kube::runtime::reflector::Store;
 
+/// Where one management-side object lives: its API, kind and name, the watch store that may
+/// answer for it, and its dynamic type.
+struct Target<'a, K: Resource + 'static>
+where
+    K::DynamicType: Eq + std::hash::Hash,
+{
+    api: Api<K>,
+    kind: &'static str,
+    name: &'a str,
+    store: Option<&'a Store<K>>,
+    dyntype: &'a K::DynamicType,
+}
+
 /// One management-side object: read, and written only where it differs from what is
 /// rendered. A write to an object that was in place as rendered before (same desired state,
 /// seen matching) is drift: someone else deleted or changed it. Returns the object as the
 /// server has it, and a note when it repaired drift.
-#[allow(clippy::too_many_arguments)]
 async fn put<K>(
     ctx: &Context,
     ns: &str,
-    api: Api<K>,
-    kind: &'static str,
-    name: &str,
+    target: Target<'_, K>,
     obj: &K,
-    store: Option<&Store<K>>,
-    dyntype: &K::DynamicType,
 ) -> Result<(K, Option<String>), Failure>
 where
     K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
     K::DynamicType: Clone + Eq + std::hash::Hash,
 {
+    let Target {
+        api,
+        kind,
+        name,
+        store,
+        dyntype,
+    } = target;
     let failed = |source| Failure::ApplyAdmission {
         kind,
         name: name.to_string(),
@@ -164,60 +179,70 @@ pub async fn ensure(
     let (_, n) = put(
         ctx,
         ns,
-        secrets(),
-        "Secret",
-        &management::ca_secret_name(cfg),
+        Target {
+            api: secrets(),
+            kind: "Secret",
+            name: &management::ca_secret_name(cfg),
+            store: caches.ca_secrets.as_ref(),
+            dyntype: &(),
+        },
         &objs.ca_secret,
-        caches.ca_secrets.as_ref(),
-        &(),
     )
     .await?;
     note(n, "Secret");
     let (_, n) = put(
         ctx,
         ns,
-        secrets(),
-        "Secret",
-        &management::tls_secret_name(cfg),
+        Target {
+            api: secrets(),
+            kind: "Secret",
+            name: &management::tls_secret_name(cfg),
+            store: caches.tls_secrets.as_ref(),
+            dyntype: &(),
+        },
         &objs.tls_secret,
-        caches.tls_secrets.as_ref(),
-        &(),
     )
     .await?;
     note(n, "Secret");
     let (_, n) = put(
         ctx,
         ns,
-        Api::<ServiceAccount>::namespaced(c(), ns),
-        "ServiceAccount",
-        name,
+        Target {
+            api: Api::<ServiceAccount>::namespaced(c(), ns),
+            kind: "ServiceAccount",
+            name,
+            store: caches.service_accounts.as_ref(),
+            dyntype: &(),
+        },
         &objs.service_account,
-        caches.service_accounts.as_ref(),
-        &(),
     )
     .await?;
     note(n, "ServiceAccount");
     let (_, n) = put(
         ctx,
         ns,
-        Api::<Service>::namespaced(c(), ns),
-        "Service",
-        name,
+        Target {
+            api: Api::<Service>::namespaced(c(), ns),
+            kind: "Service",
+            name,
+            store: caches.services.as_ref(),
+            dyntype: &(),
+        },
         &objs.service,
-        caches.services.as_ref(),
-        &(),
     )
     .await?;
     note(n, "Service");
     let (_, n) = put(
         ctx,
         ns,
-        Api::<NetworkPolicy>::namespaced(c(), ns),
-        "NetworkPolicy",
-        name,
+        Target {
+            api: Api::<NetworkPolicy>::namespaced(c(), ns),
+            kind: "NetworkPolicy",
+            name,
+            store: caches.network_policies.as_ref(),
+            dyntype: &(),
+        },
         &objs.network_policy,
-        caches.network_policies.as_ref(),
-        &(),
     )
     .await?;
     note(n, "NetworkPolicy");
@@ -226,12 +251,14 @@ pub async fn ensure(
         let (_, n) = put(
             ctx,
             ns,
-            api,
-            "PodDisruptionBudget",
-            name,
+            Target {
+                api,
+                kind: "PodDisruptionBudget",
+                name,
+                store: caches.pdbs.as_ref(),
+                dyntype: &ar,
+            },
             pdb,
-            caches.pdbs.as_ref(),
-            &ar,
         )
         .await?;
         note(n, "PodDisruptionBudget");
@@ -240,12 +267,14 @@ pub async fn ensure(
     let (deployment, n) = put(
         ctx,
         ns,
-        Api::<Deployment>::namespaced(c(), ns),
-        "Deployment",
-        name,
+        Target {
+            api: Api::<Deployment>::namespaced(c(), ns),
+            kind: "Deployment",
+            name,
+            store: caches.deployments.as_ref(),
+            dyntype: &(),
+        },
         &objs.deployment,
-        caches.deployments.as_ref(),
-        &(),
     )
     .await?;
     note(n, "Deployment");
@@ -271,7 +300,19 @@ async fn monitoring(
         let monitors = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &ar);
         match (&objs.service_monitor, api == wanted) {
             (Some(sm), true) => {
-                let (_, n) = put(ctx, ns, monitors, "ServiceMonitor", name, sm, None, &ar).await?;
+                let (_, n) = put(
+                    ctx,
+                    ns,
+                    Target {
+                        api: monitors,
+                        kind: "ServiceMonitor",
+                        name,
+                        store: None,
+                        dyntype: &ar,
+                    },
+                    sm,
+                )
+                .await?;
                 note(n, "ServiceMonitor");
             }
             _ => remove(ctx, ns, &monitors, "ServiceMonitor", name).await?,
@@ -282,7 +323,19 @@ async fn monitoring(
         let rb_name = management::prometheus_binding_name(cfg);
         match &objs.prometheus_binding {
             Some(rb) => {
-                let (_, n) = put(ctx, ns, bindings, "RoleBinding", &rb_name, rb, None, &()).await?;
+                let (_, n) = put(
+                    ctx,
+                    ns,
+                    Target {
+                        api: bindings,
+                        kind: "RoleBinding",
+                        name: &rb_name,
+                        store: None,
+                        dyntype: &(),
+                    },
+                    rb,
+                )
+                .await?;
                 note(n, "RoleBinding");
             }
             None => remove(ctx, ns, &bindings, "RoleBinding", &rb_name).await?,
