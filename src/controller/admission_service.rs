@@ -132,8 +132,6 @@ pub struct AdmissionService {
 /// Deployment as the server has it now.
 // The HCP's inputs, one by one: a struct for one caller would only rename them.
 #[allow(clippy::too_many_arguments)]
-// Over 100 lines until the per-HCP scope type splits it (issue 32).
-#[allow(clippy::too_many_lines)]
 pub async fn ensure(
     ctx: &Context,
     cfg: &AgentConfig,
@@ -161,7 +159,6 @@ pub async fn ensure(
     let c = || ctx.client.clone();
     let caches = ctx.caches();
     let name = cfg.admission.service_name.as_str();
-    let secrets = || Api::<Secret>::namespaced(c(), ns);
     let mut drift = Vec::new();
     let mut note = |n: Option<String>, kind: &str| {
         if let Some(n) = n {
@@ -176,6 +173,38 @@ pub async fn ensure(
             drift.push(n);
         }
     };
+    around_the_deployment(ctx, cfg, ns, &objs, &mut note).await?;
+    monitoring(ctx, cfg, ns, &objs, &mut note).await?;
+    let (deployment, n) = put(
+        ctx,
+        ns,
+        Target {
+            api: Api::<Deployment>::namespaced(c(), ns),
+            kind: "Deployment",
+            name,
+            store: caches.deployments.as_ref(),
+            dyntype: &(),
+        },
+        &objs.deployment,
+    )
+    .await?;
+    note(n, "Deployment");
+    Ok(AdmissionService { deployment, drift })
+}
+
+/// Everything the Deployment needs beside it: its Secrets, ServiceAccount, Service,
+/// NetworkPolicy and (where the server serves one) PodDisruptionBudget.
+async fn around_the_deployment(
+    ctx: &Context,
+    cfg: &AgentConfig,
+    ns: &str,
+    objs: &management::ManagementObjects,
+    note: &mut impl FnMut(Option<String>, &str),
+) -> Result<(), Failure> {
+    let c = || ctx.client.clone();
+    let caches = ctx.caches();
+    let name = cfg.admission.service_name.as_str();
+    let secrets = || Api::<Secret>::namespaced(c(), ns);
     let (_, n) = put(
         ctx,
         ns,
@@ -263,22 +292,7 @@ pub async fn ensure(
         .await?;
         note(n, "PodDisruptionBudget");
     }
-    monitoring(ctx, cfg, ns, &objs, &mut note).await?;
-    let (deployment, n) = put(
-        ctx,
-        ns,
-        Target {
-            api: Api::<Deployment>::namespaced(c(), ns),
-            kind: "Deployment",
-            name,
-            store: caches.deployments.as_ref(),
-            dyntype: &(),
-        },
-        &objs.deployment,
-    )
-    .await?;
-    note(n, "Deployment");
-    Ok(AdmissionService { deployment, drift })
+    Ok(())
 }
 
 /// The ServiceMonitor in the configured API group and the platform Prometheus's RoleBinding;

@@ -62,8 +62,65 @@ pub struct Want<'a> {
     pub proof: &'a probe::Proof,
 }
 
-// Over 100 lines until the per-HCP scope type splits it (issue 32).
-#[allow(clippy::too_many_lines)]
+/// Fails when a Service in the HCP namespace would make HyperShift delete the guest webhooks
+/// at `url_base` (an unlabelled Service whose name the URL contains).
+async fn not_condemned(
+    ctx: &Context,
+    index: Option<&super::guest_services::GuestServices>,
+    ns: &str,
+    url_base: &str,
+) -> Result<(), Failure> {
+    let indexed = match index {
+        Some(index) => index.unlabelled(ns).await,
+        None => None,
+    };
+    let unlabelled = match indexed {
+        Some(names) => names,
+        None => {
+            let services = Api::<Service>::namespaced(ctx.client.clone(), ns)
+                .list(&ListParams::default())
+                .await
+                .map_err(Failure::ListServices)?;
+            crate::management::unlabelled_services(&services.items)
+        }
+    };
+    let condemning = crate::management::names_condemning(url_base, &unlabelled);
+    if condemning.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure::GuestWebhooksCondemned {
+            url: url_base.to_string(),
+            services: condemning,
+        })
+    }
+}
+
+/// What the install came to: the type checker's warnings, or the failure as reported.
+fn outcome(
+    installed: Result<Result<Vec<String>, InstallError>, tokio::time::error::Elapsed>,
+    hosted: &HostedClient,
+    timeout: Duration,
+) -> Result<Vec<String>, Failure> {
+    match installed {
+        Ok(Ok(warnings)) => Ok(warnings),
+        Ok(Err(InstallError::Api(source))) => Err(Failure::HostedApi {
+            server: hosted.server.clone(),
+            secret: hosted.secret.clone(),
+            source,
+        }),
+        Ok(Err(InstallError::Unproven { to, why })) => Err(Failure::SwitchUnproven {
+            server: hosted.server.clone(),
+            to,
+            seconds: timeout.as_secs(),
+            why,
+        }),
+        Err(_) => Err(Failure::HostedTimeout {
+            server: hosted.server.clone(),
+            seconds: (timeout * 2).as_secs(),
+        }),
+    }
+}
+
 pub async fn ensure(
     ctx: &Context,
     cfg: &AgentConfig,
@@ -86,27 +143,7 @@ pub async fn ensure(
         .url_base(&ctx.client, cfg, ns, service.as_deref())
         .await;
     // Installing what HyperShift deletes at once would be a fight counted as drift forever.
-    let indexed = match caches.guest_services {
-        Some(index) => index.unlabelled(ns).await,
-        None => None,
-    };
-    let unlabelled = match indexed {
-        Some(names) => names,
-        None => {
-            let services = Api::<Service>::namespaced(ctx.client.clone(), ns)
-                .list(&ListParams::default())
-                .await
-                .map_err(Failure::ListServices)?;
-            crate::management::unlabelled_services(&services.items)
-        }
-    };
-    let condemning = crate::management::names_condemning(&url_base, &unlabelled);
-    if !condemning.is_empty() {
-        return Err(Failure::GuestWebhooksCondemned {
-            url: url_base,
-            services: condemning,
-        });
-    }
+    not_condemned(ctx, caches.guest_services.as_ref(), ns, &url_base).await?;
     let features = hosted.features().await;
     let mut desired = webhooks::render(cfg, ns, &url_base, ca_bundle, features)
         .map_err(Failure::RenderWebhooks)?
@@ -160,25 +197,7 @@ pub async fn ensure(
     m.hosted_latency
         .get_or_create(&labels)
         .observe(t0.elapsed().as_secs_f64());
-    let result = match installed {
-        Ok(Ok(warnings)) => Ok(warnings),
-        Ok(Err(InstallError::Api(source))) => Err(Failure::HostedApi {
-            server: hosted.server.clone(),
-            secret: hosted.secret.clone(),
-            source,
-        }),
-        Ok(Err(InstallError::Unproven { to, why })) => Err(Failure::SwitchUnproven {
-            server: hosted.server.clone(),
-            to,
-            seconds: timeout.as_secs(),
-            why,
-        }),
-        Err(_) => Err(Failure::HostedTimeout {
-            server: hosted.server.clone(),
-            seconds: (timeout * 2).as_secs(),
-        }),
-    };
-    let type_warnings = match result {
+    let type_warnings = match outcome(installed, hosted, timeout) {
         Ok(w) => w,
         Err(f) => {
             m.hosted_errors.get_or_create(&labels).inc();
