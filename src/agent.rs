@@ -409,8 +409,6 @@ pub async fn run(args: AgentArgs, endpoints: Arc<dyn AdmissionEndpoints>) -> Exi
 /// itself, like client-go's renew deadline: every renewal it sees moves its deadline to the
 /// renewal plus the lease duration less a margin, and a leader that sees none by then stops
 /// writing, before a standby can take the expired lease.
-// Over 100 lines until the per-HCP scope type splits it (issue 32).
-#[allow(clippy::too_many_lines)]
 async fn run_leader_elected(
     client: kube::Client,
     lease_client: kube::Client,
@@ -419,56 +417,34 @@ async fn run_leader_elected(
     opts: impl Fn() -> StartOptions,
 ) -> ExitCode {
     use futures::StreamExt;
-    use k8s_openapi::api::coordination::v1::Lease;
-    use kube::runtime::{WatchStreamExt, watcher};
-    use tokio::signal::unix::{SignalKind, signal};
     use tokio::time::Instant;
-    let identity = std::env::var("POD_NAME")
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| format!("hcp-fleet-agent-{}", std::process::id()));
+    let identity = replica_identity();
     let duration = args.lease_duration_seconds;
     let (_, margin) = lease_timing(duration);
     let lease_duration = std::time::Duration::from_secs(duration);
-    let manager = lease_manager(lease_client.clone(), &args.namespace, &identity, duration).await;
-    let manager = match manager {
-        Ok(m) => m,
-        Err(e) => {
-            eprintln!(
-                "error: leader election on Lease {}/{LEASE_NAME}: {e}",
-                args.namespace
-            );
-            return ExitCode::FAILURE;
-        }
-    };
+    let manager =
+        match lease_manager(lease_client.clone(), &args.namespace, &identity, duration).await {
+            Ok(m) => m,
+            Err(e) => {
+                eprintln!(
+                    "error: leader election on Lease {}/{LEASE_NAME}: {e}",
+                    args.namespace
+                );
+                return ExitCode::FAILURE;
+            }
+        };
     let (mut leading, lease_task) = manager.watch().await;
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
+    let Some((mut term, mut int)) = stop_signals() else {
         eprintln!("error: cannot install signal handlers");
         return ExitCode::FAILURE;
     };
-    let leases: kube::Api<Lease> = kube::Api::namespaced(lease_client, &args.namespace);
-    let mut renewals = std::pin::pin!(
-        watcher(
-            leases,
-            watcher::Config::default().fields(&format!("metadata.name={LEASE_NAME}")),
-        )
-        .default_backoff()
-        .applied_objects()
-    );
+    let mut renewals = std::pin::pin!(lease_renewals(lease_client, &args.namespace));
     let mut file = ConfigWatch::new(args);
     let mut hook = TestHook::new();
     let mut code = ExitCode::SUCCESS;
     // Until when this replica may write without seeing its lease renewed again.
     let mut deadline = Instant::now();
     let mut handle: Option<AgentHandle> = None;
-    let stop = |handle: &mut Option<AgentHandle>| {
-        *handle = None;
-        metrics.leader.set(0);
-        metrics.forget_fleet();
-    };
     tracing::info!(%identity, "waiting for the leader lease");
     loop {
         let mut start_now = false;
@@ -484,7 +460,7 @@ async fn run_leader_elected(
                     start_now = handle.is_none();
                 } else if handle.is_some() {
                     tracing::warn!(%identity, "lost the leader lease; stopping the controller");
-                    stop(&mut handle);
+                    stop_leading(&mut handle, &metrics);
                 }
             }
             seen = renewals.next() => {
@@ -501,7 +477,7 @@ async fn run_leader_elected(
                             // someone else is proof enough, and the lease manager would only
                             // tell us at its next poll.
                             tracing::warn!(%identity, "the leader lease names another holder; stopping the controller");
-                            stop(&mut handle);
+                            stop_leading(&mut handle, &metrics);
                         }
                     }
                     // Retried with backoff; a refusal (RBAC) shows here, and without renewals seen
@@ -512,7 +488,7 @@ async fn run_leader_elected(
             }
             _ = tokio::time::sleep_until(deadline), if handle.is_some() => {
                 tracing::error!(%identity, "no renewal of the leader lease seen; stopping writes before it can expire");
-                stop(&mut handle);
+                stop_leading(&mut handle, &metrics);
             }
             // The leader applies a changed file as a single replica does; a standby reads
             // the file when it takes over.
@@ -539,27 +515,86 @@ async fn run_leader_elected(
         }
         if start_now {
             tracing::info!(%identity, "acquired the leader lease; starting the controller");
-            let cfg = match load_config(args) {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::error!(error = %e, "configuration refused");
-                    continue;
-                }
-            };
-            match start_with_metrics(client.clone(), cfg, opts(), metrics.clone()).await {
-                Ok(h) => {
-                    handle = Some(h);
-                    metrics.leader.set(1);
-                }
-                Err(e) => tracing::error!(error = %e, "starting the controller failed"),
-            }
+            handle = start_leading(&client, args, opts(), &metrics).await;
         }
     }
     // Stop writing first, then hand the lease back (dropping the receiver releases it).
-    stop(&mut handle);
+    stop_leading(&mut handle, &metrics);
     drop(leading);
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), lease_task).await;
     code
+}
+
+/// Stops the controller of a replica that no longer leads, and drops its per-hosted-cluster
+/// series (its last verdicts would linger beside the new leader's).
+fn stop_leading(handle: &mut Option<AgentHandle>, metrics: &Metrics) {
+    *handle = None;
+    metrics.leader.set(0);
+    metrics.forget_fleet();
+}
+
+/// SIGTERM and SIGINT, each a stream of its own.
+fn stop_signals() -> Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)> {
+    use tokio::signal::unix::{SignalKind, signal};
+    Some((
+        signal(SignalKind::terminate()).ok()?,
+        signal(SignalKind::interrupt()).ok()?,
+    ))
+}
+
+/// Every write of the Lease `hcp-fleet-agent` in `namespace` (retried with backoff): the
+/// renewals a leader must keep seeing.
+fn lease_renewals(
+    client: kube::Client,
+    namespace: &str,
+) -> impl futures::Stream<
+    Item = Result<k8s_openapi::api::coordination::v1::Lease, kube::runtime::watcher::Error>,
+> {
+    use kube::runtime::{WatchStreamExt, watcher};
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(client, namespace);
+    watcher(
+        leases,
+        watcher::Config::default().fields(&format!("metadata.name={LEASE_NAME}")),
+    )
+    .default_backoff()
+    .applied_objects()
+}
+
+/// This replica's name on the Lease: its pod's, else one made from the process id.
+fn replica_identity() -> String {
+    std::env::var("POD_NAME")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| format!("hcp-fleet-agent-{}", std::process::id()))
+}
+
+/// The controller of a replica that has just taken the lease, with the configuration read
+/// now; `None` (said in the log) when the configuration is refused or the start fails, and
+/// the next lease event tries again.
+async fn start_leading(
+    client: &kube::Client,
+    args: &AgentArgs,
+    opts: StartOptions,
+    metrics: &Arc<Metrics>,
+) -> Option<AgentHandle> {
+    let cfg = match load_config(args) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "configuration refused");
+            return None;
+        }
+    };
+    match start_with_metrics(client.clone(), cfg, opts, metrics.clone()).await {
+        Ok(h) => {
+            metrics.leader.set(1);
+            Some(h)
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "starting the controller failed");
+            None
+        }
+    }
 }
 
 /// The leader election of one replica `identity` on the Lease `hcp-fleet-agent` in `namespace`.
