@@ -180,19 +180,9 @@ fn kubectl_stdin(bed: &Bed, args: &[&str], input: &str) -> (bool, String) {
 
 /// kubectl against hc-1, as a user would run it: (success, stdout + stderr).
 fn kubectl(bed: &Bed, args: &[&str]) -> (bool, String) {
-    let assets = hcp_fleet_agent::localcp::Assets::resolve(None).expect("assets");
-    let out = Command::new(&assets.kubectl)
-        .arg("--kubeconfig")
-        .arg(&bed.fleet.hosted("hc-1").expect("hc-1").kubeconfig_path)
-        .args(args)
-        .output()
-        .expect("kubectl");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    let hc1 = &bed.fleet.hosted("hc-1").expect("hc-1").kubeconfig_path;
+    let (ok, out, err) = support::kubectl_with(hc1, args);
+    (ok, format!("{out}{err}"))
 }
 
 const DELETE_AS_ALICE: &[&str] = &[

@@ -182,17 +182,7 @@ async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
     // The tools SREs already use read the records: `kubectl wait` on the Ready condition,
     // every kind of the project under one category.
     let kubeconfig = &fleet.management.kubeconfig_path;
-    let (ok, out, err) = support::kubectl_with(
-        kubeconfig,
-        &[
-            "wait",
-            "--for=condition=Ready",
-            "admissionhealths",
-            "--all",
-            "-A",
-            "--timeout=60s",
-        ],
-    );
+    let (ok, out, err) = support::wait_fleet_ready(kubeconfig, "60s");
     assert!(ok, "kubectl wait on a converged fleet: {out}{err}");
     assert_eq!(out.lines().count(), 3, "{out}");
     let (ok, out, err) = support::kubectl_with(kubeconfig, &["get", "hcp-fleet", "-A"]);
@@ -700,17 +690,7 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
     );
     // While hc-3 is down, waiting for the fleet to be Ready times out, and its record says why.
     let kubeconfig = &fleet.management.kubeconfig_path;
-    let (ok, out, err) = support::kubectl_with(
-        kubeconfig,
-        &[
-            "wait",
-            "--for=condition=Ready",
-            "admissionhealths",
-            "--all",
-            "-A",
-            "--timeout=3s",
-        ],
-    );
+    let (ok, out, err) = support::wait_fleet_ready(kubeconfig, "3s");
     assert!(!ok, "kubectl wait must time out while hc-3 is down: {out}");
     assert!(err.contains("timed out"), "{err}");
     let (ok, out, err) = support::kubectl_with(

@@ -23,6 +23,16 @@ pub struct DriftLabels {
     pub kind: String,
 }
 
+impl DriftLabels {
+    pub fn new(hcp_namespace: &str, hosted_cluster: &str, kind: &str) -> Self {
+        Self {
+            hcp_namespace: hcp_namespace.to_string(),
+            hosted_cluster: hosted_cluster.to_string(),
+            kind: kind.to_string(),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EngineLabels {
     pub hcp_namespace: String,
@@ -621,11 +631,9 @@ impl Metrics {
     /// alerts (`HcpFleetGuardTampered` fires on the first repair). Five series per HCP.
     pub fn known(&self, hcp_namespace: &str, hosted_cluster: &str) {
         for kind in HOSTED_KINDS {
-            let _ = self.drift.get_or_create(&DriftLabels {
-                hcp_namespace: hcp_namespace.to_string(),
-                hosted_cluster: hosted_cluster.to_string(),
-                kind: kind.to_string(),
-            });
+            let _ =
+                self.drift
+                    .get_or_create(&DriftLabels::new(hcp_namespace, hosted_cluster, kind));
         }
         let _ = self.hosted_errors.get_or_create(&HcpLabels {
             hcp_namespace: hcp_namespace.to_string(),
@@ -647,11 +655,7 @@ impl Metrics {
         self.hosted_errors.remove(&l);
         self.probe_success.remove(&l);
         self.hosted_requests.remove(&l);
-        let drift = |kind: &str| DriftLabels {
-            hcp_namespace: l.hcp_namespace.clone(),
-            hosted_cluster: l.hosted_cluster.clone(),
-            kind: kind.to_string(),
-        };
+        let drift = |kind: &str| DriftLabels::new(hcp_namespace, hosted_cluster, kind);
         for kind in HOSTED_KINDS {
             self.drift.remove(&drift(kind));
         }

@@ -54,6 +54,16 @@ impl Concern {
         }
     }
 
+    /// The `Ready` condition's reason when this concern is the first that is not.
+    pub fn not_ready_reason(self) -> &'static str {
+        match self {
+            Concern::AdmissionService => "AdmissionServiceNotReady",
+            Concern::Certificate => "CertificateNotReady",
+            Concern::HostedWebhooks => "HostedWebhooksNotReady",
+            Concern::EndToEndProbe => "EndToEndProbeNotReady",
+        }
+    }
+
     pub fn template_name(self) -> &'static str {
         match self {
             Concern::AdmissionService => "admission-service",
@@ -355,12 +365,7 @@ fn ready_condition(
 ) -> conditions::Want<'static> {
     let reason = match (compliant, failing.first()) {
         (ComplianceState::Compliant, _) => "Compliant",
-        (ComplianceState::NonCompliant, Some((c, ..))) => match c {
-            Concern::AdmissionService => "AdmissionServiceNotReady",
-            Concern::Certificate => "CertificateNotReady",
-            Concern::HostedWebhooks => "HostedWebhooksNotReady",
-            Concern::EndToEndProbe => "EndToEndProbeNotReady",
-        },
+        (ComplianceState::NonCompliant, Some((c, ..))) => c.not_ready_reason(),
         (ComplianceState::NonCompliant, None) => "NonCompliant",
         (ComplianceState::Pending, _) => "Pending",
     };

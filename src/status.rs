@@ -374,6 +374,15 @@ fn records_selector() -> String {
 /// runs); its row would report a cluster that is gone.
 pub async fn fleet_rows(client: &Client, filter: &Filter) -> Result<Vec<FleetRow>, kube::Error> {
     let existing = hcp_namespaces(client, filter).await?;
+    rows_in(client, filter, &existing).await
+}
+
+/// The rows of the records in the HCP namespaces `existing`, sorted by cluster.
+async fn rows_in(
+    client: &Client,
+    filter: &Filter,
+    existing: &BTreeSet<String>,
+) -> Result<Vec<FleetRow>, kube::Error> {
     let api: Api<AdmissionHealth> = filter.api(client);
     let mut lp = ListParams::default()
         .labels(&records_selector())
@@ -475,8 +484,15 @@ pub async fn run(args: StatusArgs) -> ExitCode {
         namespace: args.namespace.clone(),
         selector: args.selector.clone(),
     };
-    let rows = match fleet_rows(&client, &filter).await {
-        Ok(rows) => rows,
+    // The HCPs listed once: the rows and `--watch` both read them.
+    let listed = async {
+        let existing = hcp_namespaces(&client, &filter).await?;
+        let rows = rows_in(&client, &filter, &existing).await?;
+        Ok::<_, kube::Error>((existing, rows))
+    }
+    .await;
+    let (existing, rows) = match listed {
+        Ok(listed) => listed,
         Err(kube::Error::Api(s)) if s.code == 404 => {
             eprintln!(
                 "error: the AdmissionHealth CRD (admissionhealths.hcp-fleet.openshift.io) is not installed here; the agent reports through metrics only"
@@ -502,7 +518,7 @@ pub async fn run(args: StatusArgs) -> ExitCode {
         }
     }
     if args.watch {
-        return watch(&client, &args, &filter, rows).await;
+        return watch(&client, &args, &filter, &existing, rows).await;
     }
     // As a check in a script: `status --problems` fails while any hosted cluster is not
     // Compliant.
@@ -569,18 +585,12 @@ async fn watch(
     client: &Client,
     args: &StatusArgs,
     filter: &Filter,
+    selected: &BTreeSet<String>,
     rows: Vec<FleetRow>,
 ) -> ExitCode {
     let table = Table::new(&rows, args.output == Output::Wide);
     let mut last: BTreeMap<String, FleetRow> =
         rows.into_iter().map(|r| (r.namespace.clone(), r)).collect();
-    let selected = match hcp_namespaces(client, filter).await {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("error: listing HostedControlPlanes: {}", KubeError(&e));
-            return ExitCode::FAILURE;
-        }
-    };
     let api: Api<AdmissionHealth> = filter.api(client);
     let cfg = watcher::Config::default().labels(&records_selector());
     let mut events = watcher(api, cfg).boxed();

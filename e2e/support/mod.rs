@@ -95,7 +95,12 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<(u16, St
         .map_err(|e| e.to_string())?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).await.map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&buf).to_string();
+    status_and_body(&buf)
+}
+
+/// An HTTP/1.x answer read whole: (status code, body).
+fn status_and_body(buf: &[u8]) -> Result<(u16, String), String> {
+    let text = String::from_utf8_lossy(buf).to_string();
     let code = text
         .split_whitespace()
         .nth(1)
@@ -814,16 +819,23 @@ pub async fn https_get_insecure(
         .await
         .map_err(|e| e.to_string())?;
     let mut buf = Vec::new();
+    // A peer that closes without TLS's close_notify has still said everything.
     let _ = s.read_to_end(&mut buf).await;
-    let text = String::from_utf8_lossy(&buf).to_string();
-    let code = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| format!("no status line in {text:?}"))?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((code, body))
+    status_and_body(&buf)
+}
+
+/// `kubectl wait --for=condition=Ready admissionhealths --all -A` within `timeout`, against the
+/// management cluster: (success, stdout, stderr).
+pub fn wait_fleet_ready(kubeconfig: &Path, timeout: &str) -> (bool, String, String) {
+    kubectl_with(
+        kubeconfig,
+        &[
+            "wait",
+            "--for=condition=Ready",
+            "admissionhealths",
+            "--all",
+            "-A",
+            &format!("--timeout={timeout}"),
+        ],
+    )
 }

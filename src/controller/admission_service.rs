@@ -164,11 +164,7 @@ pub async fn ensure(
         if let Some(n) = n {
             ctx.metrics
                 .management_drift
-                .get_or_create(&DriftLabels {
-                    hcp_namespace: ns.to_string(),
-                    hosted_cluster: cluster.to_string(),
-                    kind: kind.to_string(),
-                })
+                .get_or_create(&DriftLabels::new(ns, cluster, kind))
                 .inc();
             drift.push(n);
         }

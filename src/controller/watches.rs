@@ -267,11 +267,7 @@ fn drift_task(
                 warn!(kind, name = %name, what, fields = fields.as_deref().unwrap_or(""), "the agent's object in the hosted cluster drifted; repairing");
                 metrics
                     .drift
-                    .get_or_create(&DriftLabels {
-                        hcp_namespace: ns.clone(),
-                        hosted_cluster: cluster.clone(),
-                        kind: kind.to_string(),
-                    })
+                    .get_or_create(&DriftLabels::new(&ns, &cluster, kind))
                     .inc();
                 lock(&shared).drift_notes.push(match fields {
                     Some(f) => format!("{kind} {name} was {what} by someone else: {f}"),
@@ -341,15 +337,7 @@ fn classify<K: serde::Serialize + kube::Resource>(
             {
                 Seen::Lost(crate::human::KubeError(k).to_string())
             }
-            watcher::Error::InitialListFailed(k)
-            | watcher::Error::WatchStartFailed(k)
-            | watcher::Error::WatchFailed(k) => {
-                Seen::Refused(crate::human::KubeError(k).to_string())
-            }
-            watcher::Error::WatchError(s) => {
-                Seen::Refused(format!("{} {}: {}", s.code, s.reason, s.message))
-            }
-            _ => Seen::Refused(e.to_string()),
+            _ => Seen::Refused(crate::human::WatchError(&e).to_string()),
         },
     }
 }
