@@ -40,6 +40,11 @@ pub struct WebhookArgs {
     /// Connections open at once; one more is closed at once.
     #[arg(long, env = "HCP_FLEET_MAX_CONNECTIONS", default_value_t = server::DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: usize,
+    /// Microseconds a connection thread spins, watching its connections, before it sleeps:
+    /// the next request on a busy keep-alive connection then finds it running (0: never spin;
+    /// docs/admission.md "Performance").
+    #[arg(long, env = "HCP_FLEET_SPIN_MICROS", default_value_t = server::DEFAULT_SPIN_MICROS)]
+    pub spin_micros: u64,
     /// Benchmark baseline: answer every review with a fixed response (`make bench`).
     #[arg(long, hide = true)]
     pub baseline: bool,
@@ -85,6 +90,8 @@ pub async fn run(args: WebhookArgs) -> ExitCode {
     let _reloader = cert.watch(Duration::from_millis(args.cert_check_ms.max(50)));
     let limits = server::Limits {
         max_connections: args.max_connections.max(1),
+        // At most a millisecond: a longer spin only burns CPU.
+        spin: Duration::from_micros(args.spin_micros.min(1000)),
         ..server::Limits::default()
     };
     let state = server::AppState::new(
