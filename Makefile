@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 CARGO ?= cargo
 
-.PHONY: all build test unit e2e demo lint fmt bench assets tools clean chart-schema policies helm image image-binary kubectl-plugin
+.PHONY: all build test unit e2e demo lint fmt bench assets tools clean chart-schema policies helm image image-binary image-fips fips kubectl-plugin
 
 all: build
 
@@ -18,11 +18,12 @@ helm:
 
 # Unit tests once, then the e2e suite against the test bed's version (hack/testbed-versions.sh:
 # Debian's 1.20.2, or the KUBEBUILDER_ASSETS directory), in two lanes side by side
-# (hack/test.sh), then the container image built and run alone (hack/image-check.sh).
+# (hack/test.sh), then the container image built twice to one digest, with its SBOMs
+# (hack/image.sh reproduce), and run alone (hack/image-check.sh).
 test:
 	@helm="$$(bash hack/helm.sh)" && eval "$$(bash hack/prometheus.sh)" && \
 	HELM="$$helm" CARGO="$(CARGO)" bash hack/test.sh && \
-	echo "== the container image ==" && bash hack/image.sh >/dev/null && bash hack/image-check.sh
+	echo "== the container image ==" && bash hack/image.sh reproduce >/dev/null && bash hack/image-check.sh
 
 # The chart's generated files: values.schema.json from the configuration types,
 # templates/crds.yaml from the agent's own resource types (src/crd/health.rs), and README.md
@@ -60,7 +61,7 @@ demo:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
-	$(CARGO) clippy --no-default-features --lib --bins -- -D warnings
+	$(CARGO) clippy --no-default-features --features ring --lib --bins -- -D warnings
 	@bash hack/advisories.sh
 
 fmt:
@@ -92,6 +93,16 @@ image:
 
 image-binary:
 	@bash hack/image.sh binary
+
+# The FIPS variant (feature `fips`: AWS-LC's FIPS module; cmake and Go from Debian's packages):
+# `fips` runs its tests (FIPS mode, the admission service's suites seen from OpenSSL, every
+# guard through a real kube-apiserver) and builds and checks its image; `image-fips` only the
+# image, target/image-fips/hcp-fleet-agent.oci.tar.
+fips:
+	@bash hack/fips.sh
+
+image-fips:
+	@bash hack/fips.sh image
 
 # `kubectl hcp-fleet status`: the release binary on the PATH as kubectl-hcp_fleet (kubectl's
 # plugin naming). PLUGIN_DIR defaults to ~/.local/bin.

@@ -10,6 +10,8 @@
 mod monitoring;
 #[path = "packaging/policy.rs"]
 mod policy;
+#[path = "packaging/supply_chain.rs"]
+mod supply_chain;
 mod support;
 #[path = "packaging/uninstall.rs"]
 mod uninstall;

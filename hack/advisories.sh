@@ -6,6 +6,12 @@
 # one), installed where cargo-deny looks for it, as that directory's README says. Any advisory
 # that applies fails the check; the only ignores are deny.toml's, each with its reason. Without
 # the snapshot (and without a database already installed) one line says the scan is skipped.
+#
+#   hack/advisories.sh                  bans, licences and sources, then the RustSec scan
+#   hack/advisories.sh scan MANIFEST    the RustSec scan alone, of another Cargo.toml under
+#                                       this repository's deny.toml (the check's own test,
+#                                       e2e/packaging/supply_chain.rs, scans a crate that
+#                                       depends on one with a known advisory)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TOOLS="${HCP_FLEET_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hcp-fleet-agent/tools}"
@@ -22,10 +28,16 @@ if ! { [ -x "$DENY" ] && "$DENY" --version 2>/dev/null | grep -q "$DENY_VERSION"
     cargo install --locked --quiet --root "$TOOLS" --version "$DENY_VERSION" cargo-deny >&2
 fi
 
-# Online: it also puts every crate of Cargo.lock (other platforms' included) in cargo's
-# registry, which the offline advisory scan below needs.
-"$DENY" --log-level warn check bans licenses sources
-say "bans, licences and sources: ok"
+manifest=()
+if [ "${1:-}" = scan ]; then
+  [ -f "${2:-}" ] || { say "error: scan needs a Cargo.toml"; exit 2; }
+  manifest=(--manifest-path "$2")
+else
+  # Online: it also puts every crate of Cargo.lock (other platforms' included) in cargo's
+  # registry, which the offline advisory scan below needs.
+  "$DENY" --log-level warn check bans licenses sources
+  say "bans, licences and sources: ok"
+fi
 
 # The snapshot: ../shared/rustsec/advisory-db.tar.xz (or HCP_FLEET_RUSTSEC), checked against
 # its published SHA-256 and unpacked once per snapshot under cargo-deny's own directory for its
@@ -48,8 +60,15 @@ if [ -f "$SNAPSHOT" ]; then
   fi
 fi
 if [ -d "$DB_DIR/crates" ]; then
-  "$DENY" --log-level warn --offline check advisories
-  say "RustSec advisories: none applies ($(find "$DB_DIR/crates" -name '*.md' | wc -l) in the database)"
+  loaded="$(find "$DB_DIR/crates" -name '*.md' | wc -l)"
+  say "RustSec database: $loaded advisories loaded from $DB_DIR"
+  "$DENY" --log-level warn --offline --config "$PWD/deny.toml" "${manifest[@]}" check advisories
+  if [ ${#manifest[@]} = 0 ]; then
+    # The FIPS variant's graph too (AWS-LC instead of ring; `make fips`).
+    "$DENY" --log-level warn --offline --config "$PWD/deny.toml" --no-default-features \
+      --features fips check advisories
+  fi
+  say "RustSec advisories: none of the $loaded applies"
 else
   say "skipped the RustSec scan: no snapshot at $SNAPSHOT and no database in $DB_DIR"
 fi

@@ -75,6 +75,11 @@ run() {
 }
 out="$(run --version)" || die "the binary does not run alone: $out"
 say "runs alone as $user: $out"
+# Its crypto library, and FIPS mode exactly in the FIPS variant.
+out="$(run version)" || die "version: $out"
+want_fips=false; [ "${IMAGE_VARIANT:-}" = fips ] && want_fips=true
+grep -qx "fips: $want_fips" <<<"$out" || die "expected fips: $want_fips from version:"$'\n'"$out"
+say "$(grep '^crypto:' <<<"$out"), fips: $want_fips"
 # Nothing listens on port 1: the uninstall command must fail there, having resolved the name
 # to the address /etc/hosts gives (the HTTP connector logs where it connects).
 out="$(CHECK_LOG=hyper_util::client::legacy::connect::http=debug run uninstall --namespace hcp-fleet-agent 2>&1 || true)"
@@ -89,4 +94,21 @@ done
 out="$(run agent --local-mode 2>&1)" && die "the image's binary accepted --local-mode"
 grep -q "needs the test bed, which this build leaves out" <<<"$out" || die "--local-mode: $out"
 say "built without the test bed: no dev or package command, --local-mode refused"
+# The SBOMs beside the archive describe this image and this binary.
+dir="$(dirname "$archive")"
+python3 - "$work/layout" "$dir" "$work/rootfs$entrypoint" <<'PY' || die "the SBOMs do not describe this image"
+import hashlib, json, sys
+layout, out, binary = sys.argv[1:]
+[desc] = json.load(open(f"{layout}/index.json"))["manifests"]
+digest = desc["digest"].split(":", 1)[1]
+image = json.load(open(f"{out}/hcp-fleet-agent.oci.cdx.json"))
+binary_bom = json.load(open(f"{out}/hcp-fleet-agent.bin.cdx.json"))
+sha = hashlib.sha256(open(binary, "rb").read()).hexdigest()
+assert image["metadata"]["component"]["hashes"][0]["content"] == digest, "image SBOM names another image"
+for bom in (image, binary_bom):
+    assert bom["bomFormat"] == "CycloneDX"
+    named = [c for c in [bom["metadata"]["component"]] + bom["components"] if c.get("name") == "hcp-fleet-agent"]
+    assert any(h["content"] == sha for c in named for h in c.get("hashes", [])), "SBOM names another binary"
+print(f"[image-check] SBOMs: {len(binary_bom['components'])} crates, image {desc['digest']}", file=sys.stderr)
+PY
 say "ok: $image"

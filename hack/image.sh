@@ -4,13 +4,19 @@
 #   hack/image.sh            the static release binary, then target/image/hcp-fleet-agent.oci.tar
 #   hack/image.sh binary     only the static binary (for buildah/podman/docker with Containerfile)
 #   hack/image.sh name       only the image's name (hack/image-check.sh reads it here)
+#   hack/image.sh reproduce  the image, then the binary compiled again and the image written
+#                            again: the two digests must be one (`make test` runs this)
 #
 # The binary is linked statically against glibc (-C target-feature=+crt-static); since glibc
 # 2.34 its DNS and files name lookups live in libc itself, so a scratch image resolves Service
-# names. The image is assembled with umoci (Debian's package, installed with apt-get when
-# missing) from Containerfile's FROM scratch / COPY / USER / ENTRYPOINT / LABEL lines; anything
-# else in that file is refused rather than ignored. Its name is the chart's default image
-# (values.yaml image.repository, Chart.yaml appVersion), so the chart installs what this builds.
+# names. Paths that would otherwise end up in it (cargo's registry, the checkout) are remapped,
+# so where the clone and CARGO_HOME are does not change a byte. The image is written by
+# hack/oci-image.py from Containerfile's FROM scratch / COPY / USER / ENTRYPOINT / LABEL lines
+# (anything else is refused rather than ignored), every date SOURCE_DATE_EPOCH (the commit's
+# time): one commit, one digest. Its name is the chart's default image (values.yaml
+# image.repository, Chart.yaml appVersion), so the chart installs what this builds. Beside the
+# archive: the digest (.digest) and the CycloneDX SBOMs of the binary and the image
+# (hack/sbom.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { echo "[image] $*" >&2; }
@@ -19,82 +25,51 @@ die() { say "error: $*"; exit 1; }
 repository="$(sed -n 's/^  repository: *//p' charts/hcp-fleet-agent/values.yaml | head -n 1)"
 version="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/hcp-fleet-agent/Chart.yaml)"
 [ -n "$repository" ] && [ -n "$version" ] || die "cannot read the chart's image repository and appVersion"
-[ "${1:-}" = name ] && { echo "$repository:$version"; exit 0; }
+# IMAGE_VARIANT=fips: the FIPS variant (feature `fips`, AWS-LC's FIPS module), tagged
+# <version>-fips, in target/image-fips, built in its own target directory (make image-fips).
+case "${IMAGE_VARIANT:-}" in
+  "") features=ring; tag="$version"; work="target/image" ;;
+  fips) features=fips; tag="$version-fips"; work="target/image-fips"
+    export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target/fips}" ;;
+  *) die "IMAGE_VARIANT must be empty or fips, not '$IMAGE_VARIANT'" ;;
+esac
+[ "${1:-}" = name ] && { echo "$repository:$tag"; exit 0; }
 
 target=x86_64-unknown-linux-gnu
-binary="target/$target/release/hcp-fleet-agent"
+binary="${CARGO_TARGET_DIR:-target}/$target/release/hcp-fleet-agent"
 # --target keeps this build apart from the debug one (build scripts stay dynamic, host-built).
 # Without the test bed (the `testbed` feature: etcd and kube-apiserver supervision, the
 # stand-in kubelet, `dev`, `package`): none of it ships.
-RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
-  cargo build --release --locked --no-default-features --target "$target" --bin hcp-fleet-agent >&2
+cargo_home="${CARGO_HOME:-$HOME/.cargo}"
+build() {
+  RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static --remap-path-prefix=$cargo_home=/cargo --remap-path-prefix=$PWD=/src" \
+    cargo build --release --locked --no-default-features --features "$features" --target "$target" --bin hcp-fleet-agent >&2
+}
+build
 interp="$(readelf -l "$binary" 2>/dev/null | grep -c 'Requesting program interpreter' || true)"
 [ "$interp" = 0 ] || die "$binary is dynamically linked"
 say "static binary: $binary ($(du -h "$binary" | cut -f1))"
 [ "${1:-}" = binary ] && exit 0
 
-if ! command -v umoci >/dev/null 2>&1; then
-  say "installing umoci with apt-get"
-  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
-  { $sudo apt-get install -y -qq umoci || { $sudo apt-get update -qq && $sudo apt-get install -y -qq umoci; }; } >&2 \
-    || die "cannot install umoci"
-fi
-
-
-work="target/image"
-layout="$work/layout"
-bundle="$work/bundle"
-rm -rf "$layout" "$bundle"
+# SOURCE_DATE_EPOCH: the commit's time, so the image's dates say which source it is, not when
+# it was built (a tree outside git: 0).
+epoch="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}"
+revision="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
 mkdir -p "$work"
-rootless=()
-[ "$(id -u)" = 0 ] || rootless=(--rootless)
-umoci init --layout "$layout"
-umoci new --image "$layout:$version"
-# unpack/repack, not `umoci insert`: umoci 0.4.7's insert leaves the layer's tar without its
-# final padding and end blocks, which GNU tar (and Go's reader) take for a truncated file.
-umoci unpack "${rootless[@]}" --image "$layout:$version" "$bundle" >/dev/null
-rootfs="$bundle/rootfs"
-config_args=()
-while IFS= read -r line || [ -n "$line" ]; do
-  line="${line%%#*}"
-  [ -z "${line//[[:space:]]/}" ] && continue
-  read -r instr rest <<<"$line"
-  case "$instr" in
-    FROM) [ "$rest" = scratch ] || die "Containerfile: only FROM scratch is understood, not '$rest'" ;;
-    COPY)
-      read -r src dst extra <<<"$rest"
-      [ -z "${extra:-}" ] || die "Containerfile: COPY takes one source and one destination"
-      [ -f "$src" ] || die "Containerfile: COPY source $src does not exist"
-      mkdir -p "$rootfs$(dirname "$dst")"
-      install -m 0755 "$src" "$rootfs$dst" ;;
-    USER)
-      [[ "$rest" =~ ^[0-9]+(:[0-9]+)?$ ]] || die "Containerfile: USER must be numeric, not '$rest'"
-      config_args+=(--config.user="$rest") ;;
-    ENTRYPOINT)
-      # A JSON array of strings, one word each here.
-      entry="$(echo "$rest" | sed -e 's/^\[//' -e 's/\]$//' -e 's/"//g' -e 's/, */ /g')"
-      for word in $entry; do config_args+=(--config.entrypoint="$word"); done ;;
-    LABEL)
-      key="${rest%%=*}"; value="${rest#*=}"; value="${value#\"}"; value="${value%\"}"
-      config_args+=(--config.label="$key=$value") ;;
-    *) die "Containerfile: $instr is not understood by hack/image.sh" ;;
-  esac
-done <Containerfile
-umoci repack "${rootless[@]}" --image "$layout:$version" "$bundle"
-umoci config "${rootless[@]}" --image "$layout:$version" --os linux --architecture amd64 \
-  --config.label "org.opencontainers.image.version=$version" "${config_args[@]}"
-umoci gc --layout "$layout"
-# The image's full name where docker, podman and skopeo read it from an OCI archive (umoci's
-# tags cannot hold a registry path).
-python3 - "$layout/index.json" "$repository:$version" <<'PY'
-import json, sys
-path, ref = sys.argv[1], sys.argv[2]
-index = json.load(open(path))
-for m in index["manifests"]:
-    m.setdefault("annotations", {})["org.opencontainers.image.ref.name"] = ref
-json.dump(index, open(path, "w"))
-PY
 archive="$work/hcp-fleet-agent.oci.tar"
-tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$layout" -cf "$archive" .
-say "$repository:$version -> $archive ($(du -h "$archive" | cut -f1))"
+write() { python3 hack/oci-image.py Containerfile "$repository:$tag" "$tag" "$revision" "$epoch" "$archive" "$binary"; }
+digest="$(write)" || die "cannot write the image"
+echo "$digest" >"$work/hcp-fleet-agent.oci.digest"
+say "$repository:$tag@$digest -> $archive ($(du -h "$archive" | cut -f1))"
+if [ "${1:-}" = reproduce ]; then
+  # The project's own crate compiled again from scratch (its dependencies are cargo's cached
+  # builds of the same locked sources), and the image written again.
+  first="$digest"
+  cargo clean --release --target "$target" -p hcp-fleet-agent >&2
+  build
+  digest="$(write)" || die "cannot write the image"
+  [ "$digest" = "$first" ] || die "two builds of one source gave two images: $first, then $digest"
+  say "reproduced: the binary compiled again gives the same image, $digest"
+fi
+SBOM_FEATURES="$features" bash hack/sbom.sh "$binary" "$repository:$tag" "$digest" "$epoch" "$work" >&2
 echo "$archive"

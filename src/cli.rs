@@ -39,6 +39,9 @@ pub enum Command {
     Uninstall(crate::uninstall::UninstallArgs),
     /// Ask an agent's health port whether it is ready (the chart's helm test).
     Ready(crate::liveness::ReadyArgs),
+    /// The version, the crypto library this binary was built with, and whether its TLS runs
+    /// in FIPS mode.
+    Version,
 }
 
 pub fn main() -> ExitCode {
@@ -76,6 +79,12 @@ pub fn main() -> ExitCode {
         Command::Uninstall(args) => runtime.block_on(crate::uninstall::run(args)),
         Command::Ready(args) => runtime.block_on(crate::liveness::ready(args)),
         Command::Webhook(args) => runtime.block_on(crate::admission::run(args)),
+        Command::Version => {
+            println!("hcp-fleet-agent {}", env!("CARGO_PKG_VERSION"));
+            println!("crypto: {}", crate::crypto::LIBRARY);
+            println!("fips: {}", crate::crypto::fips_mode());
+            ExitCode::SUCCESS
+        }
     }
 }
 

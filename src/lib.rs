@@ -11,6 +11,7 @@ pub mod compare;
 pub mod config;
 pub mod controller;
 pub mod crd;
+pub mod crypto;
 #[cfg(feature = "testbed")]
 pub mod dev;
 pub mod guards;

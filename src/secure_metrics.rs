@@ -100,9 +100,7 @@ impl Reviewer {
     /// The verdict on `token`; `None` when too many reviews are in flight already.
     pub async fn review(&self, token: &str) -> Result<Option<Verdict>, ReviewError> {
         // Only a digest of the token is kept.
-        let key = ring::digest::digest(&ring::digest::SHA256, token.as_bytes())
-            .as_ref()
-            .to_vec();
+        let key = crate::crypto::sha256(token.as_bytes());
         if let Some(v) = self.kept(&key) {
             return Ok(Some(v));
         }

@@ -7,12 +7,14 @@ use std::sync::Once;
 
 static INSTALL: Once = Once::new();
 
-/// Installs ring as the process-wide rustls provider. Idempotent.
+/// Installs the build's provider (`crypto::provider`: ring, or the FIPS one) as the
+/// process-wide rustls provider. Idempotent.
 pub fn install_crypto_provider() {
     INSTALL.call_once(|| {
-        // Err means another provider was installed first; by construction there is none in
-        // this binary (ring is the only provider feature enabled), so there is nothing to do.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        // Err means another provider was installed first; every entry point calls this before
+        // any TLS work, so none is, and kube's own attempt (it installs its feature's default)
+        // comes later and fails quietly.
+        let _ = crate::crypto::provider().install_default();
     });
 }
 
@@ -107,7 +109,7 @@ fn capturing_client(
     seen: std::sync::Arc<std::sync::Mutex<Option<Vec<u8>>>>,
 ) -> Result<rustls::ClientConfig, String> {
     install_crypto_provider();
-    let provider = rustls::crypto::ring::default_provider();
+    let provider = crate::crypto::provider();
     let verifier = std::sync::Arc::new(Capture {
         seen,
         algorithms: provider.signature_verification_algorithms,

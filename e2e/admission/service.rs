@@ -267,3 +267,78 @@ async fn every_guards_cases_through_the_admission_service_over_tls() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// Whether OpenSSL's client completes a handshake with the service offering only `args`'s
+/// protocol version and suites: an independent TLS stack, not the one the service is built on.
+fn openssl_handshake(port: u16, ca: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new("openssl")
+        .args(["s_client", "-connect", &format!("127.0.0.1:{port}")])
+        .arg("-CAfile")
+        .arg(ca)
+        .args(["-verify_return_error", "-brief"])
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("openssl runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// The admission service offers its build's suites and no others, seen from OpenSSL's
+/// client: TLS 1.3 and 1.2 with AES-GCM always; ChaCha20-Poly1305 (not FIPS-approved) only in
+/// the default build. The FIPS build (`make fips`) also reports FIPS mode in `version`.
+#[tokio::test]
+async fn the_service_offers_its_builds_protocols_and_suites_only() {
+    let fips = cfg!(feature = "fips");
+    assert_eq!(hcp_fleet_agent::crypto::fips_mode(), fips);
+    let (mut child, port, ca, dir) = standalone_service().await;
+    let ca_file = dir.path().join("client-ca.crt");
+    std::fs::write(&ca_file, ca).expect("ca file");
+    let cases: [(&[&str], bool); 6] = [
+        (
+            &["-tls1_3", "-ciphersuites", "TLS_AES_128_GCM_SHA256"],
+            true,
+        ),
+        (
+            &["-tls1_3", "-ciphersuites", "TLS_AES_256_GCM_SHA384"],
+            true,
+        ),
+        (
+            &["-tls1_2", "-cipher", "ECDHE-ECDSA-AES128-GCM-SHA256"],
+            true,
+        ),
+        (
+            &["-tls1_2", "-cipher", "ECDHE-ECDSA-AES256-GCM-SHA384"],
+            true,
+        ),
+        (
+            &["-tls1_3", "-ciphersuites", "TLS_CHACHA20_POLY1305_SHA256"],
+            !fips,
+        ),
+        (
+            &["-tls1_2", "-cipher", "ECDHE-ECDSA-CHACHA20-POLY1305"],
+            !fips,
+        ),
+    ];
+    for (args, want) in cases {
+        let (ok, text) = openssl_handshake(port, &ca_file, args);
+        assert_eq!(ok, want, "{args:?} (fips build: {fips}):\n{text}");
+    }
+    // Nothing older than TLS 1.2, in either build.
+    let (ok, text) = openssl_handshake(port, &ca_file, &["-tls1_1"]);
+    assert!(!ok, "TLS 1.1 accepted:\n{text}");
+    let out = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+        .arg("version")
+        .output()
+        .expect("version");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains(&format!("fips: {fips}")), "{text}");
+    assert!(text.contains(hcp_fleet_agent::crypto::LIBRARY), "{text}");
+    let _ = child.kill();
+    let _ = child.wait();
+}

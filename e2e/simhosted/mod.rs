@@ -837,8 +837,10 @@ pub fn certified_key(cert_pem: &str, key_pem: &str) -> Result<Arc<CertifiedKey>,
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
     let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| e.to_string())?;
-    let signing =
-        rustls::crypto::ring::sign::any_supported_type(&key).map_err(|e| e.to_string())?;
+    let signing = hcp_fleet_agent::crypto::provider()
+        .key_provider
+        .load_private_key(key)
+        .map_err(|e| e.to_string())?;
     Ok(Arc::new(CertifiedKey::new(certs, signing)))
 }
 
@@ -974,7 +976,7 @@ impl SimFleet {
 }
 
 fn ring_hex(s: &str) -> String {
-    ring::digest::digest(&ring::digest::SHA256, s.as_bytes())
+    hcp_fleet_agent::crypto::digest::digest(&hcp_fleet_agent::crypto::digest::SHA256, s.as_bytes())
         .as_ref()
         .iter()
         .take(8)

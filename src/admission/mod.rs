@@ -104,7 +104,7 @@ pub async fn run(args: WebhookArgs) -> ExitCode {
     } else {
         server::router(state.clone())
     };
-    tracing::info!(%addr, "admission service listening");
+    tracing::info!(%addr, crypto = crate::crypto::LIBRARY, fips = crate::crypto::fips_mode(), "admission service listening");
     let drain_state = state.clone();
     let delay = Duration::from_secs(args.shutdown_delay_seconds);
     let shutdown = async move {

@@ -49,8 +49,10 @@ pub fn load(cert: &Path, key: &Path) -> Result<(CertifiedKey, Vec<u8>), TlsError
         path: key.to_path_buf(),
         reason: e.to_string(),
     })?;
-    let signing =
-        rustls::crypto::ring::sign::any_supported_type(&key_der).map_err(|e| TlsError::Parse {
+    let signing = crate::crypto::provider()
+        .key_provider
+        .load_private_key(key_der)
+        .map_err(|e| TlsError::Parse {
             path: key.to_path_buf(),
             reason: e.to_string(),
         })?;

@@ -467,9 +467,9 @@ pub fn jittered(cap: Duration, r: f64) -> Duration {
 /// A uniform fraction in `[0, 1)` from the system's random source (1.0, no jitter, if it
 /// fails).
 fn random_fraction() -> f64 {
-    use ring::rand::SecureRandom;
+    use crate::crypto::rand::SecureRandom;
     let mut b = [0u8; 4];
-    match ring::rand::SystemRandom::new().fill(&mut b) {
+    match crate::crypto::rand::SystemRandom::new().fill(&mut b) {
         Ok(()) => f64::from(u32::from_le_bytes(b)) / (f64::from(u32::MAX) + 1.0),
         Err(_) => 1.0,
     }

@@ -12,8 +12,8 @@
 
 use std::sync::Arc;
 
-use ring::hmac;
-use ring::rand::{SecureRandom, SystemRandom};
+use crate::crypto::hmac;
+use crate::crypto::rand::{SecureRandom, SystemRandom};
 use serde_json::{Value, json};
 
 use super::case::{Case, Want};

@@ -91,9 +91,7 @@ pub struct HostedClient {
 }
 
 fn digest(data: &[u8]) -> Vec<u8> {
-    ring::digest::digest(&ring::digest::SHA256, data)
-        .as_ref()
-        .to_vec()
+    crate::crypto::sha256(data)
 }
 
 impl HostedClient {
