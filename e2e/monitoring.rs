@@ -100,17 +100,8 @@ fn write_rules(dir: &Path) -> Value {
 }
 
 fn run(cmd: &Path, args: &[&str], dir: &Path) -> String {
-    let out = Command::new(cmd)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("run");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{} {args:?}:\n{text}", cmd.display());
+    let (ok, text) = support::run_to_text(Command::new(cmd).args(args).current_dir(dir));
+    assert!(ok, "{} {args:?}:\n{text}", cmd.display());
     text
 }
 

@@ -13,12 +13,8 @@ CACHE_ROOT="${HCP_FLEET_ASSETS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hcp-fleet-
 OUT="$CACHE_ROOT/bench"
 say() { printf '[bench-tools] %s\n' "$*" >&2; }
 
-apt_install() {
-  local sudo=""
-  [ "$(id -u)" = 0 ] || sudo="sudo -n"
-  command -v apt-get >/dev/null || return 1
-  $sudo apt-get install -y -q "$@" >&2 || { $sudo apt-get update -q >&2 && $sudo apt-get install -y -q "$@" >&2; }
-}
+# shellcheck source=hack/apt.sh
+. "$ROOT/hack/apt.sh"
 
 command -v wrk >/dev/null || apt_install wrk || say "wrk is not available; the wrk rows are skipped"
 command -v go >/dev/null || apt_install golang-go || say "go is not available; the Go anchor is skipped"

@@ -20,12 +20,7 @@ cd "$(dirname "$0")/.."
 say() { printf '[fips] %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
 
-apt_install() {
-  local sudo=""
-  [ "$(id -u)" = 0 ] || sudo="sudo -n"
-  command -v apt-get >/dev/null || return 1
-  $sudo apt-get install -y -qq "$@" >&2 || { $sudo apt-get update -qq >&2 && $sudo apt-get install -y -qq "$@" >&2; }
-}
+. hack/apt.sh
 command -v cmake >/dev/null || apt_install cmake || die "cmake is needed for AWS-LC's FIPS build"
 command -v go >/dev/null || apt_install golang-go || die "Go is needed for AWS-LC's FIPS build"
 

@@ -85,6 +85,22 @@ def parse(path, binary=None):
     return copies, user, entrypoint, labels
 
 
+def write_tar(fileobj, entries, epoch):
+    """A tar of `entries` (name: None for a directory, or (mode, bytes) for a file) in name
+    order, owned by 0:0 with no user or group names, every date `epoch`."""
+    with tarfile.open(fileobj=fileobj, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in sorted(entries):
+            info = tarfile.TarInfo(name)
+            info.mtime, info.uid, info.gid, info.uname, info.gname = epoch, 0, 0, "", ""
+            if entries[name] is None:
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            else:
+                info.mode, data = entries[name]
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+
 def layer(copies, epoch):
     """The uncompressed layer: the files and every parent directory, dated `epoch`."""
     entries = {}
@@ -92,20 +108,10 @@ def layer(copies, epoch):
         parts = dst.strip("/").split("/")
         for i in range(1, len(parts)):
             entries.setdefault("/".join(parts[:i]), None)
-        entries["/".join(parts)] = src
+        with open(src, "rb") as f:
+            entries["/".join(parts)] = (0o755, f.read())
     out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name in sorted(entries):
-            src = entries[name]
-            info = tarfile.TarInfo(name)
-            info.mtime, info.uid, info.gid, info.uname, info.gname = epoch, 0, 0, "", ""
-            if src is None:
-                info.type, info.mode = tarfile.DIRTYPE, 0o755
-                tar.addfile(info)
-            else:
-                info.mode, info.size = 0o755, os.path.getsize(src)
-                with open(src, "rb") as f:
-                    tar.addfile(info, f)
+    write_tar(out, entries, epoch)
     return out.getvalue()
 
 
@@ -165,21 +171,17 @@ def main():
     manifest_desc["annotations"] = {"org.opencontainers.image.ref.name": ref}
     index = {"schemaVersion": 2, "mediaType": MEDIA_INDEX, "manifests": [manifest_desc]}
 
-    files = {"oci-layout": canonical({"imageLayoutVersion": "1.0.0"}), "index.json": canonical(index)}
+    files = {
+        "blobs": None,
+        "blobs/sha256": None,
+        "oci-layout": (0o644, canonical({"imageLayoutVersion": "1.0.0"})),
+        "index.json": (0o644, canonical(index)),
+    }
     for digest, data in blobs.items():
-        files["blobs/sha256/" + digest.split(":", 1)[1]] = data
-    dirs = {"blobs", "blobs/sha256"}
+        files["blobs/sha256/" + digest.split(":", 1)[1]] = (0o644, data)
     tmp = out + ".tmp"
-    with tarfile.open(tmp, mode="w", format=tarfile.PAX_FORMAT) as archive:
-        for name in sorted(dirs | files.keys()):
-            info = tarfile.TarInfo(name)
-            info.mtime, info.uid, info.gid, info.uname, info.gname = epoch, 0, 0, "", ""
-            if name in dirs:
-                info.type, info.mode = tarfile.DIRTYPE, 0o755
-                archive.addfile(info)
-            else:
-                info.mode, info.size = 0o644, len(files[name])
-                archive.addfile(info, io.BytesIO(files[name]))
+    with open(tmp, "wb") as f:
+        write_tar(f, files, epoch)
     os.replace(tmp, out)
     print(manifest_desc["digest"])
 

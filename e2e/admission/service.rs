@@ -271,21 +271,15 @@ async fn every_guards_cases_through_the_admission_service_over_tls() {
 /// Whether OpenSSL's client completes a handshake with the service offering only `args`'s
 /// protocol version and suites: an independent TLS stack, not the one the service is built on.
 fn openssl_handshake(port: u16, ca: &Path, args: &[&str]) -> (bool, String) {
-    let out = Command::new("openssl")
-        .args(["s_client", "-connect", &format!("127.0.0.1:{port}")])
-        .arg("-CAfile")
-        .arg(ca)
-        .args(["-verify_return_error", "-brief"])
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("openssl runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    support::run_to_text(
+        Command::new("openssl")
+            .args(["s_client", "-connect", &format!("127.0.0.1:{port}")])
+            .arg("-CAfile")
+            .arg(ca)
+            .args(["-verify_return_error", "-brief"])
+            .args(args)
+            .stdin(std::process::Stdio::null()),
+    )
 }
 
 /// The admission service offers its build's suites and no others, seen from OpenSSL's

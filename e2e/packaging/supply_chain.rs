@@ -18,18 +18,12 @@ fn snapshot() -> Option<PathBuf> {
 }
 
 fn scan(manifest: &Path) -> (bool, String) {
-    let out = Command::new("bash")
-        .arg(repo().join("hack/advisories.sh"))
-        .arg("scan")
-        .arg(manifest)
-        .output()
-        .expect("bash runs hack/advisories.sh");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    crate::support::run_to_text(
+        Command::new("bash")
+            .arg(repo().join("hack/advisories.sh"))
+            .arg("scan")
+            .arg(manifest),
+    )
 }
 
 /// A crate whose one dependency is smallvec 0.6.13 (RUSTSEC-2021-0003, a buffer overflow in

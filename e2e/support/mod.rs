@@ -777,6 +777,19 @@ pub async fn delete_validating(
     vapi
 }
 
+/// Runs `cmd` to its end: whether it succeeded, and what it printed (stdout, then stderr).
+pub fn run_to_text(cmd: &mut std::process::Command) -> (bool, String) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{:?}: {e}", cmd.get_program()));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
 /// kubectl (the test bed's) with `kubeconfig`, as an SRE runs it: (success, stdout, stderr).
 pub fn kubectl_with(kubeconfig: &Path, args: &[&str]) -> (bool, String, String) {
     let assets = Assets::resolve(None).expect("assets");
