@@ -27,8 +27,9 @@ target=x86_64-unknown-linux-gnu
 
 if ! { [ -x "$CDX" ] && "$CDX" cyclonedx --version 2>/dev/null | grep -q "$CDX_VERSION"; }; then
   say "installing cargo-cyclonedx $CDX_VERSION into $TOOLS (once; a few minutes)"
-  # As for cargo-deny: the tool's speed does not matter, its build time on a cold run does.
-  CARGO_PROFILE_RELEASE_OPT_LEVEL=1 CARGO_PROFILE_RELEASE_LTO=false \
+  # As for cargo-deny: the tool's speed does not matter (1.5 s instead of 0.2 s, the same
+  # SBOM), its build time on a cold run does (43 s instead of 93 s at opt-level 1).
+  CARGO_PROFILE_RELEASE_OPT_LEVEL=0 CARGO_PROFILE_RELEASE_LTO=false \
     CARGO_PROFILE_RELEASE_CODEGEN_UNITS=256 CARGO_PROFILE_RELEASE_DEBUG=false \
     cargo install --locked --quiet --root "$TOOLS" --version "$CDX_VERSION" cargo-cyclonedx >&2
 fi
