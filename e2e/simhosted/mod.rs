@@ -937,7 +937,7 @@ impl SimFleet {
             if let Ok(mut m) = certs.0.lock() {
                 m.insert(sni.clone(), key);
             }
-            let token = format!("sim-token-{i}-{}", ring_hex(name));
+            let token = format!("sim-token-{i}-{}", short_hash(name));
             let b64 = base64::engine::general_purpose::STANDARD;
             let kubeconfig = format!(
                 "apiVersion: v1\nkind: Config\nclusters:\n- name: {name}\n  cluster:\n    server: https://{addr}\n    certificate-authority-data: {ca}\n    tls-server-name: {sni}\nusers:\n- name: agent\n  user:\n    token: {token}\ncontexts:\n- name: {name}\n  context:\n    cluster: {name}\n    user: agent\ncurrent-context: {name}\n",
@@ -975,11 +975,8 @@ impl SimFleet {
     }
 }
 
-fn ring_hex(s: &str) -> String {
-    hcp_fleet_agent::crypto::digest::digest(&hcp_fleet_agent::crypto::digest::SHA256, s.as_bytes())
-        .as_ref()
-        .iter()
-        .take(8)
-        .map(|b| format!("{b:02x}"))
-        .collect()
+/// The first 8 bytes of `s`'s SHA-256, in hex.
+fn short_hash(s: &str) -> String {
+    let digest = hcp_fleet_agent::crypto::sha256(s.as_bytes());
+    hcp_fleet_agent::crypto::hex(&digest[..8])
 }

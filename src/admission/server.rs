@@ -573,26 +573,37 @@ mod spin {
         if spin.is_zero() {
             return;
         }
-        let mut fds: Vec<libc::pollfd> = WATCHED.with(|w| {
-            w.borrow()
-                .iter()
-                .map(|fd| libc::pollfd {
+        // On the stack: this runs every time the thread is about to sleep.
+        let empty = libc::pollfd {
+            fd: -1,
+            events: 0,
+            revents: 0,
+        };
+        let mut fds = [empty; MAX_WATCHED];
+        let n = WATCHED.with(|w| {
+            let w = w.borrow();
+            if w.len() > MAX_WATCHED {
+                return 0;
+            }
+            for (slot, fd) in fds.iter_mut().zip(w.iter()) {
+                *slot = libc::pollfd {
                     fd: *fd,
                     events: libc::POLLIN,
                     revents: 0,
-                })
-                .collect()
+                };
+            }
+            w.len()
         });
-        if fds.is_empty() || fds.len() > MAX_WATCHED {
+        if n == 0 {
             return;
         }
         let until = Instant::now() + spin;
         while Instant::now() < until {
-            // SAFETY: `fds` is a live, exclusively borrowed array of `fds.len()` pollfd
+            // SAFETY: `fds` is a live, exclusively borrowed array of at least `n` pollfd
             // structs, and a zero timeout returns at once; poll reads nothing from the
             // sockets and reports a descriptor closed meanwhile as POLLNVAL, not an error.
             #[allow(unsafe_code)]
-            let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
+            let ready = unsafe { libc::poll(fds.as_mut_ptr(), n as libc::nfds_t, 0) };
             if ready != 0 {
                 return;
             }

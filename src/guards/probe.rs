@@ -12,8 +12,8 @@
 
 use std::sync::Arc;
 
-use crate::crypto::hmac;
 use crate::crypto::rand::{SecureRandom, SystemRandom};
+use crate::crypto::{hex, hmac};
 use serde_json::{Value, json};
 
 use super::case::{Case, Want};
@@ -57,10 +57,6 @@ fn random_bytes<const N: usize>() -> Option<[u8; N]> {
     let mut b = [0u8; N];
     SystemRandom::new().fill(&mut b).ok()?;
     Some(b)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl ProbeKey {

@@ -90,10 +90,6 @@ pub struct HostedClient {
     features: std::sync::Arc<tokio::sync::OnceCell<HostedFeatures>>,
 }
 
-fn digest(data: &[u8]) -> Vec<u8> {
-    crate::crypto::sha256(data)
-}
-
 impl HostedClient {
     /// What the server offers (`webhooks::discover_features`). Unknown (the question failed)
     /// reads as nothing offered, the safe reading: the service then applies the exemptions.
@@ -113,7 +109,7 @@ impl HostedClient {
 
     /// Was this client built from exactly these kubeconfig bytes?
     pub fn is_from(&self, raw: &[u8]) -> bool {
-        self.secret_hash == digest(raw)
+        self.secret_hash == crate::crypto::sha256(raw)
     }
 
     /// A client from the secret's kubeconfig bytes, refused unless the kubeconfig is
@@ -154,7 +150,7 @@ impl HostedClient {
         // install step has its own deadline.
         let client = keepalive_client(config, requests).map_err(client_err)?;
         Ok(Self {
-            secret_hash: digest(raw),
+            secret_hash: crate::crypto::sha256(raw),
             client,
             server: valid.server,
             secret: format!("{namespace}/{secret_name}"),
