@@ -105,6 +105,70 @@ pub fn prune_fields(fields_v1: &Value, under: &[&str]) -> Option<Value> {
     (!out.is_empty()).then_some(Value::Object(out))
 }
 
+/// The managed-field entries of `entries` (manager, `fieldsV1`) as `foreign_fields` reads
+/// them, reduced to what it would report: `ours`'s entries dropped and every other manager's
+/// set without the fields `ours` also owns; entries left with nothing are dropped. For a
+/// watch's store: the agent's own set of a Deployment's pod spec was most of what a store
+/// kept of it, read only to be subtracted (`make bench`, heaptrack).
+pub fn foreign_only(entries: Vec<(String, Value)>, ours: &str) -> Vec<(String, Value)> {
+    let mut mine = serde_json::Map::new();
+    let mut theirs = Vec::new();
+    for (manager, fields) in entries {
+        if manager == ours {
+            merge(&mut mine, fields);
+        } else {
+            theirs.push((manager, fields));
+        }
+    }
+    let mine = Value::Object(mine);
+    theirs
+        .into_iter()
+        .filter_map(|(m, f)| {
+            let left = without_owned(f.as_object()?, Some(&mine));
+            (!left.is_empty()).then_some((m, Value::Object(left)))
+        })
+        .collect()
+}
+
+/// `theirs` (a `fieldsV1` node) without the paths `ours` (the node at the same place in the
+/// agent's set) also names, path for path as `field_paths` spells them: a leaf, or a node's
+/// `.`, names the node's own path, which `ours` names by a leaf or a `.` of its own.
+fn without_owned(
+    theirs: &serde_json::Map<String, Value>,
+    ours: Option<&Value>,
+) -> serde_json::Map<String, Value> {
+    let names_itself = |o: Option<&Value>| {
+        o.is_some_and(|o| {
+            o.as_object()
+                .is_none_or(|m| m.is_empty() || m.contains_key("."))
+        })
+    };
+    let mut left = serde_json::Map::new();
+    for (key, child) in theirs {
+        if key == "." {
+            if !names_itself(ours) {
+                left.insert(key.clone(), child.clone());
+            }
+            continue;
+        }
+        let counterpart = ours.and_then(|o| o.get(key));
+        match child.as_object().filter(|m| !m.is_empty()) {
+            None => {
+                if !names_itself(counterpart) {
+                    left.insert(key.clone(), child.clone());
+                }
+            }
+            Some(children) => {
+                let rest = without_owned(children, counterpart);
+                if !rest.is_empty() {
+                    left.insert(key.clone(), Value::Object(rest));
+                }
+            }
+        }
+    }
+    left
+}
+
 fn merge(into: &mut serde_json::Map<String, Value>, v: Value) {
     if let Value::Object(m) = v {
         for (k, val) in m {
@@ -304,6 +368,66 @@ mod tests {
             foreign_fields(&live(f.clone()), "a", &under),
             foreign_fields(&live(prune_fields(&f, &under).expect("kept")), "a", &under)
         );
+    }
+
+    #[test]
+    fn the_foreign_only_entries_read_as_the_same_foreign_fields() {
+        let ours = "hcp-fleet-agent";
+        let agent = json!({"f:spec": {"f:template": {"f:spec": {
+            "f:containers": {"k:{\"name\":\"admission\"}": {".": {}, "f:image": {}, "f:name": {}, "f:env": {}}},
+            "f:hostNetwork": {},
+            "f:securityContext": {"f:runAsNonRoot": {}},
+        }}}});
+        let cases = [
+            // Nobody else: nothing kept.
+            vec![],
+            // Someone co-owns a field and adds another, in a list entry and beside it.
+            vec![(
+                "kubectl-edit",
+                json!({"f:spec": {"f:template": {"f:spec": {
+                    "f:containers": {"k:{\"name\":\"admission\"}": {"f:image": {}, "f:args": {}}},
+                    "f:hostNetwork": {},
+                    "f:nodeName": {},
+                }}}}),
+            )],
+            // A node we own as a leaf, which they own field by field, and its own path.
+            vec![
+                (
+                    "tenant",
+                    json!({"f:spec": {"f:template": {"f:spec": {
+                        "f:containers": {"k:{\"name\":\"admission\"}": {"f:env": {".": {}, "f:x": {}}}},
+                        "f:securityContext": {".": {}, "f:runAsNonRoot": {}, "f:runAsUser": {}},
+                    }}}}),
+                ),
+                (
+                    "other",
+                    json!({"f:spec": {"f:template": {"f:spec": {"f:hostNetwork": {}}}}}),
+                ),
+            ],
+        ];
+        for others in cases {
+            let mut entries = vec![(ours.to_string(), agent.clone())];
+            entries.extend(others.iter().map(|(m, f)| (m.to_string(), f.clone())));
+            let as_live = |es: &[(String, Value)]| {
+                managed(Value::Array(
+                    es.iter()
+                        .map(|(m, f)| json!({"manager": m, "operation": "Apply", "fieldsV1": f}))
+                        .collect(),
+                ))
+            };
+            let whole = foreign_fields(&as_live(&entries), ours, &["spec.template.spec"]);
+            let kept = foreign_only(entries, ours);
+            assert_eq!(
+                foreign_fields(&as_live(&kept), ours, &["spec.template.spec"]),
+                whole
+            );
+            assert!(
+                kept.iter().all(|(m, _)| m != ours),
+                "the agent's own set is not kept"
+            );
+            // Only what is foreign is kept: none of it names a path the agent owns.
+            assert_eq!(kept.is_empty(), whole.is_empty(), "{whole:?}");
+        }
     }
 
     #[test]

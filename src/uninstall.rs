@@ -146,11 +146,7 @@ async fn remove_hcp(
         .and_then(|d| d.get(&access.kubeconfig_key))
         .map(|b| b.0.clone())
         .ok_or_else(|| hosted_err(format!("secret has no key {}", access.kubeconfig_key)))?;
-    let HostedClient {
-        client: hosted,
-        server,
-        ..
-    } = HostedClient::build(
+    let built = HostedClient::build(
         ns,
         &access.kubeconfig_secret,
         &raw,
@@ -159,6 +155,7 @@ async fn remove_hcp(
     )
     .await
     .map_err(|e| hosted_err(e.to_string()))?;
+    let (hosted, server) = (built.client(), built.server);
     let timeout = Duration::from_secs(u64::from(access.request_timeout_seconds) * 3);
     let hosted_objects = tokio::time::timeout(timeout, remove_hosted(&hosted, cfg))
         .await

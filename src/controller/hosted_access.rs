@@ -127,7 +127,7 @@ async fn claim(
             reason,
         })
     };
-    let namespaces = Api::<Namespace>::all(hosted.client.clone());
+    let namespaces = Api::<Namespace>::all(hosted.client());
     let system = tokio::time::timeout(timeout, namespaces.get("kube-system"))
         .await
         .map_err(|_| identity_err(format!("no answer within {}s", timeout.as_secs())))?

@@ -185,7 +185,7 @@ pub async fn ensure(
     let installed = tokio::time::timeout(
         timeout * 2,
         install(
-            &hosted.client,
+            &hosted.client(),
             &desired,
             &policies::names_ours(&cfg.webhooks),
             features,

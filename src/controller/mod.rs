@@ -109,15 +109,16 @@ pub async fn run(
     // agent may read only those (RBAC resourceNames), not every Secret.
     let by = |name: String| watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut caches = cache::Caches::default();
-    // The HCPs' store without their managed fields: HyperShift's controllers write many, and
-    // nothing here reads them (a large part of an HCP object, kept for every HCP).
+    // The HCPs' store holds only what the agent reads of each (no managed fields, which
+    // HyperShift's controllers write many of, and no part of HyperShift's spec and status the
+    // agent has no use for): kept for every HCP, the whole objects were most of the store.
     let (store, writer) = kube::runtime::reflector::store();
     let hcp_events = reflected(
         hcps,
         watcher::Config::default(),
         writer,
         &[],
-        |_| {},
+        HostedControlPlane::keep_only_what_is_read,
         |_| {},
     );
     let mut controller = Controller::for_stream(hcp_events.applied_objects(), store.clone())
@@ -320,7 +321,9 @@ where
 }
 
 /// The managed-field entries `foreign_fields` reads under `keep`: not of a subresource, each
-/// set cut down to those parts; nothing at all where `keep` is empty.
+/// set cut down to those parts, and then to what is foreign (`compare::foreign_only`: the
+/// agent's own set dropped, every other one without what the agent also owns); nothing at
+/// all where `keep` is empty.
 fn kept_managed_fields(
     entries: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry],
     keep: &[&str],
@@ -329,17 +332,20 @@ fn kept_managed_fields(
     if keep.is_empty() {
         return Vec::new();
     }
-    entries
+    let pruned = entries
         .iter()
         .filter(|e| e.subresource.as_deref().unwrap_or_default().is_empty())
         .filter_map(|e| {
             let fields = crate::compare::prune_fields(&e.fields_v1.as_ref()?.0, keep)?;
-            Some(ManagedFieldsEntry {
-                manager: e.manager.clone(),
-                operation: e.operation.clone(),
-                fields_v1: Some(FieldsV1(fields)),
-                ..Default::default()
-            })
+            Some((e.manager.clone().unwrap_or_default(), fields))
+        })
+        .collect();
+    crate::compare::foreign_only(pruned, management::FIELD_MANAGER)
+        .into_iter()
+        .map(|(manager, fields)| ManagedFieldsEntry {
+            manager: Some(manager),
+            fields_v1: Some(FieldsV1(fields)),
+            ..Default::default()
         })
         .collect()
 }

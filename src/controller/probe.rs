@@ -20,6 +20,7 @@ use crate::catalogue::{
 use crate::crd::{ComplianceState, HostedControlPlane};
 use crate::guards::probe::{FOREIGN_ANSWER, FOREIGN_POLICY_ANSWER, NO_ANSWER};
 use crate::guards::probe::{NONCE_ANNOTATION, PROOF_MARK, ProbeKey};
+use crate::hosted::clients::HostedClient;
 use crate::hosted::policies::Engine;
 use crate::hosted::wanted::Wanted;
 use crate::reporting::Observation;
@@ -228,7 +229,7 @@ pub fn ensure_task(
     ctx: &Context,
     ns: &str,
     cluster: &str,
-    hosted: &Client,
+    hosted: &HostedClient,
     verdict: ComplianceState,
     timeout: Duration,
     every: Duration,
@@ -263,13 +264,15 @@ pub fn ensure_task(
                             .unwrap_or_default();
                         (targets, Arc::clone(&s.canaries), s.canary_next)
                     };
-                    let probed = probe(&hosted, timeout, &targets).await.state;
+                    // A kube client for this round only (see `HostedClient`).
+                    let client = hosted.client();
+                    let probed = probe(&client, timeout, &targets).await.state;
                     let mut canary_changed = false;
                     // A path that fails its probe fails every canary on it: they wait for it.
                     let turn = canaries.get(next % canaries.len().max(1));
                     if let Some(p) = turn.filter(|_| probed == ComplianceState::Compliant) {
                         let shown =
-                            canary::send(&hosted, p, &canaries, &targets.proof, &ns, timeout).await;
+                            canary::send(&client, p, &canaries, &targets.proof, &ns, timeout).await;
                         if let canary::Shown::NotTried(why) = &shown {
                             tracing::debug!(guard = %p.guard, %why, "canary not tried");
                         }

@@ -334,7 +334,7 @@ async fn run_phases(
         }
         // 7. Prove it end to end, through the hosted kube-apiserver.
         let timeout = Duration::from_secs(u64::from(cfg.hosted_access.request_timeout_seconds));
-        let mut verdict = probe::probe(&hosted.client, timeout, &installed.targets).await;
+        let mut verdict = probe::probe(&hosted.client(), timeout, &installed.targets).await;
         // And what the guards' canaries showed in their last rounds (the probe task sends them).
         let failed = ctx.with_hcp(ns, |s| {
             s.watch
@@ -356,7 +356,7 @@ async fn run_phases(
             ctx,
             ns,
             cluster,
-            &hosted.client,
+            &hosted,
             verdict.state,
             timeout,
             every,

@@ -94,7 +94,7 @@ pub async fn pre_trust(
     let hosted = hosted_access::connect(ctx, cfg, ns, cluster)
         .await
         .map_err(held)?;
-    let installed = installed_trust(&hosted.client).await.map_err(|source| {
+    let installed = installed_trust(&hosted.client()).await.map_err(|source| {
         held(Failure::HostedApi {
             server: hosted.server.clone(),
             secret: hosted.secret.clone(),
@@ -150,13 +150,14 @@ pub async fn hosted_bundle(
         ctx.with_hcp(ns, |s| s.settled_for = Some(serving));
         Ok((bundle, true))
     };
-    let installed = installed_trust(&hosted.client)
-        .await
-        .map_err(|source| Failure::HostedApi {
-            server: hosted.server.clone(),
-            secret: hosted.secret.clone(),
-            source,
-        })?;
+    let installed =
+        installed_trust(&hosted.client())
+            .await
+            .map_err(|source| Failure::HostedApi {
+                server: hosted.server.clone(),
+                secret: hosted.secret.clone(),
+                source,
+            })?;
     // Nothing installed trusts another CA (a first install, or a converged one): there is
     // nothing to retire, and the replicas need no look (a request per HCP at a cold start).
     let have = bundle_ders(&installed);

@@ -20,6 +20,7 @@ use crate::crd::HostedControlPlane;
 use crate::hosted::clients::HostedClient;
 use crate::hosted::policies;
 use crate::hosted::wanted::Wanted;
+use crate::hosted::watch::{Selection, watch};
 use crate::hosted::webhooks::{self, HostedFeatures};
 use crate::metrics::DriftLabels;
 
@@ -88,20 +89,23 @@ fn drift_task(
     let hcp_ref = ObjectRef::<HostedControlPlane>::new(cluster).within(ns);
     let ns = ns.to_string();
     let cluster = cluster.to_string();
-    let client = hosted.client.clone();
+    let service = hosted.service();
+    let hosted = hosted.clone();
     async move {
         // The two configurations by name: a label any tenant can set on objects of their own
         // (300 of them, 900 KiB each) must not decide what the agent lists and holds.
-        let by_name =
-            |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
-        let v = watcher(
-            Api::<ValidatingWebhookConfiguration>::all(client.clone()),
+        let by_name = |name: &str| Selection {
+            fields: Some(format!("metadata.name={name}")),
+            ..Default::default()
+        };
+        let v = watch::<ValidatingWebhookConfiguration>(
+            service.clone(),
             by_name(webhooks::VALIDATING_NAME),
         )
         .default_backoff()
         .map(|e| classify("ValidatingWebhookConfiguration", e));
-        let m = watcher(
-            Api::<MutatingWebhookConfiguration>::all(client.clone()),
+        let m = watch::<MutatingWebhookConfiguration>(
+            service.clone(),
             by_name(webhooks::MUTATING_NAME),
         )
         .default_backoff()
@@ -109,24 +113,20 @@ fn drift_task(
         // The policies and bindings are one per guard, named by the configuration: by label,
         // in small pages, so a tenant's labelled objects pass through a few at a time and are
         // dropped (nothing here keeps an object whose name the agent does not render).
-        let cfg = watcher::Config::default()
-            .labels(&webhooks::owned_selector())
-            .page_size(HOSTED_PAGE);
+        let by_label = Selection {
+            labels: Some(webhooks::owned_selector()),
+            page: Some(HOSTED_PAGE),
+            ..Default::default()
+        };
         let hooks = futures::stream::select(v, m);
         // Only where served: a watch of a resource the server lacks would be refused forever.
         let events: futures::stream::BoxStream<'static, Seen> = if features.admission_policies {
-            let p = watcher(
-                Api::<ValidatingAdmissionPolicy>::all(client.clone()),
-                cfg.clone(),
-            )
-            .default_backoff()
-            .map(|e| classify("ValidatingAdmissionPolicy", e));
-            let b = watcher(
-                Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()),
-                cfg,
-            )
-            .default_backoff()
-            .map(|e| classify("ValidatingAdmissionPolicyBinding", e));
+            let p = watch::<ValidatingAdmissionPolicy>(service.clone(), by_label.clone())
+                .default_backoff()
+                .map(|e| classify("ValidatingAdmissionPolicy", e));
+            let b = watch::<ValidatingAdmissionPolicyBinding>(service, by_label)
+                .default_backoff()
+                .map(|e| classify("ValidatingAdmissionPolicyBinding", e));
             Box::pin(futures::stream::select(
                 hooks,
                 futures::stream::select(p, b),
@@ -157,7 +157,7 @@ fn drift_task(
                     None => break,
                 },
                 _ = recovery.tick(), if lost.is_some() => {
-                    let alive = tokio::time::timeout(RECOVERY_CHECK, client.apiserver_version()).await;
+                    let alive = tokio::time::timeout(RECOVERY_CHECK, hosted.client().apiserver_version()).await;
                     if matches!(alive, Ok(Ok(_))) {
                         Seen::Alive
                     } else {

@@ -76,11 +76,30 @@ pub enum HostedAccessError {
     },
 }
 
+/// The request stack of one hosted kube-apiserver's connection (base URI, credentials,
+/// headers, the request count, HTTP/2 with keepalive pings), shared by every clone.
+pub type HostedService = tower::util::BoxCloneSyncService<
+    http::Request<kube::client::Body>,
+    http::Response<HostedBody>,
+    Box<dyn std::error::Error + Send + Sync>,
+>;
+
+/// A hosted kube-apiserver's response body.
+pub type HostedBody = LineCapped<hyper::body::Incoming>;
+
 /// A client for one hosted kube-apiserver and the (rewritten) server URL it talks to.
+///
+/// It holds the connection's request stack, not a kube `Client`: a kube client puts a queue
+/// (tower's `Buffer`, a channel of 1,024 and its task) in front of the stack, about 20 KiB
+/// for as long as it lives, and at a thousand hosted clusters held between reconciles those
+/// were a tenth of the agent's memory (`make bench`, heaptrack). `client()` makes one for
+/// the length of a reconcile or a probe round, over the same connection; the drift watch
+/// reads the stack directly (`hosted::watch`).
 #[derive(Clone)]
 pub struct HostedClient {
     secret_hash: Vec<u8>,
-    pub client: Client,
+    service: HostedService,
+    default_namespace: String,
     pub server: String,
     /// The Secret its credentials came from (`namespace/name`), for messages that must say
     /// where to look when the server refuses them.
@@ -91,12 +110,25 @@ pub struct HostedClient {
 }
 
 impl HostedClient {
+    /// A kube client over this cluster's connection, to be dropped after use (see the type).
+    pub fn client(&self) -> Client {
+        Client::new(self.service.clone(), self.default_namespace.clone())
+    }
+
+    /// The connection's request stack, for the drift watch.
+    pub fn service(&self) -> HostedService {
+        self.service.clone()
+    }
+
     /// What the server offers (`webhooks::discover_features`). Unknown (the question failed)
     /// reads as nothing offered, the safe reading: the service then applies the exemptions.
     pub async fn features(&self) -> HostedFeatures {
         match self
             .features
-            .get_or_try_init(|| super::webhooks::discover_features(&self.client))
+            .get_or_try_init(|| {
+                let client = self.client();
+                async move { super::webhooks::discover_features(&client).await }
+            })
             .await
         {
             Ok(f) => *f,
@@ -146,12 +178,14 @@ impl HostedClient {
         config.write_timeout = Some(t);
         // No read timeout: the drift watches are quiet for minutes between events, and a
         // short one would cut and reopen them every few seconds (polling in disguise, seen in
-        // `make bench`). Liveness comes from HTTP/2 pings instead (`keepalive_client`); the
+        // `make bench`). Liveness comes from HTTP/2 pings instead (`keepalive_service`); the
         // install step has its own deadline.
-        let client = keepalive_client(config, requests).map_err(client_err)?;
+        let default_namespace = config.default_namespace.clone();
+        let service = keepalive_service(config, requests).map_err(client_err)?;
         Ok(Self {
             secret_hash: crate::crypto::sha256(raw),
-            client,
+            service,
+            default_namespace,
             server: valid.server,
             secret: format!("{namespace}/{secret_name}"),
             features: Default::default(),
@@ -170,17 +204,17 @@ impl HostedClient {
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// HTTP/2 flow-control windows of a hosted connection (see `keepalive_client`).
+/// HTTP/2 flow-control windows of a hosted connection (see `keepalive_service`).
 pub const HOSTED_STREAM_WINDOW: u32 = 256 * 1024;
 pub const HOSTED_CONNECTION_WINDOW: u32 = 1024 * 1024;
 
-/// kube's client stack (base URI, credentials, headers) over an HTTP/2 connection with
+/// kube's request stack (base URI, credentials, headers) over an HTTP/2 connection with
 /// keepalive pings (HTTP/1.1 where the server does not offer h2, without pings), every
 /// request counted in `requests`.
-pub fn keepalive_client(
+pub fn keepalive_service(
     config: kube::Config,
     requests: prometheus_client::metrics::counter::Counter,
-) -> Result<Client, String> {
+) -> Result<HostedService, String> {
     use hyper_util::client::legacy::connect::HttpConnector;
     use hyper_util::rt::{TokioExecutor, TokioTimer};
     use kube::client::ConfigExt;
@@ -229,7 +263,7 @@ pub fn keepalive_client(
             Box::new(e) as Box<dyn std::error::Error + Send + Sync>
         })
         .service(client);
-    Ok(Client::new(service, config.default_namespace))
+    Ok(tower::util::BoxCloneSyncService::new(service))
 }
 
 /// The most bytes a hosted API server may send without a line break: one watch event, or one

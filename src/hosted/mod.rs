@@ -1,7 +1,7 @@
 //! The hosted clusters: access through each HCP's kubeconfig secret, and the guards installed
 //! there: webhook configurations (`webhooks`) and, where served, admission policies
 //! (`policies`), both rendered purely from the configuration, and what the canaries that prove
-//! each guard need there (`canary`).
+//! each guard need there (`canary`); the lean watch the drift watch reads them with (`watch`).
 
 pub mod canary;
 pub mod cel;
@@ -13,4 +13,5 @@ pub mod policies;
 #[cfg(test)]
 mod tampering;
 pub mod wanted;
+pub mod watch;
 pub mod webhooks;

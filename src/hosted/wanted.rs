@@ -24,7 +24,75 @@ pub struct WantedObject {
     metadata: Arc<Value>,
     /// `webhooks` or `spec`.
     whole: &'static str,
-    body: Arc<Value>,
+    body: Body,
+}
+
+/// The part rendered whole, interned: a policy's or binding's `spec` in one piece; a
+/// configuration's `webhooks` entry by entry, each without its `clientConfig` (the same in
+/// every HCP), the `clientConfig` without its `caBundle` (the HCP's address), and the
+/// `caBundle` (the HCP's CA, the same for each of its webhooks). Interned whole, the webhooks
+/// were a copy per HCP, the CA once per guard: about 26 KiB per HCP at a thousand (`make
+/// bench`, heaptrack).
+#[derive(Debug, Clone, PartialEq)]
+enum Body {
+    Whole(Arc<Value>),
+    Webhooks(Vec<WebhookParts>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct WebhookParts {
+    rest: Arc<Value>,
+    client_config: Option<Arc<Value>>,
+    ca_bundle: Option<Arc<Value>>,
+}
+
+impl Body {
+    fn of(whole: &str, body: Value) -> Self {
+        match body {
+            Value::Array(hooks) if whole == "webhooks" => {
+                Body::Webhooks(hooks.into_iter().map(WebhookParts::of).collect())
+            }
+            body => Body::Whole(intern(body)),
+        }
+    }
+
+    fn to_value(&self) -> Value {
+        match self {
+            Body::Whole(v) => Value::clone(v),
+            Body::Webhooks(hooks) => {
+                Value::Array(hooks.iter().map(WebhookParts::to_value).collect())
+            }
+        }
+    }
+}
+
+impl WebhookParts {
+    fn of(mut hook: Value) -> Self {
+        let mut client_config = hook.as_object_mut().and_then(|h| h.remove("clientConfig"));
+        let ca_bundle = client_config
+            .as_mut()
+            .and_then(Value::as_object_mut)
+            .and_then(|c| c.remove("caBundle"));
+        WebhookParts {
+            rest: intern(hook),
+            client_config: client_config.map(intern),
+            ca_bundle: ca_bundle.map(intern),
+        }
+    }
+
+    fn to_value(&self) -> Value {
+        let mut hook = Value::clone(&self.rest);
+        if let Some(c) = &self.client_config {
+            let mut c = Value::clone(c);
+            if let (Some(ca), Some(m)) = (&self.ca_bundle, c.as_object_mut()) {
+                m.insert("caBundle".into(), Value::clone(ca));
+            }
+            if let Some(h) = hook.as_object_mut() {
+                h.insert("clientConfig".into(), c);
+            }
+        }
+        hook
+    }
 }
 
 /// Everything the agent wants in one hosted cluster, and the revisions its probe selects.
@@ -79,7 +147,7 @@ impl Wanted {
             .iter()
             .find(|o| o.kind == kind && o.name == name)?;
         let mut v = serde_json::json!({ "metadata": Value::clone(&o.metadata) });
-        v[o.whole] = Value::clone(&o.body);
+        v[o.whole] = o.body.to_value();
         Some(v)
     }
 }
@@ -106,7 +174,7 @@ impl<K: kube::Resource + Serialize> ErasedObject for K {
             name,
             metadata: intern(Value::Object(metadata)),
             whole,
-            body: intern(body),
+            body: Body::of(whole, body),
         })
     }
 }
@@ -153,9 +221,14 @@ mod tests {
     const CA: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
 
     fn rendered(ns: &str) -> HostedWebhooks {
+        rendered_with(ns, true)
+    }
+
+    /// Without admission policies served, every guard is a webhook.
+    fn rendered_with(ns: &str, admission_policies: bool) -> HostedWebhooks {
         let features = HostedFeatures {
             match_conditions: true,
-            admission_policies: true,
+            admission_policies,
         };
         let url = format!("https://hcp-fleet-admission.{ns}.svc:443");
         render(&AgentConfig::default(), ns, &url, CA, features)
@@ -202,16 +275,55 @@ mod tests {
             Wanted::of(&rendered("clusters-a")),
             Wanted::of(&rendered("clusters-b")),
         );
-        let policy = |w: &Wanted| {
+        let body = |w: &Wanted, kind: &str| {
             w.objects
                 .iter()
-                .find(|o| o.kind == "ValidatingAdmissionPolicy")
-                .map(|o| Arc::clone(&o.body))
-                .expect("a policy")
+                .find(|o| o.kind == kind)
+                .map(|o| o.body.clone())
+                .expect("an object of the kind")
         };
+        let (Body::Whole(pa), Body::Whole(pb)) = (
+            body(&a, "ValidatingAdmissionPolicy"),
+            body(&b, "ValidatingAdmissionPolicy"),
+        ) else {
+            panic!("a policy's spec is one part");
+        };
+        assert!(Arc::ptr_eq(&pa, &pb), "the CEL is held once");
+        // A webhook's rules and selectors are held once for every HCP, its CA once per HCP;
+        // its address is the HCP's own.
+        let vwc = "ValidatingWebhookConfiguration";
+        let (a, b) = (
+            Wanted::of(&rendered_with("clusters-a", false)),
+            Wanted::of(&rendered_with("clusters-b", false)),
+        );
+        let (Body::Webhooks(ha), Body::Webhooks(hb)) = (body(&a, vwc), body(&b, vwc)) else {
+            panic!("a configuration's webhooks are held entry by entry");
+        };
+        assert!(ha.len() > 1 && ha.len() == hb.len());
+        for (x, y) in ha.iter().zip(&hb) {
+            // The probe's webhook selects the HCP's own probe revision; every guard's is alike.
+            let probe = x.rest["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("probe."));
+            assert_eq!(Arc::ptr_eq(&x.rest, &y.rest), !probe, "{}", x.rest["name"]);
+            assert_ne!(x.client_config, y.client_config, "each HCP's address");
+        }
+        let ca = |h: &WebhookParts| h.ca_bundle.clone().expect("a caBundle");
         assert!(
-            Arc::ptr_eq(&policy(&a), &policy(&b)),
-            "the CEL is held once"
+            ha.iter().all(|h| Arc::ptr_eq(&ca(h), &ca(&ha[0]))),
+            "the CA once per HCP"
+        );
+        // Rebuilt, each entry is the rendering's.
+        let whole = rendered_with("clusters-a", false);
+        let name = whole
+            .validating
+            .as_ref()
+            .and_then(|v| v.metadata.name.clone())
+            .expect("name");
+        let full = serde_json::to_value(whole.validating.as_ref().expect("vwc")).expect("json");
+        assert_eq!(
+            a.object(vwc, &name).expect("wanted")["webhooks"],
+            full["webhooks"]
         );
         // What differs per HCP (the claim) stays its own.
         assert_ne!(a, b);
