@@ -304,7 +304,10 @@ async fn prove(
         {
             Ok(_) => return Ok(()),
             Err(why) if Instant::now() >= deadline => {
-                return Err(InstallError::Unproven { to, why });
+                return Err(InstallError::Unproven {
+                    to,
+                    why: why.to_string(),
+                });
             }
             // The API server reloads admission policies about once a second.
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,

@@ -118,6 +118,35 @@ pub fn judge(
     }
 }
 
+/// Why a probe path did not answer as the agent's guards answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeFailure {
+    #[error("the system's random source failed, so no probe nonce could be made")]
+    NoNonce,
+    /// Denied by something that could not prove it is the admission service. The text is
+    /// left out: it is the tenant's to choose.
+    #[error(
+        "the probe was denied without the admission service's proof: {FOREIGN_ANSWER} (a webhook of the hosted cluster's own, named like the probe?), or the service does not hold this HCP's probe key"
+    )]
+    ImitatedService,
+    /// The policy probe denied with another message (cut and cleaned: the tenant's text).
+    #[error("the policy probe {FOREIGN_POLICY_ANSWER}: {0}")]
+    ImitatedPolicy(String),
+    // No timing in these messages: a steady probe must not add history (and writes) each time.
+    #[error(
+        "the hosted kube-apiserver did not reach the admission service (the probe was let through by failurePolicy Ignore)"
+    )]
+    ServiceNotReached,
+    #[error(
+        "the hosted kube-apiserver does not run the agent's admission policies (the policy probe was let through)"
+    )]
+    PoliciesNotRun,
+    #[error("probe failed: {}", crate::human::KubeError(.0))]
+    Failed(#[source] kube::Error),
+    #[error("probe {NO_ANSWER} {0}s")]
+    NoAnswer(u64),
+}
+
 /// A dry-run create of a labelled ConfigMap that only the probe of `engine` at `revision` sees:
 /// the probe webhook (answered by the admission service) or the probe admission policy
 /// (answered by the hosted kube-apiserver itself). `Ok` when it answered; otherwise what
@@ -129,13 +158,12 @@ pub async fn probe_path(
     engine: Engine,
     revision: &str,
     proof: &Proof,
-) -> Result<Answer, String> {
+) -> Result<Answer, ProbeFailure> {
     let value = match engine {
         Engine::Webhook => "true",
         Engine::Policy => POLICY_PROBE_VALUE,
     };
-    let nonce = crate::guards::probe::nonce()
-        .ok_or("the system's random source failed, so no probe nonce could be made")?;
+    let nonce = crate::guards::probe::nonce().ok_or(ProbeFailure::NoNonce)?;
     let api: Api<ConfigMap> = Api::namespaced(hosted.clone(), "default");
     let mut cm = ConfigMap::default();
     cm.metadata.generate_name = Some("hcp-fleet-probe-".into());
@@ -155,25 +183,27 @@ pub async fn probe_path(
     match tokio::time::timeout(timeout, api.create(&pp, &cm)).await {
         Ok(Err(kube::Error::Api(s))) => match authentic(engine, &s.message, proof, &nonce) {
             Answer::Imitation => Err(match engine {
-                // The text is left out: it is the tenant's to choose.
-                Engine::Webhook => format!("the probe was denied without the admission service's proof: {FOREIGN_ANSWER} (a webhook of the hosted cluster's own, named like the probe?), or the service does not hold this HCP's probe key"),
-                Engine::Policy => format!(
-                    "the policy probe {FOREIGN_POLICY_ANSWER}: {}",
-                    crate::reporting::untrusted(&s.message, 300)
-                ),
+                Engine::Webhook => ProbeFailure::ImitatedService,
+                Engine::Policy => {
+                    ProbeFailure::ImitatedPolicy(crate::reporting::untrusted(&s.message, 300))
+                }
             }),
             answer => {
-                tracing::debug!(engine = engine.as_str(), ms = t0.elapsed().as_millis() as u64, ?answer, "probe answered");
+                tracing::debug!(
+                    engine = engine.as_str(),
+                    ms = t0.elapsed().as_millis() as u64,
+                    ?answer,
+                    "probe answered"
+                );
                 Ok(answer)
             }
         },
-        // No timing in the message: a steady probe must not add history (and writes) each time.
         Ok(Ok(_)) => Err(match engine {
-            Engine::Webhook => "the hosted kube-apiserver did not reach the admission service (the probe was let through by failurePolicy Ignore)".into(),
-            Engine::Policy => "the hosted kube-apiserver does not run the agent's admission policies (the policy probe was let through)".into(),
+            Engine::Webhook => ProbeFailure::ServiceNotReached,
+            Engine::Policy => ProbeFailure::PoliciesNotRun,
         }),
-        Ok(Err(e)) => Err(format!("probe failed: {}", crate::human::KubeError(&e))),
-        Err(_) => Err(format!("probe {NO_ANSWER} {}s", timeout.as_secs())),
+        Ok(Err(e)) => Err(ProbeFailure::Failed(e)),
+        Err(_) => Err(ProbeFailure::NoAnswer(timeout.as_secs())),
     }
 }
 
@@ -192,7 +222,7 @@ pub async fn probe(hosted: &Client, timeout: Duration, targets: &ProbeTargets) -
                 unproven |= a == Answer::Unproven;
                 answered.push(who);
             }
-            Err(e) => failed.push(e),
+            Err(e) => failed.push(e.to_string()),
         }
     }
     if !failed.is_empty() {

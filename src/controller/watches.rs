@@ -120,7 +120,8 @@ fn drift_task(
         };
         let hooks = futures::stream::select(v, m);
         // Only where served: a watch of a resource the server lacks would be refused forever.
-        let events: futures::stream::BoxStream<'static, Seen> = if features.admission_policies {
+        let events: futures::stream::BoxStream<'static, DriftEvent> = if features.admission_policies
+        {
             let p = watch::<ValidatingAdmissionPolicy>(service.clone(), by_label.clone())
                 .default_backoff()
                 .map(|e| classify("ValidatingAdmissionPolicy", e));
@@ -159,7 +160,7 @@ fn drift_task(
                 _ = recovery.tick(), if lost.is_some() => {
                     let alive = tokio::time::timeout(RECOVERY_CHECK, hosted.client().apiserver_version()).await;
                     if matches!(alive, Ok(Ok(_))) {
-                        Seen::Alive
+                        DriftEvent::Alive
                     } else {
                         continue;
                     }
@@ -173,7 +174,7 @@ fn drift_task(
                 }
             };
             let changes: Vec<(&'static str, &'static str, String, Option<Value>)> = match seen {
-                Seen::Lost(why) => {
+                DriftEvent::Lost(why) => {
                     if lost.is_none() {
                         warn!(error = %why, "lost the connection to the hosted cluster; reporting it");
                         recovery.reset();
@@ -183,24 +184,24 @@ fn drift_task(
                     lost = Some(why);
                     continue;
                 }
-                Seen::Refused(why) => {
+                DriftEvent::Refused(why) => {
                     warn!(error = %why, "the hosted cluster refused the drift watch; retrying");
                     continue;
                 }
-                Seen::Alive => {
+                DriftEvent::Alive => {
                     back();
                     continue;
                 }
-                Seen::Change(kind, what, name, live) => {
+                DriftEvent::Change(kind, what, name, live) => {
                     back();
                     vec![(kind, what, name, live)]
                 }
-                Seen::ListStart(kind) => {
+                DriftEvent::ListStart(kind) => {
                     back();
                     listed.insert(kind, Default::default());
                     continue;
                 }
-                Seen::Listed(kind, name, live) => {
+                DriftEvent::Listed(kind, name, live) => {
                     // Only the agent's own names are kept: a tenant's labelled objects pass.
                     let (ours, applied) = {
                         let shared = lock(&shared);
@@ -219,7 +220,7 @@ fn drift_task(
                     }
                     vec![(kind, "changed while no watch was open", name, live)]
                 }
-                Seen::ListDone(kind) => {
+                DriftEvent::ListDone(kind) => {
                     let seen = listed.remove(kind).unwrap_or_default();
                     let want = {
                         let shared = lock(&shared);
@@ -293,7 +294,7 @@ fn matches_desired(kind: &str, want: &Value, live: &Value) -> bool {
 const RECOVERY_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What one item of a drift watch means.
-enum Seen {
+enum DriftEvent {
     /// A live change to one of the agent's objects: kind, what happened, its name, the object.
     Change(&'static str, &'static str, String, Option<Value>),
     /// A (re)list of `kind` begins: what it lists is what is there now.
@@ -316,17 +317,17 @@ enum Seen {
 fn classify<K: serde::Serialize + kube::Resource>(
     kind: &'static str,
     ev: Result<watcher::Event<K>, watcher::Error>,
-) -> Seen {
+) -> DriftEvent {
     match ev {
         Ok(watcher::Event::Apply(o)) => {
-            Seen::Change(kind, "changed", o.name_any(), serde_json::to_value(o).ok())
+            DriftEvent::Change(kind, "changed", o.name_any(), serde_json::to_value(o).ok())
         }
-        Ok(watcher::Event::Delete(o)) => Seen::Change(kind, "deleted", o.name_any(), None),
-        Ok(watcher::Event::Init) => Seen::ListStart(kind),
+        Ok(watcher::Event::Delete(o)) => DriftEvent::Change(kind, "deleted", o.name_any(), None),
+        Ok(watcher::Event::Init) => DriftEvent::ListStart(kind),
         Ok(watcher::Event::InitApply(o)) => {
-            Seen::Listed(kind, o.name_any(), serde_json::to_value(o).ok())
+            DriftEvent::Listed(kind, o.name_any(), serde_json::to_value(o).ok())
         }
-        Ok(watcher::Event::InitDone) => Seen::ListDone(kind),
+        Ok(watcher::Event::InitDone) => DriftEvent::ListDone(kind),
         // The connection failed (a refused or dropped connection, a keepalive that went
         // unanswered), as opposed to the server answering with an error status.
         Err(e) => match &e {
@@ -335,9 +336,9 @@ fn classify<K: serde::Serialize + kube::Resource>(
             | watcher::Error::WatchFailed(k)
                 if !matches!(k, kube::Error::Api(_)) =>
             {
-                Seen::Lost(crate::human::KubeError(k).to_string())
+                DriftEvent::Lost(crate::human::KubeError(k).to_string())
             }
-            _ => Seen::Refused(crate::human::WatchError(&e).to_string()),
+            _ => DriftEvent::Refused(crate::human::WatchError(&e).to_string()),
         },
     }
 }

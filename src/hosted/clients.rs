@@ -35,11 +35,12 @@ pub enum HostedAccessError {
         #[source]
         source: KubeconfigError,
     },
-    #[error("{namespace}: building a client for {server}: {reason}")]
+    #[error("{namespace}: building a client for {server}: {source}")]
     Client {
         namespace: String,
         server: String,
-        reason: String,
+        #[source]
+        source: ClientError,
     },
     #[error(
         "{namespace}: the management cluster's identity (the UID of its namespace kube-system) cannot be read: {}; nothing is installed in any hosted cluster until it is known", crate::human::KubeError(.source)
@@ -86,6 +87,21 @@ pub type HostedService = tower::util::BoxCloneSyncService<
 
 /// A hosted kube-apiserver's response body.
 pub type HostedBody = LineCapped<hyper::body::Incoming>;
+
+/// Why a validated kubeconfig gave no client.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("{0}")]
+    Kubeconfig(#[from] kube::config::KubeconfigError),
+    #[error("{0}")]
+    Kube(#[from] kube::Error),
+    #[error("tls-server-name {name:?}: {source}")]
+    ServerName {
+        name: String,
+        #[source]
+        source: rustls::pki_types::InvalidDnsNameError,
+    },
+}
 
 /// A client for one hosted kube-apiserver and the (rewritten) server URL it talks to.
 ///
@@ -164,15 +180,15 @@ impl HostedClient {
             secret: secret_name.to_string(),
             source,
         })?;
-        let client_err = |reason: String| HostedAccessError::Client {
+        let client_err = |source: ClientError| HostedAccessError::Client {
             namespace: namespace.to_string(),
             server: valid.server.clone(),
-            reason,
+            source,
         };
-        let kc = Kubeconfig::from_yaml(&valid.yaml).map_err(|e| client_err(e.to_string()))?;
+        let kc = Kubeconfig::from_yaml(&valid.yaml).map_err(|e| client_err(e.into()))?;
         let mut config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
             .await
-            .map_err(|e| client_err(e.to_string()))?;
+            .map_err(|e| client_err(e.into()))?;
         let t = Duration::from_secs(u64::from(access.request_timeout_seconds));
         config.connect_timeout = Some(t);
         config.write_timeout = Some(t);
@@ -214,13 +230,13 @@ pub const HOSTED_CONNECTION_WINDOW: u32 = 1024 * 1024;
 pub fn keepalive_service(
     config: kube::Config,
     requests: prometheus_client::metrics::counter::Counter,
-) -> Result<HostedService, String> {
+) -> Result<HostedService, ClientError> {
     use hyper_util::client::legacy::connect::HttpConnector;
     use hyper_util::rt::{TokioExecutor, TokioTimer};
     use kube::client::ConfigExt;
     use tower::ServiceBuilder;
     crate::tls::install_crypto_provider();
-    let mut tls = config.rustls_client_config().map_err(|e| e.to_string())?;
+    let mut tls = config.rustls_client_config()?;
     // One server per client, on one long-lived HTTP/2 connection: rustls's default cache of
     // 256 sessions is allocated whole with each config, which a thousand hosted clients
     // multiply into tens of megabytes (the scale benchmark). Two sessions cover a reconnect.
@@ -233,8 +249,12 @@ pub fn keepalive_service(
         .with_tls_config(tls)
         .https_only();
     if let Some(name) = &config.tls_server_name {
-        let name = rustls::pki_types::ServerName::try_from(name.clone())
-            .map_err(|e| format!("tls-server-name {name:?}: {e}"))?;
+        let name = rustls::pki_types::ServerName::try_from(name.clone()).map_err(|source| {
+            ClientError::ServerName {
+                name: name.clone(),
+                source,
+            }
+        })?;
         https = https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
     }
     let https = https.enable_all_versions().wrap_connector(http);
@@ -256,8 +276,8 @@ pub fn keepalive_service(
     let service = ServiceBuilder::new()
         .map_response(|r: http::Response<hyper::body::Incoming>| r.map(LineCapped::new))
         .layer(config.base_uri_layer())
-        .option_layer(config.auth_layer().map_err(|e| e.to_string())?)
-        .layer(config.extra_headers_layer().map_err(|e| e.to_string())?)
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
         .layer(count)
         .map_err(|e: hyper_util::client::legacy::Error| {
             Box::new(e) as Box<dyn std::error::Error + Send + Sync>
