@@ -271,7 +271,7 @@ async fn each_guard_answers_through(engine: GuardEngine) {
     assert!(!ok && out.contains(PROTECTED), "{out}");
     assert!(out.contains(&answered_by(rbac)), "{out}");
     // No label exempts an object: one carrying the agent's own label is still guarded.
-    let owned = format!("{}=x", hcp_fleet_agent::hosted::webhooks::OWNED_LABEL);
+    let owned = format!("{}=x", hcp_fleet_agent::hosted::objects::OWNED_LABEL);
     let (ok, out) = kubectl(&bed, &["label", "clusterrole", "cluster-admin", &owned]);
     assert!(ok, "{out}");
     let (ok, out) = kubectl(&bed, DELETE_AS_ALICE);

@@ -32,7 +32,8 @@ use std::time::{Duration, Instant};
 use hcp_fleet_agent::agent;
 use hcp_fleet_agent::config::AgentConfig;
 use hcp_fleet_agent::crd::{AdmissionHealth, AdmissionHealthPolicy, AdmissionHealthPolicySpec};
-use hcp_fleet_agent::hosted::webhooks::{MUTATING_NAME, OWNED_LABEL, VALIDATING_NAME};
+use hcp_fleet_agent::hosted::objects::OWNED_LABEL;
+use hcp_fleet_agent::hosted::webhooks::{MUTATING_NAME, VALIDATING_NAME};
 use hcp_fleet_agent::localcp::assets::Feature;
 use hcp_fleet_agent::localcp::fixtures::{
     SERVICE_NETWORK_KUBECONFIG, hcp_namespace, put_kubeconfig_secret,

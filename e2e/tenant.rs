@@ -13,7 +13,8 @@ use support::{AGENT_NS, eventually, wait_compliant};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use hcp_fleet_agent::hosted::webhooks::{OWNED_LABEL, VALIDATING_NAME};
+use hcp_fleet_agent::hosted::objects::OWNED_LABEL;
+use hcp_fleet_agent::hosted::webhooks::VALIDATING_NAME;
 use hcp_fleet_agent::localcp::fixtures::{SERVICE_NETWORK_KUBECONFIG, put_kubeconfig_secret};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;

@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use crate::certificates::CertBundle;
 use crate::config::AgentConfig;
+use crate::hosted::objects;
 use crate::hosted::webhooks;
 use crate::management::{self, HcpInputs};
 use crate::reporting;
@@ -102,7 +103,7 @@ pub fn render_all(
         namespace,
         &webhooks::default_url_base(cfg, namespace),
         &certs.ca_bundle_pem(),
-        webhooks::HostedFeatures {
+        objects::HostedFeatures {
             match_conditions: servers.match_conditions,
             admission_policies: servers.admission_policies,
         },

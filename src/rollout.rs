@@ -24,7 +24,7 @@
 //! - HCPs not ready, paused or pinned take no part: they run the stable revision (or their pin)
 //!   and follow the fleet once the rollout completes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -612,6 +612,51 @@ fn seconds_since(rfc3339: &str, now_secs: i64) -> i64 {
         .map(|t| now_secs - t.as_second())
         // Unreadable: as old as can be, so the deadline decides rather than waiting forever.
         .unwrap_or(i64::MAX / 2)
+}
+
+/// The rollout as last read or written, with its revisions parsed once: what every
+/// reconcile reads its HCP's assignment from (the controller keeps one, `Context::rollout_view`).
+#[derive(Debug, Default)]
+pub struct RolloutView {
+    pub status: Option<AdmissionRolloutStatus>,
+    revisions: HashMap<String, Revision>,
+}
+
+impl RolloutView {
+    pub fn new(status: Option<AdmissionRolloutStatus>) -> Self {
+        let revisions = status
+            .iter()
+            .flat_map(known)
+            .filter_map(|r| match Revision::from_record(r) {
+                Ok(rev) => Some((r.revision.clone(), rev)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "a stored revision is unreadable; it cannot be handed out");
+                    None
+                }
+            })
+            .collect();
+        Self { status, revisions }
+    }
+
+    pub fn revision(&self, id: &str) -> Option<Revision> {
+        self.revisions.get(id).cloned()
+    }
+
+    /// Whether `other` holds the same revisions (an override's verdict can only change with
+    /// them, or with the revision its HCP is assigned).
+    pub(crate) fn holds_the_same(&self, other: &RolloutView) -> bool {
+        self.revisions.len() == other.revisions.len()
+            && self
+                .revisions
+                .keys()
+                .all(|k| other.revisions.contains_key(k))
+    }
+
+    /// The revision the rollout assigns `ns` (`None`: no rollout state: the configuration's).
+    pub fn assigned(&self, ns: &str) -> Option<Revision> {
+        let st = self.status.as_ref()?;
+        assigned(st, ns).and_then(|r| self.revision(&r.revision))
+    }
 }
 
 #[cfg(test)]

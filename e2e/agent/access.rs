@@ -230,7 +230,7 @@ async fn each_admission_service_is_scraped_from_its_own_namespace_over_verified_
 /// who rewrites it to name another namespace locks nobody out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_management_cluster_a_claimed_cluster_and_a_foreign_server_are_refused() {
-    use hcp_fleet_agent::hosted::webhooks::CLAIM_ANNOTATION;
+    use hcp_fleet_agent::hosted::objects::CLAIM_ANNOTATION;
     use hcp_fleet_agent::localcp::fixtures::create_hcp;
     let (fleet, mgmt, _pods) = support::fleet_with_pods(1).await;
     let agent = start_agent(&mgmt, AgentConfig::default()).await;

@@ -47,7 +47,7 @@ use serde_json::{Value, json};
 use hcp_fleet_agent::catalogue::PROBE_LABEL;
 use hcp_fleet_agent::certificates::{Usage, generate_ca, issue};
 use hcp_fleet_agent::guards::probe::{NONCE_ANNOTATION, ProbeKey, answer};
-use hcp_fleet_agent::hosted::webhooks::CLAIM_ANNOTATION;
+use hcp_fleet_agent::hosted::objects::CLAIM_ANNOTATION;
 
 /// Events kept per cluster for watches that resume from a resourceVersion.
 const EVENT_LOG: usize = 64;

@@ -424,7 +424,7 @@ pub async fn owned_hosted_objects(hosted: &kube::Client) -> usize {
         K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     {
         let owned = kube::api::ListParams::default()
-            .labels(&hcp_fleet_agent::hosted::webhooks::owned_selector());
+            .labels(&hcp_fleet_agent::hosted::objects::owned_selector());
         match kube::Api::<K>::all(hosted.clone())
             .list_metadata(&owned)
             .await

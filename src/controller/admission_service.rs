@@ -378,7 +378,7 @@ where
             name: name.to_string(),
             source,
         })?;
-    cache::wrote::<K>(ctx, ns, api, name, None);
+    cache::wrote::<K, _>(ctx, ns, api, name, None);
     ctx.with_hcp(ns, |s| {
         s.management.remove(&key);
         s.absent.insert(key);

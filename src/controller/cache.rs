@@ -20,8 +20,6 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
 
-use super::context::Context;
-
 /// The stores the controller's watches fill (`controller::run`). `None` where the kind is
 /// not watched (no PodDisruptionBudget API served) or before the controller runs.
 #[derive(Clone, Default)]
@@ -63,6 +61,17 @@ impl Seen {
     }
 }
 
+/// Where the agent keeps what it last knew of each HCP's objects, by HCP namespace and object
+/// key (the controller's context, in each HCP's state). A trait, so this module reads the
+/// context without depending on it: the context holds the stores this module defines.
+pub trait SeenLog {
+    fn last_seen(&self, ns: &str, key: &str) -> Option<Seen>;
+    fn record_seen(&self, ns: &str, key: String, seen: Seen);
+    /// `key` as `Delivered` where the agent last knew it at `rv`; nothing for an HCP the
+    /// agent holds no state for (a watch event must not create one).
+    fn mark_delivered(&self, ns: &str, key: &str, rv: &str);
+}
+
 /// Whether a store's view may stand for the server's, given what the agent last knew.
 pub fn trust_store(last: Option<&Seen>, stored_rv: Option<Option<&str>>) -> bool {
     match (last, stored_rv) {
@@ -81,8 +90,8 @@ pub fn object_key<K: Resource>(api: &Api<K>, name: &str) -> String {
 
 /// The live `name` in `ns`: from `store` where it may be believed (see the module), else from
 /// the server. Either way the answer is what the agent knows of it from now on.
-pub async fn read<K>(
-    ctx: &Context,
+pub async fn read<K, L>(
+    log: &L,
     ns: &str,
     api: &Api<K>,
     store: Option<&Store<K>>,
@@ -92,6 +101,7 @@ pub async fn read<K>(
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + 'static,
     K::DynamicType: Clone + Eq + std::hash::Hash,
+    L: SeenLog + ?Sized,
 {
     let key = object_key(api, name);
     if let Some(store) = store.filter(|s| s.wait_until_ready().now_or_never().is_some()) {
@@ -99,34 +109,33 @@ where
         let stored_rv = cached
             .as_ref()
             .map(|o| o.meta().resource_version.as_deref());
-        let last = ctx.with_hcp(ns, |s| s.seen.get(&key).cloned());
+        let last = log.last_seen(ns, &key);
         if trust_store(last.as_ref(), stored_rv) {
             let obj = cached.map(Arc::unwrap_or_clone);
-            ctx.with_hcp(ns, |s| s.seen.insert(key, Seen::Delivered));
+            log.record_seen(ns, key, Seen::Delivered);
             return Ok(obj);
         }
     }
     let obj = api.get_opt(name).await?;
-    ctx.with_hcp(ns, |s| s.seen.insert(key, Seen::of(obj.as_ref())));
+    log.record_seen(ns, key, Seen::of(obj.as_ref()));
     Ok(obj)
 }
 
 /// A watch event for `key` at `rv`: where that is what the agent last knew of the object (its
 /// own write, or a read from the server), the store has caught up with the agent.
-pub fn delivered(ctx: &Context, ns: &str, key: &str, rv: &str) {
-    ctx.with_known_hcp(ns, |s| {
-        if let Some(seen) = s.seen.get_mut(key)
-            && *seen == Seen::At(rv.to_string())
-        {
-            *seen = Seen::Delivered;
-        }
-    });
+pub fn delivered<L: SeenLog + ?Sized>(log: &L, ns: &str, key: &str, rv: &str) {
+    log.mark_delivered(ns, key, rv);
 }
 
 /// Records what the agent's own write left: the object as the server returned it.
-pub fn wrote<K: Resource>(ctx: &Context, ns: &str, api: &Api<K>, name: &str, obj: Option<&K>) {
-    let key = object_key(api, name);
-    ctx.with_hcp(ns, |s| s.seen.insert(key, Seen::of(obj)));
+pub fn wrote<K: Resource, L: SeenLog + ?Sized>(
+    log: &L,
+    ns: &str,
+    api: &Api<K>,
+    name: &str,
+    obj: Option<&K>,
+) {
+    log.record_seen(ns, object_key(api, name), Seen::of(obj));
 }
 
 #[cfg(test)]

@@ -196,7 +196,8 @@ pub fn failures(results: &BTreeMap<String, Shown>) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hosted::webhooks::{HostedFeatures, render};
+    use crate::hosted::objects::HostedFeatures;
+    use crate::hosted::webhooks::render;
 
     fn rendered(cfg: &AgentConfig, policies: bool) -> HostedWebhooks {
         let features = HostedFeatures {

@@ -71,7 +71,7 @@ pub(super) struct WatchShared {
 pub(super) struct HostedWatch {
     pub server: String,
     /// What the server offered when the watch started (which kinds it watches).
-    pub features: crate::hosted::webhooks::HostedFeatures,
+    pub features: crate::hosted::objects::HostedFeatures,
     pub shared: Arc<Mutex<WatchShared>>,
     pub drift: AbortOnDrop,
     pub probe: Option<AbortOnDrop>,
@@ -139,7 +139,7 @@ pub struct Context {
     /// The watch stores of the agent's own management objects (filled by `run`).
     caches: RwLock<super::cache::Caches>,
     /// The rollout as last read or written (`rollout.rs`): which revision each HCP runs.
-    rollout: RwLock<Arc<super::rollout::RolloutView>>,
+    rollout: RwLock<Arc<crate::rollout::RolloutView>>,
     /// Why the rollout is halted, while it is (the fleet report says so).
     rollout_halt: Mutex<Option<String>>,
 }
@@ -213,14 +213,14 @@ impl Context {
         (ctx, rx)
     }
 
-    pub(super) fn rollout_view(&self) -> Arc<super::rollout::RolloutView> {
+    pub(super) fn rollout_view(&self) -> Arc<crate::rollout::RolloutView> {
         self.rollout
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
 
-    pub(super) fn set_rollout_view(&self, view: super::rollout::RolloutView) {
+    pub(super) fn set_rollout_view(&self, view: crate::rollout::RolloutView) {
         *self.rollout.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(view);
     }
 
@@ -339,5 +339,25 @@ impl Context {
     pub(super) fn count_known(&self, hcps: &HashMap<String, HcpState>) {
         let known = hcps.values().filter(|s| s.rollup.is_some()).count();
         self.metrics.hosted_clusters.set(known as i64);
+    }
+}
+
+impl super::cache::SeenLog for Context {
+    fn last_seen(&self, ns: &str, key: &str) -> Option<super::cache::Seen> {
+        self.with_hcp(ns, |s| s.seen.get(key).cloned())
+    }
+
+    fn record_seen(&self, ns: &str, key: String, seen: super::cache::Seen) {
+        self.with_hcp(ns, |s| s.seen.insert(key, seen));
+    }
+
+    fn mark_delivered(&self, ns: &str, key: &str, rv: &str) {
+        self.with_known_hcp(ns, |s| {
+            if let Some(seen) = s.seen.get_mut(key)
+                && *seen == super::cache::Seen::At(rv.to_string())
+            {
+                *seen = super::cache::Seen::Delivered;
+            }
+        });
     }
 }

@@ -3,7 +3,7 @@
 
 use crate::certificates::CertError;
 use crate::hosted::clients::HostedAccessError;
-use crate::hosted::webhooks::WebhookRenderError;
+use crate::hosted::objects::WebhookRenderError;
 use crate::human::{KubeError, credentials_hint};
 use crate::management::RenderError;
 use crate::reporting::Concern;

@@ -94,7 +94,7 @@ fn reachable(ctx: &Context, ns: &str, cluster: &str, hosted: &HostedClient) -> R
 /// namespaces. The claim is recorded on the management side, in the HCP's `AdmissionHealth`
 /// (`spec.hostedClusterUid`), where a restarted agent finds it again and no tenant reaches; a
 /// claim by a namespace whose HCP is gone is stale and taken over. The annotation the agent
-/// puts on the hosted webhook configurations (`hosted::webhooks::CLAIM_ANNOTATION`) is a hint for people, which
+/// puts on the hosted webhook configurations (`hosted::objects::CLAIM_ANNOTATION`) is a hint for people, which
 /// the hosted cluster's admins can rewrite: it is never read here, and the next apply puts it
 /// back. Checked once per hosted client.
 async fn claim(

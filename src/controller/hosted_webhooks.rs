@@ -20,18 +20,17 @@ use kube::{Api, Client, ResourceExt};
 
 use super::apply::{Applied, Repair, apply_against, apply_or_delete, delete_if_present};
 
-/// Every hosted object the agent installs is its own whole (`webhooks::OWNED_WHOLE`).
-const WHOLE: Repair = Repair::Whole(webhooks::OWNED_WHOLE);
+/// Every hosted object the agent installs is its own whole (`objects::OWNED_WHOLE`).
+const WHOLE: Repair = Repair::Whole(objects::OWNED_WHOLE);
 use super::context::{Context, hcp_labels, lock};
 use super::error::Failure;
 use super::{probe, watches};
 use crate::config::AgentConfig;
 use crate::hosted::clients::HostedClient;
+use crate::hosted::objects::{self, HostedFeatures};
 use crate::hosted::policies::{self, Engine};
 use crate::hosted::wanted::Wanted;
-use crate::hosted::webhooks::{
-    self, HostedFeatures, HostedWebhooks, MUTATING_NAME, VALIDATING_NAME,
-};
+use crate::hosted::webhooks::{self, HostedWebhooks, MUTATING_NAME, VALIDATING_NAME};
 use crate::metrics::EngineLabels;
 
 /// What the phase found: how many configurations are installed, and the drift repaired since
@@ -356,7 +355,7 @@ pub async fn install(
     within: Duration,
     proof: &probe::Proof,
 ) -> Result<Vec<String>, InstallError> {
-    let owned = webhooks::owned_selector();
+    let owned = objects::owned_selector();
     let papi = Api::<ValidatingAdmissionPolicy>::all(hosted.clone());
     let bapi = Api::<ValidatingAdmissionPolicyBinding>::all(hosted.clone());
     let wanted = &desired.policies;

@@ -58,7 +58,6 @@ pub use discovery::{Capabilities, discover};
 pub use endpoints::{AdmissionEndpoints, InCluster};
 pub use error::{Failure, Phase, ReconcileError};
 pub use reconcile::{backoff, error_policy, reconcile};
-pub use rollout::RolloutView;
 pub use trust::installed_trust;
 
 use crate::config::MonitoringApi;
@@ -316,7 +315,7 @@ where
             return;
         };
         let key = format!("{}/{name}", K::url_path(&dyntype, Some(ns)));
-        cache::delivered(&ctx, ns, &key, rv);
+        cache::delivered(ctx.as_ref(), ns, &key, rv);
     }
 }
 

@@ -30,54 +30,10 @@ use crate::crd::rollout::{
 use crate::crd::{ComplianceState, HostedControlPlane};
 use crate::metrics::{RolloutLabels, RolloutStateLabels};
 use crate::overrides::{self, Resolved};
-use crate::rollout::{self, Health, Member, Revision, StepInput, Transition};
+use crate::rollout::{self, Health, Member, Revision, RolloutView, StepInput, Transition};
 
 /// How often the rollout looks at the fleet. Reads are from stores; a write only on change.
 const TICK: Duration = Duration::from_secs(2);
-
-/// The rollout as last read or written, with its revisions parsed once.
-#[derive(Debug, Default)]
-pub struct RolloutView {
-    pub status: Option<AdmissionRolloutStatus>,
-    revisions: HashMap<String, Revision>,
-}
-
-impl RolloutView {
-    pub fn new(status: Option<AdmissionRolloutStatus>) -> Self {
-        let revisions = status
-            .iter()
-            .flat_map(rollout::known)
-            .filter_map(|r| match Revision::from_record(r) {
-                Ok(rev) => Some((r.revision.clone(), rev)),
-                Err(e) => {
-                    warn!(error = %e, "a stored revision is unreadable; it cannot be handed out");
-                    None
-                }
-            })
-            .collect();
-        Self { status, revisions }
-    }
-
-    pub fn revision(&self, id: &str) -> Option<Revision> {
-        self.revisions.get(id).cloned()
-    }
-
-    /// Whether `other` holds the same revisions (an override's verdict can only change with
-    /// them, or with the revision its HCP is assigned).
-    fn holds_the_same(&self, other: &RolloutView) -> bool {
-        self.revisions.len() == other.revisions.len()
-            && self
-                .revisions
-                .keys()
-                .all(|k| other.revisions.contains_key(k))
-    }
-
-    /// The revision the rollout assigns `ns` (`None`: no rollout state: the configuration's).
-    pub fn assigned(&self, ns: &str) -> Option<Revision> {
-        let st = self.status.as_ref()?;
-        rollout::assigned(st, ns).and_then(|r| self.revision(&r.revision))
-    }
-}
 
 impl Context {
     /// The overrides in `ns`, by name (the first is the one in effect).

@@ -18,10 +18,11 @@ use tracing::{Instrument, info, warn};
 use super::context::{AbortOnDrop, Context, HostedWatch, WatchShared, lock};
 use crate::crd::HostedControlPlane;
 use crate::hosted::clients::HostedClient;
+use crate::hosted::objects::{self, HostedFeatures};
 use crate::hosted::policies;
 use crate::hosted::wanted::Wanted;
 use crate::hosted::watch::{Selection, watch};
-use crate::hosted::webhooks::{self, HostedFeatures};
+use crate::hosted::webhooks;
 use crate::metrics::DriftLabels;
 
 /// Starts (or updates) the drift watch of one hosted cluster: its webhook configurations and,
@@ -114,7 +115,7 @@ fn drift_task(
         // in small pages, so a tenant's labelled objects pass through a few at a time and are
         // dropped (nothing here keeps an object whose name the agent does not render).
         let by_label = Selection {
-            labels: Some(webhooks::owned_selector()),
+            labels: Some(objects::owned_selector()),
             page: Some(HOSTED_PAGE),
             ..Default::default()
         };
@@ -264,7 +265,7 @@ fn drift_task(
                     continue;
                 }
                 // Who changed what, where the live object says (its managedFields).
-                let fields = live.as_ref().and_then(webhooks::foreign_summary);
+                let fields = live.as_ref().and_then(objects::foreign_summary);
                 warn!(kind, name = %name, what, fields = fields.as_deref().unwrap_or(""), "the agent's object in the hosted cluster drifted; repairing");
                 metrics
                     .drift

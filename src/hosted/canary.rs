@@ -8,7 +8,7 @@
 
 use serde_json::{Value, json};
 
-use super::webhooks::owned_metadata;
+use super::objects::owned_metadata;
 use crate::guards::canary::{CANARY_GROUP, CANARY_USER, Canary, NONCE_EXTRA, Verb};
 
 /// The ClusterRole's and the ClusterRoleBinding's name.
@@ -113,7 +113,7 @@ mod tests {
         assert_eq!(binding["subjects"][0]["name"], CANARY_USER);
         assert_eq!(binding["roleRef"]["name"], RBAC_NAME);
         assert_eq!(
-            role["metadata"]["labels"][crate::hosted::webhooks::OWNED_LABEL],
+            role["metadata"]["labels"][crate::hosted::objects::OWNED_LABEL],
             "true"
         );
     }

@@ -13,7 +13,7 @@
 //!   check (`overrides::resolve`) refuses too.
 //!
 //! What the API server evaluates outside CEL (resourceRules, namespace and object selectors) is
-//! the same object in both engines (`webhooks::rules_json`, the guarded selectors), so it is
+//! the same object in both engines (`objects::rules_json`, the guarded selectors), so it is
 //! not part of the comparison.
 //!
 //! Kubernetes' CEL environment is cel-go's standard library plus its extensions. The
@@ -31,8 +31,9 @@ use std::sync::Arc;
 use ::cel::{Context, Env, Program, Value as Cel};
 use serde_json::{Value, json};
 
+use super::objects::HostedFeatures;
 use super::policies::{self, AdmissionPolicies};
-use super::webhooks::{self, HostedFeatures};
+use super::webhooks::{self};
 use crate::admission::policies::{Settings, decide};
 use crate::admission::review::decode;
 use crate::config::{AgentConfig, Mode};

@@ -8,7 +8,7 @@ use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use super::kubeconfig::{KubeconfigError, validate};
-use super::webhooks::HostedFeatures;
+use super::objects::HostedFeatures;
 use crate::config::HostedAccessConfig;
 
 #[derive(Debug, thiserror::Error)]

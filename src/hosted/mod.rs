@@ -1,7 +1,8 @@
 //! The hosted clusters: access through each HCP's kubeconfig secret, and the guards installed
 //! there: webhook configurations (`webhooks`) and, where served, admission policies
-//! (`policies`), both rendered purely from the configuration, and what the canaries that prove
-//! each guard need there (`canary`); the lean watch the drift watch reads them with (`watch`).
+//! (`policies`), both rendered purely from the configuration over what they have in common
+//! (`objects`); what the canaries that prove each guard need there (`canary`); and the lean
+//! list-then-watch the drift watch reads them with (`watch`).
 
 pub mod canary;
 pub mod cel;
@@ -9,6 +10,7 @@ pub mod cel;
 mod cel_cases;
 pub mod clients;
 pub mod kubeconfig;
+pub mod objects;
 pub mod policies;
 #[cfg(test)]
 mod tampering;

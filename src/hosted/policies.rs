@@ -20,7 +20,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use serde_json::{Value, json};
 
 use super::cel;
-use super::webhooks::{
+use super::objects::{
     HostedFeatures, WebhookRenderError, failure_policy, guarded_namespace_selector,
     guarded_object_selector, owned_metadata, rules_json,
 };
@@ -256,8 +256,8 @@ pub fn names_ours(webhooks: &[WebhookDefinition]) -> std::collections::BTreeSet<
 
 pub fn spec_matches(desired: &Value, live: &Value) -> bool {
     crate::compare::subset(&desired["spec"], &live["spec"])
-        && super::webhooks::metadata_matches(desired, live)
-        && super::webhooks::foreign(live).is_empty()
+        && super::objects::metadata_matches(desired, live)
+        && super::objects::foreign(live).is_empty()
 }
 
 /// What the API server's type check (`status.typeChecking`, written by kube-controller-manager)
@@ -423,7 +423,7 @@ mod tests {
             assert!(
                 !c["objectSelector"]
                     .to_string()
-                    .contains(super::super::webhooks::OWNED_LABEL),
+                    .contains(super::super::objects::OWNED_LABEL),
                 "no label exempts an object: {name}"
             );
             assert_eq!(

@@ -5,8 +5,9 @@
 
 use serde_json::{Value, json};
 
+use super::objects::HostedFeatures;
 use super::policies;
-use super::webhooks::{self, HostedFeatures, HostedWebhooks};
+use super::webhooks::{self, HostedWebhooks};
 use crate::config::AgentConfig;
 
 /// A tampering: what it is, where it goes (under the object's per-guard part), its value, and

@@ -216,7 +216,8 @@ pub fn intern(v: Value) -> Arc<Value> {
 mod tests {
     use super::*;
     use crate::config::AgentConfig;
-    use crate::hosted::webhooks::{HostedFeatures, render};
+    use crate::hosted::objects::HostedFeatures;
+    use crate::hosted::webhooks::render;
 
     const CA: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
 

@@ -11,51 +11,18 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use serde_json::{Value, json};
 
+use super::objects::{
+    CLAIM_ANNOTATION, HostedFeatures, WebhookRenderError, failure_policy, foreign,
+    guarded_namespace_selector, guarded_object_selector, metadata_matches, owned_metadata,
+    rules_json,
+};
 use super::policies::{AdmissionPolicies, Engine};
 use crate::catalogue::PROBE_REVISION_LABEL;
-use crate::config::{
-    AgentConfig, FailurePolicy, LabelSelector, Rule, WebhookDefinition, WebhookKind,
-};
-use crate::guards::{self, Scope};
-use crate::management::{MANAGED_BY, MANAGED_BY_VALUE};
+use crate::config::{AgentConfig, WebhookDefinition, WebhookKind};
+use crate::guards;
 
 pub const VALIDATING_NAME: &str = "hcp-fleet-agent-validating";
 pub const MUTATING_NAME: &str = "hcp-fleet-agent-mutating";
-/// Label on everything the agent owns in a hosted cluster (selects what to repair or delete).
-pub const OWNED_LABEL: &str = "hcp-fleet.openshift.io/owned";
-/// Which management cluster and HCP namespace installed the configurations:
-/// `<management kube-system UID>/<HCP namespace>`. The durable record of the claim on a
-/// hosted cluster, so two namespaces (or two management clusters) never fight over one.
-pub const CLAIM_ANNOTATION: &str = "hcp-fleet.openshift.io/claimed-by";
-/// A label-selector string for the agent's own objects.
-pub fn owned_selector() -> String {
-    format!("{OWNED_LABEL}=true")
-}
-
-/// Namespaces whose objects no webhook may see: the cluster's own machinery.
-const PROTECTED_NAMESPACE_NAMES: &[&str] = &[
-    "kube-system",
-    "kube-public",
-    "kube-node-lease",
-    "openshift-kube-apiserver",
-    "openshift-config",
-    "openshift-config-managed",
-];
-
-/// What a hosted kube-apiserver offers that changes how the guards are installed, found by
-/// asking it (`discover_features`), never from its version string.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct HostedFeatures {
-    /// It keeps a webhook's `matchConditions` (CEL, beta from Kubernetes 1.28, GA in 1.30):
-    /// the exempt users, groups and namespaces are then left out by the API server itself,
-    /// so their requests never call the admission service. Without it the service exempts
-    /// them, after the call.
-    pub match_conditions: bool,
-    /// It serves `admissionregistration.k8s.io/v1` ValidatingAdmissionPolicy and its binding
-    /// (GA in 1.30): the guards with a CEL form then run inside it (`hosted::policies`).
-    pub admission_policies: bool,
-}
-
 /// The name of the object `discover_features` offers in a dry run (never stored).
 pub const FEATURE_CHECK_NAME: &str = "hcp-fleet-agent-feature-check";
 
@@ -167,87 +134,6 @@ pub fn default_url_base(cfg: &AgentConfig, hcp_namespace: &str) -> String {
     )
 }
 
-/// The definition's selector with the agent's guard expressions added (never replaced).
-fn guarded_selector(sel: Option<&LabelSelector>, guards: &[Value]) -> Value {
-    let mut exprs: Vec<Value> = sel
-        .map(|s| {
-            s.match_expressions
-                .iter()
-                .filter_map(|e| serde_json::to_value(e).ok())
-                .collect()
-        })
-        .unwrap_or_default();
-    exprs.extend(guards.iter().cloned());
-    // An empty list is left out: the API server does not keep one, and a rendered field the
-    // live object never shows would read as drift forever.
-    let mut v = if exprs.is_empty() {
-        json!({})
-    } else {
-        json!({ "matchExpressions": exprs })
-    };
-    if let Some(s) = sel.filter(|s| !s.match_labels.is_empty()) {
-        v["matchLabels"] = json!(s.match_labels);
-    }
-    v
-}
-
-/// The identity guards take the definition's selector alone: a cluster-admin can put the
-/// run-level label on a namespace they create, and what they mint in `kube-system` is as exempt
-/// as what they mint in `openshift-x`.
-pub(crate) fn guarded_namespace_selector(sel: Option<&LabelSelector>, scope: Scope) -> Value {
-    if scope == Scope::Identities {
-        return guarded_selector(sel, &[]);
-    }
-    guarded_selector(
-        sel,
-        &[
-            // OpenShift's run-level 0/1 namespaces carry the control plane: never intercept them.
-            json!({"key": "openshift.io/run-level", "operator": "NotIn", "values": ["0", "1"]}),
-            // Honoured where the server labels namespaces with their name (1.21+); the
-            // admission service exempts the same namespaces by name for older servers.
-            json!({"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": PROTECTED_NAMESPACE_NAMES}),
-        ],
-    )
-}
-
-/// The definition's object selector, and nothing more: no label exempts an object from a
-/// guard. A selector term on a label any user with `patch` can set (the API server tests it
-/// against the old object on UPDATE and DELETE) would let them exempt whatever they like,
-/// `kubectl label clusterrole cluster-admin …` then `kubectl delete clusterrole cluster-admin`.
-/// The agent's own hosted objects need no such term: webhook configurations and admission
-/// policies never reach a webhook or a policy, and the agent's identity (the kubeconfig's
-/// `system:admin` in `system:masters`) is exempt by the configured users and groups.
-pub(crate) fn guarded_object_selector(sel: Option<&LabelSelector>) -> Value {
-    guarded_selector(sel, &[])
-}
-
-/// A definition's rules as the API server writes them (webhook `rules`, and an admission
-/// policy's `matchConstraints.resourceRules`: the same shape).
-pub(crate) fn rules_json(rules: &[Rule]) -> Vec<Value> {
-    rules
-        .iter()
-        .map(|r| {
-            let mut rule = json!({
-                "operations": r.operations,
-                "apiGroups": r.api_groups,
-                "apiVersions": r.api_versions,
-                "resources": r.resources,
-            });
-            if let Some(scope) = &r.scope {
-                rule["scope"] = json!(scope);
-            }
-            rule
-        })
-        .collect()
-}
-
-pub(crate) fn failure_policy(f: FailurePolicy) -> &'static str {
-    match f {
-        FailurePolicy::Ignore => "Ignore",
-        FailurePolicy::Fail => "Fail",
-    }
-}
-
 fn is_probe(w: &WebhookDefinition) -> bool {
     w.path == guards::probe::ROW.path
 }
@@ -288,27 +174,6 @@ fn webhook_json(
         v["matchConditions"] = json!(conditions);
     }
     v
-}
-
-/// Metadata of everything the agent owns in a hosted cluster.
-pub(crate) fn owned_metadata(name: &str, hcp_namespace: &str) -> Value {
-    json!({
-        "name": name,
-        "labels": {
-            OWNED_LABEL: "true",
-            MANAGED_BY: MANAGED_BY_VALUE,
-        },
-        "annotations": {
-            "hcp-fleet.openshift.io/hcp-namespace": hcp_namespace,
-        },
-    })
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("rendering hosted webhook configurations for {namespace}: {reason}")]
-pub struct WebhookRenderError {
-    pub namespace: String,
-    pub reason: String,
 }
 
 pub fn render(
@@ -401,15 +266,6 @@ pub fn render(
     })
 }
 
-/// The labels and annotations rendered are on the live object with the same values.
-pub(crate) fn metadata_matches(desired: &Value, live: &Value) -> bool {
-    ["labels", "annotations"].iter().all(|field| {
-        desired["metadata"][field]
-            .as_object()
-            .is_none_or(|want| want.iter().all(|(k, v)| live["metadata"][field][k] == *v))
-    })
-}
-
 /// Does the live object still say what we rendered? Compared on the fields we own, after the
 /// server's defaulting, so a defaulted field never counts as drift.
 pub fn webhooks_match(desired: &Value, live: &Value) -> bool {
@@ -427,26 +283,11 @@ pub fn webhooks_match(desired: &Value, live: &Value) -> bool {
         && foreign(live).is_empty()
 }
 
-/// The part of a hosted object the agent renders whole, where a field it did not render is
-/// drift: a configuration's `webhooks`, a policy's or binding's `spec`.
-pub const OWNED_WHOLE: &[&str] = &["webhooks", "spec"];
-
-/// What someone else set in the part of a live hosted object the agent renders whole
-/// (`compare::foreign_fields`), each as `path (by manager)`.
-pub fn foreign(live: &Value) -> Vec<String> {
-    crate::compare::foreign_fields(live, crate::management::FIELD_MANAGER, OWNED_WHOLE)
-}
-
-/// `foreign(live)` for a drift record (`compare::summary`: paths and manager names are the
-/// tenant's own text).
-pub fn foreign_summary(live: &Value) -> Option<String> {
-    crate::compare::summary(&foreign(live))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::Mode;
+    use crate::hosted::objects::{OWNED_LABEL, foreign_summary};
 
     fn rendered() -> HostedWebhooks {
         rendered_with(HostedFeatures::default())
