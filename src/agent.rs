@@ -170,7 +170,7 @@ pub fn router(metrics: Arc<Metrics>) -> axum::Router {
             get(move || async move {
                 match live.liveness.check() {
                     Ok(()) => (StatusCode::OK, "ok".to_string()),
-                    Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+                    Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why.to_string()),
                 }
             }),
         )
@@ -188,7 +188,7 @@ pub fn health_router(metrics: Arc<Metrics>) -> axum::Router {
             get(move || async move {
                 match metrics.liveness.check() {
                     Ok(()) => (StatusCode::OK, "ok".to_string()),
-                    Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+                    Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why.to_string()),
                 }
             }),
         )

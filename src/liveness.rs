@@ -59,7 +59,7 @@ impl Liveness {
     }
 
     /// `/healthz`'s answer: fine, or why not.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), Unhealthy> {
         judge(
             self.ended.borrow().as_deref(),
             self.beat.load(Ordering::Relaxed),
@@ -68,16 +68,22 @@ impl Liveness {
     }
 }
 
+/// Why `/healthz` fails.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unhealthy {
+    #[error("the controller has ended: {0}")]
+    Ended(String),
+    #[error("the controller's last heartbeat is {age}s old (more than {STALE_AFTER_SECONDS}s)")]
+    Stale { age: i64 },
+}
+
 /// The pure part of `check`.
-pub fn judge(ended: Option<&str>, beat: i64, now: i64) -> Result<(), String> {
+pub fn judge(ended: Option<&str>, beat: i64, now: i64) -> Result<(), Unhealthy> {
     if let Some(why) = ended {
-        return Err(format!("the controller has ended: {why}"));
+        return Err(Unhealthy::Ended(why.to_string()));
     }
     if beat > 0 && now - beat > STALE_AFTER_SECONDS {
-        return Err(format!(
-            "the controller's last heartbeat is {}s old (more than {STALE_AFTER_SECONDS}s)",
-            now - beat
-        ));
+        return Err(Unhealthy::Stale { age: now - beat });
     }
     Ok(())
 }
@@ -123,26 +129,39 @@ pub async fn ready(args: ReadyArgs) -> std::process::ExitCode {
     }
 }
 
+/// Why `ready` got no HTTP answer.
+#[derive(Debug, thiserror::Error)]
+pub enum AskError {
+    #[error("connecting: {0}")]
+    Connect(#[source] std::io::Error),
+    #[error("sending: {0}")]
+    Send(#[source] std::io::Error),
+    #[error("reading: {0}")]
+    Read(#[source] std::io::Error),
+    #[error("not an HTTP answer")]
+    NotHttp,
+}
+
 /// One plain HTTP/1.0 GET: (status code, body), the body cut at 64 KiB.
-async fn get(addr: &str, path: &str) -> Result<(u16, String), String> {
+async fn get(addr: &str, path: &str) -> Result<(u16, String), AskError> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr)
         .await
-        .map_err(|e| format!("connecting: {e}"))?;
+        .map_err(AskError::Connect)?;
     s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
         .await
-        .map_err(|e| format!("sending: {e}"))?;
+        .map_err(AskError::Send)?;
     let mut buf = Vec::new();
     s.take(64 * 1024)
         .read_to_end(&mut buf)
         .await
-        .map_err(|e| format!("reading: {e}"))?;
+        .map_err(AskError::Read)?;
     let text = String::from_utf8_lossy(&buf);
     let code = text
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .ok_or("not an HTTP answer")?;
+        .ok_or(AskError::NotHttp)?;
     let body = text
         .split_once("\r\n\r\n")
         .map(|(_, b)| b)
@@ -163,8 +182,12 @@ mod tests {
         );
         assert_eq!(judge(None, 990, 1000), Ok(()));
         assert_eq!(judge(None, 970, 1000), Ok(()));
-        assert!(judge(None, 969, 1000).is_err_and(|e| e.contains("31s old")));
-        assert!(judge(Some("it panicked"), 1000, 1000).is_err_and(|e| e.contains("it panicked")));
+        assert_eq!(judge(None, 969, 1000), Err(Unhealthy::Stale { age: 31 }));
+        assert!(judge(None, 969, 1000).is_err_and(|e| e.to_string().contains("31s old")));
+        assert!(
+            judge(Some("it panicked"), 1000, 1000)
+                .is_err_and(|e| e.to_string().contains("it panicked"))
+        );
     }
 
     #[tokio::test]
