@@ -364,7 +364,7 @@ async fn each_hosted_cluster_is_its_own_row_with_hosted_mode_addons() {
 
     let docs = acm::hub_objects();
     let (root, root_name) = acm::root_policy(&docs, "hcp-fleet-agent-hosted-clusters");
-    let template_name = hcp_fleet_agent::packaging::HOSTED_CLUSTER_TEMPLATE_NAME;
+    let template_name = hcp_fleet_agent::cmd::packaging::HOSTED_CLUSTER_TEMPLATE_NAME;
     // One replica and one template per managed cluster, in its klusterlet namespace. "hc-1"
     // is not a managed cluster here (hc-1 is prod-hc-1), nor is "hc-9".
     for x in ["prod-hc-1", "mgmt-hc-2", "hc-1", "hc-9"] {

@@ -27,11 +27,11 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use hcp_fleet_agent::cmd::packaging;
 use hcp_fleet_agent::localcp::assets::Feature;
 use hcp_fleet_agent::localcp::fixtures::{AGENT_NAMESPACE, hcp_namespace};
 use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet};
 use hcp_fleet_agent::metrics::Metrics;
-use hcp_fleet_agent::packaging;
 use hcp_fleet_agent::reporting::HEALTH_NAME;
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;

@@ -342,7 +342,7 @@ pub async fn run(args: AgentArgs, endpoints: Arc<dyn AdmissionEndpoints>) -> Exi
     let clients = crate::metrics::counted_client(
         config.clone(),
         metrics.management_requests.clone(),
-        Some(cfg.management_api.limit()),
+        Some(crate::metrics::RequestLimit::of(&cfg.management_api)),
     )
     .and_then(|c| {
         crate::metrics::counted_client(config, metrics.management_requests.clone(), None)

@@ -130,15 +130,6 @@ impl Default for ManagementApiConfig {
     }
 }
 
-impl ManagementApiConfig {
-    pub fn limit(&self) -> crate::metrics::RequestLimit {
-        crate::metrics::RequestLimit {
-            per_second: f64::from(self.requests_per_second),
-            burst: f64::from(self.burst),
-        }
-    }
-}
-
 /// How a new revision (what the agent rolls out to each HCP: the admission image and
 /// settings, the webhook and policy definitions) reaches the fleet: the canaries first, then
 /// the rest in batches of at most `maxUnavailable`, each HCP proven (available, carrying the
@@ -747,12 +738,7 @@ impl AgentConfig {
                 p.push(format!("admission.serviceMonitor.labels: {why}"));
             }
             // The agent finds (and prunes) its objects by these.
-            if [
-                crate::management::MANAGED_BY,
-                crate::management::COMPONENT_LABEL,
-            ]
-            .contains(&k.as_str())
-            {
+            if [crate::names::MANAGED_BY, crate::names::COMPONENT_LABEL].contains(&k.as_str()) {
                 p.push(format!(
                     "admission.serviceMonitor.labels: {k:?} is the agent's own label"
                 ));

@@ -36,10 +36,23 @@ pub fn provider() -> rustls::crypto::CryptoProvider {
     }
 }
 
+static INSTALL: std::sync::Once = std::sync::Once::new();
+
+/// Installs the build's provider (`crypto::provider`: ring, or the FIPS one) as the
+/// process-wide rustls provider. Idempotent.
+pub fn install_provider() {
+    INSTALL.call_once(|| {
+        // Err means another provider was installed first; every entry point calls this before
+        // any TLS work, so none is, and kube's own attempt (it installs its feature's default)
+        // comes later and fails quietly.
+        let _ = provider().install_default();
+    });
+}
+
 /// Whether the process's TLS runs in FIPS mode: the installed provider and every algorithm
 /// it offers are FIPS-approved, and the module passed its power-on self-tests.
 pub fn fips_mode() -> bool {
-    crate::tls::install_crypto_provider();
+    install_provider();
     rustls::crypto::CryptoProvider::get_default().is_some_and(|p| p.fips())
 }
 

@@ -6,14 +6,12 @@ pub mod admission;
 pub mod agent;
 pub mod catalogue;
 pub mod certificates;
-pub mod cli;
+pub mod cmd;
 pub mod compare;
 pub mod config;
 pub mod controller;
 pub mod crd;
 pub mod crypto;
-#[cfg(feature = "testbed")]
-pub mod dev;
 pub mod guards;
 pub mod hosted;
 pub mod human;
@@ -25,16 +23,11 @@ pub mod management;
 pub mod metrics;
 pub mod names;
 pub mod overrides;
-#[cfg(feature = "testbed")]
-pub mod packaging;
-pub mod render;
 pub mod reporting;
 pub mod rollout;
 pub mod secure_metrics;
-pub mod status;
 pub mod telemetry;
 pub mod tls;
-pub mod uninstall;
 
 #[cfg(test)]
 mod tests {

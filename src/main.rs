@@ -1,5 +1,5 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    hcp_fleet_agent::cli::main()
+    hcp_fleet_agent::cmd::main()
 }

@@ -76,9 +76,7 @@ pub fn owned_whole(kind: &str) -> Option<(&'static [&'static str], MatchFn)> {
 
 /// A comparison of a rendered object with a live one.
 pub type MatchFn = fn(&serde_json::Value, &serde_json::Value) -> bool;
-pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
-pub const MANAGED_BY_VALUE: &str = "hcp-fleet-agent";
-pub const COMPONENT_LABEL: &str = "app.kubernetes.io/name";
+pub use crate::names::{COMPONENT_LABEL, MANAGED_BY, MANAGED_BY_VALUE};
 /// Without this label HyperShift deletes guest webhook configurations that point at the
 /// Service.
 pub const ALLOW_GUEST_WEBHOOKS: &str = "hypershift.openshift.io/allow-guest-webhooks";

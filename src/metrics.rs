@@ -203,6 +203,16 @@ pub struct RequestLimit {
     pub burst: f64,
 }
 
+impl RequestLimit {
+    /// The ceiling the configuration sets on management requests.
+    pub fn of(cfg: &crate::config::ManagementApiConfig) -> Self {
+        RequestLimit {
+            per_second: f64::from(cfg.requests_per_second),
+            burst: f64::from(cfg.burst),
+        }
+    }
+}
+
 /// The bucket's state: tokens left, as of `at`.
 #[derive(Debug, Clone, Copy)]
 pub struct Bucket {

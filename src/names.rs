@@ -1,5 +1,12 @@
 //! Kubernetes and DNS names: a leaf module, so the configuration and the certificates can
-//! both check names without importing each other.
+//! both check names without importing each other, and the configuration can name the agent's
+//! own labels without importing what renders them (`management`).
+
+/// The label the agent finds (and prunes) its management objects by, and its value.
+pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+pub const MANAGED_BY_VALUE: &str = "hcp-fleet-agent";
+/// The label naming the component (the admission service) on the agent's objects.
+pub const COMPONENT_LABEL: &str = "app.kubernetes.io/name";
 
 /// RFC 1123 host names only: rcgen accepts any ASCII, and a certificate naming something no
 /// client can ask for is a silent misconfiguration.

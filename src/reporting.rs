@@ -196,8 +196,8 @@ pub fn render_health(namespace: &str, cluster: &str, hosted_uid: Option<&str>) -
     h.metadata.namespace = Some(namespace.to_string());
     h.metadata.labels = Some(BTreeMap::from([
         (
-            crate::management::MANAGED_BY.to_string(),
-            crate::management::MANAGED_BY_VALUE.to_string(),
+            crate::names::MANAGED_BY.to_string(),
+            crate::names::MANAGED_BY_VALUE.to_string(),
         ),
         (CLUSTER_LABEL.to_string(), cluster.to_string()),
     ]));

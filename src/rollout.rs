@@ -25,6 +25,7 @@
 //!   and follow the fleet once the rollout completes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::ControlFlow;
 
 use serde::{Deserialize, Serialize};
 
@@ -239,8 +240,6 @@ pub struct StepInput<'a> {
 
 /// The next state of the rollout. `None` as `prev`: the rollout object is new, so the
 /// configuration in force is adopted as the stable revision (nothing ran anything else).
-// Over 100 lines until the per-HCP scope type splits it (issue 32).
-#[allow(clippy::too_many_lines)]
 pub fn step(
     prev: Option<&AdmissionRolloutStatus>,
     inp: &StepInput<'_>,
@@ -253,47 +252,16 @@ pub fn step(
         });
         return (adopted(desired, inp.now), out);
     };
-    let mut st = prev.clone();
+    let st = prev.clone();
     let stable_id = st
         .stable
         .as_ref()
         .map(|s| s.revision.clone())
         .unwrap_or_default();
-    let target_id = st.target.as_ref().map(|t| t.revision.clone());
-
-    // The configuration moved: back to the stable revision, or on to a new target.
-    if desired.id == stable_id {
-        if let Some(t) = target_id {
-            out.push(Transition::Cancelled { revision: t });
-            st = complete_on(st.stable.clone().unwrap_or_default(), st.history.clone());
-        }
-    } else if target_id.as_deref() != Some(desired.id.as_str()) {
-        if !inp.cfg.enabled {
-            // All at once: the new revision is the stable one for everyone.
-            out.push(Transition::Completed {
-                revision: desired.id.clone(),
-            });
-            return (promote(&st, desired.record(inp.now), inp.pinned), out);
-        }
-        let canaries: Vec<String> = inp
-            .members
-            .iter()
-            .filter(|(_, m)| m.canary)
-            .map(|(ns, _)| ns.clone())
-            .collect();
-        out.push(Transition::Started {
-            revision: desired.id.clone(),
-            canaries: canaries.len(),
-        });
-        st = AdmissionRolloutStatus {
-            phase: RolloutPhase::Progressing,
-            stable: st.stable.clone(),
-            target: Some(desired.record(inp.now)),
-            history: st.history.clone(),
-            canaries,
-            ..Default::default()
-        };
-    }
+    let mut st = match follow(st, &stable_id, inp, &mut out) {
+        ControlFlow::Continue(st) => st,
+        ControlFlow::Break(done) => return (done, out),
+    };
 
     let Some(target) = st.target.clone() else {
         st.message = format!("revision {stable_id} everywhere");
@@ -313,8 +281,6 @@ pub fn step(
     }
 
     // The batch in flight: done, failed, or still going.
-    let soak = i64::from(inp.cfg.soak_seconds);
-    let deadline = i64::from(inp.cfg.deadline_seconds);
     let mut failed = Vec::new();
     let mut still = Vec::new();
     for f in std::mem::take(&mut st.in_flight) {
@@ -322,52 +288,25 @@ pub fn step(
             // Deleted, paused or pinned meanwhile: no longer part of the rollout.
             continue;
         };
-        let on_target = m.health.revision.as_deref() == Some(target.revision.as_str());
-        let age = seconds_since(&f.since, inp.now_secs);
-        let non_compliant = on_target && m.health.verdict == Some(ComplianceState::NonCompliant);
-        // Not the revision's doing: broken before its batch started, or broken only by the
-        // hosted cluster's own parts.
-        let excuse = if f.was_compliant == Some(false) {
-            Some("it was not Compliant on the stable revision when its batch started")
-        } else if non_compliant && !m.health.attributable {
-            Some("only its hosted cluster's own parts fail")
-        } else {
-            None
-        };
-        if on_target && m.health.ready_for.is_some_and(|s| s >= soak) {
-            out.push(Transition::Done {
-                namespace: f.namespace.clone(),
-            });
-            st.done.push(f.namespace);
-        } else if let Some(why) = excuse.filter(|_| non_compliant || age > deadline) {
-            out.push(Transition::Excused {
-                namespace: f.namespace.clone(),
-                reason: format!("{why}: {}", m.health.reason),
-            });
-            st.done.push(f.namespace);
-        } else if non_compliant {
-            failed.push(FailedHcp {
+        match judge(&f, m, &target.revision, inp) {
+            Judged::Done => {
+                out.push(Transition::Done {
+                    namespace: f.namespace.clone(),
+                });
+                st.done.push(f.namespace);
+            }
+            Judged::Excused(reason) => {
+                out.push(Transition::Excused {
+                    namespace: f.namespace.clone(),
+                    reason,
+                });
+                st.done.push(f.namespace);
+            }
+            Judged::Failed(reason) => failed.push(FailedHcp {
                 namespace: f.namespace,
-                reason: format!("NonCompliant on the new revision: {}", m.health.reason),
-            });
-        } else if age > deadline {
-            let why = if !on_target {
-                "not reconciled to the new revision".to_string()
-            } else if m.health.ready_for.is_none() {
-                if m.health.reason.is_empty() {
-                    "its Deployment did not finish rolling out".to_string()
-                } else {
-                    m.health.reason.clone()
-                }
-            } else {
-                "still soaking".to_string()
-            };
-            failed.push(FailedHcp {
-                namespace: f.namespace,
-                reason: format!("not done within {deadline}s: {why}"),
-            });
-        } else {
-            still.push(f);
+                reason,
+            }),
+            Judged::Going => still.push(f),
         }
     }
     for f in &failed {
@@ -406,7 +345,117 @@ pub fn step(
         return (st, out);
     }
 
-    // The next batch: canaries first, then the rest, in namespace order.
+    next_batch(st, target, inp, out)
+}
+
+/// Where the configuration moved: back to the stable revision (the target cancelled), or
+/// on to a new target (started, or completed at once when rollouts are off: `Break`).
+fn follow(
+    mut st: AdmissionRolloutStatus,
+    stable_id: &str,
+    inp: &StepInput<'_>,
+    out: &mut Vec<Transition>,
+) -> ControlFlow<AdmissionRolloutStatus, AdmissionRolloutStatus> {
+    let desired = inp.desired;
+    let target_id = st.target.as_ref().map(|t| t.revision.clone());
+
+    if desired.id == stable_id {
+        if let Some(t) = target_id {
+            out.push(Transition::Cancelled { revision: t });
+            st = complete_on(st.stable.clone().unwrap_or_default(), st.history.clone());
+        }
+    } else if target_id.as_deref() != Some(desired.id.as_str()) {
+        if !inp.cfg.enabled {
+            // All at once: the new revision is the stable one for everyone.
+            out.push(Transition::Completed {
+                revision: desired.id.clone(),
+            });
+            return ControlFlow::Break(promote(&st, desired.record(inp.now), inp.pinned));
+        }
+        let canaries: Vec<String> = inp
+            .members
+            .iter()
+            .filter(|(_, m)| m.canary)
+            .map(|(ns, _)| ns.clone())
+            .collect();
+        out.push(Transition::Started {
+            revision: desired.id.clone(),
+            canaries: canaries.len(),
+        });
+        st = AdmissionRolloutStatus {
+            phase: RolloutPhase::Progressing,
+            stable: st.stable.clone(),
+            target: Some(desired.record(inp.now)),
+            history: st.history.clone(),
+            canaries,
+            ..Default::default()
+        };
+    }
+    ControlFlow::Continue(st)
+}
+
+/// What became of one HCP of the batch in flight.
+enum Judged {
+    /// On the target and soaked: it keeps the new revision.
+    Done,
+    /// Kept on the new revision though not Compliant: not the revision's doing (why).
+    Excused(String),
+    /// The revision failed it (why): it goes back to the stable one.
+    Failed(String),
+    /// Still rolling out or soaking, within the deadline.
+    Going,
+}
+
+fn judge(f: &InFlight, m: &Member, target: &str, inp: &StepInput<'_>) -> Judged {
+    let soak = i64::from(inp.cfg.soak_seconds);
+    let deadline = i64::from(inp.cfg.deadline_seconds);
+    let on_target = m.health.revision.as_deref() == Some(target);
+    let age = seconds_since(&f.since, inp.now_secs);
+    let non_compliant = on_target && m.health.verdict == Some(ComplianceState::NonCompliant);
+    // Not the revision's doing: broken before its batch started, or broken only by the hosted
+    // cluster's own parts.
+    let excuse = if f.was_compliant == Some(false) {
+        Some("it was not Compliant on the stable revision when its batch started")
+    } else if non_compliant && !m.health.attributable {
+        Some("only its hosted cluster's own parts fail")
+    } else {
+        None
+    };
+    if on_target && m.health.ready_for.is_some_and(|s| s >= soak) {
+        Judged::Done
+    } else if let Some(why) = excuse.filter(|_| non_compliant || age > deadline) {
+        Judged::Excused(format!("{why}: {}", m.health.reason))
+    } else if non_compliant {
+        Judged::Failed(format!(
+            "NonCompliant on the new revision: {}",
+            m.health.reason
+        ))
+    } else if age > deadline {
+        let why = if !on_target {
+            "not reconciled to the new revision".to_string()
+        } else if m.health.ready_for.is_none() {
+            if m.health.reason.is_empty() {
+                "its Deployment did not finish rolling out".to_string()
+            } else {
+                m.health.reason.clone()
+            }
+        } else {
+            "still soaking".to_string()
+        };
+        Judged::Failed(format!("not done within {deadline}s: {why}"))
+    } else {
+        Judged::Going
+    }
+}
+
+/// Nothing in flight: the next batch (canaries first, then the rest, in namespace order), or
+/// the rollout complete when no HCP is left.
+fn next_batch(
+    mut st: AdmissionRolloutStatus,
+    target: RevisionRecord,
+    inp: &StepInput<'_>,
+    mut out: Vec<Transition>,
+) -> (AdmissionRolloutStatus, Vec<Transition>) {
     let done: BTreeSet<&String> = st.done.iter().collect();
     let eligible: Vec<&String> = inp
         .members

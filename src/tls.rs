@@ -3,20 +3,8 @@
 //! kube's TLS stack and rustls can each pick a provider; two providers in one process make
 //! rustls panic at the first handshake. Every entry point calls this before any TLS work.
 
-use std::sync::Once;
-
-static INSTALL: Once = Once::new();
-
-/// Installs the build's provider (`crypto::provider`: ring, or the FIPS one) as the
-/// process-wide rustls provider. Idempotent.
-pub fn install_crypto_provider() {
-    INSTALL.call_once(|| {
-        // Err means another provider was installed first; every entry point calls this before
-        // any TLS work, so none is, and kube's own attempt (it installs its feature's default)
-        // comes later and fails quietly.
-        let _ = crate::crypto::provider().install_default();
-    });
-}
+/// Installs the build's rustls provider process-wide (`crypto::install_provider`).
+pub use crate::crypto::install_provider as install_crypto_provider;
 
 /// What a TLS server presents: the end-entity certificate (DER) from one handshake with
 /// `addr`. The chain is not judged (the caller compares the certificate with the one it

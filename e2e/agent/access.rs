@@ -477,7 +477,8 @@ async fn a_hung_hosted_api_server_is_reported_within_twenty_seconds() {
     assert!(
         h.first()
             .is_some_and(|m| m.starts_with("NonCompliant") && m.contains(&server)),
-        "{h:?}"
+        "{h:?} {}",
+        serde_json::to_string_pretty(&p.status).unwrap_or_default()
     );
     let requests_during = metric(
         &agent.context.metrics.encode(),

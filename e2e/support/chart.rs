@@ -61,5 +61,6 @@ pub fn render(extra: &[&str]) -> Vec<Value> {
         hcp_fleet_agent::localcp::fixtures::AGENT_NAMESPACE,
     ];
     args.extend_from_slice(extra);
-    hcp_fleet_agent::packaging::parse_rendered(&run_helm(&args)).expect("rendered chart parses")
+    hcp_fleet_agent::cmd::packaging::parse_rendered(&run_helm(&args))
+        .expect("rendered chart parses")
 }

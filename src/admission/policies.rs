@@ -160,11 +160,10 @@ mod tests {
         s
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// The resource is named by its group and plural.
     fn req(
         op: &str,
-        group: &str,
-        resource: &str,
+        (group, resource): (&str, &str),
         name: &str,
         ns: Option<&str>,
         user: &str,
@@ -188,8 +187,7 @@ mod tests {
     fn delete_cr(name: &str, user: &str, groups: &[&str]) -> Request {
         req(
             "DELETE",
-            "rbac.authorization.k8s.io",
-            "clusterroles",
+            ("rbac.authorization.k8s.io", "clusterroles"),
             name,
             None,
             user,
@@ -275,8 +273,7 @@ mod tests {
         let fg = |set: &str| json!({"metadata": {"name": "cluster"}, "spec": {"featureSet": set}});
         let r = req(
             "UPDATE",
-            "config.openshift.io",
-            "featuregates",
+            ("config.openshift.io", "featuregates"),
             "cluster",
             None,
             "alice",
@@ -291,8 +288,7 @@ mod tests {
         );
         let r = req(
             "UPDATE",
-            "config.openshift.io",
-            "featuregates",
+            ("config.openshift.io", "featuregates"),
             "cluster",
             None,
             "alice",
@@ -312,8 +308,7 @@ mod tests {
         let s = settings(Mode::Enforce);
         let r = req(
             "CREATE",
-            "",
-            "services",
+            ("", "services"),
             "web",
             Some("app"),
             "alice",
@@ -325,8 +320,7 @@ mod tests {
         assert_eq!(d.patch[0]["path"], "/metadata/annotations");
         let r = req(
             "CREATE",
-            "",
-            "services",
+            ("", "services"),
             "web",
             Some("app"),
             "alice",
@@ -352,8 +346,7 @@ mod tests {
         let s = settings(Mode::Enforce);
         let r = req(
             "CREATE",
-            "",
-            "services",
+            ("", "services"),
             "x",
             Some("openshift-ingress"),
             "alice",
@@ -370,8 +363,7 @@ mod tests {
         let probe = json!({"metadata": {"labels": {PROBE_LABEL: "true"}}});
         let r = req(
             "CREATE",
-            "",
-            "configmaps",
+            ("", "configmaps"),
             "p",
             Some("default"),
             "system:admin",
@@ -390,8 +382,7 @@ mod tests {
         weaker["allowPrivilegedContainer"] = json!(true);
         let mut r = req(
             "UPDATE",
-            "security.openshift.io",
-            "securitycontextconstraints",
+            ("security.openshift.io", "securitycontextconstraints"),
             "restricted",
             None,
             "alice",
@@ -409,8 +400,7 @@ mod tests {
         relabel["metadata"]["labels"] = json!({"team": "x"});
         let mut r = req(
             "UPDATE",
-            "security.openshift.io",
-            "securitycontextconstraints",
+            ("security.openshift.io", "securitycontextconstraints"),
             "restricted",
             None,
             "alice",
@@ -426,8 +416,7 @@ mod tests {
         );
         let r = req(
             "DELETE",
-            "security.openshift.io",
-            "securitycontextconstraints",
+            ("security.openshift.io", "securitycontextconstraints"),
             "my-scc",
             None,
             "alice",
@@ -448,8 +437,7 @@ mod tests {
         let s = settings(Mode::Enforce);
         let r = req(
             "CREATE",
-            "upgrade.managed.openshift.io",
-            "upgradeconfigs",
+            ("upgrade.managed.openshift.io", "upgradeconfigs"),
             "u",
             Some("openshift-managed-upgrade-operator-x"),
             "alice",
@@ -465,8 +453,7 @@ mod tests {
         );
         let r = req(
             "CREATE",
-            "upgrade.managed.openshift.io",
-            "upgradeconfigs",
+            ("upgrade.managed.openshift.io", "upgradeconfigs"),
             "u",
             Some("team-a"),
             "alice",
@@ -486,8 +473,7 @@ mod tests {
         moved["spec"]["domain"] = json!("apps.evil.example.com");
         let mut r = req(
             "UPDATE",
-            "config.openshift.io",
-            "ingresses",
+            ("config.openshift.io", "ingresses"),
             "cluster",
             None,
             "alice",
@@ -505,8 +491,7 @@ mod tests {
         status_only["status"] = json!({"defaultPlacement": "Workers"});
         let mut r = req(
             "UPDATE",
-            "config.openshift.io",
-            "ingresses",
+            ("config.openshift.io", "ingresses"),
             "cluster",
             None,
             "alice",
@@ -530,8 +515,7 @@ mod tests {
         start["spec"]["migration"] = json!({"networkType": "OVNKubernetes"});
         let mut r = req(
             "UPDATE",
-            "operator.openshift.io",
-            "networks",
+            ("operator.openshift.io", "networks"),
             "cluster",
             None,
             "alice",
@@ -547,8 +531,7 @@ mod tests {
         );
         let mut r = req(
             "UPDATE",
-            "operator.openshift.io",
-            "networks",
+            ("operator.openshift.io", "networks"),
             "cluster",
             None,
             "backplane-sre",
@@ -567,8 +550,7 @@ mod tests {
         level["spec"]["logLevel"] = json!("Debug");
         let mut r = req(
             "UPDATE",
-            "operator.openshift.io",
-            "networks",
+            ("operator.openshift.io", "networks"),
             "cluster",
             None,
             "alice",

@@ -16,9 +16,11 @@ use super::apply::{Applied, Repair, apply_against, delete_if_present};
 use super::cache::{self, object_key};
 use super::context::Context;
 use super::error::Failure;
+use super::scope::Scope;
 use crate::certificates::CertBundle;
 use crate::compare;
 use crate::config::{AgentConfig, MonitoringApi};
+use crate::crd::HostedControlPlane;
 use crate::crd::hostedcontrolplane::Scheduling;
 use crate::management::{self, HcpInputs};
 use crate::metrics::DriftLabels;
@@ -122,6 +124,15 @@ fn written_matches<K: Serialize>(want: &serde_json::Value, live: &K) -> bool {
     serde_json::to_value(live).is_ok_and(|l| compare::subset(want, &l))
 }
 
+/// Owned for garbage collection, but never blocking HyperShift's deletion of the HCP.
+fn owner(hcp: &HostedControlPlane) -> Option<OwnerReference> {
+    hcp.controller_owner_ref(&()).map(|o| OwnerReference {
+        block_owner_deletion: Some(false),
+        controller: Some(false),
+        ..o
+    })
+}
+
 /// What the phase found: the Deployment as the server has it, and the drift it repaired.
 pub struct AdmissionService {
     pub deployment: Deployment,
@@ -130,29 +141,23 @@ pub struct AdmissionService {
 
 /// Applies the admission service where it differs from the rendering; returns the
 /// Deployment as the server has it now.
-// The HCP's inputs, one by one: a struct for one caller would only rename them.
-#[allow(clippy::too_many_arguments)]
 pub async fn ensure(
-    ctx: &Context,
-    cfg: &AgentConfig,
-    ns: &str,
-    cluster: &str,
-    owner: Option<OwnerReference>,
+    s: &Scope<'_>,
     certs: &CertBundle,
     scheduling: &Scheduling,
-    revision: &str,
 ) -> Result<AdmissionService, Failure> {
+    let (ctx, cfg, ns, cluster) = (s.ctx, s.cfg, s.ns, s.cluster);
     let objs = management::render(
         cfg,
         &HcpInputs {
             namespace: ns,
             agent_namespace: &ctx.agent_namespace,
-            owner,
+            owner: owner(s.hcp),
             certs,
             pdb_api: ctx.caps.pdb_api,
             scheduling,
             monitoring: ctx.caps.monitoring(cfg.admission.service_monitor.api_group),
-            revision: Some(revision),
+            revision: Some(s.revision),
         },
     )
     .map_err(Failure::RenderAdmission)?;

@@ -11,7 +11,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 
-use super::probe::{Answer, Proof, judge};
+use super::proof::{Answer, Proof, judge};
 use crate::catalogue::Mode;
 use crate::config::AgentConfig;
 use crate::crd::ComplianceState;

@@ -8,10 +8,10 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use tracing::info;
 
-use super::context::{Context, hcp_labels};
+use super::context::Context;
 use super::error::Failure;
+use super::scope::Scope;
 use crate::certificates::{self, CertBundle};
-use crate::config::AgentConfig;
 use crate::management;
 
 /// The certificates this reconcile will apply, and when the serving one expires.
@@ -49,12 +49,8 @@ async fn read(
         })
 }
 
-pub async fn ensure(
-    ctx: &Context,
-    cfg: &AgentConfig,
-    ns: &str,
-    cluster: &str,
-) -> Result<Certificates, Failure> {
+pub async fn ensure(s: &Scope<'_>) -> Result<Certificates, Failure> {
+    let (ctx, cfg, ns) = (s.ctx, s.cfg, s.ns);
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     let caches = ctx.caches();
     let ca_name = management::ca_secret_name(cfg);
@@ -75,7 +71,7 @@ pub async fn ensure(
     let facts = certificates::inspect(&bundle.serving.cert_pem).map_err(Failure::Certificate)?;
     ctx.metrics
         .cert_expiry
-        .get_or_create(&hcp_labels(ns, cluster))
+        .get_or_create(&s.labels())
         .set(facts.not_after);
     let expires = jiff::Timestamp::from_second(facts.not_after)
         .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())

@@ -55,7 +55,7 @@ pub(super) struct WatchShared {
     /// The last end-to-end probe verdict.
     pub probe: Option<ComplianceState>,
     /// What the probe's answers must prove (the HCP's probe key; whether a rollout is on).
-    pub proof: super::probe::Proof,
+    pub proof: super::proof::Proof,
     /// The canaries of the guards enforced now, sent one per probe round in turn.
     pub canaries: Arc<Vec<super::canary::Planned>>,
     /// Each guard's last canary result (guards no longer planned are dropped).

@@ -9,16 +9,13 @@ use kube::{Api, ResourceExt};
 use super::certificates::secret_bytes;
 use super::context::{Context, hcp_labels, lock};
 use super::error::Failure;
+use super::scope::Scope;
 use crate::config::AgentConfig;
 use crate::crd::HostedControlPlane;
 use crate::hosted::clients::{HostedAccessError, HostedClient};
 
-pub async fn connect(
-    ctx: &Context,
-    cfg: &AgentConfig,
-    ns: &str,
-    cluster: &str,
-) -> Result<HostedClient, Failure> {
+pub async fn connect(s: &Scope<'_>) -> Result<HostedClient, Failure> {
+    let (ctx, cfg, ns, cluster) = (s.ctx, s.cfg, s.ns, s.cluster);
     let access = &cfg.hosted_access;
     let secret_name = &access.kubeconfig_secret;
     let store = ctx.caches().kubeconfig_secrets;

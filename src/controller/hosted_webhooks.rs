@@ -24,8 +24,8 @@ use super::apply::{Applied, Repair, apply_against, apply_or_delete, delete_if_pr
 const WHOLE: Repair = Repair::Whole(objects::OWNED_WHOLE);
 use super::context::{Context, hcp_labels, lock};
 use super::error::Failure;
+use super::scope::Scope;
 use super::{probe, watches};
-use crate::config::AgentConfig;
 use crate::hosted::clients::HostedClient;
 use crate::hosted::objects::{self, HostedFeatures};
 use crate::hosted::policies::{self, Engine};
@@ -121,13 +121,11 @@ fn outcome(
 }
 
 pub async fn ensure(
-    ctx: &Context,
-    cfg: &AgentConfig,
-    ns: &str,
-    cluster: &str,
+    s: &Scope<'_>,
     hosted: &HostedClient,
     want: Want<'_>,
 ) -> Result<Installed, Failure> {
+    let (ctx, cfg, ns, cluster) = (s.ctx, s.cfg, s.ns, s.cluster);
     let Want {
         ca_bundle,
         revision,

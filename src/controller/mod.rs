@@ -7,11 +7,13 @@
 //! | `context` | shared clients and settings; one `HcpState` per HCP namespace |
 //! | `discovery` | what the management cluster serves (PDB API, the agent's CRDs, ACM's Policy CRD) |
 //! | `reconcile` | the orchestrator, `error_policy`, backoff, pause |
+//! | `scope` | `Scope`: one HCP's identity, configuration and the agent's context, through every phase |
 //! | `certificates` | phase 2: the CA and serving certificate |
 //! | `admission_service` | phase 3: management-side objects, availability gate |
 //! | `hosted_access` | phase 4: the hosted client from the kubeconfig secret |
 //! | `hosted_webhooks` | phases 5-6: webhook configurations in the hosted cluster |
 //! | `probe` | phase 7: the end-to-end probe and its periodic task |
+//! | `proof` | whether an answer to the probe or a canary is the admission service's own (pure) |
 //! | `report` | AdmissionHealth status, history, Events; ACM's templates and their compliance Events |
 //! | `rollout` | the progressive rollout's loop (`AdmissionRollout`); which revision and override an HCP runs |
 //! | `trust` | the hosted caBundle trusts whatever any replica serves (trust first, retire last) |
@@ -34,9 +36,11 @@ mod guest_services;
 mod hosted_access;
 mod hosted_webhooks;
 mod probe;
+mod proof;
 mod reconcile;
 mod report;
 mod rollout;
+mod scope;
 pub mod template_access;
 mod trust;
 mod watches;
@@ -67,26 +71,13 @@ use context::AbortOnDrop;
 
 /// Runs the controller until `shutdown` resolves. Each item of `reload` (a new configuration)
 /// reconciles every HCP.
-// Over 100 lines until the per-HCP scope type splits it (issue 32).
-#[allow(clippy::too_many_lines)]
 pub async fn run(
     ctx: Arc<Context>,
     requeue: mpsc::UnboundedReceiver<ObjectRef<HostedControlPlane>>,
     reload: mpsc::UnboundedReceiver<()>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    if !ctx.caps.health_crd {
-        warn!(
-            "the AdmissionHealth CRD ({}) is not installed; reporting through metrics only",
-            discovery::HEALTH_CRD
-        );
-    }
-    if !ctx.caps.template_crd {
-        warn!(
-            "the AdmissionHealthPolicy CRD ({}) is not installed; nothing is reported to ACM",
-            discovery::TEMPLATE_CRD
-        );
-    }
+    say_what_is_missing(&ctx.caps);
     report::remove_legacy_policies(&ctx).await;
     // Tied to this future: when the controller stops (or its task is aborted) they stop too,
     // and with them the last references to the context, its drift watches and probes.
@@ -97,16 +88,6 @@ pub async fn run(
     let _deletions = AbortOnDrop(tokio::spawn(watches::deletion_watcher(ctx.clone())));
     let cfg = ctx.config();
     let hcps: Api<HostedControlPlane> = Api::all(ctx.client.clone());
-    let owned = watcher::Config::default().labels(&format!(
-        "{}={}",
-        management::MANAGED_BY,
-        management::MANAGED_BY_VALUE
-    ));
-    // Every object of the admission service is watched, so a deletion or an edit is repaired
-    // at once rather than at the next unrelated reconcile; each watch also keeps a store the
-    // reconciles read instead of asking the server (`cache.rs`). The Secrets by name: the
-    // agent may read only those (RBAC resourceNames), not every Secret.
-    let by = |name: String| watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut caches = cache::Caches::default();
     // The HCPs' store holds only what the agent reads of each (no managed fields, which
     // HyperShift's controllers write many of, and no part of HyperShift's spec and status the
@@ -120,77 +101,13 @@ pub async fn run(
         HostedControlPlane::keep_only_what_is_read,
         |_| {},
     );
-    let mut controller = Controller::for_stream(hcp_events.applied_objects(), store.clone())
-        .owns_stream(cached(
-            &ctx,
-            owned.clone(),
-            &mut caches.deployments,
-            management::DEPLOYMENT_OWNED_WHOLE,
-        ))
-        .owns_stream(cached(
-            &ctx,
-            owned.clone(),
-            &mut caches.service_accounts,
-            &[],
-        ))
-        .owns_stream(cached(&ctx, owned.clone(), &mut caches.services, &[]))
-        .owns_stream(cached(
-            &ctx,
-            owned.clone(),
-            &mut caches.network_policies,
-            management::SPEC_OWNED_WHOLE,
-        ))
-        .owns_stream(cached(
-            &ctx,
-            by(management::ca_secret_name(&cfg)),
-            &mut caches.ca_secrets,
-            &[],
-        ))
-        .owns_stream(cached(
-            &ctx,
-            by(management::tls_secret_name(&cfg)),
-            &mut caches.tls_secrets,
-            &[],
-        ));
-    if let Some(ar) = ctx.caps.pdb_api.api_resource() {
-        let pdbs = Api::<DynamicObject>::all_with(ctx.client.clone(), &ar);
-        let writer = kube::runtime::reflector::store::Writer::new(ar.clone());
-        caches.pdbs = Some(writer.as_reader());
-        // A list's items carry no apiVersion and kind; a GET's do, and the comparison with
-        // the rendered object needs them.
-        let types = kube::api::TypeMeta {
-            api_version: ar.api_version.clone(),
-            kind: ar.kind.clone(),
-        };
-        let stream = reflected(
-            pdbs,
-            owned.clone(),
-            writer,
-            management::SPEC_OWNED_WHOLE,
-            move |o| o.types = Some(types.clone()),
-            delivered(&ctx, ar.clone()),
-        )
-        .touched_objects();
-        controller = controller.owns_stream_with(stream, ar);
-    }
-    // Every served monitoring API, not only the configured one: a configuration change that
-    // moves the ServiceMonitor leaves the old one to be pruned, and a deleted one repaired.
-    for ar in ctx
-        .caps
-        .monitoring_apis()
-        .filter_map(management::service_monitor_resource)
-    {
-        let monitors = Api::<DynamicObject>::all_with(ctx.client.clone(), &ar);
-        controller = controller.owns_with(monitors, ar, owned.clone());
-    }
-    if ctx.caps.monitoring(MonitoringApi::Coreos) == MonitoringApi::Coreos {
-        controller = controller.owns(Api::<RoleBinding>::all(ctx.client.clone()), owned);
-    }
+    let controller = Controller::for_stream(hcp_events.applied_objects(), store.clone());
+    let mut controller = owning(&ctx, controller, &cfg, &mut caches);
     // A rotated (or repaired) kubeconfig secret must reach the hosted cluster's reconcile
     // without polling: watch those secrets by name and map each to its namespace's HCPs.
     let kubeconfigs = cached(
         &ctx,
-        by(cfg.hosted_access.kubeconfig_secret.clone()),
+        by_name(cfg.hosted_access.kubeconfig_secret.clone()),
         &mut caches.kubeconfig_secrets,
         &[],
     );
@@ -219,12 +136,6 @@ pub async fn run(
         .caps
         .override_crd
         .then(|| cached(&ctx, watcher::Config::default(), &mut caches.overrides, &[]));
-    if !ctx.caps.override_crd {
-        warn!(
-            "the HostedAdmissionOverride CRD ({}) is not installed; no per-HCP overrides",
-            discovery::OVERRIDE_CRD
-        );
-    }
     ctx.set_caches(caches);
     // Before the first reconcile: a restarted agent hands out what the rollout says.
     rollout::init(&ctx).await;
@@ -268,6 +179,123 @@ pub async fn run(
         () = running => {}
         () = heartbeat => {}
     }
+}
+
+/// The Controller told of every object of the admission services (a deletion or an edit is
+/// repaired at once rather than at the next unrelated reconcile), each watch also filling
+/// `caches`' store for it, which the reconciles read instead of asking the server
+/// (`cache.rs`). The Secrets by name: the agent may read only those (RBAC resourceNames), not
+/// every Secret.
+fn owning(
+    ctx: &Arc<Context>,
+    controller: Controller<HostedControlPlane>,
+    cfg: &crate::config::AgentConfig,
+    caches: &mut cache::Caches,
+) -> Controller<HostedControlPlane> {
+    let owned = owned_objects();
+    let mut controller = controller
+        .owns_stream(cached(
+            ctx,
+            owned.clone(),
+            &mut caches.deployments,
+            management::DEPLOYMENT_OWNED_WHOLE,
+        ))
+        .owns_stream(cached(
+            ctx,
+            owned.clone(),
+            &mut caches.service_accounts,
+            &[],
+        ))
+        .owns_stream(cached(ctx, owned.clone(), &mut caches.services, &[]))
+        .owns_stream(cached(
+            ctx,
+            owned.clone(),
+            &mut caches.network_policies,
+            management::SPEC_OWNED_WHOLE,
+        ))
+        .owns_stream(cached(
+            ctx,
+            by_name(management::ca_secret_name(cfg)),
+            &mut caches.ca_secrets,
+            &[],
+        ))
+        .owns_stream(cached(
+            ctx,
+            by_name(management::tls_secret_name(cfg)),
+            &mut caches.tls_secrets,
+            &[],
+        ));
+    if let Some(ar) = ctx.caps.pdb_api.api_resource() {
+        let pdbs = Api::<DynamicObject>::all_with(ctx.client.clone(), &ar);
+        let writer = kube::runtime::reflector::store::Writer::new(ar.clone());
+        caches.pdbs = Some(writer.as_reader());
+        // A list's items carry no apiVersion and kind; a GET's do, and the comparison with
+        // the rendered object needs them.
+        let types = kube::api::TypeMeta {
+            api_version: ar.api_version.clone(),
+            kind: ar.kind.clone(),
+        };
+        let stream = reflected(
+            pdbs,
+            owned.clone(),
+            writer,
+            management::SPEC_OWNED_WHOLE,
+            move |o| o.types = Some(types.clone()),
+            delivered(ctx, ar.clone()),
+        )
+        .touched_objects();
+        controller = controller.owns_stream_with(stream, ar);
+    }
+    // Every served monitoring API, not only the configured one: a configuration change that
+    // moves the ServiceMonitor leaves the old one to be pruned, and a deleted one repaired.
+    for ar in ctx
+        .caps
+        .monitoring_apis()
+        .filter_map(management::service_monitor_resource)
+    {
+        let monitors = Api::<DynamicObject>::all_with(ctx.client.clone(), &ar);
+        controller = controller.owns_with(monitors, ar, owned.clone());
+    }
+    if ctx.caps.monitoring(MonitoringApi::Coreos) == MonitoringApi::Coreos {
+        controller = controller.owns(Api::<RoleBinding>::all(ctx.client.clone()), owned);
+    }
+    controller
+}
+
+/// What works without each optional CRD, said once at start.
+fn say_what_is_missing(caps: &Capabilities) {
+    if !caps.health_crd {
+        warn!(
+            "the AdmissionHealth CRD ({}) is not installed; reporting through metrics only",
+            discovery::HEALTH_CRD
+        );
+    }
+    if !caps.template_crd {
+        warn!(
+            "the AdmissionHealthPolicy CRD ({}) is not installed; nothing is reported to ACM",
+            discovery::TEMPLATE_CRD
+        );
+    }
+    if !caps.override_crd {
+        warn!(
+            "the HostedAdmissionOverride CRD ({}) is not installed; no per-HCP overrides",
+            discovery::OVERRIDE_CRD
+        );
+    }
+}
+
+/// One object by name in every namespace (a Secret the agent may read by RBAC resourceNames).
+fn by_name(name: String) -> watcher::Config {
+    watcher::Config::default().fields(&format!("metadata.name={name}"))
+}
+
+/// The agent's own management objects: what it labels as managed by it.
+fn owned_objects() -> watcher::Config {
+    watcher::Config::default().labels(&format!(
+        "{}={}",
+        management::MANAGED_BY,
+        management::MANAGED_BY_VALUE
+    ))
 }
 
 /// A watch of `K` (selected by `cfg`) that keeps `slot`'s store, as a trigger stream for the

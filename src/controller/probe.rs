@@ -13,13 +13,14 @@ use kube::{Api, Client};
 use tracing::{Instrument, info};
 
 use super::canary;
-use super::context::{AbortOnDrop, Context, lock};
-use crate::catalogue::{
-    POLICY_PROBE_ANSWER, POLICY_PROBE_VALUE, PROBE_ANSWER, PROBE_LABEL, PROBE_REVISION_LABEL,
-};
+use super::context::{AbortOnDrop, lock};
+pub use super::proof::Proof;
+use super::proof::{Answer, authentic};
+use super::scope::Scope;
+use crate::catalogue::{POLICY_PROBE_VALUE, PROBE_LABEL, PROBE_REVISION_LABEL};
 use crate::crd::{ComplianceState, HostedControlPlane};
+use crate::guards::probe::NONCE_ANNOTATION;
 use crate::guards::probe::{FOREIGN_ANSWER, FOREIGN_POLICY_ANSWER, NO_ANSWER};
-use crate::guards::probe::{NONCE_ANNOTATION, PROOF_MARK, ProbeKey};
 use crate::hosted::clients::HostedClient;
 use crate::hosted::policies::Engine;
 use crate::hosted::wanted::Wanted;
@@ -41,80 +42,6 @@ impl ProbeTargets {
             policy: wanted.policy_revision.clone(),
             proof,
         }
-    }
-}
-
-/// What makes a webhook answer to the probe the admission service's own.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Proof {
-    /// The HCP's probe key (from its TLS Secret); `None` only in tests, where the words are
-    /// all there is to check.
-    pub key: Option<ProbeKey>,
-    /// The admission Deployment is rolling out: replicas of an agent version from before the
-    /// probe key answer without a proof, and an answer in the right words is taken as theirs
-    /// until every replica runs the current spec (a tenant's imitation passes only meanwhile).
-    pub rolling_out: bool,
-}
-
-/// How a denial of the probe reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Answer {
-    /// The agent's own answer, proven.
-    Proven,
-    /// The right words without the proof, while the Deployment rolls out (see `Proof`).
-    Unproven,
-    /// Not the agent's answer.
-    Imitation,
-}
-
-/// Whether a denial of the probe of `engine` is the agent's own answer, and not an imitation
-/// by something the hosted cluster's admins installed (see `judge`).
-pub fn authentic(engine: Engine, message: &str, proof: &Proof, nonce: &str) -> Answer {
-    let words = match engine {
-        Engine::Webhook => PROBE_ANSWER,
-        Engine::Policy => POLICY_PROBE_ANSWER,
-    };
-    judge(
-        engine,
-        crate::guards::probe::ROW.name,
-        words,
-        message,
-        proof,
-        nonce,
-    )
-}
-
-/// Whether a denial came from the agent's guard `name` on `engine`, beginning with `words`. A
-/// policy's denial names the policy and its binding (a tenant cannot hold either name while
-/// the agent's objects hold it, and a webhook's denial cannot begin so); a webhook's denial
-/// names a webhook, which anyone can name alike, so it must end with the proof of this
-/// request's nonce under the HCP's probe key.
-pub fn judge(
-    engine: Engine,
-    name: &str,
-    words: &str,
-    message: &str,
-    proof: &Proof,
-    nonce: &str,
-) -> Answer {
-    let said = match engine {
-        Engine::Webhook => format!("admission webhook \"{name}\" denied the request: {words}"),
-        Engine::Policy => {
-            format!(
-                "ValidatingAdmissionPolicy '{name}' with binding '{name}' denied request: {words}"
-            )
-        }
-    };
-    if !message.starts_with(&said) {
-        return Answer::Imitation;
-    }
-    match (engine, &proof.key) {
-        (Engine::Policy, _) | (Engine::Webhook, None) => Answer::Proven,
-        (Engine::Webhook, Some(k)) if k.proven(nonce, message) => Answer::Proven,
-        (Engine::Webhook, Some(_)) if proof.rolling_out && !message.contains(PROOF_MARK) => {
-            Answer::Unproven
-        }
-        (Engine::Webhook, Some(_)) => Answer::Imitation,
     }
 }
 
@@ -145,6 +72,25 @@ pub enum ProbeFailure {
     Failed(#[source] kube::Error),
     #[error("probe {NO_ANSWER} {0}s")]
     NoAnswer(u64),
+}
+
+impl ProbeFailure {
+    /// No answer came back at all (none in time, or the connection failed): unlike a wrong
+    /// answer, this may be the hosted kube-apiserver's silence rather than the path's.
+    fn unanswered(&self) -> bool {
+        match self {
+            ProbeFailure::NoAnswer(_) => true,
+            ProbeFailure::Failed(e) => !matches!(e, kube::Error::Api(_)),
+            _ => false,
+        }
+    }
+}
+
+/// One probe of every path: the verdict, and the first path's failure that was no answer at
+/// all.
+pub struct Probed {
+    pub verdict: Observation,
+    pub unanswered: Option<ProbeFailure>,
 }
 
 /// A dry-run create of a labelled ConfigMap that only the probe of `engine` at `revision` sees:
@@ -208,9 +154,10 @@ pub async fn probe_path(
 }
 
 /// The end-to-end probe of every path installed, through the hosted kube-apiserver.
-pub async fn probe(hosted: &Client, timeout: Duration, targets: &ProbeTargets) -> Observation {
+pub async fn probe(hosted: &Client, timeout: Duration, targets: &ProbeTargets) -> Probed {
     let mut answered = Vec::new();
     let mut failed = Vec::new();
+    let mut unanswered = None;
     let mut unproven = false;
     for (engine, rev, who) in [
         (Engine::Webhook, &targets.webhook, "the admission service"),
@@ -222,9 +169,22 @@ pub async fn probe(hosted: &Client, timeout: Duration, targets: &ProbeTargets) -
                 unproven |= a == Answer::Unproven;
                 answered.push(who);
             }
-            Err(e) => failed.push(e.to_string()),
+            Err(e) => {
+                failed.push(e.to_string());
+                if e.unanswered() && unanswered.is_none() {
+                    unanswered = Some(e);
+                }
+            }
         }
     }
+    let verdict = verdict(&answered, &failed, unproven);
+    Probed {
+        verdict,
+        unanswered,
+    }
+}
+
+fn verdict(answered: &[&str], failed: &[String], unproven: bool) -> Observation {
     if !failed.is_empty() {
         return Observation::violation(failed.join("; "));
     }
@@ -255,15 +215,10 @@ pub fn first_probe(ns: &str, every: Duration) -> Duration {
 /// Records this reconcile's verdict and makes sure the periodic probe runs. The task queues a
 /// full reconcile (which reports) only when the verdict changes, so a steady fleet costs one
 /// hosted request per cluster per interval and nothing on the management cluster.
-pub fn ensure_task(
-    ctx: &Context,
-    ns: &str,
-    cluster: &str,
-    hosted: &HostedClient,
-    verdict: ComplianceState,
-    timeout: Duration,
-    every: Duration,
-) {
+pub fn ensure_task(s: &Scope<'_>, hosted: &HostedClient, verdict: ComplianceState) {
+    let (ctx, ns, cluster) = (s.ctx, s.ns, s.cluster);
+    let timeout = Duration::from_secs(u64::from(s.cfg.hosted_access.request_timeout_seconds));
+    let every = Duration::from_secs(u64::from(s.cfg.probe_interval_seconds));
     ctx.with_hcp(ns, |s| {
         let Some(w) = s.watch.as_mut() else {
             return;
@@ -296,7 +251,7 @@ pub fn ensure_task(
                     };
                     // A kube client for this round only (see `HostedClient`).
                     let client = hosted.client();
-                    let probed = probe(&client, timeout, &targets).await.state;
+                    let probed = probe(&client, timeout, &targets).await.verdict.state;
                     let mut canary_changed = false;
                     // A path that fails its probe fails every canary on it: they wait for it.
                     let turn = canaries.get(next % canaries.len().max(1));
@@ -332,49 +287,31 @@ pub fn ensure_task(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::guards::probe::{answer, nonce};
 
     #[test]
-    fn only_the_agents_own_answer_proves_the_path() {
-        let key = ProbeKey::generate().expect("random");
-        let n = nonce().expect("random");
-        let name = crate::guards::probe::ROW.name;
-        let hook =
-            |text: String| format!("admission webhook \"{name}\" denied the request: {text}");
-        let proof = |rolling_out| Proof {
-            key: Some(key.clone()),
-            rolling_out,
-        };
-        let proven = hook(answer(Some(&key), Some(&n)));
-        let words = hook(answer(None, None));
-        let other = ProbeKey::generate().expect("random");
-        let forged = hook(answer(Some(&other), Some(&n)));
-        let w = Engine::Webhook;
-        assert_eq!(authentic(w, &proven, &proof(false), &n), Answer::Proven);
-        assert_eq!(authentic(w, &words, &proof(false), &n), Answer::Imitation);
-        assert_eq!(authentic(w, &forged, &proof(false), &n), Answer::Imitation);
-        // While the Deployment rolls out, the words alone are taken (an old replica), but
-        // never a wrong proof.
-        assert_eq!(authentic(w, &words, &proof(true), &n), Answer::Unproven);
-        assert_eq!(authentic(w, &forged, &proof(true), &n), Answer::Imitation);
-        // Another webhook's name, or the words inside another message.
-        let renamed = proven.replace(name, "probe.tenant.example.com");
-        assert_eq!(authentic(w, &renamed, &proof(false), &n), Answer::Imitation);
-        let inside = format!("admission webhook \"x\" denied the request: {proven}");
-        assert_eq!(authentic(w, &inside, &proof(true), &n), Answer::Imitation);
-        // A policy's denial names the agent's policy and binding; a webhook cannot say so.
-        let p = Engine::Policy;
-        let by_policy = format!(
-            "ValidatingAdmissionPolicy '{name}' with binding '{name}' denied request: {POLICY_PROBE_ANSWER}"
+    fn only_a_missing_answer_may_be_the_servers_silence() {
+        let refused = kube::Error::Api(
+            kube::core::Status::failure("forbidden", "Forbidden")
+                .with_code(403)
+                .boxed(),
         );
-        assert_eq!(authentic(p, &by_policy, &proof(false), &n), Answer::Proven);
-        let by_hook = hook(POLICY_PROBE_ANSWER.into());
-        assert_eq!(authentic(p, &by_hook, &proof(false), &n), Answer::Imitation);
-        let other_policy = by_policy.replacen(name, "tenant-probe", 2);
-        assert_eq!(
-            authentic(p, &other_policy, &proof(false), &n),
-            Answer::Imitation
-        );
+        let closed = kube::Error::Service(Box::new(std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            "keep-alive timed out",
+        )));
+        let cases = [
+            (ProbeFailure::NoAnswer(10), true),
+            (ProbeFailure::Failed(closed), true),
+            (ProbeFailure::Failed(refused), false),
+            (ProbeFailure::ServiceNotReached, false),
+            (ProbeFailure::PoliciesNotRun, false),
+            (ProbeFailure::ImitatedService, false),
+            (ProbeFailure::ImitatedPolicy("x".into()), false),
+            (ProbeFailure::NoNonce, false),
+        ];
+        for (failure, unanswered) in cases {
+            assert_eq!(failure.unanswered(), unanswered, "{failure}");
+        }
     }
 
     #[test]

@@ -5,23 +5,23 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Resource, ResourceExt};
 use tracing::{info, instrument, warn};
 
-use super::context::{Context, hcp_labels, lock};
+use super::context::{Context, lock};
 use super::error::{Failure, ReconcileError};
+use super::scope::Scope;
 use super::{
     admission_service, canary, certificates, hosted_access, hosted_webhooks, probe, report,
     rollout, trust,
 };
 use crate::crd::hostedcontrolplane::Pause;
 use crate::crd::{ComplianceState, HostedControlPlane};
+use crate::hosted::clients::HostedClient;
 use crate::management::deployment_available;
 use crate::metrics::PhaseLabels;
-use crate::overrides::Resolved;
 use crate::reporting::{Concern, Observation, Observations, PauseReason};
 
 /// What one pass found: an observation per concern reached, the drift it repaired, and how it
@@ -52,32 +52,10 @@ pub async fn reconcile(
         rollout::report_overrides(&ctx, &ns, &cluster, &overrides, &resolved).await;
     }
     let now = jiff::Timestamp::now();
-    let by_override = || {
-        format!(
-            "HostedAdmissionOverride {}",
-            overrides.first().map(|o| o.name_any()).unwrap_or_default()
-        )
-    };
-    // Who asks for a pause, and until when: the HCP itself (the agent's annotation, or
-    // HyperShift's spec.pausedUntil; the annotation named first), else an override.
-    let from_hcp = |until| {
-        let reason = if hcp.pauses(now).0.holds() {
-            PauseReason::Annotation
-        } else {
-            PauseReason::HyperShift
-        };
-        Some((hcp.paused_by(now), reason, until))
-    };
-    let asked = match hcp.pause(now) {
-        Pause::Indefinite => from_hcp(None),
-        Pause::Until(t) => from_hcp(Some(t)),
-        _ if resolved.paused => Some((by_override(), PauseReason::Override, None)),
-        Pause::Off => None,
-        Pause::Invalid(why) => {
-            warn!(reason = %why, "pause annotation ignored");
-            None
-        }
-    };
+    let by_override = resolved
+        .paused
+        .then(|| overrides.first().map(|o| o.name_any()).unwrap_or_default());
+    let asked = pause_asked(&hcp, by_override, now);
     // A pause past the configured maximum (counted from when the record first said paused)
     // no longer holds: the agent goes back to work; the record keeps the pause's start, so
     // the pause alert goes on until someone removes it.
@@ -91,16 +69,16 @@ pub async fn reconcile(
     let expired =
         asked.is_some() && crate::reporting::pause_expired(since.as_deref(), max_hours, now);
     let mut outcome = match &asked {
-        Some((by, reason, until)) if !expired => {
+        Some(pause) if !expired => {
             // Back when the pause ends by itself: its own end, or the maximum's.
             let ends = crate::reporting::pause_ends(since.as_deref(), max_hours, now);
-            let wake = match (*until, ends) {
+            let wake = match (pause.until, ends) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            paused(&ctx, &ns, by.clone(), *reason, *until, wake)
+            paused(&ctx, &ns, pause, wake)
         }
-        _ => run_phases(&ctx, &hcp, &ns, &cluster, &resolved).await,
+        _ => run_phases(&Scope::new(&ctx, &hcp, &ns, &cluster, &resolved)).await,
     };
     if expired {
         warn!(
@@ -109,7 +87,7 @@ pub async fn reconcile(
         );
         // Still asked for, though no longer holding: the record keeps its start and the
         // gauge its age.
-        outcome.paused = asked.map(|(_, reason, _)| reason);
+        outcome.paused = asked.map(|p| p.reason);
     }
     // Phases are gated: what a pass did not reach is unknown now, never its old verdict.
     for c in Concern::ALL {
@@ -152,255 +130,323 @@ pub async fn reconcile(
     }
 }
 
-/// Owned for garbage collection, but never blocking HyperShift's deletion of the HCP.
-fn owner(hcp: &HostedControlPlane) -> Option<OwnerReference> {
-    hcp.controller_owner_ref(&()).map(|o| OwnerReference {
-        block_owner_deletion: Some(false),
-        controller: Some(false),
-        ..o
-    })
+/// A pause someone asked for: who (as the report names them), why, and until when (`None`:
+/// until it is taken back).
+struct PauseAsked {
+    by: String,
+    reason: PauseReason,
+    until: Option<jiff::Timestamp>,
+}
+
+/// Who asks for a pause, and until when: the HCP itself (the agent's annotation, or
+/// HyperShift's spec.pausedUntil; the annotation named first), else the override named
+/// `by_override` (given only when an override pauses the HCP).
+fn pause_asked(
+    hcp: &HostedControlPlane,
+    by_override: Option<String>,
+    now: jiff::Timestamp,
+) -> Option<PauseAsked> {
+    let from_hcp = |until| {
+        let reason = if hcp.pauses(now).0.holds() {
+            PauseReason::Annotation
+        } else {
+            PauseReason::HyperShift
+        };
+        Some(PauseAsked {
+            by: hcp.paused_by(now),
+            reason,
+            until,
+        })
+    };
+    match (hcp.pause(now), by_override) {
+        (Pause::Indefinite, _) => from_hcp(None),
+        (Pause::Until(t), _) => from_hcp(Some(t)),
+        (_, Some(name)) => Some(PauseAsked {
+            by: format!("HostedAdmissionOverride {name}"),
+            reason: PauseReason::Override,
+            until: None,
+        }),
+        (Pause::Off, None) => None,
+        (Pause::Invalid(why), None) => {
+            warn!(reason = %why, "pause annotation ignored");
+            None
+        }
+    }
 }
 
 /// The longest a healthy HCP goes without a reconcile: a certificate coming due weeks ahead
 /// is looked at again daily, so a clock step or a lost timer cannot postpone it for long.
 const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
 
-// Over 100 lines until the per-HCP scope type splits it (issue 32).
-#[allow(clippy::too_many_lines)]
-async fn run_phases(
-    ctx: &Context,
-    hcp: &HostedControlPlane,
-    ns: &str,
-    cluster: &str,
-    resolved: &Resolved,
-) -> Outcome {
-    let cfg = &resolved.config;
-    let revision = resolved.revision.as_str();
-    let mut seen = Observations::new();
-    let mut drift_repaired = 0;
-    let mut rolled_out = false;
-    let result: Result<Action, Failure> = async {
-        // 1. Discovery: a ready HCP with its kubeconfig published.
-        if !hcp.is_ready() {
-            let waiting = Observation::pending("waiting for the HostedControlPlane to be ready");
-            seen.extend(Concern::ALL.map(|c| (c, waiting.clone())));
-            return Ok(Action::await_change());
-        }
-        // 2. Certificates. 3. The admission service, gated on its Deployment.
-        let certs = certificates::ensure(ctx, cfg, ns, cluster).await?;
-        // Trust first: a new certificate reaches the replicas only once the hosted side
-        // trusts its CA.
-        let mut hosted_drift = if certs.serving_changes {
-            trust::pre_trust(ctx, cfg, ns, cluster, &certs.bundle, revision).await?
-        } else {
-            Vec::new()
-        };
-        let scheduling = hcp.scheduling();
-        if !scheduling.ignored.is_empty() {
-            warn!(ignored = ?scheduling.ignored, "malformed HCP scheduling fields not followed");
-        }
-        let service = admission_service::ensure(
-            ctx,
-            cfg,
-            ns,
-            cluster,
-            owner(hcp),
-            &certs.bundle,
-            &scheduling,
-            revision,
-        )
-        .await?;
-        let deployment = service.deployment;
-        rolled_out = crate::management::deployment_rolled_out(&deployment);
-        let management_drift = service.drift;
-        drift_repaired = management_drift.len() as u64;
-        let valid_until = format!("serving certificate valid until {}", certs.expires);
-        seen.insert(Concern::Certificate, Observation::compliant(valid_until));
-        // Once available, every later unavailability (in this agent's life) is an outage: the
-        // Deployment rolls with maxUnavailable 0, so a rollout never makes it unavailable.
-        // A generation its controller has not yet looked at (the spec just applied) is still
-        // served by the replicas its status counts; only the first install waits for it.
-        let was_available = ctx.with_hcp(ns, |s| s.served);
-        let available = deployment_available(&deployment)
-            || (was_available && crate::management::deployment_serving(&deployment));
-        ctx.with_hcp(ns, |s| s.served |= available);
-        if !available && was_available {
-            // An outage, not a rollout that has yet to finish: the guard is off.
-            let status = deployment.status.as_ref();
-            return Err(Failure::AdmissionDown {
-                ready: status.and_then(|s| s.ready_replicas).unwrap_or(0),
-                want: crate::management::replicas(cfg, &scheduling),
-            });
-        }
-        if !available {
-            let waiting = "waiting for the admission Deployment to become available";
-            seen.insert(Concern::AdmissionService, Observation::pending(waiting));
-            let waiting = Observation::pending("waiting for the admission service");
-            seen.insert(Concern::HostedWebhooks, waiting);
-            // The Deployment watch (owns) brings us back when its status changes.
-            return Ok(Action::requeue(Duration::from_secs(300)));
-        }
-        let ready = deployment
-            .status
-            .as_ref()
-            .and_then(|s| s.available_replicas);
-        let mut available = format!(
-            "Deployment available ({}/{} replicas)",
-            ready.unwrap_or(0),
-            crate::management::replicas(cfg, &scheduling)
-        );
-        if !scheduling.ignored.is_empty() {
-            available.push_str(&format!(
-                "; not followed (malformed): {}",
-                scheduling.ignored.join("; ")
-            ));
-        }
-        if !management_drift.is_empty() {
-            available.push_str(&format!("; drift repaired: {}", management_drift.join("; ")));
-        }
-        seen.insert(Concern::AdmissionService, Observation::compliant(available));
-        // 4. Hosted access. 5-6. Webhook configurations there, kept from drifting.
-        let hosted = hosted_access::connect(ctx, cfg, ns, cluster).await?;
-        // Retire last: the previous CA leaves the caBundle once every replica serves the new
-        // certificate.
-        let (bundle, settled) =
-            trust::hosted_bundle(ctx, cfg, ns, &hosted, &certs.bundle).await?;
-        let installed =
-            hosted_webhooks::ensure(
-                ctx,
-                cfg,
-                ns,
-                cluster,
-                &hosted,
-                hosted_webhooks::Want {
-                    ca_bundle: &bundle,
-                    revision,
-                    proof: &probe::Proof {
-                        key: certs.bundle.probe_key.clone(),
-                        rolling_out: !rolled_out,
-                    },
-                },
-            )
-            .await?;
-        hosted_drift.extend(installed.drift);
-        drift_repaired += hosted_drift.len() as u64;
-        let mut webhooks = if hosted_drift.is_empty() {
-            let n = installed.configurations;
-            let exemptions = if installed.exemptions_in_api_server {
-                "exemptions applied by the API server (matchConditions)"
-            } else {
-                "exemptions applied by the admission service"
-            };
-            let (by_webhook, by_policy) = installed.guards;
-            let mut text =
-                format!("{n} webhook configuration(s) installed and current; {exemptions}");
-            if by_policy > 0 {
-                text.push_str(&format!(
-                    "; {by_policy} guard(s) run as ValidatingAdmissionPolicy in the hosted kube-apiserver (exemptions as matchConditions), {by_webhook} as webhooks"
-                ));
-            }
-            text
-        } else {
-            format!("drift repaired: {}", hosted_drift.join("; "))
-        };
-        let unsettled = ctx.with_hcp(ns, |s| {
-            s.unsettled = if settled { 0 } else { s.unsettled.saturating_add(1) };
-            s.unsettled
-        });
-        if !settled {
-            webhooks.push_str(
-                "; the previous CA stays in the caBundle until every replica serves the new certificate",
-            );
-        }
-        // A policy the API server cannot type-check, or a guard not on the engine asked
-        // for, is for an operator to fix: the guards keep running meanwhile.
-        let problems: Vec<String> = installed
-            .type_warnings
-            .iter()
-            .map(|w| format!("type check: {w}"))
-            .chain(installed.notes.iter().cloned())
-            .collect();
-        seen.insert(
-            Concern::HostedWebhooks,
-            if problems.is_empty() {
-                Observation::compliant(webhooks)
-            } else {
-                Observation::violation(format!("{}; {webhooks}", problems.join("; ")))
-            },
-        );
-        if !hosted_drift.is_empty() || !management_drift.is_empty() {
-            // Once more, so the history also records the steady state after the repair.
-            return Ok(Action::requeue(Duration::from_millis(500)));
-        }
-        // 7. Prove it end to end, through the hosted kube-apiserver.
-        let timeout = Duration::from_secs(u64::from(cfg.hosted_access.request_timeout_seconds));
-        let mut verdict = probe::probe(&hosted.client(), timeout, &installed.targets).await;
-        // And what the guards' canaries showed in their last rounds (the probe task sends them).
-        let failed = ctx.with_hcp(ns, |s| {
-            s.watch
-                .as_ref()
-                .map(|w| canary::failures(&lock(&w.shared).canary_results))
-                .unwrap_or_default()
-        });
-        if !failed.is_empty() {
-            verdict = Observation::violation(format!("{}; {}", failed.join("; "), verdict.message));
-        }
-        let ok = verdict.state == ComplianceState::Compliant;
-        let labels = hcp_labels(ns, cluster);
-        ctx.metrics
-            .probe_success
-            .get_or_create(&labels)
-            .set(i64::from(ok));
-        let every = Duration::from_secs(u64::from(cfg.probe_interval_seconds));
-        probe::ensure_task(
-            ctx,
-            ns,
-            cluster,
-            &hosted,
-            verdict.state,
-            timeout,
-            every,
-        );
-        seen.insert(Concern::EndToEndProbe, verdict);
-        if !settled {
-            // Look again until every replica serves the new certificate.
-            return Ok(Action::requeue(settle_wait(unsettled)));
-        }
-        // Between reconciles only the probe task runs; it queues one when its verdict changes.
-        // And the certificates come due at a known time, which no event announces.
-        Ok(match certs.next_change {
-            Some(at) => Action::requeue(at.min(MAX_WAIT)),
-            None => Action::await_change(),
-        })
+/// What the phases have found so far: filled as they go, kept when one fails.
+#[derive(Default)]
+struct Found {
+    observations: Observations,
+    drift_repaired: u64,
+    rolled_out: bool,
+}
+
+impl Found {
+    fn observe(&mut self, concern: Concern, observation: Observation) {
+        self.observations.insert(concern, observation);
     }
-    .await;
-    let result = result.map_err(|f| {
-        let e = f.in_namespace(ns);
-        seen.insert(e.concern(), Observation::violation(e.violation()));
+}
+
+async fn run_phases(s: &Scope<'_>) -> Outcome {
+    let mut found = Found::default();
+    let result = phases(s, &mut found).await.map_err(|f| {
+        let e = f.in_namespace(s.ns);
+        found.observe(e.concern(), Observation::violation(e.violation()));
         e
     });
     Outcome {
-        observations: seen,
-        drift_repaired,
-        rolled_out,
+        observations: found.observations,
+        drift_repaired: found.drift_repaired,
+        rolled_out: found.rolled_out,
         paused: None,
         result,
     }
 }
 
+/// The phases in order, each gated on the one before; each records what it observed in
+/// `found`, which the report consumes whether or not a later phase fails.
+async fn phases(s: &Scope<'_>, found: &mut Found) -> Result<Action, Failure> {
+    // 1. Discovery: a ready HCP with its kubeconfig published.
+    if !s.hcp.is_ready() {
+        let waiting = Observation::pending("waiting for the HostedControlPlane to be ready");
+        for c in Concern::ALL {
+            found.observe(c, waiting.clone());
+        }
+        return Ok(Action::await_change());
+    }
+    // 2. Certificates. Trust first: a new certificate reaches the replicas only once the
+    // hosted side trusts its CA.
+    let certs = certificates::ensure(s).await?;
+    let mut hosted_drift = if certs.serving_changes {
+        trust::pre_trust(s, &certs.bundle).await?
+    } else {
+        Vec::new()
+    };
+    // 3. The admission service, gated on its Deployment.
+    let Some(management_drift) = admission(s, &certs, found).await? else {
+        // The Deployment watch (owns) brings us back when its status changes.
+        return Ok(Action::requeue(Duration::from_secs(300)));
+    };
+    // 4. Hosted access. 5-6. Webhook configurations there, kept from drifting. Retire last:
+    // the previous CA leaves the caBundle once every replica serves the new certificate.
+    let hosted = hosted_access::connect(s).await?;
+    let (ca_bundle, settled) = trust::hosted_bundle(s, &hosted, &certs.bundle).await?;
+    let proof = probe::Proof {
+        key: certs.bundle.probe_key.clone(),
+        rolling_out: !found.rolled_out,
+    };
+    let want = hosted_webhooks::Want {
+        ca_bundle: &ca_bundle,
+        revision: s.revision,
+        proof: &proof,
+    };
+    let mut installed = hosted_webhooks::ensure(s, &hosted, want).await?;
+    hosted_drift.append(&mut installed.drift);
+    found.drift_repaired += hosted_drift.len() as u64;
+    let unsettled = s.ctx.with_hcp(s.ns, |h| {
+        h.unsettled = if settled {
+            0
+        } else {
+            h.unsettled.saturating_add(1)
+        };
+        h.unsettled
+    });
+    found.observe(
+        Concern::HostedWebhooks,
+        webhooks_observation(&installed, &hosted_drift, settled),
+    );
+    if !hosted_drift.is_empty() || !management_drift.is_empty() {
+        // Once more, so the history also records the steady state after the repair.
+        return Ok(Action::requeue(Duration::from_millis(500)));
+    }
+    // 7. Prove it end to end, through the hosted kube-apiserver.
+    let verdict = prove(s, &hosted, &installed.targets).await?;
+    found.observe(Concern::EndToEndProbe, verdict);
+    if !settled {
+        // Look again until every replica serves the new certificate.
+        return Ok(Action::requeue(settle_wait(unsettled)));
+    }
+    // Between reconciles only the probe task runs; it queues one when its verdict changes.
+    // And the certificates come due at a known time, which no event announces.
+    Ok(match certs.next_change {
+        Some(at) => Action::requeue(at.min(MAX_WAIT)),
+        None => Action::await_change(),
+    })
+}
+
+/// Phase 3: the admission service applied where it differs from the rendering, then its
+/// Deployment's availability. The management drift it repaired once the Deployment serves;
+/// `None` while a first install waits for it.
+async fn admission(
+    s: &Scope<'_>,
+    certs: &certificates::Certificates,
+    found: &mut Found,
+) -> Result<Option<Vec<String>>, Failure> {
+    let scheduling = s.hcp.scheduling();
+    if !scheduling.ignored.is_empty() {
+        warn!(ignored = ?scheduling.ignored, "malformed HCP scheduling fields not followed");
+    }
+    let service = admission_service::ensure(s, &certs.bundle, &scheduling).await?;
+    let deployment = service.deployment;
+    found.rolled_out = crate::management::deployment_rolled_out(&deployment);
+    found.drift_repaired = service.drift.len() as u64;
+    let valid_until = format!("serving certificate valid until {}", certs.expires);
+    found.observe(Concern::Certificate, Observation::compliant(valid_until));
+    // Once available, every later unavailability (in this agent's life) is an outage: the
+    // Deployment rolls with maxUnavailable 0, so a rollout never makes it unavailable.
+    // A generation its controller has not yet looked at (the spec just applied) is still
+    // served by the replicas its status counts; only the first install waits for it.
+    let was_available = s.ctx.with_hcp(s.ns, |h| h.served);
+    let available = deployment_available(&deployment)
+        || (was_available && crate::management::deployment_serving(&deployment));
+    s.ctx.with_hcp(s.ns, |h| h.served |= available);
+    let want = crate::management::replicas(s.cfg, &scheduling);
+    if !available && was_available {
+        // An outage, not a rollout that has yet to finish: the guard is off.
+        let status = deployment.status.as_ref();
+        return Err(Failure::AdmissionDown {
+            ready: status.and_then(|s| s.ready_replicas).unwrap_or(0),
+            want,
+        });
+    }
+    if !available {
+        let waiting = "waiting for the admission Deployment to become available";
+        found.observe(Concern::AdmissionService, Observation::pending(waiting));
+        let waiting = Observation::pending("waiting for the admission service");
+        found.observe(Concern::HostedWebhooks, waiting);
+        return Ok(None);
+    }
+    let ready = deployment
+        .status
+        .as_ref()
+        .and_then(|s| s.available_replicas);
+    let mut available = format!(
+        "Deployment available ({}/{want} replicas)",
+        ready.unwrap_or(0)
+    );
+    if !scheduling.ignored.is_empty() {
+        available.push_str(&format!(
+            "; not followed (malformed): {}",
+            scheduling.ignored.join("; ")
+        ));
+    }
+    if !service.drift.is_empty() {
+        available.push_str(&format!("; drift repaired: {}", service.drift.join("; ")));
+    }
+    found.observe(Concern::AdmissionService, Observation::compliant(available));
+    Ok(Some(service.drift))
+}
+
+/// What phases 5-6 say of the hosted configurations: installed and current (on which
+/// engines), or the drift repaired; and what an operator must fix while the guards run.
+fn webhooks_observation(
+    installed: &hosted_webhooks::Installed,
+    drift: &[String],
+    settled: bool,
+) -> Observation {
+    let mut webhooks = if drift.is_empty() {
+        let n = installed.configurations;
+        let exemptions = if installed.exemptions_in_api_server {
+            "exemptions applied by the API server (matchConditions)"
+        } else {
+            "exemptions applied by the admission service"
+        };
+        let (by_webhook, by_policy) = installed.guards;
+        let mut text = format!("{n} webhook configuration(s) installed and current; {exemptions}");
+        if by_policy > 0 {
+            text.push_str(&format!(
+                "; {by_policy} guard(s) run as ValidatingAdmissionPolicy in the hosted kube-apiserver (exemptions as matchConditions), {by_webhook} as webhooks"
+            ));
+        }
+        text
+    } else {
+        format!("drift repaired: {}", drift.join("; "))
+    };
+    if !settled {
+        webhooks.push_str(
+            "; the previous CA stays in the caBundle until every replica serves the new certificate",
+        );
+    }
+    // A policy the API server cannot type-check, or a guard not on the engine asked for, is
+    // for an operator to fix: the guards keep running meanwhile.
+    let problems: Vec<String> = installed
+        .type_warnings
+        .iter()
+        .map(|w| format!("type check: {w}"))
+        .chain(installed.notes.iter().cloned())
+        .collect();
+    if problems.is_empty() {
+        Observation::compliant(webhooks)
+    } else {
+        Observation::violation(format!("{}; {webhooks}", problems.join("; ")))
+    }
+}
+
+/// Phase 7: the end-to-end probe through the hosted kube-apiserver, with what the guards'
+/// canaries showed in their last rounds (the probe task sends them); the periodic probe is
+/// started if it does not run. A probe that got no answer, from a server that does not answer
+/// its version either, is the hosted kube-apiserver's silence (hung, before the keepalive has
+/// dropped the connection): reported as the hosted cluster's, naming its server, not as a
+/// fault of the admission path.
+async fn prove(
+    s: &Scope<'_>,
+    hosted: &HostedClient,
+    targets: &probe::ProbeTargets,
+) -> Result<Observation, Failure> {
+    let timeout = Duration::from_secs(u64::from(s.cfg.hosted_access.request_timeout_seconds));
+    let probed = probe::probe(&hosted.client(), timeout, targets).await;
+    let mut verdict = probed.verdict;
+    let silent = match probed.unanswered {
+        Some(why) if !hosted.answers(SILENCE_CHECK).await => Some(why),
+        _ => None,
+    };
+    let failed = s.ctx.with_hcp(s.ns, |h| {
+        h.watch
+            .as_ref()
+            .map(|w| canary::failures(&lock(&w.shared).canary_results))
+            .unwrap_or_default()
+    });
+    if !failed.is_empty() {
+        verdict = Observation::violation(format!("{}; {}", failed.join("; "), verdict.message));
+    }
+    let ok = verdict.state == ComplianceState::Compliant;
+    let m = &s.ctx.metrics;
+    m.probe_success
+        .get_or_create(&s.labels())
+        .set(i64::from(ok));
+    probe::ensure_task(s, hosted, verdict.state);
+    let Some(why) = silent else {
+        return Ok(verdict);
+    };
+    m.hosted_errors.get_or_create(&s.labels()).inc();
+    Err(match why {
+        probe::ProbeFailure::Failed(source) => Failure::HostedApi {
+            server: hosted.server.clone(),
+            secret: hosted.secret.clone(),
+            source,
+        },
+        _ => Failure::HostedTimeout {
+            server: hosted.server.clone(),
+            seconds: timeout.as_secs(),
+        },
+    })
+}
+
+/// How long a hosted kube-apiserver whose probe went unanswered has to answer its version.
+const SILENCE_CHECK: Duration = Duration::from_secs(2);
+
 /// A paused HCP: its drift watch and probe stop, nothing is applied, and the report says so
 /// (every concern Pending, so no NonCompliant alert fires for a deliberate pause). Removing
 /// the annotation is an HCP change and resumes it; a pause with a time ends by itself.
-fn paused(
-    ctx: &Context,
-    ns: &str,
-    by: String,
-    reason: PauseReason,
-    until: Option<jiff::Timestamp>,
-    wake: Option<jiff::Timestamp>,
-) -> Outcome {
+fn paused(ctx: &Context, ns: &str, pause: &PauseAsked, wake: Option<jiff::Timestamp>) -> Outcome {
     ctx.with_hcp(ns, |s| s.watch = None);
-    let why = match until {
+    let by = &pause.by;
+    let why = match pause.until {
         Some(t) => format!(
             "paused by {by} until {}; the agent changes nothing for this HCP",
             t.strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -422,7 +468,7 @@ fn paused(
             .collect(),
         drift_repaired: 0,
         rolled_out: false,
-        paused: Some(reason),
+        paused: Some(pause.reason),
         result: Ok(action),
     }
 }

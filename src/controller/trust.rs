@@ -20,6 +20,7 @@ use tracing::info;
 
 use super::context::Context;
 use super::error::Failure;
+use super::scope::Scope;
 use super::{hosted_access, hosted_webhooks};
 use crate::certificates::{CertBundle, bundle_ders, union_bundle};
 use crate::config::AgentConfig;
@@ -61,14 +62,8 @@ pub async fn installed_trust(hosted: &Client) -> Result<String, kube::Error> {
 /// replicas may be serving (the Deployment exists), the hosted configurations that are
 /// installed get the new bundle added to their trust. Fails, holding the certificate back,
 /// when the hosted cluster cannot be reached to do so.
-pub async fn pre_trust(
-    ctx: &Context,
-    cfg: &AgentConfig,
-    ns: &str,
-    cluster: &str,
-    certs: &CertBundle,
-    revision: &str,
-) -> Result<Vec<String>, Failure> {
+pub async fn pre_trust(s: &Scope<'_>, certs: &CertBundle) -> Result<Vec<String>, Failure> {
+    let (ctx, cfg, ns) = (s.ctx, s.cfg, s.ns);
     let held = |f: Failure| Failure::TrustFirst(Box::new(f));
     let store = ctx.caches().deployments;
     let api = Api::<Deployment>::namespaced(ctx.client.clone(), ns);
@@ -91,9 +86,7 @@ pub async fn pre_trust(
     if deployment.is_none() {
         return Ok(Vec::new()); // nothing serves yet
     }
-    let hosted = hosted_access::connect(ctx, cfg, ns, cluster)
-        .await
-        .map_err(held)?;
+    let hosted = hosted_access::connect(s).await.map_err(held)?;
     let installed = installed_trust(&hosted.client()).await.map_err(|source| {
         held(Failure::HostedApi {
             server: hosted.server.clone(),
@@ -118,10 +111,10 @@ pub async fn pre_trust(
     };
     let want = hosted_webhooks::Want {
         ca_bundle: &widened,
-        revision,
+        revision: s.revision,
         proof: &proof,
     };
-    let done = hosted_webhooks::ensure(ctx, cfg, ns, cluster, &hosted, want)
+    let done = hosted_webhooks::ensure(s, &hosted, want)
         .await
         .map_err(held)?;
     Ok(done.drift)
@@ -132,12 +125,11 @@ pub async fn pre_trust(
 /// bundle plus what is installed. Fails when replicas are listed but none completes a TLS
 /// handshake: the service is down for the hosted kube-apiserver too.
 pub async fn hosted_bundle(
-    ctx: &Context,
-    cfg: &AgentConfig,
-    ns: &str,
+    s: &Scope<'_>,
     hosted: &HostedClient,
     certs: &CertBundle,
 ) -> Result<(String, bool), Failure> {
+    let (ctx, cfg, ns) = (s.ctx, s.cfg, s.ns);
     let want = certs.ca_bundle_pem();
     // Settled once for this serving certificate, settled for good: every replica loads the
     // one Secret, and a new certificate is a new fingerprint.

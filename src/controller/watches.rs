@@ -1,6 +1,7 @@
 //! Watches that run beside the controller's own: one drift watch per hosted cluster on the
 //! agent's webhook configurations there, and the deletion watch on HostedControlPlanes.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
@@ -75,8 +76,6 @@ pub fn ensure_drift_watch(
 /// page holds is all the agent holds at once, whatever the tenant keeps.
 pub const HOSTED_PAGE: u32 = 10;
 
-// Over 100 lines until the per-HCP scope type splits it (issue 32).
-#[allow(clippy::too_many_lines)]
 fn drift_task(
     ctx: &Context,
     ns: &str,
@@ -85,71 +84,22 @@ fn drift_task(
     features: HostedFeatures,
     shared: Arc<Mutex<WatchShared>>,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let tx = ctx.requeue.clone();
-    let metrics = ctx.metrics.clone();
-    let hcp_ref = ObjectRef::<HostedControlPlane>::new(cluster).within(ns);
-    let ns = ns.to_string();
-    let cluster = cluster.to_string();
-    let service = hosted.service();
+    let mut task = DriftTask {
+        tx: ctx.requeue.clone(),
+        metrics: ctx.metrics.clone(),
+        hcp_ref: ObjectRef::<HostedControlPlane>::new(cluster).within(ns),
+        ns: ns.to_string(),
+        cluster: cluster.to_string(),
+        shared,
+        warned: BTreeMap::new(),
+        listed: BTreeMap::new(),
+        lost: None,
+    };
     let hosted = hosted.clone();
     async move {
-        // The two configurations by name: a label any tenant can set on objects of their own
-        // (300 of them, 900 KiB each) must not decide what the agent lists and holds.
-        let by_name = |name: &str| Selection {
-            fields: Some(format!("metadata.name={name}")),
-            ..Default::default()
-        };
-        let v = watch::<ValidatingWebhookConfiguration>(
-            service.clone(),
-            by_name(webhooks::VALIDATING_NAME),
-        )
-        .default_backoff()
-        .map(|e| classify("ValidatingWebhookConfiguration", e));
-        let m = watch::<MutatingWebhookConfiguration>(
-            service.clone(),
-            by_name(webhooks::MUTATING_NAME),
-        )
-        .default_backoff()
-        .map(|e| classify("MutatingWebhookConfiguration", e));
-        // The policies and bindings are one per guard, named by the configuration: by label,
-        // in small pages, so a tenant's labelled objects pass through a few at a time and are
-        // dropped (nothing here keeps an object whose name the agent does not render).
-        let by_label = Selection {
-            labels: Some(objects::owned_selector()),
-            page: Some(HOSTED_PAGE),
-            ..Default::default()
-        };
-        let hooks = futures::stream::select(v, m);
-        // Only where served: a watch of a resource the server lacks would be refused forever.
-        let events: futures::stream::BoxStream<'static, DriftEvent> = if features.admission_policies
-        {
-            let p = watch::<ValidatingAdmissionPolicy>(service.clone(), by_label.clone())
-                .default_backoff()
-                .map(|e| classify("ValidatingAdmissionPolicy", e));
-            let b = watch::<ValidatingAdmissionPolicyBinding>(service, by_label)
-                .default_backoff()
-                .map(|e| classify("ValidatingAdmissionPolicyBinding", e));
-            Box::pin(futures::stream::select(
-                hooks,
-                futures::stream::select(p, b),
-            ))
-        } else {
-            Box::pin(hooks)
-        };
-        let mut events = events;
-        // The type-check warnings last seen per policy: a new one queues a reconcile, which
-        // reports it (the status is the API server's, never drift).
-        let mut warned: std::collections::BTreeMap<String, Vec<String>> = Default::default();
-        // The names each kind's (re)list in progress has shown so far.
-        let mut listed: std::collections::BTreeMap<
-            &'static str,
-            std::collections::BTreeSet<String>,
-        > = Default::default();
-        // Set while the connection is down: a dropped watch (the HTTP/2 keepalive gave up on
-        // a hung server, or the server went away) queues a reconcile at once, which then
-        // reports the cluster; a look every RECOVERY_CHECK brings it back as soon as the
-        // server answers again (only while it is down: a quiet watch costs nothing).
-        let mut lost: Option<String> = None;
+        let mut events = drift_events(hosted.service(), features);
+        // While the connection is down, a look every RECOVERY_CHECK brings it back as soon
+        // as the server answers again (only then: a quiet watch costs nothing).
         let mut recovery = tokio::time::interval(RECOVERY_CHECK);
         recovery.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -158,126 +108,243 @@ fn drift_task(
                     Some(ev) => ev,
                     None => break,
                 },
-                _ = recovery.tick(), if lost.is_some() => {
-                    let alive = tokio::time::timeout(RECOVERY_CHECK, hosted.client().apiserver_version()).await;
-                    if matches!(alive, Ok(Ok(_))) {
+                _ = recovery.tick(), if task.lost.is_some() => {
+                    if hosted.answers(RECOVERY_CHECK).await {
                         DriftEvent::Alive
                     } else {
                         continue;
                     }
                 }
             };
-            let mut back = || {
-                if lost.take().is_some() {
-                    lock(&shared).lost = None;
-                    info!("the hosted cluster answers again");
-                    let _ = tx.send(hcp_ref.clone());
-                }
-            };
-            let changes: Vec<(&'static str, &'static str, String, Option<Value>)> = match seen {
-                DriftEvent::Lost(why) => {
-                    if lost.is_none() {
-                        warn!(error = %why, "lost the connection to the hosted cluster; reporting it");
-                        recovery.reset();
-                        lock(&shared).lost = Some(why.clone());
-                        let _ = tx.send(hcp_ref.clone());
-                    }
-                    lost = Some(why);
-                    continue;
-                }
-                DriftEvent::Refused(why) => {
-                    warn!(error = %why, "the hosted cluster refused the drift watch; retrying");
-                    continue;
-                }
-                DriftEvent::Alive => {
-                    back();
-                    continue;
-                }
-                DriftEvent::Change(kind, what, name, live) => {
-                    back();
-                    vec![(kind, what, name, live)]
-                }
-                DriftEvent::ListStart(kind) => {
-                    back();
-                    listed.insert(kind, Default::default());
-                    continue;
-                }
-                DriftEvent::Listed(kind, name, live) => {
-                    // Only the agent's own names are kept: a tenant's labelled objects pass.
-                    let (ours, applied) = {
-                        let shared = lock(&shared);
-                        let ours = shared
-                            .desired
-                            .as_ref()
-                            .is_some_and(|d| d.names(kind).contains(&name));
-                        (ours, shared.applied)
-                    };
-                    if !ours {
-                        continue;
-                    }
-                    listed.entry(kind).or_default().insert(name.clone());
-                    if !applied {
-                        continue;
-                    }
-                    vec![(kind, "changed while no watch was open", name, live)]
-                }
-                DriftEvent::ListDone(kind) => {
-                    let seen = listed.remove(kind).unwrap_or_default();
-                    let want = {
-                        let shared = lock(&shared);
-                        match (&shared.desired, shared.applied) {
-                            (Some(d), true) => d.names(kind),
-                            _ => Vec::new(),
-                        }
-                    };
-                    want.into_iter()
-                        .filter(|n| !seen.contains(n))
-                        .map(|n| (kind, "deleted while no watch was open", n, None))
-                        .collect()
-                }
-            };
-            for (kind, what, name, live) in changes {
-                let want = lock(&shared)
-                    .desired
-                    .as_ref()
-                    .and_then(|d| d.object(kind, &name));
-                // Not an object the agent renders (a tenant's, labelled like the agent's):
-                // nothing to compare, and nothing of it kept.
-                let Some(want) = want else { continue };
-                if kind == "ValidatingAdmissionPolicy"
-                    && let Some(l) = &live
-                    && let Ok(p) = serde_json::from_value::<ValidatingAdmissionPolicy>(l.clone())
-                {
-                    let now = policies::type_warnings(&p);
-                    if warned.get(&name) != Some(&now) {
-                        let queue = !now.is_empty() || warned.contains_key(&name);
-                        warned.insert(name.clone(), now);
-                        if queue {
-                            let _ = tx.send(hcp_ref.clone());
-                        }
-                    }
-                }
-                let drifted = match &live {
-                    Some(l) => !matches_desired(kind, &want, l),
-                    None => true,
-                };
-                if !drifted {
-                    continue;
-                }
-                // Who changed what, where the live object says (its managedFields).
-                let fields = live.as_ref().and_then(objects::foreign_summary);
-                warn!(kind, name = %name, what, fields = fields.as_deref().unwrap_or(""), "the agent's object in the hosted cluster drifted; repairing");
-                metrics
-                    .drift
-                    .get_or_create(&DriftLabels::new(&ns, &cluster, kind))
-                    .inc();
-                lock(&shared).drift_notes.push(match fields {
-                    Some(f) => format!("{kind} {name} was {what} by someone else: {f}"),
-                    None => format!("{kind} {name} was {what} by someone else"),
-                });
-                let _ = tx.send(hcp_ref.clone());
+            for change in task.changes(seen, &mut recovery) {
+                task.compare(change);
             }
         }
+    }
+}
+
+/// The drift watch's events: the two configurations by name and, where served, the
+/// policies and bindings by label.
+fn drift_events(
+    service: crate::hosted::clients::HostedService,
+    features: HostedFeatures,
+) -> futures::stream::BoxStream<'static, DriftEvent> {
+    // The two configurations by name: a label any tenant can set on objects of their own
+    // (300 of them, 900 KiB each) must not decide what the agent lists and holds.
+    let by_name = |name: &str| Selection {
+        fields: Some(format!("metadata.name={name}")),
+        ..Default::default()
+    };
+    let v = watch::<ValidatingWebhookConfiguration>(
+        service.clone(),
+        by_name(webhooks::VALIDATING_NAME),
+    )
+    .default_backoff()
+    .map(|e| classify("ValidatingWebhookConfiguration", e));
+    let m =
+        watch::<MutatingWebhookConfiguration>(service.clone(), by_name(webhooks::MUTATING_NAME))
+            .default_backoff()
+            .map(|e| classify("MutatingWebhookConfiguration", e));
+    let hooks = futures::stream::select(v, m);
+    // Only where served: a watch of a resource the server lacks would be refused forever.
+    if !features.admission_policies {
+        return Box::pin(hooks);
+    }
+    // The policies and bindings are one per guard, named by the configuration: by label, in
+    // small pages, so a tenant's labelled objects pass through a few at a time and are
+    // dropped (nothing here keeps an object whose name the agent does not render).
+    let by_label = Selection {
+        labels: Some(objects::owned_selector()),
+        page: Some(HOSTED_PAGE),
+        ..Default::default()
+    };
+    let p = watch::<ValidatingAdmissionPolicy>(service.clone(), by_label.clone())
+        .default_backoff()
+        .map(|e| classify("ValidatingAdmissionPolicy", e));
+    let b = watch::<ValidatingAdmissionPolicyBinding>(service, by_label)
+        .default_backoff()
+        .map(|e| classify("ValidatingAdmissionPolicyBinding", e));
+    Box::pin(futures::stream::select(
+        hooks,
+        futures::stream::select(p, b),
+    ))
+}
+
+/// One object to compare with what the agent applied: kind, what happened to it, its name,
+/// and the object (`None`: gone).
+struct Change {
+    kind: &'static str,
+    what: &'static str,
+    name: String,
+    live: Option<Value>,
+}
+
+/// What one hosted cluster's drift task keeps between events.
+struct DriftTask {
+    tx: tokio::sync::mpsc::UnboundedSender<ObjectRef<HostedControlPlane>>,
+    metrics: Arc<crate::metrics::Metrics>,
+    hcp_ref: ObjectRef<HostedControlPlane>,
+    ns: String,
+    cluster: String,
+    shared: Arc<Mutex<WatchShared>>,
+    /// The type-check warnings last seen per policy: a new one queues a reconcile, which
+    /// reports it (the status is the API server's, never drift).
+    warned: BTreeMap<String, Vec<String>>,
+    /// The names each kind's (re)list in progress has shown so far.
+    listed: BTreeMap<&'static str, BTreeSet<String>>,
+    /// Set while the connection is down: a dropped watch (the HTTP/2 keepalive gave up on a
+    /// hung server, or the server went away) queues a reconcile at once, which then reports
+    /// the cluster.
+    lost: Option<String>,
+}
+
+impl DriftTask {
+    fn requeue(&self) {
+        let _ = self.tx.send(self.hcp_ref.clone());
+    }
+
+    /// The connection answers again (if it was lost): the HCP is looked at again.
+    fn back(&mut self) {
+        if self.lost.take().is_some() {
+            lock(&self.shared).lost = None;
+            info!("the hosted cluster answers again");
+            self.requeue();
+        }
+    }
+
+    /// What `seen` gives to compare; the connection's ups and downs and the lists' progress
+    /// are kept here.
+    fn changes(&mut self, seen: DriftEvent, recovery: &mut tokio::time::Interval) -> Vec<Change> {
+        match seen {
+            DriftEvent::Lost(why) => {
+                if self.lost.is_none() {
+                    warn!(error = %why, "lost the connection to the hosted cluster; reporting it");
+                    recovery.reset();
+                    lock(&self.shared).lost = Some(why.clone());
+                    self.requeue();
+                }
+                self.lost = Some(why);
+                Vec::new()
+            }
+            DriftEvent::Refused(why) => {
+                warn!(error = %why, "the hosted cluster refused the drift watch; retrying");
+                Vec::new()
+            }
+            DriftEvent::Alive => {
+                self.back();
+                Vec::new()
+            }
+            DriftEvent::Change(kind, what, name, live) => {
+                self.back();
+                vec![Change {
+                    kind,
+                    what,
+                    name,
+                    live,
+                }]
+            }
+            DriftEvent::ListStart(kind) => {
+                self.back();
+                self.listed.insert(kind, BTreeSet::new());
+                Vec::new()
+            }
+            DriftEvent::Listed(kind, name, live) => self.listed_one(kind, name, live),
+            DriftEvent::ListDone(kind) => {
+                let seen = self.listed.remove(kind).unwrap_or_default();
+                let want = {
+                    let shared = lock(&self.shared);
+                    match (&shared.desired, shared.applied) {
+                        (Some(d), true) => d.names(kind),
+                        _ => Vec::new(),
+                    }
+                };
+                want.into_iter()
+                    .filter(|n| !seen.contains(n))
+                    .map(|name| Change {
+                        kind,
+                        what: "deleted while no watch was open",
+                        name,
+                        live: None,
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// One object of a (re)list: only the agent's own names are kept (a tenant's labelled
+    /// objects pass), and compared once the agent has applied what it wants.
+    fn listed_one(&mut self, kind: &'static str, name: String, live: Option<Value>) -> Vec<Change> {
+        let (ours, applied) = {
+            let shared = lock(&self.shared);
+            let ours = shared
+                .desired
+                .as_ref()
+                .is_some_and(|d| d.names(kind).contains(&name));
+            (ours, shared.applied)
+        };
+        if !ours {
+            return Vec::new();
+        }
+        self.listed.entry(kind).or_default().insert(name.clone());
+        if !applied {
+            return Vec::new();
+        }
+        vec![Change {
+            kind,
+            what: "changed while no watch was open",
+            name,
+            live,
+        }]
+    }
+
+    /// Compares one live object with what the agent applied: drift is counted, noted for the
+    /// health record, and the HCP queued for repair.
+    fn compare(&mut self, change: Change) {
+        let Change {
+            kind,
+            what,
+            name,
+            live,
+        } = change;
+        let want = lock(&self.shared)
+            .desired
+            .as_ref()
+            .and_then(|d| d.object(kind, &name));
+        // Not an object the agent renders (a tenant's, labelled like the agent's): nothing
+        // to compare, and nothing of it kept.
+        let Some(want) = want else { return };
+        if kind == "ValidatingAdmissionPolicy"
+            && let Some(l) = &live
+            && let Ok(p) = serde_json::from_value::<ValidatingAdmissionPolicy>(l.clone())
+        {
+            let now = policies::type_warnings(&p);
+            if self.warned.get(&name) != Some(&now) {
+                let queue = !now.is_empty() || self.warned.contains_key(&name);
+                self.warned.insert(name.clone(), now);
+                if queue {
+                    self.requeue();
+                }
+            }
+        }
+        let drifted = match &live {
+            Some(l) => !matches_desired(kind, &want, l),
+            None => true,
+        };
+        if !drifted {
+            return;
+        }
+        // Who changed what, where the live object says (its managedFields).
+        let fields = live.as_ref().and_then(objects::foreign_summary);
+        warn!(kind, name = %name, what, fields = fields.as_deref().unwrap_or(""), "the agent's object in the hosted cluster drifted; repairing");
+        self.metrics
+            .drift
+            .get_or_create(&DriftLabels::new(&self.ns, &self.cluster, kind))
+            .inc();
+        lock(&self.shared).drift_notes.push(match fields {
+            Some(f) => format!("{kind} {name} was {what} by someone else: {f}"),
+            None => format!("{kind} {name} was {what} by someone else"),
+        });
+        self.requeue();
     }
 }
 

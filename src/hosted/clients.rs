@@ -131,6 +131,16 @@ impl HostedClient {
         Client::new(self.service.clone(), self.default_namespace.clone())
     }
 
+    /// Whether the server answers, within `within`, a question no webhook sees (its version):
+    /// what tells a silent kube-apiserver from a slow path behind it.
+    pub async fn answers(&self, within: Duration) -> bool {
+        let asked = self.client();
+        matches!(
+            tokio::time::timeout(within, asked.apiserver_version()).await,
+            Ok(Ok(_))
+        )
+    }
+
     /// The connection's request stack, for the drift watch.
     pub fn service(&self) -> HostedService {
         self.service.clone()

@@ -223,28 +223,22 @@ impl LocalFleet {
 
         let (etcd, etcd_url) = start_etcd(&assets, &dir, opts.startup_timeout).await?;
 
+        let shared = Shared {
+            assets: &assets,
+            dir: &dir,
+            pki: &pki,
+            etcd_url: &etcd_url,
+            opts: &opts,
+        };
         let mut management = new_apiserver(
             "management",
             "/registry-management",
             opts.management_port,
-            &assets,
-            &dir,
-            &pki,
-            &etcd_url,
-            &opts,
+            &shared,
         )?;
         let mut hosted = BTreeMap::new();
         for name in &opts.hosted_clusters {
-            let s = new_apiserver(
-                name,
-                &format!("/registry-hosted-{name}"),
-                None,
-                &assets,
-                &dir,
-                &pki,
-                &etcd_url,
-                &opts,
-            )?;
+            let s = new_apiserver(name, &format!("/registry-hosted-{name}"), None, &shared)?;
             hosted.insert(name.clone(), s);
         }
         // Spawn them all first so they boot in parallel, then wait for each. On an early
@@ -338,16 +332,14 @@ impl LocalFleet {
         let assets = Assets::resolve(None)?;
         let opts = FleetOptions::default();
         let dir = self.state.path().to_path_buf();
-        let mut s = new_apiserver(
-            name,
-            &format!("/registry-hosted-{name}"),
-            None,
-            &assets,
-            &dir,
-            &self.pki,
-            &self.etcd_url,
-            &opts,
-        )?;
+        let shared = Shared {
+            assets: &assets,
+            dir: &dir,
+            pki: &self.pki,
+            etcd_url: &self.etcd_url,
+            opts: &opts,
+        };
+        let mut s = new_apiserver(name, &format!("/registry-hosted-{name}"), None, &shared)?;
         s.spawn()?;
         s.wait_ready().await?;
         if fixture {
@@ -575,17 +567,29 @@ async fn etcd_health(port: u16) -> Result<(), String> {
         .map_err(|_| "health check timed out".to_string())?
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What every kube-apiserver of the test bed shares: the binaries, the state directory, the
+/// PKI, the one etcd, the options.
+struct Shared<'a> {
+    assets: &'a Assets,
+    dir: &'a Path,
+    pki: &'a Pki,
+    etcd_url: &'a str,
+    opts: &'a FleetOptions,
+}
+
 fn new_apiserver(
     name: &str,
     etcd_prefix: &str,
     port: Option<u16>,
-    assets: &Assets,
-    dir: &Path,
-    pki: &Pki,
-    etcd_url: &str,
-    opts: &FleetOptions,
+    shared: &Shared<'_>,
 ) -> Result<ApiServer, LocalCpError> {
+    let Shared {
+        assets,
+        dir,
+        pki,
+        etcd_url,
+        opts,
+    } = *shared;
     let port = match port {
         Some(p) => p,
         None => free_port()?,

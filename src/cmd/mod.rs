@@ -1,4 +1,13 @@
-//! The command line: one binary, several commands (docs/architecture.md).
+//! The command line: one binary, several commands (docs/architecture.md). The commands that
+//! are not the agent's or the admission service's own work live here, one file each.
+
+#[cfg(feature = "testbed")]
+pub mod dev;
+#[cfg(feature = "testbed")]
+pub mod packaging;
+pub mod render;
+pub mod status;
+pub mod uninstall;
 
 use std::process::ExitCode;
 
@@ -27,16 +36,16 @@ pub enum Command {
     Webhook(crate::admission::WebhookArgs),
     /// A local fleet: etcd, a management and N hosted kube-apiservers, HCP fixtures.
     #[cfg(feature = "testbed")]
-    Dev(crate::dev::DevArgs),
+    Dev(crate::cmd::dev::DevArgs),
     /// The fleet table, read from the health records, and a summary line.
-    Status(crate::status::StatusArgs),
+    Status(crate::cmd::status::StatusArgs),
     /// Print every manifest the agent would apply for an HCP.
-    Render(crate::render::RenderArgs),
+    Render(crate::cmd::render::RenderArgs),
     /// Fleet packaging: the chart's values schema, the ACM Policy and SelectorSyncSet.
     #[cfg(feature = "testbed")]
-    Package(crate::packaging::PackageArgs),
+    Package(crate::cmd::packaging::PackageArgs),
     /// Remove what the agent put into the fleet (after the agent itself is gone).
-    Uninstall(crate::uninstall::UninstallArgs),
+    Uninstall(crate::cmd::uninstall::UninstallArgs),
     /// Ask an agent's health port whether it is ready (the chart's helm test).
     Ready(crate::liveness::ReadyArgs),
     /// The version, the crypto library this binary was built with, and whether its TLS runs
@@ -60,7 +69,7 @@ pub fn main() -> ExitCode {
     };
     match cli.command {
         #[cfg(feature = "testbed")]
-        Command::Dev(args) => runtime.block_on(crate::dev::run(args)),
+        Command::Dev(args) => runtime.block_on(crate::cmd::dev::run(args)),
         Command::Agent(args) => {
             // The composition root: the only place that picks the test bed's seam.
             let endpoints = match endpoints(args.local_mode) {
@@ -72,11 +81,11 @@ pub fn main() -> ExitCode {
             };
             runtime.block_on(crate::agent::run(args, endpoints))
         }
-        Command::Status(args) => runtime.block_on(crate::status::run(args)),
-        Command::Render(args) => crate::render::run(args),
+        Command::Status(args) => runtime.block_on(crate::cmd::status::run(args)),
+        Command::Render(args) => crate::cmd::render::run(args),
         #[cfg(feature = "testbed")]
-        Command::Package(args) => crate::packaging::run(args),
-        Command::Uninstall(args) => runtime.block_on(crate::uninstall::run(args)),
+        Command::Package(args) => crate::cmd::packaging::run(args),
+        Command::Uninstall(args) => runtime.block_on(crate::cmd::uninstall::run(args)),
         Command::Ready(args) => runtime.block_on(crate::liveness::ready(args)),
         Command::Webhook(args) => runtime.block_on(crate::admission::run(args)),
         Command::Version => {

@@ -151,7 +151,7 @@ async fn wait_for_fleet(fleet: &LocalFleet, names: &[String]) -> Result<String, 
     let mgmt = fleet.management.client().await.map_err(|e| e.to_string())?;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
-        let rows = crate::status::fleet_rows(&mgmt, &Default::default())
+        let rows = crate::cmd::status::fleet_rows(&mgmt, &Default::default())
             .await
             .unwrap_or_default();
         let done = rows.len() == names.len()
@@ -159,12 +159,12 @@ async fn wait_for_fleet(fleet: &LocalFleet, names: &[String]) -> Result<String, 
                 .iter()
                 .all(|r| r.compliant != "Pending" && r.compliant != "-");
         if done {
-            return Ok(crate::status::render_table(&rows));
+            return Ok(crate::cmd::status::render_table(&rows));
         }
         if std::time::Instant::now() > deadline {
             return Err(format!(
                 "timed out:\n{}",
-                crate::status::render_table(&rows)
+                crate::cmd::status::render_table(&rows)
             ));
         }
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
