@@ -80,7 +80,7 @@ pub struct AgentArgs {
 }
 
 /// Loads the file and applies the overrides; every problem is reported at once.
-pub fn load_config(args: &AgentArgs) -> Result<AgentConfig, crate::config::ConfigError> {
+pub(crate) fn load_config(args: &AgentArgs) -> Result<AgentConfig, crate::config::ConfigError> {
     let mut cfg = match &args.config {
         Some(p) => AgentConfig::load(p)?,
         None => AgentConfig::default(),
@@ -145,7 +145,7 @@ impl AgentHandle {
 
 /// `/metrics` (OpenMetrics text), `/healthz` and `/readyz` for the agent. Served from the
 /// start, leader or not: a standby reports `hcp_fleet_leader 0`.
-pub fn router(metrics: Arc<Metrics>) -> axum::Router {
+pub(crate) fn router(metrics: Arc<Metrics>) -> axum::Router {
     use axum::http::{StatusCode, header};
     use axum::routing::get;
     let live = metrics.clone();
@@ -264,7 +264,7 @@ pub async fn start_with_metrics(
 
 /// The agent's HTTP servers: plain `/metrics` and health on loopback, health alone where the
 /// kubelet probes, `/metrics` over HTTPS behind token and access reviews. Aborted on drop.
-pub struct Servers(Vec<JoinHandle<()>>);
+pub(crate) struct Servers(Vec<JoinHandle<()>>);
 
 impl Drop for Servers {
     fn drop(&mut self) {
@@ -622,7 +622,7 @@ pub async fn lease_manager(
 }
 
 /// The field manager of `identity`'s writes to the Lease (see [`lease_manager`]).
-pub fn lease_field_manager(identity: &str) -> String {
+pub(crate) fn lease_field_manager(identity: &str) -> String {
     format!("{}-lease-{identity}", crate::management::FIELD_MANAGER)
 }
 
@@ -632,7 +632,7 @@ pub fn lease_field_manager(identity: &str) -> String {
 /// and be seen before the deadline (2.4 s for a 6 s lease, 6.5 s for 15 s), so a slow API
 /// server delays a renewal without making the leader stop; a margin of a tenth (at least
 /// 0.5 s) keeps the stop ahead of a standby's takeover.
-pub fn lease_timing(duration: u64) -> (u64, std::time::Duration) {
+pub(crate) fn lease_timing(duration: u64) -> (u64, std::time::Duration) {
     let grace = duration.saturating_sub(duration / 2).max(1);
     let margin = std::time::Duration::from_millis((duration * 100).max(500));
     (grace, margin)
@@ -643,7 +643,10 @@ pub const LEASE_NAME: &str = "hcp-fleet-agent";
 
 /// Whether `lease` names a holder other than `identity` (an empty or missing holder is a
 /// released lease, not a rival).
-pub fn held_by_another(lease: &k8s_openapi::api::coordination::v1::Lease, identity: &str) -> bool {
+pub(crate) fn held_by_another(
+    lease: &k8s_openapi::api::coordination::v1::Lease,
+    identity: &str,
+) -> bool {
     lease
         .spec
         .as_ref()
@@ -654,7 +657,7 @@ pub fn held_by_another(lease: &k8s_openapi::api::coordination::v1::Lease, identi
 /// If `identity` holds `lease`, until when it may write: the recorded renewal plus the lease
 /// duration, less `margin`. The lease manager writes renewTime from this replica's own clock,
 /// so the comparison needs no agreement between clocks.
-pub fn lease_deadline(
+pub(crate) fn lease_deadline(
     lease: &k8s_openapi::api::coordination::v1::Lease,
     identity: &str,
     duration: std::time::Duration,

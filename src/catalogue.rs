@@ -118,11 +118,11 @@ pub const PROBE_LABEL: &str = "hcp-fleet.openshift.io/probe";
 pub const PROBE_ANSWER: &str = "hcp-fleet-admission answered the end-to-end probe";
 /// `PROBE_LABEL` with this value reaches the agent's probe ValidatingAdmissionPolicy instead
 /// of the probe webhook (`hosted::policies`).
-pub const POLICY_PROBE_VALUE: &str = "policy";
+pub(crate) const POLICY_PROBE_VALUE: &str = "policy";
 pub const POLICY_PROBE_ANSWER: &str = "hcp-fleet admission policies answered the end-to-end probe";
 /// The revision of the path a probe request must reach: the probe webhook and the probe
 /// policy binding select it, so an answer proves the API server runs that revision.
-pub const PROBE_REVISION_LABEL: &str = "hcp-fleet.openshift.io/probe-revision";
+pub(crate) const PROBE_REVISION_LABEL: &str = "hcp-fleet.openshift.io/probe-revision";
 
 /// API groups that belong to the managed service's own operators.
 pub const MANAGED_API_GROUPS: &[&str] = &[
@@ -153,21 +153,21 @@ pub const DEFAULT_SCCS: &[&str] = &[
 /// service fills them in Rust (`fill`), an admission policy builds the same text in CEL
 /// (`hosted::policies`), so a user reads one message whichever engine answered.
 pub mod denial {
-    pub const PROTECTED_RBAC: &str = "hcp-fleet: deleting the protected {kind} \"{name}\" is not allowed on a managed cluster; ask SRE if it must go";
+    pub(crate) const PROTECTED_RBAC: &str = "hcp-fleet: deleting the protected {kind} \"{name}\" is not allowed on a managed cluster; ask SRE if it must go";
     pub const FEATURE_GATE: &str = "hcp-fleet: featureSet TechPreviewNoUpgrade is not allowed on a managed cluster: it cannot be undone and blocks upgrades";
     pub const SCC: &str = "hcp-fleet: {verb} the default SecurityContextConstraints \"{name}\" is not allowed on a managed cluster; create your own SCC instead";
-    pub const INGRESS_CONFIG: &str = "hcp-fleet: {verb} the ingress config \"{name}\" is not allowed on a managed cluster; its domain and load balancer are set by the service";
-    pub const NETWORK_MIGRATION: &str = "hcp-fleet: spec.migration of the cluster network operator is not allowed on a managed cluster; network migrations are run by SRE";
-    pub const MANAGED_GROUPS: &str = "hcp-fleet: {resource} in API group {group} is managed by the service; regular users may not {operation} it";
-    pub const IDENTITY_GROUP: &str = "hcp-fleet: {verb} the Group \"{name}\" is not allowed on a managed cluster: its members are exempt from the guards; ask SRE";
-    pub const IDENTITY_NAMESPACE: &str = "hcp-fleet: creating the namespace \"{name}\" is not allowed on a managed cluster: the name is reserved for the platform, whose identities are exempt from the guards";
-    pub const IDENTITY_TOKEN: &str = "hcp-fleet: {what} in the namespace \"{namespace}\" is not allowed on a managed cluster: service accounts there are exempt from the guards";
+    pub(crate) const INGRESS_CONFIG: &str = "hcp-fleet: {verb} the ingress config \"{name}\" is not allowed on a managed cluster; its domain and load balancer are set by the service";
+    pub(crate) const NETWORK_MIGRATION: &str = "hcp-fleet: spec.migration of the cluster network operator is not allowed on a managed cluster; network migrations are run by SRE";
+    pub(crate) const MANAGED_GROUPS: &str = "hcp-fleet: {resource} in API group {group} is managed by the service; regular users may not {operation} it";
+    pub(crate) const IDENTITY_GROUP: &str = "hcp-fleet: {verb} the Group \"{name}\" is not allowed on a managed cluster: its members are exempt from the guards; ask SRE";
+    pub(crate) const IDENTITY_NAMESPACE: &str = "hcp-fleet: creating the namespace \"{name}\" is not allowed on a managed cluster: the name is reserved for the platform, whose identities are exempt from the guards";
+    pub(crate) const IDENTITY_TOKEN: &str = "hcp-fleet: {what} in the namespace \"{namespace}\" is not allowed on a managed cluster: service accounts there are exempt from the guards";
     /// Warn mode: what the guard would have denied.
-    pub const WARN: &str = "{guard} (warn mode) would deny: {message}";
+    pub(crate) const WARN: &str = "{guard} (warn mode) would deny: {message}";
 
     /// The template with each `{key}` replaced by its value (a placeholder without one
     /// stays as written). One pass, so a value that itself holds `{key}` is never replaced.
-    pub fn fill(template: &str, values: &[(&str, &str)]) -> String {
+    pub(crate) fn fill(template: &str, values: &[(&str, &str)]) -> String {
         pieces(template)
             .into_iter()
             .map(|p| match p {
@@ -181,7 +181,7 @@ pub mod denial {
     }
 
     /// The pieces of a template: literal text and placeholder names, in order.
-    pub fn pieces(template: &str) -> Vec<Piece<'_>> {
+    pub(crate) fn pieces(template: &str) -> Vec<Piece<'_>> {
         let mut out = Vec::new();
         let mut rest = template;
         while let Some(open) = rest.find('{') {
@@ -200,7 +200,7 @@ pub mod denial {
     }
 
     #[derive(Debug, PartialEq, Eq)]
-    pub enum Piece<'a> {
+    pub(crate) enum Piece<'a> {
         Text(&'a str),
         Value(&'a str),
     }
@@ -240,7 +240,7 @@ pub const fn rule(
 
 impl BuiltinRow {
     /// The default definition the agent installs in a hosted cluster.
-    pub fn definition(&self) -> WebhookDefinition {
+    pub(crate) fn definition(&self) -> WebhookDefinition {
         let strings = |xs: &[&str]| xs.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         WebhookDefinition {
             name: self.name.into(),

@@ -222,9 +222,9 @@ fn new_probe_key() -> Result<ProbeKey, CertError> {
     ProbeKey::generate().ok_or(CertError::Random)
 }
 
-pub const CA_CERT_KEY: &str = "ca.crt";
-pub const CA_KEY_KEY: &str = "ca.key";
-pub const PREVIOUS_CA_KEY: &str = "previous-ca.crt";
+pub(crate) const CA_CERT_KEY: &str = "ca.crt";
+pub(crate) const CA_KEY_KEY: &str = "ca.key";
+pub(crate) const PREVIOUS_CA_KEY: &str = "previous-ca.crt";
 
 fn days(d: u32) -> Duration {
     Duration::days(i64::from(d))
@@ -246,7 +246,7 @@ impl CertBundle {
     }
 
     /// What the hosted webhook configurations carry as caBundle: current CA, then previous.
-    pub fn ca_bundle_pem(&self) -> String {
+    pub(crate) fn ca_bundle_pem(&self) -> String {
         let mut b = self.ca.cert_pem.clone();
         if let Some(prev) = &self.previous_ca_pem {
             b.push_str(prev);
@@ -255,7 +255,7 @@ impl CertBundle {
     }
 
     /// The agent-only Secret: the CA key never leaves it.
-    pub fn ca_secret_data(&self) -> std::collections::BTreeMap<String, String> {
+    pub(crate) fn ca_secret_data(&self) -> std::collections::BTreeMap<String, String> {
         let mut m = std::collections::BTreeMap::from([
             (CA_CERT_KEY.to_string(), self.ca.cert_pem.clone()),
             (CA_KEY_KEY.to_string(), self.ca.key_pem.clone()),
@@ -267,7 +267,7 @@ impl CertBundle {
     }
 
     /// The Secret mounted into the admission pods.
-    pub fn tls_secret_data(&self) -> std::collections::BTreeMap<String, String> {
+    pub(crate) fn tls_secret_data(&self) -> std::collections::BTreeMap<String, String> {
         let mut m = std::collections::BTreeMap::from([
             ("tls.crt".to_string(), self.serving.cert_pem.clone()),
             ("tls.key".to_string(), self.serving.key_pem.clone()),
@@ -281,7 +281,7 @@ impl CertBundle {
 
     /// Reads a bundle back from the two Secrets' data; `None` if anything is missing or
     /// unparseable (the plan then starts over, which is always safe before first use).
-    pub fn from_secret_data(
+    pub(crate) fn from_secret_data(
         ca: &std::collections::BTreeMap<String, Vec<u8>>,
         tls: &std::collections::BTreeMap<String, Vec<u8>>,
     ) -> Option<Self> {
@@ -322,12 +322,12 @@ fn issue_serving(
 }
 
 /// X.509's upper bound for a common name (RFC 5280, ub-common-name).
-pub const MAX_COMMON_NAME: usize = 64;
+pub(crate) const MAX_COMMON_NAME: usize = 64;
 
 /// The serving certificate's subject: the first SAN where it fits in 64 characters, else its
 /// first label (the Service name). Clients verify the SANs; the subject is for people, and a
 /// long ROSA namespace (`ocm-production-<32 hex>-<cluster>`) makes the full name too long.
-pub fn serving_common_name(sans: &[String]) -> String {
+pub(crate) fn serving_common_name(sans: &[String]) -> String {
     let first = sans
         .first()
         .map(String::as_str)
@@ -340,7 +340,7 @@ pub fn serving_common_name(sans: &[String]) -> String {
 }
 
 /// Time to renew: less than `percent` of the lifetime left.
-pub fn needs_renewal(facts: &CertFacts, now: i64, percent: u32) -> bool {
+pub(crate) fn needs_renewal(facts: &CertFacts, now: i64, percent: u32) -> bool {
     let life = (facts.not_after - facts.not_before).max(1);
     let left = facts.not_after - now;
     left * 100 < life * i64::from(percent)
@@ -349,7 +349,7 @@ pub fn needs_renewal(facts: &CertFacts, now: i64, percent: u32) -> bool {
 /// When `plan` will next change `bundle` by itself (Unix seconds): the earliest of the CA's
 /// and the serving certificate's renewal, and the previous CA's expiry (when it leaves the
 /// bundle). Time-driven changes need a reconcile at that moment; nothing else would come.
-pub fn next_change(bundle: &CertBundle, percent: u32) -> Option<i64> {
+pub(crate) fn next_change(bundle: &CertBundle, percent: u32) -> Option<i64> {
     let due = |pem: &str| {
         inspect(pem).ok().map(|f| {
             let life = (f.not_after - f.not_before).max(1);
@@ -390,7 +390,7 @@ pub fn issued_by(cert_pem: &str, ca_pem: &str) -> Result<bool, CertError> {
 
 /// The certificate policy: what the bundle should be now, and why it changed (`None` when the
 /// existing bundle stands). Pure apart from key generation.
-pub fn plan(
+pub(crate) fn plan(
     existing: Option<&CertBundle>,
     cfg: &crate::config::AgentConfig,
     sans: &[String],
@@ -485,7 +485,7 @@ pub fn bundle_ders(bundle_pem: &str) -> Vec<Vec<u8>> {
 
 /// `first`'s certificates, then each of `also`'s that `first` lacks: the trust a client needs
 /// while replicas may serve a certificate from either.
-pub fn union_bundle(first: &str, also: &str) -> String {
+pub(crate) fn union_bundle(first: &str, also: &str) -> String {
     let mut seen = bundle_ders(first);
     let mut out = first.to_string();
     for der in bundle_ders(also) {
@@ -498,7 +498,8 @@ pub fn union_bundle(first: &str, also: &str) -> String {
 }
 
 /// Whether `bundle` trusts every certificate of `required` (compared by DER).
-pub fn bundle_contains(bundle: &str, required: &str) -> bool {
+#[cfg(test)]
+pub(crate) fn bundle_contains(bundle: &str, required: &str) -> bool {
     let have = bundle_ders(bundle);
     bundle_ders(required).iter().all(|d| have.contains(d))
 }

@@ -7,7 +7,7 @@ use serde_json::Value;
 /// Every field of `desired` is in `live` with the same value (recursively; arrays
 /// element-wise and of the same length, so a removed or added list entry is a difference).
 /// Fields only the server sets (defaults, status, metadata it keeps) are ignored.
-pub fn subset(desired: &Value, live: &Value) -> bool {
+pub(crate) fn subset(desired: &Value, live: &Value) -> bool {
     match (desired, live) {
         (Value::Object(d), Value::Object(l)) => d
             .iter()
@@ -25,7 +25,7 @@ pub fn subset(desired: &Value, live: &Value) -> bool {
 /// someone else added (a selector that makes a guard match nothing, say) is drift all the
 /// same, while a server default, which no manager owns, is not. Status writes (the `status`
 /// subresource) never count.
-pub fn foreign_fields(live: &Value, ours: &str, under: &[&str]) -> Vec<String> {
+pub(crate) fn foreign_fields(live: &Value, ours: &str, under: &[&str]) -> Vec<String> {
     let Some(entries) = live["metadata"]["managedFields"].as_array() else {
         return Vec::new();
     };
@@ -82,7 +82,7 @@ pub fn summary(foreign: &[String]) -> Option<String> {
 /// `fields_v1` (one managedFields entry's set) cut down to the subtrees at `under` (dotted
 /// paths of fields, such as `spec.template.spec`); `None` when nothing of it is there. A
 /// watch's store keeps only this much of each entry: what `foreign_fields` reads of them.
-pub fn prune_fields(fields_v1: &Value, under: &[&str]) -> Option<Value> {
+pub(crate) fn prune_fields(fields_v1: &Value, under: &[&str]) -> Option<Value> {
     let mut out = serde_json::Map::new();
     for path in under {
         let mut node = fields_v1;
@@ -110,7 +110,7 @@ pub fn prune_fields(fields_v1: &Value, under: &[&str]) -> Option<Value> {
 /// set without the fields `ours` also owns; entries left with nothing are dropped. For a
 /// watch's store: the agent's own set of a Deployment's pod spec was most of what a store
 /// kept of it, read only to be subtracted (`make bench`, heaptrack).
-pub fn foreign_only(entries: Vec<(String, Value)>, ours: &str) -> Vec<(String, Value)> {
+pub(crate) fn foreign_only(entries: Vec<(String, Value)>, ours: &str) -> Vec<(String, Value)> {
     let mut mine = serde_json::Map::new();
     let mut theirs = Vec::new();
     for (manager, fields) in entries {
@@ -229,7 +229,7 @@ fn field_paths(node: &Value, prefix: &str, out: &mut Vec<String>) {
 
 /// A fingerprint of a desired object, to tell "the same desired state as last time" from a
 /// changed one. In memory only (the hash is not stable across builds).
-pub fn fingerprint(desired: &Value) -> u64 {
+pub(crate) fn fingerprint(desired: &Value) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     desired.to_string().hash(&mut h);
@@ -238,7 +238,7 @@ pub fn fingerprint(desired: &Value) -> u64 {
 
 /// A hash that is the same in every build and on every machine (FNV-1a, 64 bits, as 16 hex
 /// digits), for what is written to the cluster and compared by a later agent.
-pub fn stable_hash(parts: &[&[u8]]) -> String {
+pub(crate) fn stable_hash(parts: &[&[u8]]) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for part in parts {
         for b in part.iter().chain(std::iter::once(&0xff)) {

@@ -16,13 +16,10 @@ pub use crate::catalogue::{
 
 /// This release's own image (`make image` builds it; the chart's default is the same), which
 /// also runs the admission service (`webhook` command).
-pub const DEFAULT_IMAGE: &str = concat!(
+pub(crate) const DEFAULT_IMAGE: &str = concat!(
     "quay.io/hcp-fleet/hcp-fleet-agent:",
     env!("CARGO_PKG_VERSION")
 );
-
-/// Namespaces whose requests webhooks never see (prefixes end in '-').
-pub const CRITICAL_NAMESPACES: &[&str] = &["kube-", "openshift-", "hypershift", "default"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -272,7 +269,7 @@ pub enum MonitoringApi {
 
 impl MonitoringApi {
     /// Both groups a ServiceMonitor may live in (uninstall and pruning look in each).
-    pub const GROUPS: [MonitoringApi; 2] = [MonitoringApi::Coreos, MonitoringApi::Rhobs];
+    pub(crate) const GROUPS: [MonitoringApi; 2] = [MonitoringApi::Coreos, MonitoringApi::Rhobs];
 
     pub fn group(self) -> Option<&'static str> {
         match self {
@@ -285,7 +282,7 @@ impl MonitoringApi {
 
 /// A Prometheus duration: one or more `<number><unit>` in the order y, w, d, h, m, s, ms
 /// (what the Prometheus Operator's CRD accepts), or `0`.
-pub fn is_prometheus_duration(s: &str) -> bool {
+pub(crate) fn is_prometheus_duration(s: &str) -> bool {
     const UNITS: [&str; 7] = ["y", "w", "d", "h", "m", "s", "ms"];
     if s == "0" {
         return true;
@@ -313,7 +310,7 @@ pub fn is_prometheus_duration(s: &str) -> bool {
 
 /// A label key (optional DNS-subdomain prefix and `/`, then a name) and value, as the API
 /// server checks them.
-pub fn label_problem(key: &str, value: &str) -> Option<String> {
+pub(crate) fn label_problem(key: &str, value: &str) -> Option<String> {
     fn name_ok(n: &str) -> bool {
         n.len() <= 63
             && n.bytes()
@@ -463,7 +460,7 @@ impl Default for CertificateConfig {
 }
 
 /// The built-in webhooks, from the catalogue's table.
-pub fn default_webhooks() -> Vec<WebhookDefinition> {
+pub(crate) fn default_webhooks() -> Vec<WebhookDefinition> {
     crate::guards::definitions()
 }
 
@@ -517,7 +514,7 @@ fn rule_hits_webhook_configs(r: &Rule) -> bool {
 
 /// What an exemption entry names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Exempted {
+pub(crate) enum Exempted {
     User,
     Group,
     Namespace,
@@ -531,7 +528,7 @@ const MIN_EXEMPT_PREFIX: usize = 4;
 /// would: a control character (it renders into CEL and logs), an empty entry, a bare `*` or a
 /// prefix too short to mean anything, a user prefix that covers every service account or
 /// every `system:` identity, a group pattern (groups are matched by exact name).
-pub fn exemption_problem(field: &str, entry: &str, kind: Exempted) -> Option<String> {
+pub(crate) fn exemption_problem(field: &str, entry: &str, kind: Exempted) -> Option<String> {
     let why = if entry.chars().any(char::is_control) {
         "holds a control character".to_string()
     } else if entry.trim().is_empty() || entry.trim() != entry {
@@ -579,7 +576,7 @@ fn is_dns_subdomain(s: &str) -> bool {
 impl AgentConfig {
     /// The file if one is given, else the built-in defaults (commands that read the agent's
     /// configuration only for its names).
-    pub fn load_or_default(path: Option<&Path>) -> Result<Self, ConfigError> {
+    pub(crate) fn load_or_default(path: Option<&Path>) -> Result<Self, ConfigError> {
         path.map_or_else(|| Ok(Self::default()), Self::load)
     }
 }
@@ -862,7 +859,7 @@ impl AgentConfig {
         cfg.validated(path)
     }
 
-    pub fn validated(self, path: &str) -> Result<Self, ConfigError> {
+    pub(crate) fn validated(self, path: &str) -> Result<Self, ConfigError> {
         let problems = self.problems();
         if problems.is_empty() {
             Ok(self)
@@ -884,7 +881,7 @@ impl AgentConfig {
     }
 
     /// The webhooks that are installed (mode not `off`).
-    pub fn active_webhooks(&self) -> impl Iterator<Item = &WebhookDefinition> {
+    pub(crate) fn active_webhooks(&self) -> impl Iterator<Item = &WebhookDefinition> {
         self.webhooks.iter().filter(|w| w.mode != Mode::Off)
     }
 }

@@ -11,7 +11,7 @@ use std::fmt;
 
 /// A kube error for a person: `401 Unauthorized`, `403 Forbidden: <the server's message>`, or
 /// the error and its causes joined by `: ` (connection refused, a TLS failure, a timeout).
-pub struct KubeError<'a>(pub &'a kube::Error);
+pub(crate) struct KubeError<'a>(pub &'a kube::Error);
 
 impl fmt::Display for KubeError<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -34,7 +34,7 @@ impl fmt::Display for KubeError<'_> {
 
 /// A watch's error for a person: what the watch was doing, then the API error as `KubeError`
 /// reads it.
-pub struct WatchError<'a>(pub &'a kube::runtime::watcher::Error);
+pub(crate) struct WatchError<'a>(pub &'a kube::runtime::watcher::Error);
 
 impl fmt::Display for WatchError<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -77,7 +77,7 @@ pub fn code(e: &kube::Error) -> Option<u16> {
 /// What a hosted kube-apiserver's refusal means and what to do next, for the codes whose
 /// cause lies in the credentials the agent took from the HCP's kubeconfig `secret`
 /// (`namespace/name`); `None` for others, whose server message says enough.
-pub fn credentials_hint(code: u16, secret: &str) -> Option<String> {
+pub(crate) fn credentials_hint(code: u16, secret: &str) -> Option<String> {
     match code {
         401 => Some(format!(
             "the credentials in Secret {secret} were refused (revoked or expired); the agent \

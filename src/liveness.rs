@@ -6,11 +6,11 @@
 use std::sync::atomic::{AtomicI64, Ordering};
 
 /// How often the controller says it is alive.
-pub const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(5);
+pub(crate) const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How old the last heartbeat of a running controller may be before `/healthz` fails: six
 /// missed beats, well past any pause of a busy runtime, well within a kubelet's patience.
-pub const STALE_AFTER_SECONDS: i64 = 30;
+pub(crate) const STALE_AFTER_SECONDS: i64 = 30;
 
 pub struct Liveness {
     /// Unix seconds of the running controller's last heartbeat; 0 while none runs.
@@ -131,7 +131,7 @@ pub async fn ready(args: ReadyArgs) -> std::process::ExitCode {
 
 /// Why `ready` got no HTTP answer.
 #[derive(Debug, thiserror::Error)]
-pub enum AskError {
+pub(crate) enum AskError {
     #[error("connecting: {0}")]
     Connect(#[source] std::io::Error),
     #[error("sending: {0}")]

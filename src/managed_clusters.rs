@@ -24,7 +24,7 @@ pub const MANAGED_CLUSTER_ANNOTATION: &str =
 pub const EXTERNAL_KUBECONFIG: &str = "external-managed-kubeconfig";
 
 /// The namespace of the hosted-mode addons for managed cluster X.
-pub const KLUSTERLET_PREFIX: &str = "klusterlet-";
+pub(crate) const KLUSTERLET_PREFIX: &str = "klusterlet-";
 
 /// A HostedCluster, as far as the mapping reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,7 +43,7 @@ impl HostedClusterRef {
 
     /// The HostedClusters the agent can infer from its HCPs where the HostedCluster API is not
     /// served here (an HCP is named after its HostedCluster, in `<ns>-<name>`).
-    pub fn from_hcp(hcp_namespace: &str, name: &str) -> Option<Self> {
+    pub(crate) fn from_hcp(hcp_namespace: &str, name: &str) -> Option<Self> {
         let namespace = hcp_namespace.strip_suffix(&format!("-{name}"))?;
         (!namespace.is_empty()).then(|| Self {
             namespace: namespace.to_string(),
@@ -170,7 +170,7 @@ const MAX_KUBECONFIG_BYTES: usize = crate::hosted::kubeconfig::MAX_KUBECONFIG_BY
 /// What a klusterlet kubeconfig's server says: the HCP namespace of its kube-apiserver
 /// Service host (`<service>.<namespace>.svc[.cluster.local]`, as ACM's hypershift addon writes
 /// it). Errors never quote the document (it holds credentials).
-pub fn klusterlet_server(raw: &[u8]) -> KlusterletServer {
+pub(crate) fn klusterlet_server(raw: &[u8]) -> KlusterletServer {
     match server_of(raw) {
         Ok(server) => match service_namespace(&server) {
             Some(ns) => KlusterletServer::Namespace(ns),
@@ -223,7 +223,7 @@ fn service_namespace(server: &str) -> Option<String> {
 
 /// The HostedClusters behind the agent's HCPs (HCP namespace to HostedCluster name), for
 /// management clusters that do not serve the HostedCluster API to the agent.
-pub fn inferred(hcps: &BTreeMap<String, String>) -> Vec<HostedClusterRef> {
+pub(crate) fn inferred(hcps: &BTreeMap<String, String>) -> Vec<HostedClusterRef> {
     hcps.iter()
         .filter_map(|(ns, name)| HostedClusterRef::from_hcp(ns, name))
         .collect()

@@ -36,17 +36,17 @@ use crate::certificates::CertBundle;
 use crate::config::{AgentConfig, MonitoringApi};
 use crate::crd::hostedcontrolplane::Scheduling;
 
-pub const FIELD_MANAGER: &str = "hcp-fleet-agent";
+pub(crate) const FIELD_MANAGER: &str = "hcp-fleet-agent";
 
 /// The part of the admission Deployment the agent owns whole: its pods' spec. A field another
 /// field manager adds there (`hostNetwork`, an `initContainer`) is drift like a changed one;
 /// the pod template's metadata is not (`kubectl rollout restart` stamps an annotation there,
 /// and a restart is SRE's to ask for).
-pub const DEPLOYMENT_OWNED_WHOLE: &[&str] = &["spec.template.spec"];
+pub(crate) const DEPLOYMENT_OWNED_WHOLE: &[&str] = &["spec.template.spec"];
 
 /// Does the live admission Deployment say what was rendered: every rendered field, and
 /// nothing another manager added to its pods' spec?
-pub fn deployment_matches(desired: &serde_json::Value, live: &serde_json::Value) -> bool {
+pub(crate) fn deployment_matches(desired: &serde_json::Value, live: &serde_json::Value) -> bool {
     crate::compare::subset(desired, live)
         && crate::compare::foreign_fields(live, FIELD_MANAGER, DEPLOYMENT_OWNED_WHOLE).is_empty()
 }
@@ -54,10 +54,10 @@ pub fn deployment_matches(desired: &serde_json::Value, live: &serde_json::Value)
 /// The NetworkPolicy's and the PodDisruptionBudget's spec are the agent's whole: an ingress
 /// rule or an egress section added beside the rendered ones opens what the policy closes, and
 /// a changed budget blocks or hastens evictions.
-pub const SPEC_OWNED_WHOLE: &[&str] = &["spec"];
+pub(crate) const SPEC_OWNED_WHOLE: &[&str] = &["spec"];
 
 /// Does a live object owned whole under `spec` say what was rendered, and nothing more there?
-pub fn spec_matches(desired: &serde_json::Value, live: &serde_json::Value) -> bool {
+pub(crate) fn spec_matches(desired: &serde_json::Value, live: &serde_json::Value) -> bool {
     crate::compare::subset(desired, live)
         && crate::compare::foreign_fields(live, FIELD_MANAGER, SPEC_OWNED_WHOLE).is_empty()
 }
@@ -66,7 +66,7 @@ pub fn spec_matches(desired: &serde_json::Value, live: &serde_json::Value) -> bo
 /// comparison that reads them, or `None` where the agent owns only the fields it renders
 /// (the Service: the API server and other controllers fill in its spec; the Secrets,
 /// ServiceAccount and monitoring objects).
-pub fn owned_whole(kind: &str) -> Option<(&'static [&'static str], MatchFn)> {
+pub(crate) fn owned_whole(kind: &str) -> Option<(&'static [&'static str], MatchFn)> {
     match kind {
         "Deployment" => Some((DEPLOYMENT_OWNED_WHOLE, deployment_matches)),
         "NetworkPolicy" | "PodDisruptionBudget" => Some((SPEC_OWNED_WHOLE, spec_matches)),
@@ -75,13 +75,13 @@ pub fn owned_whole(kind: &str) -> Option<(&'static [&'static str], MatchFn)> {
 }
 
 /// A comparison of a rendered object with a live one.
-pub type MatchFn = fn(&serde_json::Value, &serde_json::Value) -> bool;
+pub(crate) type MatchFn = fn(&serde_json::Value, &serde_json::Value) -> bool;
 pub use crate::names::{COMPONENT_LABEL, MANAGED_BY, MANAGED_BY_VALUE};
 /// Without this label HyperShift deletes guest webhook configurations that point at the
 /// Service.
 pub const ALLOW_GUEST_WEBHOOKS: &str = "hypershift.openshift.io/allow-guest-webhooks";
 /// Where the serving certificate is mounted in the admission pods.
-pub const CERT_DIR: &str = "/etc/hcp-fleet/tls";
+pub(crate) const CERT_DIR: &str = "/etc/hcp-fleet/tls";
 
 #[derive(Debug, thiserror::Error)]
 #[error("rendering {kind} for {namespace}: {source}")]
@@ -170,15 +170,15 @@ pub fn service_monitor_resource(api: MonitoringApi) -> Option<ApiResource> {
     Some(ApiResource::from_gvk_with_plural(&gvk, "servicemonitors"))
 }
 
-pub fn prometheus_binding_name(cfg: &AgentConfig) -> String {
+pub(crate) fn prometheus_binding_name(cfg: &AgentConfig) -> String {
     format!("{}-prometheus", cfg.admission.service_name)
 }
 
-pub fn ca_secret_name(cfg: &AgentConfig) -> String {
+pub(crate) fn ca_secret_name(cfg: &AgentConfig) -> String {
     format!("{}-ca", cfg.admission.service_name)
 }
 
-pub fn tls_secret_name(cfg: &AgentConfig) -> String {
+pub(crate) fn tls_secret_name(cfg: &AgentConfig) -> String {
     format!("{}-tls", cfg.admission.service_name)
 }
 
@@ -294,7 +294,7 @@ const CONTROL_PLANE_TAINT: &str = "hypershift.openshift.io/control-plane";
 const CLUSTER_TAINT: &str = "hypershift.openshift.io/cluster";
 /// HyperShift labels every control-plane pod of an HCP with this (value: the HCP namespace)
 /// and has each prefer the nodes where the others run.
-pub const COLOCATION_LABEL: &str = "hypershift.openshift.io/hosted-control-plane";
+pub(crate) const COLOCATION_LABEL: &str = "hypershift.openshift.io/hosted-control-plane";
 
 /// Replicas as HyperShift sizes its own ordinary components: one for a `SingleReplica`
 /// control plane, else the configured number.
@@ -688,14 +688,14 @@ fn pdb(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<Option<DynamicObject>, 
 
 /// Whether HyperShift lets guest webhooks name this Service: it carries the
 /// `ALLOW_GUEST_WEBHOOKS` label.
-pub fn allows_guest_webhooks(meta: &ObjectMeta) -> bool {
+pub(crate) fn allows_guest_webhooks(meta: &ObjectMeta) -> bool {
     meta.labels
         .as_ref()
         .is_some_and(|l| l.contains_key(ALLOW_GUEST_WEBHOOKS))
 }
 
 /// The names of the Services that do not (`allows_guest_webhooks`): the candidates.
-pub fn unlabelled_services(services: &[Service]) -> Vec<String> {
+pub(crate) fn unlabelled_services(services: &[Service]) -> Vec<String> {
     services
         .iter()
         .filter(|s| !allows_guest_webhooks(&s.metadata))
@@ -710,7 +710,7 @@ pub fn unlabelled_services(services: &[Service]) -> Vec<String> {
 /// for a Service in the HCP namespace without the `hypershift.openshift.io/allow-guest-webhooks`
 /// label. So an unlabelled Service whose name is a prefix of the admission Service's host
 /// condemns it too, not only HyperShift's own. Returns their names, sorted.
-pub fn names_condemning(url: &str, unlabelled: &[String]) -> Vec<String> {
+pub(crate) fn names_condemning(url: &str, unlabelled: &[String]) -> Vec<String> {
     let mut names: Vec<String> = unlabelled
         .iter()
         .filter(|name| url.contains(&format!("https://{name}")))
@@ -746,7 +746,7 @@ pub fn deployment_rolled_out(d: &Deployment) -> bool {
 
 /// Whether the status says replicas are available, whatever generation it describes: during
 /// a rollout (maxUnavailable 0) the old replicas serve until the new ones are ready.
-pub fn deployment_serving(d: &Deployment) -> bool {
+pub(crate) fn deployment_serving(d: &Deployment) -> bool {
     let Some(status) = &d.status else {
         return false;
     };

@@ -52,10 +52,10 @@ impl EngineLabels {
 }
 
 /// The `engine` label values of `hcp_fleet_guards`.
-pub const ENGINES: [&str; 2] = ["webhook", "policy"];
+pub(crate) const ENGINES: [&str; 2] = ["webhook", "policy"];
 
 /// The `kind` label values of `hcp_fleet_webhook_drift_total`.
-pub const HOSTED_KINDS: [&str; 4] = [
+pub(crate) const HOSTED_KINDS: [&str; 4] = [
     "ValidatingWebhookConfiguration",
     "MutatingWebhookConfiguration",
     "ValidatingAdmissionPolicy",
@@ -86,9 +86,6 @@ pub struct RolloutStateLabels {
     /// in_flight, done, failed or waiting.
     pub state: String,
 }
-
-/// The `state` values of `hcp_fleet_rollout_hcps`.
-pub const ROLLOUT_STATES: [&str; 4] = ["in_flight", "done", "failed", "waiting"];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabels {
@@ -157,7 +154,7 @@ impl RequestLabels {
 
 /// (verb, resource) of a kube-apiserver request path: `/api/v1/[namespaces/<ns>/]<resource>
 /// [/<name>[/<subresource>]]` or the same under `/apis/<group>/<version>`.
-pub fn request_kind(method: &str, path: &str, query: &str) -> (&'static str, String) {
+pub(crate) fn request_kind(method: &str, path: &str, query: &str) -> (&'static str, String) {
     let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
     let rest = match parts.as_slice() {
         ["api", _, rest @ ..] => rest,
@@ -215,7 +212,7 @@ impl RequestLimit {
 
 /// The bucket's state: tokens left, as of `at`.
 #[derive(Debug, Clone, Copy)]
-pub struct Bucket {
+pub(crate) struct Bucket {
     limit: RequestLimit,
     tokens: f64,
     at: std::time::Instant,
@@ -306,7 +303,7 @@ where
 }
 
 /// The `kind` label values of `hcp_fleet_management_drift_total`.
-pub const MANAGEMENT_KINDS: [&str; 6] = [
+pub(crate) const MANAGEMENT_KINDS: [&str; 6] = [
     "Secret",
     "ServiceAccount",
     "Service",
@@ -541,7 +538,7 @@ impl Metrics {
 
     /// Drops every per-hosted-cluster series, for a replica that stops leading: its last
     /// verdicts would otherwise linger beside the new leader's and skew `max by` alerts.
-    pub fn forget_fleet(&self) {
+    pub(crate) fn forget_fleet(&self) {
         self.compliance.clear();
         self.drift.clear();
         self.management_drift.clear();
@@ -652,7 +649,7 @@ impl Metrics {
     }
 
     /// Drops every series of a removed HCP.
-    pub fn forget(&self, hcp_namespace: &str, hosted_cluster: &str) {
+    pub(crate) fn forget(&self, hcp_namespace: &str, hosted_cluster: &str) {
         let l = HcpLabels {
             hcp_namespace: hcp_namespace.to_string(),
             hosted_cluster: hosted_cluster.to_string(),

@@ -12,7 +12,7 @@ use crate::rollout::Revision;
 /// Groups an override may not exempt: each is everyone, every workload, every node, or the
 /// identities a tenant can mint (`unexemptable_group` also refuses every
 /// `system:serviceaccounts:<namespace>`, a whole namespace's workloads).
-pub const UNEXEMPTABLE_GROUPS: &[&str] = &[
+pub(crate) const UNEXEMPTABLE_GROUPS: &[&str] = &[
     "system:authenticated",
     "system:unauthenticated",
     "system:serviceaccounts",
@@ -21,11 +21,11 @@ pub const UNEXEMPTABLE_GROUPS: &[&str] = &[
 ];
 /// Users an override may not exempt (`unexemptable_user` also refuses every node and
 /// bootstrap identity).
-pub const UNEXEMPTABLE_USERS: &[&str] = &["*", "system:anonymous", "system:kube-proxy"];
+pub(crate) const UNEXEMPTABLE_USERS: &[&str] = &["*", "system:anonymous", "system:kube-proxy"];
 
 /// Why an override may not exempt user `u`, if it may not. An override is one SRE's exception
 /// for one hosted cluster: it names users exactly, never by pattern.
-pub fn unexemptable_user(u: &str) -> Option<&'static str> {
+pub(crate) fn unexemptable_user(u: &str) -> Option<&'static str> {
     if UNEXEMPTABLE_USERS.contains(&u) {
         Some(
             "would turn the guards off for everyone, or for an identity anyone can take: set a guard's mode to off instead",
@@ -40,7 +40,7 @@ pub fn unexemptable_user(u: &str) -> Option<&'static str> {
 }
 
 /// Why an override may not exempt group `g`, if it may not.
-pub fn unexemptable_group(g: &str) -> Option<&'static str> {
+pub(crate) fn unexemptable_group(g: &str) -> Option<&'static str> {
     if UNEXEMPTABLE_GROUPS.contains(&g) {
         Some(
             "would turn the guards off for everyone, or for an identity anyone can take: set a guard's mode to off instead",
@@ -74,7 +74,7 @@ pub struct Verdict {
 
 /// The reason of the `Accepted` condition of an override that is not the one in effect
 /// (another in the same namespace sorts first by name).
-pub const DUPLICATE: &str = "Duplicate";
+pub(crate) const DUPLICATE: &str = "Duplicate";
 
 /// What an override's status should say: `verdict`, about the revision the HCP runs, with the
 /// `Accepted` condition keeping its transition time from `prev` where it did not flip.
@@ -103,7 +103,7 @@ pub fn status(
 }
 
 /// The override's condition.
-pub const ACCEPTED: &str = "Accepted";
+pub(crate) const ACCEPTED: &str = "Accepted";
 
 /// `fleet`: the revision the rollout assigns this HCP (the configuration's while the rollout
 /// has recorded nothing); `known`: a revision by name, if the rollout still holds it. The

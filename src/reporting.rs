@@ -21,11 +21,11 @@ use crate::crd::{
 pub const HEALTH_NAME: &str = "hcp-fleet-admission";
 /// What earlier releases wrote outside ACM's flow, removed once at start: a Policy of this
 /// name in every HCP namespace, and the roll-up Policy in the agent's namespace.
-pub const LEGACY_POLICY_NAME: &str = "hcp-fleet-admission";
-pub const LEGACY_ROLLUP_NAME: &str = "hcp-fleet-rollup";
-pub const MAX_HISTORY: usize = 10;
+pub(crate) const LEGACY_POLICY_NAME: &str = "hcp-fleet-admission";
+pub(crate) const LEGACY_ROLLUP_NAME: &str = "hcp-fleet-rollup";
+pub(crate) const MAX_HISTORY: usize = 10;
 /// Label naming the hosted cluster (the HCP's name).
-pub const CLUSTER_LABEL: &str = "hcp-fleet.openshift.io/hosted-cluster";
+pub(crate) const CLUSTER_LABEL: &str = "hcp-fleet.openshift.io/hosted-cluster";
 
 /// The concerns, in the order they appear in the health record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -45,7 +45,7 @@ impl Concern {
     ];
 
     /// The type of this concern's condition on the health record.
-    pub fn condition_type(self) -> &'static str {
+    pub(crate) fn condition_type(self) -> &'static str {
         match self {
             Concern::AdmissionService => "AdmissionServiceReady",
             Concern::Certificate => "CertificateReady",
@@ -55,7 +55,7 @@ impl Concern {
     }
 
     /// The `Ready` condition's reason when this concern is the first that is not.
-    pub fn not_ready_reason(self) -> &'static str {
+    pub(crate) fn not_ready_reason(self) -> &'static str {
         match self {
             Concern::AdmissionService => "AdmissionServiceNotReady",
             Concern::Certificate => "CertificateNotReady",
@@ -76,7 +76,7 @@ impl Concern {
 
 /// What one reconcile found for one concern.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Observation {
+pub(crate) struct Observation {
     pub state: ComplianceState,
     pub message: String,
 }
@@ -103,7 +103,7 @@ impl Observation {
 }
 
 /// The longest message one observation keeps.
-pub const MAX_OBSERVATION: usize = 1024;
+pub(crate) const MAX_OBSERVATION: usize = 1024;
 
 /// Text a hosted cluster's admins may have written (a webhook's denial, an API server's error
 /// message), made safe to store and forward: control characters (line breaks, escape
@@ -117,10 +117,12 @@ pub fn untrusted(text: &str, max: usize) -> String {
     cut(&clean, max)
 }
 
-pub type Observations = BTreeMap<Concern, Observation>;
+pub(crate) type Observations = BTreeMap<Concern, Observation>;
 
 /// Any NonCompliant wins, then Pending, else Compliant; nothing observed is Pending.
-pub fn aggregate<'a>(states: impl IntoIterator<Item = &'a ComplianceState>) -> ComplianceState {
+pub(crate) fn aggregate<'a>(
+    states: impl IntoIterator<Item = &'a ComplianceState>,
+) -> ComplianceState {
     let mut any = false;
     let mut pending = false;
     for s in states {
@@ -139,7 +141,7 @@ pub fn aggregate<'a>(states: impl IntoIterator<Item = &'a ComplianceState>) -> C
 }
 
 /// A state as the installed CRD accepts it: older ACM CRDs have no Pending in their enum.
-pub fn writable(state: ComplianceState, pending_supported: bool) -> ComplianceState {
+pub(crate) fn writable(state: ComplianceState, pending_supported: bool) -> ComplianceState {
     if state == ComplianceState::Pending && !pending_supported {
         ComplianceState::NonCompliant
     } else {
@@ -148,7 +150,7 @@ pub fn writable(state: ComplianceState, pending_supported: bool) -> ComplianceSt
 }
 
 /// ACM's history message form.
-pub fn acm_message(state: ComplianceState, msg: &str) -> String {
+pub(crate) fn acm_message(state: ComplianceState, msg: &str) -> String {
     match state {
         ComplianceState::Compliant => format!("Compliant; notification - {msg}"),
         ComplianceState::Pending => format!("Pending; notification - {msg}"),
@@ -158,11 +160,11 @@ pub fn acm_message(state: ComplianceState, msg: &str) -> String {
 
 /// The API server refuses an Event whose note exceeds 1 KiB (events.k8s.io/v1); a long
 /// violation (a TLS error chain, a list of refused fields) would lose its whole Event.
-pub const MAX_EVENT_NOTE: usize = 1024;
+pub(crate) const MAX_EVENT_NOTE: usize = 1024;
 
 /// `message` cut to `MAX_EVENT_NOTE` bytes on a character boundary, marked with an ellipsis
 /// when cut. The full message stays in the health record's history.
-pub fn event_note(message: &str) -> String {
+pub(crate) fn event_note(message: &str) -> String {
     cut(message, MAX_EVENT_NOTE)
 }
 
@@ -182,10 +184,14 @@ pub fn cut(message: &str, max: usize) -> String {
 /// The longest reason one hosted cluster's row carries in a template's status: a thousand rows
 /// of whole TLS error chains would near etcd's 1.5 MiB object limit, and the full text is in
 /// that cluster's health record, which the row names.
-pub const MAX_ROW_REASON: usize = 300;
+pub(crate) const MAX_ROW_REASON: usize = 300;
 
 /// The per-HCP health record, without status.
-pub fn render_health(namespace: &str, cluster: &str, hosted_uid: Option<&str>) -> AdmissionHealth {
+pub(crate) fn render_health(
+    namespace: &str,
+    cluster: &str,
+    hosted_uid: Option<&str>,
+) -> AdmissionHealth {
     let mut h = AdmissionHealth::new(
         HEALTH_NAME,
         AdmissionHealthSpec {
@@ -206,7 +212,7 @@ pub fn render_health(namespace: &str, cluster: &str, hosted_uid: Option<&str>) -
 
 /// A history entry that `next_status` added: what an Event should announce.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NewEntry {
+pub(crate) struct NewEntry {
     pub concern: String,
     pub state: ComplianceState,
     pub message: String,
@@ -215,7 +221,7 @@ pub struct NewEntry {
 /// The one Event a report of `entries` makes: its state (the worst of them) and note (each
 /// `<concern>: <message>`, joined by ` | `, cut to the API's limit). One per report, not one
 /// per concern: a thousand HCPs starting at once must not mean thousands of Event writes.
-pub fn health_event(entries: &[NewEntry]) -> Option<(ComplianceState, String)> {
+pub(crate) fn health_event(entries: &[NewEntry]) -> Option<(ComplianceState, String)> {
     if entries.is_empty() {
         return None;
     }
@@ -229,7 +235,7 @@ pub fn health_event(entries: &[NewEntry]) -> Option<(ComplianceState, String)> {
 }
 
 /// The entries `next` added on top of `prev`, one per concern at most.
-pub fn new_entries(
+pub(crate) fn new_entries(
     prev: Option<&AdmissionHealthStatus>,
     next: &AdmissionHealthStatus,
 ) -> Vec<NewEntry> {
@@ -253,7 +259,7 @@ pub fn new_entries(
 /// repairs it made. A concern's history gains an entry only when its message changes, so
 /// repeating the same observation is a no-op (no write, no event).
 /// The `generation` is the record's own (`metadata.generation`), for `observedGeneration`.
-pub fn next_status(
+pub(crate) fn next_status(
     prev: Option<&AdmissionHealthStatus>,
     obs: &Observations,
     now: &str,
@@ -339,7 +345,7 @@ pub fn next_status(
 }
 
 /// A compliance state as a condition's status: Pending is not yet known.
-pub fn condition_status(state: ComplianceState) -> ConditionStatus {
+pub(crate) fn condition_status(state: ComplianceState) -> ConditionStatus {
     match state {
         ComplianceState::Compliant => ConditionStatus::True,
         ComplianceState::NonCompliant => ConditionStatus::False,
@@ -409,7 +415,7 @@ pub fn paused_since(
 
 /// Whether a pause that began at `since` (RFC 3339, as recorded) has outlived `max_hours`
 /// (0: no maximum) at `now`.
-pub fn pause_expired(since: Option<&str>, max_hours: u32, now: jiff::Timestamp) -> bool {
+pub(crate) fn pause_expired(since: Option<&str>, max_hours: u32, now: jiff::Timestamp) -> bool {
     let Some(since) = since.and_then(|s| s.parse::<jiff::Timestamp>().ok()) else {
         return false;
     };
@@ -419,7 +425,7 @@ pub fn pause_expired(since: Option<&str>, max_hours: u32, now: jiff::Timestamp) 
 /// When a pause that began at `since` (RFC 3339, as recorded; `None`: it begins `now`) stops
 /// holding under `max_hours` (0: never). A paused HCP waits for no event (its drift watch is
 /// dropped), so the reconcile comes back by then, or the pause would hold for ever.
-pub fn pause_ends(
+pub(crate) fn pause_ends(
     since: Option<&str>,
     max_hours: u32,
     now: jiff::Timestamp,
@@ -463,7 +469,7 @@ impl PauseReason {
 
 /// One hosted cluster's row in the fleet report.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RollupRow {
+pub(crate) struct RollupRow {
     pub cluster_name: String,
     pub state: ComplianceState,
     /// Why, when not Compliant: each such concern and its message.
@@ -471,7 +477,7 @@ pub struct RollupRow {
 }
 
 /// The row of one hosted cluster from its observations.
-pub fn rollup_row(cluster: &str, obs: &Observations) -> RollupRow {
+pub(crate) fn rollup_row(cluster: &str, obs: &Observations) -> RollupRow {
     let state = aggregate(obs.values().map(|o| &o.state));
     let reason = obs
         .iter()
@@ -487,13 +493,13 @@ pub fn rollup_row(cluster: &str, obs: &Observations) -> RollupRow {
 }
 
 /// ACM's label on the templates its framework addon syncs: the managed cluster they are for.
-pub const ACM_CLUSTER_NAME_LABEL: &str = "policy.open-cluster-management.io/cluster-name";
+pub(crate) const ACM_CLUSTER_NAME_LABEL: &str = "policy.open-cluster-management.io/cluster-name";
 
 /// The ACM managed cluster a template reports, when it is a hosted-mode one: with hosted-mode
 /// addons, ACM's framework addon for hosted cluster X runs on the management cluster in
 /// `klusterlet-X`, and template-sync creates the template there labelled with X. Any other
 /// template (the management cluster's own) reports the fleet.
-pub fn hosted_cluster_of<'a>(
+pub(crate) fn hosted_cluster_of<'a>(
     namespace: &str,
     labels: &'a BTreeMap<String, String>,
 ) -> Option<&'a str> {
@@ -506,7 +512,7 @@ pub fn hosted_cluster_of<'a>(
 /// (`managed_clusters::resolve`), or why it maps to none: a row that silently read Compliant
 /// for a cluster the agent does not guard would be a lie, so that is NonCompliant and says so.
 /// A HostedCluster whose HCP the agent has not reported yet is Pending.
-pub fn evaluate_cluster_template(
+pub(crate) fn evaluate_cluster_template(
     rows: &BTreeMap<String, RollupRow>,
     cluster: &str,
     hcp: Result<&str, &str>,
@@ -554,7 +560,7 @@ pub fn evaluate_cluster_template(
 /// How many hosted clusters the fleet summary names: the worst, each with a related object.
 /// The summary counts the rest; each hosted cluster's detail is its own AdmissionHealth and,
 /// with hosted-mode addons, its own row on the hub.
-pub const SUMMARY_WORST: usize = 5;
+pub(crate) const SUMMARY_WORST: usize = 5;
 
 /// The management cluster's `AdmissionHealthPolicy` template: a summary of the fleet (counts,
 /// and the few worst hosted clusters, each with a related object and its reason), its status
@@ -565,7 +571,7 @@ pub const SUMMARY_WORST: usize = 5;
 /// `halt`: why the progressive rollout is halted, while it is. The hub must hear of it: the
 /// verdict is NonCompliant and the message begins with it, even when every hosted cluster is
 /// back on the last good revision and Compliant.
-pub fn evaluate_template(
+pub(crate) fn evaluate_template(
     rows: &BTreeMap<String, RollupRow>,
     pending_supported: bool,
     halt: Option<&str>,
@@ -662,13 +668,13 @@ pub fn summary_total(message: &str) -> Option<usize> {
 
 /// The most entries a template's `status.history` keeps (status-sync keeps as many per
 /// template).
-pub const TEMPLATE_HISTORY: usize = 10;
+pub(crate) const TEMPLATE_HISTORY: usize = 10;
 
 /// A compliance Event's instant, to the microsecond: its name (`<policy>.<hex nanoseconds>`,
 /// client-go's convention, which status-sync parses for the time) and the `lastTimestamp` of
 /// its history entry (MicroTime) must say the same instant, or status-sync would count an
 /// Event and its entry twice.
-pub fn event_instant(now: jiff::Timestamp) -> (i128, String) {
+pub(crate) fn event_instant(now: jiff::Timestamp) -> (i128, String) {
     let micros = now.as_microsecond();
     let at = jiff::Timestamp::from_microsecond(micros).unwrap_or(now);
     let text = at.strftime("%Y-%m-%dT%H:%M:%S.%6fZ").to_string();
@@ -682,7 +688,7 @@ pub fn event_instant(now: jiff::Timestamp) -> (i128, String) {
 /// newest, since it never reports a third-party kind as recovered; the reporter answers with
 /// its verdict once per such entry, so a template error that persists (template-sync says it
 /// again, after the answer) stays newest, as it should.
-pub fn foreign_newest<'a>(
+pub(crate) fn foreign_newest<'a>(
     newest: Option<&'a str>,
     ours: &AdmissionHealthPolicyStatus,
     answered: Option<&str>,
@@ -695,7 +701,7 @@ pub fn foreign_newest<'a>(
 }
 
 /// `history` with `entry` in front, at most `TEMPLATE_HISTORY`.
-pub fn with_entry(
+pub(crate) fn with_entry(
     history: &[crate::crd::health::TemplateHistoryEntry],
     entry: crate::crd::health::TemplateHistoryEntry,
 ) -> Vec<crate::crd::health::TemplateHistoryEntry> {

@@ -41,7 +41,7 @@ use crate::crd::rollout::{
 pub const REVISION_ANNOTATION: &str = "hcp-fleet.openshift.io/revision";
 
 /// Earlier good revisions kept for pins (beyond the ones a pin names).
-pub const HISTORY: usize = 5;
+pub(crate) const HISTORY: usize = 5;
 
 /// What a revision rolls out.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -76,7 +76,7 @@ impl Revision {
 
     /// A revision as the rollout stored it. `Err`: its content no longer reads as this
     /// version's configuration (an agent downgrade), or does not hash to its name.
-    pub fn from_record(r: &RevisionRecord) -> Result<Self, String> {
+    pub(crate) fn from_record(r: &RevisionRecord) -> Result<Self, String> {
         let content: Content = serde_json::from_str(&r.content)
             .map_err(|e| format!("revision {}: stored content unreadable: {e}", r.revision))?;
         Ok(Self::from_content(content))
@@ -123,7 +123,7 @@ pub fn selects(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
 
 /// The revision an HCP runs, unless pinned: the target while it is in flight or done (and the
 /// rollout not halted for those in flight), else the stable one.
-pub fn assigned<'a>(st: &'a AdmissionRolloutStatus, ns: &str) -> Option<&'a RevisionRecord> {
+pub(crate) fn assigned<'a>(st: &'a AdmissionRolloutStatus, ns: &str) -> Option<&'a RevisionRecord> {
     let on_target = st.done.iter().any(|d| d == ns)
         || (st.phase == RolloutPhase::Progressing
             && st.in_flight.iter().any(|f| f.namespace == ns));
@@ -171,7 +171,7 @@ pub struct Health {
 /// unless the hosted cluster's own webhooks answered or held it; the hosted webhook
 /// configurations are the hosted cluster's state (unreachable, or refusing), and a revision
 /// that breaks them fails the probe as well.
-pub fn attributable(concern: &str, message: &str) -> bool {
+pub(crate) fn attributable(concern: &str, message: &str) -> bool {
     use crate::guards::probe::{FOREIGN_ANSWER, FOREIGN_POLICY_ANSWER, NO_ANSWER};
     match concern {
         "admission-service" | "certificate" => true,
@@ -522,7 +522,7 @@ fn next_batch(
 
 /// The state of a new rollout object: the configuration in force is the stable revision
 /// (nothing ran anything else).
-pub fn adopted(desired: &Revision, now: &str) -> AdmissionRolloutStatus {
+pub(crate) fn adopted(desired: &Revision, now: &str) -> AdmissionRolloutStatus {
     complete_on(desired.record(now), Vec::new())
 }
 
@@ -561,14 +561,14 @@ fn prune(history: Vec<RevisionRecord>, pinned: &BTreeSet<String>) -> Vec<Revisio
 }
 
 /// The rollout's condition types, as a Deployment's and an OpenShift ClusterOperator's.
-pub const AVAILABLE: &str = "Available";
-pub const PROGRESSING: &str = "Progressing";
-pub const DEGRADED: &str = "Degraded";
+pub(crate) const AVAILABLE: &str = "Available";
+pub(crate) const PROGRESSING: &str = "Progressing";
+pub(crate) const DEGRADED: &str = "Degraded";
 
 /// `st` with its conditions and `observedGeneration` set from what it says (the phase, the
 /// revisions, the failures), each keeping its transition time from `prev` where its status
 /// did not change: a step that moved nothing renders the same status and writes nothing.
-pub fn with_conditions(
+pub(crate) fn with_conditions(
     prev: Option<&AdmissionRolloutStatus>,
     mut st: AdmissionRolloutStatus,
     generation: Option<i64>,
@@ -666,7 +666,7 @@ fn seconds_since(rfc3339: &str, now_secs: i64) -> i64 {
 /// The rollout as last read or written, with its revisions parsed once: what every
 /// reconcile reads its HCP's assignment from (the controller keeps one, `Context::rollout_view`).
 #[derive(Debug, Default)]
-pub struct RolloutView {
+pub(crate) struct RolloutView {
     pub status: Option<AdmissionRolloutStatus>,
     revisions: HashMap<String, Revision>,
 }
@@ -702,7 +702,7 @@ impl RolloutView {
     }
 
     /// The revision the rollout assigns `ns` (`None`: no rollout state: the configuration's).
-    pub fn assigned(&self, ns: &str) -> Option<Revision> {
+    pub(crate) fn assigned(&self, ns: &str) -> Option<Revision> {
         let st = self.status.as_ref()?;
         assigned(st, ns).and_then(|r| self.revision(&r.revision))
     }

@@ -32,12 +32,12 @@ use crate::metrics::Metrics;
 /// The path and verb a reader must be allowed (the chart's `<release>-metrics-reader`
 /// ClusterRole grants exactly this).
 pub const PATH: &str = "/metrics";
-pub const VERB: &str = "get";
+pub(crate) const VERB: &str = "get";
 /// How long a verdict is kept.
 const ALLOWED_FOR: Duration = Duration::from_secs(60);
 const REFUSED_FOR: Duration = Duration::from_secs(10);
 /// Reviews in flight at once, and verdicts kept.
-pub const MAX_REVIEWS: usize = 4;
+pub(crate) const MAX_REVIEWS: usize = 4;
 const MAX_KEPT: usize = 256;
 
 /// What the reviews said of a token.
@@ -59,7 +59,7 @@ pub enum ReviewError {
 }
 
 /// Asks the management API who a token is and whether it may read the metrics.
-pub struct Reviewer {
+pub(crate) struct Reviewer {
     client: Client,
     kept: Mutex<HashMap<Vec<u8>, (Instant, Verdict)>>,
     in_flight: tokio::sync::Semaphore,
@@ -212,7 +212,7 @@ async fn metrics(State(st): State<Arc<Secured>>, headers: HeaderMap) -> Response
 }
 
 /// The HTTPS router: `/metrics` behind the reviews.
-pub fn router(metrics: Arc<Metrics>, client: Client) -> axum::Router {
+pub(crate) fn router(metrics: Arc<Metrics>, client: Client) -> axum::Router {
     let st = Arc::new(Secured {
         metrics,
         reviewer: Reviewer::new(client),

@@ -45,7 +45,7 @@ fn one_line_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> {
 }
 
 /// `text` with control characters written as escapes.
-pub fn escape_controls(text: &str) -> String {
+pub(crate) fn escape_controls(text: &str) -> String {
     text.chars()
         .flat_map(|c| {
             if c.is_control() {

@@ -9,7 +9,7 @@ pub use crate::crypto::install_provider as install_crypto_provider;
 /// What a TLS server presents: the end-entity certificate (DER) from one handshake with
 /// `addr`. The chain is not judged (the caller compares the certificate with the one it
 /// expects), but the handshake signature is verified, so the server holds the key.
-pub async fn served_certificate(
+pub(crate) async fn served_certificate(
     addr: std::net::SocketAddr,
     server_name: &str,
     timeout: std::time::Duration,

@@ -38,10 +38,10 @@ pub struct Settings {
     pub service_annotation_value: String,
 }
 
-pub const SETTINGS_ENV: &str = "HCP_FLEET_WEBHOOK_SETTINGS";
+pub(crate) const SETTINGS_ENV: &str = "HCP_FLEET_WEBHOOK_SETTINGS";
 
 impl Settings {
-    pub fn from_config(cfg: &AgentConfig) -> Self {
+    pub(crate) fn from_config(cfg: &AgentConfig) -> Self {
         let a = &cfg.admission;
         Self {
             webhooks: cfg
@@ -98,7 +98,7 @@ fn exempt(req: &Request, s: &Settings, scope: Scope) -> Option<String> {
 }
 
 /// Applies the webhook's mode to what its policy decided.
-pub fn apply_mode(hook: &str, mode: Mode, d: Decision) -> Decision {
+pub(crate) fn apply_mode(hook: &str, mode: Mode, d: Decision) -> Decision {
     match mode {
         Mode::Enforce => d,
         Mode::Off => Decision::allow(),
@@ -126,7 +126,7 @@ pub fn apply_mode(hook: &str, mode: Mode, d: Decision) -> Decision {
 }
 
 /// Decides one request for the guard served on `path`. `None`: no such guard.
-pub fn decide(path: &str, req: &Request, s: &Settings) -> Option<(String, Decision)> {
+pub(crate) fn decide(path: &str, req: &Request, s: &Settings) -> Option<(String, Decision)> {
     let guard = crate::guards::for_path(path)?;
     if guard.scope() == Scope::Everyone {
         // The probe is answered whatever the mode or identity: it proves the path works.

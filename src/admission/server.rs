@@ -29,16 +29,16 @@ use super::policies::{self, Settings};
 use super::review::{self, Decision};
 
 /// Kubernetes sends at most about 3 MiB of object; anything larger is not a review.
-pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+pub(crate) const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
 
 /// The default of `Limits::max_connections`: far above what one hosted kube-apiserver holds
 /// (it reuses a few connections per replica), far below the process's file limit.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 512;
 
 /// The default of `Limits::spin`, in microseconds: longer than the gap between an answer and
 /// the next request of a closed-loop client on one connection (about 40 µs here), far shorter
 /// than anything a person or a timer sees.
-pub const DEFAULT_SPIN_MICROS: u64 = 60;
+pub(crate) const DEFAULT_SPIN_MICROS: u64 = 60;
 
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -83,7 +83,7 @@ pub struct RequestLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct WebhookLabel {
+pub(crate) struct WebhookLabel {
     pub webhook: String,
 }
 
@@ -200,7 +200,7 @@ impl Hook {
     }
 }
 
-pub struct AppState {
+pub(crate) struct AppState {
     pub settings: Settings,
     /// path → webhook name and series, fixed at start.
     hooks: HashMap<String, Hook>,
@@ -396,7 +396,7 @@ async fn fixed(State(st): State<Arc<AppState>>, req: Request) -> Response {
     resp
 }
 
-pub fn baseline_router(st: Arc<AppState>) -> axum::Router {
+pub(crate) fn baseline_router(st: Arc<AppState>) -> axum::Router {
     let mut r = axum::Router::new();
     for path in crate::guards::paths() {
         r = r.route(path, post(fixed));
@@ -409,7 +409,7 @@ pub fn baseline_router(st: Arc<AppState>) -> axum::Router {
         .with_state(st)
 }
 
-pub fn router(st: Arc<AppState>) -> axum::Router {
+pub(crate) fn router(st: Arc<AppState>) -> axum::Router {
     let mut r = axum::Router::new();
     for path in crate::guards::paths() {
         r = r.route(path, post(admit));
@@ -539,7 +539,7 @@ mod spin {
     use std::time::{Duration, Instant};
 
     /// Past this many connections on one thread the spin is skipped: such a thread is busy.
-    pub const MAX_WATCHED: usize = 16;
+    pub(crate) const MAX_WATCHED: usize = 16;
 
     thread_local! {
         static WATCHED: RefCell<Vec<RawFd>> = const { RefCell::new(Vec::new()) };
@@ -547,7 +547,7 @@ mod spin {
 
     /// One connection's socket watched by the spin of the thread that serves it, for as long
     /// as this lives (it is made, and dropped, on that thread).
-    pub struct Watched(RawFd);
+    pub(crate) struct Watched(RawFd);
 
     impl Watched {
         pub fn new(socket: &impl AsRawFd) -> Self {
@@ -569,7 +569,7 @@ mod spin {
     }
 
     /// Spins until one of this thread's sockets is readable (or closed), or `spin` passes.
-    pub fn before_park(spin: Duration) {
+    pub(crate) fn before_park(spin: Duration) {
         if spin.is_zero() {
             return;
         }
@@ -758,7 +758,7 @@ pub fn tls_config(
 }
 
 /// What `webhook` serves on; for tests and `dev`, which bind loopback.
-pub fn bind_addr(port: u16, bind: &str) -> Result<SocketAddr, String> {
+pub(crate) fn bind_addr(port: u16, bind: &str) -> Result<SocketAddr, String> {
     format!("{bind}:{port}")
         .parse()
         .map_err(|e| format!("{bind}:{port}: {e}"))

@@ -21,7 +21,7 @@ use crate::telemetry::{self, LogFormat};
     version,
     about = "Admission webhooks across a HyperShift fleet"
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "HCP_FLEET_LOG_FORMAT")]
     pub log_format: LogFormat,
     #[command(subcommand)]

@@ -19,22 +19,22 @@ use crate::crd::AdmissionHealthPolicy;
 
 /// The name of the `AdmissionHealthPolicy` template in the fleet Policy (the reason of its
 /// compliance Events is `policy: <cluster namespace>/<this>`).
-pub const HEALTH_TEMPLATE_NAME: &str = "hcp-fleet-hosted-clusters";
+pub(crate) const HEALTH_TEMPLATE_NAME: &str = "hcp-fleet-hosted-clusters";
 
 /// The name of the `AdmissionHealthPolicy` template in the hosted clusters' Policy: one per
 /// hosted cluster, in its `klusterlet-<name>` namespace where ACM runs hosted-mode addons.
 pub const HOSTED_CLUSTER_TEMPLATE_NAME: &str = "hcp-fleet-hosted-cluster";
 /// The ClusterClaim MCE's hypershift-addon publishes on the ManagedCluster of a hosted
 /// cluster.
-pub const HOSTED_CLUSTER_CLAIM: &str = "hostedcluster.hypershift.openshift.io";
+pub(crate) const HOSTED_CLUSTER_CLAIM: &str = "hostedcluster.hypershift.openshift.io";
 
 /// The label ROSA and OSD put on the ManagedClusters of their HyperShift management clusters
 /// (a convention of those services, not something ACM sets by itself).
-pub const MANAGEMENT_CLUSTER_LABEL: &str =
+pub(crate) const MANAGEMENT_CLUSTER_LABEL: &str =
     "hypershift.open-cluster-management.io/management-cluster";
 /// The ClusterClaim MCE and ACM publish on a cluster that hosts HyperShift control planes
 /// (the hypershift-addon sets it), for fleets without the ROSA/OSD label.
-pub const HOSTING_CLUSTER_CLAIM: &str = "hostingcluster.hypershift.openshift.io";
+pub(crate) const HOSTING_CLUSTER_CLAIM: &str = "hostingcluster.hypershift.openshift.io";
 
 /// How the Placement finds the management clusters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -91,7 +91,7 @@ impl Default for FleetOptions {
 }
 
 /// Parses `key=value` as a label pair.
-pub fn parse_label(s: &str) -> Result<(String, String), String> {
+pub(crate) fn parse_label(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
         _ => Err(format!("expected key=value, got {s:?}")),
@@ -397,7 +397,7 @@ fn placement_binding(name: &str, ns: &str) -> Value {
 }
 
 /// The Hive SelectorSyncSet carrying the hub namespace and objects to every ACM hub.
-pub fn selector_sync_set(hub: &[Value], opts: &FleetOptions) -> Value {
+pub(crate) fn selector_sync_set(hub: &[Value], opts: &FleetOptions) -> Value {
     let labels: Map<String, Value> = opts
         .hub_selector
         .iter()
@@ -458,7 +458,7 @@ pub fn policies(
 
 /// The chart's `values.schema.json`. Hand-kept values are described here; `config` is
 /// `AgentConfig`'s own schema, so both move together.
-pub fn values_schema() -> Value {
+pub(crate) fn values_schema() -> Value {
     let mut config =
         serde_json::to_value(schemars::schema_for!(AgentConfig)).unwrap_or(Value::Null);
     // References in the config schema point at the document root.
@@ -635,7 +635,7 @@ const CHART_VALUES: &str = include_str!("../../charts/hcp-fleet-agent/values.yam
 /// The chart's README.md: how to install it and every value, each with its type, default
 /// (from values.yaml) and description (from the schema, so the two cannot drift apart: `make
 /// chart-schema` writes it, a test compares).
-pub fn chart_readme() -> String {
+pub(crate) fn chart_readme() -> String {
     let schema = values_schema();
     let defaults: Value = serde_saphyr::from_str(CHART_VALUES).unwrap_or(Value::Null);
     let mut rows = Vec::new();

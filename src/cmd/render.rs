@@ -43,7 +43,7 @@ pub struct RenderArgs {
 
 /// What the servers offer, as `render` is told (the agent asks them).
 #[derive(Debug, Clone, Copy)]
-pub struct Servers {
+pub(crate) struct Servers {
     /// The management cluster serves policy/v1.
     pub policy_v1: bool,
     /// The hosted cluster keeps webhook matchConditions.
@@ -69,7 +69,7 @@ fn redact_keys(mut v: Value) -> Value {
 }
 
 /// The YAML stream for one HCP.
-pub fn render_all(
+pub(crate) fn render_all(
     cfg: &AgentConfig,
     namespace: &str,
     name: &str,

@@ -95,7 +95,7 @@ pub fn row(h: &AdmissionHealth) -> FleetRow {
 }
 
 /// How many hosted clusters run each revision.
-pub fn revision_counts(rows: &[FleetRow]) -> BTreeMap<String, usize> {
+pub(crate) fn revision_counts(rows: &[FleetRow]) -> BTreeMap<String, usize> {
     let mut by = BTreeMap::new();
     for r in rows {
         *by.entry(r.revision.clone()).or_default() += 1;
@@ -104,7 +104,7 @@ pub fn revision_counts(rows: &[FleetRow]) -> BTreeMap<String, usize> {
 }
 
 /// How many hosted clusters run each revision, most first: `revisions: a 998, b 2`.
-pub fn revisions(rows: &[FleetRow]) -> String {
+pub(crate) fn revisions(rows: &[FleetRow]) -> String {
     let mut v: Vec<(String, usize)> = revision_counts(rows).into_iter().collect();
     v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let parts: Vec<String> = v.iter().map(|(r, n)| format!("{r} {n}")).collect();
@@ -163,7 +163,7 @@ const WIDE_HEADERS: [&str; 3] = ["NAMESPACE", "REVISION", "REASON"];
 /// A table's layout: each column as wide as its widest cell (a hosted cluster name of any
 /// length keeps the rows in line), two spaces between columns, no trailing padding. `--watch`
 /// keeps the first layout for the rows that follow, as kubectl does.
-pub struct Table {
+pub(crate) struct Table {
     wide: bool,
     widths: Vec<usize>,
 }
@@ -291,7 +291,7 @@ pub fn summary(rows: &[FleetRow]) -> String {
 }
 
 /// Whether a row is a problem: anything but Compliant.
-pub fn is_problem(r: &FleetRow) -> bool {
+pub(crate) fn is_problem(r: &FleetRow) -> bool {
     r.compliant != "Compliant"
 }
 
@@ -308,7 +308,7 @@ pub fn select(rows: Vec<FleetRow>, problems: bool) -> Vec<FleetRow> {
 /// revisions and the rollout's and overrides' lines.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Report {
+pub(crate) struct Report {
     pub clusters: Vec<FleetRow>,
     pub summary: Summary,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -52,13 +52,13 @@ pub struct UninstallArgs {
 
 /// What happened in one HCP namespace.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Removed {
+pub(crate) struct Removed {
     pub hosted_objects: usize,
     pub management_objects: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum UninstallError {
+pub(crate) enum UninstallError {
     #[error("{namespace}: hosted cluster: {reason}; its webhooks and admission service are kept")]
     Hosted { namespace: String, reason: String },
     #[error("{namespace}: deleting {what}: {source}")]
@@ -70,7 +70,7 @@ pub enum UninstallError {
 }
 
 /// Whether `lease` is held by someone, renewed within its duration, at `now`.
-pub fn lease_is_held(lease: &Lease, now: jiff::Timestamp) -> Option<String> {
+pub(crate) fn lease_is_held(lease: &Lease, now: jiff::Timestamp) -> Option<String> {
     let spec = lease.spec.as_ref()?;
     let holder = spec.holder_identity.clone().filter(|h| !h.is_empty())?;
     let renewed = spec.renew_time.as_ref()?.0;

@@ -134,14 +134,14 @@ fn owner(hcp: &HostedControlPlane) -> Option<OwnerReference> {
 }
 
 /// What the phase found: the Deployment as the server has it, and the drift it repaired.
-pub struct AdmissionService {
+pub(crate) struct AdmissionService {
     pub deployment: Deployment,
     pub drift: Vec<String>,
 }
 
 /// Applies the admission service where it differs from the rendering; returns the
 /// Deployment as the server has it now.
-pub async fn ensure(
+pub(crate) async fn ensure(
     s: &Scope<'_>,
     certs: &CertBundle,
     scheduling: &Scheduling,

@@ -45,7 +45,7 @@ fn is_write_race(s: &kube::core::Status) -> bool {
 }
 
 /// What `apply_if_changed` did, with the object as the server has it afterwards.
-pub enum Applied<K> {
+pub(crate) enum Applied<K> {
     /// The live object already said what was rendered; nothing was written.
     Unchanged(K),
     /// There was none; it was created.
@@ -61,7 +61,7 @@ impl<K> Applied<K> {
         }
     }
 
-    pub fn into_object(self) -> K {
+    pub(crate) fn into_object(self) -> K {
         match self {
             Applied::Unchanged(k) | Applied::Created(k) | Applied::Updated(k) => k,
         }
@@ -70,7 +70,7 @@ impl<K> Applied<K> {
 
 /// How a differing object is put back.
 #[derive(Debug, Clone, Copy)]
-pub enum Repair {
+pub(crate) enum Repair {
     /// A forced server-side apply: the agent's fields are its own again; fields other
     /// managers set beside them stay (management-side objects, where other controllers may
     /// legitimately add to them).
@@ -86,7 +86,7 @@ pub enum Repair {
 /// Applies only what differs from the live object (compared by `same(desired, live)` on their
 /// JSON): some API servers (1.20 among them) bump a no-op apply's managedFields timestamp, and
 /// with it the resourceVersion, which every watcher then sees as a change. Says what it did.
-pub async fn apply_if_changed<K>(
+pub(crate) async fn apply_if_changed<K>(
     api: &Api<K>,
     name: &str,
     desired: &K,
@@ -102,7 +102,7 @@ where
 
 /// `apply_if_changed` against a live object already read (from a list of the kind, one
 /// request for many objects); `None`: there is none.
-pub async fn apply_against<K>(
+pub(crate) async fn apply_against<K>(
     api: &Api<K>,
     name: &str,
     desired: &K,
@@ -153,7 +153,7 @@ where
 }
 
 /// Deletes `name` if it exists; a missing object is what was wanted.
-pub async fn delete_if_present<K>(api: &Api<K>, name: &str) -> Result<bool, kube::Error>
+pub(crate) async fn delete_if_present<K>(api: &Api<K>, name: &str) -> Result<bool, kube::Error>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
@@ -167,7 +167,7 @@ where
 /// One owned object of a kind, by its fixed name: `desired` applied under `name`, or the object
 /// deleted when `None`. Nothing is listed: in a hosted cluster any tenant can label objects
 /// like the agent's, and a list by that label would hold (and delete) whatever they put there.
-pub async fn apply_or_delete<K>(
+pub(crate) async fn apply_or_delete<K>(
     api: &Api<K>,
     name: &str,
     desired: Option<&K>,

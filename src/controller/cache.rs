@@ -23,7 +23,7 @@ use serde::de::DeserializeOwned;
 /// The stores the controller's watches fill (`controller::run`). `None` where the kind is
 /// not watched (no PodDisruptionBudget API served) or before the controller runs.
 #[derive(Clone, Default)]
-pub struct Caches {
+pub(crate) struct Caches {
     pub ca_secrets: Option<Store<Secret>>,
     pub tls_secrets: Option<Store<Secret>>,
     pub kubeconfig_secrets: Option<Store<Secret>>,
@@ -64,7 +64,7 @@ impl Seen {
 /// Where the agent keeps what it last knew of each HCP's objects, by HCP namespace and object
 /// key (the controller's context, in each HCP's state). A trait, so this module reads the
 /// context without depending on it: the context holds the stores this module defines.
-pub trait SeenLog {
+pub(crate) trait SeenLog {
     fn last_seen(&self, ns: &str, key: &str) -> Option<Seen>;
     fn record_seen(&self, ns: &str, key: String, seen: Seen);
     /// `key` as `Delivered` where the agent last knew it at `rv`; nothing for an HCP the
@@ -73,7 +73,7 @@ pub trait SeenLog {
 }
 
 /// Whether a store's view may stand for the server's, given what the agent last knew.
-pub fn trust_store(last: Option<&Seen>, stored_rv: Option<Option<&str>>) -> bool {
+pub(crate) fn trust_store(last: Option<&Seen>, stored_rv: Option<Option<&str>>) -> bool {
     match (last, stored_rv) {
         (None | Some(Seen::Delivered), _) => true,
         (Some(Seen::Absent), None) => true,
@@ -84,7 +84,7 @@ pub fn trust_store(last: Option<&Seen>, stored_rv: Option<Option<&str>>) -> bool
 
 /// One object's key in the HCP's state: its URL, so that the same kind in two API groups (or
 /// versions) are two objects.
-pub fn object_key<K: Resource>(api: &Api<K>, name: &str) -> String {
+pub(crate) fn object_key<K: Resource>(api: &Api<K>, name: &str) -> String {
     format!("{}/{name}", api.resource_url())
 }
 

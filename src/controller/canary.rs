@@ -23,7 +23,7 @@ use crate::management::FIELD_MANAGER;
 
 /// One enforced guard's canary, and the engine that carries the guard in this cluster.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Planned {
+pub(crate) struct Planned {
     pub guard: String,
     pub engine: Engine,
     pub canary: Canary,
@@ -31,7 +31,7 @@ pub struct Planned {
 
 /// What one canary showed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Shown {
+pub(crate) enum Shown {
     /// The guard denied it (proven).
     Denied,
     /// Not tried this round, and why (the cluster lacks the kind or the object; no answer).
@@ -43,7 +43,7 @@ pub enum Shown {
 
 /// The canaries of the guards enforced in `desired` under `cfg` (the HCP's configuration, its
 /// override applied), in the order of the configuration.
-pub fn plan(cfg: &AgentConfig, desired: &HostedWebhooks) -> Vec<Planned> {
+pub(crate) fn plan(cfg: &AgentConfig, desired: &HostedWebhooks) -> Vec<Planned> {
     let hooks: BTreeSet<&str> = desired
         .validating
         .iter()
@@ -183,7 +183,7 @@ pub fn combined(probe: ComplianceState, results: &BTreeMap<String, Shown>) -> Co
 }
 
 /// The failures among the canaries' last results, to name in the report.
-pub fn failures(results: &BTreeMap<String, Shown>) -> Vec<String> {
+pub(crate) fn failures(results: &BTreeMap<String, Shown>) -> Vec<String> {
     results
         .values()
         .filter_map(|s| match s {

@@ -15,7 +15,7 @@ use crate::certificates::{self, CertBundle};
 use crate::management;
 
 /// The certificates this reconcile will apply, and when the serving one expires.
-pub struct Certificates {
+pub(crate) struct Certificates {
     pub bundle: CertBundle,
     /// RFC 3339.
     pub expires: String,
@@ -27,7 +27,7 @@ pub struct Certificates {
     pub next_change: Option<std::time::Duration>,
 }
 
-pub fn secret_bytes(s: &Secret) -> BTreeMap<String, Vec<u8>> {
+pub(crate) fn secret_bytes(s: &Secret) -> BTreeMap<String, Vec<u8>> {
     s.data
         .as_ref()
         .map(|d| d.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
@@ -49,7 +49,7 @@ async fn read(
         })
 }
 
-pub async fn ensure(s: &Scope<'_>) -> Result<Certificates, Failure> {
+pub(crate) async fn ensure(s: &Scope<'_>) -> Result<Certificates, Failure> {
     let (ctx, cfg, ns) = (s.ctx, s.cfg, s.ns);
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     let caches = ctx.caches();

@@ -325,7 +325,7 @@ impl Context {
     /// Everything the agent holds for an HCP that went away: its state (which stops its
     /// tasks and drops its client), its metric series and its roll-up row.
     /// `cluster` is the HCP's name (which names its metric series).
-    pub fn forget(&self, ns: &str, cluster: &str) {
+    pub(crate) fn forget(&self, ns: &str, cluster: &str) {
         {
             let mut hcps = lock(&self.hcps);
             hcps.remove(ns);

@@ -13,11 +13,11 @@ use crate::management::PdbApi;
 
 const POLICY_CRD: &str = "policies.policy.open-cluster-management.io";
 /// HyperShift's HostedCluster: where served, the ACM managed cluster of each is read from it.
-pub const HOSTED_CLUSTER_CRD: &str = "hostedclusters.hypershift.openshift.io";
-pub const HEALTH_CRD: &str = "admissionhealths.hcp-fleet.openshift.io";
-pub const TEMPLATE_CRD: &str = "admissionhealthpolicies.hcp-fleet.openshift.io";
-pub const ROLLOUT_CRD: &str = "admissionrollouts.hcp-fleet.openshift.io";
-pub const OVERRIDE_CRD: &str = "hostedadmissionoverrides.hcp-fleet.openshift.io";
+pub(crate) const HOSTED_CLUSTER_CRD: &str = "hostedclusters.hypershift.openshift.io";
+pub(crate) const HEALTH_CRD: &str = "admissionhealths.hcp-fleet.openshift.io";
+pub(crate) const TEMPLATE_CRD: &str = "admissionhealthpolicies.hcp-fleet.openshift.io";
+pub(crate) const ROLLOUT_CRD: &str = "admissionrollouts.hcp-fleet.openshift.io";
+pub(crate) const OVERRIDE_CRD: &str = "hostedadmissionoverrides.hcp-fleet.openshift.io";
 
 #[derive(Debug, Clone, Copy)]
 pub struct Capabilities {
@@ -51,7 +51,7 @@ impl Capabilities {
     }
 
     /// Every monitoring API served here (watched, and pruned when no longer configured).
-    pub fn monitoring_apis(&self) -> impl Iterator<Item = MonitoringApi> + '_ {
+    pub(crate) fn monitoring_apis(&self) -> impl Iterator<Item = MonitoringApi> + '_ {
         MonitoringApi::GROUPS
             .into_iter()
             .zip(self.monitoring_served)
@@ -61,7 +61,7 @@ impl Capabilities {
 
 /// How long one discovery read may take: a management API server that accepts the connection
 /// and never answers must not hold the controller's start (and with it every HCP) forever.
-pub const DISCOVERY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const DISCOVERY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
 
 pub async fn discover(client: &Client) -> Capabilities {
     let groups = tokio::time::timeout(DISCOVERY_DEADLINE, client.list_api_groups())
@@ -132,7 +132,7 @@ pub async fn discover(client: &Client) -> Capabilities {
 }
 
 /// Does the v1 schema's `status.compliant` accept `Pending` (or leave the value open)?
-pub fn pending_in_enum(crd: &CustomResourceDefinition) -> bool {
+pub(crate) fn pending_in_enum(crd: &CustomResourceDefinition) -> bool {
     let v = serde_json::to_value(crd).unwrap_or(Value::Null);
     v["spec"]["versions"]
         .as_array()

@@ -83,7 +83,7 @@ impl AdmissionEndpoints for InCluster {
 }
 
 /// The ready addresses of one EndpointSlice, on its `https` port (else `default_port`).
-pub fn ready_addresses(slice: &EndpointSlice, default_port: i32) -> Vec<SocketAddr> {
+pub(crate) fn ready_addresses(slice: &EndpointSlice, default_port: i32) -> Vec<SocketAddr> {
     let port = slice
         .ports
         .iter()

@@ -137,7 +137,7 @@ pub enum Failure {
 
 /// A hosted API server's refusal, with what to do about it where the credentials are the
 /// likely cause.
-pub fn hosted_refusal(source: &kube::Error, secret: &str) -> String {
+pub(crate) fn hosted_refusal(source: &kube::Error, secret: &str) -> String {
     let text = KubeError(source).to_string();
     match crate::human::code(source).and_then(|c| credentials_hint(c, secret)) {
         Some(hint) => format!("{text}: {hint}"),
@@ -166,7 +166,7 @@ impl Failure {
         }
     }
 
-    pub fn in_namespace(self, namespace: &str) -> ReconcileError {
+    pub(crate) fn in_namespace(self, namespace: &str) -> ReconcileError {
         ReconcileError {
             namespace: namespace.to_string(),
             failure: self,

@@ -55,7 +55,7 @@ fn remove(map: &mut HashMap<String, HashSet<String>>, svc: &PartialObjectMeta<Se
 
 /// The index, shared by the watch that fills it and the reconciles that read it.
 #[derive(Clone)]
-pub struct GuestServices {
+pub(crate) struct GuestServices {
     index: Arc<RwLock<Index>>,
     ready: watch::Receiver<bool>,
     /// A wait for the first listing has timed out once (the watch cannot list, say): later
@@ -111,7 +111,7 @@ impl GuestServices {
 
     /// The names of the unlabelled Services in `ns`, once the first listing is complete
     /// (the first caller waits for it a while); `None` if it is not (the caller lists).
-    pub async fn unlabelled(&self, ns: &str) -> Option<Vec<String>> {
+    pub(crate) async fn unlabelled(&self, ns: &str) -> Option<Vec<String>> {
         use std::sync::atomic::Ordering;
         let mut ready = self.ready.clone();
         if self.waited.load(Ordering::Relaxed) {

@@ -120,7 +120,7 @@ fn outcome(
     }
 }
 
-pub async fn ensure(
+pub(crate) async fn ensure(
     s: &Scope<'_>,
     hosted: &HostedClient,
     want: Want<'_>,
@@ -229,7 +229,7 @@ pub async fn ensure(
 
 /// Why `install` stopped.
 #[derive(Debug)]
-pub enum InstallError {
+pub(crate) enum InstallError {
     Api(kube::Error),
     /// The path guards move to did not answer its probe in time; the old one was kept.
     Unproven {

@@ -29,7 +29,7 @@ use crate::reporting::Observation;
 /// What the probe asks for: the revision of each path installed (`None`: that path is not),
 /// and what the admission service's answers must prove.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ProbeTargets {
+pub(crate) struct ProbeTargets {
     pub webhook: Option<String>,
     pub policy: Option<String>,
     pub proof: Proof,
@@ -47,7 +47,7 @@ impl ProbeTargets {
 
 /// Why a probe path did not answer as the agent's guards answer.
 #[derive(Debug, thiserror::Error)]
-pub enum ProbeFailure {
+pub(crate) enum ProbeFailure {
     #[error("the system's random source failed, so no probe nonce could be made")]
     NoNonce,
     /// Denied by something that could not prove it is the admission service. The text is
@@ -88,7 +88,7 @@ impl ProbeFailure {
 
 /// One probe of every path: the verdict, and the first path's failure that was no answer at
 /// all.
-pub struct Probed {
+pub(crate) struct Probed {
     pub verdict: Observation,
     pub unanswered: Option<ProbeFailure>,
 }
@@ -98,7 +98,7 @@ pub struct Probed {
 /// (answered by the hosted kube-apiserver itself). `Ok` when it answered; otherwise what
 /// happened instead. An allowed request means nothing at that revision saw it: the service's
 /// call failed (failurePolicy Ignore let it through), or the server does not run it yet.
-pub async fn probe_path(
+pub(crate) async fn probe_path(
     hosted: &Client,
     timeout: Duration,
     engine: Engine,
@@ -205,7 +205,7 @@ fn verdict(answered: &[&str], failed: &[String], unproven: bool) -> Observation 
 /// When an HCP's first periodic probe goes: between half and one and a half intervals,
 /// placed by a hash of its namespace. A restarted agent converges a thousand HCPs within
 /// seconds; without the spread their probes would all go in the same second of every minute.
-pub fn first_probe(ns: &str, every: Duration) -> Duration {
+pub(crate) fn first_probe(ns: &str, every: Duration) -> Duration {
     let h = ns.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     });
@@ -215,7 +215,7 @@ pub fn first_probe(ns: &str, every: Duration) -> Duration {
 /// Records this reconcile's verdict and makes sure the periodic probe runs. The task queues a
 /// full reconcile (which reports) only when the verdict changes, so a steady fleet costs one
 /// hosted request per cluster per interval and nothing on the management cluster.
-pub fn ensure_task(s: &Scope<'_>, hosted: &HostedClient, verdict: ComplianceState) {
+pub(crate) fn ensure_task(s: &Scope<'_>, hosted: &HostedClient, verdict: ComplianceState) {
     let (ctx, ns, cluster) = (s.ctx, s.ns, s.cluster);
     let timeout = Duration::from_secs(u64::from(s.cfg.hosted_access.request_timeout_seconds));
     let every = Duration::from_secs(u64::from(s.cfg.probe_interval_seconds));

@@ -20,7 +20,7 @@ pub struct Proof {
 
 /// How a denial of the probe reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Answer {
+pub(crate) enum Answer {
     /// The agent's own answer, proven.
     Proven,
     /// The right words without the proof, while the Deployment rolls out (see `Proof`).
@@ -31,7 +31,7 @@ pub enum Answer {
 
 /// Whether a denial of the probe of `engine` is the agent's own answer, and not an imitation
 /// by something the hosted cluster's admins installed (see `judge`).
-pub fn authentic(engine: Engine, message: &str, proof: &Proof, nonce: &str) -> Answer {
+pub(crate) fn authentic(engine: Engine, message: &str, proof: &Proof, nonce: &str) -> Answer {
     let words = match engine {
         Engine::Webhook => PROBE_ANSWER,
         Engine::Policy => POLICY_PROBE_ANSWER,

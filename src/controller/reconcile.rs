@@ -505,7 +505,7 @@ pub fn backoff(failures: u32) -> Duration {
 /// Full jitter: a retry at a uniform point of `[0, cap]` (`r` in `[0, 1)`), at least a second
 /// later. A thousand HCPs failing together (a management API server restarting, a shared
 /// dependency down) must not come back in step, each wave as large as the last.
-pub fn jittered(cap: Duration, r: f64) -> Duration {
+pub(crate) fn jittered(cap: Duration, r: f64) -> Duration {
     cap.mul_f64(r.clamp(0.0, 1.0))
         .max(Duration::from_secs(1).min(cap))
 }
@@ -526,7 +526,7 @@ fn random_fraction() -> f64 {
 /// its files), so the agent looks every 2 s for the first half minute, the time a rollout or
 /// a reload takes, and only then backs off: with plain doubling, a replica that moved on just
 /// after the third look kept the previous CA trusted for 16 s more.
-pub fn settle_wait(looks: u32) -> Duration {
+pub(crate) fn settle_wait(looks: u32) -> Duration {
     const STEADY_LOOKS: u32 = 15;
     if looks <= STEADY_LOOKS {
         Duration::from_secs(2)

@@ -36,7 +36,7 @@ fn now_rfc3339() -> String {
 /// Reports one reconcile's observations: the compliance gauge and fleet row at once, then
 /// the health record (where its CRD is installed).
 /// What one reconcile found, for its report.
-pub struct Pass<'a> {
+pub(crate) struct Pass<'a> {
     pub obs: &'a Observations,
     pub drift_repaired: u64,
     /// The revision it reconciled the HCP to.
@@ -51,7 +51,7 @@ pub struct Pass<'a> {
 /// HCPs pass from Pending (waiting for the admission Deployment) to a verdict within seconds,
 /// and writing the record twice (created Pending, then its verdict) was two more requests
 /// per HCP against the management ceiling. The metrics and the fleet row say Pending at once.
-pub const NEW_RECORD_GRACE: Duration = Duration::from_secs(10);
+pub(crate) const NEW_RECORD_GRACE: Duration = Duration::from_secs(10);
 
 /// Reports one pass. Returns when to come back if a new record's Pending was held back
 /// (`NEW_RECORD_GRACE`): the reconcile looks again by then, and writes it if still Pending.
@@ -280,7 +280,7 @@ fn remember(
 /// Re-evaluates every `AdmissionHealthPolicy` template whenever a hosted cluster's row changes
 /// or a template appears or changes (debounced, so a fleet converging at once costs a few
 /// writes, not one per HCP).
-pub async fn template_reporter(ctx: Arc<Context>) {
+pub(crate) async fn template_reporter(ctx: Arc<Context>) {
     let api: Api<AdmissionHealthPolicy> = Api::all(ctx.client.clone());
     // A new or changed template (ACM's framework addon creates it) must be reported at once,
     // not at the next change of a hosted cluster: watch them and wake the loop. The watch
@@ -686,7 +686,7 @@ async fn emit_compliance_event(
 /// Removes what earlier releases wrote outside ACM's flow (docs/reporting.md): the Policy in
 /// each HCP namespace and the roll-up Policy in the agent's namespace. On a hub, ACM's
 /// propagator takes such Policies for unplaced root policies and wipes their status.
-pub async fn remove_legacy_policies(ctx: &Context) {
+pub(crate) async fn remove_legacy_policies(ctx: &Context) {
     if !ctx.caps.policy_crd {
         return;
     }

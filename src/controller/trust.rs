@@ -62,7 +62,7 @@ pub async fn installed_trust(hosted: &Client) -> Result<String, kube::Error> {
 /// replicas may be serving (the Deployment exists), the hosted configurations that are
 /// installed get the new bundle added to their trust. Fails, holding the certificate back,
 /// when the hosted cluster cannot be reached to do so.
-pub async fn pre_trust(s: &Scope<'_>, certs: &CertBundle) -> Result<Vec<String>, Failure> {
+pub(crate) async fn pre_trust(s: &Scope<'_>, certs: &CertBundle) -> Result<Vec<String>, Failure> {
     let (ctx, cfg, ns) = (s.ctx, s.cfg, s.ns);
     let held = |f: Failure| Failure::TrustFirst(Box::new(f));
     let store = ctx.caches().deployments;
@@ -124,7 +124,7 @@ pub async fn pre_trust(s: &Scope<'_>, certs: &CertBundle) -> Result<Vec<String>,
 /// current bundle once every ready replica serves `certs.serving`; until then the current
 /// bundle plus what is installed. Fails when replicas are listed but none completes a TLS
 /// handshake: the service is down for the hosted kube-apiserver too.
-pub async fn hosted_bundle(
+pub(crate) async fn hosted_bundle(
     s: &Scope<'_>,
     hosted: &HostedClient,
     certs: &CertBundle,

@@ -30,7 +30,7 @@ use crate::metrics::DriftLabels;
 /// where served, its admission policies and bindings. A change that does not match what the
 /// agent applied, or a deletion, is drift: counted, noted for the health record, and the HCP
 /// queued for repair at once. A new server (rotated kubeconfig) restarts the watch.
-pub fn ensure_drift_watch(
+pub(crate) fn ensure_drift_watch(
     ctx: &Context,
     ns: &str,
     cluster: &str,
@@ -74,7 +74,7 @@ pub fn ensure_drift_watch(
 
 /// Objects per page when listing what a tenant can add to (labelled hosted objects): what one
 /// page holds is all the agent holds at once, whatever the tenant keeps.
-pub const HOSTED_PAGE: u32 = 10;
+pub(crate) const HOSTED_PAGE: u32 = 10;
 
 fn drift_task(
     ctx: &Context,
@@ -413,7 +413,7 @@ fn classify<K: serde::Serialize + kube::Resource>(
 
 /// HCP deletions: a controller never reconciles a deleted object, so a metadata watch tells
 /// the context to forget it (state, tasks, client, series, roll-up row).
-pub async fn deletion_watcher(ctx: Arc<Context>) {
+pub(crate) async fn deletion_watcher(ctx: Arc<Context>) {
     let api: Api<PartialObjectMeta<HostedControlPlane>> = Api::all(ctx.client.clone());
     let mut s = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
     while let Some(ev) = s.next().await {

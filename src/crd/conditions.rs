@@ -48,7 +48,7 @@ pub enum ConditionStatus {
 }
 
 impl ConditionStatus {
-    pub fn from_bool(b: bool) -> Self {
+    pub(crate) fn from_bool(b: bool) -> Self {
         if b { Self::True } else { Self::False }
     }
 
@@ -90,7 +90,7 @@ pub fn set(prev: &[Condition], want: Want<'_>, generation: Option<i64>, now: &st
 
 /// The conditions `wants` describe, in that order, each keeping its transition time from
 /// `prev` where its status is unchanged.
-pub fn set_all<'a>(
+pub(crate) fn set_all<'a>(
     prev: &[Condition],
     wants: impl IntoIterator<Item = Want<'a>>,
     generation: Option<i64>,
@@ -109,7 +109,7 @@ pub fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Conditio
 
 /// `x-kubernetes-list-type: map` keyed by `type`: server-side apply and strategic merge treat
 /// each condition as its own entry, as they do for the built-in kinds.
-pub fn list_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+pub(crate) fn list_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
     let mut s = <Vec<Condition>>::json_schema(g);
     s.insert("x-kubernetes-list-type".into(), "map".into());
     s.insert(

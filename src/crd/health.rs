@@ -24,7 +24,7 @@ use super::conditions::Condition;
 /// The label ACM's framework addon looks for on a CRD before it syncs templates of that kind
 /// (governance-policy-framework-addon, `controllers/templatesync/template_sync.go`,
 /// `hasPolicyTemplateLabel`).
-pub const ACM_POLICY_TYPE_LABEL: &str = "policy.open-cluster-management.io/policy-type";
+pub(crate) const ACM_POLICY_TYPE_LABEL: &str = "policy.open-cluster-management.io/policy-type";
 
 /// One hosted cluster's admission health, in its HCP namespace.
 ///
@@ -222,7 +222,7 @@ pub struct AdmissionHealthPolicyStatus {
 impl AdmissionHealthPolicyStatus {
     /// The same verdict: compliance, message and rows (the history is what reporting them
     /// left behind, not part of the verdict).
-    pub fn same_verdict(&self, other: &Self) -> bool {
+    pub(crate) fn same_verdict(&self, other: &Self) -> bool {
         self.compliant == other.compliant
             && self.message == other.message
             && self.related_objects == other.related_objects
@@ -307,7 +307,7 @@ pub fn crds() -> Vec<serde_json::Value> {
 }
 
 /// Helm's annotation for resources `helm uninstall` leaves in place.
-pub const HELM_RESOURCE_POLICY: &str = "helm.sh/resource-policy";
+pub(crate) const HELM_RESOURCE_POLICY: &str = "helm.sh/resource-policy";
 
 /// What older API servers would refuse or rewrite in schemars' output:
 /// - `null` among an optional enum's values (`nullable: true` already says it): Kubernetes 1.20

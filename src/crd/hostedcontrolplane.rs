@@ -106,7 +106,7 @@ fn read_pause(what: &str, value: Option<&str>, now: jiff::Timestamp) -> Pause {
 
 /// The HCP's `controllerAvailabilityPolicy` is `SingleReplica` (the CRD's default is
 /// `HighlyAvailable`).
-pub const SINGLE_REPLICA: &str = "SingleReplica";
+pub(crate) const SINGLE_REPLICA: &str = "SingleReplica";
 
 /// Where and how many: what the HCP's spec says about scheduling its control plane, which
 /// the admission service follows like HyperShift's own components.
@@ -151,7 +151,7 @@ impl HostedControlPlane {
 
     /// What pauses the HCP at `now`: the agent's annotation, HyperShift's `spec.pausedUntil`,
     /// or both (for the report).
-    pub fn paused_by(&self, now: jiff::Timestamp) -> String {
+    pub(crate) fn paused_by(&self, now: jiff::Timestamp) -> String {
         let (annotation, spec) = self.pauses(now);
         match (annotation.holds(), spec.holds()) {
             (true, true) => format!("{PAUSE_ANNOTATION} and spec.pausedUntil"),
@@ -186,7 +186,7 @@ impl HostedControlPlane {
 
     /// The fields of HyperShift's spec the agent reads (`pauses`, `scheduling`); the rest of
     /// an HCP is HyperShift's own, and large.
-    pub const SPEC_READ: [&'static str; 4] = [
+    pub(crate) const SPEC_READ: [&'static str; 4] = [
         "pausedUntil",
         "nodeSelector",
         "tolerations",
@@ -198,7 +198,7 @@ impl HostedControlPlane {
     /// spec and status (its platform, networking, services, release, conditions), which at a
     /// thousand HCPs was about 20 KiB of the agent's memory per HCP (`make bench`, heaptrack),
     /// read by nothing here. The agent never writes an HCP, so nothing is lost.
-    pub fn keep_only_what_is_read(&mut self) {
+    pub(crate) fn keep_only_what_is_read(&mut self) {
         self.spec
             .extra
             .retain(|k, _| Self::SPEC_READ.contains(&k.as_str()));

@@ -24,7 +24,7 @@ use crate::catalogue::Mode;
 pub const ROLLOUT_NAME: &str = "fleet";
 /// Set to the halted revision on the `AdmissionRollout` to resume it; the agent removes it once
 /// it has.
-pub const RESUME_ANNOTATION: &str = "hcp-fleet.openshift.io/resume";
+pub(crate) const RESUME_ANNOTATION: &str = "hcp-fleet.openshift.io/resume";
 
 /// The fleet's rollout: all of it is status.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]

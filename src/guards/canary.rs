@@ -15,12 +15,12 @@ use serde_json::{Value, json};
 /// The identity canaries are sent as: not exempt by any default entry (the configuration
 /// refuses an exemption that would cover it: `config::exemption_problem`), and known to no
 /// one but the agent's RBAC (`hosted::canary`).
-pub const CANARY_USER: &str = "hcp-fleet.openshift.io:canary";
+pub(crate) const CANARY_USER: &str = "hcp-fleet.openshift.io:canary";
 /// The group the canary user is impersonated with (every authenticated user has it).
-pub const CANARY_GROUP: &str = "system:authenticated";
+pub(crate) const CANARY_GROUP: &str = "system:authenticated";
 /// The key of the user's extra that carries the canary's nonce. The API server lower-cases an
 /// `Impersonate-Extra-` header's suffix into this key.
-pub const NONCE_EXTRA: &str = "hcp-fleet-canary-nonce";
+pub(crate) const NONCE_EXTRA: &str = "hcp-fleet-canary-nonce";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verb {

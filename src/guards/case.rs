@@ -108,7 +108,7 @@ impl Case {
 }
 
 /// An object of a cluster config kind: `metadata.name` "cluster", `spec` unless null.
-pub fn spec_obj(spec: Value, labels: Value) -> Value {
+pub(crate) fn spec_obj(spec: Value, labels: Value) -> Value {
     let mut o = json!({"metadata": {"name": "cluster", "labels": labels}});
     if !spec.is_null() {
         o["spec"] = spec;

@@ -13,7 +13,7 @@ use crate::admission::review::{Decision, Request};
 use crate::catalogue::{BuiltinRow, Mode, WebhookKind, denial, rule};
 use crate::config::AdmissionConfig;
 
-pub struct IdentityGroups;
+pub(crate) struct IdentityGroups;
 
 pub static ROW: BuiltinRow = BuiltinRow {
     name: "identity-groups.hcp-fleet.openshift.io",

@@ -19,7 +19,7 @@ use crate::admission::review::{Decision, Request};
 use crate::catalogue::{BuiltinRow, Mode, WebhookKind, denial, rule};
 use crate::config::AdmissionConfig;
 
-pub struct IdentityNamespaces;
+pub(crate) struct IdentityNamespaces;
 
 pub static ROW: BuiltinRow = BuiltinRow {
     name: "identity-namespaces.hcp-fleet.openshift.io",
@@ -45,7 +45,7 @@ const SA_TOKEN_TYPE: &str = "kubernetes.io/service-account-token";
 /// of the exempt service-account users and groups (`system:serviceaccount:<ns>:…`, a prefix
 /// `system:serviceaccount:<prefix>*`, `system:serviceaccounts:<ns>`), as exact names or
 /// prefixes ending in '*'.
-pub fn reserved_namespaces(
+pub(crate) fn reserved_namespaces(
     exempt_namespaces: &[String],
     exempt_users: &[String],
     exempt_groups: &[String],

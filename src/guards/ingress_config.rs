@@ -11,7 +11,7 @@ use crate::admission::review::{Decision, Request};
 use crate::catalogue::{BuiltinRow, Mode, WebhookKind, denial, rule};
 use crate::config::AdmissionConfig;
 
-pub struct IngressConfig;
+pub(crate) struct IngressConfig;
 
 pub static ROW: BuiltinRow = BuiltinRow {
     name: "ingress-config.hcp-fleet.openshift.io",

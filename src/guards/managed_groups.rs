@@ -8,7 +8,7 @@ use crate::admission::review::{Decision, Request};
 use crate::catalogue::{BuiltinRow, MANAGED_API_GROUPS, Mode, WebhookKind, denial, rule};
 use crate::config::AdmissionConfig;
 
-pub struct ManagedGroups;
+pub(crate) struct ManagedGroups;
 
 pub static ROW: BuiltinRow = BuiltinRow {
     name: "managed-api-groups.hcp-fleet.openshift.io",

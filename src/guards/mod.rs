@@ -107,7 +107,7 @@ pub fn has_cel_form(path: &str) -> bool {
 }
 
 /// Whom the guard served on `path` leaves alone (a path no guard serves: the default).
-pub fn scope_of(path: &str) -> Scope {
+pub(crate) fn scope_of(path: &str) -> Scope {
     for_path(path).map_or(Scope::Workloads, |g| g.scope())
 }
 
@@ -117,7 +117,7 @@ pub fn paths() -> impl Iterator<Item = &'static str> {
 }
 
 /// The guards' default definitions, in order.
-pub fn definitions() -> Vec<WebhookDefinition> {
+pub(crate) fn definitions() -> Vec<WebhookDefinition> {
     ALL.iter().map(|g| g.row().definition()).collect()
 }
 
@@ -139,14 +139,14 @@ pub(crate) fn unchanged(req: &Request, part: impl Fn(&Value) -> Value) -> bool {
 pub(crate) mod cel {
     pub use crate::hosted::cel::{list, matches_any, message, string};
 
-    pub fn group_is(g: &str) -> String {
+    pub(crate) fn group_is(g: &str) -> String {
         format!("request.resource.group == {}", string(g))
     }
-    pub fn resource_is(r: &str) -> String {
+    pub(crate) fn resource_is(r: &str) -> String {
         format!("request.resource.resource == {}", string(r))
     }
     /// `x.spec.<field>` is there, for objects that may lack `spec`.
-    pub fn has_spec(obj: &str, field: &str) -> String {
+    pub(crate) fn has_spec(obj: &str, field: &str) -> String {
         format!("(has({obj}.spec) && has({obj}.spec.{field}))")
     }
     /// One word on DELETE, another otherwise.

@@ -10,7 +10,7 @@ use crate::admission::review::{Decision, Request};
 use crate::catalogue::{BuiltinRow, Mode, WebhookKind, denial, rule};
 use crate::config::AdmissionConfig;
 
-pub struct NetworkMigration;
+pub(crate) struct NetworkMigration;
 
 pub static ROW: BuiltinRow = BuiltinRow {
     name: "network-migration.hcp-fleet.openshift.io",

@@ -23,7 +23,7 @@ use crate::admission::review::{Decision, Request};
 use crate::catalogue::{BuiltinRow, Mode, PROBE_ANSWER, PROBE_LABEL, WebhookKind, rule};
 use crate::config::AdmissionConfig;
 
-pub struct Probe;
+pub(crate) struct Probe;
 
 pub static ROW: BuiltinRow = BuiltinRow {
     name: "probe.hcp-fleet.openshift.io",
@@ -39,7 +39,7 @@ pub const NONCE_ANNOTATION: &str = "hcp-fleet.openshift.io/probe-nonce";
 /// The key of the probe key in the TLS Secret, and so the file in the service's cert dir.
 pub const KEY_FILE: &str = "probe.key";
 /// What precedes the proof in the service's answer.
-pub const PROOF_MARK: &str = " (proof ";
+pub(crate) const PROOF_MARK: &str = " (proof ";
 
 /// An HCP's probe key: 32 random bytes, kept as 64 hex characters in the TLS Secret. It
 /// outlives certificate renewals and CA rotations (a key that changed with the certificate
@@ -110,7 +110,7 @@ fn a_nonce(n: &str) -> Option<&str> {
 
 /// The nonce a request carries, if it is one the agent could have made: a probe's in its
 /// annotation, a canary's in its user's extra (`canary::NONCE_EXTRA`).
-pub fn nonce_of(req: &Request) -> Option<&str> {
+pub(crate) fn nonce_of(req: &Request) -> Option<&str> {
     if is_probe(req) {
         let o = req.object.as_ref()?;
         return a_nonce(o["metadata"]["annotations"][NONCE_ANNOTATION].as_str()?);
@@ -191,11 +191,11 @@ impl Guard for Probe {
 /// webhook of the hosted cluster's own). Not the revision's doing (`rollout::attributable`).
 pub const FOREIGN_ANSWER: &str = "something other than the agent's service answered it";
 /// The same, on the policy path.
-pub const FOREIGN_POLICY_ANSWER: &str = "was not answered by the agent's probe policy";
+pub(crate) const FOREIGN_POLICY_ANSWER: &str = "was not answered by the agent's probe policy";
 /// In a probe's message: the hosted kube-apiserver held the request past the agent's timeout.
 /// The agent's own webhooks time out sooner (5 s at most) and let requests through, so
 /// something of the hosted cluster's held it.
-pub const NO_ANSWER: &str = "got no answer within";
+pub(crate) const NO_ANSWER: &str = "got no answer within";
 
 #[cfg(test)]
 mod tests {

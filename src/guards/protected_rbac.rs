@@ -9,7 +9,7 @@ use crate::admission::review::{Decision, Request};
 use crate::catalogue::{BuiltinRow, Mode, WebhookKind, denial, rule};
 use crate::config::AdmissionConfig;
 
-pub struct ProtectedRbac;
+pub(crate) struct ProtectedRbac;
 
 pub static ROW: BuiltinRow = BuiltinRow {
     name: "protected-rbac.hcp-fleet.openshift.io",

@@ -11,7 +11,7 @@ use crate::admission::review::{Decision, Request};
 use crate::catalogue::{BuiltinRow, DEFAULT_SCCS, Mode, WebhookKind, denial, rule};
 use crate::config::AdmissionConfig;
 
-pub struct Scc;
+pub(crate) struct Scc;
 
 pub static ROW: BuiltinRow = BuiltinRow {
     name: "scc.hcp-fleet.openshift.io",

@@ -10,7 +10,7 @@ use crate::admission::review::{Decision, Request};
 use crate::catalogue::{BuiltinRow, Mode, WebhookKind, rule};
 use crate::config::AdmissionConfig;
 
-pub struct ServiceAnnotation;
+pub(crate) struct ServiceAnnotation;
 
 pub static ROW: BuiltinRow = BuiltinRow {
     name: "service-annotation.hcp-fleet.openshift.io",

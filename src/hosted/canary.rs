@@ -73,7 +73,7 @@ pub fn request(c: &Canary, nonce: &str) -> Result<http::Request<Vec<u8>>, http::
 
 /// Whether an API error is RBAC refusing the canary user (so the RBAC is missing or was
 /// changed), rather than a guard's denial.
-pub fn refused_by_rbac(status: &kube::core::Status) -> bool {
+pub(crate) fn refused_by_rbac(status: &kube::core::Status) -> bool {
     status.code == 403
         && status
             .message

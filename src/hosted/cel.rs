@@ -68,7 +68,7 @@ pub fn message(template: &str, values: &[(&str, &str)]) -> String {
 /// (`admission::policies`), evaluated by the API server instead.
 ///
 /// `scope` says which apply: the identity guards leave out the namespaces, the probe all.
-pub fn exemption_conditions(a: &AdmissionConfig, scope: Scope) -> Vec<Value> {
+pub(crate) fn exemption_conditions(a: &AdmissionConfig, scope: Scope) -> Vec<Value> {
     let mut out = Vec::new();
     if scope == Scope::Everyone {
         return out;

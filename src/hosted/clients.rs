@@ -79,14 +79,14 @@ pub enum HostedAccessError {
 
 /// The request stack of one hosted kube-apiserver's connection (base URI, credentials,
 /// headers, the request count, HTTP/2 with keepalive pings), shared by every clone.
-pub type HostedService = tower::util::BoxCloneSyncService<
+pub(crate) type HostedService = tower::util::BoxCloneSyncService<
     http::Request<kube::client::Body>,
     http::Response<HostedBody>,
     Box<dyn std::error::Error + Send + Sync>,
 >;
 
 /// A hosted kube-apiserver's response body.
-pub type HostedBody = LineCapped<hyper::body::Incoming>;
+pub(crate) type HostedBody = LineCapped<hyper::body::Incoming>;
 
 /// Why a validated kubeconfig gave no client.
 #[derive(Debug, thiserror::Error)]
@@ -112,7 +112,7 @@ pub enum ClientError {
 /// the length of a reconcile or a probe round, over the same connection; the drift watch
 /// reads the stack directly (`hosted::watch`).
 #[derive(Clone)]
-pub struct HostedClient {
+pub(crate) struct HostedClient {
     secret_hash: Vec<u8>,
     service: HostedService,
     default_namespace: String,
@@ -148,7 +148,7 @@ impl HostedClient {
 
     /// What the server offers (`webhooks::discover_features`). Unknown (the question failed)
     /// reads as nothing offered, the safe reading: the service then applies the exemptions.
-    pub async fn features(&self) -> HostedFeatures {
+    pub(crate) async fn features(&self) -> HostedFeatures {
         match self
             .features
             .get_or_try_init(|| {
@@ -166,7 +166,7 @@ impl HostedClient {
     }
 
     /// Was this client built from exactly these kubeconfig bytes?
-    pub fn is_from(&self, raw: &[u8]) -> bool {
+    pub(crate) fn is_from(&self, raw: &[u8]) -> bool {
         self.secret_hash == crate::crypto::sha256(raw)
     }
 
@@ -227,17 +227,17 @@ impl HostedClient {
 /// timeout (15 s), inside the 20 s an SRE is promised. Every ping wakes the agent twice, and
 /// at a thousand hosted clusters those wake-ups led its idle CPU profile (`make bench`, perf):
 /// every 10 s rather than 5 s halves them.
-pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
-pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// HTTP/2 flow-control windows of a hosted connection (see `keepalive_service`).
-pub const HOSTED_STREAM_WINDOW: u32 = 256 * 1024;
-pub const HOSTED_CONNECTION_WINDOW: u32 = 1024 * 1024;
+pub(crate) const HOSTED_STREAM_WINDOW: u32 = 256 * 1024;
+pub(crate) const HOSTED_CONNECTION_WINDOW: u32 = 1024 * 1024;
 
 /// kube's request stack (base URI, credentials, headers) over an HTTP/2 connection with
 /// keepalive pings (HTTP/1.1 where the server does not offer h2, without pings), every
 /// request counted in `requests`.
-pub fn keepalive_service(
+pub(crate) fn keepalive_service(
     config: kube::Config,
     requests: prometheus_client::metrics::counter::Counter,
 ) -> Result<HostedService, ClientError> {
@@ -301,7 +301,7 @@ pub fn keepalive_service(
 /// lists what a tenant can add to in pages of `controller::watches::HOSTED_PAGE` (10), so only
 /// a server gone wrong comes near it; such a response fails, and the cluster is reported with
 /// the reason, instead of the agent holding whatever it sends.
-pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+pub(crate) const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 
 /// A response body that fails once `max` bytes pass without a line break.
 pub struct LineCapped<B> {
@@ -315,7 +315,7 @@ impl<B> LineCapped<B> {
         Self::with_max(inner, MAX_LINE_BYTES)
     }
 
-    pub fn with_max(inner: B, max: usize) -> Self {
+    pub(crate) fn with_max(inner: B, max: usize) -> Self {
         Self { inner, run: 0, max }
     }
 }
@@ -325,7 +325,7 @@ impl<B> LineCapped<B> {
 #[error(
     "the hosted kube-apiserver sent more than {0} bytes without a line break; the response was refused"
 )]
-pub struct LineTooLong(pub usize);
+pub(crate) struct LineTooLong(pub usize);
 
 impl<B> hyper::body::Body for LineCapped<B>
 where

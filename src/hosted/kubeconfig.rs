@@ -10,7 +10,7 @@ use serde_json::Value;
 use crate::config::ServerRewrite;
 
 /// Larger kubeconfigs are refused before parsing.
-pub const MAX_KUBECONFIG_BYTES: usize = 256 * 1024;
+pub(crate) const MAX_KUBECONFIG_BYTES: usize = 256 * 1024;
 
 const TOP_KEYS: &[&str] = &[
     "apiVersion",
@@ -263,7 +263,7 @@ pub fn validate(
 /// host is what follows the `@`), a query and a fragment are refused, so what is compared is
 /// what the client connects to.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServerUrl {
+pub(crate) struct ServerUrl {
     pub host: String,
     pub port: Option<u16>,
     /// Without its trailing `/` (empty for none).
@@ -281,7 +281,7 @@ impl std::fmt::Display for ServerUrl {
 }
 
 /// `server` parsed, or why it is refused (no part of it quoted: the reason names the rule).
-pub fn parse_server(server: &str) -> Result<ServerUrl, &'static str> {
+pub(crate) fn parse_server(server: &str) -> Result<ServerUrl, &'static str> {
     if server.contains('#') {
         return Err("a fragment (#) is not accepted");
     }
@@ -316,7 +316,7 @@ pub fn parse_server(server: &str) -> Result<ServerUrl, &'static str> {
 /// parsed URL: `https` only; the host by a glob (`{namespace}` stands for the HCP namespace,
 /// `*` for any run of host characters); the port equal, or `*` for any; the path equal (a
 /// trailing `/` ignored). A server that does not parse matches nothing.
-pub fn server_allowed(server: &str, namespace: &str, patterns: &[String]) -> bool {
+pub(crate) fn server_allowed(server: &str, namespace: &str, patterns: &[String]) -> bool {
     let Ok(url) = parse_server(server) else {
         return false;
     };
@@ -373,7 +373,7 @@ fn glob(pattern: &[u8], text: &[u8]) -> bool {
 /// - `from` a whole URL: the server must equal it (ignoring a trailing '/') and becomes `to`.
 ///
 /// A server that does not parse (`parse_server`) is left as it is, to be refused.
-pub fn rewrite_server(server: &str, namespace: &str, rewrites: &[ServerRewrite]) -> String {
+pub(crate) fn rewrite_server(server: &str, namespace: &str, rewrites: &[ServerRewrite]) -> String {
     let norm = server.trim_end_matches('/');
     for rw in rewrites {
         if rw.from.contains("://") {

@@ -159,7 +159,7 @@ pub(crate) fn metadata_matches(desired: &Value, live: &Value) -> bool {
 
 /// The part of a hosted object the agent renders whole, where a field it did not render is
 /// drift: a configuration's `webhooks`, a policy's or binding's `spec`.
-pub const OWNED_WHOLE: &[&str] = &["webhooks", "spec"];
+pub(crate) const OWNED_WHOLE: &[&str] = &["webhooks", "spec"];
 
 /// What someone else set in the part of a live hosted object the agent renders whole
 /// (`compare::foreign_fields`), each as `path (by manager)`.
@@ -169,6 +169,6 @@ pub fn foreign(live: &Value) -> Vec<String> {
 
 /// `foreign(live)` for a drift record (`compare::summary`: paths and manager names are the
 /// tenant's own text).
-pub fn foreign_summary(live: &Value) -> Option<String> {
+pub(crate) fn foreign_summary(live: &Value) -> Option<String> {
     crate::compare::summary(&foreign(live))
 }

@@ -47,7 +47,10 @@ impl Engine {
 }
 
 /// Which engine carries `w` on a server offering `features`, and why not the one asked for.
-pub fn engine_of(w: &WebhookDefinition, features: HostedFeatures) -> (Engine, Option<String>) {
+pub(crate) fn engine_of(
+    w: &WebhookDefinition,
+    features: HostedFeatures,
+) -> (Engine, Option<String>) {
     let cel = guards::has_cel_form(&w.path);
     match w.engine {
         GuardEngine::Webhook => (Engine::Webhook, None),
@@ -87,7 +90,7 @@ impl AdmissionPolicies {
 }
 
 /// The probe policy's (and binding's) name: the probe webhook's.
-pub fn probe_name() -> &'static str {
+pub(crate) fn probe_name() -> &'static str {
     guards::probe::ROW.name
 }
 
@@ -246,7 +249,7 @@ fn render_json(
 /// (a guard that moved to its webhook, or is off, may still have one from before). What the
 /// agent lists, prunes and uninstalls is held to these: a tenant can label objects of their own
 /// like the agent's.
-pub fn names_ours(webhooks: &[WebhookDefinition]) -> std::collections::BTreeSet<String> {
+pub(crate) fn names_ours(webhooks: &[WebhookDefinition]) -> std::collections::BTreeSet<String> {
     guards::ALL
         .iter()
         .map(|g| g.row().name.to_string())
@@ -254,7 +257,7 @@ pub fn names_ours(webhooks: &[WebhookDefinition]) -> std::collections::BTreeSet<
         .collect()
 }
 
-pub fn spec_matches(desired: &Value, live: &Value) -> bool {
+pub(crate) fn spec_matches(desired: &Value, live: &Value) -> bool {
     crate::compare::subset(&desired["spec"], &live["spec"])
         && super::objects::metadata_matches(desired, live)
         && super::objects::foreign(live).is_empty()
@@ -262,7 +265,7 @@ pub fn spec_matches(desired: &Value, live: &Value) -> bool {
 
 /// What the API server's type check (`status.typeChecking`, written by kube-controller-manager)
 /// found wrong in a policy's expressions, one line per warning.
-pub fn type_warnings(p: &ValidatingAdmissionPolicy) -> Vec<String> {
+pub(crate) fn type_warnings(p: &ValidatingAdmissionPolicy) -> Vec<String> {
     p.status
         .as_ref()
         .and_then(|s| s.type_checking.as_ref())

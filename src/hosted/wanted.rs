@@ -16,7 +16,7 @@ use super::webhooks::HostedWebhooks;
 
 /// One object the agent wants in the hosted cluster.
 #[derive(Debug, Clone, PartialEq)]
-pub struct WantedObject {
+pub(crate) struct WantedObject {
     pub kind: &'static str,
     pub name: String,
     /// `{"labels": …, "annotations": …}` as rendered (interned too: every object of an HCP
@@ -97,7 +97,7 @@ impl WebhookParts {
 
 /// Everything the agent wants in one hosted cluster, and the revisions its probe selects.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Wanted {
+pub(crate) struct Wanted {
     objects: Vec<WantedObject>,
     pub webhook_revision: Option<String>,
     pub policy_revision: Option<String>,
@@ -190,7 +190,7 @@ struct Pool {
 }
 
 /// One shared copy of `v`: the one already held elsewhere if it is equal, else `v`.
-pub fn intern(v: Value) -> Arc<Value> {
+pub(crate) fn intern(v: Value) -> Arc<Value> {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     v.to_string().hash(&mut h);
     let key = h.finish();

@@ -24,12 +24,14 @@ use crate::guards;
 pub const VALIDATING_NAME: &str = "hcp-fleet-agent-validating";
 pub const MUTATING_NAME: &str = "hcp-fleet-agent-mutating";
 /// The name of the object `discover_features` offers in a dry run (never stored).
-pub const FEATURE_CHECK_NAME: &str = "hcp-fleet-agent-feature-check";
+pub(crate) const FEATURE_CHECK_NAME: &str = "hcp-fleet-agent-feature-check";
 
 /// Asks the hosted API server, by a dry-run create of a webhook configuration, which of the
 /// features the guards can use it keeps. A server that does not know a field drops it (older
 /// servers ignore strict field validation), so what comes back says what is served.
-pub async fn discover_features(client: &kube::Client) -> Result<HostedFeatures, kube::Error> {
+pub(crate) async fn discover_features(
+    client: &kube::Client,
+) -> Result<HostedFeatures, kube::Error> {
     let check: ValidatingWebhookConfiguration = serde_json::from_value(json!({
         "metadata": {"name": FEATURE_CHECK_NAME},
         "webhooks": [{
@@ -79,7 +81,7 @@ pub struct HostedWebhooks {
 }
 
 /// The claim value for `CLAIM_ANNOTATION`.
-pub fn claim_value(management_uid: &str, hcp_namespace: &str) -> String {
+pub(crate) fn claim_value(management_uid: &str, hcp_namespace: &str) -> String {
     format!("{management_uid}/{hcp_namespace}")
 }
 
@@ -90,7 +92,7 @@ impl HostedWebhooks {
     }
 
     /// Every object annotated `key: value` (the claim; the rollout revision).
-    pub fn annotated(mut self, key: &str, value: &str) -> Self {
+    pub(crate) fn annotated(mut self, key: &str, value: &str) -> Self {
         let mark = |m: &mut kube::api::ObjectMeta| {
             m.annotations
                 .get_or_insert_with(Default::default)
@@ -127,7 +129,7 @@ impl HostedWebhooks {
 /// The base URL of the admission service as the hosted kube-apiserver must call it. A
 /// `service:` reference would be resolved inside the hosted cluster, wrongly; the URL names the
 /// Service in the HCP namespace on the management cluster.
-pub fn default_url_base(cfg: &AgentConfig, hcp_namespace: &str) -> String {
+pub(crate) fn default_url_base(cfg: &AgentConfig, hcp_namespace: &str) -> String {
     format!(
         "https://{}.{hcp_namespace}.svc.cluster.local",
         cfg.admission.service_name
@@ -268,7 +270,7 @@ pub fn render(
 
 /// Does the live object still say what we rendered? Compared on the fields we own, after the
 /// server's defaulting, so a defaulted field never counts as drift.
-pub fn webhooks_match(desired: &Value, live: &Value) -> bool {
+pub(crate) fn webhooks_match(desired: &Value, live: &Value) -> bool {
     let (Some(d), Some(l)) = (
         desired.get("webhooks").and_then(Value::as_array),
         live.get("webhooks").and_then(Value::as_array),

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use super::LocalCpError;
 
 /// The version `hack/testbed-assets.sh` builds; its cache directory is named after it.
-pub const KUBE_VERSION: &str = "v1.20.2";
+pub(crate) const KUBE_VERSION: &str = "v1.20.2";
 
 #[derive(Debug, Clone)]
 pub struct Assets {
@@ -66,13 +66,13 @@ impl KubeVersion {
     }
 
     /// `--insecure-port` was removed in 1.24: passing it makes the server exit.
-    pub fn has_insecure_port_flag(&self) -> bool {
+    pub(crate) fn has_insecure_port_flag(&self) -> bool {
         (self.major, self.minor) < (1, 24)
     }
 
     /// Enforces a CRD's CEL rules (`x-kubernetes-validations`, 1.25); before that, server-side
     /// apply refuses the field.
-    pub fn has_cel(&self) -> bool {
+    pub(crate) fn has_cel(&self) -> bool {
         self.serves(Feature::CrdCel)
     }
 
@@ -132,7 +132,7 @@ impl std::fmt::Display for KubeVersion {
 }
 
 /// The cache directory the asset script writes to (same rules as the script).
-pub fn default_cache_dir() -> Option<PathBuf> {
+pub(crate) fn default_cache_dir() -> Option<PathBuf> {
     let root = if let Some(d) = std::env::var_os("HCP_FLEET_ASSETS_CACHE") {
         PathBuf::from(d)
     } else if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {

@@ -22,7 +22,7 @@ const FIELD_MANAGER: &str = "hcp-fleet-agent-testbed";
 /// The secret the agent reads by default (docs/architecture.md, step 4).
 pub const SERVICE_NETWORK_KUBECONFIG: &str = "service-network-admin-kubeconfig";
 /// The secret HyperShift publishes in `status.kubeConfig`.
-pub const ADMIN_KUBECONFIG: &str = "admin-kubeconfig";
+pub(crate) const ADMIN_KUBECONFIG: &str = "admin-kubeconfig";
 
 /// `clusters-<name>`: a HostedCluster `<name>` in namespace `clusters`.
 pub fn hcp_namespace(name: &str) -> String {
@@ -183,7 +183,7 @@ pub async fn create_hcp(
 
 /// The HostedCluster `clusters/<name>` whose control plane is in `clusters-<name>`, as the
 /// HyperShift operator keeps it beside the HCP (the agent reads its metadata only).
-pub async fn create_hosted_cluster(client: &Client, name: &str) -> Result<(), LocalCpError> {
+pub(crate) async fn create_hosted_cluster(client: &Client, name: &str) -> Result<(), LocalCpError> {
     ensure_namespace(client, HOSTED_CLUSTER_NAMESPACE, BTreeMap::new()).await?;
     let mut hc = crate::crd::HostedCluster::new(name, Default::default());
     hc.metadata.namespace = Some(HOSTED_CLUSTER_NAMESPACE.into());
@@ -204,7 +204,7 @@ pub async fn create_hosted_cluster(client: &Client, name: &str) -> Result<(), Lo
 }
 
 /// The namespace of the test bed's HostedClusters (HyperShift's default).
-pub const HOSTED_CLUSTER_NAMESPACE: &str = "clusters";
+pub(crate) const HOSTED_CLUSTER_NAMESPACE: &str = "clusters";
 
 /// The spec of a HostedControlPlane as HyperShift writes one for an AWS hosted cluster: every
 /// field HyperShift's own CRD requires (dns, etcd, infraID, issuerURL, platform with region

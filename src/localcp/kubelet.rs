@@ -572,7 +572,7 @@ async fn sync(
 
 /// The test bed has no registry: it runs the agent's own image (whatever its registry or tag:
 /// the binary is the one built here) and can pull nothing else.
-pub fn pullable(image: &str) -> bool {
+pub(crate) fn pullable(image: &str) -> bool {
     let name = image.rsplit('/').next().unwrap_or(image);
     name.split([':', '@']).next() == Some("hcp-fleet-agent")
 }

@@ -24,7 +24,7 @@ use pki::Pki;
 use process::ManagedProcess;
 
 /// How long a component may take to answer its readiness check before we give up.
-pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(90);
+pub(crate) const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(90);
 
 #[derive(Debug, thiserror::Error)]
 pub enum LocalCpError {
@@ -153,10 +153,6 @@ impl ApiServer {
         client_from_kubeconfig(&self.name, &self.kubeconfig_yaml).await
     }
 
-    pub fn is_running(&self) -> bool {
-        self.process.is_some()
-    }
-
     /// Stops this kube-apiserver (to test an unreachable hosted cluster).
     pub fn stop(&mut self) {
         if let Some(mut p) = self.process.take() {
@@ -181,10 +177,6 @@ impl ApiServer {
         })?;
         wait_apiserver_ready(proc, &client, timeout).await
     }
-
-    pub fn log_tail(&self, lines: usize) -> String {
-        process::log_tail(&self.log_path, lines)
-    }
 }
 
 /// The running fleet. Dropping it stops everything and removes the state directory.
@@ -196,7 +188,6 @@ pub struct LocalFleet {
     pub version: assets::KubeVersion,
     assets: Assets,
     etcd: ManagedProcess,
-    etcd_url: String,
     pki: Pki,
     state: tempfile::TempDir,
 }
@@ -257,7 +248,6 @@ impl LocalFleet {
             version: assets.version.clone(),
             assets,
             etcd,
-            etcd_url,
             pki,
             state,
         };
@@ -300,10 +290,6 @@ impl LocalFleet {
             .unwrap_or_else(|| crate::crd::CRD_MANIFESTS[0].1.to_string())
     }
 
-    pub fn etcd_url(&self) -> &str {
-        &self.etcd_url
-    }
-
     /// PIDs of every running process of the fleet.
     pub fn pids(&self) -> Vec<u32> {
         let mut v: Vec<u32> = self.etcd.pid().into_iter().collect();
@@ -325,33 +311,8 @@ impl LocalFleet {
         self.hosted.get_mut(name)
     }
 
-    /// Adds a hosted cluster to a running fleet (its kube-apiserver and, with `fixture`, its
-    /// HCP namespace, kubeconfig secret and HostedControlPlane).
-    pub async fn add_hosted(&mut self, name: &str, fixture: bool) -> Result<(), LocalCpError> {
-        validate_cluster_name(name)?;
-        let assets = Assets::resolve(None)?;
-        let opts = FleetOptions::default();
-        let dir = self.state.path().to_path_buf();
-        let shared = Shared {
-            assets: &assets,
-            dir: &dir,
-            pki: &self.pki,
-            etcd_url: &self.etcd_url,
-            opts: &opts,
-        };
-        let mut s = new_apiserver(name, &format!("/registry-hosted-{name}"), None, &shared)?;
-        s.spawn()?;
-        s.wait_ready().await?;
-        if fixture {
-            let mgmt = self.management.client().await?;
-            fixtures::create_hcp(&mgmt, name, &s.kubeconfig_yaml).await?;
-        }
-        self.hosted.insert(name.to_string(), s);
-        Ok(())
-    }
-
     /// Stops everything now (also done on drop).
-    pub fn shutdown(&mut self) {
+    pub(crate) fn shutdown(&mut self) {
         for s in self.hosted.values_mut() {
             s.stop();
         }
@@ -394,7 +355,7 @@ impl ApiServer {
 
 /// The test bed's API servers listen on loopback ports, which the agent's default
 /// `hostedAccess.allowedServers` refuses; the test bed's configuration allows them by name.
-pub const LOOPBACK_SERVERS: &str = "https://127.0.0.1:*";
+pub(crate) const LOOPBACK_SERVERS: &str = "https://127.0.0.1:*";
 
 /// `cfg` with the test bed's loopback API servers allowed.
 pub fn allow_loopback(mut cfg: crate::config::AgentConfig) -> crate::config::AgentConfig {
@@ -413,7 +374,7 @@ pub fn agent_config_yaml() -> String {
 }
 
 /// Hosted cluster names become namespace and etcd-prefix parts: DNS-1123 labels only.
-pub fn validate_cluster_name(name: &str) -> Result<(), LocalCpError> {
+pub(crate) fn validate_cluster_name(name: &str) -> Result<(), LocalCpError> {
     let bad = |reason: &str| LocalCpError::InvalidName {
         name: name.to_string(),
         reason: reason.to_string(),

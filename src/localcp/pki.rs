@@ -12,7 +12,7 @@ use crate::certificates::{self, KeyedCert, Usage};
 
 const LIFETIME: Duration = Duration::days(2);
 
-pub struct Pki {
+pub(crate) struct Pki {
     pub ca: KeyedCert,
     pub ca_path: PathBuf,
     pub sa_key_path: PathBuf,
@@ -56,7 +56,11 @@ impl Pki {
     }
 
     /// A serving certificate for a kube-apiserver on loopback; returns (cert, key) paths.
-    pub fn serving_pair(&self, dir: &Path, name: &str) -> Result<(PathBuf, PathBuf), LocalCpError> {
+    pub(crate) fn serving_pair(
+        &self,
+        dir: &Path,
+        name: &str,
+    ) -> Result<(PathBuf, PathBuf), LocalCpError> {
         let sans = vec![
             "127.0.0.1".to_string(),
             "localhost".to_string(),
@@ -77,7 +81,11 @@ impl Pki {
     }
 
     /// A self-contained admin kubeconfig (everything inline, no file paths).
-    pub fn admin_kubeconfig(&self, name: &str, server: &str) -> Result<String, LocalCpError> {
+    pub(crate) fn admin_kubeconfig(
+        &self,
+        name: &str,
+        server: &str,
+    ) -> Result<String, LocalCpError> {
         Ok(render_kubeconfig(
             name,
             server,
@@ -89,7 +97,7 @@ impl Pki {
 }
 
 /// A kubeconfig with one cluster, one client-certificate user and one context.
-pub fn render_kubeconfig(
+pub(crate) fn render_kubeconfig(
     name: &str,
     server: &str,
     ca_pem: &str,

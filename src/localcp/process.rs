@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 
 use super::LocalCpError;
 
-pub struct ManagedProcess {
+pub(crate) struct ManagedProcess {
     component: String,
     child: Option<Child>,
     log_path: PathBuf,
@@ -34,7 +34,7 @@ impl ManagedProcess {
     }
 
     /// `spawn`, with extra environment variables.
-    pub fn spawn_with_env(
+    pub(crate) fn spawn_with_env(
         component: &str,
         program: &Path,
         args: &[String],
@@ -96,7 +96,7 @@ impl ManagedProcess {
     }
 
     /// The last `lines` lines of the process's log.
-    pub fn log_tail(&self, lines: usize) -> String {
+    pub(crate) fn log_tail(&self, lines: usize) -> String {
         log_tail(&self.log_path, lines)
     }
 
@@ -107,7 +107,7 @@ impl ManagedProcess {
     /// Kills and reaps the process. Idempotent.
     /// Stops the process as a kubelet stops a container: SIGTERM, then SIGKILL if it has not
     /// exited within `grace`. Returns at once; the wait happens on a thread of its own.
-    pub fn terminate(mut self, grace: std::time::Duration) {
+    pub(crate) fn terminate(mut self, grace: std::time::Duration) {
         let Some(mut child) = self.child.take() else {
             return;
         };
@@ -148,7 +148,7 @@ impl Drop for ManagedProcess {
 }
 
 /// The last `lines` lines of a log file (at most the last 64 KiB are read).
-pub fn log_tail(path: &Path, lines: usize) -> String {
+pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
     const MAX: u64 = 64 * 1024;
     let Ok(mut f) = File::open(path) else {
         return format!("(no log at {})", path.display());

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
-pub struct ServiceProxy {
+pub(crate) struct ServiceProxy {
     pub port: u16,
     backends: Arc<Mutex<Vec<u16>>>,
     task: JoinHandle<()>,
@@ -50,7 +50,7 @@ impl ServiceProxy {
     }
 
     /// The replicas new connections go to (connections already open stay where they are).
-    pub fn set_backends(&self, ports: Vec<u16>) {
+    pub(crate) fn set_backends(&self, ports: Vec<u16>) {
         *self.backends.lock().unwrap_or_else(PoisonError::into_inner) = ports;
     }
 }
