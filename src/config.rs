@@ -414,6 +414,13 @@ pub struct HostedAccessConfig {
     pub request_timeout_seconds: u32,
 }
 
+impl HostedAccessConfig {
+    /// How long one request to a hosted kube-apiserver may take.
+    pub fn request_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(u64::from(self.request_timeout_seconds))
+    }
+}
+
 impl Default for HostedAccessConfig {
     fn default() -> Self {
         Self {

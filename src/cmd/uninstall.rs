@@ -156,7 +156,7 @@ async fn remove_hcp(
     .await
     .map_err(|e| hosted_err(e.to_string()))?;
     let (hosted, server) = (built.client(), built.server);
-    let timeout = Duration::from_secs(u64::from(access.request_timeout_seconds) * 3);
+    let timeout = access.request_timeout() * 3;
     let hosted_objects = tokio::time::timeout(timeout, remove_hosted(&hosted, cfg))
         .await
         .map_err(|_| hosted_err(format!("{server} did not answer within {timeout:?}")))?

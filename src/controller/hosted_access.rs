@@ -1,21 +1,18 @@
 //! Phase 4: access to the hosted cluster through the kubeconfig secret in the HCP namespace.
 //! The client is kept in the HCP's state and rebuilt only when the secret's data changes.
 
-use std::time::Duration;
-
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::{Api, ResourceExt};
 
 use super::certificates::secret_bytes;
-use super::context::{Context, hcp_labels, lock};
+use super::context::{Context, lock};
 use super::error::Failure;
 use super::scope::Scope;
-use crate::config::AgentConfig;
 use crate::crd::HostedControlPlane;
 use crate::hosted::clients::{HostedAccessError, HostedClient};
 
 pub async fn connect(s: &Scope<'_>) -> Result<HostedClient, Failure> {
-    let (ctx, cfg, ns, cluster) = (s.ctx, s.cfg, s.ns, s.cluster);
+    let (ctx, cfg, ns) = (s.ctx, s.cfg, s.ns);
     let access = &cfg.hosted_access;
     let secret_name = &access.kubeconfig_secret;
     let store = ctx.caches().kubeconfig_secrets;
@@ -43,41 +40,42 @@ pub async fn connect(s: &Scope<'_>) -> Result<HostedClient, Failure> {
             key: access.kubeconfig_key.clone(),
         })
     })?;
-    let cached = ctx.with_hcp(ns, |s| {
-        s.hosted_client.as_ref().filter(|c| c.is_from(raw)).cloned()
+    let cached = ctx.with_hcp(ns, |h| {
+        h.hosted_client.as_ref().filter(|c| c.is_from(raw)).cloned()
     });
     if let Some(c) = cached {
-        reachable(ctx, ns, cluster, &c)?;
-        claim(ctx, cfg, ns, cluster, &c).await?;
+        reachable(s, &c)?;
+        claim(s, &c).await?;
         return Ok(c);
     }
     let requests = ctx
         .metrics
         .hosted_requests
-        .get_or_create(&hcp_labels(ns, cluster))
+        .get_or_create(&s.labels())
         .clone();
     let built = HostedClient::build(ns, secret_name, raw, access, requests)
         .await
         .map_err(Failure::HostedAccess)?;
-    ctx.with_hcp(ns, |s| {
-        s.hosted_client = Some(built.clone());
-        s.hosted_identity = None;
+    ctx.with_hcp(ns, |h| {
+        h.hosted_client = Some(built.clone());
+        h.hosted_identity = None;
     });
-    reachable(ctx, ns, cluster, &built)?;
-    claim(ctx, cfg, ns, cluster, &built).await?;
+    reachable(s, &built)?;
+    claim(s, &built).await?;
     Ok(built)
 }
 
 /// A connection the drift watch saw drop (keepalive unanswered) is reported at once, before
 /// any request to the hosted cluster (every hosted step starts here), not after another request's timeout.
-fn reachable(ctx: &Context, ns: &str, cluster: &str, hosted: &HostedClient) -> Result<(), Failure> {
-    let lost = ctx.with_hcp(ns, |s| {
-        s.watch.as_ref().and_then(|w| lock(&w.shared).lost.clone())
+fn reachable(s: &Scope<'_>, hosted: &HostedClient) -> Result<(), Failure> {
+    let (ctx, ns) = (s.ctx, s.ns);
+    let lost = ctx.with_hcp(ns, |h| {
+        h.watch.as_ref().and_then(|w| lock(&w.shared).lost.clone())
     });
     let Some(why) = lost else {
         return Ok(());
     };
-    let labels = hcp_labels(ns, cluster);
+    let labels = s.labels();
     ctx.metrics.hosted_errors.get_or_create(&labels).inc();
     ctx.metrics.webhooks_installed.get_or_create(&labels).set(0);
     Err(Failure::HostedUnreachable {
@@ -94,14 +92,9 @@ fn reachable(ctx: &Context, ns: &str, cluster: &str, hosted: &HostedClient) -> R
 /// puts on the hosted webhook configurations (`hosted::objects::CLAIM_ANNOTATION`) is a hint for people, which
 /// the hosted cluster's admins can rewrite: it is never read here, and the next apply puts it
 /// back. Checked once per hosted client.
-async fn claim(
-    ctx: &Context,
-    cfg: &AgentConfig,
-    ns: &str,
-    cluster: &str,
-    hosted: &HostedClient,
-) -> Result<(), Failure> {
-    if ctx.with_hcp(ns, |s| s.hosted_identity.is_some()) {
+async fn claim(s: &Scope<'_>, hosted: &HostedClient) -> Result<(), Failure> {
+    let (ctx, ns) = (s.ctx, s.ns);
+    if ctx.with_hcp(ns, |h| h.hosted_identity.is_some()) {
         return Ok(());
     }
     let refuse = |e: HostedAccessError| Failure::HostedAccess(e);
@@ -111,13 +104,10 @@ async fn claim(
             source,
         })
     })?;
-    let timeout = Duration::from_secs(u64::from(cfg.hosted_access.request_timeout_seconds));
+    let timeout = s.cfg.hosted_access.request_timeout();
     let identity_err = |reason: String| {
         // A failed call to the hosted kube-apiserver, like any other.
-        ctx.metrics
-            .hosted_errors
-            .get_or_create(&hcp_labels(ns, cluster))
-            .inc();
+        ctx.metrics.hosted_errors.get_or_create(&s.labels()).inc();
         refuse(HostedAccessError::HostedIdentity {
             namespace: ns.to_string(),
             server: hosted.server.clone(),

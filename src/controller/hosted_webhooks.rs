@@ -22,8 +22,9 @@ use super::apply::{Applied, Repair, apply_against, apply_or_delete, delete_if_pr
 
 /// Every hosted object the agent installs is its own whole (`objects::OWNED_WHOLE`).
 const WHOLE: Repair = Repair::Whole(objects::OWNED_WHOLE);
-use super::context::{Context, hcp_labels, lock};
+use super::context::{Context, lock};
 use super::error::Failure;
+use super::proof::Proof;
 use super::scope::Scope;
 use super::{probe, watches};
 use crate::hosted::clients::HostedClient;
@@ -58,7 +59,7 @@ pub struct Want<'a> {
     /// The configuration revision (the rollout's) they are annotated with.
     pub revision: &'a str,
     /// What the probe's and the canaries' answers must prove.
-    pub proof: &'a probe::Proof,
+    pub proof: &'a Proof,
 }
 
 /// Fails when a Service in the HCP namespace would make HyperShift delete the guest webhooks
@@ -155,7 +156,7 @@ pub(crate) async fn ensure(
         .collect();
     let want = usize::from(desired.validating.is_some()) + usize::from(desired.mutating.is_some());
     let guards = desired.guards();
-    let labels = hcp_labels(ns, cluster);
+    let labels = s.labels();
     let m = &ctx.metrics;
     m.webhooks_desired.get_or_create(&labels).set(want as i64);
     for (engine, n) in [(Engine::Webhook, guards.0), (Engine::Policy, guards.1)] {
@@ -163,7 +164,7 @@ pub(crate) async fn ensure(
             .get_or_create(&EngineLabels::new(ns, cluster, engine.as_str()))
             .set(n as i64);
     }
-    let timeout = Duration::from_secs(u64::from(cfg.hosted_access.request_timeout_seconds));
+    let timeout = cfg.hosted_access.request_timeout();
     let wanted = Wanted::of(&desired);
     watches::ensure_drift_watch(ctx, ns, cluster, hosted, wanted.clone(), features);
     let canaries = std::sync::Arc::new(super::canary::plan(cfg, &desired));
@@ -275,7 +276,7 @@ async fn prove(
     engine: Engine,
     revision: Option<&str>,
     within: Duration,
-    proof: &probe::Proof,
+    proof: &Proof,
 ) -> Result<(), InstallError> {
     let to = match engine {
         Engine::Webhook => "webhooks",
@@ -351,7 +352,7 @@ pub async fn install(
     ours: &BTreeSet<String>,
     features: HostedFeatures,
     within: Duration,
-    proof: &probe::Proof,
+    proof: &Proof,
 ) -> Result<Vec<String>, InstallError> {
     let owned = objects::owned_selector();
     let papi = Api::<ValidatingAdmissionPolicy>::all(hosted.clone());

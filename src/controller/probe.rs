@@ -14,8 +14,7 @@ use tracing::{Instrument, info};
 
 use super::canary;
 use super::context::{AbortOnDrop, lock};
-pub use super::proof::Proof;
-use super::proof::{Answer, authentic};
+use super::proof::{Answer, Proof, authentic};
 use super::scope::Scope;
 use crate::catalogue::{POLICY_PROBE_VALUE, PROBE_LABEL, PROBE_REVISION_LABEL};
 use crate::crd::{ComplianceState, HostedControlPlane};
@@ -80,7 +79,7 @@ impl ProbeFailure {
     fn unanswered(&self) -> bool {
         match self {
             ProbeFailure::NoAnswer(_) => true,
-            ProbeFailure::Failed(e) => !matches!(e, kube::Error::Api(_)),
+            ProbeFailure::Failed(e) => crate::hosted::clients::unanswered(e),
             _ => false,
         }
     }
@@ -217,7 +216,7 @@ pub(crate) fn first_probe(ns: &str, every: Duration) -> Duration {
 /// hosted request per cluster per interval and nothing on the management cluster.
 pub(crate) fn ensure_task(s: &Scope<'_>, hosted: &HostedClient, verdict: ComplianceState) {
     let (ctx, ns, cluster) = (s.ctx, s.ns, s.cluster);
-    let timeout = Duration::from_secs(u64::from(s.cfg.hosted_access.request_timeout_seconds));
+    let timeout = s.cfg.hosted_access.request_timeout();
     let every = Duration::from_secs(u64::from(s.cfg.probe_interval_seconds));
     ctx.with_hcp(ns, |s| {
         let Some(w) = s.watch.as_mut() else {

@@ -12,6 +12,7 @@ use tracing::{info, instrument, warn};
 
 use super::context::{Context, lock};
 use super::error::{Failure, ReconcileError};
+use super::proof::Proof;
 use super::scope::Scope;
 use super::{
     admission_service, canary, certificates, hosted_access, hosted_webhooks, probe, report,
@@ -236,7 +237,7 @@ async fn phases(s: &Scope<'_>, found: &mut Found) -> Result<Action, Failure> {
     // the previous CA leaves the caBundle once every replica serves the new certificate.
     let hosted = hosted_access::connect(s).await?;
     let (ca_bundle, settled) = trust::hosted_bundle(s, &hosted, &certs.bundle).await?;
-    let proof = probe::Proof {
+    let proof = Proof {
         key: certs.bundle.probe_key.clone(),
         rolling_out: !found.rolled_out,
     };
@@ -398,7 +399,7 @@ async fn prove(
     hosted: &HostedClient,
     targets: &probe::ProbeTargets,
 ) -> Result<Observation, Failure> {
-    let timeout = Duration::from_secs(u64::from(s.cfg.hosted_access.request_timeout_seconds));
+    let timeout = s.cfg.hosted_access.request_timeout();
     let probed = probe::probe(&hosted.client(), timeout, targets).await;
     let mut verdict = probed.verdict;
     let silent = match probed.unanswered {

@@ -105,7 +105,7 @@ pub(crate) async fn pre_trust(s: &Scope<'_>, certs: &CertBundle) -> Result<Vec<S
     info!("adding the new CA to the hosted caBundle before the new certificate is served");
     let widened = union_bundle(&want, &installed);
     // The new certificate is not served yet: replicas may be about to restart with it.
-    let proof = super::probe::Proof {
+    let proof = super::proof::Proof {
         key: certs.probe_key.clone(),
         rolling_out: true,
     };

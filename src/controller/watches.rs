@@ -396,13 +396,12 @@ fn classify<K: serde::Serialize + kube::Resource>(
             DriftEvent::Listed(kind, o.name_any(), serde_json::to_value(o).ok())
         }
         Ok(watcher::Event::InitDone) => DriftEvent::ListDone(kind),
-        // The connection failed (a refused or dropped connection, a keepalive that went
-        // unanswered), as opposed to the server answering with an error status.
+        // The connection failed, as opposed to the server answering with an error status.
         Err(e) => match &e {
             watcher::Error::InitialListFailed(k)
             | watcher::Error::WatchStartFailed(k)
             | watcher::Error::WatchFailed(k)
-                if !matches!(k, kube::Error::Api(_)) =>
+                if crate::hosted::clients::unanswered(k) =>
             {
                 DriftEvent::Lost(crate::human::KubeError(k).to_string())
             }

@@ -199,7 +199,7 @@ impl HostedClient {
         let mut config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
             .await
             .map_err(|e| client_err(e.into()))?;
-        let t = Duration::from_secs(u64::from(access.request_timeout_seconds));
+        let t = access.request_timeout();
         config.connect_timeout = Some(t);
         config.write_timeout = Some(t);
         // No read timeout: the drift watches are quiet for minutes between events, and a
@@ -217,6 +217,12 @@ impl HostedClient {
             features: Default::default(),
         })
     }
+}
+
+/// The request got no answer from the server (a refused or dropped connection, a keepalive
+/// that went unanswered), as opposed to the server answering with an error status.
+pub(crate) fn unanswered(e: &kube::Error) -> bool {
+    !matches!(e, kube::Error::Api(_))
 }
 
 /// How often an HTTP/2 connection to a hosted kube-apiserver is pinged, and how long a ping
