@@ -7,6 +7,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::guards::{HookSetting, Settings};
+
 // The definition types live in the catalogue (a leaf module the admission service uses too);
 // re-exported here because they are part of the configuration file's schema.
 pub use crate::catalogue::{
@@ -578,6 +580,31 @@ fn canary_problem(field: &str, entry: &str, kind: Exempted) -> Option<String> {
 
 fn is_dns_subdomain(s: &str) -> bool {
     crate::names::validate_dns_name(s).is_ok()
+}
+
+/// The guards' settings are made from the configuration here, above the guards, so the guards
+/// never read the configuration's types.
+impl From<&AgentConfig> for Settings {
+    fn from(cfg: &AgentConfig) -> Self {
+        let a = &cfg.admission;
+        Self {
+            webhooks: cfg
+                .webhooks
+                .iter()
+                .map(|w| HookSetting {
+                    name: w.name.clone(),
+                    path: w.path.clone(),
+                    mode: w.mode,
+                })
+                .collect(),
+            exempt_users: a.exempt_users.clone(),
+            exempt_groups: a.exempt_groups.clone(),
+            protected_cluster_roles: a.protected_cluster_roles.clone(),
+            exempt_namespaces: a.exempt_namespaces.clone(),
+            service_annotation_key: a.service_annotation.key.clone(),
+            service_annotation_value: a.service_annotation.value.clone(),
+        }
+    }
 }
 
 impl AgentConfig {

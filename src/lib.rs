@@ -15,6 +15,8 @@ pub mod crypto;
 pub mod guards;
 pub mod hosted;
 pub mod human;
+#[cfg(test)]
+mod layers;
 pub mod liveness;
 #[cfg(feature = "testbed")]
 pub mod localcp;

@@ -408,12 +408,12 @@ fn affinity(cfg: &AgentConfig, ns: &str) -> Affinity {
 fn deployment(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<Deployment, RenderError> {
     let a = &cfg.admission;
     let ns = inp.namespace;
-    let settings = serde_json::to_string(&crate::admission::policies::Settings::from_config(cfg))
+    let settings = serde_json::to_string(&crate::admission::policies::Settings::from(cfg))
         .map_err(|source| RenderError {
-        namespace: ns.to_string(),
-        kind: "Deployment",
-        source,
-    })?;
+            namespace: ns.to_string(),
+            kind: "Deployment",
+            source,
+        })?;
     let container = webhook_container(a, settings);
     let pod = PodSpec {
         service_account_name: Some(a.service_name.clone()),

@@ -355,7 +355,7 @@ async fn a_guard_that_stops_denying_its_canary_is_named_noncompliant() {
         .filter(|w| w.mode == Mode::Enforce)
         .filter(|w| {
             hcp_fleet_agent::guards::for_path(&w.path)
-                .and_then(|g| g.canary(&cfg.admission))
+                .and_then(|g| g.canary(&hcp_fleet_agent::guards::Settings::from(&cfg)))
                 .is_some()
         })
         .count();

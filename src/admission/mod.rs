@@ -62,7 +62,7 @@ pub async fn run(args: WebhookArgs) -> ExitCode {
                 return ExitCode::from(2);
             }
         },
-        None => policies::Settings::from_config(&AgentConfig::default()),
+        None => policies::Settings::from(&AgentConfig::default()),
     };
     let cert =
         match tls::ReloadingCert::new(args.cert_dir.join("tls.crt"), args.cert_dir.join("tls.key"))

@@ -4,68 +4,13 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-
 use super::review::{Decision, Request};
 use crate::catalogue::Mode;
 pub use crate::catalogue::{DEFAULT_SCCS, MANAGED_API_GROUPS, PROBE_ANSWER, PROBE_LABEL, denial};
-use crate::config::AgentConfig;
+pub use crate::guards::{HookSetting, Settings};
 use crate::guards::{Scope, matches};
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct HookSetting {
-    pub name: String,
-    pub path: String,
-    pub mode: Mode,
-}
-
-/// What the admission service needs to decide; rendered by the agent into the Deployment
-/// (environment variable `HCP_FLEET_WEBHOOK_SETTINGS`, JSON), so a change rolls out like any
-/// other Deployment change.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Settings {
-    pub webhooks: Vec<HookSetting>,
-    /// Exact user names, or prefixes ending in '*'.
-    pub exempt_users: Vec<String>,
-    pub exempt_groups: Vec<String>,
-    /// Exact names, or prefixes ending in '*'.
-    pub protected_cluster_roles: Vec<String>,
-    /// Namespaces (or prefixes ending in '*') whose requests the webhooks never judge.
-    pub exempt_namespaces: Vec<String>,
-    pub service_annotation_key: String,
-    pub service_annotation_value: String,
-}
-
 pub(crate) const SETTINGS_ENV: &str = "HCP_FLEET_WEBHOOK_SETTINGS";
-
-impl Settings {
-    pub(crate) fn from_config(cfg: &AgentConfig) -> Self {
-        let a = &cfg.admission;
-        Self {
-            webhooks: cfg
-                .webhooks
-                .iter()
-                .map(|w| HookSetting {
-                    name: w.name.clone(),
-                    path: w.path.clone(),
-                    mode: w.mode,
-                })
-                .collect(),
-            exempt_users: a.exempt_users.clone(),
-            exempt_groups: a.exempt_groups.clone(),
-            protected_cluster_roles: a.protected_cluster_roles.clone(),
-            exempt_namespaces: a.exempt_namespaces.clone(),
-            service_annotation_key: a.service_annotation.key.clone(),
-            service_annotation_value: a.service_annotation.value.clone(),
-        }
-    }
-
-    pub fn hook(&self, path: &str) -> Option<&HookSetting> {
-        self.webhooks.iter().find(|w| w.path == path)
-    }
-}
 
 /// Why a guard of `scope` leaves this request alone, if it does: HyperShift's own
 /// controllers, SRE, and (for the workload guards) the control plane's namespaces.
@@ -150,10 +95,11 @@ pub(crate) fn decide(path: &str, req: &Request, s: &Settings) -> Option<(String,
 mod tests {
     use super::*;
     use crate::admission::review::decode;
+    use crate::config::AgentConfig;
     use serde_json::{Value, json};
 
     fn settings(mode: Mode) -> Settings {
-        let mut s = Settings::from_config(&AgentConfig::default());
+        let mut s = Settings::from(&AgentConfig::default());
         for w in &mut s.webhooks {
             w.mode = mode;
         }

@@ -15,6 +15,7 @@ use super::proof::{Answer, Proof, judge};
 use crate::catalogue::Mode;
 use crate::config::AgentConfig;
 use crate::crd::ComplianceState;
+use crate::guards::Settings;
 use crate::guards::canary::{CANARY_USER, Canary};
 use crate::hosted::canary::{RBAC_NAME, rbac, refused_by_rbac, request};
 use crate::hosted::policies::Engine;
@@ -50,10 +51,11 @@ pub(crate) fn plan(cfg: &AgentConfig, desired: &HostedWebhooks) -> Vec<Planned> 
         .flat_map(|v| v.webhooks.iter().flatten().map(|w| w.name.as_str()))
         .collect();
     let policies: BTreeSet<&str> = desired.policies.guards().collect();
+    let settings = Settings::from(cfg);
     cfg.active_webhooks()
         .filter(|w| w.mode == Mode::Enforce)
         .filter_map(|w| {
-            let canary = crate::guards::for_path(&w.path)?.canary(&cfg.admission)?;
+            let canary = crate::guards::for_path(&w.path)?.canary(&settings)?;
             let engine = if policies.contains(w.name.as_str()) {
                 Engine::Policy
             } else if hooks.contains(w.name.as_str()) {

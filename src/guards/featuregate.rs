@@ -2,13 +2,12 @@
 
 use serde_json::{Value, json};
 
+use super::Settings;
 use super::canary::Canary;
 use super::case::{Case, Want, spec_obj};
 use super::{CelForm, Guard, cel};
-use crate::admission::policies::Settings;
 use crate::admission::review::{Decision, Request};
 use crate::catalogue::{BuiltinRow, Mode, WebhookKind, denial, rule};
-use crate::config::AdmissionConfig;
 
 pub struct FeatureGate;
 
@@ -47,7 +46,7 @@ impl Guard for FeatureGate {
         }
     }
 
-    fn cel(&self, _: &AdmissionConfig) -> Option<CelForm> {
+    fn cel(&self, _: &Settings) -> Option<CelForm> {
         let tpnu = |obj: &str| {
             format!(
                 "({obj} != null && {} && {obj}.spec.featureSet == 'TechPreviewNoUpgrade')",
@@ -68,7 +67,7 @@ impl Guard for FeatureGate {
 
     /// Creating a FeatureGate with the forbidden feature set (any name: the create is what
     /// the guard judges).
-    fn canary(&self, _: &AdmissionConfig) -> Option<Canary> {
+    fn canary(&self, _: &Settings) -> Option<Canary> {
         Some(Canary::create(
             ("config.openshift.io", "v1", "FeatureGate", "featuregates"),
             "hcp-fleet-canary",

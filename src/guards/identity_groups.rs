@@ -5,13 +5,12 @@
 
 use serde_json::{Value, json};
 
+use super::Settings;
 use super::canary::Canary;
 use super::case::{Case, Want};
 use super::{CelForm, Guard, Scope, cel};
-use crate::admission::policies::Settings;
 use crate::admission::review::{Decision, Request};
 use crate::catalogue::{BuiltinRow, Mode, WebhookKind, denial, rule};
-use crate::config::AdmissionConfig;
 
 pub(crate) struct IdentityGroups;
 
@@ -76,7 +75,7 @@ impl Guard for IdentityGroups {
         ))
     }
 
-    fn cel(&self, a: &AdmissionConfig) -> Option<CelForm> {
+    fn cel(&self, a: &Settings) -> Option<CelForm> {
         Some(CelForm {
             expression: format!(
                 "!({} && {}) || !({CEL_OBJECT_NAME} in {})",
@@ -98,7 +97,7 @@ impl Guard for IdentityGroups {
     }
 
     /// Creating the first exempt group that can name a Group object.
-    fn canary(&self, a: &AdmissionConfig) -> Option<Canary> {
+    fn canary(&self, a: &Settings) -> Option<Canary> {
         let name = a
             .exempt_groups
             .iter()

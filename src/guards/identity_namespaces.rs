@@ -10,14 +10,13 @@
 
 use serde_json::{Value, json};
 
+use super::Settings;
 use super::canary::Canary;
 use super::case::{Case, Want};
 use super::identity_groups::{CEL_OBJECT_NAME, object_name};
 use super::{CelForm, Guard, Scope, cel, matches};
-use crate::admission::policies::Settings;
 use crate::admission::review::{Decision, Request};
 use crate::catalogue::{BuiltinRow, Mode, WebhookKind, denial, rule};
-use crate::config::AdmissionConfig;
 
 pub(crate) struct IdentityNamespaces;
 
@@ -124,7 +123,7 @@ impl Guard for IdentityNamespaces {
         ))
     }
 
-    fn cel(&self, a: &AdmissionConfig) -> Option<CelForm> {
+    fn cel(&self, a: &Settings) -> Option<CelForm> {
         let reserved = reserved_namespaces(&a.exempt_namespaces, &a.exempt_users, &a.exempt_groups);
         let name_reserved =
             cel::matches_any(CEL_OBJECT_NAME, &reserved).unwrap_or_else(|| "false".into());
@@ -159,7 +158,7 @@ impl Guard for IdentityNamespaces {
 
     /// Creating a namespace under the first reserved prefix (`openshift-hcp-fleet-canary` by
     /// default).
-    fn canary(&self, a: &AdmissionConfig) -> Option<Canary> {
+    fn canary(&self, a: &Settings) -> Option<Canary> {
         let reserved = reserved_namespaces(&a.exempt_namespaces, &a.exempt_users, &a.exempt_groups);
         let name = reserved.iter().find_map(|p| {
             let n = format!("{}hcp-fleet-canary", p.strip_suffix('*')?);

@@ -3,13 +3,12 @@
 
 use serde_json::{Value, json};
 
+use super::Settings;
 use super::canary::Canary;
 use super::case::{Case, Want, spec_obj};
 use super::{CelForm, Guard, cel, unchanged};
-use crate::admission::policies::Settings;
 use crate::admission::review::{Decision, Request};
 use crate::catalogue::{BuiltinRow, Mode, WebhookKind, denial, rule};
-use crate::config::AdmissionConfig;
 
 pub(crate) struct IngressConfig;
 
@@ -50,7 +49,7 @@ impl Guard for IngressConfig {
         ))
     }
 
-    fn cel(&self, _: &AdmissionConfig) -> Option<CelForm> {
+    fn cel(&self, _: &Settings) -> Option<CelForm> {
         Some(CelForm {
             expression: format!(
                 "!({} && {}) || (request.operation == 'UPDATE' && object != null && oldObject != null \
@@ -69,7 +68,7 @@ impl Guard for IngressConfig {
     }
 
     /// Deleting the cluster's ingress configuration, `cluster`.
-    fn canary(&self, _: &AdmissionConfig) -> Option<Canary> {
+    fn canary(&self, _: &Settings) -> Option<Canary> {
         Some(Canary::delete(
             ("config.openshift.io", "v1", "ingresses"),
             "cluster",

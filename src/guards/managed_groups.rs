@@ -1,12 +1,11 @@
 //! The API groups of the managed service's own operators are theirs: regular users may not
 //! create, change or delete anything in them.
 
+use super::Settings;
 use super::case::{Case, Want};
 use super::{CelForm, Guard, cel};
-use crate::admission::policies::Settings;
 use crate::admission::review::{Decision, Request};
 use crate::catalogue::{BuiltinRow, MANAGED_API_GROUPS, Mode, WebhookKind, denial, rule};
-use crate::config::AdmissionConfig;
 
 pub(crate) struct ManagedGroups;
 
@@ -42,7 +41,7 @@ impl Guard for ManagedGroups {
         ))
     }
 
-    fn cel(&self, _: &AdmissionConfig) -> Option<CelForm> {
+    fn cel(&self, _: &Settings) -> Option<CelForm> {
         Some(CelForm {
             expression: format!(
                 "!(request.resource.group in {})",

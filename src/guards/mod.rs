@@ -9,13 +9,12 @@
 
 use serde_json::Value;
 
-use crate::admission::policies::Settings;
 use crate::admission::review::{Decision, Request};
 use crate::catalogue::{BuiltinRow, WebhookDefinition};
-use crate::config::AdmissionConfig;
 
 pub mod canary;
 pub mod case;
+pub mod cel;
 pub mod featuregate;
 pub mod identity_groups;
 pub mod identity_namespaces;
@@ -26,8 +25,10 @@ pub mod probe;
 pub mod protected_rbac;
 pub mod scc;
 pub mod service_annotation;
+pub mod settings;
 
 pub use case::{Case, Want};
+pub use settings::{HookSetting, Settings};
 
 /// Whom a guard leaves alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,8 +63,8 @@ pub trait Guard: Sync {
     fn decide(&self, req: &Request, s: &Settings) -> Decision;
 
     /// The same decision in CEL, for the ValidatingAdmissionPolicy engine. `None`, whatever
-    /// the configuration, for a guard CEL cannot carry (it stays a webhook).
-    fn cel(&self, a: &AdmissionConfig) -> Option<CelForm>;
+    /// the settings, for a guard CEL cannot carry (it stays a webhook).
+    fn cel(&self, s: &Settings) -> Option<CelForm>;
 
     /// Requests this guard must deny and requests it must allow, under the default
     /// configuration. Every engine is held to the same table.
@@ -73,11 +74,11 @@ pub trait Guard: Sync {
         Scope::Workloads
     }
 
-    /// A dry-run request this guard must deny from `canary::CANARY_USER` under `a` (the
+    /// A dry-run request this guard must deny from `canary::CANARY_USER` under `s` (the
     /// agent's canary for it); `None` where none can be sent without side effects or without
     /// a namespace the cluster may lack, or the guard denies nothing (the probe, a mutation).
-    fn canary(&self, a: &AdmissionConfig) -> Option<canary::Canary> {
-        let _ = a;
+    fn canary(&self, s: &Settings) -> Option<canary::Canary> {
+        let _ = s;
         None
     }
 }
@@ -103,7 +104,7 @@ pub fn for_path(path: &str) -> Option<&'static dyn Guard> {
 
 /// Does the guard served on `path` have a CEL form (so it can run as an admission policy)?
 pub fn has_cel_form(path: &str) -> bool {
-    for_path(path).is_some_and(|g| g.cel(&AdmissionConfig::default()).is_some())
+    for_path(path).is_some_and(|g| g.cel(&Settings::default()).is_some())
 }
 
 /// Whom the guard served on `path` leaves alone (a path no guard serves: the default).
@@ -133,30 +134,6 @@ pub fn matches(patterns: &[String], s: &str) -> bool {
 pub(crate) fn unchanged(req: &Request, part: impl Fn(&Value) -> Value) -> bool {
     let pick = |o: Option<&Value>| o.map(&part);
     pick(req.object.as_ref()) == pick(req.old_object.as_ref())
-}
-
-/// CEL pieces the guards' forms share.
-pub(crate) mod cel {
-    pub use crate::hosted::cel::{list, matches_any, message, string};
-
-    pub(crate) fn group_is(g: &str) -> String {
-        format!("request.resource.group == {}", string(g))
-    }
-    pub(crate) fn resource_is(r: &str) -> String {
-        format!("request.resource.resource == {}", string(r))
-    }
-    /// `x.spec.<field>` is there, for objects that may lack `spec`.
-    pub(crate) fn has_spec(obj: &str, field: &str) -> String {
-        format!("(has({obj}.spec) && has({obj}.spec.{field}))")
-    }
-    /// One word on DELETE, another otherwise.
-    pub fn verb(delete: &str, other: &str) -> String {
-        format!(
-            "request.operation == 'DELETE' ? {} : {}",
-            string(delete),
-            string(other)
-        )
-    }
 }
 
 #[cfg(test)]
@@ -196,13 +173,9 @@ mod tests {
     #[test]
     fn every_guard_decides_its_own_cases() {
         let cfg = crate::config::AgentConfig::default();
-        let s = Settings::from_config(&cfg);
+        let s = Settings::from(&cfg);
         for g in ALL {
-            for c in g
-                .cases()
-                .into_iter()
-                .chain(g.canary(&cfg.admission).map(|c| c.case()))
-            {
+            for c in g.cases().into_iter().chain(g.canary(&s).map(|c| c.case())) {
                 let req = crate::admission::review::decode(&c.review()).expect("decodes");
                 let (_, d) =
                     crate::admission::policies::decide(g.row().path, &req, &s).expect("a guard");
@@ -222,14 +195,14 @@ mod tests {
 
 #[cfg(test)]
 mod canaries {
-    use super::ALL;
+    use super::{ALL, Settings};
     use crate::config::AgentConfig;
 
     /// Every guard that denies something under the default configuration has a canary, but
     /// those that cannot be tried without a namespace or an object the cluster may lack.
     #[test]
     fn the_guards_with_canaries_are_the_ones_expected() {
-        let a = AgentConfig::default().admission;
+        let a = Settings::from(&AgentConfig::default());
         let with: Vec<&str> = ALL
             .iter()
             .filter(|g| g.canary(&a).is_some())
@@ -264,7 +237,7 @@ mod canaries {
     /// A configuration whose exemptions leave no name to try gives no canary, not a wrong one.
     #[test]
     fn no_canary_without_a_name_to_try() {
-        let mut a = AgentConfig::default().admission;
+        let mut a = Settings::from(&AgentConfig::default());
         a.exempt_groups = vec!["system:masters".into()];
         a.exempt_namespaces = vec!["default".into()];
         a.exempt_users.clear();
@@ -279,6 +252,8 @@ mod canaries {
 
 #[cfg(test)]
 mod docs {
+    use super::Settings;
+
     /// docs/admission.md's canary table names exactly the guards that have a canary.
     #[test]
     fn the_admission_doc_lists_every_canary() {
@@ -294,7 +269,7 @@ mod docs {
             .filter_map(|l| l.split(" |").next())
             .filter(|n| n.ends_with(".hcp-fleet.openshift.io"))
             .collect();
-        let a = crate::config::AgentConfig::default().admission;
+        let a = Settings::from(&crate::config::AgentConfig::default());
         let with: Vec<&str> = super::ALL
             .iter()
             .filter(|g| g.canary(&a).is_some())

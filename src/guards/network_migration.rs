@@ -3,12 +3,11 @@
 
 use serde_json::{Value, json};
 
+use super::Settings;
 use super::case::{Case, Want, spec_obj};
 use super::{CelForm, Guard, cel, unchanged};
-use crate::admission::policies::Settings;
 use crate::admission::review::{Decision, Request};
 use crate::catalogue::{BuiltinRow, Mode, WebhookKind, denial, rule};
-use crate::config::AdmissionConfig;
 
 pub(crate) struct NetworkMigration;
 
@@ -36,7 +35,7 @@ impl Guard for NetworkMigration {
         Decision::deny(denial::NETWORK_MIGRATION)
     }
 
-    fn cel(&self, _: &AdmissionConfig) -> Option<CelForm> {
+    fn cel(&self, _: &Settings) -> Option<CelForm> {
         let (new, old) = (
             cel::has_spec("object", "migration"),
             cel::has_spec("oldObject", "migration"),

@@ -16,12 +16,11 @@ use crate::crypto::rand::{SecureRandom, SystemRandom};
 use crate::crypto::{hex, hmac};
 use serde_json::{Value, json};
 
+use super::Settings;
 use super::case::{Case, Want};
 use super::{CelForm, Guard, Scope};
-use crate::admission::policies::Settings;
 use crate::admission::review::{Decision, Request};
 use crate::catalogue::{BuiltinRow, Mode, PROBE_ANSWER, PROBE_LABEL, WebhookKind, rule};
-use crate::config::AdmissionConfig;
 
 pub(crate) struct Probe;
 
@@ -157,7 +156,7 @@ impl Guard for Probe {
         }
     }
 
-    fn cel(&self, _: &AdmissionConfig) -> Option<CelForm> {
+    fn cel(&self, _: &Settings) -> Option<CelForm> {
         None
     }
 

@@ -1,13 +1,12 @@
 //! The cluster's built-in ClusterRoles and ClusterRoleBindings (and the configured ones) may
 //! not be deleted: the platform's own access and the dedicated-admin roles hang on them.
 
+use super::Settings;
 use super::canary::Canary;
 use super::case::{Case, Want};
 use super::{CelForm, Guard, cel, matches};
-use crate::admission::policies::Settings;
 use crate::admission::review::{Decision, Request};
 use crate::catalogue::{BuiltinRow, Mode, WebhookKind, denial, rule};
-use crate::config::AdmissionConfig;
 
 pub(crate) struct ProtectedRbac;
 
@@ -52,7 +51,7 @@ impl Guard for ProtectedRbac {
         ))
     }
 
-    fn cel(&self, a: &AdmissionConfig) -> Option<CelForm> {
+    fn cel(&self, a: &Settings) -> Option<CelForm> {
         let protected = cel::matches_any("request.name", &a.protected_cluster_roles)
             .unwrap_or_else(|| "false".into());
         Some(CelForm {
@@ -75,7 +74,7 @@ impl Guard for ProtectedRbac {
 
     /// Deleting `cluster-admin` (or the first protected role named exactly), which every
     /// cluster has.
-    fn canary(&self, a: &AdmissionConfig) -> Option<Canary> {
+    fn canary(&self, a: &Settings) -> Option<Canary> {
         let name = if matches(&a.protected_cluster_roles, "cluster-admin") {
             "cluster-admin"
         } else {

@@ -3,13 +3,12 @@
 
 use serde_json::{Value, json};
 
+use super::Settings;
 use super::canary::Canary;
 use super::case::{Case, Want};
 use super::{CelForm, Guard, cel, unchanged};
-use crate::admission::policies::Settings;
 use crate::admission::review::{Decision, Request};
 use crate::catalogue::{BuiltinRow, DEFAULT_SCCS, Mode, WebhookKind, denial, rule};
-use crate::config::AdmissionConfig;
 
 pub(crate) struct Scc;
 
@@ -61,7 +60,7 @@ impl Guard for Scc {
         ))
     }
 
-    fn cel(&self, _: &AdmissionConfig) -> Option<CelForm> {
+    fn cel(&self, _: &Settings) -> Option<CelForm> {
         // Everything but metadata unchanged. The object is a map at run time; `dyn` lets the
         // type check accept iterating its fields whatever the SCC schema says.
         let unchanged = "object != null && oldObject != null \
@@ -85,7 +84,7 @@ impl Guard for Scc {
     }
 
     /// Deleting `privileged`, which every OpenShift cluster has.
-    fn canary(&self, _: &AdmissionConfig) -> Option<Canary> {
+    fn canary(&self, _: &Settings) -> Option<Canary> {
         Some(Canary::delete(
             ("security.openshift.io", "v1", "securitycontextconstraints"),
             "privileged",

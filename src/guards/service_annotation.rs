@@ -3,12 +3,11 @@
 
 use serde_json::{Value, json};
 
+use super::Settings;
 use super::case::{Case, Want};
 use super::{CelForm, Guard};
-use crate::admission::policies::Settings;
 use crate::admission::review::{Decision, Request};
 use crate::catalogue::{BuiltinRow, Mode, WebhookKind, rule};
-use crate::config::AdmissionConfig;
 
 pub(crate) struct ServiceAnnotation;
 
@@ -67,7 +66,7 @@ impl Guard for ServiceAnnotation {
     /// A MutatingAdmissionPolicy is beta and off by default up to Kubernetes 1.34, and the
     /// service already answers the probe: moving the mutation would add an engine to watch
     /// while keeping the service in the path.
-    fn cel(&self, _: &AdmissionConfig) -> Option<CelForm> {
+    fn cel(&self, _: &Settings) -> Option<CelForm> {
         None
     }
 

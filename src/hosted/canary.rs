@@ -84,11 +84,11 @@ pub(crate) fn refused_by_rbac(status: &kube::core::Status) -> bool {
 mod tests {
     use super::*;
     use crate::config::AgentConfig;
-    use crate::guards::ALL;
+    use crate::guards::{ALL, Settings};
 
     #[test]
     fn the_rbac_grants_exactly_the_canaries_requests() {
-        let a = AgentConfig::default().admission;
+        let a = Settings::from(&AgentConfig::default());
         let canaries: Vec<Canary> = ALL.iter().filter_map(|g| g.canary(&a)).collect();
         let refs: Vec<&Canary> = canaries.iter().collect();
         let (role, binding) = rbac(&refs, "clusters-a");
@@ -120,7 +120,7 @@ mod tests {
 
     #[test]
     fn a_canary_request_impersonates_the_canary_user_with_its_nonce() {
-        let a = AgentConfig::default().admission;
+        let a = Settings::from(&AgentConfig::default());
         for c in ALL.iter().filter_map(|g| g.canary(&a)) {
             let r = request(&c, "00ff").expect("request");
             let h = |k: &str| {

@@ -1,66 +1,12 @@
-//! CEL, as the hosted kube-apiserver evaluates it: literals, name patterns, the agent's
-//! exemptions and the guards' messages. Shared by the webhooks' `matchConditions` and the
-//! admission policies, so both engines say the same thing.
+//! The agent's exemptions in CEL, as the hosted kube-apiserver evaluates them: shared by the
+//! webhooks' `matchConditions` and the admission policies, so both engines exempt alike. The
+//! CEL literals themselves are the guards' (`guards::cel`).
 
 use serde_json::{Value, json};
 
-use crate::catalogue::denial::{Piece, pieces};
 use crate::config::AdmissionConfig;
 use crate::guards::Scope;
-
-/// A CEL string literal.
-pub fn string(s: &str) -> String {
-    let escaped = s
-        .replace('\\', "\\\\")
-        .replace('\'', "\\'")
-        .replace('\n', "\\n")
-        .replace('\r', "\\r");
-    format!("'{escaped}'")
-}
-
-/// A CEL list of string literals.
-pub fn list<S: AsRef<str>>(items: &[S]) -> String {
-    let items: Vec<String> = items.iter().map(|s| string(s.as_ref())).collect();
-    format!("[{}]", items.join(", "))
-}
-
-/// `value` matches one of `patterns` (exact names, or prefixes ending in '*'), in CEL; `None`
-/// when there is no pattern (nothing matches).
-pub fn matches_any(value: &str, patterns: &[String]) -> Option<String> {
-    let exact: Vec<&String> = patterns.iter().filter(|p| !p.ends_with('*')).collect();
-    let mut terms: Vec<String> = Vec::new();
-    if !exact.is_empty() {
-        terms.push(format!("{value} in {}", list(&exact)));
-    }
-    terms.extend(
-        patterns
-            .iter()
-            .filter_map(|p| p.strip_suffix('*'))
-            .map(|prefix| format!("{value}.startsWith({})", string(prefix))),
-    );
-    (!terms.is_empty()).then(|| terms.join(" || "))
-}
-
-/// A denial template (`catalogue::denial`) as a CEL string expression, each placeholder
-/// replaced by the CEL expression `values` gives for it. A placeholder without one stays
-/// literal text, as `denial::fill` leaves it.
-pub fn message(template: &str, values: &[(&str, &str)]) -> String {
-    let parts: Vec<String> = pieces(template)
-        .into_iter()
-        .map(|p| match p {
-            Piece::Text(t) => string(t),
-            Piece::Value(k) => match values.iter().find(|(key, _)| *key == k) {
-                Some((_, expr)) => format!("({expr})"),
-                None => string(&format!("{{{k}}}")),
-            },
-        })
-        .collect();
-    if parts.is_empty() {
-        string("")
-    } else {
-        parts.join(" + ")
-    }
-}
+use crate::guards::cel::{list, matches_any};
 
 /// The exemptions of the admission service (`admission.exemptUsers`, `exemptGroups`,
 /// `exemptNamespaces`) as `matchConditions`: every one must hold for a guard to judge the
@@ -132,20 +78,5 @@ mod tests {
         a.exempt_groups.clear();
         a.exempt_namespaces.clear();
         assert!(exemption_conditions(&a, Scope::Workloads).is_empty());
-    }
-
-    #[test]
-    fn literals_are_escaped() {
-        assert_eq!(string("it's a \\ \n"), "'it\\'s a \\\\ \\n'");
-        assert_eq!(list(&["a", "b"]), "['a', 'b']");
-    }
-
-    #[test]
-    fn a_message_is_the_template_with_values_as_expressions() {
-        assert_eq!(
-            message("x {a} y {b}", &[("a", "request.name")]),
-            "'x ' + (request.name) + ' y ' + '{b}'"
-        );
-        assert_eq!(message("plain", &[]), "'plain'");
     }
 }

@@ -34,9 +34,10 @@ use serde_json::{Value, json};
 use super::objects::HostedFeatures;
 use super::policies::{self, AdmissionPolicies};
 use super::webhooks::{self};
-use crate::admission::policies::{Settings, decide};
+use crate::admission::policies::decide;
 use crate::admission::review::decode;
 use crate::config::{AgentConfig, Mode};
+use crate::guards::Settings;
 use crate::guards::{self, Case, Guard, Want};
 
 /// The functions and macros the expressions may call: what both cel-go (with Kubernetes'
@@ -184,7 +185,7 @@ fn with_mode(mode: Mode) -> AgentConfig {
 /// Every guard with a CEL form and its table of cases, its canary among them (a canary the
 /// policy lets through would read as a guard switched off).
 fn cases() -> Vec<(&'static dyn Guard, Case)> {
-    let a = AgentConfig::default().admission;
+    let a = Settings::from(&AgentConfig::default());
     guards::ALL
         .iter()
         .filter(|g| g.cel(&a).is_some())
@@ -203,7 +204,7 @@ fn each_guards_policy_decides_as_its_handler_case_by_case() {
     let env = env();
     for mode in [Mode::Enforce, Mode::Warn] {
         let cfg = with_mode(mode);
-        let s = Settings::from_config(&cfg);
+        let s = Settings::from(&cfg);
         let rendered = policies::render(&cfg, "clusters-a", served()).expect("render");
         for (g, req) in cases() {
             let (guard, what, want) = (g.row().name, req.what, req.want);
@@ -229,7 +230,7 @@ fn each_guards_policy_decides_as_its_handler_case_by_case() {
 fn webhook_match_conditions_leave_out_exactly_whom_the_service_exempts() {
     let env = env();
     let cfg = AgentConfig::default();
-    let s = Settings::from_config(&cfg);
+    let s = Settings::from(&cfg);
     let hooks = webhooks::render(
         &cfg,
         "clusters-a",

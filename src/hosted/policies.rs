@@ -28,7 +28,7 @@ use crate::catalogue::{
     POLICY_PROBE_ANSWER, POLICY_PROBE_VALUE, PROBE_LABEL, PROBE_REVISION_LABEL, denial,
 };
 use crate::config::{AgentConfig, GuardEngine, Mode, WebhookDefinition};
-use crate::guards::{self, CelForm};
+use crate::guards::{self, CelForm, Settings};
 
 /// The path a guard takes in one hosted cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,9 +101,12 @@ fn guard_policy(
     hcp_namespace: &str,
 ) -> Value {
     let message = match w.mode {
-        Mode::Warn => cel::message(
+        Mode::Warn => guards::cel::message(
             denial::WARN,
-            &[("guard", &cel::string(&w.name)), ("message", &form.message)],
+            &[
+                ("guard", &guards::cel::string(&w.name)),
+                ("message", &form.message),
+            ],
         ),
         Mode::Enforce | Mode::Off => form.message.clone(),
     };
@@ -210,6 +213,7 @@ fn render_json(
     hcp_namespace: &str,
     features: HostedFeatures,
 ) -> (Vec<Value>, Vec<Value>, Option<String>) {
+    let settings = Settings::from(cfg);
     let mut policies = Vec::new();
     let mut bindings = Vec::new();
     for w in cfg.active_webhooks() {
@@ -219,7 +223,7 @@ fn render_json(
         let Some(guard) = guards::for_path(&w.path) else {
             continue;
         };
-        let Some(form) = guard.cel(&cfg.admission) else {
+        let Some(form) = guard.cel(&settings) else {
             continue;
         };
         let actions: &[&str] = match w.mode {
@@ -281,7 +285,7 @@ pub(crate) fn type_warnings(p: &ValidatingAdmissionPolicy) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admission::policies::{Settings, decide};
+    use crate::admission::policies::decide;
     use crate::admission::review::decode;
 
     fn served() -> HostedFeatures {
@@ -304,7 +308,7 @@ mod tests {
         let p = render(&cfg, "clusters-a", served()).expect("render");
         let want: Vec<String> = guards::ALL
             .iter()
-            .filter(|g| g.cel(&cfg.admission).is_some())
+            .filter(|g| g.cel(&Settings::from(&cfg)).is_some())
             .map(|g| g.row().name.to_string())
             .chain([probe_name().to_string()])
             .collect();
@@ -443,7 +447,7 @@ mod tests {
     #[test]
     fn policy_messages_are_the_handlers_messages() {
         let cfg = AgentConfig::default();
-        let s = Settings::from_config(&cfg);
+        let s = Settings::from(&cfg);
         let body = serde_json::to_vec(&json!({
             "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
             "request": {
@@ -456,7 +460,7 @@ mod tests {
         .expect("json");
         let req = decode(&body).expect("decode");
         let (_, d) = decide(guards::protected_rbac::ROW.path, &req, &s).expect("hook");
-        let message = guards::ALL[0].cel(&cfg.admission).expect("cel").message;
+        let message = guards::ALL[0].cel(&s).expect("cel").message;
         // Substitute what the API server would: the kind and name expressions' values.
         let evaluated = message
             .replace(
