@@ -362,11 +362,12 @@ async fn a_real_prometheus_evaluates_every_rule_and_dashboard_query_on_a_fleet()
 
     // What the dashboard shows must exist: an override, and (once Prometheus watches, so it
     // sees the counters rise from zero) a broken cluster and a drift repaired.
-    let overrides = Api::<hcp_fleet_agent::crd::rollout::HostedAdmissionOverride>::namespaced(
-        mgmt.clone(),
-        "clusters-hc-1",
-    );
-    let o: hcp_fleet_agent::crd::rollout::HostedAdmissionOverride =
+    let overrides =
+        Api::<hcp_fleet_agent::crd::admission_rollout::HostedAdmissionOverride>::namespaced(
+            mgmt.clone(),
+            "clusters-hc-1",
+        );
+    let o: hcp_fleet_agent::crd::admission_rollout::HostedAdmissionOverride =
         serde_json::from_value(serde_json::json!({
             "apiVersion": "hcp-fleet.openshift.io/v1alpha1",
             "kind": "HostedAdmissionOverride",

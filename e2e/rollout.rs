@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use hcp_fleet_agent::config::{AgentConfig, LabelSelector, MaxUnavailable};
-use hcp_fleet_agent::crd::rollout::{
+use hcp_fleet_agent::crd::admission_rollout::{
     AdmissionRollout, HostedAdmissionOverride, ROLLOUT_NAME, RolloutPhase,
 };
 use hcp_fleet_agent::crd::{AdmissionHealth, HostedControlPlane};
@@ -93,7 +93,7 @@ async fn wait_phase(
         let target = target.map(str::to_string);
         async move {
             let st = rollout(&mgmt).await?.status.unwrap_or_default();
-            let on = |r: &Option<hcp_fleet_agent::crd::rollout::RevisionRecord>| {
+            let on = |r: &Option<hcp_fleet_agent::crd::admission_rollout::RevisionRecord>| {
                 r.as_ref().map(|r| r.revision.clone())
             };
             let ok = st.phase == phase

@@ -117,7 +117,7 @@ pub struct LabelSelectorRequirement {
 pub const PROBE_LABEL: &str = "hcp-fleet.openshift.io/probe";
 pub const PROBE_ANSWER: &str = "hcp-fleet-admission answered the end-to-end probe";
 /// `PROBE_LABEL` with this value reaches the agent's probe ValidatingAdmissionPolicy instead
-/// of the probe webhook (`hosted::policies`).
+/// of the probe webhook (`hosted::admission_policies`).
 pub(crate) const POLICY_PROBE_VALUE: &str = "policy";
 pub const POLICY_PROBE_ANSWER: &str = "hcp-fleet admission policies answered the end-to-end probe";
 /// The revision of the path a probe request must reach: the probe webhook and the probe
@@ -151,7 +151,7 @@ pub const DEFAULT_SCCS: &[&str] = &[
 
 /// What the guards say when they deny, as templates with `{placeholders}`: the admission
 /// service fills them in Rust (`fill`), an admission policy builds the same text in CEL
-/// (`hosted::policies`), so a user reads one message whichever engine answered.
+/// (`hosted::admission_policies`), so a user reads one message whichever engine answered.
 pub mod denial {
     pub(crate) const PROTECTED_RBAC: &str = "hcp-fleet: deleting the protected {kind} \"{name}\" is not allowed on a managed cluster; ask SRE if it must go";
     pub const FEATURE_GATE: &str = "hcp-fleet: featureSet TechPreviewNoUpgrade is not allowed on a managed cluster: it cannot be undone and blocks upgrades";

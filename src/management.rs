@@ -321,7 +321,7 @@ fn webhook_container(a: &crate::config::AdmissionConfig, settings: String) -> Co
         ]),
         // Modes and exemptions: a change rolls out like any Deployment change.
         env: Some(vec![EnvVar {
-            name: crate::admission::policies::SETTINGS_ENV.into(),
+            name: crate::admission::decision::SETTINGS_ENV.into(),
             value: Some(settings),
             ..Default::default()
         }]),
@@ -408,7 +408,7 @@ fn affinity(cfg: &AgentConfig, ns: &str) -> Affinity {
 fn deployment(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<Deployment, RenderError> {
     let a = &cfg.admission;
     let ns = inp.namespace;
-    let settings = serde_json::to_string(&crate::admission::policies::Settings::from(cfg))
+    let settings = serde_json::to_string(&crate::admission::decision::Settings::from(cfg))
         .map_err(|source| RenderError {
             namespace: ns.to_string(),
             kind: "Deployment",

@@ -5,8 +5,8 @@
 //! pause: pausing never depends on the rest being right.
 
 use crate::config::{AgentConfig, Exempted, exemption_problem};
+use crate::crd::admission_rollout::{HostedAdmissionOverrideSpec, HostedAdmissionOverrideStatus};
 use crate::crd::conditions::{self, ConditionStatus};
-use crate::crd::rollout::{HostedAdmissionOverrideSpec, HostedAdmissionOverrideStatus};
 use crate::rollout::Revision;
 
 /// Groups an override may not exempt: each is everyone, every workload, every node, or the
@@ -255,7 +255,7 @@ fn mode_name(m: crate::catalogue::Mode) -> &'static str {
 mod tests {
     use super::*;
     use crate::catalogue::Mode;
-    use crate::crd::rollout::GuardOverride;
+    use crate::crd::admission_rollout::GuardOverride;
 
     fn fleet() -> (AgentConfig, Revision, Revision) {
         let base = AgentConfig::default();

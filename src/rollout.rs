@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use crate::catalogue::LabelSelector;
 use crate::config::{AdmissionConfig, AgentConfig, RolloutConfig, WebhookDefinition};
 use crate::crd::ComplianceState;
-use crate::crd::rollout::{
+use crate::crd::admission_rollout::{
     AdmissionRolloutStatus, FailedHcp, InFlight, RevisionRecord, RolloutPhase,
 };
 
@@ -608,7 +608,7 @@ pub(crate) fn with_conditions(
                 "{}; fix the configuration, or resume with the {} annotation \
                  (docs/operations.md)",
                 st.message,
-                crate::crd::rollout::RESUME_ANNOTATION
+                crate::crd::admission_rollout::RESUME_ANNOTATION
             ),
         }
     } else if !st.failed.is_empty() {
@@ -1155,7 +1155,7 @@ mod tests {
         assert!(
             degraded
                 .message
-                .contains(crate::crd::rollout::RESUME_ANNOTATION)
+                .contains(crate::crd::admission_rollout::RESUME_ANNOTATION)
         );
         assert_eq!(degraded.last_transition_time, "t9");
         let available = find(&halted.conditions, AVAILABLE).expect("Available");

@@ -209,7 +209,7 @@ async fn the_uninstall_hook_stops_the_agent_then_removes_webhooks_and_admission_
 /// above.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_uninstall_keeps_the_crds_and_the_overrides() {
-    use hcp_fleet_agent::crd::rollout::HostedAdmissionOverride;
+    use hcp_fleet_agent::crd::admission_rollout::HostedAdmissionOverride;
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let fleet =
         hcp_fleet_agent::localcp::LocalFleet::start(hcp_fleet_agent::localcp::FleetOptions {

@@ -2,7 +2,7 @@
 //! namespace: AdmissionReview v1 over HTTPS, the built-in webhooks with their modes,
 //! `/healthz`, `/readyz`, `/metrics`, certificate hot reload, graceful drain.
 
-pub mod policies;
+pub mod decision;
 pub mod review;
 pub mod server;
 pub mod tls;
@@ -25,7 +25,7 @@ pub struct WebhookArgs {
     #[arg(long, default_value = "0.0.0.0")]
     pub bind: String,
     /// Webhook modes and exemptions (JSON), as the agent renders them into the Deployment.
-    #[arg(long, env = policies::SETTINGS_ENV)]
+    #[arg(long, env = decision::SETTINGS_ENV)]
     pub settings: Option<String>,
     /// How often the certificate files are checked for a change.
     #[arg(long, default_value_t = 1000)]
@@ -52,17 +52,17 @@ pub struct WebhookArgs {
 
 pub async fn run(args: WebhookArgs) -> ExitCode {
     let settings = match &args.settings {
-        Some(json) => match serde_json::from_str::<policies::Settings>(json) {
+        Some(json) => match serde_json::from_str::<decision::Settings>(json) {
             Ok(s) => s,
             Err(e) => {
                 eprintln!(
                     "error: {} is not valid settings JSON: {e}",
-                    policies::SETTINGS_ENV
+                    decision::SETTINGS_ENV
                 );
                 return ExitCode::from(2);
             }
         },
-        None => policies::Settings::from(&AgentConfig::default()),
+        None => decision::Settings::from(&AgentConfig::default()),
     };
     let cert =
         match tls::ReloadingCert::new(args.cert_dir.join("tls.crt"), args.cert_dir.join("tls.key"))

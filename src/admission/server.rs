@@ -25,7 +25,7 @@ use prometheus_client::registry::Registry;
 use serde_json::json;
 use tokio::net::TcpListener;
 
-use super::policies::{self, Settings};
+use super::decision::{self, Settings};
 use super::review::{self, Decision};
 
 /// Kubernetes sends at most about 3 MiB of object; anything larger is not a review.
@@ -310,7 +310,7 @@ async fn admit(State(st): State<Arc<AppState>>, req: Request) -> Response {
             }
         };
         let r = review::decode(&body).map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
-        let (_, mut d) = policies::decide(&path, &r, &st.settings).ok_or_else(|| {
+        let (_, mut d) = decision::decide(&path, &r, &st.settings).ok_or_else(|| {
             (
                 StatusCode::NOT_FOUND,
                 format!("no webhook is served on {path}"),

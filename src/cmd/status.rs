@@ -114,7 +114,7 @@ pub(crate) fn revisions(rows: &[FleetRow]) -> String {
 /// The rollout's line and one line per override (the agent's CRDs may be absent: nothing then).
 async fn rollout_lines(client: &Client) -> Vec<String> {
     let mut out = Vec::new();
-    if let Ok(list) = Api::<crate::crd::rollout::AdmissionRollout>::all(client.clone())
+    if let Ok(list) = Api::<crate::crd::admission_rollout::AdmissionRollout>::all(client.clone())
         .list(&ListParams::default())
         .await
     {
@@ -123,9 +123,10 @@ async fn rollout_lines(client: &Client) -> Vec<String> {
             out.push(format!("rollout: {}: {}", st.phase.as_str(), st.message));
         }
     }
-    if let Ok(list) = Api::<crate::crd::rollout::HostedAdmissionOverride>::all(client.clone())
-        .list(&ListParams::default())
-        .await
+    if let Ok(list) =
+        Api::<crate::crd::admission_rollout::HostedAdmissionOverride>::all(client.clone())
+            .list(&ListParams::default())
+            .await
     {
         for o in list.items {
             let st = o.status.clone().unwrap_or_default();

@@ -100,7 +100,7 @@ async fn remove_hosted(hosted: &Client, cfg: &AgentConfig) -> Result<usize, kube
     n += usize::from(delete_named(&mapi, webhooks::MUTATING_NAME).await?);
     // Bindings before their policies; a server without admission policies answers 404, as for
     // an object that is not there.
-    let names = crate::hosted::policies::names_ours(&cfg.webhooks);
+    let names = crate::hosted::admission_policies::names_ours(&cfg.webhooks);
     let bapi: Api<ValidatingAdmissionPolicyBinding> = Api::all(hosted.clone());
     let papi: Api<ValidatingAdmissionPolicy> = Api::all(hosted.clone());
     for name in &names {

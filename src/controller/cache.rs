@@ -37,7 +37,7 @@ pub(crate) struct Caches {
     /// Which Services could make HyperShift delete guest webhooks (`guest_services.rs`).
     pub guest_services: Option<super::guest_services::GuestServices>,
     /// The HostedAdmissionOverrides (where their CRD is installed).
-    pub overrides: Option<Store<crate::crd::rollout::HostedAdmissionOverride>>,
+    pub overrides: Option<Store<crate::crd::admission_rollout::HostedAdmissionOverride>>,
 }
 
 /// What this agent last knew of one object, from its own reads and writes.

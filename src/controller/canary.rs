@@ -17,8 +17,8 @@ use crate::config::AgentConfig;
 use crate::crd::ComplianceState;
 use crate::guards::Settings;
 use crate::guards::canary::{CANARY_USER, Canary};
+use crate::hosted::admission_policies::Engine;
 use crate::hosted::canary::{RBAC_NAME, rbac, refused_by_rbac, request};
-use crate::hosted::policies::Engine;
 use crate::hosted::webhooks::HostedWebhooks;
 use crate::management::FIELD_MANAGER;
 

@@ -27,9 +27,9 @@ use super::error::Failure;
 use super::proof::Proof;
 use super::scope::Scope;
 use super::{probe, watches};
+use crate::hosted::admission_policies::{self, Engine};
 use crate::hosted::clients::HostedClient;
 use crate::hosted::objects::{self, HostedFeatures};
-use crate::hosted::policies::{self, Engine};
 use crate::hosted::wanted::Wanted;
 use crate::hosted::webhooks::{self, HostedWebhooks, MUTATING_NAME, VALIDATING_NAME};
 use crate::metrics::EngineLabels;
@@ -152,7 +152,7 @@ pub(crate) async fn ensure(
     }
     let notes: Vec<String> = cfg
         .active_webhooks()
-        .filter_map(|w| policies::engine_of(w, features).1)
+        .filter_map(|w| admission_policies::engine_of(w, features).1)
         .collect();
     let want = usize::from(desired.validating.is_some()) + usize::from(desired.mutating.is_some());
     let guards = desired.guards();
@@ -185,7 +185,7 @@ pub(crate) async fn ensure(
         install(
             &hosted.client(),
             &desired,
-            &policies::names_ours(&cfg.webhooks),
+            &admission_policies::names_ours(&cfg.webhooks),
             features,
             timeout,
             proof,
@@ -249,7 +249,7 @@ impl From<kube::Error> for InstallError {
 /// runs as a policy?
 async fn guards_still_on_webhooks(
     hosted: &Client,
-    wanted: &policies::AdmissionPolicies,
+    wanted: &admission_policies::AdmissionPolicies,
 ) -> Result<bool, kube::Error> {
     let guards: BTreeSet<&str> = wanted.guards().collect();
     if guards.is_empty() {
@@ -372,17 +372,24 @@ pub async fn install(
         (Vec::new(), Vec::new())
     };
     if features.admission_policies {
-        // Policies before bindings, the probe's last of each (see `hosted::policies`).
+        // Policies before bindings, the probe's last of each (see `hosted::admission_policies`).
         let mut wrote = false;
         for p in &wanted.policies {
             let name = p.name_any();
             let live = take_named(&mut live_policies, &name);
-            let applied =
-                apply_against(&papi, &name, p, live, policies::spec_matches, WHOLE).await?;
+            let applied = apply_against(
+                &papi,
+                &name,
+                p,
+                live,
+                admission_policies::spec_matches,
+                WHOLE,
+            )
+            .await?;
             wrote |= !matches!(applied, Applied::Unchanged(_));
             let live = applied.object();
             warnings.extend(
-                policies::type_warnings(live)
+                admission_policies::type_warnings(live)
                     .into_iter()
                     .map(|w| format!("ValidatingAdmissionPolicy {}: {w}", live.name_any())),
             );
@@ -390,8 +397,15 @@ pub async fn install(
         for b in &wanted.bindings {
             let name = b.name_any();
             let live = take_named(&mut live_bindings, &name);
-            let applied =
-                apply_against(&bapi, &name, b, live, policies::spec_matches, WHOLE).await?;
+            let applied = apply_against(
+                &bapi,
+                &name,
+                b,
+                live,
+                admission_policies::spec_matches,
+                WHOLE,
+            )
+            .await?;
             wrote |= !matches!(applied, Applied::Unchanged(_));
         }
         // The API server takes up to a second to compile what changed. Until it runs this

@@ -20,8 +20,8 @@ use crate::catalogue::{POLICY_PROBE_VALUE, PROBE_LABEL, PROBE_REVISION_LABEL};
 use crate::crd::{ComplianceState, HostedControlPlane};
 use crate::guards::probe::NONCE_ANNOTATION;
 use crate::guards::probe::{FOREIGN_ANSWER, FOREIGN_POLICY_ANSWER, NO_ANSWER};
+use crate::hosted::admission_policies::Engine;
 use crate::hosted::clients::HostedClient;
-use crate::hosted::policies::Engine;
 use crate::hosted::wanted::Wanted;
 use crate::reporting::Observation;
 

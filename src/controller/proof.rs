@@ -4,7 +4,7 @@
 
 use crate::catalogue::{POLICY_PROBE_ANSWER, PROBE_ANSWER};
 use crate::guards::probe::{PROOF_MARK, ProbeKey};
-use crate::hosted::policies::Engine;
+use crate::hosted::admission_policies::Engine;
 
 /// What makes a webhook answer to the probe the admission service's own.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -23,7 +23,7 @@ use kube::{Api, Resource, ResourceExt};
 use tracing::{info, warn};
 
 use super::context::{AbortOnDrop, Context};
-use crate::crd::rollout::{
+use crate::crd::admission_rollout::{
     AdmissionRollout, AdmissionRolloutSpec, AdmissionRolloutStatus, HostedAdmissionOverride,
     RESUME_ANNOTATION, ROLLOUT_NAME, RolloutPhase,
 };

@@ -18,9 +18,9 @@ use tracing::{Instrument, info, warn};
 
 use super::context::{AbortOnDrop, Context, HostedWatch, WatchShared, lock};
 use crate::crd::HostedControlPlane;
+use crate::hosted::admission_policies;
 use crate::hosted::clients::HostedClient;
 use crate::hosted::objects::{self, HostedFeatures};
-use crate::hosted::policies;
 use crate::hosted::wanted::Wanted;
 use crate::hosted::watch::{Selection, watch};
 use crate::hosted::webhooks;
@@ -317,7 +317,7 @@ impl DriftTask {
             && let Some(l) = &live
             && let Ok(p) = serde_json::from_value::<ValidatingAdmissionPolicy>(l.clone())
         {
-            let now = policies::type_warnings(&p);
+            let now = admission_policies::type_warnings(&p);
             if self.warned.get(&name) != Some(&now) {
                 let queue = !now.is_empty() || self.warned.contains_key(&name);
                 self.warned.insert(name.clone(), now);
@@ -351,7 +351,7 @@ impl DriftTask {
 fn matches_desired(kind: &str, want: &Value, live: &Value) -> bool {
     match kind {
         "ValidatingAdmissionPolicy" | "ValidatingAdmissionPolicyBinding" => {
-            policies::spec_matches(want, live)
+            admission_policies::spec_matches(want, live)
         }
         _ => webhooks::webhooks_match(want, live),
     }

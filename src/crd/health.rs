@@ -281,8 +281,9 @@ pub fn crds() -> Vec<serde_json::Value> {
     let mut crds = vec![
         serde_json::to_value(AdmissionHealth::crd()).unwrap_or_default(),
         template,
-        serde_json::to_value(super::rollout::AdmissionRollout::crd()).unwrap_or_default(),
-        serde_json::to_value(super::rollout::HostedAdmissionOverride::crd()).unwrap_or_default(),
+        serde_json::to_value(super::admission_rollout::AdmissionRollout::crd()).unwrap_or_default(),
+        serde_json::to_value(super::admission_rollout::HostedAdmissionOverride::crd())
+            .unwrap_or_default(),
     ];
     for crd in &mut crds {
         normalize_schema(crd);
@@ -567,8 +568,9 @@ mod tests {
     fn no_schema_defaults_a_string_to_empty_which_kubernetes_1_20_refuses() {
         let empty_default = r#""default":"""#;
         // schemars writes one for the override's status message: the case this guards exists.
-        let raw = serde_json::to_string(&super::super::rollout::HostedAdmissionOverride::crd())
-            .unwrap_or_default();
+        let raw =
+            serde_json::to_string(&super::super::admission_rollout::HostedAdmissionOverride::crd())
+                .unwrap_or_default();
         assert!(raw.contains(empty_default), "the case this guards is gone");
         for crd in crds() {
             let json = serde_json::to_string(&crd).unwrap_or_default();

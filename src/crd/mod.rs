@@ -6,13 +6,13 @@
 //! `e2e/testbed.rs` proves the typed structs read and write objects that the served schemas
 //! accept. The agent's own CRDs (`health`, `rollout`) are derived from their structs.
 
+pub mod admission_rollout;
 pub mod conditions;
 pub mod health;
 pub mod hostedcluster;
 pub mod hostedcontrolplane;
 pub mod policy;
 pub mod reference;
-pub mod rollout;
 
 pub use conditions::{Condition, ConditionStatus};
 pub use health::{

@@ -1,6 +1,6 @@
 //! CEL, as the hosted kube-apiserver evaluates it: literals, name patterns and the guards'
 //! messages. Every guard's CEL form is written with these, and so are the exemptions
-//! (`hosted::cel`), so both engines say the same thing.
+//! (`hosted::exemptions`), so both engines say the same thing.
 
 use crate::catalogue::denial::{Piece, pieces};
 

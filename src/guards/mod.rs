@@ -54,7 +54,7 @@ pub struct CelForm {
 }
 
 /// One guard. `decide` and `cel` see only requests that the rules, selectors and exemptions
-/// let through; `admission::policies::decide` and `hosted::policies` apply those and the mode.
+/// let through; `admission::decision::decide` and `hosted::admission_policies` apply those and the mode.
 pub trait Guard: Sync {
     /// Name, route, rules and default mode: what the default definition is made of.
     fn row(&self) -> &'static BuiltinRow;
@@ -178,7 +178,7 @@ mod tests {
             for c in g.cases().into_iter().chain(g.canary(&s).map(|c| c.case())) {
                 let req = crate::admission::review::decode(&c.review()).expect("decodes");
                 let (_, d) =
-                    crate::admission::policies::decide(g.row().path, &req, &s).expect("a guard");
+                    crate::admission::decision::decide(g.row().path, &req, &s).expect("a guard");
                 // A mutation in warn mode says so instead of patching.
                 let acted = !d.allowed || !d.patch.is_empty() || !d.warnings.is_empty();
                 assert_eq!(

@@ -16,7 +16,7 @@ pub struct HookSetting {
 /// What the guards decide with: the configured webhooks' modes, whom the configuration exempts
 /// and what it protects. The agent makes it from its configuration (`From<&AgentConfig>`, in
 /// `config`, which sits above the guards) and renders it into the admission service's
-/// Deployment (`admission::policies::SETTINGS_ENV`, JSON), so a change rolls out like any other
+/// Deployment (`admission::decision::SETTINGS_ENV`, JSON), so a change rolls out like any other
 /// Deployment change; the hosted policies' CEL and the canaries are made from the same value.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -5,7 +5,7 @@
 //!
 //! - Each guard with a CEL form: its ValidatingAdmissionPolicy as rendered (matchConditions,
 //!   the validation's expression, its messageExpression, the binding's validationActions)
-//!   against the admission service's decision (`admission::policies::decide`) for the same
+//!   against the admission service's decision (`admission::decision::decide`) for the same
 //!   request, in enforce and in warn mode: same verdict, same text.
 //! - The exemptions as webhook `matchConditions`: a request they leave out is one the service
 //!   exempts.
@@ -31,10 +31,10 @@ use std::sync::Arc;
 use ::cel::{Context, Env, Program, Value as Cel};
 use serde_json::{Value, json};
 
+use super::admission_policies::{self, AdmissionPolicies};
 use super::objects::HostedFeatures;
-use super::policies::{self, AdmissionPolicies};
 use super::webhooks::{self};
-use crate::admission::policies::decide;
+use crate::admission::decision::decide;
 use crate::admission::review::decode;
 use crate::config::{AgentConfig, Mode};
 use crate::guards::Settings;
@@ -205,7 +205,7 @@ fn each_guards_policy_decides_as_its_handler_case_by_case() {
     for mode in [Mode::Enforce, Mode::Warn] {
         let cfg = with_mode(mode);
         let s = Settings::from(&cfg);
-        let rendered = policies::render(&cfg, "clusters-a", served()).expect("render");
+        let rendered = admission_policies::render(&cfg, "clusters-a", served()).expect("render");
         for (g, req) in cases() {
             let (guard, what, want) = (g.row().name, req.what, req.want);
             let rust = by_rust(g, &req, &s, mode);
@@ -316,11 +316,12 @@ fn without_match_conditions_the_webhooks_carry_no_cel() {
 #[test]
 fn the_probe_policy_denies_whatever_reaches_it() {
     let env = env();
-    let rendered = policies::render(&AgentConfig::default(), "ns", served()).expect("render");
+    let rendered =
+        admission_policies::render(&AgentConfig::default(), "ns", served()).expect("render");
     let probe = rendered
         .policies
         .iter()
-        .find(|p| p.metadata.name.as_deref() == Some(policies::probe_name()))
+        .find(|p| p.metadata.name.as_deref() == Some(admission_policies::probe_name()))
         .expect("probe policy");
     let v = &probe
         .spec
@@ -487,7 +488,7 @@ fn the_override_crds_rules_and_the_agents_check_agree() {
             }
         }
         assert_eq!(!by_cel.is_empty(), refused, "{what}: CEL said {by_cel:?}");
-        let typed: crate::crd::rollout::HostedAdmissionOverrideSpec =
+        let typed: crate::crd::admission_rollout::HostedAdmissionOverrideSpec =
             serde_json::from_value(spec.clone()).expect("spec");
         let r = crate::overrides::resolve(&base, &fleet, |_| None, Some(&typed));
         let verdict = r.verdict.expect("verdict");
@@ -504,7 +505,8 @@ fn every_shipped_expression_uses_only_covered_functions() {
     let env = env();
     let mut expressions: Vec<String> = Vec::new();
     for mode in [Mode::Enforce, Mode::Warn] {
-        let rendered = policies::render(&with_mode(mode), "ns", served()).expect("render");
+        let rendered =
+            admission_policies::render(&with_mode(mode), "ns", served()).expect("render");
         for p in &rendered.policies {
             let spec = p.spec.as_ref().expect("spec");
             expressions.extend(

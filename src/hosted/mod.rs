@@ -4,14 +4,14 @@
 //! (`objects`); what the canaries that prove each guard need there (`canary`); and the lean
 //! list-then-watch the drift watch reads them with (`watch`).
 
+pub mod admission_policies;
 pub mod canary;
-pub mod cel;
 #[cfg(test)]
 mod cel_cases;
 pub mod clients;
+pub mod exemptions;
 pub mod kubeconfig;
 pub mod objects;
-pub mod policies;
 #[cfg(test)]
 mod tampering;
 pub mod wanted;

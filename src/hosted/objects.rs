@@ -41,7 +41,7 @@ pub struct HostedFeatures {
     /// them, after the call.
     pub match_conditions: bool,
     /// It serves `admissionregistration.k8s.io/v1` ValidatingAdmissionPolicy and its binding
-    /// (GA in 1.30): the guards with a CEL form then run inside it (`hosted::policies`).
+    /// (GA in 1.30): the guards with a CEL form then run inside it (`hosted::admission_policies`).
     pub admission_policies: bool,
 }
 

@@ -5,8 +5,8 @@
 
 use serde_json::{Value, json};
 
+use super::admission_policies;
 use super::objects::HostedFeatures;
-use super::policies;
 use super::webhooks::{self, HostedWebhooks};
 use crate::config::AgentConfig;
 
@@ -244,7 +244,7 @@ fn every_tampering_of_every_guards_policy_and_binding_is_drift() {
     ] {
         for desired in objects {
             assert!(
-                policies::spec_matches(&desired, &desired),
+                admission_policies::spec_matches(&desired, &desired),
                 "untouched matches"
             );
             let name = desired["metadata"]["name"]
@@ -256,7 +256,7 @@ fn every_tampering_of_every_guards_policy_and_binding_is_drift() {
                 set(&mut live["spec"], tm.path, tm.value.clone());
                 live["metadata"]["managedFields"] = tenant(fields(vec!["f:spec".into()], tm.path));
                 assert!(
-                    !policies::spec_matches(&desired, &live),
+                    !admission_policies::spec_matches(&desired, &live),
                     "{} {name}: {} not seen",
                     desired["kind"],
                     tm.what

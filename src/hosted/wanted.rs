@@ -261,7 +261,7 @@ mod tests {
             .object("ValidatingAdmissionPolicy", &pname)
             .expect("policy");
         let pfull = serde_json::to_value(p).expect("json");
-        assert!(crate::hosted::policies::spec_matches(&pw, &pfull));
+        assert!(crate::hosted::admission_policies::spec_matches(&pw, &pfull));
         assert_eq!(
             w.names("ValidatingAdmissionPolicy").len(),
             d.policies.policies.len()

@@ -11,12 +11,12 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use serde_json::{Value, json};
 
+use super::admission_policies::{AdmissionPolicies, Engine};
 use super::objects::{
     CLAIM_ANNOTATION, HostedFeatures, WebhookRenderError, failure_policy, foreign,
     guarded_namespace_selector, guarded_object_selector, metadata_matches, owned_metadata,
     rules_json,
 };
-use super::policies::{AdmissionPolicies, Engine};
 use crate::catalogue::PROBE_REVISION_LABEL;
 use crate::config::{AgentConfig, WebhookDefinition, WebhookKind};
 use crate::guards;
@@ -168,7 +168,7 @@ fn webhook_json(
     // The probe answers whoever sends it (scope Everyone: no condition): it proves the path,
     // whatever the identity.
     let conditions = if match_conditions {
-        super::cel::exemption_conditions(&cfg.admission, guards::scope_of(&w.path))
+        super::exemptions::conditions(&cfg.admission, guards::scope_of(&w.path))
     } else {
         Vec::new()
     };
@@ -186,10 +186,10 @@ pub fn render(
     features: HostedFeatures,
 ) -> Result<HostedWebhooks, WebhookRenderError> {
     let ca = ByteString(ca_bundle_pem.as_bytes().to_vec());
-    let policies = super::policies::render(cfg, hcp_namespace, features)?;
+    let policies = super::admission_policies::render(cfg, hcp_namespace, features)?;
     let hooks: Vec<&WebhookDefinition> = cfg
         .active_webhooks()
-        .filter(|w| super::policies::engine_of(w, features).0 == Engine::Webhook)
+        .filter(|w| super::admission_policies::engine_of(w, features).0 == Engine::Webhook)
         .collect();
     // The probe webhook proves the admission service's path: wanted while a guard uses it, or
     // while nothing else would be probed.

@@ -11,10 +11,10 @@ use crate::guards::cel::{list, matches_any};
 /// The exemptions of the admission service (`admission.exemptUsers`, `exemptGroups`,
 /// `exemptNamespaces`) as `matchConditions`: every one must hold for a guard to judge the
 /// request, so each says "not exempt this way". The same rules the service applies
-/// (`admission::policies`), evaluated by the API server instead.
+/// (`admission::decision`), evaluated by the API server instead.
 ///
 /// `scope` says which apply: the identity guards leave out the namespaces, the probe all.
-pub(crate) fn exemption_conditions(a: &AdmissionConfig, scope: Scope) -> Vec<Value> {
+pub(crate) fn conditions(a: &AdmissionConfig, scope: Scope) -> Vec<Value> {
     let mut out = Vec::new();
     if scope == Scope::Everyone {
         return out;
@@ -48,7 +48,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn exemption_conditions_say_what_the_service_exempts() {
+    fn conditions_say_what_the_service_exempts() {
         let mut a = AdmissionConfig {
             exempt_users: vec![
                 "system:admin".into(),
@@ -58,9 +58,9 @@ mod tests {
             exempt_namespaces: vec!["kube-*".into(), "default".into(), "it's".into()],
             ..Default::default()
         };
-        let c = exemption_conditions(&a, Scope::Workloads);
-        assert_eq!(exemption_conditions(&a, Scope::Identities), c[..2]);
-        assert!(exemption_conditions(&a, Scope::Everyone).is_empty());
+        let c = conditions(&a, Scope::Workloads);
+        assert_eq!(conditions(&a, Scope::Identities), c[..2]);
+        assert!(conditions(&a, Scope::Everyone).is_empty());
         assert_eq!(
             c[0]["expression"],
             "!(request.userInfo.username in ['system:admin'] || request.userInfo.username.startsWith('system:serviceaccount:hypershift:'))"
@@ -77,6 +77,6 @@ mod tests {
         a.exempt_users.clear();
         a.exempt_groups.clear();
         a.exempt_namespaces.clear();
-        assert!(exemption_conditions(&a, Scope::Workloads).is_empty());
+        assert!(conditions(&a, Scope::Workloads).is_empty());
     }
 }

@@ -1,6 +1,6 @@
-//! The admission service's side of the guards: the settings it decides with, the exemptions
-//! and the per-guard mode applied in one place around each guard's own decision
-//! (`crate::guards`).
+//! The admission service's decision: the guard served on the request's path, with the
+//! exemptions and the guard's mode applied in one place around the guard's own decision
+//! (`crate::guards`), and where the service finds its settings (`SETTINGS_ENV`).
 
 use std::collections::BTreeMap;
 

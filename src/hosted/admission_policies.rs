@@ -3,7 +3,7 @@
 //! the hosted cluster serves `admissionregistration.k8s.io/v1` policies (docs/architecture.md,
 //! "Two engines"). Rendered purely from the configuration and what the server offers.
 //!
-//! Each policy says what its handler in `admission::policies` says, in CEL: the same
+//! Each policy says what its handler in `admission::decision` says, in CEL: the same
 //! conditions (the rules only narrow what reaches it, as for the webhook), the same exemptions
 //! (as `matchConditions`), the same message (built from the same `catalogue::denial`
 //! template). The mode is the binding's `validationActions`: enforce denies, warn warns and
@@ -19,7 +19,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use serde_json::{Value, json};
 
-use super::cel;
+use super::exemptions;
 use super::objects::{
     HostedFeatures, WebhookRenderError, failure_policy, guarded_namespace_selector,
     guarded_object_selector, owned_metadata, rules_json,
@@ -231,7 +231,7 @@ fn render_json(
             Mode::Warn => &["Warn", "Audit"],
             Mode::Off => continue,
         };
-        let conditions = cel::exemption_conditions(&cfg.admission, guard.scope());
+        let conditions = exemptions::conditions(&cfg.admission, guard.scope());
         policies.push(guard_policy(w, &form, &conditions, hcp_namespace));
         bindings.push(binding(&w.name, actions, hcp_namespace, None));
     }
@@ -285,7 +285,7 @@ pub(crate) fn type_warnings(p: &ValidatingAdmissionPolicy) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admission::policies::decide;
+    use crate::admission::decision::decide;
     use crate::admission::review::decode;
 
     fn served() -> HostedFeatures {
