@@ -272,23 +272,36 @@ impl Drop for Servers {
     }
 }
 
+/// Why the agent's HTTP servers did not start.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ServeError {
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "--metrics-addr {0} is not a loopback address: plain-HTTP metrics are served on \
+         loopback only; give Prometheus --secure-metrics-addr, and the kubelet --health-addr"
+    )]
+    NotLoopback(std::net::SocketAddr),
+    #[error("the metrics serving certificate: {0}")]
+    Certificate(#[from] crate::secure_metrics::MetricsTlsError),
+}
+
 async fn serve_all(
     args: &AgentArgs,
     metrics: &Arc<Metrics>,
     client: &kube::Client,
-) -> Result<Servers, String> {
+) -> Result<Servers, ServeError> {
     let bind = |addr: std::net::SocketAddr| async move {
         tokio::net::TcpListener::bind(addr)
             .await
-            .map_err(|e| format!("cannot listen on {addr}: {e}"))
+            .map_err(|source| ServeError::Listen { addr, source })
     };
     if !args.metrics_addr.ip().is_loopback() {
-        return Err(format!(
-            "--metrics-addr {} is not a loopback address: plain-HTTP metrics are served on \
-             loopback only; give Prometheus --secure-metrics-addr, and the kubelet \
-             --health-addr",
-            args.metrics_addr
-        ));
+        return Err(ServeError::NotLoopback(args.metrics_addr));
     }
     let mut tasks = vec![serve(bind(args.metrics_addr).await?, metrics.clone())];
     tracing::info!(addr = %args.metrics_addr, "serving /metrics, /healthz and /readyz (loopback)");
@@ -310,8 +323,7 @@ async fn serve_all(
             format!("{svc}.{ns}.svc.cluster.local"),
             "localhost".to_string(),
         ];
-        let tls = crate::secure_metrics::tls(args.metrics_tls_dir.as_deref(), &names)
-            .map_err(|e| format!("the metrics serving certificate: {e}"))?;
+        let tls = crate::secure_metrics::tls(args.metrics_tls_dir.as_deref(), &names)?;
         let app = crate::secure_metrics::router(metrics.clone(), client.clone());
         tasks.push(crate::secure_metrics::serve(bind(addr).await?, tls, app));
         tracing::info!(%addr, self_signed = args.metrics_tls_dir.is_none(), "serving /metrics over HTTPS to callers allowed get on /metrics");

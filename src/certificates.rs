@@ -16,8 +16,12 @@ use time::{Duration, OffsetDateTime};
 pub enum CertError {
     #[error("certificate generation failed: {0}")]
     Generate(#[from] rcgen::Error),
-    #[error("invalid subject alternative name {name:?}: {reason}")]
-    InvalidSan { name: String, reason: String },
+    #[error("invalid subject alternative name {name:?}: {source}")]
+    InvalidSan {
+        name: String,
+        #[source]
+        source: SanError,
+    },
     #[error("not a PEM certificate: {0}")]
     Pem(String),
     #[error("unparseable X.509 certificate: {0}")]
@@ -94,22 +98,27 @@ fn san(name: &str) -> Result<SanType, CertError> {
     if let Ok(ip) = name.parse::<IpAddr>() {
         return Ok(SanType::IpAddress(ip));
     }
-    if let Err(reason) = validate_dns_name(name) {
-        return Err(CertError::InvalidSan {
-            name: name.to_string(),
-            reason,
-        });
-    }
+    let invalid = |source| CertError::InvalidSan {
+        name: name.to_string(),
+        source,
+    };
+    validate_dns_name(name).map_err(|e| invalid(SanError::Name(e)))?;
     let dns = name
         .try_into()
-        .map_err(|e: rcgen::Error| CertError::InvalidSan {
-            name: name.to_string(),
-            reason: e.to_string(),
-        })?;
+        .map_err(|e: rcgen::Error| invalid(SanError::Refused(e)))?;
     Ok(SanType::DnsName(dns))
 }
 
 pub use crate::names::validate_dns_name;
+
+/// Why a subject alternative name cannot be put in a certificate.
+#[derive(Debug, thiserror::Error)]
+pub enum SanError {
+    #[error(transparent)]
+    Name(#[from] crate::names::DnsNameError),
+    #[error("rcgen refused it: {0}")]
+    Refused(#[source] rcgen::Error),
+}
 
 /// A certificate issued by `ca` for `common_name`.
 pub fn issue(

@@ -178,21 +178,28 @@ pub enum MaxUnavailable {
     Percent(String),
 }
 
+/// Why a rollout width is no width; the message follows the field's name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WidthError {
+    #[error("must be at least 1")]
+    Zero,
+    #[error("{0:?} must be a count or a percentage from 1% to 100%")]
+    NotAPercentage(String),
+}
+
 impl MaxUnavailable {
     /// How many of `total` HCPs it means (at least 1). `Err`: not a count or a percentage from
-    /// 1% to 100% (the message follows the field's name).
-    pub fn of(&self, total: usize) -> Result<usize, String> {
+    /// 1% to 100%.
+    pub fn of(&self, total: usize) -> Result<usize, WidthError> {
         match self {
-            MaxUnavailable::Count(0) => Err("must be at least 1".into()),
+            MaxUnavailable::Count(0) => Err(WidthError::Zero),
             MaxUnavailable::Count(n) => Ok(*n as usize),
             MaxUnavailable::Percent(p) => {
                 let n: u32 = p
                     .strip_suffix('%')
                     .and_then(|n| n.parse().ok())
                     .filter(|n| (1..=100).contains(n))
-                    .ok_or_else(|| {
-                        format!("{p:?} must be a count or a percentage from 1% to 100%")
-                    })?;
+                    .ok_or_else(|| WidthError::NotAPercentage(p.clone()))?;
                 Ok((total * n as usize / 100).max(1))
             }
         }

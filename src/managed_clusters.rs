@@ -64,6 +64,46 @@ pub enum KlusterletServer {
     Unusable(String),
 }
 
+/// Why managed cluster `x` maps to no HCP namespace: what its template's status says.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unmapped {
+    #[error(
+        "managed cluster {x} is {how} {} HostedClusters ({}); none is reported for it",
+        .found.len(),
+        .found.join(", ")
+    )]
+    Ambiguous {
+        x: String,
+        how: String,
+        /// `namespace/name` of each.
+        found: Vec<String>,
+    },
+    #[error(
+        "no HostedCluster on this management cluster is managed cluster {x} (by its {MANAGED_CLUSTER_ANNOTATION} annotation, its name{})",
+        .discovery_name.as_ref().map_or(String::new(), |n| format!(", or its discovery name for {n}"))
+    )]
+    NotFound {
+        x: String,
+        discovery_name: Option<String>,
+    },
+    #[error(
+        "managed cluster {x} maps to {found}, but {KLUSTERLET_PREFIX}{x}/{EXTERNAL_KUBECONFIG} reaches the kube-apiserver in {reached}; not reported until they agree"
+    )]
+    Disagrees {
+        x: String,
+        found: String,
+        reached: String,
+    },
+    #[error(
+        "managed cluster {x} maps to {found}, but {KLUSTERLET_PREFIX}{x}/{EXTERNAL_KUBECONFIG} cannot confirm it: {why}"
+    )]
+    Unconfirmed {
+        x: String,
+        found: String,
+        why: String,
+    },
+}
+
 /// The HCP namespace managed cluster `x` is, or why there is none. `hosted` lists every
 /// HostedCluster on the management cluster.
 pub fn resolve(
@@ -71,19 +111,19 @@ pub fn resolve(
     hosted: &[HostedClusterRef],
     prefix: Option<&str>,
     server: &KlusterletServer,
-) -> Result<String, String> {
-    let one = |found: Vec<&HostedClusterRef>, how: &str| -> Option<Result<String, String>> {
+) -> Result<String, Unmapped> {
+    let one = |found: Vec<&HostedClusterRef>, how: &str| -> Option<Result<String, Unmapped>> {
         match found.as_slice() {
             [] => None,
             [h] => Some(Ok(h.hcp_namespace())),
-            many => Some(Err(format!(
-                "managed cluster {x} is {how} {} HostedClusters ({}); none is reported for it",
-                many.len(),
-                many.iter()
+            many => Some(Err(Unmapped::Ambiguous {
+                x: x.to_string(),
+                how: how.to_string(),
+                found: many
+                    .iter()
                     .map(|h| format!("{}/{}", h.namespace, h.name))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))),
+                    .collect(),
+            })),
         }
     };
     // A HostedCluster annotated with another name is that other managed cluster, never X.
@@ -107,20 +147,24 @@ pub fn resolve(
             by_prefix.and_then(|n| one(unclaimed(n), "the discovery name (prefix and name) of"))
         })
         .unwrap_or_else(|| {
-            Err(format!(
-                "no HostedCluster on this management cluster is managed cluster {x} (by its {MANAGED_CLUSTER_ANNOTATION} annotation, its name{})",
-                by_prefix.map_or(String::new(), |n| format!(", or its discovery name for {n}"))
-            ))
+            Err(Unmapped::NotFound {
+                x: x.to_string(),
+                discovery_name: by_prefix.map(str::to_string),
+            })
         })?;
     match server {
         KlusterletServer::Absent => Ok(found),
         KlusterletServer::Namespace(ns) if *ns == found => Ok(found),
-        KlusterletServer::Namespace(ns) => Err(format!(
-            "managed cluster {x} maps to {found}, but {KLUSTERLET_PREFIX}{x}/{EXTERNAL_KUBECONFIG} reaches the kube-apiserver in {ns}; not reported until they agree"
-        )),
-        KlusterletServer::Unusable(why) => Err(format!(
-            "managed cluster {x} maps to {found}, but {KLUSTERLET_PREFIX}{x}/{EXTERNAL_KUBECONFIG} cannot confirm it: {why}"
-        )),
+        KlusterletServer::Namespace(ns) => Err(Unmapped::Disagrees {
+            x: x.to_string(),
+            found,
+            reached: ns.clone(),
+        }),
+        KlusterletServer::Unusable(why) => Err(Unmapped::Unconfirmed {
+            x: x.to_string(),
+            found,
+            why: why.clone(),
+        }),
     }
 }
 
@@ -303,7 +347,7 @@ mod tests {
             let got = resolve(x, &fleet, *prefix, server);
             match (want, &got) {
                 (Ok(ns), Ok(g)) => assert_eq!(g, ns, "{x}"),
-                (Err(needle), Err(g)) => assert!(g.contains(needle), "{x}: {g}"),
+                (Err(needle), Err(g)) => assert!(g.to_string().contains(needle), "{x}: {g}"),
                 _ => panic!("{x}: want {want:?}, got {got:?}"),
             }
         }

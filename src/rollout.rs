@@ -57,6 +57,15 @@ pub struct Revision {
     pub content: Content,
 }
 
+/// A revision the rollout's status stores that this agent cannot read back.
+#[derive(Debug, thiserror::Error)]
+#[error("revision {revision}: stored content unreadable: {source}")]
+pub struct UnreadableRevision {
+    revision: String,
+    #[source]
+    source: serde_json::Error,
+}
+
 impl Revision {
     /// The revision a configuration asks for.
     pub fn of(cfg: &AgentConfig) -> Self {
@@ -75,10 +84,13 @@ impl Revision {
     }
 
     /// A revision as the rollout stored it. `Err`: its content no longer reads as this
-    /// version's configuration (an agent downgrade), or does not hash to its name.
-    pub(crate) fn from_record(r: &RevisionRecord) -> Result<Self, String> {
-        let content: Content = serde_json::from_str(&r.content)
-            .map_err(|e| format!("revision {}: stored content unreadable: {e}", r.revision))?;
+    /// version's configuration (an agent downgrade, or an edited status).
+    pub(crate) fn from_record(r: &RevisionRecord) -> Result<Self, UnreadableRevision> {
+        let content: Content =
+            serde_json::from_str(&r.content).map_err(|source| UnreadableRevision {
+                revision: r.revision.clone(),
+                source,
+            })?;
         Ok(Self::from_content(content))
     }
 

@@ -222,18 +222,33 @@ pub(crate) fn router(metrics: Arc<Metrics>, client: Client) -> axum::Router {
         .with_state(st)
 }
 
+/// Why the HTTPS metrics endpoint has no serving certificate.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsTlsError {
+    #[error(transparent)]
+    Mounted(#[from] crate::admission::tls::TlsError),
+    #[error("the self-signed certificate: {0}")]
+    SelfSigned(#[from] crate::certificates::CertError),
+    #[error("the self-signed certificate's PEM: {0}")]
+    Pem(#[from] rustls::pki_types::pem::Error),
+    #[error("rustls refused the certificate: {0}")]
+    Rustls(#[from] rustls::Error),
+}
+
 /// The TLS configuration: the certificate from `dir` (`tls.crt`, `tls.key`: a Secret from
 /// cert-manager or OpenShift's service CA, re-read when it rotates), or else a self-signed one
 /// made now for `names`, held in memory (the root filesystem is read-only), which Prometheus
 /// scrapes without verifying, as the chart's ServiceMonitor says.
-pub fn tls(dir: Option<&Path>, names: &[String]) -> Result<Arc<rustls::ServerConfig>, String> {
+pub fn tls(
+    dir: Option<&Path>,
+    names: &[String],
+) -> Result<Arc<rustls::ServerConfig>, MetricsTlsError> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let cfg = match dir {
         Some(d) => {
             let reloading =
-                crate::admission::tls::ReloadingCert::new(d.join("tls.crt"), d.join("tls.key"))
-                    .map_err(|e| e.to_string())?;
+                crate::admission::tls::ReloadingCert::new(d.join("tls.crt"), d.join("tls.key"))?;
             reloading.watch(Duration::from_secs(30));
             rustls::ServerConfig::builder()
                 .with_no_client_auth()
@@ -243,8 +258,7 @@ pub fn tls(dir: Option<&Path>, names: &[String]) -> Result<Arc<rustls::ServerCon
             let ca = crate::certificates::generate_ca(
                 "hcp-fleet-agent metrics (self-signed)",
                 time::Duration::days(365),
-            )
-            .map_err(|e| e.to_string())?;
+            )?;
             let leaf = crate::certificates::issue(
                 &ca,
                 names
@@ -254,18 +268,14 @@ pub fn tls(dir: Option<&Path>, names: &[String]) -> Result<Arc<rustls::ServerCon
                     sans: names.to_vec(),
                 },
                 time::Duration::days(365),
-            )
-            .map_err(|e| e.to_string())?;
+            )?;
             let chain: Vec<CertificateDer<'static>> =
                 CertificateDer::pem_slice_iter(leaf.cert_pem.as_bytes())
-                    .collect::<Result<_, _>>()
-                    .map_err(|e| e.to_string())?;
-            let key = PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes())
-                .map_err(|e| e.to_string())?;
+                    .collect::<Result<_, _>>()?;
+            let key = PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes())?;
             rustls::ServerConfig::builder()
                 .with_no_client_auth()
-                .with_single_cert(chain, key)
-                .map_err(|e| e.to_string())?
+                .with_single_cert(chain, key)?
         }
     };
     let mut cfg = cfg;

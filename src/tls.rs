@@ -6,38 +6,74 @@
 /// Installs the build's rustls provider process-wide (`crypto::install_provider`).
 pub use crate::crypto::install_provider as install_crypto_provider;
 
+use std::net::SocketAddr;
+
 /// What a TLS server presents: the end-entity certificate (DER) from one handshake with
 /// `addr`. The chain is not judged (the caller compares the certificate with the one it
 /// expects), but the handshake signature is verified, so the server holds the key.
 pub(crate) async fn served_certificate(
-    addr: std::net::SocketAddr,
+    addr: SocketAddr,
     server_name: &str,
     timeout: std::time::Duration,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, HandshakeError> {
     use std::sync::{Arc, Mutex};
     let seen = Arc::new(Mutex::new(None));
-    let cfg = capturing_client(seen.clone())?;
-    let name = rustls::pki_types::ServerName::try_from(server_name.to_string())
-        .map_err(|e| format!("{server_name}: {e}"))?;
+    let cfg = capturing_client(seen.clone()).map_err(HandshakeError::Client)?;
+    let name =
+        rustls::pki_types::ServerName::try_from(server_name.to_string()).map_err(|source| {
+            HandshakeError::Name {
+                name: server_name.to_string(),
+                source,
+            }
+        })?;
     let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
     let handshake = async {
         let tcp = tokio::net::TcpStream::connect(addr)
             .await
-            .map_err(|e| format!("{addr}: {e}"))?;
+            .map_err(|source| HandshakeError::Connect { addr, source })?;
         connector
             .connect(name, tcp)
             .await
-            .map_err(|e| format!("{addr}: TLS: {e}"))
+            .map_err(|source| HandshakeError::Tls { addr, source })
     };
     let _stream = tokio::time::timeout(timeout, handshake)
         .await
-        .map_err(|_| format!("{addr}: no TLS handshake within {timeout:?}"))??;
-    let der = seen
-        .lock()
-        .map_err(|_| "poisoned".to_string())?
-        .take()
-        .ok_or_else(|| format!("{addr}: no certificate presented"))?;
-    Ok(der)
+        .map_err(|_| HandshakeError::Timeout { addr, timeout })??;
+    // A verifier that panicked while holding the lock saw no certificate worth trusting.
+    let der = seen.lock().ok().and_then(|mut s| s.take());
+    der.ok_or(HandshakeError::NoCertificate(addr))
+}
+
+/// Why no certificate was read from a TLS server.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum HandshakeError {
+    #[error("no TLS client: {0}")]
+    Client(#[source] rustls::Error),
+    #[error("{name}: not a server name: {source}")]
+    Name {
+        name: String,
+        #[source]
+        source: rustls::pki_types::InvalidDnsNameError,
+    },
+    #[error("{addr}: {source}")]
+    Connect {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{addr}: TLS: {source}")]
+    Tls {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{addr}: no TLS handshake within {timeout:?}")]
+    Timeout {
+        addr: SocketAddr,
+        timeout: std::time::Duration,
+    },
+    #[error("{0}: no certificate presented")]
+    NoCertificate(SocketAddr),
 }
 
 /// Accepts any chain but remembers the end-entity certificate; checks handshake signatures.
@@ -87,7 +123,7 @@ impl rustls::client::danger::ServerCertVerifier for Capture {
 
 /// A client configuration that accepts any server certificate (handshake signatures still
 /// checked): what a kubelet's HTTPS probe does, which never verifies the pod's certificate.
-pub fn accept_any_server() -> Result<rustls::ClientConfig, String> {
+pub fn accept_any_server() -> Result<rustls::ClientConfig, rustls::Error> {
     capturing_client(std::sync::Arc::default())
 }
 
@@ -95,7 +131,7 @@ pub fn accept_any_server() -> Result<rustls::ClientConfig, String> {
 /// certificate in `seen`.
 fn capturing_client(
     seen: std::sync::Arc<std::sync::Mutex<Option<Vec<u8>>>>,
-) -> Result<rustls::ClientConfig, String> {
+) -> Result<rustls::ClientConfig, rustls::Error> {
     install_crypto_provider();
     let provider = crate::crypto::provider();
     let verifier = std::sync::Arc::new(Capture {
@@ -104,8 +140,7 @@ fn capturing_client(
     });
     Ok(
         rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(provider))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
+            .with_safe_default_protocol_versions()?
             .dangerous()
             .with_custom_certificate_verifier(verifier)
             .with_no_client_auth(),

@@ -815,7 +815,7 @@ pub async fn https_get_insecure(
 ) -> Result<(u16, String), String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     hcp_fleet_agent::tls::install_crypto_provider();
-    let cfg = hcp_fleet_agent::tls::accept_any_server()?;
+    let cfg = hcp_fleet_agent::tls::accept_any_server().map_err(|e| e.to_string())?;
     let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg));
     let tcp = tokio::net::TcpStream::connect(addr)
         .await

@@ -757,9 +757,23 @@ pub fn tls_config(
     Arc::new(cfg)
 }
 
+/// A `--bind` and `--port` that make no socket address.
+#[derive(Debug, thiserror::Error)]
+#[error("{bind}:{port}: {source}")]
+pub(crate) struct BadAddress {
+    bind: String,
+    port: u16,
+    #[source]
+    source: std::net::AddrParseError,
+}
+
 /// What `webhook` serves on; for tests and `dev`, which bind loopback.
-pub(crate) fn bind_addr(port: u16, bind: &str) -> Result<SocketAddr, String> {
+pub(crate) fn bind_addr(port: u16, bind: &str) -> Result<SocketAddr, BadAddress> {
     format!("{bind}:{port}")
         .parse()
-        .map_err(|e| format!("{bind}:{port}: {e}"))
+        .map_err(|source| BadAddress {
+            bind: bind.to_string(),
+            port,
+            source,
+        })
 }

@@ -120,10 +120,21 @@ fn print_summary(fleet: &LocalFleet, assets: Option<&std::path::Path>) {
     println!("Press Ctrl-C to stop; every process is stopped and the state directory removed.");
 }
 
+/// Why `dev` has no agent or no fleet table.
+#[derive(Debug, thiserror::Error)]
+enum DevError {
+    #[error(transparent)]
+    TestBed(#[from] localcp::LocalCpError),
+    #[error("starting the agent: {0}")]
+    Agent(#[source] kube::Error),
+    #[error("timed out:\n{0}")]
+    NotConverged(String),
+}
+
 async fn start_agent(
     fleet: &LocalFleet,
-) -> Result<(crate::agent::AgentHandle, tokio::task::JoinHandle<()>), String> {
-    let mgmt = fleet.management.client().await.map_err(|e| e.to_string())?;
+) -> Result<(crate::agent::AgentHandle, tokio::task::JoinHandle<()>), DevError> {
+    let mgmt = fleet.management.client().await?;
     // The stand-in kubelet runs this very binary's `webhook` command for each admission pod.
     let kubelet = localcp::kubelet::spawn(
         mgmt.clone(),
@@ -141,14 +152,14 @@ async fn start_agent(
         },
     )
     .await
-    .map_err(|e| format!("starting the agent: {e}"))?;
+    .map_err(DevError::Agent)?;
     Ok((agent, kubelet))
 }
 
 /// Waits (60 s at most) until every hosted cluster's health record has a verdict, then renders the
 /// fleet table (the same one `hcp-fleet-agent status` prints).
-async fn wait_for_fleet(fleet: &LocalFleet, names: &[String]) -> Result<String, String> {
-    let mgmt = fleet.management.client().await.map_err(|e| e.to_string())?;
+async fn wait_for_fleet(fleet: &LocalFleet, names: &[String]) -> Result<String, DevError> {
+    let mgmt = fleet.management.client().await?;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
         let rows = crate::cmd::status::fleet_rows(&mgmt, &Default::default())
@@ -162,10 +173,9 @@ async fn wait_for_fleet(fleet: &LocalFleet, names: &[String]) -> Result<String, 
             return Ok(crate::cmd::status::render_table(&rows));
         }
         if std::time::Instant::now() > deadline {
-            return Err(format!(
-                "timed out:\n{}",
-                crate::cmd::status::render_table(&rows)
-            ));
+            return Err(DevError::NotConverged(crate::cmd::status::render_table(
+                &rows,
+            )));
         }
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     }

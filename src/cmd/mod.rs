@@ -15,6 +15,15 @@ use clap::{Parser, Subcommand};
 
 use crate::telemetry::{self, LogFormat};
 
+/// Output a command could not write: an object that would not serialize.
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    #[error("JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("YAML: {0}")]
+    Yaml(#[from] serde_saphyr::ser::Error),
+}
+
 #[derive(Debug, Parser)]
 #[command(
     name = "hcp-fleet-agent",

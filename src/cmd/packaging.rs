@@ -90,11 +90,16 @@ impl Default for FleetOptions {
     }
 }
 
+/// A `--hub-selector` that is no `key=value` pair.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("expected key=value, got {0:?}")]
+pub struct NotALabel(String);
+
 /// Parses `key=value` as a label pair.
-pub(crate) fn parse_label(s: &str) -> Result<(String, String), String> {
+pub(crate) fn parse_label(s: &str) -> Result<(String, String), NotALabel> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
-        _ => Err(format!("expected key=value, got {s:?}")),
+        _ => Err(NotALabel(s.to_string())),
     }
 }
 

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use serde_json::Value;
 
+use super::OutputError;
 use crate::certificates::CertBundle;
 use crate::config::AgentConfig;
 use crate::hosted::objects;
@@ -68,6 +69,19 @@ fn redact_keys(mut v: Value) -> Value {
     v
 }
 
+/// Why `render` printed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderFailure {
+    #[error(transparent)]
+    Certificates(#[from] crate::certificates::CertError),
+    #[error(transparent)]
+    Management(#[from] management::RenderError),
+    #[error(transparent)]
+    Hosted(#[from] objects::WebhookRenderError),
+    #[error(transparent)]
+    Output(#[from] OutputError),
+}
+
 /// The YAML stream for one HCP.
 pub(crate) fn render_all(
     cfg: &AgentConfig,
@@ -75,9 +89,8 @@ pub(crate) fn render_all(
     name: &str,
     agent_namespace: &str,
     servers: Servers,
-) -> Result<String, String> {
-    let certs = CertBundle::generate(cfg, &management::serving_sans(cfg, namespace, &[]))
-        .map_err(|e| e.to_string())?;
+) -> Result<String, RenderFailure> {
+    let certs = CertBundle::generate(cfg, &management::serving_sans(cfg, namespace, &[]))?;
     let revision = crate::rollout::Revision::of(cfg).id;
     let objs = management::render(
         cfg,
@@ -96,8 +109,7 @@ pub(crate) fn render_all(
             monitoring: cfg.admission.service_monitor.api_group,
             revision: Some(&revision),
         },
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     let hosted = webhooks::render(
         cfg,
         namespace,
@@ -107,12 +119,11 @@ pub(crate) fn render_all(
             match_conditions: servers.match_conditions,
             admission_policies: servers.admission_policies,
         },
-    )
-    .map_err(|e| e.to_string())?
+    )?
     .annotated(crate::rollout::REVISION_ANNOTATION, &revision);
     let mut docs: Vec<(String, Value)> = Vec::new();
-    let mut push = |target: &str, v: Result<Value, serde_json::Error>| -> Result<(), String> {
-        docs.push((target.to_string(), v.map_err(|e| e.to_string())?));
+    let mut push = |target: &str, v: Result<Value, serde_json::Error>| -> Result<(), OutputError> {
+        docs.push((target.to_string(), v?));
         Ok(())
     };
     let mgmt = "management cluster";
@@ -156,7 +167,7 @@ pub(crate) fn render_all(
     let mut out = format!("# revision {revision}\n");
     for (target, v) in docs {
         out.push_str(&format!("---\n# applied to the {target}\n"));
-        out.push_str(&serde_saphyr::to_string(&v).map_err(|e| e.to_string())?);
+        out.push_str(&serde_saphyr::to_string(&v).map_err(OutputError::from)?);
     }
     Ok(out)
 }

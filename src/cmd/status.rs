@@ -13,6 +13,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use serde::Serialize;
 
+use super::OutputError;
 use crate::crd::{AdmissionHealth, HostedControlPlane};
 use crate::human::KubeError;
 use crate::reporting::{Concern, HEALTH_NAME, READY};
@@ -450,27 +451,47 @@ pub struct StatusArgs {
 
 /// The management cluster's client, as kubectl picks it: `--kubeconfig`, else `$KUBECONFIG`
 /// or `~/.kube/config`, else the in-cluster account; `--context` within the file.
-pub async fn client(args: &StatusArgs) -> Result<Client, String> {
+pub async fn client(args: &StatusArgs) -> Result<Client, ClientSetupError> {
     let opts = KubeConfigOptions {
         context: args.context.clone(),
         ..Default::default()
     };
     let config = match &args.kubeconfig {
         Some(path) => {
-            let kc = Kubeconfig::read_from(path)
-                .map_err(|e| format!("reading kubeconfig {}: {e}", path.display()))?;
+            let at = |source| ClientSetupError::Kubeconfig {
+                path: path.clone(),
+                source,
+            };
+            let kc = Kubeconfig::read_from(path).map_err(at)?;
             kube::Config::from_custom_kubeconfig(kc, &opts)
                 .await
-                .map_err(|e| format!("kubeconfig {}: {e}", path.display()))?
+                .map_err(at)?
         }
         None if args.context.is_some() => kube::Config::from_kubeconfig(&opts)
             .await
-            .map_err(|e| format!("kubeconfig: {e}"))?,
+            .map_err(ClientSetupError::Context)?,
         None => kube::Config::infer()
             .await
-            .map_err(|e| format!("no usable kubeconfig or in-cluster account: {e}"))?,
+            .map_err(ClientSetupError::Infer)?,
     };
-    Client::try_from(config).map_err(|e| format!("building the client: {}", KubeError(&e)))
+    Client::try_from(config).map_err(ClientSetupError::Build)
+}
+
+/// Why `status` (and `uninstall`) have no client for the management cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientSetupError {
+    #[error("kubeconfig {}: {source}", .path.display())]
+    Kubeconfig {
+        path: std::path::PathBuf,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error("kubeconfig: {0}")]
+    Context(#[source] kube::config::KubeconfigError),
+    #[error("no usable kubeconfig or in-cluster account: {0}")]
+    Infer(#[source] kube::config::InferConfigError),
+    #[error("building the client: {}", KubeError(.0))]
+    Build(#[source] kube::Error),
 }
 
 pub async fn run(args: StatusArgs) -> ExitCode {
@@ -535,7 +556,7 @@ pub fn print(
     args: &StatusArgs,
     rows: Vec<FleetRow>,
     rollout: Vec<String>,
-) -> Result<String, String> {
+) -> Result<String, OutputError> {
     let summary_all = counts(&rows);
     let total = summary(&rows);
     let by_revision = args.rollout.then(|| revision_counts(&rows));
@@ -550,11 +571,9 @@ pub fn print(
                 rollout,
             };
             if args.output == Output::Json {
-                serde_json::to_string_pretty(&report)
-                    .map(|s| s + "\n")
-                    .map_err(|e| e.to_string())
+                Ok(serde_json::to_string_pretty(&report)? + "\n")
             } else {
-                serde_saphyr::to_string(&report).map_err(|e| e.to_string())
+                Ok(serde_saphyr::to_string(&report)?)
             }
         }
         Output::Table | Output::Wide => {

@@ -308,6 +308,38 @@ pub async fn uninstall(
     Ok((lines, ok))
 }
 
+/// Why the agent could not be stopped before the uninstall.
+#[derive(Debug, thiserror::Error)]
+pub enum StopError {
+    #[error("reading {deployment}: {source}")]
+    Read {
+        deployment: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("scaling {deployment} to 0: {source}")]
+    Scale {
+        deployment: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("reading the Lease {namespace}/{LEASE_NAME}: {source}")]
+    Lease {
+        namespace: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(
+        "agent {holder} still holds the Lease {namespace}/{LEASE_NAME} after {wait:?} with {deployment} scaled to 0"
+    )]
+    StillHeld {
+        holder: String,
+        namespace: String,
+        wait: Duration,
+        deployment: String,
+    },
+}
+
 /// Scales the agent's Deployment to zero and waits until no agent holds the Lease (a leader
 /// that stops hands it back; one that dies lets it expire). A missing Deployment is an agent
 /// already gone. Returns the replicas it had, to restore if the uninstall fails: an agent
@@ -317,12 +349,18 @@ async fn stop_agent(
     namespace: &str,
     deployment: &str,
     wait: Duration,
-) -> Result<Option<i32>, String> {
+) -> Result<Option<i32>, StopError> {
+    let at = || format!("{namespace}/{deployment}");
     let deployments = Api::<Deployment>::namespaced(client.clone(), namespace);
     let before = match deployments.get_opt(deployment).await {
         Ok(Some(d)) => d.spec.and_then(|s| s.replicas).or(Some(1)),
         Ok(None) => None,
-        Err(e) => return Err(format!("reading {namespace}/{deployment}: {e}")),
+        Err(source) => {
+            return Err(StopError::Read {
+                deployment: at(),
+                source,
+            });
+        }
     };
     let zero = serde_json::json!({"spec": {"replicas": 0}});
     match deployments
@@ -333,7 +371,12 @@ async fn stop_agent(
         Err(kube::Error::Api(s)) if s.code == 404 => {
             println!("{namespace}/{deployment}: not found; the agent is already gone")
         }
-        Err(e) => return Err(format!("scaling {namespace}/{deployment} to 0: {e}")),
+        Err(source) => {
+            return Err(StopError::Scale {
+                deployment: at(),
+                source,
+            });
+        }
     }
     let stopped = wait_for_lease(client, namespace, deployment, wait).await;
     if stopped.is_err() {
@@ -364,21 +407,29 @@ async fn wait_for_lease(
     namespace: &str,
     deployment: &str,
     wait: Duration,
-) -> Result<(), String> {
+) -> Result<(), StopError> {
     let leases = Api::<Lease>::namespaced(client.clone(), namespace);
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         let held = match leases.get_opt(LEASE_NAME).await {
             Ok(l) => l.and_then(|l| lease_is_held(&l, jiff::Timestamp::now())),
-            Err(e) => return Err(format!("reading the Lease {namespace}/{LEASE_NAME}: {e}")),
+            Err(source) => {
+                return Err(StopError::Lease {
+                    namespace: namespace.to_string(),
+                    source,
+                });
+            }
         };
         let Some(holder) = held else {
             return Ok(());
         };
         if tokio::time::Instant::now() >= deadline {
-            return Err(format!(
-                "agent {holder} still holds the Lease {namespace}/{LEASE_NAME} after {wait:?} with {deployment} scaled to 0"
-            ));
+            return Err(StopError::StillHeld {
+                holder,
+                namespace: namespace.to_string(),
+                wait,
+                deployment: deployment.to_string(),
+            });
         }
         // The Lease frees by time (renewals stop), not by an event a watch would bring.
         tokio::time::sleep(Duration::from_secs(1)).await;

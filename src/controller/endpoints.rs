@@ -38,7 +38,16 @@ pub trait AdmissionEndpoints: Send + Sync {
         management: &'a Client,
         cfg: &'a AgentConfig,
         namespace: &'a str,
-    ) -> BoxFuture<'a, Result<Vec<SocketAddr>, String>>;
+    ) -> BoxFuture<'a, Result<Vec<SocketAddr>, ReplicasUnknown>>;
+}
+
+/// Why the admission service's ready replicas are not known: the management API's answer.
+#[derive(Debug, thiserror::Error)]
+#[error("the admission service's endpoints in {namespace}: {}", crate::human::KubeError(.source))]
+pub struct ReplicasUnknown {
+    pub namespace: String,
+    #[source]
+    pub source: kube::Error,
 }
 
 /// A real management cluster: the Service's cluster-local name, which the hosted
@@ -64,7 +73,7 @@ impl AdmissionEndpoints for InCluster {
         management: &'a Client,
         cfg: &'a AgentConfig,
         namespace: &'a str,
-    ) -> BoxFuture<'a, Result<Vec<SocketAddr>, String>> {
+    ) -> BoxFuture<'a, Result<Vec<SocketAddr>, ReplicasUnknown>> {
         Box::pin(async move {
             let slices = Api::<EndpointSlice>::namespaced(management.clone(), namespace)
                 .list(&ListParams::default().labels(&format!(
@@ -72,7 +81,10 @@ impl AdmissionEndpoints for InCluster {
                     cfg.admission.service_name
                 )))
                 .await
-                .map_err(|e| format!("EndpointSlices of {namespace}: {e}"))?;
+                .map_err(|source| ReplicasUnknown {
+                    namespace: namespace.to_string(),
+                    source,
+                })?;
             Ok(slices
                 .items
                 .iter()

@@ -27,7 +27,7 @@ use super::error::Failure;
 use super::proof::Proof;
 use super::scope::Scope;
 use super::{probe, watches};
-use crate::hosted::admission_policies::{self, Engine};
+use crate::hosted::admission_policies::{self, Engine, spec_matches, type_warnings};
 use crate::hosted::clients::HostedClient;
 use crate::hosted::objects::{self, HostedFeatures};
 use crate::hosted::wanted::Wanted;
@@ -377,19 +377,11 @@ pub async fn install(
         for p in &wanted.policies {
             let name = p.name_any();
             let live = take_named(&mut live_policies, &name);
-            let applied = apply_against(
-                &papi,
-                &name,
-                p,
-                live,
-                admission_policies::spec_matches,
-                WHOLE,
-            )
-            .await?;
+            let applied = apply_against(&papi, &name, p, live, spec_matches, WHOLE).await?;
             wrote |= !matches!(applied, Applied::Unchanged(_));
             let live = applied.object();
             warnings.extend(
-                admission_policies::type_warnings(live)
+                type_warnings(live)
                     .into_iter()
                     .map(|w| format!("ValidatingAdmissionPolicy {}: {w}", live.name_any())),
             );
@@ -397,15 +389,7 @@ pub async fn install(
         for b in &wanted.bindings {
             let name = b.name_any();
             let live = take_named(&mut live_bindings, &name);
-            let applied = apply_against(
-                &bapi,
-                &name,
-                b,
-                live,
-                admission_policies::spec_matches,
-                WHOLE,
-            )
-            .await?;
+            let applied = apply_against(&bapi, &name, b, live, spec_matches, WHOLE).await?;
             wrote |= !matches!(applied, Applied::Unchanged(_));
         }
         // The API server takes up to a second to compile what changed. Until it runs this

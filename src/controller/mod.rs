@@ -59,7 +59,7 @@ use tracing::warn;
 
 pub use context::{Context, HcpState, RunOptions, hcp_labels};
 pub use discovery::{Capabilities, discover};
-pub use endpoints::{AdmissionEndpoints, InCluster};
+pub use endpoints::{AdmissionEndpoints, InCluster, ReplicasUnknown};
 pub use error::{Failure, Phase, ReconcileError};
 pub use reconcile::{backoff, error_policy, reconcile};
 pub use trust::installed_trust;

@@ -349,7 +349,8 @@ pub(crate) async fn template_reporter(ctx: Arc<Context>) {
                         .and_then(|m| m.get(&key.0).cloned())
                         .unwrap_or(KlusterletServer::Absent);
                     let prefix = ctx.config().reporting.discovery_prefix.clone();
-                    let hcp = managed_clusters::resolve(x, hosted, Some(&prefix), &server);
+                    let hcp = managed_clusters::resolve(x, hosted, Some(&prefix), &server)
+                        .map_err(|why| why.to_string());
                     reporting::evaluate_cluster_template(
                         &rows,
                         x,

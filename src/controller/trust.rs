@@ -199,7 +199,7 @@ async fn replicas_serve(ctx: &Context, cfg: &AgentConfig, ns: &str, serving_pem:
         match crate::tls::served_certificate(addr, &name, HANDSHAKE_TIMEOUT).await {
             Ok(der) if der == expected => served.current += 1,
             Ok(_) => info!(%addr, "a replica still serves the previous certificate"),
-            Err(e) => served.failures.push(e),
+            Err(e) => served.failures.push(e.to_string()),
         }
     }
     served

@@ -31,7 +31,7 @@ use super::free_port;
 use super::process::ManagedProcess;
 use super::proxy::ServiceProxy;
 use crate::config::AgentConfig;
-use crate::controller::AdmissionEndpoints;
+use crate::controller::{AdmissionEndpoints, ReplicasUnknown};
 use crate::management::{MANAGED_BY, MANAGED_BY_VALUE, deployment_available};
 
 pub const LOCAL_ENDPOINT_ANNOTATION: &str = "hcp-fleet.openshift.io/local-endpoint";
@@ -79,11 +79,15 @@ impl AdmissionEndpoints for LocalEndpoints {
         management: &'a Client,
         cfg: &'a AgentConfig,
         namespace: &'a str,
-    ) -> BoxFuture<'a, Result<Vec<std::net::SocketAddr>, String>> {
+    ) -> BoxFuture<'a, Result<Vec<std::net::SocketAddr>, ReplicasUnknown>> {
         Box::pin(async move {
             Ok(
                 published(management, cfg, namespace, None, LOCAL_REPLICAS_ANNOTATION)
-                    .await?
+                    .await
+                    .map_err(|source| ReplicasUnknown {
+                        namespace: namespace.to_string(),
+                        source,
+                    })?
                     .unwrap_or_default()
                     .split(',')
                     .filter_map(|a| a.parse().ok())
@@ -102,14 +106,13 @@ async fn published(
     namespace: &str,
     service: Option<&Service>,
     annotation: &str,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, kube::Error> {
     if let Some(v) = service.and_then(|s| s.annotations().get(annotation)) {
         return Ok(Some(v.clone()));
     }
     let svc = Api::<Service>::namespaced(management.clone(), namespace)
         .get_opt(&cfg.admission.service_name)
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     Ok(svc.and_then(|s| s.annotations().get(annotation).cloned()))
 }
 
@@ -694,7 +697,7 @@ async fn write_status(
 /// A kubelet's HTTPS probe: GET `path` on 127.0.0.1:`port`, any certificate accepted;
 /// returns the status code.
 async fn probe_get(port: u16, path: &str) -> Result<u16, String> {
-    let mut cfg = crate::tls::accept_any_server()?;
+    let mut cfg = crate::tls::accept_any_server().map_err(|e| e.to_string())?;
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
     exchange(&connector, port, LOOPBACK, &get_head(path), b"")
