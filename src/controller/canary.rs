@@ -5,6 +5,7 @@
 //! NonCompliant, naming the guard, until a later round sees it deny again.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
@@ -40,6 +41,26 @@ pub(crate) enum Shown {
     NotTried(String),
     /// The guard did not deny it: what happened instead.
     Failed(String),
+}
+
+/// `plan`, shared: every HCP whose plan is equal holds one copy (a fleet has as many
+/// distinct plans as configurations and engines in force, a thousand HCPs one or two).
+pub(crate) fn shared_plan(cfg: &AgentConfig, desired: &HostedWebhooks) -> Arc<Vec<Planned>> {
+    static PLANS: Mutex<Vec<Weak<Vec<Planned>>>> = Mutex::new(Vec::new());
+    let planned = plan(cfg, desired);
+    let mut plans = PLANS.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(held) = plans
+        .iter()
+        .filter_map(Weak::upgrade)
+        .find(|p| **p == planned)
+    {
+        return held;
+    }
+    // Plans no HCP holds any more go as new ones come.
+    plans.retain(|w| w.strong_count() > 0);
+    let planned = Arc::new(planned);
+    plans.push(Arc::downgrade(&planned));
+    planned
 }
 
 /// The canaries of the guards enforced in `desired` under `cfg` (the HCP's configuration, its
@@ -214,6 +235,23 @@ mod tests {
             features,
         )
         .expect("render")
+    }
+
+    /// Equal plans are one copy; a different one is its own, and equal to its own plan.
+    #[test]
+    fn equal_plans_are_shared() {
+        let cfg = AgentConfig::default();
+        let (hooks, policies) = (rendered(&cfg, false), rendered(&cfg, true));
+        let a = shared_plan(&cfg, &hooks);
+        let b = shared_plan(&cfg, &hooks);
+        assert!(Arc::ptr_eq(&a, &b));
+        let c = shared_plan(&cfg, &policies);
+        assert!(!Arc::ptr_eq(&a, &c));
+        assert_eq!(*a, plan(&cfg, &hooks));
+        assert_eq!(*c, plan(&cfg, &policies));
+        // Once nobody holds it, an equal plan is made afresh and equal still.
+        drop((a, b));
+        assert_eq!(*shared_plan(&cfg, &hooks), plan(&cfg, &hooks));
     }
 
     #[test]

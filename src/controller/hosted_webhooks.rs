@@ -167,7 +167,7 @@ pub(crate) async fn ensure(
     let timeout = cfg.hosted_access.request_timeout();
     let wanted = Wanted::of(&desired);
     watches::ensure_drift_watch(ctx, ns, cluster, hosted, wanted.clone(), features);
-    let canaries = std::sync::Arc::new(super::canary::plan(cfg, &desired));
+    let canaries = super::canary::shared_plan(cfg, &desired);
     ctx.with_hcp(ns, |s| {
         if let Some(w) = s.watch.as_ref() {
             let mut shared = lock(&w.shared);

@@ -248,15 +248,27 @@ pub(crate) fn ensure_task(s: &Scope<'_>, hosted: &HostedClient, verdict: Complia
                             .unwrap_or_default();
                         (targets, Arc::clone(&s.canaries), s.canary_next)
                     };
-                    // A kube client for this round only (see `HostedClient`).
+                    // A kube client for this round only (see `HostedClient`). The round's
+                    // futures are boxed: held inline they would size the task for its whole
+                    // life, a thousand of them asleep between rounds.
                     let client = hosted.client();
-                    let probed = probe(&client, timeout, &targets).await.verdict.state;
+                    let probed = Box::pin(probe(&client, timeout, &targets))
+                        .await
+                        .verdict
+                        .state;
                     let mut canary_changed = false;
                     // A path that fails its probe fails every canary on it: they wait for it.
                     let turn = canaries.get(next % canaries.len().max(1));
                     if let Some(p) = turn.filter(|_| probed == ComplianceState::Compliant) {
-                        let shown =
-                            canary::send(&client, p, &canaries, &targets.proof, &ns, timeout).await;
+                        let shown = Box::pin(canary::send(
+                            &client,
+                            p,
+                            &canaries,
+                            &targets.proof,
+                            &ns,
+                            timeout,
+                        ))
+                        .await;
                         if let canary::Shown::NotTried(why) = &shown {
                             tracing::debug!(guard = %p.guard, %why, "canary not tried");
                         }
