@@ -39,16 +39,24 @@ fn modules(root: &Path) -> BTreeMap<String, String> {
     out
 }
 
-/// The source before its first `#[cfg(test)]` module, without `//` comments.
+/// The source before its first inline `#[cfg(test)]` module, without `//` comments.
 fn shipped(text: &str) -> String {
     let mut out = String::new();
     let mut lines = text.lines().peekable();
     while let Some(line) = lines.next() {
+        // An inline test module ends what ships; a declared one (`mod x;`) only its own line.
         if line.trim() == "#[cfg(test)]"
             && lines
                 .peek()
                 .is_some_and(|next| next.trim_start().starts_with("mod "))
         {
+            if lines
+                .peek()
+                .is_some_and(|next| next.trim_end().ends_with(';'))
+            {
+                lines.next();
+                continue;
+            }
             break;
         }
         let code = line.split("//").next().unwrap_or("");
@@ -227,6 +235,8 @@ fn cycles(edges: &BTreeMap<&str, BTreeSet<String>>) -> Vec<Vec<String>> {
 #[test]
 fn braces_and_supers_are_read_as_the_compiler_reads_them() {
     assert_eq!(spelled("a::b::C;"), ["a::b::C"]);
+    let text = "use crate::a;\n#[cfg(test)]\nmod cases;\nuse crate::b;\n#[cfg(test)]\nmod tests {\nuse crate::c;\n}\n";
+    assert_eq!(shipped(text), "use crate::a;\nuse crate::b;\n");
     assert_eq!(spelled("{a::{B, c::D}, e};"), ["a::B", "a::c::D", "e"]);
     let mods: BTreeMap<String, String> = [
         ("x::y", "use super::{z, w::V};"),
