@@ -17,13 +17,12 @@ helm:
 	@bash hack/helm.sh
 
 # Unit tests once, then the e2e suite against the test bed's version (hack/testbed-versions.sh:
-# Debian's 1.20.2, or the KUBEBUILDER_ASSETS directory), in two lanes side by side
-# (hack/test.sh), then the container image built twice to one digest, with its SBOMs
-# (hack/image.sh reproduce), and run alone (hack/image-check.sh).
+# Debian's 1.20.2, or the KUBEBUILDER_ASSETS directory), in two lanes side by side, and the
+# container image built twice to one digest with its SBOMs (hack/image.sh reproduce, at idle
+# priority beside the tests) and run alone (hack/image-check.sh): all in hack/test.sh.
 test:
 	@helm="$$(bash hack/helm.sh)" && eval "$$(bash hack/prometheus.sh)" && \
-	HELM="$$helm" CARGO="$(CARGO)" bash hack/test.sh && \
-	echo "== the container image ==" && bash hack/image.sh reproduce >/dev/null && bash hack/image-check.sh
+	HELM="$$helm" CARGO="$(CARGO)" bash hack/test.sh
 
 # The chart's generated files: values.schema.json from the configuration types,
 # templates/crds.yaml from the agent's own resource types (src/crd/health.rs), and README.md

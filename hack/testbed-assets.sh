@@ -8,8 +8,9 @@
 #   server from a source bundle obtained outside the package registries.
 # - Otherwise the binaries are built once from Debian's packages and cached outside the
 #   repository (HCP_FLEET_ASSETS_CACHE, default ~/.cache/hcp-fleet-agent): etcd from
-#   `etcd-server`, kube-apiserver and kubectl from bookworm's `kubernetes` source package
-#   (1.20.2), built in GOPATH mode after `make gen_openapi`.
+#   `etcd-server`, kubectl from `kubernetes-client` (bookworm's build of 1.20.2), and
+#   kube-apiserver from bookworm's `kubernetes` source package (the same 1.20.2, which Debian
+#   ships no server binary of), built in GOPATH mode after `make gen_openapi`.
 # - Idempotent: a second run finds the cache and returns in well under a second.
 # - Progress goes to stderr; failures say what broke and exit non-zero.
 set -euo pipefail
@@ -19,7 +20,7 @@ K8S_VERSION="v1.20.2"
 K8S_MAJOR="1"
 K8S_MINOR="20"
 # Bump when the build recipe changes, so caches built by an older recipe are rebuilt.
-RECIPE="4"
+RECIPE="5"
 CACHE_ROOT="${HCP_FLEET_ASSETS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hcp-fleet-agent}"
 OUT="$CACHE_ROOT/assets/$K8S_VERSION"
 BINARIES=(kube-apiserver etcd kubectl)
@@ -90,7 +91,9 @@ fi
 
 export DEBIAN_FRONTEND=noninteractive
 need_pkgs=()
-for p in etcd-server golang-go rsync dpkg-dev make golang-github-modern-go-reflect2-dev golang-github-json-iterator-go-dev; do
+# kubectl is Debian's own build (kubernetes-client) of the same source: compiling it here
+# too was on a cold run's critical path.
+for p in etcd-server kubernetes-client golang-go rsync dpkg-dev make golang-github-modern-go-reflect2-dev golang-github-json-iterator-go-dev; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_pkgs+=("$p")
 done
 if [ "${#need_pkgs[@]}" -gt 0 ]; then
@@ -181,7 +184,7 @@ done
 
 STAGE="$WORK/out"
 mkdir -p "$STAGE"
-for cmd in kube-apiserver kubectl; do
+for cmd in kube-apiserver; do
   say "building $cmd (a few minutes on two cores)"
   go build -ldflags "$LDFLAGS" -o "$STAGE/$cmd" "./cmd/$cmd" >"$WORK/build-$cmd.log" 2>&1 || {
     tail -n 30 "$WORK/build-$cmd.log" >&2
@@ -193,6 +196,13 @@ ETCD_BIN=$(command -v etcd || true)
 [ -n "$ETCD_BIN" ] || ETCD_BIN=/usr/bin/etcd
 [ -x "$ETCD_BIN" ] || die "etcd not found after installing etcd-server"
 cp "$ETCD_BIN" "$STAGE/etcd"
+KUBECTL_BIN=/usr/bin/kubectl
+[ -x "$KUBECTL_BIN" ] || die "kubectl not found after installing kubernetes-client"
+case "$("$KUBECTL_BIN" version --client 2>&1 || true)" in
+  *"GitVersion:\"$K8S_VERSION\""*) ;;
+  *) die "$KUBECTL_BIN is not kubectl $K8S_VERSION (kubernetes-client)" ;;
+esac
+cp "$KUBECTL_BIN" "$STAGE/kubectl"
 
 got=$("$STAGE/kube-apiserver" --version 2>&1 || true)
 case "$got" in
