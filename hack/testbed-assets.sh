@@ -91,9 +91,7 @@ fi
 
 export DEBIAN_FRONTEND=noninteractive
 need_pkgs=()
-# kubectl is Debian's own build (kubernetes-client) of the same source: compiling it here
-# too was on a cold run's critical path.
-for p in etcd-server kubernetes-client golang-go rsync dpkg-dev make golang-github-modern-go-reflect2-dev golang-github-json-iterator-go-dev; do
+for p in etcd-server golang-go rsync dpkg-dev make golang-github-modern-go-reflect2-dev golang-github-json-iterator-go-dev; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_pkgs+=("$p")
 done
 if [ "${#need_pkgs[@]}" -gt 0 ]; then
@@ -196,11 +194,21 @@ ETCD_BIN=$(command -v etcd || true)
 [ -n "$ETCD_BIN" ] || ETCD_BIN=/usr/bin/etcd
 [ -x "$ETCD_BIN" ] || die "etcd not found after installing etcd-server"
 cp "$ETCD_BIN" "$STAGE/etcd"
-KUBECTL_BIN=/usr/bin/kubectl
-[ -x "$KUBECTL_BIN" ] || die "kubectl not found after installing kubernetes-client"
+# kubectl is Debian's own build of the same source (kubernetes-client): compiling it here too
+# was on a cold run's critical path. The package is downloaded and unpacked here, not
+# installed: /usr/bin/kubectl may belong to another package (a cloud SDK's kubectl).
+say "downloading Debian's kubectl (kubernetes-client)"
+download_kubectl() { ( cd "$WORK" && apt-get -o APT::Sandbox::User=root download -qq kubernetes-client ) >&2; }
+download_kubectl || { $SUDO apt-get update -qq >&2 && download_kubectl; } \
+  || die "apt-get download kubernetes-client failed"
+deb=$(find "$WORK" -maxdepth 1 -name 'kubernetes-client_*.deb' | head -n 1)
+[ -n "$deb" ] || die "no kubernetes-client package after apt-get download"
+dpkg-deb -x "$deb" "$WORK/kubernetes-client" || die "cannot unpack $deb"
+KUBECTL_BIN="$WORK/kubernetes-client/usr/bin/kubectl"
+[ -x "$KUBECTL_BIN" ] || die "$deb holds no usr/bin/kubectl"
 case "$("$KUBECTL_BIN" version --client 2>&1 || true)" in
   *"GitVersion:\"$K8S_VERSION\""*) ;;
-  *) die "$KUBECTL_BIN is not kubectl $K8S_VERSION (kubernetes-client)" ;;
+  *) die "$deb's kubectl is not $K8S_VERSION" ;;
 esac
 cp "$KUBECTL_BIN" "$STAGE/kubectl"
 

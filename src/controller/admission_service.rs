@@ -24,10 +24,9 @@ use crate::crd::HostedControlPlane;
 use crate::crd::hostedcontrolplane::Scheduling;
 use crate::management::{self, HcpInputs};
 use crate::metrics::DriftLabels;
-use kube::runtime::reflector::Store;
 
-/// Where one management-side object lives: its API, kind and name, the watch store that may
-/// answer for it, and its dynamic type.
+/// Where one management-side object lives: its API, kind and name, and the watch store that
+/// may answer for it.
 struct Target<'a, K: Resource + 'static>
 where
     K::DynamicType: Eq + std::hash::Hash,
@@ -35,8 +34,7 @@ where
     api: Api<K>,
     kind: &'static str,
     name: &'a str,
-    store: Option<&'a Store<K>>,
-    dyntype: &'a K::DynamicType,
+    store: Option<&'a dyn cache::Cached<K>>,
 }
 
 /// One management-side object: read, and written only where it differs from what is
@@ -58,7 +56,6 @@ where
         kind,
         name,
         store,
-        dyntype,
     } = target;
     let failed = |source| Failure::ApplyAdmission {
         kind,
@@ -71,7 +68,7 @@ where
     let key = object_key(&api, name);
     let print = compare::fingerprint(&want);
     let seen = ctx.with_hcp(ns, |s| s.management.get(&key).copied());
-    let live = cache::read(ctx, ns, &api, store, name, dyntype)
+    let live = cache::read(ctx, ns, &api, store, name)
         .await
         .map_err(failed)?;
     // The Deployment's pods' spec, and the NetworkPolicy's and PDB's spec, are the agent's
@@ -183,8 +180,7 @@ pub(crate) async fn ensure(
             api: Api::<Deployment>::namespaced(c(), ns),
             kind: "Deployment",
             name,
-            store: caches.deployments.as_ref(),
-            dyntype: &(),
+            store: caches.deployments.as_ref().map(|s| s as _),
         },
         &objs.deployment,
     )
@@ -213,8 +209,7 @@ async fn around_the_deployment(
             api: secrets(),
             kind: "Secret",
             name: &management::ca_secret_name(cfg),
-            store: caches.ca_secrets.as_ref(),
-            dyntype: &(),
+            store: caches.ca_secrets.as_ref().map(|s| s as _),
         },
         &objs.ca_secret,
     )
@@ -227,8 +222,7 @@ async fn around_the_deployment(
             api: secrets(),
             kind: "Secret",
             name: &management::tls_secret_name(cfg),
-            store: caches.tls_secrets.as_ref(),
-            dyntype: &(),
+            store: caches.tls_secrets.as_ref().map(|s| s as _),
         },
         &objs.tls_secret,
     )
@@ -241,8 +235,7 @@ async fn around_the_deployment(
             api: Api::<ServiceAccount>::namespaced(c(), ns),
             kind: "ServiceAccount",
             name,
-            store: caches.service_accounts.as_ref(),
-            dyntype: &(),
+            store: caches.service_accounts.as_ref().map(|s| s as _),
         },
         &objs.service_account,
     )
@@ -255,8 +248,7 @@ async fn around_the_deployment(
             api: Api::<Service>::namespaced(c(), ns),
             kind: "Service",
             name,
-            store: caches.services.as_ref(),
-            dyntype: &(),
+            store: caches.services.as_ref().map(|s| s as _),
         },
         &objs.service,
     )
@@ -269,8 +261,7 @@ async fn around_the_deployment(
             api: Api::<NetworkPolicy>::namespaced(c(), ns),
             kind: "NetworkPolicy",
             name,
-            store: caches.network_policies.as_ref(),
-            dyntype: &(),
+            store: caches.network_policies.as_ref().map(|s| s as _),
         },
         &objs.network_policy,
     )
@@ -285,8 +276,7 @@ async fn around_the_deployment(
                 api,
                 kind: "PodDisruptionBudget",
                 name,
-                store: caches.pdbs.as_ref(),
-                dyntype: &ar,
+                store: caches.pdbs.as_ref().map(|s| s as _),
             },
             pdb,
         )
@@ -323,7 +313,6 @@ async fn monitoring(
                         kind: "ServiceMonitor",
                         name,
                         store: None,
-                        dyntype: &ar,
                     },
                     sm,
                 )
@@ -346,7 +335,6 @@ async fn monitoring(
                         kind: "RoleBinding",
                         name: &rb_name,
                         store: None,
-                        dyntype: &(),
                     },
                     rb,
                 )

@@ -18,20 +18,25 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::DynamicObject;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::text_store::TextStore;
+
 /// The stores the controller's watches fill (`controller::run`). `None` where the kind is
-/// not watched (no PodDisruptionBudget API served) or before the controller runs.
+/// not watched (no PodDisruptionBudget API served) or before the controller runs. The
+/// admission services' own objects are held as text (`text_store.rs`); the Secrets typed
+/// (their data is bytes, which as JSON text would be base64, a third larger).
 #[derive(Clone, Default)]
 pub(crate) struct Caches {
     pub ca_secrets: Option<Store<Secret>>,
     pub tls_secrets: Option<Store<Secret>>,
     pub kubeconfig_secrets: Option<Store<Secret>>,
-    pub service_accounts: Option<Store<ServiceAccount>>,
-    pub services: Option<Store<Service>>,
-    pub network_policies: Option<Store<NetworkPolicy>>,
-    pub deployments: Option<Store<Deployment>>,
-    pub pdbs: Option<Store<DynamicObject>>,
+    pub service_accounts: Option<TextStore<ServiceAccount>>,
+    pub services: Option<TextStore<Service>>,
+    pub network_policies: Option<TextStore<NetworkPolicy>>,
+    pub deployments: Option<TextStore<Deployment>>,
+    pub pdbs: Option<TextStore<DynamicObject>>,
     /// The health records (where their CRD is installed): read before each report.
     pub health: Option<Store<crate::crd::AdmissionHealth>>,
     /// Which Services could make HyperShift delete guest webhooks (`guest_services.rs`).
@@ -88,32 +93,74 @@ pub(crate) fn object_key<K: Resource>(api: &Api<K>, name: &str) -> String {
     format!("{}/{name}", api.resource_url())
 }
 
+/// A watch's store as `read` asks it: kube's reflector store, or one that holds text.
+pub(crate) trait Cached<K>: Send + Sync {
+    /// Whether the watch has listed everything once (before that, absence means nothing).
+    fn filled(&self) -> bool;
+    /// `name` in `ns` as held: `None` where nothing is held, an error where what is held
+    /// cannot be read back (the server is asked instead).
+    fn get(&self, ns: &str, name: &str) -> Option<Result<K, serde_json::Error>>;
+}
+
+impl<K> Cached<K> for Store<K>
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    fn filled(&self) -> bool {
+        self.wait_until_ready().now_or_never().is_some()
+    }
+
+    fn get(&self, ns: &str, name: &str) -> Option<Result<K, serde_json::Error>> {
+        Store::get(self, &ObjectRef::new(name).within(ns)).map(|o| Ok(Arc::unwrap_or_clone(o)))
+    }
+}
+
+impl<K> Cached<K> for TextStore<K>
+where
+    K: Resource + Serialize + DeserializeOwned,
+{
+    fn filled(&self) -> bool {
+        TextStore::filled(self)
+    }
+
+    fn get(&self, ns: &str, name: &str) -> Option<Result<K, serde_json::Error>> {
+        TextStore::get(self, ns, name)
+    }
+}
+
 /// The live `name` in `ns`: from `store` where it may be believed (see the module), else from
 /// the server. Either way the answer is what the agent knows of it from now on.
-pub async fn read<K, L>(
+pub async fn read<K, L, S>(
     log: &L,
     ns: &str,
     api: &Api<K>,
-    store: Option<&Store<K>>,
+    store: Option<&S>,
     name: &str,
-    dyntype: &K::DynamicType,
 ) -> Result<Option<K>, kube::Error>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + 'static,
     K::DynamicType: Clone + Eq + std::hash::Hash,
     L: SeenLog + ?Sized,
+    S: Cached<K> + ?Sized,
 {
     let key = object_key(api, name);
-    if let Some(store) = store.filter(|s| s.wait_until_ready().now_or_never().is_some()) {
-        let cached = store.get(&ObjectRef::new_with(name, dyntype.clone()).within(ns));
-        let stored_rv = cached
-            .as_ref()
-            .map(|o| o.meta().resource_version.as_deref());
-        let last = log.last_seen(ns, &key);
-        if trust_store(last.as_ref(), stored_rv) {
-            let obj = cached.map(Arc::unwrap_or_clone);
-            log.record_seen(ns, key, Seen::Delivered);
-            return Ok(obj);
+    if let Some(store) = store.filter(|s| s.filled()) {
+        match store.get(ns, name) {
+            // Held but unreadable: the server has it.
+            Some(Err(e)) => {
+                tracing::warn!(namespace = ns, name, error = %e, "a watch's store could not give back an object; reading it from the server");
+            }
+            cached => {
+                let cached = cached.and_then(Result::ok);
+                let stored_rv = cached
+                    .as_ref()
+                    .map(|o| o.meta().resource_version.as_deref());
+                let last = log.last_seen(ns, &key);
+                if trust_store(last.as_ref(), stored_rv) {
+                    log.record_seen(ns, key, Seen::Delivered);
+                    return Ok(cached);
+                }
+            }
         }
     }
     let obj = api.get_opt(name).await?;

@@ -41,7 +41,7 @@ async fn read(
     store: Option<&kube::runtime::reflector::Store<Secret>>,
     name: &str,
 ) -> Result<Option<Secret>, Failure> {
-    super::cache::read(ctx, ns, secrets, store, name, &())
+    super::cache::read(ctx, ns, secrets, store, name)
         .await
         .map_err(|source| Failure::ReadCertificates {
             name: name.to_string(),

@@ -17,7 +17,7 @@ pub async fn connect(s: &Scope<'_>) -> Result<HostedClient, Failure> {
     let secret_name = &access.kubeconfig_secret;
     let store = ctx.caches().kubeconfig_secrets;
     let api = Api::<Secret>::namespaced(ctx.client.clone(), ns);
-    let secret = super::cache::read(ctx, ns, &api, store.as_ref(), secret_name, &())
+    let secret = super::cache::read(ctx, ns, &api, store.as_ref(), secret_name)
         .await
         .map_err(|source| {
             Failure::HostedAccess(HostedAccessError::ReadSecret {

@@ -15,7 +15,6 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::core::v1::Service;
 use kube::api::ListParams;
-use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, ResourceExt};
 
 use super::apply::{Applied, Repair, apply_against, apply_or_delete, delete_if_present};
@@ -135,10 +134,11 @@ pub(crate) async fn ensure(
     let caches = ctx.caches();
     let service = caches
         .services
-        .and_then(|s| s.get(&ObjectRef::new(&cfg.admission.service_name).within(ns)));
+        .and_then(|s| s.get(ns, &cfg.admission.service_name))
+        .and_then(Result::ok);
     let url_base = ctx
         .endpoints
-        .url_base(&ctx.client, cfg, ns, service.as_deref())
+        .url_base(&ctx.client, cfg, ns, service.as_ref())
         .await;
     // Installing what HyperShift deletes at once would be a fight counted as drift forever.
     not_condemned(ctx, caches.guest_services.as_ref(), ns, &url_base).await?;

@@ -42,6 +42,7 @@ mod report;
 mod rollout;
 mod scope;
 pub mod template_access;
+mod text_store;
 mod trust;
 mod watches;
 
@@ -92,11 +93,11 @@ pub async fn run(
     // The HCPs' store holds only what the agent reads of each (no managed fields, which
     // HyperShift's controllers write many of, and no part of HyperShift's spec and status the
     // agent has no use for): kept for every HCP, the whole objects were most of the store.
-    let (store, writer) = kube::runtime::reflector::store();
+    let (store, mut writer) = kube::runtime::reflector::store();
     let hcp_events = reflected(
         hcps,
         watcher::Config::default(),
-        writer,
+        move |ev| writer.apply_watcher_event(ev),
         &[],
         HostedControlPlane::keep_only_what_is_read,
         |_| {},
@@ -113,14 +114,14 @@ pub async fn run(
     );
     // The health records, read before each report (not a trigger: the agent writes them).
     let _health = ctx.caps.health_crd.then(|| {
-        let (reader, writer) = kube::runtime::reflector::store();
+        let (reader, mut writer) = kube::runtime::reflector::store();
         caches.health = Some(reader);
         let records = Api::<crate::crd::AdmissionHealth>::all(ctx.client.clone());
         AbortOnDrop(tokio::spawn(
             reflected(
                 records,
                 watcher::Config::default(),
-                writer,
+                move |ev| writer.apply_watcher_event(ev),
                 &[],
                 |_| {},
                 delivered(&ctx, ()),
@@ -227,8 +228,8 @@ fn owning(
         ));
     if let Some(ar) = ctx.caps.pdb_api.api_resource() {
         let pdbs = Api::<DynamicObject>::all_with(ctx.client.clone(), &ar);
-        let writer = kube::runtime::reflector::store::Writer::new(ar.clone());
-        caches.pdbs = Some(writer.as_reader());
+        let held = text_store::TextStore::default();
+        caches.pdbs = Some(held.clone());
         // A list's items carry no apiVersion and kind; a GET's do, and the comparison with
         // the rendered object needs them.
         let types = kube::api::TypeMeta {
@@ -238,7 +239,7 @@ fn owning(
         let stream = reflected(
             pdbs,
             owned.clone(),
-            writer,
+            move |ev| held.apply(ev),
             management::SPEC_OWNED_WHOLE,
             move |o| o.types = Some(types.clone()),
             delivered(ctx, ar.clone()),
@@ -301,10 +302,10 @@ fn owned_objects() -> watcher::Config {
 /// A watch of `K` (selected by `cfg`) that keeps `slot`'s store, as a trigger stream for the
 /// Controller. Of each object's managed fields the store keeps only the parts under `keep`
 /// (for the comparison of a part the agent owns whole, `compare::foreign_fields`).
-fn cached<K>(
+fn cached<K, S: Fillable<K>>(
     ctx: &Arc<Context>,
     cfg: watcher::Config,
-    slot: &mut Option<kube::runtime::reflector::Store<K>>,
+    slot: &mut Option<S>,
     keep: &'static [&'static str],
 ) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static
 where
@@ -316,10 +317,39 @@ where
         + Sync
         + 'static,
 {
-    let (reader, writer) = kube::runtime::reflector::store();
-    *slot = Some(reader);
+    let (store, fill) = S::with_filler();
+    *slot = Some(store);
     let api = Api::<K>::all(ctx.client.clone());
-    reflected(api, cfg, writer, keep, |_| {}, delivered(ctx, ())).touched_objects()
+    reflected(api, cfg, fill, keep, |_| {}, delivered(ctx, ())).touched_objects()
+}
+
+/// What fills a store from a watch's events.
+type Filler<K> = Box<dyn FnMut(&watcher::Event<K>) + Send>;
+
+/// A store a watch keeps (`cached`): kube's reflector store, objects typed, or a `TextStore`.
+trait Fillable<K>: Sized {
+    fn with_filler() -> (Self, Filler<K>);
+}
+
+impl<K> Fillable<K> for kube::runtime::reflector::Store<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    fn with_filler() -> (Self, Filler<K>) {
+        let (reader, mut writer) = kube::runtime::reflector::store();
+        (reader, Box::new(move |ev| writer.apply_watcher_event(ev)))
+    }
+}
+
+impl<K> Fillable<K> for text_store::TextStore<K>
+where
+    K: kube::Resource + serde::Serialize + serde::de::DeserializeOwned + 'static,
+{
+    fn with_filler() -> (Self, Filler<K>) {
+        let held = text_store::TextStore::default();
+        let filled = held.clone();
+        (held, Box::new(move |ev| filled.apply(ev)))
+    }
 }
 
 /// For `reflected`: tells the HCP's read cache that its store has delivered each object at
@@ -377,13 +407,13 @@ fn kept_managed_fields(
         .collect()
 }
 
-/// The events of a watch of `api` (selected by `cfg`, with backoff) as they fill `writer`'s
-/// store: each object without its managed fields (most of a small object), but for the parts
-/// under `keep` (`kept_managed_fields`), and `fix` applied.
+/// The events of a watch of `api` (selected by `cfg`, with backoff) as they fill a store
+/// (`fill`): each object without its managed fields (most of a small object), but for the
+/// parts under `keep` (`kept_managed_fields`), and `fix` applied.
 fn reflected<K>(
     api: Api<K>,
     cfg: watcher::Config,
-    writer: kube::runtime::reflector::store::Writer<K>,
+    mut fill: impl FnMut(&watcher::Event<K>) + Send + 'static,
     keep: &'static [&'static str],
     fix: impl Fn(&mut K) + Send + 'static,
     seen: impl Fn(&K) + Send + 'static,
@@ -398,17 +428,16 @@ where
         + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
 {
-    watcher(api, cfg)
-        .default_backoff()
-        .map_ok(move |ev| {
-            ev.modify(|o| {
-                let kept = kept_managed_fields(o.managed_fields(), keep);
-                *o.managed_fields_mut() = kept;
-                fix(o);
-                seen(o);
-            })
-        })
-        .reflect(writer)
+    watcher(api, cfg).default_backoff().map_ok(move |ev| {
+        let ev = ev.modify(|o| {
+            let kept = kept_managed_fields(o.managed_fields(), keep);
+            *o.managed_fields_mut() = kept;
+            fix(o);
+            seen(o);
+        });
+        fill(&ev);
+        ev
+    })
 }
 
 fn receiver_stream<T>(rx: mpsc::UnboundedReceiver<T>) -> impl futures::Stream<Item = T> {

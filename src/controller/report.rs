@@ -114,7 +114,7 @@ async fn write_health(
 ) -> Result<Option<Duration>, kube::Error> {
     let api: Api<AdmissionHealth> = Api::namespaced(ctx.client.clone(), ns);
     let store = ctx.caches().health;
-    let live = cache::read(ctx, ns, &api, store.as_ref(), reporting::HEALTH_NAME, &()).await?;
+    let live = cache::read(ctx, ns, &api, store.as_ref(), reporting::HEALTH_NAME).await?;
     if live.is_none() && pending {
         let first = ctx.with_hcp(ns, |s| *s.first_pending.get_or_insert_with(Instant::now));
         let left = NEW_RECORD_GRACE.saturating_sub(first.elapsed());

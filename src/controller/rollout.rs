@@ -165,12 +165,12 @@ async fn read_or_create(api: &Api<AdmissionRollout>) -> Result<AdmissionRollout,
 /// Runs the rollout until the controller stops.
 pub(super) async fn run(ctx: Arc<Context>, hcps: Store<HostedControlPlane>) {
     let api: Api<AdmissionRollout> = Api::namespaced(ctx.client.clone(), &ctx.agent_namespace);
-    let (store, writer) = kube::runtime::reflector::store();
+    let (store, mut writer) = kube::runtime::reflector::store();
     let _watch = AbortOnDrop(tokio::spawn(
         super::reflected(
             api.clone(),
             watcher::Config::default().fields(&format!("metadata.name={ROLLOUT_NAME}")),
-            writer,
+            move |ev| writer.apply_watcher_event(ev),
             &[],
             |_| {},
             |_| {},

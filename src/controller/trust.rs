@@ -67,22 +67,15 @@ pub(crate) async fn pre_trust(s: &Scope<'_>, certs: &CertBundle) -> Result<Vec<S
     let held = |f: Failure| Failure::TrustFirst(Box::new(f));
     let store = ctx.caches().deployments;
     let api = Api::<Deployment>::namespaced(ctx.client.clone(), ns);
-    let deployment = super::cache::read(
-        ctx,
-        ns,
-        &api,
-        store.as_ref(),
-        &cfg.admission.service_name,
-        &(),
-    )
-    .await
-    .map_err(|source| {
-        held(Failure::ApplyAdmission {
-            kind: "Deployment",
-            name: cfg.admission.service_name.clone(),
-            source,
-        })
-    })?;
+    let deployment = super::cache::read(ctx, ns, &api, store.as_ref(), &cfg.admission.service_name)
+        .await
+        .map_err(|source| {
+            held(Failure::ApplyAdmission {
+                kind: "Deployment",
+                name: cfg.admission.service_name.clone(),
+                source,
+            })
+        })?;
     if deployment.is_none() {
         return Ok(Vec::new()); // nothing serves yet
     }

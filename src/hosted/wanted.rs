@@ -3,7 +3,10 @@
 //! agent renders whole: a configuration's `webhooks`, a policy's or binding's `spec`). Those
 //! parts are interned, so every HCP that renders a part alike (a policy's CEL, the exemptions)
 //! holds one shared copy: the whole rendering, kept per HCP, was most of the agent's memory per
-//! hosted cluster at a thousand (`make bench`, the scale benchmark).
+//! hosted cluster at a thousand (`make bench`, the scale benchmark). Each part is held as its
+//! JSON text, read back only when a watch event is compared: what is the HCP's own (its claim,
+//! its probe's webhook, its address and CA) held as `Value` trees was still about 15 KiB per
+//! HCP, several times its text.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -21,7 +24,7 @@ pub(crate) struct WantedObject {
     pub name: String,
     /// `{"labels": …, "annotations": …}` as rendered (interned too: every object of an HCP
     /// carries the same claim, and every HCP the same labels).
-    metadata: Arc<Value>,
+    metadata: Part,
     /// `webhooks` or `spec`.
     whole: &'static str,
     body: Body,
@@ -35,15 +38,24 @@ pub(crate) struct WantedObject {
 /// bench`, heaptrack).
 #[derive(Debug, Clone, PartialEq)]
 enum Body {
-    Whole(Arc<Value>),
+    Whole(Part),
     Webhooks(Vec<WebhookParts>),
 }
 
 #[derive(Debug, Clone, PartialEq)]
 struct WebhookParts {
-    rest: Arc<Value>,
-    client_config: Option<Arc<Value>>,
-    ca_bundle: Option<Arc<Value>>,
+    rest: Part,
+    client_config: Option<Part>,
+    ca_bundle: Option<Part>,
+}
+
+/// One interned part: its compact JSON text.
+type Part = Arc<str>;
+
+/// A part as JSON again. It was written by serde_json from a `Value`, so it reads back; were
+/// it not to, `null` compares unequal to anything live and the object is repaired.
+fn value(part: &Part) -> Value {
+    serde_json::from_str(part).unwrap_or(Value::Null)
 }
 
 impl Body {
@@ -58,7 +70,7 @@ impl Body {
 
     fn to_value(&self) -> Value {
         match self {
-            Body::Whole(v) => Value::clone(v),
+            Body::Whole(v) => value(v),
             Body::Webhooks(hooks) => {
                 Value::Array(hooks.iter().map(WebhookParts::to_value).collect())
             }
@@ -81,11 +93,11 @@ impl WebhookParts {
     }
 
     fn to_value(&self) -> Value {
-        let mut hook = Value::clone(&self.rest);
+        let mut hook = value(&self.rest);
         if let Some(c) = &self.client_config {
-            let mut c = Value::clone(c);
+            let mut c = value(c);
             if let (Some(ca), Some(m)) = (&self.ca_bundle, c.as_object_mut()) {
-                m.insert("caBundle".into(), Value::clone(ca));
+                m.insert("caBundle".into(), value(ca));
             }
             if let Some(h) = hook.as_object_mut() {
                 h.insert("clientConfig".into(), c);
@@ -146,7 +158,7 @@ impl Wanted {
             .objects
             .iter()
             .find(|o| o.kind == kind && o.name == name)?;
-        let mut v = serde_json::json!({ "metadata": Value::clone(&o.metadata) });
+        let mut v = serde_json::json!({ "metadata": value(&o.metadata) });
         v[o.whole] = o.body.to_value();
         Some(v)
     }
@@ -184,23 +196,24 @@ static POOL: LazyLock<Mutex<Pool>> = LazyLock::new(Default::default);
 
 #[derive(Default)]
 struct Pool {
-    parts: HashMap<u64, Weak<Value>>,
+    parts: HashMap<u64, Weak<str>>,
     /// Inserts since the dead entries were last swept.
     since_sweep: usize,
 }
 
-/// One shared copy of `v`: the one already held elsewhere if it is equal, else `v`.
-pub(crate) fn intern(v: Value) -> Arc<Value> {
+/// One shared copy of `v`'s text: the one already held elsewhere if it is equal, else new.
+fn intern(v: Value) -> Part {
+    let text = v.to_string();
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    v.to_string().hash(&mut h);
+    text.hash(&mut h);
     let key = h.finish();
     let mut pool = POOL.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(held) = pool.parts.get(&key).and_then(Weak::upgrade)
-        && *held == v
+        && *held == *text
     {
         return held;
     }
-    let part = Arc::new(v);
+    let part: Part = Arc::from(text);
     pool.parts.insert(key, Arc::downgrade(&part));
     pool.since_sweep += 1;
     // Parts no HCP holds any more (a configuration changed, HCPs went) are swept now and then,
@@ -303,10 +316,10 @@ mod tests {
         assert!(ha.len() > 1 && ha.len() == hb.len());
         for (x, y) in ha.iter().zip(&hb) {
             // The probe's webhook selects the HCP's own probe revision; every guard's is alike.
-            let probe = x.rest["name"]
+            let probe = value(&x.rest)["name"]
                 .as_str()
                 .is_some_and(|n| n.starts_with("probe."));
-            assert_eq!(Arc::ptr_eq(&x.rest, &y.rest), !probe, "{}", x.rest["name"]);
+            assert_eq!(Arc::ptr_eq(&x.rest, &y.rest), !probe, "{}", x.rest);
             assert_ne!(x.client_config, y.client_config, "each HCP's address");
         }
         let ca = |h: &WebhookParts| h.ca_bundle.clone().expect("a caBundle");

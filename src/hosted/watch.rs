@@ -134,7 +134,16 @@ where
             self.state = State::Listed { version };
             return Some(Ok(Event::InitDone));
         };
-        match list_page(&self.service, &self.request, &self.selection, token).await {
+        // Boxed, as the watch request below: a request's future is large, and inline it would
+        // size every hosted cluster's four watches by it for as long as they wait for events.
+        match Box::pin(list_page(
+            &self.service,
+            &self.request,
+            &self.selection,
+            token,
+        ))
+        .await
+        {
             Ok(page) => {
                 *version = page.metadata.resource_version.clone();
                 *next = page.metadata.continue_.filter(|c| !c.is_empty()).map(Some);
@@ -154,7 +163,14 @@ where
             return None;
         };
         let version = std::mem::take(version);
-        match start_watch(&self.service, &self.request, &self.selection, &version).await {
+        match Box::pin(start_watch(
+            &self.service,
+            &self.request,
+            &self.selection,
+            &version,
+        ))
+        .await
+        {
             Ok(body) => {
                 self.state = State::Watching {
                     version,
