@@ -509,13 +509,15 @@ pub(crate) fn hosted_cluster_of<'a>(
 
 /// A hosted-mode template's verdict: the one hosted cluster it is for, as its own row on the
 /// hub. `hcp` is the HCP namespace managed cluster `cluster` maps to
-/// (`managed_clusters::resolve`), or why it maps to none: a row that silently read Compliant
-/// for a cluster the agent does not guard would be a lie, so that is NonCompliant and says so.
+/// (`managed_clusters::resolve`), or why it maps to none (its `Unmapped`, unnamed here:
+/// `managed_clusters` cuts its texts with this module's `cut`): a row that silently read
+/// Compliant for a cluster the agent does not guard would be a lie, so that is NonCompliant and
+/// says so.
 /// A HostedCluster whose HCP the agent has not reported yet is Pending.
 pub(crate) fn evaluate_cluster_template(
     rows: &BTreeMap<String, RollupRow>,
     cluster: &str,
-    hcp: Result<&str, &str>,
+    hcp: Result<&str, &dyn std::fmt::Display>,
     pending_supported: bool,
 ) -> AdmissionHealthPolicyStatus {
     let (state, summary, related) = match hcp.map(|ns| (ns, rows.get(ns))) {
@@ -754,7 +756,7 @@ mod tests {
                 .is_some_and(|m| m.contains("clusters-b/b NonCompliant: hosted-webhooks: drift"))
         );
         // A managed cluster that maps to no HCP says why.
-        let none = evaluate_cluster_template(&rows, "c", Err("no HostedCluster is c"), true);
+        let none = evaluate_cluster_template(&rows, "c", Err(&"no HostedCluster is c"), true);
         assert_eq!(none.compliant, Some(ComplianceState::NonCompliant));
         assert_eq!(
             none.message.as_deref(),

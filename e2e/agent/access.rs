@@ -484,6 +484,19 @@ async fn a_hung_hosted_api_server_is_reported_within_twenty_seconds() {
         &agent.context.metrics.encode(),
         "hcp_fleet_hosted_api_requests_total{hcp_namespace=\"clusters-hc-2\",hosted_cluster=\"hc-2\"}",
     );
+    // Nothing is known to be current in a cluster that does not answer, by either path that
+    // reports it (the dropped connection, or a request's silence).
+    let installed = || {
+        metric(
+            &agent.context.metrics.encode(),
+            "hcp_fleet_webhook_configurations_installed{hcp_namespace=\"clusters-hc-2\",hosted_cluster=\"hc-2\"}",
+        )
+    };
+    assert_eq!(
+        installed(),
+        Some(0.0),
+        "configurations installed while hung"
+    );
 
     // Seen from the connection the agent already held: at most the watch's own retry and a
     // recovery check went out meanwhile, not a poll.
@@ -499,6 +512,11 @@ async fn a_hung_hosted_api_server_is_reported_within_twenty_seconds() {
     assert!(
         recovered <= Duration::from_secs(10),
         "recovered {recovered:?} after SIGCONT"
+    );
+    assert!(
+        installed().is_some_and(|n| n > 0.0),
+        "configurations installed after SIGCONT: {:?}",
+        installed()
     );
     wait_compliant(&mgmt, &["hc-1"]).await;
     eprintln!(

@@ -72,8 +72,10 @@ impl Seen {
 pub(crate) trait SeenLog {
     fn last_seen(&self, ns: &str, key: &str) -> Option<Seen>;
     fn record_seen(&self, ns: &str, key: String, seen: Seen);
-    /// `key` as `Delivered` where the agent last knew it at `rv`; nothing for an HCP the
-    /// agent holds no state for (a watch event must not create one).
+    /// A watch event for `key` at `rv`: where that is what the agent last knew of the object
+    /// (its own write, or a read from the server), the store has caught up with the agent, and
+    /// `key` is `Delivered`. Nothing for an HCP the agent holds no state for (a watch event
+    /// must not create one).
     fn mark_delivered(&self, ns: &str, key: &str, rv: &str);
 }
 
@@ -166,12 +168,6 @@ where
     let obj = api.get_opt(name).await?;
     log.record_seen(ns, key, Seen::of(obj.as_ref()));
     Ok(obj)
-}
-
-/// A watch event for `key` at `rv`: where that is what the agent last knew of the object (its
-/// own write, or a read from the server), the store has caught up with the agent.
-pub fn delivered<L: SeenLog + ?Sized>(log: &L, ns: &str, key: &str, rv: &str) {
-    log.mark_delivered(ns, key, rv);
 }
 
 /// Records what the agent's own write left: the object as the server returned it.

@@ -166,7 +166,7 @@ pub(crate) async fn ensure(
     }
     let timeout = cfg.hosted_access.request_timeout();
     let wanted = Wanted::of(&desired);
-    watches::ensure_drift_watch(ctx, ns, cluster, hosted, wanted.clone(), features);
+    watches::ensure_drift_watch(s, hosted, wanted.clone(), features);
     let canaries = super::canary::shared_plan(cfg, &desired);
     ctx.with_hcp(ns, |s| {
         if let Some(w) = s.watch.as_ref() {

@@ -353,7 +353,7 @@ where
 }
 
 /// For `reflected`: tells the HCP's read cache that its store has delivered each object at
-/// its current version (`cache::delivered`). Holds the context weakly: a watch must not keep
+/// its current version (`cache::SeenLog::mark_delivered`). Holds the context weakly: a watch must not keep
 /// the controller's context alive.
 fn delivered<K: kube::Resource>(
     ctx: &Arc<Context>,
@@ -373,7 +373,7 @@ where
             return;
         };
         let key = format!("{}/{name}", K::url_path(&dyntype, Some(ns)));
-        cache::delivered(ctx.as_ref(), ns, &key, rv);
+        cache::SeenLog::mark_delivered(ctx.as_ref(), ns, &key, rv);
     }
 }
 

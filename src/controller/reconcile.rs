@@ -425,6 +425,9 @@ async fn prove(
         return Ok(verdict);
     };
     m.hosted_errors.get_or_create(&s.labels()).inc();
+    // As for a dropped connection (`hosted_access::reachable`): nothing is known to be current
+    // in a cluster that does not answer.
+    m.webhooks_installed.get_or_create(&s.labels()).set(0);
     Err(match why {
         probe::ProbeFailure::Failed(source) => Failure::HostedApi {
             server: hosted.server.clone(),

@@ -349,12 +349,11 @@ pub(crate) async fn template_reporter(ctx: Arc<Context>) {
                         .and_then(|m| m.get(&key.0).cloned())
                         .unwrap_or(KlusterletServer::Absent);
                     let prefix = ctx.config().reporting.discovery_prefix.clone();
-                    let hcp = managed_clusters::resolve(x, hosted, Some(&prefix), &server)
-                        .map_err(|why| why.to_string());
+                    let hcp = managed_clusters::resolve(x, hosted, Some(&prefix), &server);
                     reporting::evaluate_cluster_template(
                         &rows,
                         x,
-                        hcp.as_deref().map_err(String::as_str),
+                        hcp.as_deref().map_err(|why| why as _),
                         ctx.caps.pending_supported,
                     )
                 }

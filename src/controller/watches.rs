@@ -17,6 +17,7 @@ use serde_json::Value;
 use tracing::{Instrument, info, warn};
 
 use super::context::{AbortOnDrop, Context, HostedWatch, WatchShared, lock};
+use super::scope::Scope;
 use crate::crd::HostedControlPlane;
 use crate::hosted::admission_policies;
 use crate::hosted::clients::HostedClient;
@@ -31,13 +32,12 @@ use crate::metrics::DriftLabels;
 /// agent applied, or a deletion, is drift: counted, noted for the health record, and the HCP
 /// queued for repair at once. A new server (rotated kubeconfig) restarts the watch.
 pub(crate) fn ensure_drift_watch(
-    ctx: &Context,
-    ns: &str,
-    cluster: &str,
+    scope: &Scope<'_>,
     hosted: &HostedClient,
     desired: Wanted,
     features: HostedFeatures,
 ) {
+    let (ctx, ns, cluster) = (scope.ctx, scope.ns, scope.cluster);
     ctx.with_hcp(ns, |s| {
         if let Some(w) = &s.watch
             && w.server == hosted.server

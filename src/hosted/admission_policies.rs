@@ -183,10 +183,11 @@ fn probe_policy(hcp_namespace: &str, revision: &str) -> Value {
 
 pub fn render(
     cfg: &AgentConfig,
+    settings: &Settings,
     hcp_namespace: &str,
     features: HostedFeatures,
 ) -> Result<AdmissionPolicies, WebhookRenderError> {
-    let (policies, bindings, revision) = render_json(cfg, hcp_namespace, features);
+    let (policies, bindings, revision) = render_json(cfg, settings, hcp_namespace, features);
     let err = |e: serde_json::Error| WebhookRenderError {
         namespace: hcp_namespace.to_string(),
         reason: e.to_string(),
@@ -210,10 +211,10 @@ pub fn render(
 /// them to what k8s-openapi's structs know, so none is dropped by a misspelling).
 fn render_json(
     cfg: &AgentConfig,
+    settings: &Settings,
     hcp_namespace: &str,
     features: HostedFeatures,
 ) -> (Vec<Value>, Vec<Value>, Option<String>) {
-    let settings = Settings::from(cfg);
     let mut policies = Vec::new();
     let mut bindings = Vec::new();
     for w in cfg.active_webhooks() {
@@ -223,7 +224,7 @@ fn render_json(
         let Some(guard) = guards::for_path(&w.path) else {
             continue;
         };
-        let Some(form) = guard.cel(&settings) else {
+        let Some(form) = guard.cel(settings) else {
             continue;
         };
         let actions: &[&str] = match w.mode {
@@ -231,7 +232,7 @@ fn render_json(
             Mode::Warn => &["Warn", "Audit"],
             Mode::Off => continue,
         };
-        let conditions = exemptions::conditions(&cfg.admission, guard.scope());
+        let conditions = exemptions::conditions(settings, guard.scope());
         policies.push(guard_policy(w, &form, &conditions, hcp_namespace));
         bindings.push(binding(&w.name, actions, hcp_namespace, None));
     }
@@ -305,7 +306,7 @@ mod tests {
     #[test]
     fn every_guard_with_a_cel_form_becomes_a_policy_where_served() {
         let cfg = AgentConfig::default();
-        let p = render(&cfg, "clusters-a", served()).expect("render");
+        let p = render(&cfg, &Settings::from(&cfg), "clusters-a", served()).expect("render");
         let want: Vec<String> = guards::ALL
             .iter()
             .filter(|g| g.cel(&Settings::from(&cfg)).is_some())
@@ -320,7 +321,13 @@ mod tests {
             assert_eq!(spec.policy_name.as_ref(), pol.metadata.name.as_ref());
         }
         // Not served: nothing, and no revision to probe.
-        let none = render(&cfg, "clusters-a", HostedFeatures::default()).expect("render");
+        let none = render(
+            &cfg,
+            &Settings::from(&cfg),
+            "clusters-a",
+            HostedFeatures::default(),
+        )
+        .expect("render");
         assert!(none.policies.is_empty() && none.revision.is_none());
     }
 
@@ -328,7 +335,7 @@ mod tests {
     fn the_mode_is_the_bindings_actions_and_off_installs_nothing() {
         let mut cfg = AgentConfig::default();
         let actions = |cfg: &AgentConfig, name: &str| -> Option<Vec<String>> {
-            let p = render(cfg, "ns", served()).expect("render");
+            let p = render(cfg, &Settings::from(cfg), "ns", served()).expect("render");
             p.bindings
                 .iter()
                 .find(|b| b.metadata.name.as_deref() == Some(name))
@@ -351,7 +358,10 @@ mod tests {
             }
         }
         assert_eq!(actions(&cfg, rbac), None);
-        assert!(!names(&render(&cfg, "ns", served()).expect("render")).contains(&rbac.to_string()));
+        assert!(
+            !names(&render(&cfg, &Settings::from(&cfg), "ns", served()).expect("render"))
+                .contains(&rbac.to_string())
+        );
     }
 
     #[test]
@@ -375,7 +385,7 @@ mod tests {
     #[test]
     fn the_revision_follows_the_guards_and_the_probe_selects_it() {
         let cfg = AgentConfig::default();
-        let a = render(&cfg, "ns", served()).expect("render");
+        let a = render(&cfg, &Settings::from(&cfg), "ns", served()).expect("render");
         let rev = a.revision.clone().expect("revision");
         assert!(rev.len() <= 63 && rev.chars().all(|c| c.is_ascii_alphanumeric()));
         let probe = a.bindings.last().expect("probe binding");
@@ -389,17 +399,20 @@ mod tests {
             .admission
             .protected_cluster_roles
             .push("extra".into());
-        let b = render(&changed, "ns", served()).expect("render");
+        let b = render(&changed, &Settings::from(&changed), "ns", served()).expect("render");
         assert_ne!(b.revision, a.revision);
         assert_eq!(
-            render(&cfg, "ns", served()).expect("render").revision,
+            render(&cfg, &Settings::from(&cfg), "ns", served())
+                .expect("render")
+                .revision,
             a.revision
         );
     }
 
     #[test]
     fn exemptions_and_guardrail_selectors_are_on_every_guard() {
-        let p = render(&AgentConfig::default(), "ns", served()).expect("render");
+        let cfg = AgentConfig::default();
+        let p = render(&cfg, &Settings::from(&cfg), "ns", served()).expect("render");
         for pol in &p.policies {
             let v = serde_json::to_value(pol).expect("json");
             let name = pol.metadata.name.clone().unwrap_or_default();
@@ -482,7 +495,8 @@ mod tests {
         let mut warn = AgentConfig::default();
         warn.webhooks.iter_mut().for_each(|w| w.mode = Mode::Warn);
         for cfg in [AgentConfig::default(), warn] {
-            let (policies, bindings, _) = render_json(&cfg, "clusters-a", served());
+            let (policies, bindings, _) =
+                render_json(&cfg, &Settings::from(&cfg), "clusters-a", served());
             assert!(!policies.is_empty() && policies.len() == bindings.len());
             for p in policies {
                 let typed: ValidatingAdmissionPolicy =
@@ -496,7 +510,8 @@ mod tests {
             }
         }
         // The check is not blind: a misspelt field does not survive the round trip.
-        let mut bad = render_json(&AgentConfig::default(), "ns", served())
+        let cfg = AgentConfig::default();
+        let mut bad = render_json(&cfg, &Settings::from(&cfg), "ns", served())
             .0
             .remove(0);
         bad["spec"]["matchConstraint"] = json!({});

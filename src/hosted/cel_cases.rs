@@ -205,7 +205,8 @@ fn each_guards_policy_decides_as_its_handler_case_by_case() {
     for mode in [Mode::Enforce, Mode::Warn] {
         let cfg = with_mode(mode);
         let s = Settings::from(&cfg);
-        let rendered = admission_policies::render(&cfg, "clusters-a", served()).expect("render");
+        let rendered =
+            admission_policies::render(&cfg, &s, "clusters-a", served()).expect("render");
         for (g, req) in cases() {
             let (guard, what, want) = (g.row().name, req.what, req.want);
             let rust = by_rust(g, &req, &s, mode);
@@ -316,8 +317,13 @@ fn without_match_conditions_the_webhooks_carry_no_cel() {
 #[test]
 fn the_probe_policy_denies_whatever_reaches_it() {
     let env = env();
-    let rendered =
-        admission_policies::render(&AgentConfig::default(), "ns", served()).expect("render");
+    let rendered = admission_policies::render(
+        &AgentConfig::default(),
+        &Settings::from(&AgentConfig::default()),
+        "ns",
+        served(),
+    )
+    .expect("render");
     let probe = rendered
         .policies
         .iter()
@@ -505,8 +511,13 @@ fn every_shipped_expression_uses_only_covered_functions() {
     let env = env();
     let mut expressions: Vec<String> = Vec::new();
     for mode in [Mode::Enforce, Mode::Warn] {
-        let rendered =
-            admission_policies::render(&with_mode(mode), "ns", served()).expect("render");
+        let rendered = admission_policies::render(
+            &with_mode(mode),
+            &Settings::from(&with_mode(mode)),
+            "ns",
+            served(),
+        )
+        .expect("render");
         for p in &rendered.policies {
             let spec = p.spec.as_ref().expect("spec");
             expressions.extend(

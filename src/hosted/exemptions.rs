@@ -4,17 +4,17 @@
 
 use serde_json::{Value, json};
 
-use crate::config::AdmissionConfig;
-use crate::guards::Scope;
 use crate::guards::cel::{list, matches_any};
+use crate::guards::{Scope, Settings};
 
 /// The exemptions of the admission service (`admission.exemptUsers`, `exemptGroups`,
 /// `exemptNamespaces`) as `matchConditions`: every one must hold for a guard to judge the
 /// request, so each says "not exempt this way". The same rules the service applies
 /// (`admission::decision`), evaluated by the API server instead.
 ///
-/// `scope` says which apply: the identity guards leave out the namespaces, the probe all.
-pub(crate) fn conditions(a: &AdmissionConfig, scope: Scope) -> Vec<Value> {
+/// `scope` says which apply: the identity guards leave out the namespaces, the probe all. From
+/// the same `Settings` the service and the guards read, so the engines exempt from one value.
+pub(crate) fn conditions(a: &Settings, scope: Scope) -> Vec<Value> {
     let mut out = Vec::new();
     if scope == Scope::Everyone {
         return out;
@@ -49,7 +49,7 @@ mod tests {
 
     #[test]
     fn conditions_say_what_the_service_exempts() {
-        let mut a = AdmissionConfig {
+        let mut a = Settings {
             exempt_users: vec![
                 "system:admin".into(),
                 "system:serviceaccount:hypershift:*".into(),

@@ -145,7 +145,7 @@ fn webhook_json(
     url_base: &str,
     ca_bundle: &ByteString,
     match_conditions: bool,
-    cfg: &AgentConfig,
+    settings: &guards::Settings,
 ) -> Value {
     let mut v = json!({
         "name": w.name,
@@ -168,7 +168,7 @@ fn webhook_json(
     // The probe answers whoever sends it (scope Everyone: no condition): it proves the path,
     // whatever the identity.
     let conditions = if match_conditions {
-        super::exemptions::conditions(&cfg.admission, guards::scope_of(&w.path))
+        super::exemptions::conditions(settings, guards::scope_of(&w.path))
     } else {
         Vec::new()
     };
@@ -186,7 +186,8 @@ pub fn render(
     features: HostedFeatures,
 ) -> Result<HostedWebhooks, WebhookRenderError> {
     let ca = ByteString(ca_bundle_pem.as_bytes().to_vec());
-    let policies = super::admission_policies::render(cfg, hcp_namespace, features)?;
+    let settings = guards::Settings::from(cfg);
+    let policies = super::admission_policies::render(cfg, &settings, hcp_namespace, features)?;
     let hooks: Vec<&WebhookDefinition> = cfg
         .active_webhooks()
         .filter(|w| super::admission_policies::engine_of(w, features).0 == Engine::Webhook)
@@ -203,7 +204,7 @@ pub fn render(
         .map(|w| {
             (
                 w.kind,
-                webhook_json(w, url_base, &ca, features.match_conditions, cfg),
+                webhook_json(w, url_base, &ca, features.match_conditions, &settings),
                 is_probe(w),
             )
         })
