@@ -12,8 +12,7 @@
 #   failure fails the run;
 # - the image's release build (about 6 min of two cores when cold) runs from the start at the
 #   lowest CPU and I/O priority, so it takes only what the tests leave idle (the e2e lanes
-#   mostly wait) and never slows them. Its output is printed when it ends; HCP_FLEET_IMAGE=0
-#   leaves the image out (`make e2e` style runs).
+#   mostly wait) and never slows them. Its output is printed when it ends.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo="${CARGO:-cargo}"
@@ -44,14 +43,12 @@ fi
 start=$SECONDS
 bash hack/testbed-versions.sh >"$work/versions" &
 tb_pid=$!
-if [ "${HCP_FLEET_IMAGE:-1}" != 0 ]; then
-  (
-    image_start=$SECONDS
-    nice -n 19 ionice -c 3 bash hack/image.sh reproduce >/dev/null
-    echo "[test] the image took $(( (SECONDS - image_start) / 60 )) min $(( (SECONDS - image_start) % 60 )) s at idle priority, beside the tests"
-  ) >"$work/image.log" 2>&1 &
-  image_pid=$!
-fi
+(
+  image_start=$SECONDS
+  nice -n 19 ionice -c 3 bash hack/image.sh reproduce >/dev/null
+  echo "[test] the image took $(( (SECONDS - image_start) / 60 )) min $(( (SECONDS - image_start) % 60 )) s at idle priority, beside the tests"
+) >"$work/image.log" 2>&1 &
+image_pid=$!
 "$cargo" test --lib --bins
 "$cargo" test --no-run --test '*'
 wait "$tb_pid" || { echo "[test] the test bed could not be built (above)" >&2; exit 1; }
@@ -86,15 +83,13 @@ for assets in "${versions[@]}"; do
 done
 echo "[test] unit and e2e tests took $(( (SECONDS - start) / 60 )) min $(( (SECONDS - start) % 60 )) s"
 [ "$rc" = 0 ] || exit "$rc"
-if [ -n "$image_pid" ]; then
-  echo "== the container image =="
-  waited=$SECONDS
-  image_rc=0
-  wait "$image_pid" || image_rc=$?
-  image_pid=""
-  cat "$work/image.log"
-  [ "$image_rc" = 0 ] || { echo "[test] the image could not be built or reproduced (above)" >&2; exit 1; }
-  echo "[test] waited $(( SECONDS - waited )) s for the image after the tests"
-  bash hack/image-check.sh
-fi
+echo "== the container image =="
+waited=$SECONDS
+image_rc=0
+wait "$image_pid" || image_rc=$?
+image_pid=""
+cat "$work/image.log"
+[ "$image_rc" = 0 ] || { echo "[test] the image could not be built or reproduced (above)" >&2; exit 1; }
+echo "[test] waited $(( SECONDS - waited )) s for the image after the tests"
+bash hack/image-check.sh
 echo "[test] make test took $(( (SECONDS - start) / 60 )) min $(( (SECONDS - start) % 60 )) s"

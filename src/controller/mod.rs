@@ -52,7 +52,7 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::DynamicObject;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
 use tokio::sync::mpsc;
@@ -93,11 +93,11 @@ pub async fn run(
     // The HCPs' store holds only what the agent reads of each (no managed fields, which
     // HyperShift's controllers write many of, and no part of HyperShift's spec and status the
     // agent has no use for): kept for every HCP, the whole objects were most of the store.
-    let (store, mut writer) = kube::runtime::reflector::store();
+    let (store, fill) = Store::with_filler();
     let hcp_events = reflected(
         hcps,
         watcher::Config::default(),
-        move |ev| writer.apply_watcher_event(ev),
+        fill,
         &[],
         HostedControlPlane::keep_only_what_is_read,
         |_| {},
@@ -114,14 +114,14 @@ pub async fn run(
     );
     // The health records, read before each report (not a trigger: the agent writes them).
     let _health = ctx.caps.health_crd.then(|| {
-        let (reader, mut writer) = kube::runtime::reflector::store();
+        let (reader, fill) = Store::with_filler();
         caches.health = Some(reader);
         let records = Api::<crate::crd::AdmissionHealth>::all(ctx.client.clone());
         AbortOnDrop(tokio::spawn(
             reflected(
                 records,
                 watcher::Config::default(),
-                move |ev| writer.apply_watcher_event(ev),
+                fill,
                 &[],
                 |_| {},
                 delivered(&ctx, ()),
@@ -228,8 +228,8 @@ fn owning(
         ));
     if let Some(ar) = ctx.caps.pdb_api.api_resource() {
         let pdbs = Api::<DynamicObject>::all_with(ctx.client.clone(), &ar);
-        let held = text_store::TextStore::default();
-        caches.pdbs = Some(held.clone());
+        let (held, fill) = text_store::TextStore::with_filler();
+        caches.pdbs = Some(held);
         // A list's items carry no apiVersion and kind; a GET's do, and the comparison with
         // the rendered object needs them.
         let types = kube::api::TypeMeta {
@@ -239,7 +239,7 @@ fn owning(
         let stream = reflected(
             pdbs,
             owned.clone(),
-            move |ev| held.apply(ev),
+            fill,
             management::SPEC_OWNED_WHOLE,
             move |o| o.types = Some(types.clone()),
             delivered(ctx, ar.clone()),
@@ -331,7 +331,7 @@ trait Fillable<K>: Sized {
     fn with_filler() -> (Self, Filler<K>);
 }
 
-impl<K> Fillable<K> for kube::runtime::reflector::Store<K>
+impl<K> Fillable<K> for Store<K>
 where
     K: kube::Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
 {

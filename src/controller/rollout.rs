@@ -22,6 +22,7 @@ use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 use tracing::{info, warn};
 
+use super::Fillable;
 use super::context::{AbortOnDrop, Context};
 use crate::crd::admission_rollout::{
     AdmissionRollout, AdmissionRolloutSpec, AdmissionRolloutStatus, HostedAdmissionOverride,
@@ -165,12 +166,12 @@ async fn read_or_create(api: &Api<AdmissionRollout>) -> Result<AdmissionRollout,
 /// Runs the rollout until the controller stops.
 pub(super) async fn run(ctx: Arc<Context>, hcps: Store<HostedControlPlane>) {
     let api: Api<AdmissionRollout> = Api::namespaced(ctx.client.clone(), &ctx.agent_namespace);
-    let (store, mut writer) = kube::runtime::reflector::store();
+    let (store, fill) = Store::<AdmissionRollout>::with_filler();
     let _watch = AbortOnDrop(tokio::spawn(
         super::reflected(
             api.clone(),
             watcher::Config::default().fields(&format!("metadata.name={ROLLOUT_NAME}")),
-            move |ev| writer.apply_watcher_event(ev),
+            fill,
             &[],
             |_| {},
             |_| {},

@@ -19,12 +19,9 @@ use kube::runtime::watcher;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-/// One object as held.
-struct Held {
-    resource_version: Option<Box<str>>,
-    /// `None`: the object could not be written as JSON; a read goes to the server.
-    json: Option<Box<str>>,
-}
+/// One object as held: its JSON text, or `None` where it could not be written as JSON (a read
+/// then goes to the server).
+type Held = Option<Box<str>>;
 
 #[derive(Default)]
 struct Objects {
@@ -106,11 +103,10 @@ impl<K: Resource + Serialize + DeserializeOwned> TextStore<K> {
     pub fn get(&self, ns: &str, name: &str) -> Option<Result<K, serde_json::Error>> {
         let objects = self.objects.read().unwrap_or_else(PoisonError::into_inner);
         let held = objects.held.get(&key(ns, name))?;
-        Some(match &held.json {
+        Some(match held {
             Some(json) => serde_json::from_str(json),
             None => Err(serde::de::Error::custom(format!(
-                "{ns}/{name} at resourceVersion {} could not be held as JSON",
-                held.resource_version.as_deref().unwrap_or("unknown")
+                "{ns}/{name} could not be held as JSON"
             ))),
         })
     }
@@ -135,12 +131,8 @@ fn key_of<K: Resource>(o: &K) -> Option<Box<str>> {
 }
 
 fn hold<K: Resource + Serialize>(o: &K) -> Option<(Box<str>, Held)> {
-    let k = key_of(o)?;
-    let held = Held {
-        resource_version: o.meta().resource_version.as_deref().map(Box::from),
-        json: serde_json::to_string(o).ok().map(String::into_boxed_str),
-    };
-    Some((k, held))
+    let held = serde_json::to_string(o).ok().map(String::into_boxed_str);
+    Some((key_of(o)?, held))
 }
 
 #[cfg(test)]
