@@ -23,19 +23,11 @@ use k8s_openapi::api::core::v1::{Event, Secret};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 
-/// Two hosted clusters with real admission services, and ACM's own Policy CRD where the asset
-/// script provided it (else the repository's).
+/// Two hosted clusters with real admission services. The management cluster has ACM's current
+/// Policy CRD where the asset script or `HCP_FLEET_UPSTREAM_CRDS` provided it (the test bed
+/// installs it: `LocalFleet::policy_crd`), else the repository's.
 async fn fleet_with_acm() -> (hcp_fleet_agent::localcp::LocalFleet, Client, support::Pods) {
-    let (fleet, mgmt, pods) = support::fleet_with_pods(2).await;
-    if let Some(acm) = fleet.upstream_crd(hcp_fleet_agent::localcp::assets::UPSTREAM_POLICY_CRD) {
-        hcp_fleet_agent::localcp::fixtures::install_crd_manifests(
-            &mgmt,
-            [("policies.policy.open-cluster-management.io", acm.as_str())],
-        )
-        .await
-        .expect("ACM's Policy CRD");
-    }
-    (fleet, mgmt, pods)
+    support::fleet_with_pods(2).await
 }
 
 /// Waits until the hub's row for template `template` of Policy `policy` in `ns` says `want`

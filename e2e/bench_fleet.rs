@@ -51,7 +51,7 @@ async fn run() -> Result<(), String> {
     .map_err(|e| e.to_string())?;
     eprintln!("bench: fleet up in {:.1}s", t.elapsed().as_secs_f64());
     let mgmt = fleet.management.client().await.map_err(|e| e.to_string())?;
-    fixtures::install_crds(&mgmt, &fleet.hcp_crd())
+    fixtures::install_crds(&mgmt, &fleet.hcp_crd(), &fleet.policy_crd())
         .await
         .map_err(|e| e.to_string())?;
     fixtures::create_agent_namespace(&mgmt)

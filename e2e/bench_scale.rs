@@ -469,7 +469,7 @@ async fn run() -> Result<(), String> {
     .map_err(|e| e.to_string())?;
     eprintln!("bench: real fleet up in {}", secs(t.elapsed()));
     let mgmt = fleet.management.client().await.map_err(|e| e.to_string())?;
-    fixtures::install_crds(&mgmt, &fleet.hcp_crd())
+    fixtures::install_crds(&mgmt, &fleet.hcp_crd(), &fleet.policy_crd())
         .await
         .map_err(|e| e.to_string())?;
     fixtures::create_agent_namespace(&mgmt)

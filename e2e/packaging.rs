@@ -928,25 +928,33 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
         .collect();
         assert_eq!(policy.len(), 2);
         apply_all(&admin, &policy).await;
-        let secret = |ns: &str| -> Secret {
-            serde_json::from_value(json!({
+        // The agent writes by server-side apply, a PATCH by name, which RBAC grants it by
+        // name in every namespace (a create names no object when RBAC is asked, so RBAC
+        // refuses a create outside the names before admission runs: it would prove nothing
+        // of the policy). The policy sees the apply as the CREATE it is.
+        let secret = |ns: &str| {
+            json!({
+                "apiVersion": "v1", "kind": "Secret",
                 "metadata": {"name": "hcp-fleet-admission-ca", "namespace": ns},
                 "data": {},
-            }))
-            .expect("secret")
+            })
         };
-        let dry = PostParams {
-            dry_run: true,
-            ..Default::default()
+        let dry = PatchParams::apply("e2e-dry-run").dry_run();
+        let apply = |ns: String| {
+            let sa = sa.clone();
+            let body = secret(&ns);
+            let dry = dry.clone();
+            async move {
+                Api::<Secret>::namespaced(sa, &ns)
+                    .patch("hcp-fleet-admission-ca", &dry, &Patch::Apply(&body))
+                    .await
+            }
         };
         eventually(
             "the policy refuses a write outside an HCP namespace",
             Duration::from_secs(20),
             || async {
-                match Api::<Secret>::namespaced(sa.clone(), "default")
-                    .create(&dry, &secret("default"))
-                    .await
-                {
+                match apply("default".to_string()).await {
                     Err(kube::Error::Api(s)) if s.message.contains("only in HCP namespaces") => {
                         Ok(())
                     }
@@ -955,12 +963,10 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
             },
         )
         .await;
-        let in_hcp = Api::<Secret>::namespaced(sa.clone(), &hc1)
-            .create(&dry, &secret(&hc1))
-            .await;
+        let in_hcp = apply(hc1.clone()).await;
         assert!(
-            !matches!(&in_hcp, Err(kube::Error::Api(s)) if s.message.contains("only in HCP namespaces")),
-            "{in_hcp:?}"
+            in_hcp.is_ok(),
+            "the same write in an HCP namespace: {in_hcp:?}"
         );
     }
     // The HostedClusters' metadata and the klusterlets' kubeconfigs, by name: which HCP an

@@ -69,6 +69,23 @@ async fn management_and_two_hosted_clusters_serve_crds_and_fixtures() {
         }
     );
 
+    // ACM's current Policy CRD where the asset script or HCP_FLEET_UPSTREAM_CRDS provided it
+    // (its spec has `hubTemplateOptions`, which the trimmed one leaves out).
+    let policy_crd = Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(mgmt.clone())
+        .get("policies.policy.open-cluster-management.io")
+        .await
+        .expect("Policy CRD");
+    let spec_fields = serde_json::to_value(&policy_crd.spec.versions[0].schema)
+        .expect("schema")["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        .clone();
+    assert_eq!(
+        spec_fields.get("hubTemplateOptions").is_some(),
+        fleet
+            .upstream_crd(localcp::assets::UPSTREAM_POLICY_CRD_CURRENT)
+            .is_some(),
+        "ACM's current Policy CRD exactly where it was provided"
+    );
+
     // The CRDs are served and the fixtures read back as typed objects.
     let hcps: Api<HostedControlPlane> = Api::all(mgmt.clone());
     let list = hcps.list(&ListParams::default()).await.expect("list HCPs");

@@ -33,6 +33,9 @@ manifest=()
 if [ "${1:-}" = scan ]; then
   [ -f "${2:-}" ] || { say "error: scan needs a Cargo.toml"; exit 2; }
   manifest=(--manifest-path "$2")
+  # Every crate of its lock file (other platforms' included) in cargo's registry, which the
+  # offline scan needs: a scan must not depend on a lint run having fetched them first.
+  cargo fetch --quiet --manifest-path "$2"
 else
   # Online: it also puts every crate of Cargo.lock (other platforms' included) in cargo's
   # registry, which the offline advisory scan below needs.

@@ -44,6 +44,7 @@ sync_upstream_crds() {
   return 0
 }
 POLICY_CRD_FILE="policy.open-cluster-management.io_policies.yaml"
+POLICY_CRD_CURRENT_FILE="policy.open-cluster-management.io_policies-current.yaml"
 
 
 
@@ -71,7 +72,7 @@ cache_ok() { check_dir "$OUT" >/dev/null 2>&1 && [ "$(cat "$OUT/.recipe" 2>/dev/
 
 if cache_ok; then
   say "using cached assets in $OUT"
-  sync_upstream_crds "$OUT" "$POLICY_CRD_FILE"
+  sync_upstream_crds "$OUT" "$POLICY_CRD_FILE" "$POLICY_CRD_CURRENT_FILE"
   printf '%s\n' "$OUT"
   exit 0
 fi
@@ -86,7 +87,7 @@ exec 9>"$CACHE_ROOT/.build.lock"
 if ! flock -n 9; then
   say "another build of the assets is running; waiting for it"
   flock 9
-  if cache_ok; then sync_upstream_crds "$OUT" "$POLICY_CRD_FILE"; printf '%s\n' "$OUT"; exit 0; fi
+  if cache_ok; then sync_upstream_crds "$OUT" "$POLICY_CRD_FILE" "$POLICY_CRD_CURRENT_FILE"; printf '%s\n' "$OUT"; exit 0; fi
 fi
 
 export DEBIAN_FRONTEND=noninteractive
@@ -228,6 +229,6 @@ printf '%s\n' "$RECIPE" >"$OUT/.recipe"
 check_dir "$OUT" >&2 || die "assets in $OUT failed their check"
 # The source tree and GOPATH are large; the Go build cache stays for a faster rebuild.
 rm -rf "$WORK"
-sync_upstream_crds "$OUT" "$POLICY_CRD_FILE"
+sync_upstream_crds "$OUT" "$POLICY_CRD_FILE" "$POLICY_CRD_CURRENT_FILE"
 say "assets ready in $OUT ($got)"
 printf '%s\n' "$OUT"

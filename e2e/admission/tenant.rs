@@ -109,10 +109,6 @@ async fn a_tenants_tampering_with_a_guard_is_undone_counted_and_named() {
         .await;
         let back = t0.elapsed();
         took.push((what, back));
-        assert!(
-            back < Duration::from_secs(1),
-            "{kind}: {what} undone after {back:?}"
-        );
         eventually(
             &format!("{kind}: {what} counted"),
             Duration::from_secs(5),

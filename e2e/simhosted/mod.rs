@@ -383,6 +383,18 @@ fn status(code: u16, reason: &str, message: &str) -> Response<Body> {
     )
 }
 
+/// A Forbidden status for a core-group object, as apimachinery's `NewForbidden` makes it.
+fn forbidden(resource: &str, name: &str, why: &str) -> Response<Body> {
+    json_response(
+        StatusCode::FORBIDDEN,
+        &json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure", "message": format!("{resource} \"{name}\" is forbidden: {why}"),
+            "reason": "Forbidden", "details": {"name": name, "kind": resource}, "code": 403,
+        }),
+    )
+}
+
 fn metadata_only(obj: &Value) -> Value {
     json!({
         "apiVersion": "meta.k8s.io/v1",
@@ -797,9 +809,12 @@ impl SimCluster {
             let message = p["spec"]["validations"][0]["message"]
                 .as_str()
                 .unwrap_or(hcp_fleet_agent::catalogue::POLICY_PROBE_ANSWER);
-            return status(
-                403,
-                "Forbidden",
+            // As a real server words it (admission.NewForbidden around the policy's denial);
+            // docs/testbed.md, "Server texts".
+            let name = cm["metadata"]["name"].as_str().unwrap_or_default();
+            return forbidden(
+                "configmaps",
+                name,
                 &format!(
                     "ValidatingAdmissionPolicy '{pname}' with binding '{bname}' denied request: {message}"
                 ),

@@ -12,7 +12,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 
-use super::proof::{Answer, Proof, judge};
+use super::proof::{Answer, Asked, Proof, judge};
 use crate::catalogue::Mode;
 use crate::config::AgentConfig;
 use crate::crd::ComplianceState;
@@ -175,7 +175,12 @@ pub async fn send(
         if status.code == 404 {
             return Shown::NotTried(format!("{what}: not found in this cluster"));
         }
-        let answer = judge(p.engine, &p.guard, "", &status.message, proof, &nonce);
+        let asked = Asked {
+            group: p.canary.group,
+            resource: p.canary.resource,
+            name: &p.canary.name,
+        };
+        let answer = judge(p.engine, &p.guard, "", &status, &asked, proof, &nonce);
         if answer == Answer::Imitation {
             tracing::debug!(guard = %p.guard, code = status.code, message = %status.message, "canary refused by something other than its guard");
         }

@@ -14,7 +14,7 @@ use tracing::{Instrument, info};
 
 use super::canary;
 use super::context::{AbortOnDrop, lock};
-use super::proof::{Answer, Proof, authentic};
+use super::proof::{Answer, Asked, Proof, authentic};
 use super::scope::Scope;
 use crate::catalogue::{POLICY_PROBE_VALUE, PROBE_LABEL, PROBE_REVISION_LABEL};
 use crate::crd::{ComplianceState, HostedControlPlane};
@@ -111,7 +111,10 @@ pub(crate) async fn probe_path(
     let nonce = crate::guards::probe::nonce().ok_or(ProbeFailure::NoNonce)?;
     let api: Api<ConfigMap> = Api::namespaced(hosted.clone(), "default");
     let mut cm = ConfigMap::default();
-    cm.metadata.generate_name = Some("hcp-fleet-probe-".into());
+    // Named by the client, not generated: a policy's denial names the object, and the judge
+    // takes it only for the object this probe asked about. Dry run, so nothing is stored.
+    let name = probe_name(&nonce);
+    cm.metadata.name = Some(name.clone());
     cm.metadata.labels = Some(BTreeMap::from([
         (PROBE_LABEL.to_string(), value.to_string()),
         (PROBE_REVISION_LABEL.to_string(), revision.to_string()),
@@ -126,7 +129,7 @@ pub(crate) async fn probe_path(
     };
     let t0 = Instant::now();
     match tokio::time::timeout(timeout, api.create(&pp, &cm)).await {
-        Ok(Err(kube::Error::Api(s))) => match authentic(engine, &s.message, proof, &nonce) {
+        Ok(Err(kube::Error::Api(s))) => match authentic(engine, &s, &asked(&name), proof, &nonce) {
             Answer::Imitation => Err(match engine {
                 Engine::Webhook => ProbeFailure::ImitatedService,
                 Engine::Policy => {
@@ -149,6 +152,21 @@ pub(crate) async fn probe_path(
         }),
         Ok(Err(e)) => Err(ProbeFailure::Failed(e)),
         Err(_) => Err(ProbeFailure::NoAnswer(timeout.as_secs())),
+    }
+}
+
+/// The probe ConfigMap's name for `nonce` (hex): fresh per request, so no stored ConfigMap
+/// can answer for it.
+fn probe_name(nonce: &str) -> String {
+    format!("hcp-fleet-probe-{}", nonce.get(..16).unwrap_or(nonce))
+}
+
+/// The probe's object, as a denial names it.
+fn asked(name: &str) -> Asked<'_> {
+    Asked {
+        group: "",
+        resource: "configmaps",
+        name,
     }
 }
 

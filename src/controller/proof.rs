@@ -1,6 +1,16 @@
 //! What makes an answer to the probe, or to a canary, the admission service's own and not an
 //! imitation by something the hosted cluster's admins installed: pure, shared by the probe,
 //! the canaries and the state they keep between rounds.
+//!
+//! The texts are the API server's, not ours: a webhook's denial reaches the client as
+//! `admission webhook "<webhook>" denied the request: <message>` (the apiserver's
+//! `webhookerrors.ToStatusErr`), a policy's as a Forbidden status for the object,
+//! `<resource>[.<group>] "<name>" is forbidden: ValidatingAdmissionPolicy '<policy>' with
+//! binding '<binding>' denied request: <message>` (`admission.NewForbidden` around the
+//! validating policy dispatcher's words), with the resource and name in `details`. The unit
+//! tests hold texts taken from real servers' answers (docs/testbed.md, "Server texts").
+
+use kube::core::Status;
 
 use crate::catalogue::{POLICY_PROBE_ANSWER, PROBE_ANSWER};
 use crate::guards::probe::{PROOF_MARK, ProbeKey};
@@ -29,9 +39,46 @@ pub(crate) enum Answer {
     Imitation,
 }
 
-/// Whether a denial of the probe of `engine` is the agent's own answer, and not an imitation
-/// by something the hosted cluster's admins installed (see `judge`).
-pub(crate) fn authentic(engine: Engine, message: &str, proof: &Proof, nonce: &str) -> Answer {
+/// The object a probe or canary asked about, as the API server names it in a denial: the
+/// resource (plural), its API group (empty for the core group) and the object's name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Asked<'a> {
+    pub group: &'a str,
+    pub resource: &'a str,
+    pub name: &'a str,
+}
+
+impl Asked<'_> {
+    /// How the API server begins a Forbidden status for this object (apimachinery's
+    /// `NewForbidden`: the group-qualified resource, the name quoted).
+    fn forbidden(&self) -> String {
+        let qualified = if self.group.is_empty() {
+            self.resource.to_string()
+        } else {
+            format!("{}.{}", self.resource, self.group)
+        };
+        format!("{qualified} \"{}\" is forbidden: ", self.name)
+    }
+
+    /// Whether `status`'s details, where it carries them, name this object.
+    fn named_by(&self, status: &Status) -> bool {
+        status
+            .details
+            .as_ref()
+            .is_none_or(|d| d.name == self.name && d.kind == self.resource && d.group == self.group)
+    }
+}
+
+/// Whether a denial of the probe of `engine` (a dry-run create of the ConfigMap `asked`) is
+/// the agent's own answer, and not an imitation by something the hosted cluster's admins
+/// installed (see `judge`).
+pub(crate) fn authentic(
+    engine: Engine,
+    status: &Status,
+    asked: &Asked<'_>,
+    proof: &Proof,
+    nonce: &str,
+) -> Answer {
     let words = match engine {
         Engine::Webhook => PROBE_ANSWER,
         Engine::Policy => POLICY_PROBE_ANSWER,
@@ -40,34 +87,48 @@ pub(crate) fn authentic(engine: Engine, message: &str, proof: &Proof, nonce: &st
         engine,
         crate::guards::probe::ROW.name,
         words,
-        message,
+        status,
+        asked,
         proof,
         nonce,
     )
 }
 
-/// Whether a denial came from the agent's guard `name` on `engine`, beginning with `words`. A
-/// policy's denial names the policy and its binding (a tenant cannot hold either name while
-/// the agent's objects hold it, and a webhook's denial cannot begin so); a webhook's denial
-/// names a webhook, which anyone can name alike, so it must end with the proof of this
-/// request's nonce under the HCP's probe key.
-pub fn judge(
+/// Whether a denial came from the agent's guard `name` on `engine`, beginning with `words`.
+///
+/// A policy's denial is taken only in the exact form a real server gives it: HTTP 403, reason
+/// Forbidden (the agent's policies set it), the message beginning with the Forbidden prefix
+/// for the object asked about, then the agent's policy and binding names, then `words`; and
+/// details, where present, naming that object. A tenant cannot hold the policy's or the
+/// binding's name while the agent's objects hold it, and no webhook's denial can begin so (the
+/// server puts `admission webhook "…"` in front of whatever a webhook says). Nothing is taken
+/// from the middle of a message.
+///
+/// A webhook's denial names a webhook, which anyone can name alike, so it must end with the
+/// proof of this request's nonce under the HCP's probe key.
+pub(crate) fn judge(
     engine: Engine,
     name: &str,
     words: &str,
-    message: &str,
+    status: &Status,
+    asked: &Asked<'_>,
     proof: &Proof,
     nonce: &str,
 ) -> Answer {
+    let message = status.message.as_str();
     let said = match engine {
         Engine::Webhook => format!("admission webhook \"{name}\" denied the request: {words}"),
-        Engine::Policy => {
-            format!(
-                "ValidatingAdmissionPolicy '{name}' with binding '{name}' denied request: {words}"
-            )
-        }
+        Engine::Policy => format!(
+            "{}ValidatingAdmissionPolicy '{name}' with binding '{name}' denied request: {words}",
+            asked.forbidden()
+        ),
     };
     if !message.starts_with(&said) {
+        return Answer::Imitation;
+    }
+    if engine == Engine::Policy
+        && (status.code != 403 || status.reason != "Forbidden" || !asked.named_by(status))
+    {
         return Answer::Imitation;
     }
     match (engine, &proof.key) {
@@ -85,46 +146,255 @@ mod tests {
     use super::*;
     use crate::guards::probe::{answer, nonce};
 
+    fn denial(message: String, code: u16) -> Status {
+        Status {
+            message,
+            code,
+            reason: "BadRequest".into(),
+            ..Status::default()
+        }
+    }
+
+    /// The probe's ConfigMap as the texts below name it.
+    const PROBE_NAME: &str = "hcp-fleet-probe-0123456789abcdef";
+
+    fn probe_asked(name: &str) -> Asked<'_> {
+        Asked {
+            group: "",
+            resource: "configmaps",
+            name,
+        }
+    }
+
     #[test]
     fn only_the_agents_own_answer_proves_the_path() {
         let key = ProbeKey::generate().expect("random");
         let n = nonce().expect("random");
         let name = crate::guards::probe::ROW.name;
-        let hook =
-            |text: String| format!("admission webhook \"{name}\" denied the request: {text}");
+        // A webhook's denial as the API server relays it (webhookerrors.ToStatusErr, the same
+        // form as the tenant's webhook in the real texts below).
+        let hook = |text: String| {
+            denial(
+                format!("admission webhook \"{name}\" denied the request: {text}"),
+                400,
+            )
+        };
         let proof = |rolling_out| Proof {
             key: Some(key.clone()),
             rolling_out,
         };
+        let asked = probe_asked(PROBE_NAME);
         let proven = hook(answer(Some(&key), Some(&n)));
         let words = hook(answer(None, None));
         let other = ProbeKey::generate().expect("random");
         let forged = hook(answer(Some(&other), Some(&n)));
         let w = Engine::Webhook;
-        assert_eq!(authentic(w, &proven, &proof(false), &n), Answer::Proven);
-        assert_eq!(authentic(w, &words, &proof(false), &n), Answer::Imitation);
-        assert_eq!(authentic(w, &forged, &proof(false), &n), Answer::Imitation);
+        let judged = |s: &Status, rolling| authentic(w, s, &asked, &proof(rolling), &n);
+        assert_eq!(judged(&proven, false), Answer::Proven);
+        assert_eq!(judged(&words, false), Answer::Imitation);
+        assert_eq!(judged(&forged, false), Answer::Imitation);
         // While the Deployment rolls out, the words alone are taken (an old replica), but
         // never a wrong proof.
-        assert_eq!(authentic(w, &words, &proof(true), &n), Answer::Unproven);
-        assert_eq!(authentic(w, &forged, &proof(true), &n), Answer::Imitation);
+        assert_eq!(judged(&words, true), Answer::Unproven);
+        assert_eq!(judged(&forged, true), Answer::Imitation);
         // Another webhook's name, or the words inside another message.
-        let renamed = proven.replace(name, "probe.tenant.example.com");
-        assert_eq!(authentic(w, &renamed, &proof(false), &n), Answer::Imitation);
-        let inside = format!("admission webhook \"x\" denied the request: {proven}");
-        assert_eq!(authentic(w, &inside, &proof(true), &n), Answer::Imitation);
-        // A policy's denial names the agent's policy and binding; a webhook cannot say so.
-        let p = Engine::Policy;
-        let by_policy = format!(
-            "ValidatingAdmissionPolicy '{name}' with binding '{name}' denied request: {POLICY_PROBE_ANSWER}"
+        let renamed = denial(
+            proven.message.replace(name, "probe.tenant.example.com"),
+            400,
         );
-        assert_eq!(authentic(p, &by_policy, &proof(false), &n), Answer::Proven);
+        assert_eq!(judged(&renamed, false), Answer::Imitation);
+        let inside = denial(
+            format!(
+                "admission webhook \"x\" denied the request: {}",
+                proven.message
+            ),
+            400,
+        );
+        assert_eq!(judged(&inside, true), Answer::Imitation);
+        // A webhook's denial never proves the policy path, whatever it says.
         let by_hook = hook(POLICY_PROBE_ANSWER.into());
-        assert_eq!(authentic(p, &by_hook, &proof(false), &n), Answer::Imitation);
-        let other_policy = by_policy.replacen(name, "tenant-probe", 2);
         assert_eq!(
-            authentic(p, &other_policy, &proof(false), &n),
+            authentic(Engine::Policy, &by_hook, &asked, &proof(false), &n),
             Answer::Imitation
         );
+    }
+
+    /// A real server's answers (captured from a run: `testdata/server-texts-*.json`), judged:
+    /// the policy's own denial of the probe and of a canary is taken; every imitation,
+    /// including one a tenant's webhook words to the letter, is refused.
+    mod real_server {
+        use super::*;
+
+        const TEXTS: &[(&str, &str)] = &[(
+            "v1.36.2",
+            include_str!("testdata/server-texts-v1.36.2.json"),
+        )];
+
+        fn texts() -> Vec<(&'static str, serde_json::Value)> {
+            TEXTS
+                .iter()
+                .map(|(v, t)| (*v, serde_json::from_str(t).expect("server texts parse")))
+                .collect()
+        }
+
+        fn status(texts: &serde_json::Value, case: &str) -> Status {
+            serde_json::from_value(texts[case].clone()).expect("a Status")
+        }
+
+        fn policy_probe(s: &Status, asked: &Asked<'_>) -> Answer {
+            authentic(Engine::Policy, s, asked, &Proof::default(), "n")
+        }
+
+        #[test]
+        fn the_probe_policys_denial_is_taken_as_the_server_words_it() {
+            for (version, texts) in texts() {
+                let s = status(&texts, "probe");
+                assert!(
+                    s.message.starts_with("configmaps \""),
+                    "{version}: the real form has the Forbidden prefix: {}",
+                    s.message
+                );
+                assert_eq!(
+                    policy_probe(&s, &probe_asked(PROBE_NAME)),
+                    Answer::Proven,
+                    "{version}: {}",
+                    s.message
+                );
+            }
+        }
+
+        #[test]
+        fn the_words_without_the_prefix_or_for_another_object_are_refused() {
+            for (version, texts) in texts() {
+                let s = status(&texts, "probe");
+                let asked = probe_asked(PROBE_NAME);
+                // What the old judge took: the policy's words at the start, no prefix.
+                let bare = Status {
+                    message: s
+                        .message
+                        .split_once("is forbidden: ")
+                        .map(|(_, m)| m.to_string())
+                        .expect("prefix"),
+                    ..s.clone()
+                };
+                assert_eq!(policy_probe(&bare, &asked), Answer::Imitation, "{version}");
+                // Another probe's object: this request's denial names this request's name.
+                assert_eq!(
+                    policy_probe(&s, &probe_asked("hcp-fleet-probe-ffffffffffffffff")),
+                    Answer::Imitation,
+                    "{version}"
+                );
+                // A generated name is not the name this probe sent.
+                let generated = status(&texts, "probe_generate_name");
+                assert_eq!(
+                    policy_probe(&generated, &asked),
+                    Answer::Imitation,
+                    "{version}"
+                );
+                // Details that name another object, another code or reason.
+                let mut other = s.clone();
+                if let Some(d) = other.details.as_mut() {
+                    d.name = "something-else".into();
+                }
+                assert_eq!(policy_probe(&other, &asked), Answer::Imitation, "{version}");
+                for (code, reason) in [(400, "Forbidden"), (403, "Invalid")] {
+                    let changed = Status {
+                        code,
+                        reason: reason.into(),
+                        ..s.clone()
+                    };
+                    assert_eq!(
+                        policy_probe(&changed, &asked),
+                        Answer::Imitation,
+                        "{version}"
+                    );
+                }
+                // Another policy or binding.
+                let renamed = Status {
+                    message: s.message.replacen(
+                        "'probe.hcp-fleet.openshift.io'",
+                        "'probe.tenant.example.com'",
+                        1,
+                    ),
+                    ..s.clone()
+                };
+                assert_eq!(
+                    policy_probe(&renamed, &asked),
+                    Answer::Imitation,
+                    "{version}"
+                );
+            }
+        }
+
+        /// A tenant's webhook that denies with the policy's whole text, its code, reason and
+        /// details: the server puts its own words in front, so it never reads as the policy.
+        #[test]
+        fn a_tenants_webhook_quoting_the_policy_is_refused() {
+            for (version, texts) in texts() {
+                let s = status(&texts, "tenant_webhook_quoting_the_policy");
+                assert!(
+                    s.message.contains("ValidatingAdmissionPolicy 'probe.hcp-fleet.openshift.io' with binding 'probe.hcp-fleet.openshift.io' denied request: "),
+                    "{version}: the imitation quotes the words"
+                );
+                assert_eq!((s.code, s.reason.as_str()), (403, "Forbidden"), "{version}");
+                assert_eq!(
+                    policy_probe(&s, &probe_asked(PROBE_NAME)),
+                    Answer::Imitation,
+                    "{version}: {}",
+                    s.message
+                );
+            }
+        }
+
+        #[test]
+        fn a_canarys_denial_names_its_group_resource_and_object() {
+            for (version, texts) in texts() {
+                let s = status(&texts, "canary_delete_cluster_admin");
+                let guard = "protected-rbac.hcp-fleet.openshift.io";
+                let asked = Asked {
+                    group: "rbac.authorization.k8s.io",
+                    resource: "clusterroles",
+                    name: "cluster-admin",
+                };
+                let judged = |s: &Status, a: &Asked<'_>| {
+                    judge(Engine::Policy, guard, "", s, a, &Proof::default(), "n")
+                };
+                assert_eq!(
+                    judged(&s, &asked),
+                    Answer::Proven,
+                    "{version}: {}",
+                    s.message
+                );
+                // Another guard's policy, another group or resource, another object.
+                assert_eq!(
+                    judge(
+                        Engine::Policy,
+                        "scc.hcp-fleet.openshift.io",
+                        "",
+                        &s,
+                        &asked,
+                        &Proof::default(),
+                        "n"
+                    ),
+                    Answer::Imitation
+                );
+                for a in [
+                    Asked { group: "", ..asked },
+                    Asked {
+                        resource: "roles",
+                        ..asked
+                    },
+                    Asked {
+                        name: "admin",
+                        ..asked
+                    },
+                ] {
+                    assert_eq!(judged(&s, &a), Answer::Imitation, "{version}: {a:?}");
+                }
+                // A collection delete's denial names no object ("Unknown"): not a canary's.
+                let collection = status(&texts, "collection_delete");
+                assert_eq!(judged(&collection, &asked), Answer::Imitation, "{version}");
+            }
+        }
     }
 }

@@ -21,8 +21,8 @@ use super::cache;
 use super::context::{Context, hcp_labels};
 use crate::crd::health::TemplateHistoryEntry;
 use crate::crd::{
-    AdmissionHealth, AdmissionHealthPolicy, AdmissionHealthPolicyStatus, ComplianceState,
-    HostedCluster, HostedControlPlane, Policy,
+    AdmissionHealth, AdmissionHealthPolicy, AdmissionHealthPolicyStatus, AdmissionHealthStatus,
+    ComplianceState, HostedCluster, HostedControlPlane, Policy,
 };
 use crate::managed_clusters::{self, HostedClusterRef, KlusterletServer};
 use crate::reporting::{self, Observations, RollupRow};
@@ -151,47 +151,45 @@ async fn write_health(
         }
     };
     let now = now_rfc3339();
-    let mut next = reporting::next_status(
-        current.status.as_ref(),
-        pass.obs,
-        &now,
-        pass.drift_repaired,
-        pass.revision,
-        pass.rolled_out,
-        current.metadata.generation,
-    );
-    next.paused_since =
-        reporting::paused_since(current.status.as_ref(), pass.paused.is_some(), &now);
-    ctx.metrics.set_paused(
-        ns,
-        cluster,
-        pass.paused.zip(
-            next.paused_since
-                .as_deref()
-                .and_then(|t| t.parse::<jiff::Timestamp>().ok()),
-        ),
-    );
-    if current.status.as_ref() == Some(&next) {
-        return Ok(None);
-    }
-    // The status is entirely the agent's; a merge patch replaces its arrays whole, and a field
-    // now absent must be sent as null to go.
-    let mut patch = serde_json::json!({ "status": next });
-    if next.revision_ready_since.is_none() {
-        patch["status"]["revisionReadySince"] = serde_json::Value::Null;
-    }
-    if next.paused_since.is_none() {
-        patch["status"]["pausedSince"] = serde_json::Value::Null;
-    }
-    let written = api
-        .patch_status(
-            reporting::HEALTH_NAME,
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await;
-    cache::wrote(ctx, ns, &api, reporting::HEALTH_NAME, written.as_ref().ok());
-    written?;
+    // The status is written on the record as read: a record read from a store that lags (a
+    // pause's start changed by someone since, say) must not be written over with what it
+    // held. On a conflict it is read from the server and the status computed again, once.
+    let mut current = current;
+    let mut reread = false;
+    let next = loop {
+        let next = next_status(&current, pass, &now);
+        ctx.metrics.set_paused(
+            ns,
+            cluster,
+            pass.paused.zip(
+                next.paused_since
+                    .as_deref()
+                    .and_then(|t| t.parse::<jiff::Timestamp>().ok()),
+            ),
+        );
+        if current.status.as_ref() == Some(&next) {
+            return Ok(None);
+        }
+        let written = api
+            .patch_status(
+                reporting::HEALTH_NAME,
+                &PatchParams::default(),
+                &Patch::Merge(&status_patch(&next, current.resource_version())),
+            )
+            .await;
+        match written {
+            Err(kube::Error::Api(s)) if s.code == 409 && !reread => {
+                reread = true;
+                current = api.get(reporting::HEALTH_NAME).await?;
+                cache::wrote(ctx, ns, &api, reporting::HEALTH_NAME, Some(&current));
+            }
+            written => {
+                cache::wrote(ctx, ns, &api, reporting::HEALTH_NAME, written.as_ref().ok());
+                written?;
+                break next;
+            }
+        }
+    };
     let reference = current.object_ref(&());
     let entries = reporting::new_entries(current.status.as_ref(), &next);
     let first = current.status.is_none();
@@ -216,6 +214,42 @@ async fn write_health(
         }
     }
     Ok(None)
+}
+
+/// The record's next status from `current` and this pass.
+fn next_status(current: &AdmissionHealth, pass: &Pass<'_>, now: &str) -> AdmissionHealthStatus {
+    let mut next = reporting::next_status(
+        current.status.as_ref(),
+        pass.obs,
+        now,
+        pass.drift_repaired,
+        pass.revision,
+        pass.rolled_out,
+        current.metadata.generation,
+    );
+    next.paused_since =
+        reporting::paused_since(current.status.as_ref(), pass.paused.is_some(), now);
+    next
+}
+
+/// The merge patch that writes `next` whole, on the record at `resource_version` (a conflict
+/// where the record changed since). The status is entirely the agent's; a merge patch
+/// replaces its arrays whole, and a field now absent must be sent as null to go.
+fn status_patch(
+    next: &AdmissionHealthStatus,
+    resource_version: Option<String>,
+) -> serde_json::Value {
+    let mut patch = serde_json::json!({ "status": next });
+    if next.revision_ready_since.is_none() {
+        patch["status"]["revisionReadySince"] = serde_json::Value::Null;
+    }
+    if next.paused_since.is_none() {
+        patch["status"]["pausedSince"] = serde_json::Value::Null;
+    }
+    if let Some(rv) = resource_version {
+        patch["metadata"] = serde_json::json!({ "resourceVersion": rv });
+    }
+    patch
 }
 
 /// How often, at most, the templates are re-evaluated and written.

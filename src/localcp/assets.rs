@@ -24,6 +24,10 @@ pub struct Assets {
 pub const UPSTREAM_HCP_CRD: &str = "hostedcontrolplanes-Hypershift-Default.crd.yaml";
 /// ACM's Policy CRD, an older release whose compliance enum has no `Pending`.
 pub const UPSTREAM_POLICY_CRD: &str = "policy.open-cluster-management.io_policies.yaml";
+/// ACM's Policy CRD as its propagator ships it today (with `Pending`): what the management
+/// cluster gets where it is provided (`LocalFleet::policy_crd`).
+pub const UPSTREAM_POLICY_CRD_CURRENT: &str =
+    "policy.open-cluster-management.io_policies-current.yaml";
 
 impl Assets {
     /// An upstream CRD the asset script placed beside the binaries (`upstream-crds/`), else

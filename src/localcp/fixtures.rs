@@ -34,11 +34,17 @@ fn kube_err(context: String) -> impl FnOnce(kube::Error) -> LocalCpError {
 }
 
 /// Installs (server-side apply) the project's CRDs and waits until they are served.
-/// The CRDs of the management cluster: the HostedControlPlane CRD given (HyperShift's own, or
-/// the trimmed one; see `LocalFleet::hcp_crd`), then the others the project ships.
-pub async fn install_crds(client: &Client, hcp_crd: &str) -> Result<(), LocalCpError> {
+/// The CRDs of the management cluster: the HostedControlPlane and Policy CRDs given
+/// (HyperShift's and ACM's own, or the trimmed ones; see `LocalFleet::hcp_crd` and
+/// `LocalFleet::policy_crd`), then the others the project ships.
+pub async fn install_crds(
+    client: &Client,
+    hcp_crd: &str,
+    policy_crd: &str,
+) -> Result<(), LocalCpError> {
     let (hcp_name, _) = CRD_MANIFESTS[0];
-    let rest = CRD_MANIFESTS[1..].iter().map(|(n, y)| (*n, *y));
+    let (policy_name, _) = CRD_MANIFESTS[1];
+    let rest = CRD_MANIFESTS[2..].iter().map(|(n, y)| (*n, *y));
     // The agent's own CRDs, as the chart ships them; without CEL rules where the server has
     // no CEL (the 1.20 test bed).
     let cel = client
@@ -64,7 +70,8 @@ pub async fn install_crds(client: &Client, hcp_crd: &str) -> Result<(), LocalCpE
         .collect();
     install_crd_manifests(
         client,
-        std::iter::once((hcp_name, hcp_crd))
+        [(hcp_name, hcp_crd), (policy_name, policy_crd)]
+            .into_iter()
             .chain(rest)
             .chain(own.iter().map(|(n, y)| (n.as_str(), y.as_str()))),
     )

@@ -253,7 +253,7 @@ impl LocalFleet {
         };
         if opts.install_fixtures {
             let mgmt = fleet.management.client().await?;
-            fixtures::install_crds(&mgmt, &fleet.hcp_crd()).await?;
+            fixtures::install_crds(&mgmt, &fleet.hcp_crd(), &fleet.policy_crd()).await?;
             fixtures::create_agent_namespace(&mgmt).await?;
             for (name, s) in &fleet.hosted {
                 fixtures::create_hcp(&mgmt, name, &s.kubeconfig_yaml).await?;
@@ -288,6 +288,13 @@ impl LocalFleet {
             .then(|| self.upstream_crd(assets::UPSTREAM_HCP_CRD))
             .flatten()
             .unwrap_or_else(|| crate::crd::CRD_MANIFESTS[0].1.to_string())
+    }
+
+    /// The Policy CRD this fleet's management cluster gets: ACM's current one where the asset
+    /// script or `HCP_FLEET_UPSTREAM_CRDS` provided it, else the repository's trimmed one.
+    pub fn policy_crd(&self) -> String {
+        self.upstream_crd(assets::UPSTREAM_POLICY_CRD_CURRENT)
+            .unwrap_or_else(|| crate::crd::CRD_MANIFESTS[1].1.to_string())
     }
 
     /// PIDs of every running process of the fleet.
