@@ -97,14 +97,14 @@ async fn grant_alice(bed: &Bed) {
     let role: ClusterRole = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "test-alice"},
         "rules": [
-            {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles", "clusterrolebindings"], "verbs": ["get", "list", "delete"]},
+            {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles", "clusterrolebindings"], "verbs": ["get", "list", "delete", "deletecollection"]},
             {"apiGroups": ["config.openshift.io"], "resources": ["featuregates"], "verbs": ["get", "create", "update", "patch"]},
             {"apiGroups": ["security.openshift.io"], "resources": ["securitycontextconstraints"], "verbs": ["get", "update", "patch", "delete"]},
             {"apiGroups": ["config.openshift.io"], "resources": ["ingresses"], "verbs": ["get", "update", "patch", "delete"]},
             {"apiGroups": ["operator.openshift.io"], "resources": ["networks"], "verbs": ["get", "update", "patch"]},
             {"apiGroups": ["upgrade.managed.openshift.io"], "resources": ["upgradeconfigs"], "verbs": ["get", "create"]},
             // What a tenant would mint an exempt identity with.
-            {"apiGroups": ["user.openshift.io"], "resources": ["groups"], "verbs": ["get", "create", "update", "patch", "delete"]},
+            {"apiGroups": ["user.openshift.io"], "resources": ["groups"], "verbs": ["get", "list", "create", "update", "patch", "delete", "deletecollection"]},
             {"apiGroups": [""], "resources": ["namespaces", "serviceaccounts", "serviceaccounts/token", "secrets"], "verbs": ["get", "create"]},
             // kubectl's server-side dry-run reads the CRD when the new type is not yet in the
             // published OpenAPI; without this the checks below race the API server.

@@ -287,11 +287,12 @@ async fn an_imitation_of_the_probes_answer_never_passes_for_the_service() {
     eprintln!("an unproven probe answer reported NonCompliant after {reported:?}");
 }
 
-/// A mutating webhook of the hosted cluster's admins that removes every FeatureGate's feature
-/// set on its way in: served over TLS by this test (the crate's own server stack, an axum
-/// handler of its own). The guard never sees the forbidden feature set, so it denies nothing.
-pub(crate) async fn tenant_mutator() -> (tokio::task::JoinHandle<()>, u16, String, tempfile::TempDir)
-{
+/// A mutating webhook of the hosted cluster's admins, served over TLS by this test (the crate's
+/// own server stack, an axum handler of its own): `patch` makes the JSON patch it answers with
+/// from the request's object.
+pub(crate) async fn tenant_mutator(
+    patch: fn(&serde_json::Value) -> serde_json::Value,
+) -> (tokio::task::JoinHandle<()>, u16, String, tempfile::TempDir) {
     use axum::routing::post;
     use hcp_fleet_agent::admission::{server, tls::ReloadingCert};
     let (ca, dir) = loopback_serving_files("tenant mutator CA");
@@ -303,9 +304,9 @@ pub(crate) async fn tenant_mutator() -> (tokio::task::JoinHandle<()>, u16, Strin
     let port = listener.local_addr().expect("addr").port();
     let app = axum::Router::new().route(
         "/mutate",
-        post(|body: axum::body::Bytes| async move {
+        post(move |body: axum::body::Bytes| async move {
             let review: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-            let patch = serde_json::json!([{"op": "remove", "path": "/spec/featureSet"}]);
+            let patch = patch(&review["request"]["object"]);
             let b64 = base64::engine::general_purpose::STANDARD;
             let out = serde_json::json!({
                 "apiVersion": "admission.k8s.io/v1",
@@ -385,7 +386,10 @@ async fn a_guard_that_stops_denying_its_canary_is_named_noncompliant() {
     assert_eq!(c.as_deref(), Some("Compliant"), "{m}");
 
     // The tenant's mutation: the featuregate guard sees no forbidden feature set any more.
-    let (mutator, port, ca_pem, _dir) = tenant_mutator().await;
+    // It removes every FeatureGate's feature set on its way in: the guard never sees the
+    // forbidden one, so it denies nothing.
+    let (mutator, port, ca_pem, _dir) =
+        tenant_mutator(|_| serde_json::json!([{"op": "remove", "path": "/spec/featureSet"}])).await;
     let b64 = base64::engine::general_purpose::STANDARD;
     let mwc: MutatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
@@ -450,4 +454,160 @@ async fn a_guard_that_stops_denying_its_canary_is_named_noncompliant() {
     eprintln!(
         "a guard letting its canary through named NonCompliant after {named:?} (round {round:?})"
     );
+}
+
+/// The annotation the tenant's renaming mutation reads the new name from.
+const RENAME_TO: &str = "tenant.example.com/rename-to";
+
+/// A hosted cluster's admin gets nothing through by the forms a kubectl user rarely types,
+/// on either engine: a collection delete (the API server sends the guards one DELETE per
+/// object with no name in the request) is denied for each protected object in it, and a
+/// mutating webhook of the tenant's own that renames an object on its way in (a Group into
+/// an exempt one, a namespace into a reserved one) is judged by the name that would be
+/// stored, not the one the client asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collection_deletes_and_a_tenants_renaming_are_judged_as_stored() {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    for engine in [GuardEngine::Webhook, GuardEngine::Policy] {
+        if engine == GuardEngine::Policy
+            && !support::serves(
+                &hcp_fleet_agent::localcp::Assets::resolve(None)
+                    .expect("assets")
+                    .version,
+                Feature::AdmissionPolicies,
+                "collection deletes and renaming mutations through the admission policies (the webhooks judged them above)",
+            )
+        {
+            continue;
+        }
+        let bed = bed(with_engine(engine)).await;
+        let hosted = hc1_admin(&bed).await;
+        let by = |guard: &str| match engine {
+            GuardEngine::Policy => format!(
+                "ValidatingAdmissionPolicy '{guard}' with binding '{guard}' denied request: hcp-fleet:"
+            ),
+            _ => format!("admission webhook \"{guard}\" denied the request: hcp-fleet:"),
+        };
+        // An exempt Group to delete.
+        let group = |name: &str, annotations: serde_json::Value| {
+            serde_json::json!({
+                "apiVersion": "user.openshift.io/v1", "kind": "Group",
+                "metadata": {"name": name, "annotations": annotations}, "users": [],
+            })
+        };
+        let (ok, out) = kubectl_stdin(
+            &bed,
+            &["apply", "-f", "-"],
+            &group("osd-sre-admins", serde_json::json!({})).to_string(),
+        );
+        assert!(ok, "the exempt Group: {out}");
+
+        // Collection deletes, by field selector, as a tenant would send them.
+        for (path, guard, named) in [
+            (
+                "/apis/rbac.authorization.k8s.io/v1/clusterroles?fieldSelector=metadata.name%3Dcluster-admin&dryRun=All",
+                "protected-rbac.hcp-fleet.openshift.io",
+                "ClusterRole \"cluster-admin\"",
+            ),
+            (
+                "/apis/user.openshift.io/v1/groups?fieldSelector=metadata.name%3Dosd-sre-admins&dryRun=All",
+                "identity-groups.hcp-fleet.openshift.io",
+                "Group \"osd-sre-admins\"",
+            ),
+        ] {
+            let (ok, out) = kubectl(&bed, &["--as=alice", "delete", "--raw", path]);
+            assert!(
+                !ok && out.contains(&by(guard)) && out.contains(named),
+                "{engine:?}: a collection delete of {named}: {out}"
+            );
+        }
+
+        // The tenant's renaming mutation, on Groups and namespaces.
+        let (mutator, port, ca_pem, _dir) = tenant_mutator(|object| {
+            match object["metadata"]["annotations"][RENAME_TO].as_str() {
+                Some(to) => {
+                    serde_json::json!([{"op": "replace", "path": "/metadata/name", "value": to}])
+                }
+                None => serde_json::json!([]),
+            }
+        })
+        .await;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let mwc: MutatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": "tenant-renamer"},
+            "webhooks": [{
+                "name": "renamer.tenant.example.com",
+                "clientConfig": {
+                    "url": format!("https://127.0.0.1:{port}/mutate"),
+                    "caBundle": base64::Engine::encode(&b64, &ca_pem),
+                },
+                "rules": [
+                    {"operations": ["CREATE"], "apiGroups": ["user.openshift.io"], "apiVersions": ["v1"], "resources": ["groups"]},
+                    {"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["namespaces"]},
+                ],
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "failurePolicy": "Fail",
+                "timeoutSeconds": 5,
+            }],
+        }))
+        .expect("configuration");
+        let mapi = Api::<MutatingWebhookConfiguration>::all(hosted.clone());
+        mapi.create(&PostParams::default(), &mwc)
+            .await
+            .expect("the tenant's renaming webhook");
+        // The mutation is real: an exempt identity's object comes out renamed.
+        eventually(
+            "the tenant's mutation renames",
+            Duration::from_secs(20),
+            || async {
+                let (ok, out) = kubectl_stdin(
+                    &bed,
+                    &["create", "--dry-run=server", "-o", "name", "-f", "-"],
+                    &group("team-b", serde_json::json!({RENAME_TO: "renamed-b"})).to_string(),
+                );
+                if ok && out.contains("renamed-b") {
+                    Ok(())
+                } else {
+                    Err(out)
+                }
+            },
+        )
+        .await;
+        let renamed = [
+            (
+                group(
+                    "team-a",
+                    serde_json::json!({RENAME_TO: "osd-sre-cluster-admins"}),
+                ),
+                "identity-groups.hcp-fleet.openshift.io",
+                "Group \"osd-sre-cluster-admins\"",
+            ),
+            (
+                serde_json::json!({
+                    "apiVersion": "v1", "kind": "Namespace",
+                    "metadata": {"name": "team-z", "annotations": {RENAME_TO: "openshift-evil"}},
+                }),
+                "identity-namespaces.hcp-fleet.openshift.io",
+                "namespace \"openshift-evil\"",
+            ),
+        ];
+        for (object, guard, named) in renamed {
+            let (ok, out) = kubectl_stdin(
+                &bed,
+                &["--as=alice", "create", "--dry-run=server", "-f", "-"],
+                &object.to_string(),
+            );
+            assert!(
+                !ok && out.contains(&by(guard)) && out.contains(named),
+                "{engine:?}: created under another name, renamed to {named} by the tenant: {out}"
+            );
+        }
+        mapi.delete("tenant-renamer", &Default::default())
+            .await
+            .expect("delete the renaming webhook");
+        mutator.abort();
+    }
 }

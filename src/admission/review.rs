@@ -80,6 +80,33 @@ pub struct Request {
     pub dry_run: Option<bool>,
 }
 
+impl Request {
+    /// Every name this request is about: the object's as it will be stored (CREATE and
+    /// UPDATE, after every mutating admission, the tenant's own included), the old object's
+    /// (UPDATE and DELETE: each object of a collection delete, whose request names none), and
+    /// the name the client asked for. A guard that protects names judges all of them: the
+    /// name asked for, before mutation, can only add a denial, never take one away.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        fn of(o: Option<&Value>) -> Option<&str> {
+            o.and_then(|o| o["metadata"]["name"].as_str())
+        }
+        [
+            of(self.object.as_ref()),
+            of(self.old_object.as_ref()),
+            self.name.as_deref(),
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|n| !n.is_empty())
+    }
+
+    /// The name to show for this request: the stored object's (the new one, else the old
+    /// one), else the name asked for.
+    pub fn stored_name(&self) -> &str {
+        self.names().next().unwrap_or_default()
+    }
+}
+
 /// The envelope of a review, decoded straight into types: no `Value` is built for the
 /// envelope or the request (only for the objects the guards read).
 #[derive(Deserialize)]

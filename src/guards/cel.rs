@@ -58,6 +58,21 @@ pub fn message(template: &str, values: &[(&str, &str)]) -> String {
     }
 }
 
+/// `Request::names` in CEL: the stored object's name, the old object's, the name asked for
+/// (each where present and not empty), as a list. A request without a name (a collection
+/// delete's, a create by `generateName`) has no `name` key at all in a real server's CEL
+/// (`no such key: name`), so every read of it asks `has` first.
+pub(crate) const NAMES: &str = "((object != null && has(object.metadata) && has(object.metadata.name) && object.metadata.name != '' ? [object.metadata.name] : []) + (oldObject != null && has(oldObject.metadata) && has(oldObject.metadata.name) && oldObject.metadata.name != '' ? [oldObject.metadata.name] : []) + (has(request.name) && request.name != '' ? [request.name] : []))";
+
+/// `Request::stored_name` in CEL.
+pub(crate) const STORED_NAME: &str = "(object != null && has(object.metadata) && has(object.metadata.name) && object.metadata.name != '' ? object.metadata.name : (oldObject != null && has(oldObject.metadata) && has(oldObject.metadata.name) && oldObject.metadata.name != '' ? oldObject.metadata.name : (has(request.name) ? request.name : '')))";
+
+/// Some name of the request (`NAMES`) matches one of `patterns` (`matches_any`); `None` when
+/// there is no pattern.
+pub(crate) fn any_name_matches(patterns: &[String]) -> Option<String> {
+    matches_any("n", patterns).map(|m| format!("{NAMES}.exists(n, {m})"))
+}
+
 pub(crate) fn group_is(g: &str) -> String {
     format!("request.resource.group == {}", string(g))
 }

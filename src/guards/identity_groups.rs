@@ -27,23 +27,6 @@ pub static ROW: BuiltinRow = BuiltinRow {
     only_labelled: None,
 };
 
-/// The name of the object a request is about: on a create with `generateName` the request's
-/// name is empty and the object's carries the generated one.
-pub(crate) fn object_name(req: &Request) -> String {
-    match req.name.as_deref().filter(|n| !n.is_empty()) {
-        Some(n) => n.to_string(),
-        None => req
-            .object
-            .as_ref()
-            .and_then(|o| o["metadata"]["name"].as_str())
-            .unwrap_or_default()
-            .to_string(),
-    }
-}
-
-/// `object_name` in CEL.
-pub(crate) const CEL_OBJECT_NAME: &str = "(request.name != '' ? request.name : (object != null && has(object.metadata) && has(object.metadata.name) ? object.metadata.name : ''))";
-
 fn verb(op: &str) -> &'static str {
     match op {
         "CREATE" => "creating",
@@ -65,22 +48,24 @@ impl Guard for IdentityGroups {
         if req.resource.group != "user.openshift.io" || req.resource.resource != "groups" {
             return Decision::allow();
         }
-        let name = object_name(req);
-        if !s.exempt_groups.contains(&name) {
+        // The Group as it will be stored: a tenant's mutation may rename it after the name
+        // in the request was chosen, and a collection delete names none.
+        let Some(name) = req.names().find(|n| s.exempt_groups.iter().any(|g| g == n)) else {
             return Decision::allow();
-        }
+        };
         Decision::deny(denial::fill(
             denial::IDENTITY_GROUP,
-            &[("verb", verb(&req.operation)), ("name", &name)],
+            &[("verb", verb(&req.operation)), ("name", name)],
         ))
     }
 
     fn cel(&self, a: &Settings) -> Option<CelForm> {
         Some(CelForm {
             expression: format!(
-                "!({} && {}) || !({CEL_OBJECT_NAME} in {})",
+                "!({} && {}) || !({}.exists(n, n in {}))",
                 cel::group_is("user.openshift.io"),
                 cel::resource_is("groups"),
+                cel::NAMES,
                 cel::list(&a.exempt_groups)
             ),
             message: cel::message(
@@ -90,7 +75,7 @@ impl Guard for IdentityGroups {
                         "verb",
                         "request.operation == 'CREATE' ? 'creating' : (request.operation == 'DELETE' ? 'deleting' : 'changing')",
                     ),
-                    ("name", CEL_OBJECT_NAME),
+                    ("name", cel::STORED_NAME),
                 ],
             ),
         })
@@ -141,6 +126,26 @@ impl Guard for IdentityGroups {
                 group("DELETE", "osd-sre-admins"),
             )
             .objects(Value::Null, obj("osd-sre-admins", &["sre"])),
+            // The tenant's own mutating policy or webhook renamed it after the name in the
+            // request was chosen: what will be stored decides.
+            Case::new(
+                "create an exempt Group renamed by the tenant's mutation",
+                Deny,
+                group("CREATE", "team-a"),
+            )
+            .objects(obj("osd-sre-cluster-admins", &["alice"]), Value::Null),
+            Case::new(
+                "a collection delete reaching an exempt Group",
+                Deny,
+                group("DELETE", ""),
+            )
+            .objects(Value::Null, obj("osd-sre-admins", &["sre"])),
+            Case::new(
+                "a collection delete reaching a Group of one's own",
+                Allow,
+                group("DELETE", ""),
+            )
+            .objects(Value::Null, obj("team-a", &["alice"])),
             Case::new(
                 "join an exempt Group as a service account",
                 Deny,

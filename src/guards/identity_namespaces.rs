@@ -13,7 +13,6 @@ use serde_json::{Value, json};
 use super::Settings;
 use super::canary::Canary;
 use super::case::{Case, Want};
-use super::identity_groups::{CEL_OBJECT_NAME, object_name};
 use super::{CelForm, Guard, Scope, cel, matches};
 use crate::admission::review::{Decision, Request};
 use crate::catalogue::{BuiltinRow, Mode, WebhookKind, denial, rule};
@@ -96,14 +95,11 @@ impl Guard for IdentityNamespaces {
         let ns = req.namespace.clone().unwrap_or_default();
         let what = match (req.resource.resource.as_str(), sub) {
             ("namespaces", "") => {
-                let name = object_name(req);
-                if !matches(&reserved, &name) {
+                // The namespace as it will be stored (a tenant's mutation may rename it).
+                let Some(name) = req.names().find(|n| matches(&reserved, n)) else {
                     return Decision::allow();
-                }
-                return Decision::deny(denial::fill(
-                    denial::IDENTITY_NAMESPACE,
-                    &[("name", &name)],
-                ));
+                };
+                return Decision::deny(denial::fill(denial::IDENTITY_NAMESPACE, &[("name", name)]));
             }
             ("serviceaccounts", "") => "creating a service account",
             ("serviceaccounts", "token") => "requesting a service account token",
@@ -125,8 +121,7 @@ impl Guard for IdentityNamespaces {
 
     fn cel(&self, a: &Settings) -> Option<CelForm> {
         let reserved = reserved_namespaces(&a.exempt_namespaces, &a.exempt_users, &a.exempt_groups);
-        let name_reserved =
-            cel::matches_any(CEL_OBJECT_NAME, &reserved).unwrap_or_else(|| "false".into());
+        let name_reserved = cel::any_name_matches(&reserved).unwrap_or_else(|| "false".into());
         let ns_reserved = cel::matches_any("request.namespace", &reserved)
             .map(|m| format!("(has(request.namespace) && ({m}))"))
             .unwrap_or_else(|| "false".into());
@@ -147,7 +142,7 @@ impl Guard for IdentityNamespaces {
             ),
             message: format!(
                 "request.resource.resource == 'namespaces' ? ({}) : ({})",
-                cel::message(denial::IDENTITY_NAMESPACE, &[("name", CEL_OBJECT_NAME)]),
+                cel::message(denial::IDENTITY_NAMESPACE, &[("name", cel::STORED_NAME)]),
                 cel::message(
                     denial::IDENTITY_TOKEN,
                     &[("what", &what), ("namespace", "request.namespace")]
@@ -186,6 +181,7 @@ impl Guard for IdentityNamespaces {
             Case::new("create hypershift (an exempt service account's namespace)", Deny, create_ns("hypershift")).objects(ns_obj("hypershift", json!({})), Value::Null),
             Case::new("create openshift-… by generateName", Deny, create_ns("")).objects(ns_obj("openshift-k2x9q", json!({})), Value::Null),
             Case::new("create a team namespace", Allow, create_ns("team-a")).objects(ns_obj("team-a", json!({})), Value::Null),
+            Case::new("create a namespace the tenant's mutation renamed to openshift-…", Deny, create_ns("team-a")).objects(ns_obj("openshift-evil", json!({})), Value::Null),
             Case::new("create a namespace that only contains a reserved prefix", Allow, create_ns("my-openshift-x")).objects(ns_obj("my-openshift-x", json!({})), Value::Null),
             Case::new("a service account in openshift-x", Deny, sa("bot")).namespaced("openshift-x").objects(json!({"metadata": {"name": "bot"}}), Value::Null),
             Case::new("a service account in kube-system", Deny, sa("bot")).namespaced("kube-system").objects(json!({"metadata": {"name": "bot"}}), Value::Null),

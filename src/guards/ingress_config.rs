@@ -34,7 +34,7 @@ impl Guard for IngressConfig {
         if req.resource.group != "config.openshift.io" || req.resource.resource != "ingresses" {
             return Decision::allow();
         }
-        let name = req.name.clone().unwrap_or_default();
+        let name = req.stored_name();
         if req.operation == "UPDATE" && unchanged(req, |o| o["spec"].clone()) {
             return Decision::allow();
         }
@@ -45,7 +45,7 @@ impl Guard for IngressConfig {
         };
         Decision::deny(denial::fill(
             denial::INGRESS_CONFIG,
-            &[("verb", verb), ("name", &name)],
+            &[("verb", verb), ("name", name)],
         ))
     }
 
@@ -61,7 +61,7 @@ impl Guard for IngressConfig {
                 denial::INGRESS_CONFIG,
                 &[
                     ("verb", &cel::verb("deleting", "changing the spec of")),
-                    ("name", "request.name"),
+                    ("name", cel::STORED_NAME),
                 ],
             ),
         })
@@ -84,6 +84,12 @@ impl Guard for IngressConfig {
             Case::new("add a spec", Deny, ing("UPDATE"))
                 .objects(domain("b"), spec_obj(Value::Null, json!({}))),
             Case::new("delete", Deny, ing("DELETE")).objects(Value::Null, domain("a")),
+            Case::new(
+                "a collection delete",
+                Deny,
+                ("DELETE", "config.openshift.io", "ingresses", ""),
+            )
+            .objects(Value::Null, domain("a")),
             Case::new("create", Deny, ing("CREATE")).objects(domain("a"), Value::Null),
             Case::new("relabel, spec unchanged", Allow, ing("UPDATE")).objects(
                 spec_obj(json!({"domain": "a"}), json!({"x": "y"})),

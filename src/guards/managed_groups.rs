@@ -1,6 +1,8 @@
 //! The API groups of the managed service's own operators are theirs: regular users may not
 //! create, change or delete anything in them.
 
+use serde_json::{Value, json};
+
 use super::Settings;
 use super::case::{Case, Want};
 use super::{CelForm, Guard, cel};
@@ -74,6 +76,23 @@ impl Guard for ManagedGroups {
                 ("DELETE", MANAGED_API_GROUPS[1], "upgradeconfigs", "x"),
             )
             .namespaced("team-a"),
+            Case::new(
+                "update in a managed group",
+                Deny,
+                ("UPDATE", managed, "things", "x"),
+            )
+            .namespaced("team-a")
+            .objects(
+                json!({"metadata": {"name": "x"}, "spec": {"b": 1}}),
+                json!({"metadata": {"name": "x"}, "spec": {"a": 1}}),
+            ),
+            Case::new(
+                "a collection delete in a managed group",
+                Deny,
+                ("DELETE", MANAGED_API_GROUPS[1], "upgradeconfigs", ""),
+            )
+            .namespaced("team-a")
+            .objects(Value::Null, json!({"metadata": {"name": "x"}})),
             Case::new(
                 "another group",
                 Allow,

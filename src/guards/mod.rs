@@ -168,6 +168,40 @@ mod tests {
         }
     }
 
+    /// Every operation a guard's rules send it has a case, and where DELETE is among them, a
+    /// collection delete: the API server sends one DELETE per object with no name in the
+    /// request, the object in `oldObject`, so a guard that judged the request's name alone
+    /// would let every protected object of a collection go.
+    #[test]
+    fn every_guard_has_a_case_for_each_operation_it_receives_and_for_collection_deletes() {
+        for g in ALL {
+            let cases = g.cases();
+            let ops: BTreeSet<&str> = g
+                .row()
+                .rules
+                .iter()
+                .flat_map(|r| r.operations.iter().copied())
+                .collect();
+            for op in &ops {
+                assert!(
+                    cases.iter().any(|c| c.op == *op),
+                    "{}: no case for {op}",
+                    g.row().name
+                );
+            }
+            if ops.contains("DELETE") {
+                assert!(
+                    cases.iter().any(|c| c.op == "DELETE"
+                        && c.name.is_empty()
+                        && c.want == Want::Deny
+                        && c.old["metadata"]["name"].is_string()),
+                    "{}: no collection delete (DELETE, no name, the object in oldObject) it denies",
+                    g.row().name
+                );
+            }
+        }
+    }
+
     /// The Rust decision of every guard, through the admission service's `decide` (exemptions
     /// and mode included), is what each guard's table says.
     #[test]

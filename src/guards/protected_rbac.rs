@@ -1,6 +1,8 @@
 //! The cluster's built-in ClusterRoles and ClusterRoleBindings (and the configured ones) may
 //! not be deleted: the platform's own access and the dedicated-admin roles hang on them.
 
+use serde_json::{Value, json};
+
 use super::Settings;
 use super::canary::Canary;
 use super::case::{Case, Want};
@@ -36,10 +38,9 @@ impl Guard for ProtectedRbac {
         {
             return Decision::allow();
         }
-        let name = req.name.clone().unwrap_or_default();
-        if !matches(&s.protected_cluster_roles, &name) {
+        let Some(name) = req.names().find(|n| matches(&s.protected_cluster_roles, n)) else {
             return Decision::allow();
-        }
+        };
         let kind = if res == "clusterroles" {
             "ClusterRole"
         } else {
@@ -47,13 +48,13 @@ impl Guard for ProtectedRbac {
         };
         Decision::deny(denial::fill(
             denial::PROTECTED_RBAC,
-            &[("kind", kind), ("name", &name)],
+            &[("kind", kind), ("name", name)],
         ))
     }
 
     fn cel(&self, a: &Settings) -> Option<CelForm> {
-        let protected = cel::matches_any("request.name", &a.protected_cluster_roles)
-            .unwrap_or_else(|| "false".into());
+        let protected =
+            cel::any_name_matches(&a.protected_cluster_roles).unwrap_or_else(|| "false".into());
         Some(CelForm {
             expression: format!(
                 "request.operation != 'DELETE' || !({}) || !(request.resource.resource in ['clusterroles', 'clusterrolebindings']) || !({protected})",
@@ -66,7 +67,7 @@ impl Guard for ProtectedRbac {
                         "kind",
                         "request.resource.resource == 'clusterroles' ? 'ClusterRole' : 'ClusterRoleBinding'",
                     ),
-                    ("name", "request.name"),
+                    ("name", cel::STORED_NAME),
                 ],
             ),
         })
@@ -112,6 +113,26 @@ impl Guard for ProtectedRbac {
                 Allow,
                 rbac("DELETE", "clusterroles", "my-role"),
             ),
+            // A collection delete reaches admission once per object, with no name in the
+            // request: the object deleted is the old object.
+            Case::new(
+                "a collection delete reaching a protected ClusterRole",
+                Deny,
+                rbac("DELETE", "clusterroles", ""),
+            )
+            .objects(Value::Null, json!({"metadata": {"name": "cluster-admin"}})),
+            Case::new(
+                "a collection delete reaching a protected ClusterRoleBinding",
+                Deny,
+                rbac("DELETE", "clusterrolebindings", ""),
+            )
+            .objects(Value::Null, json!({"metadata": {"name": "admin"}})),
+            Case::new(
+                "a collection delete reaching an unprotected ClusterRole",
+                Allow,
+                rbac("DELETE", "clusterroles", ""),
+            )
+            .objects(Value::Null, json!({"metadata": {"name": "my-role"}})),
             Case::new(
                 "update a protected ClusterRole",
                 Allow,

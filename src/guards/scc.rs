@@ -31,13 +31,14 @@ impl Guard for Scc {
     }
 
     fn decide(&self, req: &Request, _: &Settings) -> Decision {
-        let name = req.name.clone().unwrap_or_default();
         if req.resource.group != "security.openshift.io"
             || req.resource.resource != "securitycontextconstraints"
-            || !DEFAULT_SCCS.contains(&name.as_str())
         {
             return Decision::allow();
         }
+        let Some(name) = req.names().find(|n| DEFAULT_SCCS.contains(n)) else {
+            return Decision::allow();
+        };
         // Metadata-only updates (labels, annotations) are harmless.
         let without_metadata = |o: &Value| {
             let mut v = o.clone();
@@ -54,10 +55,7 @@ impl Guard for Scc {
         } else {
             "changing"
         };
-        Decision::deny(denial::fill(
-            denial::SCC,
-            &[("verb", verb), ("name", &name)],
-        ))
+        Decision::deny(denial::fill(denial::SCC, &[("verb", verb), ("name", name)]))
     }
 
     fn cel(&self, _: &Settings) -> Option<CelForm> {
@@ -68,16 +66,17 @@ impl Guard for Scc {
             && dyn(oldObject).all(k, k == 'metadata' || k in dyn(object))";
         Some(CelForm {
             expression: format!(
-                "!({} && {}) || !(request.name in {}) || (request.operation == 'UPDATE' && {unchanged})",
+                "!({} && {}) || !({NAMES}.exists(n, n in {})) || (request.operation == 'UPDATE' && {unchanged})",
                 cel::group_is("security.openshift.io"),
                 cel::resource_is("securitycontextconstraints"),
-                cel::list(DEFAULT_SCCS)
+                cel::list(DEFAULT_SCCS),
+                NAMES = cel::NAMES,
             ),
             message: cel::message(
                 denial::SCC,
                 &[
                     ("verb", &cel::verb("deleting", "changing")),
-                    ("name", "request.name"),
+                    ("name", cel::STORED_NAME),
                 ],
             ),
         })
@@ -139,6 +138,19 @@ impl Guard for Scc {
                 scc("custom", false, json!({})),
             ),
             Case::new("delete a custom SCC", Allow, sccr("DELETE", "custom")),
+            // A collection delete names no object in the request: the old object is the one.
+            Case::new(
+                "a collection delete reaching a default SCC",
+                Deny,
+                sccr("DELETE", ""),
+            )
+            .objects(Value::Null, scc(d, false, json!({}))),
+            Case::new(
+                "a collection delete reaching a custom SCC",
+                Allow,
+                sccr("DELETE", ""),
+            )
+            .objects(Value::Null, scc("custom", false, json!({}))),
         ]
     }
 }

@@ -480,7 +480,7 @@ mod tests {
                 "(request.resource.resource == 'clusterroles' ? 'ClusterRole' : 'ClusterRoleBinding')",
                 "'ClusterRole'",
             )
-            .replace("(request.name)", "'cluster-admin'")
+            .replace(&format!("({})", guards::cel::STORED_NAME), "'cluster-admin'")
             .split(" + ")
             .map(|lit| lit.trim_matches('\'').replace("\\'", "'"))
             .collect::<String>();
