@@ -19,6 +19,72 @@ pub(crate) fn subset(desired: &Value, live: &Value) -> bool {
     }
 }
 
+/// Where `live` does not say exactly what `desired` says, as dotted paths (`[i]` for a list
+/// entry): a rendered field missing or different, a list of another length, or a field the
+/// rendering does not have that is not a server default at its default value (`defaults`:
+/// the same shape as the object, a list's one element standing for each of its elements).
+/// Nothing here reads who wrote the difference: a field written under the agent's own field
+/// manager name, which any client can claim, is a difference like any other.
+/// `at` names the compared part in the paths.
+pub(crate) fn differences(
+    desired: &Value,
+    live: &Value,
+    defaults: &Value,
+    at: &str,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    diff_into(desired, live, defaults, at.to_string(), &mut out);
+    out
+}
+
+fn diff_into(desired: &Value, live: &Value, defaults: &Value, at: String, out: &mut Vec<String>) {
+    let key = |k: &str| {
+        if at.is_empty() {
+            k.to_string()
+        } else {
+            format!("{at}.{k}")
+        }
+    };
+    match (desired, live) {
+        (Value::Object(d), Value::Object(l)) => {
+            for (k, dv) in d {
+                match l.get(k) {
+                    Some(lv) => diff_into(dv, lv, &defaults[k.as_str()], key(k), out),
+                    None => out.push(key(k)),
+                }
+            }
+            for (k, lv) in l {
+                if d.contains_key(k) {
+                    continue;
+                }
+                // Absent from the rendering: only the server's default, at its value.
+                let dv = &defaults[k.as_str()];
+                if dv.is_null() || !default_holds(dv, lv) {
+                    out.push(key(k));
+                }
+            }
+        }
+        (Value::Array(d), Value::Array(l)) if d.len() == l.len() => {
+            for (i, (x, y)) in d.iter().zip(l).enumerate() {
+                diff_into(x, y, &defaults[0], format!("{at}[{i}]"), out);
+            }
+        }
+        _ if desired == live => {}
+        _ => out.push(at),
+    }
+}
+
+/// `live` is a field's server default as `default` describes it: the value itself, or for
+/// an object, only defaulted fields at their values.
+fn default_holds(default: &Value, live: &Value) -> bool {
+    match (default, live) {
+        (Value::Object(d), Value::Object(l)) => l
+            .iter()
+            .all(|(k, lv)| d.get(k).is_some_and(|dv| default_holds(dv, lv))),
+        _ => default == live,
+    }
+}
+
 /// The fields under `under` (top-level keys such as `spec`) that a field manager other than
 /// `ours` set on `live` and `ours` does not own, from its `metadata.managedFields`, each as
 /// `path (by manager)`. For an object the agent renders whole: a field it does not render but

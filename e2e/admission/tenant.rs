@@ -75,15 +75,44 @@ async fn a_tenants_tampering_with_a_guard_is_undone_counted_and_named() {
         serde_json::json!([v["spec"], v["webhooks"]])
     };
     let drift = |kind: &str| webhook_drift(&bed, kind);
+    // The same, written under the agent's own field manager name, which any client can
+    // claim (`kubectl --field-manager=hcp-fleet-agent`): the name proves nothing.
+    let agent = "hcp-fleet-agent";
+    let (spoofed, named): (Vec<_>, &str) = if policies {
+        (
+            vec![(
+                "ValidatingAdmissionPolicy",
+                rbac,
+                "excludeResourceRules added under the agent's name",
+                serde_json::json!({"spec": {"matchConstraints": {"excludeResourceRules": [{"operations": ["*"], "apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*"]}]}}}),
+            )],
+            "excludeResourceRules",
+        )
+    } else {
+        let vwc = hcp_fleet_agent::hosted::webhooks::VALIDATING_NAME;
+        (
+            vec![(
+                "ValidatingWebhookConfiguration",
+                vwc,
+                "an object selector merged in under the agent's name",
+                serde_json::json!({"webhooks": [{"name": rbac, "objectSelector": {"matchLabels": {"tenant": "off"}}}]}),
+            )],
+            "objectSelector",
+        )
+    };
     let (ok, out) = kubectl(&bed, DELETE_AS_ALICE);
     assert!(!ok && out.contains(PROTECTED), "guarded before: {out}");
     let mut took = Vec::new();
-    for (kind, name, what, patch) in cases {
+    let writes = cases
+        .into_iter()
+        .map(|c| (c, "tenant-admin"))
+        .chain(spoofed.into_iter().map(|c| (c, agent)));
+    for ((kind, name, what, patch), manager) in writes {
         let api = Api::<DynamicObject>::all_with(hosted.clone(), &resource(kind));
         let rendered = shape(&api.get(name).await.expect("installed"));
         let counted = drift(kind);
         let pp = PatchParams {
-            field_manager: Some("tenant-admin".into()),
+            field_manager: Some(manager.into()),
             ..Default::default()
         };
         api.patch(name, &pp, &Patch::Strategic(&patch))
@@ -156,6 +185,13 @@ async fn a_tenants_tampering_with_a_guard_is_undone_counted_and_named() {
         history
             .iter()
             .any(|m| m.contains("(by tenant-admin)") && m.contains("by someone else")),
+        "{history:?}"
+    );
+    // Under the agent's own name, the record names what differs.
+    assert!(
+        history
+            .iter()
+            .any(|m| m.contains(named) && m.contains("by someone else")),
         "{history:?}"
     );
     eprintln!(

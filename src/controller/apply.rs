@@ -81,6 +81,11 @@ pub(crate) enum Repair {
     /// never removes a field another manager owns, so a selector a tenant merged into a guard
     /// would stay.
     Whole(&'static [&'static str]),
+    /// Owned and compared whole (the hosted guard objects): any difference, whoever wrote it
+    /// (a client may claim the agent's own field manager name), is replaced by the rendering
+    /// at the resourceVersion read, then applied. An apply alone would keep a field written
+    /// under the agent's name by an `Update`, which is another managedFields entry.
+    Replace,
 }
 
 /// Applies only what differs from the live object (compared by `same(desired, live)` on their
@@ -121,9 +126,14 @@ where
     if same(&want, &have) {
         return Ok(Applied::Unchanged(live));
     }
-    if let Repair::Whole(under) = repair
-        && !crate::compare::foreign_fields(&have, FIELD_MANAGER, under).is_empty()
-    {
+    let replace = match repair {
+        Repair::Apply => false,
+        Repair::Whole(under) => {
+            !crate::compare::foreign_fields(&have, FIELD_MANAGER, under).is_empty()
+        }
+        Repair::Replace => true,
+    };
+    if replace {
         let params = PostParams {
             dry_run: false,
             field_manager: Some(FIELD_MANAGER.into()),

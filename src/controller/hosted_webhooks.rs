@@ -19,8 +19,9 @@ use kube::{Api, Client, ResourceExt};
 
 use super::apply::{Applied, Repair, apply_against, apply_or_delete, delete_if_present};
 
-/// Every hosted object the agent installs is its own whole (`objects::OWNED_WHOLE`).
-const WHOLE: Repair = Repair::Whole(objects::OWNED_WHOLE);
+/// Every hosted object the agent installs is its own whole, compared whole, and replaced when
+/// it differs (`Repair::Replace`).
+const WHOLE: Repair = Repair::Replace;
 use super::context::{Context, lock};
 use super::error::Failure;
 use super::proof::Proof;

@@ -333,8 +333,12 @@ impl DriftTask {
         if !drifted {
             return;
         }
-        // Who changed what, where the live object says (its managedFields).
-        let fields = live.as_ref().and_then(objects::foreign_summary);
+        // Who changed what, where the live object says (its managedFields); where it names no
+        // other manager (a client may claim the agent's own name), what differs.
+        let fields = live.as_ref().and_then(|l| {
+            objects::foreign_summary(l)
+                .or_else(|| crate::compare::summary(&objects::differences(&want, l)))
+        });
         warn!(kind, name = %name, what, fields = fields.as_deref().unwrap_or(""), "the agent's object in the hosted cluster drifted; repairing");
         self.metrics
             .drift

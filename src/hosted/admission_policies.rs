@@ -262,8 +262,9 @@ pub(crate) fn names_ours(webhooks: &[WebhookDefinition]) -> std::collections::BT
         .collect()
 }
 
+/// `webhooks::webhooks_match` for a policy or binding: its `spec` compared whole.
 pub(crate) fn spec_matches(desired: &Value, live: &Value) -> bool {
-    crate::compare::subset(&desired["spec"], &live["spec"])
+    super::objects::differences(desired, live).is_empty()
         && super::objects::metadata_matches(desired, live)
         && super::objects::foreign(live).is_empty()
 }

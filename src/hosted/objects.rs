@@ -157,6 +157,61 @@ pub(crate) fn metadata_matches(desired: &Value, live: &Value) -> bool {
     })
 }
 
+/// What an API server fills in on a webhook entry of a configuration that the rendering may
+/// leave out, at the value it fills in (admissionregistration.k8s.io/v1's defaults; seen on
+/// 1.20 and 1.36: `testdata/defaulted-*.json`). Any other field the rendering lacks is drift.
+pub(crate) static WEBHOOK_DEFAULTS: std::sync::LazyLock<Value> = std::sync::LazyLock::new(|| {
+    let selector = serde_json::json!({});
+    serde_json::json!({
+        "rules": [{"scope": "*"}],
+        "failurePolicy": "Fail",
+        "matchPolicy": "Equivalent",
+        "namespaceSelector": selector,
+        "objectSelector": selector,
+        "timeoutSeconds": 10,
+        "reinvocationPolicy": "Never",
+    })
+});
+
+/// The same for a ValidatingAdmissionPolicy's or binding's `spec`: one tree for both kinds
+/// (their fields do not overlap but for the selectors' shape).
+pub(crate) static SPEC_DEFAULTS: std::sync::LazyLock<Value> = std::sync::LazyLock::new(|| {
+    let matching = serde_json::json!({
+        "matchPolicy": "Equivalent",
+        "namespaceSelector": {},
+        "objectSelector": {},
+        "resourceRules": [{"scope": "*"}],
+    });
+    serde_json::json!({
+        "failurePolicy": "Fail",
+        "matchConstraints": matching,
+        "matchResources": matching,
+    })
+});
+
+/// Where a live configuration's `webhooks` or a live policy's or binding's `spec` differs
+/// from the rendering (`compare::differences`), whoever wrote it.
+pub(crate) fn differences(desired: &Value, live: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    if desired.get("webhooks").is_some() || live.get("webhooks").is_some() {
+        out.extend(crate::compare::differences(
+            &desired["webhooks"],
+            &live["webhooks"],
+            &serde_json::json!([*WEBHOOK_DEFAULTS]),
+            "webhooks",
+        ));
+    }
+    if desired.get("spec").is_some() || live.get("spec").is_some() {
+        out.extend(crate::compare::differences(
+            &desired["spec"],
+            &live["spec"],
+            &SPEC_DEFAULTS,
+            "spec",
+        ));
+    }
+    out
+}
+
 /// The part of a hosted object the agent renders whole, where a field it did not render is
 /// drift: a configuration's `webhooks`, a policy's or binding's `spec`.
 pub(crate) const OWNED_WHOLE: &[&str] = &["webhooks", "spec"];

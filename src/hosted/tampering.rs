@@ -110,6 +110,11 @@ fn policy_tamperings() -> Vec<Tampering> {
             &["auditAnnotations"],
             json!([{"key": "x", "valueExpression": "'y'"}]),
         ),
+        t(
+            "excludeResourceRules added",
+            &["matchConstraints", "excludeResourceRules"],
+            json!([{"operations": ["*"], "apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*"]}]),
+        ),
     ]
 }
 
@@ -152,6 +157,12 @@ fn fields(prefix: Vec<String>, path: &[&str]) -> Value {
     tree
 }
 
+/// The value at `path`, to tell a tampering that changes nothing (the rendered value written
+/// again: drift only by another manager's ownership, which the agent's claimed name hides).
+fn get<'a>(obj: &'a Value, path: &[&str]) -> &'a Value {
+    path.iter().fold(obj, |at, p| &at[*p])
+}
+
 fn set(obj: &mut Value, path: &[&str], value: Value) {
     let mut at = obj;
     for p in &path[..path.len() - 1] {
@@ -160,8 +171,19 @@ fn set(obj: &mut Value, path: &[&str], value: Value) {
     at[path[path.len() - 1]] = value;
 }
 
-fn tenant(fields_v1: Value) -> Value {
-    json!([{"manager": "tenant-admin", "operation": "Update", "fieldsV1": fields_v1}])
+/// Who writes a tampering: a tenant's own manager, or the agent's name claimed by a client
+/// (`?fieldManager=hcp-fleet-agent`), by update or by apply. The name proves nothing: each is
+/// drift alike.
+use crate::management::FIELD_MANAGER;
+
+const WRITERS: &[(&str, &str)] = &[
+    ("tenant-admin", "Update"),
+    (FIELD_MANAGER, "Update"),
+    (FIELD_MANAGER, "Apply"),
+];
+
+fn by((manager, operation): (&str, &str), fields_v1: Value) -> Value {
+    json!([{"manager": manager, "operation": operation, "fieldsV1": fields_v1}])
 }
 
 fn rendered(features: HostedFeatures) -> HostedWebhooks {
@@ -199,16 +221,33 @@ fn every_tampering_of_every_guards_webhook_is_drift() {
                 .expect("name")
                 .to_string();
             for tm in webhook_tamperings() {
+                let same = *get(&desired["webhooks"][i], tm.path) == tm.value;
+                for writer in WRITERS.iter().filter(|w| !same || w.0 != FIELD_MANAGER) {
+                    let mut live = desired.clone();
+                    set(&mut live["webhooks"][i], tm.path, tm.value.clone());
+                    live["metadata"]["managedFields"] = by(
+                        *writer,
+                        fields(
+                            vec!["f:webhooks".into(), format!("k:{{\"name\":\"{name}\"}}")],
+                            tm.path,
+                        ),
+                    );
+                    assert!(
+                        !webhooks::webhooks_match(&desired, &live),
+                        "{name}: {} by {writer:?} ({features:?}) not seen",
+                        tm.what
+                    );
+                }
+            }
+            // A rule's scope narrowed to namespaced objects: a cluster-scoped guard then
+            // matches nothing (the rendering leaves scope to the server's default, "*").
+            for writer in WRITERS {
                 let mut live = desired.clone();
-                set(&mut live["webhooks"][i], tm.path, tm.value.clone());
-                live["metadata"]["managedFields"] = tenant(fields(
-                    vec!["f:webhooks".into(), format!("k:{{\"name\":\"{name}\"}}")],
-                    tm.path,
-                ));
+                live["webhooks"][i]["rules"][0]["scope"] = json!("Namespaced");
+                live["metadata"]["managedFields"] = by(*writer, json!({}));
                 assert!(
                     !webhooks::webhooks_match(&desired, &live),
-                    "{name}: {} ({features:?}) not seen",
-                    tm.what
+                    "{name}: scope by {writer:?} not seen"
                 );
             }
         }
@@ -252,16 +291,79 @@ fn every_tampering_of_every_guards_policy_and_binding_is_drift() {
                 .expect("name")
                 .to_string();
             for tm in &tamperings {
-                let mut live = desired.clone();
-                set(&mut live["spec"], tm.path, tm.value.clone());
-                live["metadata"]["managedFields"] = tenant(fields(vec!["f:spec".into()], tm.path));
-                assert!(
-                    !admission_policies::spec_matches(&desired, &live),
-                    "{} {name}: {} not seen",
-                    desired["kind"],
-                    tm.what
-                );
+                let same = *get(&desired["spec"], tm.path) == tm.value;
+                for writer in WRITERS.iter().filter(|w| !same || w.0 != FIELD_MANAGER) {
+                    let mut live = desired.clone();
+                    set(&mut live["spec"], tm.path, tm.value.clone());
+                    live["metadata"]["managedFields"] =
+                        by(*writer, fields(vec!["f:spec".into()], tm.path));
+                    assert!(
+                        !admission_policies::spec_matches(&desired, &live),
+                        "{} {name}: {} by {writer:?} not seen",
+                        desired["kind"],
+                        tm.what
+                    );
+                }
+            }
+            if desired["spec"]["matchConstraints"]["resourceRules"].is_array() {
+                for writer in WRITERS {
+                    let mut live = desired.clone();
+                    live["spec"]["matchConstraints"]["resourceRules"][0]["resourceNames"] =
+                        json!(["nothing"]);
+                    live["metadata"]["managedFields"] = by(*writer, json!({}));
+                    assert!(
+                        !admission_policies::spec_matches(&desired, &live),
+                        "{name}: resourceNames by {writer:?} not seen"
+                    );
+                }
             }
         }
     }
+}
+
+/// The agent's objects as real servers store them (created from the rendering and read back:
+/// `testdata/stored-*.json`) are what was rendered, their defaults included; and the same
+/// stored objects tampered with under the agent's own manager name are not.
+#[test]
+fn stored_objects_of_real_servers_match_their_rendering_and_tampering_them_does_not() {
+    const STORED: &[&str] = &[
+        include_str!("testdata/stored-v1.20.2-webhooks.json"),
+        include_str!("testdata/stored-v1.36.2-webhooks.json"),
+        include_str!("testdata/stored-v1.36.2-policies.json"),
+    ];
+    let mut seen = 0;
+    for text in STORED {
+        let file: Value = serde_json::from_str(text).expect("stored objects parse");
+        let server = file["server"].as_str().unwrap_or_default();
+        for o in file["objects"].as_array().expect("objects") {
+            let (kind, name) = (o["kind"].as_str().unwrap_or_default(), &o["name"]);
+            let matches: fn(&Value, &Value) -> bool = if o["rendered"].get("webhooks").is_some() {
+                webhooks::webhooks_match
+            } else {
+                admission_policies::spec_matches
+            };
+            let (rendered, stored) = (&o["rendered"], &o["stored"]);
+            assert!(
+                matches(rendered, stored),
+                "{server} {kind} {name}: stored differs from the rendering: {:?}",
+                super::objects::differences(rendered, stored)
+            );
+            let mut tampered = stored.clone();
+            match tampered.get_mut("webhooks") {
+                Some(w) => w[0]["rules"][0]["scope"] = json!("Namespaced"),
+                None => tampered["spec"]["policyName"] = json!("tenant"),
+            }
+            if kind == "ValidatingAdmissionPolicy" {
+                tampered = stored.clone();
+                tampered["spec"]["matchConstraints"]["excludeResourceRules"] = json!([{"operations": ["*"], "apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*"]}]);
+            }
+            tampered["metadata"]["managedFields"] = by((FIELD_MANAGER, "Update"), json!({}));
+            assert!(
+                !matches(rendered, &tampered),
+                "{server} {kind} {name}: a tampering under the agent's name not seen"
+            );
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 2 + 2 + 20, "every stored object was checked");
 }

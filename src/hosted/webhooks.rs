@@ -269,19 +269,12 @@ pub fn render(
     })
 }
 
-/// Does the live object still say what we rendered? Compared on the fields we own, after the
-/// server's defaulting, so a defaulted field never counts as drift.
+/// Does the live object still say exactly what we rendered? Its `webhooks` compared whole
+/// (`objects::differences`: a field we did not render counts unless it is a server default at
+/// its default value), whoever wrote the difference; our labels and annotations there; and no
+/// field of it held by another field manager.
 pub(crate) fn webhooks_match(desired: &Value, live: &Value) -> bool {
-    let (Some(d), Some(l)) = (
-        desired.get("webhooks").and_then(Value::as_array),
-        live.get("webhooks").and_then(Value::as_array),
-    ) else {
-        return desired.get("webhooks").is_none() && live.get("webhooks").is_none();
-    };
-    d.len() == l.len()
-        && d.iter()
-            .zip(l)
-            .all(|(dw, lw)| crate::compare::subset(dw, lw))
+    super::objects::differences(desired, live).is_empty()
         && metadata_matches(desired, live)
         && foreign(live).is_empty()
 }
@@ -445,9 +438,14 @@ mod tests {
         let desired = serde_json::to_value(w.validating.expect("v")).expect("json");
         let mut live = desired.clone();
         live["metadata"]["resourceVersion"] = json!("42");
-        live["webhooks"][0]["clientConfig"]["service"] = Value::Null;
-        live["webhooks"][0]["extraDefault"] = json!(true);
+        // What a real server adds (the stored objects' test holds the whole of it).
+        assert!(desired["webhooks"][0]["rules"][0].get("scope").is_none());
+        live["webhooks"][0]["rules"][0]["scope"] = json!("*");
         assert!(webhooks_match(&desired, &live));
+        // A field the rendering lacks at a value other than the server's default is drift.
+        let mut scoped = live.clone();
+        scoped["webhooks"][0]["rules"][0]["scope"] = json!("Namespaced");
+        assert!(!webhooks_match(&desired, &scoped));
         let mut edited = live.clone();
         edited["webhooks"][0]["failurePolicy"] = json!("Fail");
         assert!(!webhooks_match(&desired, &edited));
@@ -455,7 +453,7 @@ mod tests {
         unlabelled["metadata"]["labels"] = json!({});
         assert!(!webhooks_match(&desired, &unlabelled));
         // A field the agent does not render, set by someone else, is drift too: the server
-        // defaulted `extraDefault` (no manager owns it), a tenant merged a selector in.
+        // defaulted `scope` (no manager owns it), a tenant merged a selector in.
         let name = desired["webhooks"][0]["name"]
             .as_str()
             .expect("name")
