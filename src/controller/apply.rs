@@ -147,7 +147,14 @@ where
             whole.meta_mut().resource_version = version.clone();
             match api.replace(name, &params, &whole).await {
                 Err(kube::Error::Api(s)) if s.code == 409 && attempt == 0 => {
-                    version = api.get(name).await?.meta().resource_version.clone();
+                    let fresh = api.get(name).await?;
+                    // Put back meanwhile (the drift task's immediate repair and a reconcile
+                    // race for the same object): nothing left to do.
+                    let now = serde_json::to_value(&fresh).map_err(kube::Error::SerdeError)?;
+                    if same(&want, &now) {
+                        return Ok(Applied::Unchanged(fresh));
+                    }
+                    version = fresh.meta().resource_version.clone();
                 }
                 other => {
                     other?;

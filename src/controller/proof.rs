@@ -225,10 +225,16 @@ mod tests {
     mod real_server {
         use super::*;
 
-        const TEXTS: &[(&str, &str)] = &[(
-            "v1.36.2",
-            include_str!("testdata/server-texts-v1.36.2.json"),
-        )];
+        const TEXTS: &[(&str, &str)] = &[
+            (
+                "v1.32.13",
+                include_str!("testdata/server-texts-v1.32.13.json"),
+            ),
+            (
+                "v1.36.2",
+                include_str!("testdata/server-texts-v1.36.2.json"),
+            ),
+        ];
 
         fn texts() -> Vec<(&'static str, serde_json::Value)> {
             TEXTS

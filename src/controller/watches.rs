@@ -96,6 +96,7 @@ fn drift_task(
         lost: None,
     };
     let hosted = hosted.clone();
+    let timeout = ctx.config().hosted_access.request_timeout();
     async move {
         let mut events = drift_events(hosted.service(), features);
         // While the connection is down, a look every RECOVERY_CHECK brings it back as soon
@@ -117,7 +118,11 @@ fn drift_task(
                 }
             };
             for change in task.changes(seen, &mut recovery) {
-                task.compare(change);
+                if let Some(fix) = task.compare(change) {
+                    // Boxed: inline, the repair's future would size this task for its whole
+                    // life, a thousand of them idle.
+                    Box::pin(repair_now(&hosted, fix, timeout)).await;
+                }
             }
         }
     }
@@ -298,8 +303,9 @@ impl DriftTask {
     }
 
     /// Compares one live object with what the agent applied: drift is counted, noted for the
-    /// health record, and the HCP queued for repair.
-    fn compare(&mut self, change: Change) {
+    /// health record, and the HCP queued for a reconcile (which reports it); where the agent
+    /// has installed what it wants, the object to put back at once (`repair_now`).
+    fn compare(&mut self, change: Change) -> Option<Fix> {
         let Change {
             kind,
             what,
@@ -312,7 +318,7 @@ impl DriftTask {
             .and_then(|d| d.object(kind, &name));
         // Not an object the agent renders (a tenant's, labelled like the agent's): nothing
         // to compare, and nothing of it kept.
-        let Some(want) = want else { return };
+        let want = want?;
         if kind == "ValidatingAdmissionPolicy"
             && let Some(l) = &live
             && let Ok(p) = serde_json::from_value::<ValidatingAdmissionPolicy>(l.clone())
@@ -331,7 +337,7 @@ impl DriftTask {
             None => true,
         };
         if !drifted {
-            return;
+            return None;
         }
         // Who changed what, where the live object says (its managedFields); where it names no
         // other manager (a client may claim the agent's own name), what differs.
@@ -344,11 +350,88 @@ impl DriftTask {
             .drift
             .get_or_create(&DriftLabels::new(&self.ns, &self.cluster, kind))
             .inc();
-        lock(&self.shared).drift_notes.push(match fields {
-            Some(f) => format!("{kind} {name} was {what} by someone else: {f}"),
-            None => format!("{kind} {name} was {what} by someone else"),
-        });
+        let applied = {
+            let mut shared = lock(&self.shared);
+            shared.drift_notes.push(match fields {
+                Some(f) => format!("{kind} {name} was {what} by someone else: {f}"),
+                None => format!("{kind} {name} was {what} by someone else"),
+            });
+            shared.applied
+        };
         self.requeue();
+        // Installed as wanted: put back at once, not behind whatever reconcile is in flight (a
+        // probe's wait, a slow server, an engine switch). Otherwise the reconcile installing
+        // the new rendering writes it.
+        applied.then_some(Fix { kind, name, want })
+    }
+}
+
+/// One drifted guard object to put back: its kind, name and what the agent wants of it
+/// (`Wanted::object`: labels, annotations and the part owned whole).
+struct Fix {
+    kind: &'static str,
+    name: String,
+    want: Value,
+}
+
+/// Puts one drifted object back as rendered, by its own path: replaced at the version read
+/// (or created), then applied, as the reconcile would (`Repair::Replace`). A failure is left
+/// to the reconcile queued beside it.
+async fn repair_now(hosted: &HostedClient, fix: Fix, timeout: std::time::Duration) {
+    use kube::api::{ApiResource, DynamicObject};
+    let Fix { kind, name, want } = fix;
+    let resource = match kind {
+        "ValidatingAdmissionPolicy" => ApiResource::erase::<ValidatingAdmissionPolicy>(&()),
+        "ValidatingAdmissionPolicyBinding" => {
+            ApiResource::erase::<ValidatingAdmissionPolicyBinding>(&())
+        }
+        "MutatingWebhookConfiguration" => ApiResource::erase::<MutatingWebhookConfiguration>(&()),
+        _ => ApiResource::erase::<ValidatingWebhookConfiguration>(&()),
+    };
+    let mut object = want;
+    object["apiVersion"] = Value::from(resource.api_version.clone());
+    object["kind"] = Value::from(kind);
+    object["metadata"]["name"] = Value::from(name.clone());
+    let desired: DynamicObject = match serde_json::from_value(object) {
+        Ok(d) => d,
+        Err(e) => {
+            warn!(kind, name = %name, error = %e, "the wanted object could not be read back; the reconcile repairs it");
+            return;
+        }
+    };
+    let api = Api::<DynamicObject>::all_with(hosted.client(), &resource);
+    let t0 = std::time::Instant::now();
+    let repaired = tokio::time::timeout(
+        timeout,
+        super::apply::apply_if_changed(
+            &api,
+            &name,
+            &desired,
+            matches_desired_any,
+            super::apply::Repair::Replace,
+        ),
+    )
+    .await;
+    match repaired {
+        Ok(Ok(_)) => {
+            info!(kind, name = %name, ms = t0.elapsed().as_millis() as u64, "drift repaired at once");
+        }
+        Ok(Err(e)) => {
+            warn!(kind, name = %name, error = %crate::human::KubeError(&e), "repairing at once failed; the reconcile repairs it");
+        }
+        Err(_) => {
+            warn!(kind, name = %name, "repairing at once got no answer in time; the reconcile repairs it");
+        }
+    }
+}
+
+/// `matches_desired` for an object of any of the four kinds (the part it owns whole says
+/// which).
+fn matches_desired_any(want: &Value, live: &Value) -> bool {
+    if want.get("webhooks").is_some() {
+        webhooks::webhooks_match(want, live)
+    } else {
+        admission_policies::spec_matches(want, live)
     }
 }
 
