@@ -227,6 +227,10 @@ mod tests {
 
         const TEXTS: &[(&str, &str)] = &[
             (
+                "v1.30.1",
+                include_str!("testdata/server-texts-v1.30.1.json"),
+            ),
+            (
                 "v1.32.13",
                 include_str!("testdata/server-texts-v1.32.13.json"),
             ),
