@@ -370,6 +370,47 @@ pub(crate) async fn tenant_mutator(
     (task, port, ca.cert_pem, dir)
 }
 
+/// `tenant_mutator(patch)`, registered in the hosted cluster as the MutatingWebhookConfiguration
+/// `name` for `rules` (failing closed, as a tenant who means it would): the server's task, its
+/// files, and the configurations' API to remove it with.
+pub(crate) async fn install_tenant_mutator(
+    hosted: &Client,
+    name: &str,
+    rules: serde_json::Value,
+    patch: fn(&serde_json::Value) -> serde_json::Value,
+) -> (
+    tokio::task::JoinHandle<()>,
+    tempfile::TempDir,
+    Api<k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration>,
+) {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    let (task, port, ca_pem, dir) = tenant_mutator(patch).await;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mwc: MutatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [{
+            "name": format!("{name}.tenant.example.com"),
+            "clientConfig": {
+                "url": format!("https://127.0.0.1:{port}/mutate"),
+                "caBundle": base64::Engine::encode(&b64, &ca_pem),
+            },
+            "rules": rules,
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "failurePolicy": "Fail",
+            "timeoutSeconds": 5,
+        }],
+    }))
+    .expect("configuration");
+    let api = Api::<MutatingWebhookConfiguration>::all(hosted.clone());
+    api.create(&PostParams::default(), &mwc)
+        .await
+        .expect("the tenant's mutating webhook");
+    (task, dir, api)
+}
+
 /// Each enforced guard is tried by its canary, one per probe round: a dry-run request it must
 /// deny, sent as a non-exempt user the agent grants just those requests. A guard that stops
 /// denying its canary (here a tenant's mutating webhook rewrites what the featuregate guard
@@ -379,7 +420,6 @@ pub(crate) async fn tenant_mutator(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guard_that_stops_denying_its_canary_is_named_noncompliant() {
     use hcp_fleet_agent::hosted::canary::RBAC_NAME;
-    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
     let mut cfg = through_the_service();
     cfg.probe_interval_seconds = 5;
     let planned = cfg
@@ -424,31 +464,13 @@ async fn a_guard_that_stops_denying_its_canary_is_named_noncompliant() {
     // The tenant's mutation: the featuregate guard sees no forbidden feature set any more.
     // It removes every FeatureGate's feature set on its way in: the guard never sees the
     // forbidden one, so it denies nothing.
-    let (mutator, port, ca_pem, _dir) =
-        tenant_mutator(|_| serde_json::json!([{"op": "remove", "path": "/spec/featureSet"}])).await;
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let mwc: MutatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": "tenant-feature-set"},
-        "webhooks": [{
-            "name": "feature-set.tenant.example.com",
-            "clientConfig": {
-                "url": format!("https://127.0.0.1:{port}/mutate"),
-                "caBundle": base64::Engine::encode(&b64, &ca_pem),
-            },
-            "rules": [{"operations": ["CREATE"], "apiGroups": ["config.openshift.io"], "apiVersions": ["v1"], "resources": ["featuregates"]}],
-            "sideEffects": "None",
-            "admissionReviewVersions": ["v1"],
-            "failurePolicy": "Fail",
-            "timeoutSeconds": 5,
-        }],
-    }))
-    .expect("configuration");
-    let mapi = Api::<MutatingWebhookConfiguration>::all(hosted.clone());
-    mapi.create(&PostParams::default(), &mwc)
-        .await
-        .expect("tenant mutating webhook");
+    let (mutator, _dir, mapi) = install_tenant_mutator(
+        &hosted,
+        "tenant-feature-set",
+        serde_json::json!([{"operations": ["CREATE"], "apiGroups": ["config.openshift.io"], "apiVersions": ["v1"], "resources": ["featuregates"]}]),
+        |_| serde_json::json!([{"op": "remove", "path": "/spec/featureSet"}]),
+    )
+    .await;
     let t0 = Instant::now();
     eventually(
         "e2e-probe NonCompliant, naming the featuregate guard",
@@ -503,7 +525,6 @@ const RENAME_TO: &str = "tenant.example.com/rename-to";
 /// stored, not the one the client asked for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn collection_deletes_and_a_tenants_renaming_are_judged_as_stored() {
-    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
     for engine in [GuardEngine::Webhook, GuardEngine::Policy] {
         if engine == GuardEngine::Policy
             && !support::serves(
@@ -559,41 +580,19 @@ async fn collection_deletes_and_a_tenants_renaming_are_judged_as_stored() {
         }
 
         // The tenant's renaming mutation, on Groups and namespaces.
-        let (mutator, port, ca_pem, _dir) = tenant_mutator(|object| {
-            match object["metadata"]["annotations"][RENAME_TO].as_str() {
-                Some(to) => {
-                    serde_json::json!([{"op": "replace", "path": "/metadata/name", "value": to}])
-                }
+        let (mutator, _dir, mapi) = install_tenant_mutator(
+            &hosted,
+            "tenant-renamer",
+            serde_json::json!([
+                {"operations": ["CREATE"], "apiGroups": ["user.openshift.io"], "apiVersions": ["v1"], "resources": ["groups"]},
+                {"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["namespaces"]},
+            ]),
+            |object| match object["metadata"]["annotations"][RENAME_TO].as_str() {
+                Some(to) => serde_json::json!([{"op": "replace", "path": "/metadata/name", "value": to}]),
                 None => serde_json::json!([]),
-            }
-        })
+            },
+        )
         .await;
-        let b64 = base64::engine::general_purpose::STANDARD;
-        let mwc: MutatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "MutatingWebhookConfiguration",
-            "metadata": {"name": "tenant-renamer"},
-            "webhooks": [{
-                "name": "renamer.tenant.example.com",
-                "clientConfig": {
-                    "url": format!("https://127.0.0.1:{port}/mutate"),
-                    "caBundle": base64::Engine::encode(&b64, &ca_pem),
-                },
-                "rules": [
-                    {"operations": ["CREATE"], "apiGroups": ["user.openshift.io"], "apiVersions": ["v1"], "resources": ["groups"]},
-                    {"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["namespaces"]},
-                ],
-                "sideEffects": "None",
-                "admissionReviewVersions": ["v1"],
-                "failurePolicy": "Fail",
-                "timeoutSeconds": 5,
-            }],
-        }))
-        .expect("configuration");
-        let mapi = Api::<MutatingWebhookConfiguration>::all(hosted.clone());
-        mapi.create(&PostParams::default(), &mwc)
-            .await
-            .expect("the tenant's renaming webhook");
         // The mutation is real: an exempt identity's object comes out renamed.
         eventually(
             "the tenant's mutation renames",
