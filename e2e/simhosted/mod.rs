@@ -520,6 +520,7 @@ impl SimCluster {
                     },
                     (Method::POST, []) => self.create(kind, &query, &body),
                     (Method::PATCH, [name]) => self.patch(kind, name, &body),
+                    (Method::PUT, [name]) => self.replace(kind, name, &body),
                     (Method::DELETE, [name]) => {
                         let mut s = self.store();
                         let key = (kind, name.to_string());
@@ -683,6 +684,32 @@ impl SimCluster {
             StatusCode::CREATED,
             stored.as_deref().unwrap_or(&Value::Null),
         )
+    }
+
+    /// A replace (PUT): the whole object, at the resourceVersion it names (a conflict where
+    /// the stored one is another), as a real server takes it; the agent repairs its hosted
+    /// objects so.
+    fn replace(&self, kind: Kind, name: &str, body: &Bytes) -> Response<Body> {
+        let Ok(mut whole) = serde_json::from_slice::<Value>(body) else {
+            return status(400, "BadRequest", "the body is not JSON");
+        };
+        match self.object(kind, name) {
+            None => return not_found(kind, name),
+            Some(o) => {
+                let asked = whole["metadata"]["resourceVersion"].as_str();
+                if asked.is_some_and(|rv| o["metadata"]["resourceVersion"].as_str() != Some(rv)) {
+                    return status(
+                        409,
+                        "Conflict",
+                        "the object has been modified; please apply your changes to the latest version and try again",
+                    );
+                }
+            }
+        }
+        // The whole object, as an apply of it is taken here.
+        whole = with_type(kind, whole);
+        let body = Bytes::from(serde_json::to_vec(&whole).unwrap_or_default());
+        self.patch(kind, name, &body)
     }
 
     fn patch(&self, kind: Kind, name: &str, body: &Bytes) -> Response<Body> {
