@@ -19,15 +19,12 @@ use kube::{Api, Client, ResourceExt};
 
 use super::apply::{Applied, Repair, apply_against, apply_or_delete, delete_if_present};
 
-/// Every hosted object the agent installs is its own whole, compared whole, and replaced when
-/// it differs (`Repair::Replace`).
-const WHOLE: Repair = Repair::Replace;
 use super::context::{Context, lock};
 use super::error::Failure;
 use super::proof::Proof;
 use super::scope::Scope;
 use super::{probe, watches};
-use crate::hosted::admission_policies::{self, Engine, spec_matches, type_warnings};
+use crate::hosted::admission_policies::{self, Engine, type_warnings};
 use crate::hosted::clients::HostedClient;
 use crate::hosted::objects::{self, HostedFeatures};
 use crate::hosted::wanted::Wanted;
@@ -378,7 +375,8 @@ pub async fn install(
         for p in &wanted.policies {
             let name = p.name_any();
             let live = take_named(&mut live_policies, &name);
-            let applied = apply_against(&papi, &name, p, live, spec_matches, WHOLE).await?;
+            let applied =
+                apply_against(&papi, &name, p, live, objects::matches, Repair::Replace).await?;
             wrote |= !matches!(applied, Applied::Unchanged(_));
             let live = applied.object();
             warnings.extend(
@@ -390,7 +388,8 @@ pub async fn install(
         for b in &wanted.bindings {
             let name = b.name_any();
             let live = take_named(&mut live_bindings, &name);
-            let applied = apply_against(&bapi, &name, b, live, spec_matches, WHOLE).await?;
+            let applied =
+                apply_against(&bapi, &name, b, live, objects::matches, Repair::Replace).await?;
             wrote |= !matches!(applied, Applied::Unchanged(_));
         }
         // The API server takes up to a second to compile what changed. Until it runs this
@@ -412,16 +411,16 @@ pub async fn install(
         &Api::<ValidatingWebhookConfiguration>::all(hosted.clone()),
         VALIDATING_NAME,
         desired.validating.as_ref(),
-        webhooks::webhooks_match,
-        WHOLE,
+        objects::matches,
+        Repair::Replace,
     )
     .await?;
     apply_or_delete(
         &Api::<MutatingWebhookConfiguration>::all(hosted.clone()),
         MUTATING_NAME,
         desired.mutating.as_ref(),
-        webhooks::webhooks_match,
-        WHOLE,
+        objects::matches,
+        Repair::Replace,
     )
     .await?;
     if !features.admission_policies {

@@ -333,7 +333,7 @@ impl DriftTask {
             }
         }
         let drifted = match &live {
-            Some(l) => !matches_desired(kind, &want, l),
+            Some(l) => !objects::matches(&want, l),
             None => true,
         };
         if !drifted {
@@ -407,7 +407,7 @@ async fn repair_now(hosted: &HostedClient, fix: Fix, timeout: std::time::Duratio
             &api,
             &name,
             &desired,
-            matches_desired_any,
+            objects::matches,
             super::apply::Repair::Replace,
         ),
     )
@@ -422,25 +422,6 @@ async fn repair_now(hosted: &HostedClient, fix: Fix, timeout: std::time::Duratio
         Err(_) => {
             warn!(kind, name = %name, "repairing at once got no answer in time; the reconcile repairs it");
         }
-    }
-}
-
-/// `matches_desired` for an object of any of the four kinds (the part it owns whole says
-/// which).
-fn matches_desired_any(want: &Value, live: &Value) -> bool {
-    if want.get("webhooks").is_some() {
-        webhooks::webhooks_match(want, live)
-    } else {
-        admission_policies::spec_matches(want, live)
-    }
-}
-
-fn matches_desired(kind: &str, want: &Value, live: &Value) -> bool {
-    match kind {
-        "ValidatingAdmissionPolicy" | "ValidatingAdmissionPolicyBinding" => {
-            admission_policies::spec_matches(want, live)
-        }
-        _ => webhooks::webhooks_match(want, live),
     }
 }
 

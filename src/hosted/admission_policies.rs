@@ -262,13 +262,6 @@ pub(crate) fn names_ours(webhooks: &[WebhookDefinition]) -> std::collections::BT
         .collect()
 }
 
-/// `webhooks::webhooks_match` for a policy or binding: its `spec` compared whole.
-pub(crate) fn spec_matches(desired: &Value, live: &Value) -> bool {
-    super::objects::differences(desired, live).is_empty()
-        && super::objects::metadata_matches(desired, live)
-        && super::objects::foreign(live).is_empty()
-}
-
 /// What the API server's type check (`status.typeChecking`, written by kube-controller-manager)
 /// found wrong in a policy's expressions, one line per warning.
 pub(crate) fn type_warnings(p: &ValidatingAdmissionPolicy) -> Vec<String> {

@@ -149,7 +149,7 @@ pub struct WebhookRenderError {
 }
 
 /// The labels and annotations rendered are on the live object with the same values.
-pub(crate) fn metadata_matches(desired: &Value, live: &Value) -> bool {
+fn metadata_matches(desired: &Value, live: &Value) -> bool {
     ["labels", "annotations"].iter().all(|field| {
         desired["metadata"][field]
             .as_object()
@@ -159,7 +159,7 @@ pub(crate) fn metadata_matches(desired: &Value, live: &Value) -> bool {
 
 /// What an API server fills in on a webhook entry of a configuration that the rendering may
 /// leave out, at the value it fills in (admissionregistration.k8s.io/v1's defaults; seen on
-/// 1.20 and 1.36: `testdata/defaulted-*.json`). Any other field the rendering lacks is drift.
+/// 1.20 and 1.36: `testdata/stored-*.json`). Any other field the rendering lacks is drift.
 pub(crate) static WEBHOOK_DEFAULTS: std::sync::LazyLock<Value> = std::sync::LazyLock::new(|| {
     let selector = serde_json::json!({});
     serde_json::json!({
@@ -210,6 +210,17 @@ pub(crate) fn differences(desired: &Value, live: &Value) -> Vec<String> {
         ));
     }
     out
+}
+
+/// Does a live hosted object (a webhook configuration, a policy or a binding) still say
+/// exactly what the agent rendered? The part it owns whole (`webhooks` or `spec`) compared
+/// whole (`differences`: a field the rendering lacks counts unless it is a server default at
+/// its value), whoever wrote the difference; its labels and annotations there; and no field of
+/// that part held by another field manager.
+pub(crate) fn matches(desired: &Value, live: &Value) -> bool {
+    differences(desired, live).is_empty()
+        && metadata_matches(desired, live)
+        && foreign(live).is_empty()
 }
 
 /// The part of a hosted object the agent renders whole, where a field it did not render is

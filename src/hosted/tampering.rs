@@ -5,8 +5,7 @@
 
 use serde_json::{Value, json};
 
-use super::admission_policies;
-use super::objects::HostedFeatures;
+use super::objects::{self, HostedFeatures};
 use super::webhooks::{self, HostedWebhooks};
 use crate::config::AgentConfig;
 
@@ -209,10 +208,7 @@ fn every_tampering_of_every_guards_webhook_is_drift() {
     ] {
         let desired =
             serde_json::to_value(rendered(features).validating.expect("validating")).expect("json");
-        assert!(
-            webhooks::webhooks_match(&desired, &desired),
-            "untouched matches"
-        );
+        assert!(objects::matches(&desired, &desired), "untouched matches");
         let entries = desired["webhooks"].as_array().expect("webhooks").len();
         assert!(entries >= 9, "every guard and the probe: {entries}");
         for i in 0..entries {
@@ -233,7 +229,7 @@ fn every_tampering_of_every_guards_webhook_is_drift() {
                         ),
                     );
                     assert!(
-                        !webhooks::webhooks_match(&desired, &live),
+                        !objects::matches(&desired, &live),
                         "{name}: {} by {writer:?} ({features:?}) not seen",
                         tm.what
                     );
@@ -246,7 +242,7 @@ fn every_tampering_of_every_guards_webhook_is_drift() {
                 live["webhooks"][i]["rules"][0]["scope"] = json!("Namespaced");
                 live["metadata"]["managedFields"] = by(*writer, json!({}));
                 assert!(
-                    !webhooks::webhooks_match(&desired, &live),
+                    !objects::matches(&desired, &live),
                     "{name}: scope by {writer:?} not seen"
                 );
             }
@@ -282,10 +278,7 @@ fn every_tampering_of_every_guards_policy_and_binding_is_drift() {
         ),
     ] {
         for desired in objects {
-            assert!(
-                admission_policies::spec_matches(&desired, &desired),
-                "untouched matches"
-            );
+            assert!(objects::matches(&desired, &desired), "untouched matches");
             let name = desired["metadata"]["name"]
                 .as_str()
                 .expect("name")
@@ -298,7 +291,7 @@ fn every_tampering_of_every_guards_policy_and_binding_is_drift() {
                     live["metadata"]["managedFields"] =
                         by(*writer, fields(vec!["f:spec".into()], tm.path));
                     assert!(
-                        !admission_policies::spec_matches(&desired, &live),
+                        !objects::matches(&desired, &live),
                         "{} {name}: {} by {writer:?} not seen",
                         desired["kind"],
                         tm.what
@@ -312,7 +305,7 @@ fn every_tampering_of_every_guards_policy_and_binding_is_drift() {
                         json!(["nothing"]);
                     live["metadata"]["managedFields"] = by(*writer, json!({}));
                     assert!(
-                        !admission_policies::spec_matches(&desired, &live),
+                        !objects::matches(&desired, &live),
                         "{name}: resourceNames by {writer:?} not seen"
                     );
                 }
@@ -337,29 +330,25 @@ fn stored_objects_of_real_servers_match_their_rendering_and_tampering_them_does_
         let server = file["server"].as_str().unwrap_or_default();
         for o in file["objects"].as_array().expect("objects") {
             let (kind, name) = (o["kind"].as_str().unwrap_or_default(), &o["name"]);
-            let matches: fn(&Value, &Value) -> bool = if o["rendered"].get("webhooks").is_some() {
-                webhooks::webhooks_match
-            } else {
-                admission_policies::spec_matches
-            };
             let (rendered, stored) = (&o["rendered"], &o["stored"]);
             assert!(
-                matches(rendered, stored),
+                objects::matches(rendered, stored),
                 "{server} {kind} {name}: stored differs from the rendering: {:?}",
-                super::objects::differences(rendered, stored)
+                objects::differences(rendered, stored)
             );
             let mut tampered = stored.clone();
-            match tampered.get_mut("webhooks") {
-                Some(w) => w[0]["rules"][0]["scope"] = json!("Namespaced"),
-                None => tampered["spec"]["policyName"] = json!("tenant"),
-            }
-            if kind == "ValidatingAdmissionPolicy" {
-                tampered = stored.clone();
-                tampered["spec"]["matchConstraints"]["excludeResourceRules"] = json!([{"operations": ["*"], "apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*"]}]);
+            match kind {
+                "ValidatingAdmissionPolicy" => {
+                    tampered["spec"]["matchConstraints"]["excludeResourceRules"] = json!([{"operations": ["*"], "apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*"]}]);
+                }
+                "ValidatingAdmissionPolicyBinding" => {
+                    tampered["spec"]["policyName"] = json!("tenant");
+                }
+                _ => tampered["webhooks"][0]["rules"][0]["scope"] = json!("Namespaced"),
             }
             tampered["metadata"]["managedFields"] = by((FIELD_MANAGER, "Update"), json!({}));
             assert!(
-                !matches(rendered, &tampered),
+                !objects::matches(rendered, &tampered),
                 "{server} {kind} {name}: a tampering under the agent's name not seen"
             );
             seen += 1;

@@ -267,14 +267,14 @@ mod tests {
             full["metadata"]["annotations"]
         );
         // The comparisons give the same answer on the whole rendering and the kept parts.
-        assert!(crate::hosted::webhooks::webhooks_match(&got, &full));
+        assert!(crate::hosted::objects::matches(&got, &full));
         let p = &d.policies.policies[0];
         let pname = p.metadata.name.clone().expect("name");
         let pw = w
             .object("ValidatingAdmissionPolicy", &pname)
             .expect("policy");
         let pfull = serde_json::to_value(p).expect("json");
-        assert!(crate::hosted::admission_policies::spec_matches(&pw, &pfull));
+        assert!(crate::hosted::objects::matches(&pw, &pfull));
         assert_eq!(
             w.names("ValidatingAdmissionPolicy").len(),
             d.policies.policies.len()

@@ -13,9 +13,8 @@ use serde_json::{Value, json};
 
 use super::admission_policies::{AdmissionPolicies, Engine};
 use super::objects::{
-    CLAIM_ANNOTATION, HostedFeatures, WebhookRenderError, failure_policy, foreign,
-    guarded_namespace_selector, guarded_object_selector, metadata_matches, owned_metadata,
-    rules_json,
+    CLAIM_ANNOTATION, HostedFeatures, WebhookRenderError, failure_policy,
+    guarded_namespace_selector, guarded_object_selector, owned_metadata, rules_json,
 };
 use crate::catalogue::PROBE_REVISION_LABEL;
 use crate::config::{AgentConfig, WebhookDefinition, WebhookKind};
@@ -269,16 +268,6 @@ pub fn render(
     })
 }
 
-/// Does the live object still say exactly what we rendered? Its `webhooks` compared whole
-/// (`objects::differences`: a field we did not render counts unless it is a server default at
-/// its default value), whoever wrote the difference; our labels and annotations there; and no
-/// field of it held by another field manager.
-pub(crate) fn webhooks_match(desired: &Value, live: &Value) -> bool {
-    super::objects::differences(desired, live).is_empty()
-        && metadata_matches(desired, live)
-        && foreign(live).is_empty()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -441,17 +430,17 @@ mod tests {
         // What a real server adds (the stored objects' test holds the whole of it).
         assert!(desired["webhooks"][0]["rules"][0].get("scope").is_none());
         live["webhooks"][0]["rules"][0]["scope"] = json!("*");
-        assert!(webhooks_match(&desired, &live));
+        assert!(crate::hosted::objects::matches(&desired, &live));
         // A field the rendering lacks at a value other than the server's default is drift.
         let mut scoped = live.clone();
         scoped["webhooks"][0]["rules"][0]["scope"] = json!("Namespaced");
-        assert!(!webhooks_match(&desired, &scoped));
+        assert!(!crate::hosted::objects::matches(&desired, &scoped));
         let mut edited = live.clone();
         edited["webhooks"][0]["failurePolicy"] = json!("Fail");
-        assert!(!webhooks_match(&desired, &edited));
+        assert!(!crate::hosted::objects::matches(&desired, &edited));
         let mut unlabelled = live.clone();
         unlabelled["metadata"]["labels"] = json!({});
-        assert!(!webhooks_match(&desired, &unlabelled));
+        assert!(!crate::hosted::objects::matches(&desired, &unlabelled));
         // A field the agent does not render, set by someone else, is drift too: the server
         // defaulted `scope` (no manager owns it), a tenant merged a selector in.
         let name = desired["webhooks"][0]["name"]
@@ -471,7 +460,7 @@ mod tests {
             &desired["webhooks"][0],
             &merged["webhooks"][0]
         ));
-        assert!(!webhooks_match(&desired, &merged));
+        assert!(!crate::hosted::objects::matches(&desired, &merged));
         let summary = foreign_summary(&merged).expect("named");
         assert!(
             summary.starts_with(&format!(
