@@ -32,19 +32,18 @@ die() { printf '[testbed-assets] error: %s\n' "$*" >&2; exit 1; }
 # tests install where the server accepts them. They are read from ../shared/crds/upstream (or
 # HCP_FLEET_UPSTREAM_CRDS) now, at asset time, and copied beside the binaries; the test bed
 # never reads ../shared itself, and without these files it uses the repository's own CRDs.
-# sync_upstream_crds DIR FILE...: copy those files into DIR/upstream-crds (when present).
+# sync_upstream_crds DIR: copy ACM's Policy CRDs (the older release's, without Pending, and
+# the current one) into DIR/upstream-crds (those present).
 sync_upstream_crds() {
   local dir="$1" src="${HCP_FLEET_UPSTREAM_CRDS:-$ROOT/../shared/crds/upstream}" f
-  shift
   [ -d "$src" ] || return 0
   mkdir -p "$dir/upstream-crds"
-  for f in "$@"; do
+  for f in policy.open-cluster-management.io_policies.yaml \
+    policy.open-cluster-management.io_policies-current.yaml; do
     [ -f "$src/$f" ] && cp -f "$src/$f" "$dir/upstream-crds/$f"
   done
   return 0
 }
-POLICY_CRD_FILE="policy.open-cluster-management.io_policies.yaml"
-POLICY_CRD_CURRENT_FILE="policy.open-cluster-management.io_policies-current.yaml"
 
 
 
@@ -72,7 +71,7 @@ cache_ok() { check_dir "$OUT" >/dev/null 2>&1 && [ "$(cat "$OUT/.recipe" 2>/dev/
 
 if cache_ok; then
   say "using cached assets in $OUT"
-  sync_upstream_crds "$OUT" "$POLICY_CRD_FILE" "$POLICY_CRD_CURRENT_FILE"
+  sync_upstream_crds "$OUT"
   printf '%s\n' "$OUT"
   exit 0
 fi
@@ -87,7 +86,7 @@ exec 9>"$CACHE_ROOT/.build.lock"
 if ! flock -n 9; then
   say "another build of the assets is running; waiting for it"
   flock 9
-  if cache_ok; then sync_upstream_crds "$OUT" "$POLICY_CRD_FILE" "$POLICY_CRD_CURRENT_FILE"; printf '%s\n' "$OUT"; exit 0; fi
+  if cache_ok; then sync_upstream_crds "$OUT"; printf '%s\n' "$OUT"; exit 0; fi
 fi
 
 export DEBIAN_FRONTEND=noninteractive
@@ -229,6 +228,6 @@ printf '%s\n' "$RECIPE" >"$OUT/.recipe"
 check_dir "$OUT" >&2 || die "assets in $OUT failed their check"
 # The source tree and GOPATH are large; the Go build cache stays for a faster rebuild.
 rm -rf "$WORK"
-sync_upstream_crds "$OUT" "$POLICY_CRD_FILE" "$POLICY_CRD_CURRENT_FILE"
+sync_upstream_crds "$OUT"
 say "assets ready in $OUT ($got)"
 printf '%s\n' "$OUT"

@@ -137,7 +137,7 @@ async fn write_health(
             ..o
         }]);
     }
-    let current = match live {
+    let mut current = match live {
         Some(c)
             if c.spec == desired.spec
                 && c.labels().get(reporting::CLUSTER_LABEL) == Some(&cluster.to_string()) =>
@@ -154,7 +154,6 @@ async fn write_health(
     // The status is written on the record as read: a record read from a store that lags (a
     // pause's start changed by someone since, say) must not be written over with what it
     // held. On a conflict it is read from the server and the status computed again, once.
-    let mut current = current;
     let mut reread = false;
     let next = loop {
         let next = next_status(&current, pass, &now);
