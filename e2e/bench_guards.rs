@@ -15,8 +15,15 @@
 //!   guard's object every 100 ms, then a tenant deleting it whenever it exists, while alice
 //!   sends the guarded request back to back: how many got through, and each repair's time.
 //!
+//! - a tenant's labelled objects (servers with admission policies): BENCH_LABELLED (default
+//!   300) ValidatingAdmissionPolicies of about 900 KiB each, carrying the agent's own label,
+//!   created by kubectl (this process never holds them); the process's RSS (the agent runs in
+//!   it) before them and at its peak while they are created and BENCH_TAMPER_RUNS deletions of
+//!   the guard's binding are repaired, and each repair's time, against the same repairs
+//!   without them.
+//!
 //! Environment: BENCH_TAMPER_RUNS (default 20), BENCH_RACE_TRIES (default 50),
-//! BENCH_SUSTAIN_SECONDS (default 30).
+//! BENCH_SUSTAIN_SECONDS (default 30), BENCH_LABELLED (default 300).
 
 // An e2e scenario reads as one story, set up, acted and checked in order: the 100-line and
 // seven-argument limits hold the shipped code in src/ (clippy.toml).
@@ -436,7 +443,105 @@ async fn run() -> Result<(), String> {
     );
     summary("time from the delete until the guard denied again", windows);
 
-    sustained(&hosted, &alice, policies, &hook).await
+    sustained(&hosted, &alice, policies, &hook).await?;
+    let kubeconfig = fleet
+        .hosted("hc-1")
+        .ok_or("no hc-1")?
+        .kubeconfig_path
+        .clone();
+    labelled(&hosted, &kubeconfig, policies, runs).await
+}
+
+/// The guard's binding deleted `runs` times, each timed until it is back as rendered.
+async fn binding_repairs(hosted: &Client, runs: usize) -> Result<Vec<Duration>, String> {
+    let api = Api::<DynamicObject>::all_with(
+        hosted.clone(),
+        &ApiResource::erase::<ValidatingAdmissionPolicyBinding>(&()),
+    );
+    let rendered = shape(&api.get(GUARD).await.map_err(e)?);
+    let mut took = Vec::new();
+    for _ in 0..runs {
+        api.delete(GUARD, &DeleteParams::default())
+            .await
+            .map_err(e)?;
+        took.push(
+            wait_for("repaired", Duration::from_secs(20), || {
+                let (api, rendered) = (api.clone(), rendered.clone());
+                async move { api.get(GUARD).await.is_ok_and(|o| shape(&o) == rendered) }
+            })
+            .await?,
+        );
+        // Let the reconcile each repair queues run too (it reads the guard objects again).
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    Ok(took)
+}
+
+/// A tenant's labelled objects (see the module's text): the agent reads its own by name, so
+/// none of them should cost it memory or repair time.
+async fn labelled(
+    hosted: &Client,
+    kubeconfig: &std::path::Path,
+    policies: bool,
+    runs: usize,
+) -> Result<(), String> {
+    if !policies {
+        println!(
+            "a tenant's labelled objects: skipped (this server serves no admission policies; the webhook configurations are read by name)"
+        );
+        return Ok(());
+    }
+    let n = env_num("BENCH_LABELLED", 300) as usize;
+    let without = binding_repairs(hosted, runs).await?;
+    // About 900 KiB each: resource names of 250 characters in a rule that matches nothing.
+    let names: Vec<String> = (0..3600)
+        .map(|i| format!("{i:06}-{}", "x".repeat(243)))
+        .collect();
+    let dir = tempfile::tempdir().map_err(e)?;
+    for i in 0..n {
+        let object = json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {
+                "name": format!("tenant-labelled-{i}"),
+                "labels": {hcp_fleet_agent::hosted::objects::OWNED_LABEL: "true"},
+            },
+            "spec": {
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": ["bench.example.com"], "apiVersions": ["v1"],
+                    "operations": ["CREATE"], "resources": ["widgets"],
+                    "resourceNames": names,
+                }]},
+                "validations": [{"expression": "true"}],
+            },
+        });
+        std::fs::write(dir.path().join(format!("{i}.json")), object.to_string()).map_err(e)?;
+    }
+    drop(names);
+    let rss = |field| support::proc_status_kib(std::process::id(), field) as f64 / 1024.0;
+    // The peak from here on (Linux: 5 resets VmHWM to the current RSS).
+    std::fs::write("/proc/self/clear_refs", "5").map_err(e)?;
+    let before = rss("VmRSS");
+    let t0 = Instant::now();
+    let dir_arg = dir.path().display().to_string();
+    let (ok, _, err) = support::kubectl_with(kubeconfig, &["create", "-f", &dir_arg]);
+    if !ok {
+        return Err(format!("kubectl create of the labelled objects: {err}"));
+    }
+    let created = t0.elapsed();
+    let with = binding_repairs(hosted, runs).await?;
+    let (after, peak) = (rss("VmRSS"), rss("VmHWM"));
+    println!(
+        "a tenant's labelled objects: {n} ValidatingAdmissionPolicies of about 900 KiB with the agent's label, created by kubectl in {:.1} s:",
+        created.as_secs_f64()
+    );
+    println!(
+        "  RSS of this process (the agent runs in it): {before:.1} MiB before; peak {peak:.1} MiB (+{:.1}) while they were created and {runs} deletions of the binding repaired; {after:.1} MiB after",
+        peak - before
+    );
+    summary("the binding deleted, until back: without them", without);
+    summary("the binding deleted, until back: with them", with);
+    Ok(())
 }
 
 /// Sends the guarded request as alice back to back until `stop`: (sent, got through).

@@ -552,6 +552,8 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
         "{subjects:?}"
     );
 
+    acm_enforcing_the_generated_policy_undoes_nothing(&admin, &binding, &as_addon).await;
+
     // An ACM template of the agent's kind, owned by a Policy as ACM's framework addon leaves
     // it: the agent must write its status and the compliance Event on that Policy.
     let parent: hcp_fleet_agent::crd::Policy = serde_json::from_value(json!({
@@ -987,5 +989,130 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
         ),
         Some(403),
         "any other secret of a klusterlet"
+    );
+}
+
+/// ACM's config-policy-controller enforcing the generated Policy (policies/policy.yaml, fresh
+/// by `committed_packaging_files_are_fresh`) on the template-sync binding while the agent runs,
+/// as `support::acm::enforce` plays it: the binding is placed `musthave`, so ACM never strips
+/// the subjects the agent adds. An older release's `mustonlyhave` (which did) is undone by the
+/// agent within seconds. Then 60 s of enforcement once a second, with one new addon account
+/// half-way: ACM writes nothing, the binding is written once (for the new account), and no
+/// addon account is ever refused its template kind.
+async fn acm_enforcing_the_generated_policy_undoes_nothing<F, Fut>(
+    admin: &Client,
+    binding: &str,
+    as_addon: &F,
+) where
+    F: Fn(&str) -> Fut,
+    Fut: std::future::Future<Output = Client>,
+{
+    use futures::StreamExt;
+    use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+    use kube::runtime::watcher;
+    let addon_sa = "governance-policy-framework-sa";
+    let templates = support::acm::object_templates(&support::acm::hub_objects());
+    let (ctype, template) = templates
+        .iter()
+        .find(|(_, o)| o["kind"] == "ClusterRoleBinding" && o["metadata"]["name"] == binding)
+        .expect("the generated Policy places the template-sync binding");
+    assert_eq!(ctype, "musthave", "{template}");
+    let crb = ApiResource::erase::<ClusterRoleBinding>(&());
+    let may_list = |ns: String| async move {
+        let client = as_addon(&ns).await;
+        Api::<hcp_fleet_agent::crd::AdmissionHealthPolicy>::namespaced(client, &ns)
+            .list(&ListParams::default())
+            .await
+            .is_ok()
+    };
+
+    // What an older release's Policy did: the chart's one subject, every other one gone.
+    assert!(
+        support::acm::enforce(admin, &crb, "mustonlyhave", template)
+            .await
+            .expect("enforce"),
+        "mustonlyhave strips the agent's subjects"
+    );
+    for ns in ["klusterlet-hc-a", "klusterlet-hc-b"] {
+        eventually(
+            &format!("{ns}'s subject put back after mustonlyhave"),
+            Duration::from_secs(10),
+            || async move {
+                if may_list(ns.to_string()).await {
+                    Ok(())
+                } else {
+                    Err("forbidden".to_string())
+                }
+            },
+        )
+        .await;
+    }
+
+    // The binding's writes from here on, counted by a watch.
+    let writes = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = {
+        let writes = writes.clone();
+        let api = Api::<ClusterRoleBinding>::all(admin.clone());
+        let cfg = watcher::Config::default().fields(&format!("metadata.name={binding}"));
+        tokio::spawn(async move {
+            let mut listed = false;
+            let mut events = std::pin::pin!(watcher(api, cfg));
+            while let Some(ev) = events.next().await {
+                match ev {
+                    Ok(watcher::Event::InitDone) => listed = true,
+                    Ok(watcher::Event::Apply(_)) if listed => {
+                        writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    _ => {}
+                }
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut acm_writes = 0;
+    let mut refused = Vec::new();
+    let t0 = std::time::Instant::now();
+    let mut added = false;
+    while t0.elapsed() < Duration::from_secs(60) {
+        if support::acm::enforce(admin, &crb, ctype, template)
+            .await
+            .expect("enforce")
+        {
+            acm_writes += 1;
+        }
+        for ns in ["klusterlet-hc-a", "klusterlet-hc-b"] {
+            if !may_list(ns.to_string()).await {
+                refused.push(format!("{ns} at {:?}", t0.elapsed()));
+            }
+        }
+        if !added && t0.elapsed() > Duration::from_secs(30) {
+            let ns = "klusterlet-hc-c";
+            hcp_fleet_agent::localcp::fixtures::ensure_namespace(admin, ns, Default::default())
+                .await
+                .expect("namespace");
+            let sa: k8s_openapi::api::core::v1::ServiceAccount =
+                serde_json::from_value(json!({"metadata": {"name": addon_sa}})).expect("sa");
+            Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(admin.clone(), ns)
+                .create(&PostParams::default(), &sa)
+                .await
+                .expect("the third addon's account");
+            added = true;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    counter.abort();
+    assert!(
+        may_list("klusterlet-hc-c".to_string()).await,
+        "the new account's subject"
+    );
+    assert_eq!(
+        acm_writes, 0,
+        "ACM found the binding as its Policy says, every time"
+    );
+    assert!(refused.is_empty(), "addon accounts refused: {refused:?}");
+    let n = writes.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        n, 1,
+        "the binding written once, for the one new account: {n}"
     );
 }

@@ -91,11 +91,11 @@ async fn repair_time(fleet: &hcp_fleet_agent::localcp::LocalFleet, cluster: &str
     t0.elapsed()
 }
 
-/// A tenant keeps 300 configurations of ~900 KiB in hc-1, labelled as the agent labels its
-/// own. An agent started with them in place peaks less than 64 MiB above an agent started
-/// without them, and still repairs a deleted guard within a second in hc-1 and in hc-2: the
-/// agent reads its configurations by name, and what a tenant can label passes through in
-/// pages it drops.
+/// A tenant keeps 300 objects of ~900 KiB in hc-1, labelled as the agent labels its own:
+/// ValidatingAdmissionPolicies where the server has them (the guards run as policies there),
+/// webhook configurations where not. An agent started with them in place peaks less than
+/// 64 MiB above an agent started without them, and still repairs a deleted guard in hc-1 and
+/// in hc-2: the agent reads every object of its own by name, never a tenant's by label.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_labelled_objects_cost_the_agent_nothing_it_keeps() {
     let (fleet, mgmt, _pods) = support::fleet_with_pods(2).await;
@@ -107,12 +107,39 @@ async fn a_tenants_labelled_objects_cost_the_agent_nothing_it_keeps() {
         .client()
         .await
         .expect("hc-1 client");
-    let vapi = Api::<ValidatingWebhookConfiguration>::all(hosted);
-    // ~900 KiB each: a CA bundle of that size (the API server does not parse it).
+    let policies = fleet
+        .version
+        .serves(hcp_fleet_agent::localcp::assets::Feature::AdmissionPolicies);
+    let vapi = Api::<ValidatingWebhookConfiguration>::all(hosted.clone());
+    let papi =
+        Api::<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy>::all(hosted);
+    // ~900 KiB each: a CA bundle of that size (the API server does not parse it); for a
+    // policy, resource names of 250 characters in a rule that matches nothing.
     let bundle = "A".repeat(TENANT_OBJECT_BYTES / 4 * 4);
+    let names: Vec<String> = (0..TENANT_OBJECT_BYTES / 256)
+        .map(|i| format!("{i:06}-{}", "x".repeat(243)))
+        .collect();
     let made = futures::stream::iter(0..TENANT_OBJECTS)
         .map(|i| {
-            let vapi = vapi.clone();
+            let (vapi, papi) = (vapi.clone(), papi.clone());
+            if policies {
+                let vap: k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy =
+                    serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": format!("tenant-{i:03}"), "labels": {OWNED_LABEL: "true"}},
+                    "spec": {
+                        "matchConstraints": {"resourceRules": [{
+                            "apiGroups": ["tenant.example.com"], "apiVersions": ["v1"],
+                            "operations": ["CREATE"], "resources": ["nothings"],
+                            "resourceNames": names,
+                        }]},
+                        "validations": [{"expression": "true"}],
+                    },
+                }))
+                .expect("policy");
+                return futures::FutureExt::boxed(async move {
+                    papi.create(&Default::default(), &vap).await.map(|_| ())
+                });
+            }
             let vwc: ValidatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
                 "apiVersion": "admissionregistration.k8s.io/v1",
                 "kind": "ValidatingWebhookConfiguration",
@@ -127,7 +154,9 @@ async fn a_tenants_labelled_objects_cost_the_agent_nothing_it_keeps() {
                 }],
             }))
             .expect("configuration");
-            async move { vapi.create(&Default::default(), &vwc).await.map(|_| ()) }
+            futures::FutureExt::boxed(async move {
+                vapi.create(&Default::default(), &vwc).await.map(|_| ())
+            })
         })
         .buffer_unordered(4)
         .collect::<Vec<_>>()

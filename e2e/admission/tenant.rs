@@ -194,6 +194,40 @@ async fn a_tenants_tampering_with_a_guard_is_undone_counted_and_named() {
             .any(|m| m.contains(named) && m.contains("by someone else")),
         "{history:?}"
     );
+    // Each tampering is an Event on the record too, naming the object, the fields and who.
+    let tampered = || async {
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(bed.mgmt.clone(), NS)
+            .list(&Default::default())
+            .await
+            .map(|l| {
+                l.items
+                    .into_iter()
+                    .filter(|e| {
+                        e.reason.as_deref() == Some("Tampered")
+                            && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                                == Some(HEALTH_NAME)
+                    })
+                    .filter_map(|e| e.note)
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    };
+    eventually("Tampered events", Duration::from_secs(10), || async {
+        let notes = tampered().await;
+        let tenant = notes
+            .iter()
+            .any(|n| n.contains("(by tenant-admin)") && n.contains("by someone else"));
+        let claimed = notes
+            .iter()
+            .any(|n| n.contains("under the agent's own field manager name") && n.contains(named));
+        // Bounded: ten a minute at most, however many tamperings (this test makes six).
+        if tenant && claimed && notes.len() <= 10 {
+            Ok(())
+        } else {
+            Err(format!("{notes:?}"))
+        }
+    })
+    .await;
     eprintln!(
         "tampering undone: {}",
         took.iter()

@@ -392,3 +392,162 @@ pub async fn hub_row(
         .ok_or("no details for the template")?;
     Ok((d.compliant.unwrap_or_default(), d.history))
 }
+
+/// Every object template of the ConfigurationPolicies in the hub objects (`hub_objects`):
+/// (complianceType, objectDefinition).
+pub fn object_templates(docs: &[serde_json::Value]) -> Vec<(String, serde_json::Value)> {
+    let mut out = Vec::new();
+    for policy in docs.iter().filter(|d| d["kind"] == "Policy") {
+        for t in policy["spec"]["policy-templates"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let def = &t["objectDefinition"];
+            if def["kind"] != "ConfigurationPolicy" {
+                continue;
+            }
+            for o in def["spec"]["object-templates"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                out.push((
+                    o["complianceType"]
+                        .as_str()
+                        .unwrap_or("musthave")
+                        .to_string(),
+                    o["objectDefinition"].clone(),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// What config-policy-controller makes of an existing value under an object template's
+/// value of the same key (open-cluster-management-io/config-policy-controller,
+/// `controllers/configurationpolicy_controller.go`, `mergeSpecs` and `mergeArrays`): maps are
+/// merged key by key (keys only the existing value has are kept); a list is, for
+/// `mustonlyhave`, the template's list; for `musthave`, the existing list with every template
+/// item that no existing item already holds (each template item matched at most once)
+/// appended; anything else is the template's value.
+pub fn merge_spec(
+    template: &serde_json::Value,
+    existing: &serde_json::Value,
+    ctype: &str,
+) -> serde_json::Value {
+    use serde_json::Value;
+    match (template, existing) {
+        (Value::Object(t), Value::Object(e)) => {
+            let mut out = e.clone();
+            for (k, tv) in t {
+                let merged = merge_spec(tv, e.get(k).unwrap_or(&Value::Null), ctype);
+                out.insert(k.clone(), merged);
+            }
+            Value::Object(out)
+        }
+        (Value::Array(t), Value::Array(e)) => {
+            if ctype == "mustonlyhave" {
+                return template.clone();
+            }
+            let mut out = e.clone();
+            let mut used = vec![false; e.len()];
+            for item in t {
+                let found = e
+                    .iter()
+                    .enumerate()
+                    .position(|(i, ex)| !used[i] && holds(item, ex));
+                match found {
+                    Some(i) => used[i] = true,
+                    None => out.push(item.clone()),
+                }
+            }
+            Value::Array(out)
+        }
+        _ => template.clone(),
+    }
+}
+
+/// Does `existing` hold every field of `template` at the same value (lists by items)?
+fn holds(template: &serde_json::Value, existing: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (template, existing) {
+        (Value::Object(t), Value::Object(e)) => t
+            .iter()
+            .all(|(k, v)| e.get(k).is_some_and(|ev| holds(v, ev))),
+        (Value::Array(t), Value::Array(e)) => t.iter().all(|tv| e.iter().any(|ev| holds(tv, ev))),
+        _ => template == existing,
+    }
+}
+
+/// Two values equal but for the order of list items (config-policy-controller's
+/// `equalObjWithSort` sorts lists before comparing).
+fn same_unordered(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| same_unordered(v, w)))
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            let mut used = vec![false; y.len()];
+            x.len() == y.len()
+                && x.iter().all(|v| {
+                    let hit = y
+                        .iter()
+                        .enumerate()
+                        .position(|(i, w)| !used[i] && same_unordered(v, w));
+                    hit.map(|i| used[i] = true).is_some()
+                })
+        }
+        _ => a == b,
+    }
+}
+
+/// One look of config-policy-controller, enforcing, at the cluster-scoped object one object
+/// template names: created when missing (`musthave`, `mustonlyhave`), deleted when present
+/// (`mustnothave`), else each top-level field but apiVersion, kind and metadata merged
+/// (`merge_spec`) and, if that changed anything, written back whole (an update). Returns
+/// whether it wrote.
+pub async fn enforce(
+    client: &Client,
+    resource: &kube::core::ApiResource,
+    ctype: &str,
+    template: &serde_json::Value,
+) -> Result<bool, kube::Error> {
+    use kube::api::{DynamicObject, PostParams};
+    let api = Api::<DynamicObject>::all_with(client.clone(), resource);
+    let name = template["metadata"]["name"].as_str().unwrap_or_default();
+    let Some(live) = api.get_opt(name).await? else {
+        if ctype == "mustnothave" {
+            return Ok(false);
+        }
+        let obj: DynamicObject =
+            serde_json::from_value(template.clone()).map_err(kube::Error::SerdeError)?;
+        api.create(&PostParams::default(), &obj).await?;
+        return Ok(true);
+    };
+    if ctype == "mustnothave" {
+        api.delete(name, &Default::default()).await?;
+        return Ok(true);
+    }
+    let mut whole = serde_json::to_value(&live).map_err(kube::Error::SerdeError)?;
+    let mut changed = false;
+    for (k, tv) in template.as_object().into_iter().flatten() {
+        if ["apiVersion", "kind", "metadata"].contains(&k.as_str()) {
+            continue;
+        }
+        let merged = merge_spec(tv, &whole[k.as_str()], ctype);
+        if !same_unordered(&merged, &whole[k.as_str()]) {
+            whole[k.as_str()] = merged;
+            changed = true;
+        }
+    }
+    if changed {
+        let obj: DynamicObject = serde_json::from_value(whole).map_err(kube::Error::SerdeError)?;
+        api.replace(name, &PostParams::default(), &obj).await?;
+    }
+    Ok(changed)
+}

@@ -169,14 +169,36 @@ pub fn parse_rendered(rendered: &str) -> Result<Vec<Value>, PackagingError> {
 
 /// Whether the Policy keeps an object exactly as rendered (`mustonlyhave`: a rule added to a
 /// Role, or a key to the configuration, is taken away again) or only requires the rendered
-/// fields (`musthave`: the API server defaults many fields of a Deployment or Service).
-fn compliance_type(kind: &str) -> &'static str {
+/// fields (`musthave`: the API server defaults many fields of a Deployment or Service). The
+/// template-sync binding (`sync_binding`) is `musthave`: the agent adds a subject there for
+/// every framework addon account (`controller::template_access`), which `mustonlyhave`
+/// would strip at every look, locking each hosted-mode addon out of its cluster's Policies.
+fn compliance_type(kind: &str, name: &str, sync_binding: Option<&str>) -> &'static str {
     match kind {
+        "ClusterRoleBinding" if Some(name) == sync_binding => "musthave",
         "ClusterRole" | "Role" | "ClusterRoleBinding" | "RoleBinding" | "ConfigMap" => {
             "mustonlyhave"
         }
         _ => "musthave",
     }
+}
+
+/// The template-sync binding the agent keeps: named in its Deployment's
+/// `HCP_FLEET_TEMPLATE_SYNC_BINDING` (absent where the chart's ACM framework addon support
+/// is off).
+fn template_sync_binding(objs: &[Value]) -> Option<String> {
+    objs.iter()
+        .filter(|o| str_at(o, &["kind"]) == Some("Deployment"))
+        .flat_map(|d| {
+            d["spec"]["template"]["spec"]["containers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+        })
+        .flat_map(|c| c["env"].as_array().into_iter().flatten())
+        .find(|e| e["name"] == "HCP_FLEET_TEMPLATE_SYNC_BINDING")
+        .and_then(|e| e["value"].as_str())
+        .map(str::to_string)
 }
 
 /// The fleet Policy: the chart's objects (enforced, pruned with the Policy), the agent's report
@@ -271,9 +293,12 @@ pub fn hub_objects(rendered: &str, opts: &FleetOptions) -> Result<Vec<Value>, Pa
         "apiVersion": "v1", "kind": "Namespace",
         "metadata": {"name": agent_ns, "labels": {"app.kubernetes.io/part-of": "hcp-fleet-agent"}},
     });
+    let sync_binding = template_sync_binding(&objs);
     let object_template = |o: Value| {
         let kind = str_at(&o, &["kind"]).unwrap_or_default();
-        json!({"complianceType": compliance_type(kind), "objectDefinition": o})
+        let name = str_at(&o, &["metadata", "name"]).unwrap_or_default();
+        let ty = compliance_type(kind, name, sync_binding.as_deref());
+        json!({"complianceType": ty, "objectDefinition": o})
     };
     // The CRDs go in a ConfigurationPolicy of their own that never prunes: a cluster leaving
     // the Placement (or the Policy deleted) must not delete the CRDs, which would delete every

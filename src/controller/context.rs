@@ -169,6 +169,11 @@ impl Context {
             .await
     }
 
+    /// Who the agent's Events say reported them (for tasks that publish their own).
+    pub(super) fn reporter(&self) -> Reporter {
+        self.reporter.clone()
+    }
+
     pub fn new(
         client: Client,
         config: Arc<RwLock<Arc<AgentConfig>>>,

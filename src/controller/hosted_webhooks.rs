@@ -311,30 +311,30 @@ async fn prove(
     }
 }
 
-/// The objects `lp` selects whose names are in `ours`, read in pages of
-/// `watches::HOSTED_PAGE`: whatever else the selector matches is dropped page by page.
-async fn list_ours<K>(
-    api: &Api<K>,
-    lp: &ListParams,
-    ours: &BTreeSet<String>,
-) -> Result<Vec<K>, kube::Error>
+/// The objects of `api` named in `ours`, each read by its name (together, on the cluster's
+/// one connection). Not a list by label: a tenant can label objects of their own like the
+/// agent's, as many and as large as they like, and the agent would read them all each time.
+/// Read from the API server's watch cache (`resourceVersion=0`), not etcd: a reconcile runs
+/// after every tampering, and a quorum read per name slowed the repairs of a tenant who
+/// deletes a guard whenever it exists. A stale read costs at most a replace refused at its
+/// version and read again (`apply::apply_against`); a change it missed reaches the drift watch.
+async fn read_ours<K>(api: &Api<K>, ours: &BTreeSet<String>) -> Result<Vec<K>, kube::Error>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let mut kept = Vec::new();
-    let mut page = lp.clone().limit(super::watches::HOSTED_PAGE);
-    loop {
-        let list = api.list(&page).await?;
-        kept.extend(
-            list.items
-                .into_iter()
-                .filter(|o| o.meta().name.as_ref().is_some_and(|n| ours.contains(n))),
-        );
-        match list.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => page = page.continue_token(&token),
-            None => return Ok(kept),
+    let cached = kube::api::GetParams::any();
+    let found = futures::future::try_join_all(ours.iter().map(|name| {
+        let cached = &cached;
+        async move {
+            match api.get_with(name, cached).await {
+                Ok(o) => Ok(Some(o)),
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+                Err(e) => Err(e),
+            }
         }
-    }
+    }))
+    .await?;
+    Ok(found.into_iter().flatten().collect())
 }
 
 /// Everything the agent wants in one hosted cluster, in an order that never leaves a guard
@@ -352,20 +352,14 @@ pub async fn install(
     within: Duration,
     proof: &Proof,
 ) -> Result<Vec<String>, InstallError> {
-    let owned = objects::owned_selector();
     let papi = Api::<ValidatingAdmissionPolicy>::all(hosted.clone());
     let bapi = Api::<ValidatingAdmissionPolicyBinding>::all(hosted.clone());
     let wanted = &desired.policies;
     let mut warnings = Vec::new();
-    let lp = ListParams::default().labels(&owned);
-    // What is there, one list per kind (not a read per object): compared against, and
-    // pruned from, below. Only names the agent renders are kept: a tenant can label objects
-    // of their own like the agent's, and those pass through a page at a time.
+    // What is there of every name the agent may have written: compared against, and pruned
+    // from, below.
     let (mut live_policies, mut live_bindings) = if features.admission_policies {
-        (
-            list_ours(&papi, &lp, ours).await?,
-            list_ours(&bapi, &lp, ours).await?,
-        )
+        futures::try_join!(read_ours(&papi, ours), read_ours(&bapi, ours))?
     } else {
         (Vec::new(), Vec::new())
     };

@@ -51,32 +51,44 @@ pub fn spawn(client: Client, binding: String, account: String, always: Option<St
 }
 
 /// Keeps `binding`'s subjects equal to the service accounts named `account` (in any
-/// namespace), and the one in `always` whether it exists or not (the chart's own subject: the
-/// binding as the chart and ACM's ConfigurationPolicy write it must stay a subset, or they
-/// would put it back at every look), for as long as it runs. A write that fails (the binding
-/// missing, RBAC) is logged and tried again at the next change.
+/// namespace), and the one in `always` whether it exists or not (the chart's own subject, which
+/// the chart and ACM's ConfigurationPolicy, `musthave`, require), for as long as it runs. It
+/// watches the binding too: whoever changes its subjects (an `oc apply` of the chart's
+/// manifest, a Policy enforced as `mustonlyhave` by an older release of the generated
+/// Policies), they are put back at once, one write per change. A write that fails (the binding
+/// missing, RBAC) is logged and tried again at the next change of either.
 pub async fn keep(client: Client, binding: String, account: String, always: Option<String>) {
     let accounts: Api<ServiceAccount> = Api::all(client.clone());
     let bindings: Api<ClusterRoleBinding> = Api::all(client);
     let (store, writer) = kube::runtime::reflector::store();
-    let cfg = watcher::Config::default().fields(&format!("metadata.name={account}"));
-    let mut events = watcher(accounts, cfg)
+    let (bound, bound_writer) = kube::runtime::reflector::store();
+    let by_name = |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let account_events = watcher(accounts, by_name(&account))
         .default_backoff()
         .reflect(writer)
-        .boxed();
-    let mut written: Option<Vec<Subject>> = None;
+        .map(|ev| seen(0, ev));
+    let binding_events = watcher(bindings.clone(), by_name(&binding))
+        .default_backoff()
+        .reflect(bound_writer)
+        .map(|ev| seen(1, ev));
+    let mut events = futures::stream::select(account_events, binding_events).boxed();
+    // Each watch's first listing done: only then do its store's contents say what is there.
+    let mut listed = [false, false];
     while let Some(ev) = events.next().await {
         match ev {
-            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => {
+            Ok((from, done)) => {
+                if from > 1 {
+                    continue;
+                }
+                listed[from] |= done;
             }
-            Ok(_) => continue,
             Err(e) => {
-                warn!(error = %crate::human::WatchError(&e), "watching ACM's framework addon service accounts");
+                warn!(error = %crate::human::WatchError(&e), "watching ACM's framework addon service accounts and the template-sync binding");
                 continue;
             }
         }
-        if store.wait_until_ready().await.is_err() {
-            return;
+        if !listed.iter().all(|l| *l) {
+            continue;
         }
         let want = subjects(
             store
@@ -85,7 +97,12 @@ pub async fn keep(client: Client, binding: String, account: String, always: Opti
                 .map(|sa| (sa.namespace().unwrap_or_default(), sa.name_any()))
                 .chain(always.iter().map(|ns| (ns.clone(), account.clone()))),
         );
-        if written.as_ref() == Some(&want) {
+        let Some(live) = bound.state().into_iter().next() else {
+            // Not there (yet): the chart or the Policy makes it, and its watch event brings
+            // the agent back here.
+            continue;
+        };
+        if !differs(live.subjects.as_deref().unwrap_or_default(), &want) {
             continue;
         }
         let patch = serde_json::json!({"subjects": want});
@@ -95,13 +112,42 @@ pub async fn keep(client: Client, binding: String, account: String, always: Opti
         {
             Ok(_) => {
                 info!(binding = %binding, accounts = want.len(), "ACM template-sync access follows the framework addon's service accounts");
-                written = Some(want);
             }
             Err(e) => {
                 warn!(error = %crate::human::KubeError(&e), binding = %binding, "updating the template-sync ClusterRoleBinding failed")
             }
         }
     }
+}
+
+/// Which of the keeper's watches (`from`) an event came from, and whether it ends a listing;
+/// `usize::MAX` for an event that changes nothing to look at (a listing's start or its items).
+fn seen<K>(
+    from: usize,
+    ev: Result<watcher::Event<K>, watcher::Error>,
+) -> Result<(usize, bool), watcher::Error> {
+    match ev {
+        Ok(watcher::Event::InitDone) => Ok((from, true)),
+        Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => Ok((from, false)),
+        Ok(_) => Ok((usize::MAX, false)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Do the live subjects differ from those wanted, order aside? (`subjects` sorts; someone
+/// else may write them in any order, and that alone is no reason to write.)
+pub fn differs(live: &[Subject], want: &[Subject]) -> bool {
+    let key = |s: &Subject| {
+        (
+            s.kind.clone(),
+            s.namespace.clone().unwrap_or_default(),
+            s.name.clone(),
+            s.api_group.clone().unwrap_or_default(),
+        )
+    };
+    let live: BTreeSet<_> = live.iter().map(key).collect();
+    let want: BTreeSet<_> = want.iter().map(key).collect();
+    live != want
 }
 
 #[cfg(test)]
@@ -130,5 +176,25 @@ mod tests {
             s.iter()
                 .all(|s| s.kind == "ServiceAccount" && s.api_group.is_none())
         );
+    }
+
+    #[test]
+    fn subjects_differ_by_content_not_order() {
+        let sa = |ns: &str| {
+            (
+                "klusterlet-".to_string() + ns,
+                "governance-policy-framework-sa".to_string(),
+            )
+        };
+        let want = subjects([sa("a"), sa("b")]);
+        let mut reversed = want.clone();
+        reversed.reverse();
+        assert!(!differs(&reversed, &want));
+        // What `mustonlyhave` left: the chart's one subject.
+        assert!(differs(&want[..1], &want));
+        // Someone else's subject added.
+        let mut more = want.clone();
+        more.extend(subjects([("default".into(), "intruder".into())]));
+        assert!(differs(&more, &want));
     }
 }

@@ -1,7 +1,7 @@
 //! Watches that run beside the controller's own: one drift watch per hosted cluster on the
 //! agent's webhook configurations there, and the deletion watch on HostedControlPlanes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
@@ -24,13 +24,13 @@ use crate::hosted::clients::HostedClient;
 use crate::hosted::objects::{self, HostedFeatures};
 use crate::hosted::wanted::Wanted;
 use crate::hosted::watch::{Selection, watch};
-use crate::hosted::webhooks;
 use crate::metrics::DriftLabels;
 
-/// Starts (or updates) the drift watch of one hosted cluster: its webhook configurations and,
-/// where served, its admission policies and bindings. A change that does not match what the
-/// agent applied, or a deletion, is drift: counted, noted for the health record, and the HCP
-/// queued for repair at once. A new server (rotated kubeconfig) restarts the watch.
+/// Starts (or updates) the drift watch of one hosted cluster: each object the agent wants
+/// there (webhook configurations, admission policies and bindings), watched by name. A change
+/// that does not match what the agent applied, or a deletion, is drift: counted, noted for the
+/// health record, and put back at once. A new server (rotated kubeconfig), or a new set of
+/// names (a guard moved between engines, one added), restarts the watch.
 pub(crate) fn ensure_drift_watch(
     scope: &Scope<'_>,
     hosted: &HostedClient,
@@ -43,6 +43,10 @@ pub(crate) fn ensure_drift_watch(
             && w.server == hosted.server
             && w.drift.is_running()
             && w.features == features
+            && lock(&w.shared)
+                .desired
+                .as_ref()
+                .is_some_and(|d| d.watched() == desired.watched())
         {
             let mut shared = lock(&w.shared);
             if shared.desired.as_ref() != Some(&desired) {
@@ -53,14 +57,15 @@ pub(crate) fn ensure_drift_watch(
         }
         // Notes and the last probe verdict outlive a restarted watch.
         let carried = s.watch.take().map(|w| std::mem::take(&mut *lock(&w.shared)));
+        let span = tracing::info_span!(parent: None, "drift_watch", hcp_namespace = %ns, hosted_cluster = %cluster);
+        let watched = desired.watched();
         let shared = Arc::new(Mutex::new(WatchShared {
             desired: Some(desired),
             applied: false,
             lost: None,
             ..carried.unwrap_or_default()
         }));
-        let span = tracing::info_span!(parent: None, "drift_watch", hcp_namespace = %ns, hosted_cluster = %cluster);
-        let task = drift_task(ctx, ns, cluster, hosted, features, Arc::clone(&shared))
+        let task = drift_task(ctx, ns, cluster, hosted, watched, Arc::clone(&shared))
             .instrument(span);
         s.watch = Some(HostedWatch {
             server: hosted.server.clone(),
@@ -72,16 +77,12 @@ pub(crate) fn ensure_drift_watch(
     });
 }
 
-/// Objects per page when listing what a tenant can add to (labelled hosted objects): what one
-/// page holds is all the agent holds at once, whatever the tenant keeps.
-pub(crate) const HOSTED_PAGE: u32 = 10;
-
 fn drift_task(
     ctx: &Context,
     ns: &str,
     cluster: &str,
     hosted: &HostedClient,
-    features: HostedFeatures,
+    watched: Vec<(&'static str, String)>,
     shared: Arc<Mutex<WatchShared>>,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
     let mut task = DriftTask {
@@ -94,11 +95,17 @@ fn drift_task(
         warned: BTreeMap::new(),
         listed: BTreeMap::new(),
         lost: None,
+        events: EventSink {
+            client: ctx.client.clone(),
+            reporter: ctx.reporter(),
+            ns: ns.to_string(),
+        },
+        tally: Tally::default(),
     };
     let hosted = hosted.clone();
     let timeout = ctx.config().hosted_access.request_timeout();
     async move {
-        let mut events = drift_events(hosted.service(), features);
+        let mut events = drift_events(hosted.service(), watched);
         // While the connection is down, a look every RECOVERY_CHECK brings it back as soon
         // as the server answers again (only then: a quiet watch costs nothing).
         let mut recovery = tokio::time::interval(RECOVERY_CHECK);
@@ -116,6 +123,10 @@ fn drift_task(
                         continue;
                     }
                 }
+                _ = tokio::time::sleep_until(task.tally.ends()), if task.tally.untold > 0 => {
+                    task.close_minute();
+                    continue;
+                }
             };
             for change in task.changes(seen, &mut recovery) {
                 if let Some(fix) = task.compare(change) {
@@ -128,51 +139,48 @@ fn drift_task(
     }
 }
 
-/// The drift watch's events: the two configurations by name and, where served, the
-/// policies and bindings by label.
+/// The drift watch's events: one watch per object the agent wants, by name (a field
+/// selector). Not by label: a tenant can label objects of their own like the agent's, 300 of
+/// them at 900 KiB, and a watch by label would make the agent read every one and every change
+/// to it; by name the server sends the agent's objects and nothing else.
 fn drift_events(
     service: crate::hosted::clients::HostedService,
-    features: HostedFeatures,
+    watched: Vec<(&'static str, String)>,
 ) -> futures::stream::BoxStream<'static, DriftEvent> {
-    // The two configurations by name: a label any tenant can set on objects of their own
-    // (300 of them, 900 KiB each) must not decide what the agent lists and holds.
-    let by_name = |name: &str| Selection {
-        fields: Some(format!("metadata.name={name}")),
-        ..Default::default()
-    };
-    let v = watch::<ValidatingWebhookConfiguration>(
-        service.clone(),
-        by_name(webhooks::VALIDATING_NAME),
-    )
-    .default_backoff()
-    .map(|e| classify("ValidatingWebhookConfiguration", e));
-    let m =
-        watch::<MutatingWebhookConfiguration>(service.clone(), by_name(webhooks::MUTATING_NAME))
-            .default_backoff()
-            .map(|e| classify("MutatingWebhookConfiguration", e));
-    let hooks = futures::stream::select(v, m);
-    // Only where served: a watch of a resource the server lacks would be refused forever.
-    if !features.admission_policies {
-        return Box::pin(hooks);
+    fn one<K>(
+        service: &Arc<crate::hosted::clients::HostedService>,
+        kind: &'static str,
+        name: String,
+    ) -> futures::stream::BoxStream<'static, DriftEvent>
+    where
+        K: kube::Resource<DynamicType = ()>
+            + serde::de::DeserializeOwned
+            + serde::Serialize
+            + Clone
+            + Send
+            + 'static,
+    {
+        let selection = Selection {
+            fields: Some(format!("metadata.name={name}")),
+            ..Default::default()
+        };
+        Box::pin(
+            watch::<K>(Arc::clone(service), selection)
+                .default_backoff()
+                .map(move |e| classify(kind, &name, e)),
+        )
     }
-    // The policies and bindings are one per guard, named by the configuration: by label, in
-    // small pages, so a tenant's labelled objects pass through a few at a time and are
-    // dropped (nothing here keeps an object whose name the agent does not render).
-    let by_label = Selection {
-        labels: Some(objects::owned_selector()),
-        page: Some(HOSTED_PAGE),
-        ..Default::default()
-    };
-    let p = watch::<ValidatingAdmissionPolicy>(service.clone(), by_label.clone())
-        .default_backoff()
-        .map(|e| classify("ValidatingAdmissionPolicy", e));
-    let b = watch::<ValidatingAdmissionPolicyBinding>(service, by_label)
-        .default_backoff()
-        .map(|e| classify("ValidatingAdmissionPolicyBinding", e));
-    Box::pin(futures::stream::select(
-        hooks,
-        futures::stream::select(p, b),
-    ))
+    let service = Arc::new(service);
+    let streams = watched.into_iter().map(|(kind, name)| match kind {
+        "ValidatingAdmissionPolicy" => one::<ValidatingAdmissionPolicy>(&service, kind, name),
+        "ValidatingAdmissionPolicyBinding" => {
+            one::<ValidatingAdmissionPolicyBinding>(&service, kind, name)
+        }
+        "MutatingWebhookConfiguration" => one::<MutatingWebhookConfiguration>(&service, kind, name),
+        _ => one::<ValidatingWebhookConfiguration>(&service, kind, name),
+    });
+    // Never ending, as a watch: with nothing wanted the task waits for a new set of names.
+    Box::pin(futures::stream::select_all(streams).chain(futures::stream::pending()))
 }
 
 /// One object to compare with what the agent applied: kind, what happened to it, its name,
@@ -195,15 +203,140 @@ struct DriftTask {
     /// The type-check warnings last seen per policy: a new one queues a reconcile, which
     /// reports it (the status is the API server's, never drift).
     warned: BTreeMap<String, Vec<String>>,
-    /// The names each kind's (re)list in progress has shown so far.
-    listed: BTreeMap<&'static str, BTreeSet<String>>,
+    /// The watches whose (re)list is in progress, by kind and name: has it shown the object?
+    listed: BTreeMap<(&'static str, String), bool>,
     /// Set while the connection is down: a dropped watch (the HTTP/2 keepalive gave up on a
     /// hung server, or the server went away) queues a reconcile at once, which then reports
     /// the cluster.
     lost: Option<String>,
+    /// Where each tampering is told: an Event on the HCP's AdmissionHealth record.
+    events: EventSink,
+    /// The tamperings of the current minute.
+    tally: Tally,
+}
+
+/// What a drift task needs to publish Events on its HCP's record.
+struct EventSink {
+    client: kube::Client,
+    reporter: kube::runtime::events::Reporter,
+    ns: String,
+}
+
+impl EventSink {
+    /// Publishes a Warning on the HCP's AdmissionHealth record, in a task of its own: the
+    /// management API's rate limit must never hold up the next repair.
+    fn warn(&self, reason: &str, note: String) {
+        use kube::runtime::events::{Event, EventType, Recorder};
+        let reference = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some(
+                <crate::crd::AdmissionHealth as kube::Resource>::api_version(&()).into_owned(),
+            ),
+            kind: Some("AdmissionHealth".into()),
+            name: Some(crate::reporting::HEALTH_NAME.into()),
+            namespace: Some(self.ns.clone()),
+            ..Default::default()
+        };
+        let ev = Event {
+            type_: EventType::Warning,
+            reason: reason.into(),
+            note: Some(crate::reporting::event_note(&note)),
+            action: "RepairTampering".into(),
+            secondary: None,
+        };
+        // A Recorder per Event, as `Context::publish` says why.
+        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
+        tokio::spawn(
+            async move {
+                if let Err(e) = recorder.publish(&ev, &reference).await {
+                    warn!(error = %crate::human::KubeError(&e), "publishing a tampering event failed");
+                }
+            }
+            .in_current_span(),
+        );
+    }
+}
+
+/// Tamperings told one Event each per minute and hosted cluster (a tenant's script trying
+/// each field of a guard in turn is told whole); the rest of the minute's are told in one
+/// Event when it ends. A tenant who deletes a guard whenever it exists tampers a hundred times
+/// a second: one Event each would be the management API's whole write budget.
+const EVENTS_PER_MINUTE: u32 = 10;
+
+/// From this many tamperings in one minute the cluster is named as one that keeps tampering.
+const KEEPS_TAMPERING: u32 = 3;
+
+const MINUTE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The tamperings of one hosted cluster in the current minute (from the first of them).
+#[derive(Debug, Default)]
+struct Tally {
+    start: Option<tokio::time::Instant>,
+    /// Seen this minute.
+    seen: u32,
+    /// Seen this minute and not yet told in an Event.
+    untold: u32,
+}
+
+/// What to tell of one tampering.
+#[derive(Debug, PartialEq)]
+enum Tell {
+    /// An Event of its own: the `n`th tampering of the minute.
+    Each(u32),
+    /// Counted, told when the minute ends.
+    Later,
+}
+
+impl Tally {
+    /// When the current minute ends.
+    fn ends(&self) -> tokio::time::Instant {
+        self.start.unwrap_or_else(tokio::time::Instant::now) + MINUTE
+    }
+
+    /// One tampering at `now`. A minute that ended with tamperings untold is closed first
+    /// (`close`), its summary returned.
+    fn note(&mut self, now: tokio::time::Instant) -> (Tell, Option<(u32, u32)>) {
+        let closed = match self.start {
+            Some(start) if now < start + MINUTE => None,
+            _ => self.close(),
+        };
+        self.start.get_or_insert(now);
+        self.seen += 1;
+        let tell = if self.seen <= EVENTS_PER_MINUTE {
+            Tell::Each(self.seen)
+        } else {
+            self.untold += 1;
+            Tell::Later
+        };
+        (tell, closed)
+    }
+
+    /// Ends the current minute: its count and how many were not told one by one, when any
+    /// were not.
+    fn close(&mut self) -> Option<(u32, u32)> {
+        let out = (self.untold > 0).then_some((self.seen, self.untold));
+        *self = Tally::default();
+        out
+    }
 }
 
 impl DriftTask {
+    /// The minute ended: the tamperings not told one by one, told in one Event.
+    fn close_minute(&mut self) {
+        if let Some((seen, untold)) = self.tally.close() {
+            self.tell_minute(seen, untold);
+        }
+    }
+
+    fn tell_minute(&self, seen: u32, untold: u32) {
+        self.events.warn(
+            "TamperingRepeated",
+            format!(
+                "hosted cluster {} keeps tampering with its guards: {seen} changes or deletions of the agent's objects in one minute, each put back ({untold} not told one by one; hcp_fleet_webhook_drift_total counts all)",
+                self.cluster
+            ),
+        );
+    }
+
     fn requeue(&self) {
         let _ = self.tx.send(self.hcp_ref.clone());
     }
@@ -248,36 +381,36 @@ impl DriftTask {
                     live,
                 }]
             }
-            DriftEvent::ListStart(kind) => {
+            DriftEvent::ListStart(kind, name) => {
                 self.back();
-                self.listed.insert(kind, BTreeSet::new());
+                self.listed.insert((kind, name), false);
                 Vec::new()
             }
             DriftEvent::Listed(kind, name, live) => self.listed_one(kind, name, live),
-            DriftEvent::ListDone(kind) => {
-                let seen = self.listed.remove(kind).unwrap_or_default();
-                let want = {
+            DriftEvent::ListDone(kind, name) => {
+                let seen = self.listed.remove(&(kind, name.clone())).unwrap_or(false);
+                let gone = !seen && {
                     let shared = lock(&self.shared);
-                    match (&shared.desired, shared.applied) {
-                        (Some(d), true) => d.names(kind),
-                        _ => Vec::new(),
-                    }
+                    shared.applied
+                        && shared
+                            .desired
+                            .as_ref()
+                            .is_some_and(|d| d.names(kind).contains(&name))
                 };
-                want.into_iter()
-                    .filter(|n| !seen.contains(n))
-                    .map(|name| Change {
-                        kind,
-                        what: "deleted while no watch was open",
-                        name,
-                        live: None,
-                    })
-                    .collect()
+                gone.then_some(Change {
+                    kind,
+                    what: "deleted while no watch was open",
+                    name,
+                    live: None,
+                })
+                .into_iter()
+                .collect()
             }
         }
     }
 
-    /// One object of a (re)list: only the agent's own names are kept (a tenant's labelled
-    /// objects pass), and compared once the agent has applied what it wants.
+    /// One object of a (re)list, compared once the agent has applied what it wants. The watch
+    /// is by name, so only a server gone wrong lists another; such an object is passed over.
     fn listed_one(&mut self, kind: &'static str, name: String, live: Option<Value>) -> Vec<Change> {
         let (ours, applied) = {
             let shared = lock(&self.shared);
@@ -290,7 +423,9 @@ impl DriftTask {
         if !ours {
             return Vec::new();
         }
-        self.listed.entry(kind).or_default().insert(name.clone());
+        if let Some(seen) = self.listed.get_mut(&(kind, name.clone())) {
+            *seen = true;
+        }
         if !applied {
             return Vec::new();
         }
@@ -316,8 +451,8 @@ impl DriftTask {
             .desired
             .as_ref()
             .and_then(|d| d.object(kind, &name));
-        // Not an object the agent renders (a tenant's, labelled like the agent's): nothing
-        // to compare, and nothing of it kept.
+        // Not an object the agent renders (no longer wanted since the watch began): nothing
+        // to compare.
         let want = want?;
         if kind == "ValidatingAdmissionPolicy"
             && let Some(l) = &live
@@ -339,23 +474,30 @@ impl DriftTask {
         if !drifted {
             return None;
         }
-        // Who changed what, where the live object says (its managedFields); where it names no
-        // other manager (a client may claim the agent's own name), what differs.
-        let fields = live.as_ref().and_then(|l| {
-            objects::foreign_summary(l)
-                .or_else(|| crate::compare::summary(&objects::differences(&want, l)))
-        });
-        warn!(kind, name = %name, what, fields = fields.as_deref().unwrap_or(""), "the agent's object in the hosted cluster drifted; repairing");
+        let note = tampering_note(kind, &name, what, &want, live.as_ref());
+        warn!(kind, name = %name, what, note = %note, "the agent's object in the hosted cluster drifted; repairing");
         self.metrics
             .drift
             .get_or_create(&DriftLabels::new(&self.ns, &self.cluster, kind))
             .inc();
+        let (tell, closed) = self.tally.note(tokio::time::Instant::now());
+        if let Some((seen, untold)) = closed {
+            self.tell_minute(seen, untold);
+        }
+        let record = if self.tally.seen >= KEEPS_TAMPERING {
+            format!(
+                "{note} (tampering {} within a minute: this hosted cluster keeps tampering with its guards)",
+                self.tally.seen
+            )
+        } else {
+            note.clone()
+        };
+        if let Tell::Each(_) = tell {
+            self.events.warn("Tampered", format!("{note}; put back"));
+        }
         let applied = {
             let mut shared = lock(&self.shared);
-            shared.drift_notes.push(match fields {
-                Some(f) => format!("{kind} {name} was {what} by someone else: {f}"),
-                None => format!("{kind} {name} was {what} by someone else"),
-            });
+            shared.drift_notes.push(record);
             shared.applied
         };
         self.requeue();
@@ -363,6 +505,33 @@ impl DriftTask {
         // probe's wait, a slow server, an engine switch). Otherwise the reconcile installing
         // the new rendering writes it.
         applied.then_some(Fix { kind, name, want })
+    }
+}
+
+/// What a tampering did, in words for the record and its Event: the object, what happened,
+/// and who, as far as the server says. A change names the fields someone else holds and their
+/// field manager; one under the agent's own manager name (any client can claim it) names what
+/// differs from the rendering; a deletion names no one (the hosted cluster's audit log does).
+fn tampering_note(
+    kind: &str,
+    name: &str,
+    what: &str,
+    want: &Value,
+    live: Option<&Value>,
+) -> String {
+    let Some(live) = live else {
+        return format!(
+            "{kind} {name} was {what} by someone else (a deletion names no one: the hosted cluster's audit log does)"
+        );
+    };
+    if let Some(f) = objects::foreign_summary(live) {
+        return format!("{kind} {name} was {what} by someone else: {f}");
+    }
+    match crate::compare::summary(&objects::differences(want, live)) {
+        Some(f) => format!(
+            "{kind} {name} was {what} by someone else under the agent's own field manager name: {f}"
+        ),
+        None => format!("{kind} {name} was {what} by someone else: its labels or annotations"),
     }
 }
 
@@ -433,12 +602,14 @@ const RECOVERY_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
 enum DriftEvent {
     /// A live change to one of the agent's objects: kind, what happened, its name, the object.
     Change(&'static str, &'static str, String, Option<Value>),
-    /// A (re)list of `kind` begins: what it lists is what is there now.
-    ListStart(&'static str),
+    /// A (re)list of the watch of one object (kind, name) begins: what it lists is what is
+    /// there now.
+    ListStart(&'static str, String),
     /// One object of a (re)list: name and object.
     Listed(&'static str, String, Option<Value>),
-    /// The (re)list of `kind` is complete: any desired object it did not list is gone.
-    ListDone(&'static str),
+    /// The (re)list of the watch of one object is complete: if it did not list the object,
+    /// the object is gone.
+    ListDone(&'static str, String),
     /// The watch (re)started, or the server answered: the connection is up.
     Alive,
     /// The connection is down.
@@ -452,6 +623,7 @@ enum DriftEvent {
 /// apply and the watch's start, or in a gap) shows only there.
 fn classify<K: serde::Serialize + kube::Resource>(
     kind: &'static str,
+    watched: &str,
     ev: Result<watcher::Event<K>, watcher::Error>,
 ) -> DriftEvent {
     match ev {
@@ -459,11 +631,11 @@ fn classify<K: serde::Serialize + kube::Resource>(
             DriftEvent::Change(kind, "changed", o.name_any(), serde_json::to_value(o).ok())
         }
         Ok(watcher::Event::Delete(o)) => DriftEvent::Change(kind, "deleted", o.name_any(), None),
-        Ok(watcher::Event::Init) => DriftEvent::ListStart(kind),
+        Ok(watcher::Event::Init) => DriftEvent::ListStart(kind, watched.to_string()),
         Ok(watcher::Event::InitApply(o)) => {
             DriftEvent::Listed(kind, o.name_any(), serde_json::to_value(o).ok())
         }
-        Ok(watcher::Event::InitDone) => DriftEvent::ListDone(kind),
+        Ok(watcher::Event::InitDone) => DriftEvent::ListDone(kind, watched.to_string()),
         // The connection failed, as opposed to the server answering with an error status.
         Err(e) => match &e {
             watcher::Error::InitialListFailed(k)
@@ -492,5 +664,81 @@ pub(crate) async fn deletion_watcher(ctx: Arc<Context>) {
             }
             ctx.forget(&ns, &m.name_any());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_minute_tells_its_first_tamperings_one_by_one_and_the_rest_at_its_end() {
+        let t0 = tokio::time::Instant::now();
+        let mut tally = Tally::default();
+        for n in 1..=EVENTS_PER_MINUTE {
+            assert_eq!(tally.note(t0), (Tell::Each(n), None));
+        }
+        for _ in 0..7 {
+            assert_eq!(tally.note(t0 + MINUTE / 2).0, Tell::Later);
+        }
+        assert_eq!(tally.untold, 7);
+        assert_eq!(tally.ends(), t0 + MINUTE);
+        // The next minute's first tampering closes the last: its count and those untold.
+        let (tell, closed) = tally.note(t0 + MINUTE);
+        assert_eq!(closed, Some((EVENTS_PER_MINUTE + 7, 7)));
+        assert_eq!(tell, Tell::Each(1));
+        // A minute whose every tampering was told closes with nothing more to say.
+        assert_eq!(tally.close(), None);
+        assert_eq!(tally.seen, 0);
+    }
+
+    #[test]
+    fn a_tamperings_note_names_the_fields_and_who_the_server_says_did_it() {
+        let want = json!({"metadata": {}, "spec": {"failurePolicy": "Fail"}});
+        let entry = |manager: &str| {
+            json!([{"manager": manager, "operation": "Update", "apiVersion": "v1",
+                    "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:spec": {"f:failurePolicy": {}}}}])
+        };
+        let mut live = json!({"metadata": {"managedFields": entry("kubectl-edit")},
+                              "spec": {"failurePolicy": "Ignore"}});
+        let by_tenant = tampering_note(
+            "ValidatingAdmissionPolicy",
+            "p",
+            "changed",
+            &want,
+            Some(&live),
+        );
+        assert!(
+            by_tenant.contains("spec.failurePolicy (by kubectl-edit)"),
+            "{by_tenant}"
+        );
+        // A client that claims the agent's manager name is named by what differs.
+        live["metadata"]["managedFields"] = entry(crate::management::FIELD_MANAGER);
+        let claimed = tampering_note(
+            "ValidatingAdmissionPolicy",
+            "p",
+            "changed",
+            &want,
+            Some(&live),
+        );
+        assert!(
+            claimed.contains("under the agent's own field manager name"),
+            "{claimed}"
+        );
+        assert!(claimed.contains("failurePolicy"), "{claimed}");
+        let deleted = tampering_note(
+            "ValidatingAdmissionPolicyBinding",
+            "p",
+            "deleted",
+            &want,
+            None,
+        );
+        assert!(
+            deleted.starts_with("ValidatingAdmissionPolicyBinding p was deleted"),
+            "{deleted}"
+        );
+        assert!(deleted.contains("audit log"), "{deleted}");
     }
 }

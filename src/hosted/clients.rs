@@ -304,8 +304,8 @@ pub(crate) fn keepalive_service(
 
 /// The most bytes a hosted API server may send without a line break: one watch event, or one
 /// whole (compact JSON) response. An object is at most 1.5 MiB (etcd's limit) and the agent
-/// lists what a tenant can add to in pages of `controller::watches::HOSTED_PAGE` (10), so only
-/// a server gone wrong comes near it; such a response fails, and the cluster is reported with
+/// reads its own objects by name, never a tenant's by label, so only a server gone wrong comes
+/// near it; such a response fails, and the cluster is reported with
 /// the reason, instead of the agent holding whatever it sends.
 pub(crate) const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 

@@ -16,7 +16,8 @@ pub const OWNED_LABEL: &str = "hcp-fleet.openshift.io/owned";
 /// `<management kube-system UID>/<HCP namespace>`. The durable record of the claim on a
 /// hosted cluster, so two namespaces (or two management clusters) never fight over one.
 pub const CLAIM_ANNOTATION: &str = "hcp-fleet.openshift.io/claimed-by";
-/// A label-selector string for the agent's own objects.
+/// A label-selector string for the agent's own objects, for people and tests to look with: a
+/// tenant can put the label on objects of their own, so the agent reads its objects by name.
 pub fn owned_selector() -> String {
     format!("{OWNED_LABEL}=true")
 }

@@ -142,6 +142,15 @@ impl Wanted {
         }
     }
 
+    /// Every wanted object's kind and name: what the drift watch reads, one watch by name
+    /// each.
+    pub fn watched(&self) -> Vec<(&'static str, String)> {
+        self.objects
+            .iter()
+            .map(|o| (o.kind, o.name.clone()))
+            .collect()
+    }
+
     /// The names of the wanted objects of `kind`.
     pub fn names(&self, kind: &str) -> Vec<String> {
         self.objects

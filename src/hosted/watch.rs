@@ -5,6 +5,7 @@
 //! per HCP at a thousand, for watches that are quiet for hours (`make bench`, heaptrack).
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use bytes::{Buf, Bytes};
 use http_body_util::BodyExt;
@@ -41,8 +42,11 @@ const WATCH_SECONDS: u32 = 1800;
 /// `Init`, one `InitApply` per listed object, `InitDone`, then `Apply` and `Delete` as the
 /// watch sees changes; a relist (`Init` again) after the server says the watch's version is
 /// gone. Errors are yielded and the stream goes on (wrap it in a backoff).
+///
+/// `service` is shared by every watch of the cluster (cloned per request, not per watch): a
+/// hosted cluster has a watch per object the agent wants there, quiet for hours.
 pub fn watch<K>(
-    service: HostedService,
+    service: Arc<HostedService>,
     selection: Selection,
 ) -> impl futures::Stream<Item = Result<Event<K>, Error>> + Send + 'static
 where
@@ -61,7 +65,7 @@ where
 }
 
 struct Lean<K> {
-    service: HostedService,
+    service: Arc<HostedService>,
     request: Request,
     selection: Selection,
     state: State<K>,
