@@ -196,7 +196,7 @@ async fn acm_reads_the_fleet_verdict_from_events_on_the_replicated_policy() {
     fleet.hosted_mut("hc-2").expect("hc-2").stop();
     let history = row(
         "NonCompliant",
-        "clusters-hc-2/hc-2 NonCompliant: hosted-webhooks",
+        "HCP clusters-hc-2/hc-2 NonCompliant: hosted-webhooks",
     )
     .await;
     assert!(
@@ -379,13 +379,13 @@ async fn each_hosted_cluster_is_its_own_row_with_hosted_mode_addons() {
     row(
         "prod-hc-1",
         "Compliant",
-        "clusters-hc-1/prod-hc-1: the admission guards",
+        "prod-hc-1 (HCP clusters-hc-1/hc-1): the admission guards",
     )
     .await;
     row(
         "mgmt-hc-2",
         "Compliant",
-        "clusters-hc-2/mgmt-hc-2: the admission guards",
+        "mgmt-hc-2 (HCP clusters-hc-2/hc-2): the admission guards",
     )
     .await;
     row(
@@ -411,13 +411,32 @@ async fn each_hosted_cluster_is_its_own_row_with_hosted_mode_addons() {
         assert_eq!(related, [ns]);
     }
 
+    // The management cluster's own (fleet) row, beside them.
+    let (fleet_root, fleet_root_name) = acm::root_policy(&docs, "hcp-fleet-agent");
+    let local = "local-cluster";
+    let fleet_replica = spec_sync(&mgmt, &fleet_root, &fleet_root_name, local, local).await;
+    let fleet_template = template_sync(&mgmt, &fleet_replica, 1, false, |_| {})
+        .await
+        .expect("the fleet template")
+        .name_any();
+
     // hc-2's kube-apiserver goes away: only its row turns NonCompliant, and says why; then
-    // it comes back.
+    // it comes back. The fleet's row names it as its own row does: the managed cluster and
+    // the HCP.
     fleet.hosted_mut("hc-2").expect("hc-2").stop();
     row(
         "mgmt-hc-2",
         "NonCompliant",
-        "clusters-hc-2/mgmt-hc-2 NonCompliant",
+        "mgmt-hc-2 (HCP clusters-hc-2/hc-2) NonCompliant",
+    )
+    .await;
+    hub_says(
+        &mgmt,
+        local,
+        &fleet_root_name,
+        &fleet_template,
+        "NonCompliant",
+        "mgmt-hc-2 (HCP clusters-hc-2/hc-2) NonCompliant",
     )
     .await;
     let (c, h) = hub_row(&mgmt, "klusterlet-prod-hc-1", &root_name, template_name)
@@ -432,7 +451,7 @@ async fn each_hosted_cluster_is_its_own_row_with_hosted_mode_addons() {
     let h = row(
         "mgmt-hc-2",
         "Compliant",
-        "clusters-hc-2/mgmt-hc-2: the admission guards",
+        "mgmt-hc-2 (HCP clusters-hc-2/hc-2): the admission guards",
     )
     .await;
     assert_eq!(h.len(), 3, "Compliant, NonCompliant, Compliant: {h:?}");
@@ -450,7 +469,7 @@ async fn each_hosted_cluster_is_its_own_row_with_hosted_mode_addons() {
     row(
         "prod-hc-1",
         "Compliant",
-        "clusters-hc-1/prod-hc-1: the admission guards",
+        "prod-hc-1 (HCP clusters-hc-1/hc-1): the admission guards",
     )
     .await;
 }

@@ -447,6 +447,58 @@ async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
     )
     .await;
     eprintln!("drift repair (delete to restored, as seen by the test): {repair_time:?}");
+
+    // A burst of drift (the configuration deleted ten times, each time it is back): every
+    // pass still proves the path, so no repair leaves the probe "not checked" (Pending, Ready
+    // Unknown), and the record is Compliant within seconds of the last.
+    let burst_start = jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    for _ in 0..10 {
+        vapi.delete(VALIDATING_NAME, &DeleteParams::default())
+            .await
+            .expect("delete");
+        eventually("restored", Duration::from_secs(10), || present(&vapi)).await;
+    }
+    let burst_end = Instant::now();
+    eventually("Compliant after the burst", Duration::from_secs(10), || {
+        let mgmt = mgmt.clone();
+        async move {
+            let p = health(&mgmt, "clusters-hc-1").await?;
+            let probe = p
+                .status
+                .iter()
+                .flat_map(|s| s.concerns.iter())
+                .find(|c| c.name == "e2e-probe")
+                .and_then(|c| c.compliant);
+            if compliant(&p) == Some("Compliant")
+                && probe == Some(hcp_fleet_agent::crd::ComplianceState::Compliant)
+            {
+                Ok(())
+            } else {
+                Err(format!("{:?}", p.status))
+            }
+        }
+    })
+    .await;
+    eprintln!(
+        "Compliant {:?} after a burst of ten deletions",
+        burst_end.elapsed()
+    );
+    let p = health(&mgmt, "clusters-hc-1").await.expect("record");
+    let unproven: Vec<String> = p
+        .status
+        .iter()
+        .flat_map(|s| s.concerns.iter())
+        .filter(|c| c.name == "e2e-probe")
+        .flat_map(|c| c.history.iter())
+        .filter(|h| h.last_timestamp >= burst_start && h.message.contains("not checked"))
+        .map(|h| h.message.clone())
+        .collect();
+    assert!(
+        unproven.is_empty(),
+        "a repair left the probe unchecked: {unproven:?}"
+    );
     // Events on the health record.
     eventually("health events", Duration::from_secs(10), || {
         let events =

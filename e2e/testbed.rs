@@ -400,6 +400,24 @@ async fn dev_runs_until_ctrl_c_and_leaves_no_orphans() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("namespace/default"));
+    // The agent's /metrics, at the address printed, with the fleet's series.
+    let addr: std::net::SocketAddr = lines
+        .iter()
+        .find_map(|l| {
+            l.trim_start()
+                .strip_prefix("curl -s http://")?
+                .split('/')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .expect("the agent's /metrics address");
+    let (code, body) = support::http_get(addr, "/metrics").await.expect("/metrics");
+    assert_eq!(code, 200);
+    assert!(
+        body.contains("hcp_fleet_hosted_cluster_compliance{hcp_namespace=\"clusters-hc-1\""),
+        "{body}"
+    );
 
     // Ctrl-C.
     let rc = unsafe { libc::kill(child.id() as i32, libc::SIGINT) };

@@ -36,6 +36,75 @@ mod tests {
     /// docs/architecture.md names every module of `src/` (a file with its directory,
     /// `` `controller/report.rs` ``; a directory's `mod.rs` as itself or as `` `dir/` ``), so
     /// the next engineer finds the room for a change by its name there.
+    /// The README renders as its author meant: each table whole (a header, its separator, and
+    /// rows of as many cells, with a blank line before and after: a paragraph between two
+    /// rows once turned the rest of the Layout table into text), and the Layout table names
+    /// every directory of `src/`.
+    #[test]
+    fn the_readme_tables_are_whole_and_the_layout_names_every_directory() {
+        let readme = include_str!("../README.md");
+        let lines: Vec<&str> = readme.lines().collect();
+        let cells = |l: &str| {
+            // `|` inside a code span is text, not a cell boundary.
+            let mut n = 0;
+            let mut code = false;
+            for ch in l.chars() {
+                match ch {
+                    '`' => code = !code,
+                    '|' if !code => n += 1,
+                    _ => {}
+                }
+            }
+            n
+        };
+        let mut i = 0;
+        let mut tables = 0;
+        while i < lines.len() {
+            if !lines[i].starts_with('|') {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < lines.len() && lines[i].starts_with('|') {
+                i += 1;
+            }
+            let table = &lines[start..i];
+            tables += 1;
+            assert!(
+                table.len() >= 3 && table[1].replace(['|', '-', ' ', ':'], "").is_empty(),
+                "line {}: a table needs a header, a separator and rows: {table:?}",
+                start + 1
+            );
+            assert!(
+                start == 0 || lines[start - 1].trim().is_empty(),
+                "line {}: no blank line before the table",
+                start + 1
+            );
+            assert!(
+                i == lines.len() || lines[i].trim().is_empty(),
+                "line {}: text right after a table's last row",
+                i + 1
+            );
+            let want = cells(table[0]);
+            for (k, row) in table.iter().enumerate() {
+                assert_eq!(cells(row), want, "line {}: {row}", start + k + 1);
+            }
+        }
+        assert!(tables >= 2, "the README's tables: {tables}");
+        let layout = readme
+            .split("## Layout")
+            .nth(1)
+            .and_then(|rest| rest.split("\n## ").next())
+            .unwrap_or_default();
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        for entry in std::fs::read_dir(&src).into_iter().flatten().flatten() {
+            if entry.path().is_dir() {
+                let dir = format!("`src/{}/`", entry.file_name().to_string_lossy());
+                assert!(layout.contains(&dir), "the README's Layout misses {dir}");
+            }
+        }
+    }
+
     #[test]
     fn the_architecture_names_every_module() {
         fn walk(dir: &std::path::Path, root: &std::path::Path, out: &mut Vec<String>) {

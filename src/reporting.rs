@@ -507,6 +507,17 @@ pub(crate) fn hosted_cluster_of<'a>(
     (namespace.strip_prefix("klusterlet-") == Some(x.as_str()) && !x.is_empty()).then_some(x)
 }
 
+/// How the hub's rows name one hosted cluster: as the hub knows it (the managed cluster, where
+/// it has one) and the HCP it maps to, `spoke-a (HCP clusters-hc-1/hc-1)`; without a managed
+/// cluster, `HCP clusters-hc-1/hc-1`. The same in a hosted cluster's own row and in the
+/// fleet's summary, so one cluster reads the same everywhere on the hub.
+pub(crate) fn row_name(managed: Option<&str>, hcp_namespace: &str, hcp: &str) -> String {
+    match managed {
+        Some(m) => format!("{m} (HCP {hcp_namespace}/{hcp})"),
+        None => format!("HCP {hcp_namespace}/{hcp}"),
+    }
+}
+
 /// A hosted-mode template's verdict: the one hosted cluster it is for, as its own row on the
 /// hub. `hcp` is the HCP namespace managed cluster `cluster` maps to
 /// (`managed_clusters::resolve`), or why it maps to none (its `Unmapped`, unnamed here:
@@ -522,10 +533,11 @@ pub(crate) fn evaluate_cluster_template(
 ) -> AdmissionHealthPolicyStatus {
     let (state, summary, related) = match hcp.map(|ns| (ns, rows.get(ns))) {
         Ok((ns, Some(r))) => {
+            let name = row_name(Some(cluster), ns, &r.cluster_name);
             let summary = if r.state == ComplianceState::Compliant {
-                format!("{ns}/{cluster}: the admission guards are installed, current and proven")
+                format!("{name}: the admission guards are installed, current and proven")
             } else {
-                format!("{ns}/{cluster} {}: {}", r.state.as_str(), r.reason)
+                format!("{name} {}: {}", r.state.as_str(), r.reason)
             };
             let related = RelatedObject {
                 object: ObjectRef {
@@ -575,6 +587,7 @@ pub(crate) const SUMMARY_WORST: usize = 5;
 /// back on the last good revision and Compliant.
 pub(crate) fn evaluate_template(
     rows: &BTreeMap<String, RollupRow>,
+    managed: &BTreeMap<String, String>,
     pending_supported: bool,
     halt: Option<&str>,
 ) -> AdmissionHealthPolicyStatus {
@@ -603,7 +616,11 @@ pub(crate) fn evaluate_template(
             },
             compliant: Some(r.state),
             reason: Some(cut(
-                &format!("hosted cluster {}: {}", r.cluster_name, r.reason),
+                &format!(
+                    "{}: {}",
+                    row_name(managed.get(*ns).map(String::as_str), ns, &r.cluster_name),
+                    r.reason
+                ),
                 MAX_ROW_REASON,
             )),
         })
@@ -625,8 +642,8 @@ pub(crate) fn evaluate_template(
                 .iter()
                 .map(|(ns, r)| {
                     format!(
-                        "{ns}/{} {}: {}",
-                        r.cluster_name,
+                        "{} {}: {}",
+                        row_name(managed.get(*ns).map(String::as_str), ns, &r.cluster_name),
                         r.state.as_str(),
                         cut(&r.reason, MAX_ROW_REASON)
                     )
@@ -746,15 +763,13 @@ mod tests {
         assert!(
             a.message
                 .as_deref()
-                .is_some_and(|m| m.starts_with("Compliant; notification - clusters-a/a"))
+                .is_some_and(|m| m.starts_with("Compliant; notification - a (HCP clusters-a/a):"))
         );
         let b = evaluate_cluster_template(&rows, "b", Ok("clusters-b"), true);
         assert_eq!(b.compliant, Some(ComplianceState::NonCompliant));
-        assert!(
-            b.message
-                .as_deref()
-                .is_some_and(|m| m.contains("clusters-b/b NonCompliant: hosted-webhooks: drift"))
-        );
+        assert!(b.message.as_deref().is_some_and(|m| {
+            m.contains("b (HCP clusters-b/b) NonCompliant: hosted-webhooks: drift")
+        }));
         // A managed cluster that maps to no HCP says why.
         let none = evaluate_cluster_template(&rows, "c", Err(&"no HostedCluster is c"), true);
         assert_eq!(none.compliant, Some(ComplianceState::NonCompliant));
@@ -1056,13 +1071,15 @@ mod tests {
             "clusters-c".into(),
             row("c", ComplianceState::Pending, "admission-service: waiting"),
         );
-        let s = evaluate_template(&rows, true, None);
+        // The hub knows b as spoke-b (a hosted-mode managed cluster); c it does not.
+        let managed = BTreeMap::from([("clusters-b".to_string(), "spoke-b".to_string())]);
+        let s = evaluate_template(&rows, &managed, true, None);
         assert_eq!(s.compliant, Some(ComplianceState::NonCompliant));
         assert_eq!(
             s.message.as_deref(),
             Some(
                 "NonCompliant; violation - 1 non-compliant, 1 pending, 1 of 3 hosted cluster(s) compliant: \
-                 clusters-b/b NonCompliant: hosted-webhooks: down; clusters-c/c Pending: admission-service: waiting"
+                 spoke-b (HCP clusters-b/b) NonCompliant: hosted-webhooks: down; HCP clusters-c/c Pending: admission-service: waiting"
             )
         );
         // The summary's related objects are the worst, NonCompliant first; the compliant
@@ -1072,7 +1089,7 @@ mod tests {
         assert_eq!(s.related_objects[0].object.kind, "AdmissionHealth");
         assert_eq!(
             s.related_objects[0].reason.as_deref(),
-            Some("hosted cluster b: hosted-webhooks: down")
+            Some("spoke-b (HCP clusters-b/b): hosted-webhooks: down")
         );
         assert_eq!(s.related_objects[1].object.metadata.namespace, "clusters-c");
         assert_eq!(
@@ -1088,7 +1105,7 @@ mod tests {
         );
 
         rows.remove("clusters-b");
-        let s = evaluate_template(&rows, true, None);
+        let s = evaluate_template(&rows, &managed, true, None);
         assert_eq!(s.compliant, Some(ComplianceState::Pending));
         assert!(
             s.message
@@ -1096,7 +1113,7 @@ mod tests {
                 .is_some_and(|m| m.starts_with("Pending; notification - "))
         );
         // A hub whose Policy CRD predates Pending gets NonCompliant.
-        let s = evaluate_template(&rows, false, None);
+        let s = evaluate_template(&rows, &managed, false, None);
         assert_eq!(s.compliant, Some(ComplianceState::NonCompliant));
         assert!(
             s.message
@@ -1105,17 +1122,18 @@ mod tests {
         );
 
         rows.remove("clusters-c");
-        let s = evaluate_template(&rows, true, None);
+        let s = evaluate_template(&rows, &managed, true, None);
         assert_eq!(
             s.message.as_deref(),
             Some("Compliant; notification - 1 of 1 hosted cluster(s) compliant")
         );
         assert!(s.related_objects.is_empty());
-        let s = evaluate_template(&BTreeMap::new(), true, None);
+        let s = evaluate_template(&BTreeMap::new(), &managed, true, None);
         assert_eq!(s.compliant, Some(ComplianceState::Compliant));
         // A halted rollout reaches the hub even when every cluster is back and Compliant.
         let s = evaluate_template(
             &rows,
+            &managed,
             true,
             Some("revision abc halted in canary: clusters-a: probe denied"),
         );
@@ -1174,7 +1192,7 @@ mod tests {
                 )
             })
             .collect();
-        let s = evaluate_template(&rows, true, None);
+        let s = evaluate_template(&rows, &BTreeMap::new(), true, None);
         // One object still, with room to spare under etcd's 1.5 MiB, even with every row
         // failing at length (the row reasons are cut; the records keep them whole).
         let long: BTreeMap<String, RollupRow> = (0..1000)
@@ -1190,7 +1208,7 @@ mod tests {
                 )
             })
             .collect();
-        let size = serde_json::to_vec(&evaluate_template(&long, true, None))
+        let size = serde_json::to_vec(&evaluate_template(&long, &BTreeMap::new(), true, None))
             .expect("json")
             .len();
         assert!(size < 600 * 1024, "{size} bytes");
@@ -1201,7 +1219,7 @@ mod tests {
                 (format!("clusters-{name}"), r)
             })
             .collect();
-        let size = serde_json::to_vec(&evaluate_template(&fine, true, None))
+        let size = serde_json::to_vec(&evaluate_template(&fine, &BTreeMap::new(), true, None))
             .expect("json")
             .len();
         assert!(size < 300 * 1024, "{size} bytes");
@@ -1226,7 +1244,7 @@ mod tests {
             "clusters-zz".into(),
             row("zz", ComplianceState::NonCompliant, "e2e-probe: no answer"),
         );
-        let s = evaluate_template(&mixed, true, None);
+        let s = evaluate_template(&mixed, &BTreeMap::new(), true, None);
         assert_eq!(
             s.related_objects[0].object.metadata.namespace,
             "clusters-zz"

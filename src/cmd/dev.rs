@@ -1,8 +1,8 @@
 //! `hcp-fleet-agent dev`: the whole job on an embedded default. It brings up the local fleet
 //! (etcd, a management kube-apiserver, N hosted kube-apiservers, HCP fixtures), runs the agent
 //! on it, prints the fleet's health once it has converged, and keeps running until Ctrl-C.
-//! The admission Deployments are marked available by the test bed until the admission
-//! service runs for real.
+//! The admission services are real: the test bed's stand-in kubelet runs this binary's
+//! `webhook` command for each admission Deployment, and the hosted kube-apiservers call them.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -17,6 +17,10 @@ pub struct DevArgs {
     /// A fixed port for the management kube-apiserver (default: any free port).
     #[arg(long)]
     pub management_port: Option<u16>,
+    /// The port of the agent's /metrics, /healthz and /readyz on 127.0.0.1 (default: any free
+    /// port; the address is printed).
+    #[arg(long, default_value_t = 0)]
+    pub metrics_port: u16,
     /// Where to put the fleet's state directory (removed on exit).
     #[arg(long)]
     pub state_parent: Option<PathBuf>,
@@ -61,7 +65,22 @@ pub async fn run(args: DevArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    print_summary(&fleet, args.assets.as_deref());
+    // The agent's /metrics, as the chart's Deployment serves it (on loopback here).
+    let metrics = match tokio::net::TcpListener::bind(("127.0.0.1", args.metrics_port)).await {
+        Ok(l) => {
+            let addr = l.local_addr().ok();
+            let _served = crate::agent::serve(l, agent.context.metrics.clone());
+            addr
+        }
+        Err(e) => {
+            eprintln!(
+                "warning: the agent's /metrics is not served: 127.0.0.1:{}: {e}",
+                args.metrics_port
+            );
+            None
+        }
+    };
+    print_summary(&fleet, args.assets.as_deref(), metrics);
     let names: Vec<String> = fleet.hosted.keys().cloned().collect();
     match wait_for_fleet(&fleet, &names).await {
         Ok(table) => {
@@ -81,7 +100,11 @@ pub async fn run(args: DevArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn print_summary(fleet: &LocalFleet, assets: Option<&std::path::Path>) {
+fn print_summary(
+    fleet: &LocalFleet,
+    assets: Option<&std::path::Path>,
+    metrics: Option<std::net::SocketAddr>,
+) {
     let kubectl = localcp::Assets::resolve(assets)
         .map(|a| a.kubectl.display().to_string())
         .unwrap_or_else(|_| "kubectl".to_string());
@@ -113,6 +136,9 @@ fn print_summary(fleet: &LocalFleet, assets: Option<&std::path::Path>) {
             "  {kubectl} --kubeconfig {} get namespaces",
             s.kubeconfig_path.display()
         );
+    }
+    if let Some(addr) = metrics {
+        println!("  curl -s http://{addr}/metrics | grep ^hcp_fleet_   # the agent's metrics");
     }
     let pids: Vec<String> = fleet.pids().iter().map(u32::to_string).collect();
     println!();

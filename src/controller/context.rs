@@ -136,6 +136,9 @@ pub struct Context {
     management_identity: tokio::sync::OnceCell<String>,
     /// Who the agent's Events say reported them.
     reporter: Reporter,
+    /// The client and reporter the drift tasks publish their Events with: one for the fleet,
+    /// not a copy per hosted cluster.
+    pub(super) publisher: Arc<(Client, Reporter)>,
     /// The watch stores of the agent's own management objects (filled by `run`).
     caches: RwLock<super::cache::Caches>,
     /// The rollout as last read or written (`rollout.rs`): which revision each HCP runs.
@@ -169,11 +172,6 @@ impl Context {
             .await
     }
 
-    /// Who the agent's Events say reported them (for tasks that publish their own).
-    pub(super) fn reporter(&self) -> Reporter {
-        self.reporter.clone()
-    }
-
     pub fn new(
         client: Client,
         config: Arc<RwLock<Arc<AgentConfig>>>,
@@ -198,7 +196,9 @@ impl Context {
                     phase: phase.as_str().into(),
                 });
         }
+        let publisher = Arc::new((client.clone(), reporter.clone()));
         let ctx = Arc::new(Self {
+            publisher,
             client,
             config,
             metrics,

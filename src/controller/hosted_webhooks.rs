@@ -311,8 +311,7 @@ async fn prove(
     }
 }
 
-/// The objects of `api` named in `ours`, each read by its name (together, on the cluster's
-/// one connection). Not a list by label: a tenant can label objects of their own like the
+/// The objects of `api` named in `ours`, each read by its name. Not a list by label: a tenant can label objects of their own like the
 /// agent's, as many and as large as they like, and the agent would read them all each time.
 /// Read from the API server's watch cache (`resourceVersion=0`), not etcd: a reconcile runs
 /// after every tampering, and a quorum read per name slowed the repairs of a tenant who
@@ -322,19 +321,18 @@ async fn read_ours<K>(api: &Api<K>, ours: &BTreeSet<String>) -> Result<Vec<K>, k
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
+    // One at a time: read together they queued twenty requests at once, and the connection's
+    // queues keep the room they grew to (`hosted::watch::Watched`).
     let cached = kube::api::GetParams::any();
-    let found = futures::future::try_join_all(ours.iter().map(|name| {
-        let cached = &cached;
-        async move {
-            match api.get_with(name, cached).await {
-                Ok(o) => Ok(Some(o)),
-                Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
-                Err(e) => Err(e),
-            }
+    let mut found = Vec::new();
+    for name in ours {
+        match api.get_with(name, &cached).await {
+            Ok(o) => found.push(o),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e),
         }
-    }))
-    .await?;
-    Ok(found.into_iter().flatten().collect())
+    }
+    Ok(found)
 }
 
 /// Everything the agent wants in one hosted cluster, in an order that never leaves a guard
@@ -359,7 +357,7 @@ pub async fn install(
     // What is there of every name the agent may have written: compared against, and pruned
     // from, below.
     let (mut live_policies, mut live_bindings) = if features.admission_policies {
-        futures::try_join!(read_ours(&papi, ours), read_ours(&bapi, ours))?
+        (read_ours(&papi, ours).await?, read_ours(&bapi, ours).await?)
     } else {
         (Vec::new(), Vec::new())
     };

@@ -354,44 +354,44 @@ pub(crate) async fn template_reporter(ctx: Arc<Context>) {
         }
         let rows: BTreeMap<String, RollupRow> = ctx.rollup_rows();
         let halt = ctx.rollout_halt();
-        let fleet =
-            reporting::evaluate_template(&rows, ctx.caps.pending_supported, halt.as_deref());
         let mut retry = false;
-        let mut mapping: Option<Vec<HostedClusterRef>> = None;
+        // Hosted-mode templates first (in klusterlet-X, each its hosted cluster's own row on the
+        // hub): the managed cluster each HCP maps to names that HCP in the fleet's row too.
+        let mut rowing = HostedRows {
+            ctx: &ctx,
+            hosted_clusters: &hosted_clusters,
+            klusterlet_servers: &klusterlet_servers,
+            rows: &rows,
+            mapping: None,
+            managed: BTreeMap::new(),
+        };
+        let mut wants = Vec::new();
         for t in templates.state() {
             let key = (
                 t.namespace().unwrap_or_default(),
                 t.name_any(),
                 t.uid().unwrap_or_default(),
             );
-            // A hosted-mode template (in klusterlet-X) is its hosted cluster's own row on the
-            // hub; any other is the fleet's.
-            let want = match reporting::hosted_cluster_of(&key.0, t.labels()) {
+            match reporting::hosted_cluster_of(&key.0, t.labels()) {
+                None => wants.push((t, key, None)),
                 Some(x) => {
-                    if mapping.is_none() {
-                        mapping = known_hosted_clusters(&ctx, &hosted_clusters, &rows);
+                    // Until the HostedClusters are listed, an annotated cluster would read as
+                    // unknown: report it once they are (their watch wakes us).
+                    if let Some(want) = rowing.own_row(&key.0, x) {
+                        wants.push((t.clone(), key, Some(want)));
                     }
-                    let Some(hosted) = mapping.as_ref() else {
-                        // Until the HostedClusters are listed, an annotated cluster would
-                        // read as unknown: report it once they are (their watch wakes us).
-                        continue;
-                    };
-                    let server = klusterlet_servers
-                        .lock()
-                        .ok()
-                        .and_then(|m| m.get(&key.0).cloned())
-                        .unwrap_or(KlusterletServer::Absent);
-                    let prefix = ctx.config().reporting.discovery_prefix.clone();
-                    let hcp = managed_clusters::resolve(x, hosted, Some(&prefix), &server);
-                    reporting::evaluate_cluster_template(
-                        &rows,
-                        x,
-                        hcp.as_deref().map_err(|why| why as _),
-                        ctx.caps.pending_supported,
-                    )
                 }
-                None => fleet.clone(),
-            };
+            }
+        }
+        let managed = rowing.managed;
+        let fleet = reporting::evaluate_template(
+            &rows,
+            &managed,
+            ctx.caps.pending_supported,
+            halt.as_deref(),
+        );
+        for (t, key, want) in wants {
+            let want = want.unwrap_or_else(|| fleet.clone());
             let mut t = (*t).clone();
             if let Some(w) = written.get(&key) {
                 t.status = Some(w.clone());
@@ -422,6 +422,47 @@ pub(crate) async fn template_reporter(ctx: Arc<Context>) {
             tokio::time::sleep(Duration::from_secs(2)).await;
             ctx.rollup_changed.notify_one();
         }
+    }
+}
+
+/// What one report needs to give each hosted-mode template its own row, and what it learns
+/// doing so: the managed cluster each HCP maps to.
+struct HostedRows<'a> {
+    ctx: &'a Context,
+    hosted_clusters: &'a kube::runtime::reflector::Store<PartialObjectMeta<HostedCluster>>,
+    klusterlet_servers: &'a std::sync::Mutex<BTreeMap<String, KlusterletServer>>,
+    rows: &'a BTreeMap<String, RollupRow>,
+    /// The HostedClusters, read once per report (where a hosted-mode template needs them).
+    mapping: Option<Vec<HostedClusterRef>>,
+    /// HCP namespace to the managed cluster that maps to it.
+    managed: BTreeMap<String, String>,
+}
+
+impl HostedRows<'_> {
+    /// The verdict of managed cluster `x`'s template in `namespace` (`klusterlet-X`); `None`
+    /// until the HostedClusters are listed.
+    fn own_row(&mut self, namespace: &str, x: &str) -> Option<AdmissionHealthPolicyStatus> {
+        if self.mapping.is_none() {
+            self.mapping = known_hosted_clusters(self.ctx, self.hosted_clusters, self.rows);
+        }
+        let hosted = self.mapping.as_ref()?;
+        let server = self
+            .klusterlet_servers
+            .lock()
+            .ok()
+            .and_then(|m| m.get(namespace).cloned())
+            .unwrap_or(KlusterletServer::Absent);
+        let prefix = self.ctx.config().reporting.discovery_prefix.clone();
+        let hcp = managed_clusters::resolve(x, hosted, Some(&prefix), &server);
+        if let Ok(ns) = &hcp {
+            self.managed.insert(ns.clone(), x.to_string());
+        }
+        Some(reporting::evaluate_cluster_template(
+            self.rows,
+            x,
+            hcp.as_deref().map_err(|why| why as _),
+            self.ctx.caps.pending_supported,
+        ))
     }
 }
 

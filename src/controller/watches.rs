@@ -23,7 +23,7 @@ use crate::hosted::admission_policies;
 use crate::hosted::clients::HostedClient;
 use crate::hosted::objects::{self, HostedFeatures};
 use crate::hosted::wanted::Wanted;
-use crate::hosted::watch::{Selection, watch};
+use crate::hosted::watch::{Watched, Watches};
 use crate::metrics::DriftLabels;
 
 /// Starts (or updates) the drift watch of one hosted cluster: each object the agent wants
@@ -82,7 +82,7 @@ fn drift_task(
     ns: &str,
     cluster: &str,
     hosted: &HostedClient,
-    watched: Vec<(&'static str, String)>,
+    watched: Vec<(&'static str, Arc<str>)>,
     shared: Arc<Mutex<WatchShared>>,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
     let mut task = DriftTask {
@@ -95,11 +95,7 @@ fn drift_task(
         warned: BTreeMap::new(),
         listed: BTreeMap::new(),
         lost: None,
-        events: EventSink {
-            client: ctx.client.clone(),
-            reporter: ctx.reporter(),
-            ns: ns.to_string(),
-        },
+        events: EventSink(Arc::clone(&ctx.publisher)),
         tally: Tally::default(),
     };
     let hosted = hosted.clone();
@@ -140,47 +136,45 @@ fn drift_task(
 }
 
 /// The drift watch's events: one watch per object the agent wants, by name (a field
-/// selector). Not by label: a tenant can label objects of their own like the agent's, 300 of
-/// them at 900 KiB, and a watch by label would make the agent read every one and every change
-/// to it; by name the server sends the agent's objects and nothing else.
+/// selector), all in one stream (`hosted::watch::Watches`). Not by label: a tenant can label
+/// objects of their own like the agent's, 300 of them at 900 KiB, and a watch by label would
+/// make the agent read every one and every change to it; by name the server sends the
+/// agent's objects and nothing else.
 fn drift_events(
     service: crate::hosted::clients::HostedService,
-    watched: Vec<(&'static str, String)>,
+    watched: Vec<(&'static str, Arc<str>)>,
 ) -> futures::stream::BoxStream<'static, DriftEvent> {
-    fn one<K>(
-        service: &Arc<crate::hosted::clients::HostedService>,
-        kind: &'static str,
-        name: String,
-    ) -> futures::stream::BoxStream<'static, DriftEvent>
-    where
-        K: kube::Resource<DynamicType = ()>
-            + serde::de::DeserializeOwned
-            + serde::Serialize
-            + Clone
-            + Send
-            + 'static,
-    {
-        let selection = Selection {
-            fields: Some(format!("metadata.name={name}")),
-            ..Default::default()
-        };
-        Box::pin(
-            watch::<K>(Arc::clone(service), selection)
-                .default_backoff()
-                .map(move |e| classify(kind, &name, e)),
-        )
-    }
-    let service = Arc::new(service);
-    let streams = watched.into_iter().map(|(kind, name)| match kind {
-        "ValidatingAdmissionPolicy" => one::<ValidatingAdmissionPolicy>(&service, kind, name),
-        "ValidatingAdmissionPolicyBinding" => {
-            one::<ValidatingAdmissionPolicyBinding>(&service, kind, name)
-        }
-        "MutatingWebhookConfiguration" => one::<MutatingWebhookConfiguration>(&service, kind, name),
-        _ => one::<ValidatingWebhookConfiguration>(&service, kind, name),
-    });
+    let watched = watched
+        .into_iter()
+        .map(|(kind, name)| Watched {
+            kind,
+            path: kind_path(kind),
+            name,
+        })
+        .collect();
     // Never ending, as a watch: with nothing wanted the task waits for a new set of names.
-    Box::pin(futures::stream::select_all(streams).chain(futures::stream::pending()))
+    Box::pin(
+        Watches::new(service, watched)
+            .map(|(kind, name, ev)| classify(kind, &name, ev))
+            .chain(futures::stream::pending()),
+    )
+}
+
+/// The collection path of a kind the drift watch reads (static: every watch of every hosted
+/// cluster holds it).
+fn kind_path(kind: &str) -> &'static str {
+    match kind {
+        "ValidatingAdmissionPolicy" => {
+            "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
+        }
+        "ValidatingAdmissionPolicyBinding" => {
+            "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
+        }
+        "MutatingWebhookConfiguration" => {
+            "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+        }
+        _ => "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
+    }
 }
 
 /// One object to compare with what the agent applied: kind, what happened to it, its name,
@@ -216,16 +210,12 @@ struct DriftTask {
 }
 
 /// What a drift task needs to publish Events on its HCP's record.
-struct EventSink {
-    client: kube::Client,
-    reporter: kube::runtime::events::Reporter,
-    ns: String,
-}
+struct EventSink(Arc<(kube::Client, kube::runtime::events::Reporter)>);
 
 impl EventSink {
     /// Publishes a Warning on the HCP's AdmissionHealth record, in a task of its own: the
     /// management API's rate limit must never hold up the next repair.
-    fn warn(&self, reason: &str, note: String) {
+    fn warn(&self, ns: &str, reason: &str, note: String) {
         use kube::runtime::events::{Event, EventType, Recorder};
         let reference = k8s_openapi::api::core::v1::ObjectReference {
             api_version: Some(
@@ -233,7 +223,7 @@ impl EventSink {
             ),
             kind: Some("AdmissionHealth".into()),
             name: Some(crate::reporting::HEALTH_NAME.into()),
-            namespace: Some(self.ns.clone()),
+            namespace: Some(ns.to_string()),
             ..Default::default()
         };
         let ev = Event {
@@ -244,7 +234,7 @@ impl EventSink {
             secondary: None,
         };
         // A Recorder per Event, as `Context::publish` says why.
-        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
+        let recorder = Recorder::new(self.0.0.clone(), self.0.1.clone());
         tokio::spawn(
             async move {
                 if let Err(e) = recorder.publish(&ev, &reference).await {
@@ -329,6 +319,7 @@ impl DriftTask {
 
     fn tell_minute(&self, seen: u32, untold: u32) {
         self.events.warn(
+            &self.ns,
             "TamperingRepeated",
             format!(
                 "hosted cluster {} keeps tampering with its guards: {seen} changes or deletions of the agent's objects in one minute, each put back ({untold} not told one by one; hcp_fleet_webhook_drift_total counts all)",
@@ -493,7 +484,8 @@ impl DriftTask {
             note.clone()
         };
         if let Tell::Each(_) = tell {
-            self.events.warn("Tampered", format!("{note}; put back"));
+            self.events
+                .warn(&self.ns, "Tampered", format!("{note}; put back"));
         }
         let applied = {
             let mut shared = lock(&self.shared);
@@ -621,20 +613,22 @@ enum DriftEvent {
 /// A listing (the watch's first, or a relist after it expired or lost its connection) is
 /// compared like a change: an object deleted or edited while no watch was open (between the
 /// apply and the watch's start, or in a gap) shows only there.
-fn classify<K: serde::Serialize + kube::Resource>(
+fn classify(
     kind: &'static str,
     watched: &str,
-    ev: Result<watcher::Event<K>, watcher::Error>,
+    ev: Result<watcher::Event<Value>, watcher::Error>,
 ) -> DriftEvent {
+    let name = |o: &Value| {
+        o["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
     match ev {
-        Ok(watcher::Event::Apply(o)) => {
-            DriftEvent::Change(kind, "changed", o.name_any(), serde_json::to_value(o).ok())
-        }
-        Ok(watcher::Event::Delete(o)) => DriftEvent::Change(kind, "deleted", o.name_any(), None),
+        Ok(watcher::Event::Apply(o)) => DriftEvent::Change(kind, "changed", name(&o), Some(o)),
+        Ok(watcher::Event::Delete(o)) => DriftEvent::Change(kind, "deleted", name(&o), None),
         Ok(watcher::Event::Init) => DriftEvent::ListStart(kind, watched.to_string()),
-        Ok(watcher::Event::InitApply(o)) => {
-            DriftEvent::Listed(kind, o.name_any(), serde_json::to_value(o).ok())
-        }
+        Ok(watcher::Event::InitApply(o)) => DriftEvent::Listed(kind, name(&o), Some(o)),
         Ok(watcher::Event::InitDone) => DriftEvent::ListDone(kind, watched.to_string()),
         // The connection failed, as opposed to the server answering with an error status.
         Err(e) => match &e {
@@ -671,6 +665,31 @@ pub(crate) async fn deletion_watcher(ctx: Arc<Context>) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn each_kind_is_read_at_its_apis_path() {
+        use kube::Resource;
+        for (kind, path) in [
+            (
+                "ValidatingAdmissionPolicy",
+                ValidatingAdmissionPolicy::url_path(&(), None),
+            ),
+            (
+                "ValidatingAdmissionPolicyBinding",
+                ValidatingAdmissionPolicyBinding::url_path(&(), None),
+            ),
+            (
+                "MutatingWebhookConfiguration",
+                MutatingWebhookConfiguration::url_path(&(), None),
+            ),
+            (
+                "ValidatingWebhookConfiguration",
+                ValidatingWebhookConfiguration::url_path(&(), None),
+            ),
+        ] {
+            assert_eq!(kind_path(kind), path);
+        }
+    }
 
     #[test]
     fn a_minute_tells_its_first_tamperings_one_by_one_and_the_rest_at_its_end() {

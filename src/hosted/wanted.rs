@@ -21,7 +21,8 @@ use super::webhooks::HostedWebhooks;
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct WantedObject {
     pub kind: &'static str,
-    pub name: String,
+    /// Interned: every HCP's guards have the same names, and the drift watch holds them too.
+    pub name: Part,
     /// `{"labels": …, "annotations": …}` as rendered (interned too: every object of an HCP
     /// carries the same claim, and every HCP the same labels).
     metadata: Part,
@@ -50,7 +51,7 @@ struct WebhookParts {
 }
 
 /// One interned part: its compact JSON text.
-type Part = Arc<str>;
+pub(crate) type Part = Arc<str>;
 
 /// A part as JSON again. It was written by serde_json from a `Value`, so it reads back; were
 /// it not to, `null` compares unequal to anything live and the object is repaired.
@@ -144,10 +145,10 @@ impl Wanted {
 
     /// Every wanted object's kind and name: what the drift watch reads, one watch by name
     /// each.
-    pub fn watched(&self) -> Vec<(&'static str, String)> {
+    pub fn watched(&self) -> Vec<(&'static str, Part)> {
         self.objects
             .iter()
-            .map(|o| (o.kind, o.name.clone()))
+            .map(|o| (o.kind, Arc::clone(&o.name)))
             .collect()
     }
 
@@ -156,7 +157,7 @@ impl Wanted {
         self.objects
             .iter()
             .filter(|o| o.kind == kind)
-            .map(|o| o.name.clone())
+            .map(|o| o.name.to_string())
             .collect()
     }
 
@@ -166,7 +167,7 @@ impl Wanted {
         let o = self
             .objects
             .iter()
-            .find(|o| o.kind == kind && o.name == name)?;
+            .find(|o| o.kind == kind && *o.name == *name)?;
         let mut v = serde_json::json!({ "metadata": value(&o.metadata) });
         v[o.whole] = o.body.to_value();
         Some(v)
@@ -192,7 +193,7 @@ impl<K: kube::Resource + Serialize> ErasedObject for K {
         }
         Some(WantedObject {
             kind,
-            name,
+            name: intern_text(name),
             metadata: intern(Value::Object(metadata)),
             whole,
             body: Body::of(whole, body),
@@ -212,7 +213,11 @@ struct Pool {
 
 /// One shared copy of `v`'s text: the one already held elsewhere if it is equal, else new.
 fn intern(v: Value) -> Part {
-    let text = v.to_string();
+    intern_text(v.to_string())
+}
+
+/// One shared copy of `text`: the one already held elsewhere if it is equal, else new.
+pub(crate) fn intern_text(text: String) -> Part {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     text.hash(&mut h);
     let key = h.finish();
