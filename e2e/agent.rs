@@ -851,6 +851,41 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
         err.to_string().contains("concurrency must be at least 1"),
         "{err}"
     );
+    // Said where an SRE looks, not only in the log: the metric, and an Event on the
+    // agent's rollout object.
+    assert!(
+        agent
+            .context
+            .metrics
+            .encode()
+            .contains("hcp_fleet_config_last_reload_successful 0"),
+        "the refusal's metric"
+    );
+    eventually(
+        "the ConfigurationRefused Event",
+        Duration::from_secs(10),
+        || async {
+            let events =
+                Api::<k8s_openapi::api::events::v1::Event>::namespaced(mgmt.clone(), AGENT_NS)
+                    .list(&Default::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+            events
+                .items
+                .iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some("ConfigurationRefused")
+                        && e.regarding.as_ref().and_then(|r| r.kind.as_deref())
+                            == Some("AdmissionRollout")
+                        && e.note
+                            .as_deref()
+                            .is_some_and(|n| n.contains("concurrency must be at least 1"))
+                })
+                .map(|_| ())
+                .ok_or_else(|| format!("{} events", events.items.len()))
+        },
+    )
+    .await;
     assert_eq!(
         *agent.context.config(),
         hcp_fleet_agent::localcp::allow_loopback(AgentConfig::default()),
@@ -866,6 +901,14 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
     assert!(
         agent.reload(&args).expect("good config"),
         "a change was applied"
+    );
+    assert!(
+        agent
+            .context
+            .metrics
+            .encode()
+            .contains("hcp_fleet_config_last_reload_successful 1"),
+        "accepted again"
     );
     let hc1 = fleet
         .hosted("hc-1")

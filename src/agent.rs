@@ -132,9 +132,26 @@ impl AgentHandle {
         self.controller.abort();
     }
 
-    /// Re-reads the configuration; a bad one is refused and the running one kept.
+    /// Re-reads the configuration; a bad one is refused and the running one kept, and says
+    /// so where an SRE looks: `hcp_fleet_config_last_reload_successful` 0 (the alert
+    /// `HcpFleetConfigurationRefused`) and a Warning Event on the agent's AdmissionRollout.
     pub fn reload(&self, args: &AgentArgs) -> Result<bool, crate::config::ConfigError> {
-        let new = load_config(args)?;
+        let new = match load_config(args) {
+            Ok(new) => {
+                self.context.metrics.config_read(true);
+                new
+            }
+            Err(e) => {
+                self.context.metrics.config_read(false);
+                self.context.warn_about_agent(
+                    "ConfigurationRefused",
+                    format!(
+                        "the new configuration was refused; the agent runs the last good one: {e}"
+                    ),
+                );
+                return Err(e);
+            }
+        };
         if *self.context.config() == new {
             return Ok(false);
         }
@@ -238,6 +255,8 @@ pub async fn start_with_metrics(
             endpoints: opts.endpoints,
         },
     );
+    // The configuration it starts with was read and accepted.
+    ctx.metrics.config_read(true);
     let c2 = ctx.clone();
     let (reload_tx, reload_rx) = tokio::sync::mpsc::unbounded_channel();
     let run = tokio::spawn(async move {

@@ -333,6 +333,10 @@ pub struct Metrics {
     pub reconcile_errors: Family<PhaseLabels, Counter>,
     pub hosted_clusters: Gauge,
     pub leader: Gauge,
+    /// 1 if the configuration last read was accepted, 0 while a refused one waits.
+    pub config_reload_successful: Gauge,
+    /// When the configuration was last read and accepted (Unix time).
+    pub config_reload_success_time: Gauge,
     pub revision: Family<RevisionLabels, Gauge>,
     pub rollout: Family<RolloutLabels, Gauge>,
     pub rollout_hcps: Family<RolloutStateLabels, Gauge>,
@@ -388,6 +392,8 @@ impl Metrics {
             reconcile_errors: Family::default(),
             hosted_clusters: Gauge::default(),
             leader: Gauge::default(),
+            config_reload_successful: Gauge::default(),
+            config_reload_success_time: Gauge::default(),
             revision: Family::default(),
             rollout: Family::default(),
             rollout_hcps: Family::default(),
@@ -489,6 +495,17 @@ impl Metrics {
             "leader",
             "1 while this replica holds the leader lease",
             self.leader.clone(),
+        );
+        // Named as Prometheus and Alertmanager name theirs.
+        r.register(
+            "config_last_reload_successful",
+            "1 if the configuration file last read was accepted, 0 while a refused one waits (the agent runs the last good one)",
+            self.config_reload_successful.clone(),
+        );
+        r.register(
+            "config_last_reload_success_timestamp_seconds",
+            "When the configuration file was last read and accepted (Unix time)",
+            self.config_reload_success_time.clone(),
         );
         r.register(
             "hcp_revision_info",
@@ -609,6 +626,19 @@ impl Metrics {
     }
 
     /// Since when an HCP has been paused, and by whom (`None`: not paused).
+    /// The configuration file was read: accepted (`true`, now) or refused.
+    pub fn config_read(&self, accepted: bool) {
+        self.config_reload_successful.set(i64::from(accepted));
+        if accepted {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or_default();
+            self.config_reload_success_time
+                .set(i64::try_from(now).unwrap_or(i64::MAX));
+        }
+    }
+
     pub fn set_paused(
         &self,
         hcp_namespace: &str,

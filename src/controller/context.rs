@@ -172,6 +172,41 @@ impl Context {
             .await
     }
 
+    /// Publishes a Warning about the agent itself on its AdmissionRollout (`fleet` in its
+    /// namespace, the object `kubectl get admissionrollout` shows), from a task of its own.
+    pub fn warn_about_agent(&self, reason: &str, note: String) {
+        use kube::runtime::events::{Event, EventType};
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let reference = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some(
+                <crate::crd::admission_rollout::AdmissionRollout as kube::Resource>::api_version(
+                    &(),
+                )
+                .into_owned(),
+            ),
+            kind: Some("AdmissionRollout".into()),
+            name: Some(crate::crd::admission_rollout::ROLLOUT_NAME.into()),
+            namespace: Some(self.agent_namespace.clone()),
+            ..Default::default()
+        };
+        let ev = Event {
+            type_: EventType::Warning,
+            reason: reason.into(),
+            note: Some(crate::reporting::event_note(&note)),
+            action: "ReadConfiguration".into(),
+            secondary: None,
+        };
+        let publisher = Arc::clone(&self.publisher);
+        rt.spawn(async move {
+            let recorder = Recorder::new(publisher.0.clone(), publisher.1.clone());
+            if let Err(e) = recorder.publish(&ev, &reference).await {
+                tracing::warn!(error = %crate::human::KubeError(&e), "publishing an Event about the agent failed");
+            }
+        });
+    }
+
     pub fn new(
         client: Client,
         config: Arc<RwLock<Arc<AgentConfig>>>,
