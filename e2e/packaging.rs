@@ -996,9 +996,10 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
 /// by `committed_packaging_files_are_fresh`) on the template-sync binding while the agent runs,
 /// as `support::acm::enforce` plays it: the binding is placed `musthave`, so ACM never strips
 /// the subjects the agent adds. An older release's `mustonlyhave` (which did) is undone by the
-/// agent within seconds. Then 60 s of enforcement once a second, with one new addon account
-/// half-way: ACM writes nothing, the binding is written once (for the new account), and no
-/// addon account is ever refused its template kind.
+/// agent within seconds. Then 60 s of enforcement once a second of every cluster-scoped RBAC
+/// object the generated Policy places and the chart installed (the binding among them), with
+/// one new addon account half-way: ACM writes none of them, the binding is written once (for
+/// the new account), and no addon account is ever refused its template kind.
 async fn acm_enforcing_the_generated_policy_undoes_nothing<F, Fut>(
     admin: &Client,
     binding: &str,
@@ -1069,16 +1070,43 @@ async fn acm_enforcing_the_generated_policy_undoes_nothing<F, Fut>(
         })
     };
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let mut acm_writes = 0;
+    // Every cluster-scoped RBAC object the Policy places that the chart installed here.
+    let mut placed = Vec::new();
+    for (ct, t) in &templates {
+        let resource = match t["kind"].as_str() {
+            Some("ClusterRole") => {
+                ApiResource::erase::<k8s_openapi::api::rbac::v1::ClusterRole>(&())
+            }
+            Some("ClusterRoleBinding") => ApiResource::erase::<ClusterRoleBinding>(&()),
+            _ => continue,
+        };
+        let name = t["metadata"]["name"].as_str().unwrap_or_default();
+        let there = Api::<DynamicObject>::all_with(admin.clone(), &resource)
+            .get_opt(name)
+            .await
+            .expect("read")
+            .is_some();
+        if there {
+            placed.push((resource, ct.as_str(), t));
+        }
+    }
+    assert!(
+        placed.len() >= 3,
+        "the chart's cluster RBAC under the Policy: {}",
+        placed.len()
+    );
+    let mut acm_writes = Vec::new();
     let mut refused = Vec::new();
     let t0 = std::time::Instant::now();
     let mut added = false;
     while t0.elapsed() < Duration::from_secs(60) {
-        if support::acm::enforce(admin, &crb, ctype, template)
-            .await
-            .expect("enforce")
-        {
-            acm_writes += 1;
+        for (resource, ct, t) in &placed {
+            if support::acm::enforce(admin, resource, ct, t)
+                .await
+                .expect("enforce")
+            {
+                acm_writes.push(format!("{} {}", t["kind"], t["metadata"]["name"]));
+            }
         }
         for ns in ["klusterlet-hc-a", "klusterlet-hc-b"] {
             if !may_list(ns.to_string()).await {
@@ -1105,9 +1133,9 @@ async fn acm_enforcing_the_generated_policy_undoes_nothing<F, Fut>(
         may_list("klusterlet-hc-c".to_string()).await,
         "the new account's subject"
     );
-    assert_eq!(
-        acm_writes, 0,
-        "ACM found the binding as its Policy says, every time"
+    assert!(
+        acm_writes.is_empty(),
+        "ACM found every object as its Policy says, every time: it wrote {acm_writes:?}"
     );
     assert!(refused.is_empty(), "addon accounts refused: {refused:?}");
     let n = writes.load(std::sync::atomic::Ordering::SeqCst);
