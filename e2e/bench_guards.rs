@@ -493,28 +493,11 @@ async fn labelled(
     }
     let n = env_num("BENCH_LABELLED", 300) as usize;
     let without = binding_repairs(hosted, runs).await?;
-    // About 900 KiB each: resource names of 250 characters in a rule that matches nothing.
-    let names: Vec<String> = (0..3600)
-        .map(|i| format!("{i:06}-{}", "x".repeat(243)))
-        .collect();
+    // About 900 KiB each.
+    let names = support::large_resource_names(900 * 1024);
     let dir = tempfile::tempdir().map_err(e)?;
     for i in 0..n {
-        let object = json!({
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicy",
-            "metadata": {
-                "name": format!("tenant-labelled-{i}"),
-                "labels": {hcp_fleet_agent::hosted::objects::OWNED_LABEL: "true"},
-            },
-            "spec": {
-                "matchConstraints": {"resourceRules": [{
-                    "apiGroups": ["bench.example.com"], "apiVersions": ["v1"],
-                    "operations": ["CREATE"], "resources": ["widgets"],
-                    "resourceNames": names,
-                }]},
-                "validations": [{"expression": "true"}],
-            },
-        });
+        let object = support::labelled_tenant_policy(&format!("tenant-labelled-{i}"), &names);
         std::fs::write(dir.path().join(format!("{i}.json")), object.to_string()).map_err(e)?;
     }
     drop(names);

@@ -468,22 +468,13 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
     // besides the default-mode one. Each must be able to list the agent's template kind in its
     // own namespace (template-sync's cleanUpExcessTemplates does, for every labelled kind);
     // one that cannot fails every Policy reconcile of its cluster (D3).
-    let addon_sa = "governance-policy-framework-sa";
     for ns in ["klusterlet-hc-a", "klusterlet-hc-b"] {
-        hcp_fleet_agent::localcp::fixtures::ensure_namespace(&admin, ns, Default::default())
-            .await
-            .expect("namespace");
-        let sa: k8s_openapi::api::core::v1::ServiceAccount =
-            serde_json::from_value(json!({"metadata": {"name": addon_sa}})).expect("sa");
-        Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(admin.clone(), ns)
-            .create(&PostParams::default(), &sa)
-            .await
-            .expect("the addon's account");
+        addon_account(&admin, ns).await;
     }
     let (_agent, metrics_addr) =
         support::spawn_elected_agent_env("agent-rbac", &kubeconfig, AGENT_NAMESPACE, None, &env);
     let as_addon = |ns: &str| {
-        let user = format!("system:serviceaccount:{ns}:{addon_sa}");
+        let user = format!("system:serviceaccount:{ns}:{ADDON_ACCOUNT}");
         let yaml = fleet.management.kubeconfig_yaml.clone();
         async move {
             let kc = kube::config::Kubeconfig::from_yaml(&yaml).expect("kubeconfig");
@@ -540,7 +531,7 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
         .subjects
         .unwrap_or_default();
     assert!(
-        subjects.iter().all(|s| s.name == addon_sa),
+        subjects.iter().all(|s| s.name == ADDON_ACCOUNT),
         "only the addon's accounts: {subjects:?}"
     );
     // The chart's own subject stays, so the chart (and ACM's ConfigurationPolicy) never
@@ -992,6 +983,23 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
     );
 }
 
+/// The account of ACM's governance framework addon, in every namespace it runs in.
+const ADDON_ACCOUNT: &str = "governance-policy-framework-sa";
+
+/// A framework addon's account in `ns` (made first), as ACM's hosted mode creates one per
+/// hosted cluster in `klusterlet-<name>`.
+async fn addon_account(admin: &Client, ns: &str) {
+    hcp_fleet_agent::localcp::fixtures::ensure_namespace(admin, ns, Default::default())
+        .await
+        .expect("namespace");
+    let sa: k8s_openapi::api::core::v1::ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": ADDON_ACCOUNT}})).expect("sa");
+    Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &sa)
+        .await
+        .unwrap_or_else(|e| panic!("the addon's account in {ns}: {e}"));
+}
+
 /// ACM's config-policy-controller enforcing the generated Policy (policies/policy.yaml, fresh
 /// by `committed_packaging_files_are_fresh`) on the template-sync binding while the agent runs,
 /// as `support::acm::enforce` plays it: the binding is placed `musthave`, so ACM never strips
@@ -1011,7 +1019,6 @@ async fn acm_enforcing_the_generated_policy_undoes_nothing<F, Fut>(
     use futures::StreamExt;
     use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
     use kube::runtime::watcher;
-    let addon_sa = "governance-policy-framework-sa";
     let templates = support::acm::object_templates(&support::acm::hub_objects());
     let (ctype, template) = templates
         .iter()
@@ -1114,16 +1121,7 @@ async fn acm_enforcing_the_generated_policy_undoes_nothing<F, Fut>(
             }
         }
         if !added && t0.elapsed() > Duration::from_secs(30) {
-            let ns = "klusterlet-hc-c";
-            hcp_fleet_agent::localcp::fixtures::ensure_namespace(admin, ns, Default::default())
-                .await
-                .expect("namespace");
-            let sa: k8s_openapi::api::core::v1::ServiceAccount =
-                serde_json::from_value(json!({"metadata": {"name": addon_sa}})).expect("sa");
-            Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(admin.clone(), ns)
-                .create(&PostParams::default(), &sa)
-                .await
-                .expect("the third addon's account");
+            addon_account(admin, "klusterlet-hc-c").await;
             added = true;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;

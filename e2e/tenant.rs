@@ -116,25 +116,16 @@ async fn a_tenants_labelled_objects_cost_the_agent_nothing_it_keeps() {
     // ~900 KiB each: a CA bundle of that size (the API server does not parse it); for a
     // policy, resource names of 250 characters in a rule that matches nothing.
     let bundle = "A".repeat(TENANT_OBJECT_BYTES / 4 * 4);
-    let names: Vec<String> = (0..TENANT_OBJECT_BYTES / 256)
-        .map(|i| format!("{i:06}-{}", "x".repeat(243)))
-        .collect();
+    let names = support::large_resource_names(TENANT_OBJECT_BYTES);
     let made = futures::stream::iter(0..TENANT_OBJECTS)
         .map(|i| {
             let (vapi, papi) = (vapi.clone(), papi.clone());
             if policies {
                 let vap: k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy =
-                    serde_json::from_value(serde_json::json!({
-                    "metadata": {"name": format!("tenant-{i:03}"), "labels": {OWNED_LABEL: "true"}},
-                    "spec": {
-                        "matchConstraints": {"resourceRules": [{
-                            "apiGroups": ["tenant.example.com"], "apiVersions": ["v1"],
-                            "operations": ["CREATE"], "resources": ["nothings"],
-                            "resourceNames": names,
-                        }]},
-                        "validations": [{"expression": "true"}],
-                    },
-                }))
+                    serde_json::from_value(support::labelled_tenant_policy(
+                        &format!("tenant-{i:03}"),
+                        &names,
+                    ))
                 .expect("policy");
                 return futures::FutureExt::boxed(async move {
                     papi.create(&Default::default(), &vap).await.map(|_| ())

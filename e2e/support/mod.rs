@@ -496,6 +496,35 @@ pub async fn service_requests(mgmt: &kube::Client, ns: &str, webhook: &str) -> f
 // The benchmarks' shared measuring helpers.
 
 /// A number from the environment (a benchmark's size), or `default`.
+/// Resource names of 250 characters, about `bytes` of them: what makes a tenant's policy large.
+pub fn large_resource_names(bytes: usize) -> Vec<String> {
+    (0..bytes / 256)
+        .map(|i| format!("{i:06}-{}", "x".repeat(243)))
+        .collect()
+}
+
+/// A tenant's ValidatingAdmissionPolicy named `name`, labelled as the agent labels its own,
+/// whose one rule matches nothing and lists `names` (`large_resource_names`): as large as a
+/// tenant likes, and of no concern to an agent that reads its own objects by name.
+pub fn labelled_tenant_policy(name: &str, names: &[String]) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {
+            "name": name,
+            "labels": {hcp_fleet_agent::hosted::objects::OWNED_LABEL: "true"},
+        },
+        "spec": {
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": ["tenant.example.com"], "apiVersions": ["v1"],
+                "operations": ["CREATE"], "resources": ["nothings"],
+                "resourceNames": names,
+            }]},
+            "validations": [{"expression": "true"}],
+        },
+    })
+}
+
 pub fn env_num(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()

@@ -134,11 +134,9 @@ pub struct Context {
     pub(super) rollup_changed: Notify,
     /// The management cluster's identity (the UID of its kube-system namespace), read once.
     management_identity: tokio::sync::OnceCell<String>,
-    /// Who the agent's Events say reported them.
-    reporter: Reporter,
-    /// The client and reporter the drift tasks publish their Events with: one for the fleet,
-    /// not a copy per hosted cluster.
-    pub(super) publisher: Arc<(Client, Reporter)>,
+    /// What publishes the agent's Events (shared with the drift tasks: one for the fleet, not
+    /// a copy per hosted cluster).
+    pub(super) events: Arc<Publisher>,
     /// The watch stores of the agent's own management objects (filled by `run`).
     caches: RwLock<super::cache::Caches>,
     /// The rollout as last read or written (`rollout.rs`): which revision each HCP runs.
@@ -155,7 +153,14 @@ pub fn hcp_labels(ns: &str, cluster: &str) -> HcpLabels {
     }
 }
 
-impl Context {
+/// The client and reporter the agent publishes its Events with.
+pub(super) struct Publisher {
+    client: Client,
+    /// Who the agent's Events say reported them.
+    reporter: Reporter,
+}
+
+impl Publisher {
     /// Publishes `ev` about `reference` as an Event of its own. kube's `Recorder` keys its
     /// cache by type, reason and action but not the note, so a second NonCompliant Event with
     /// a new message would only bump the first one's count and keep its old message (client-go
@@ -172,13 +177,49 @@ impl Context {
             .await
     }
 
-    /// Publishes a Warning about the agent itself on its AdmissionRollout (`fleet` in its
-    /// namespace, the object `kubectl get admissionrollout` shows), from a task of its own.
-    pub fn warn_about_agent(&self, reason: &str, note: String) {
+    /// A Warning with `reason`, `action` and `note` (cut to what the API server takes) about
+    /// `reference`, published from a task of its own: the management API's rate limit must
+    /// hold up neither a repair nor a configuration reload. A failure is logged.
+    pub(super) fn warn_detached(
+        self: &Arc<Self>,
+        reference: k8s_openapi::api::core::v1::ObjectReference,
+        reason: &str,
+        action: &str,
+        note: &str,
+    ) {
         use kube::runtime::events::{Event, EventType};
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        let ev = Event {
+            type_: EventType::Warning,
+            reason: reason.into(),
+            note: Some(crate::reporting::event_note(note)),
+            action: action.into(),
+            secondary: None,
+        };
+        let publisher = Arc::clone(self);
+        rt.spawn(tracing::Instrument::in_current_span(async move {
+            if let Err(e) = publisher.publish(&ev, &reference).await {
+                tracing::warn!(error = %crate::human::KubeError(&e), reason = %ev.reason, "publishing an Event failed");
+            }
+        }));
+    }
+}
+
+impl Context {
+    /// `Publisher::publish`, with the agent's client and reporter.
+    pub(super) async fn publish(
+        &self,
+        ev: &kube::runtime::events::Event,
+        reference: &k8s_openapi::api::core::v1::ObjectReference,
+    ) -> Result<(), kube::Error> {
+        self.events.publish(ev, reference).await
+    }
+
+    /// Publishes a Warning about the agent itself on its AdmissionRollout (`fleet` in its
+    /// namespace, the object `kubectl get admissionrollout` shows), from a task of its own.
+    pub fn warn_about_agent(&self, reason: &str, note: String) {
         let reference = k8s_openapi::api::core::v1::ObjectReference {
             api_version: Some(
                 <crate::crd::admission_rollout::AdmissionRollout as kube::Resource>::api_version(
@@ -191,20 +232,8 @@ impl Context {
             namespace: Some(self.agent_namespace.clone()),
             ..Default::default()
         };
-        let ev = Event {
-            type_: EventType::Warning,
-            reason: reason.into(),
-            note: Some(crate::reporting::event_note(&note)),
-            action: "ReadConfiguration".into(),
-            secondary: None,
-        };
-        let publisher = Arc::clone(&self.publisher);
-        rt.spawn(async move {
-            let recorder = Recorder::new(publisher.0.clone(), publisher.1.clone());
-            if let Err(e) = recorder.publish(&ev, &reference).await {
-                tracing::warn!(error = %crate::human::KubeError(&e), "publishing an Event about the agent failed");
-            }
-        });
+        self.events
+            .warn_detached(reference, reason, "ReadConfiguration", &note);
     }
 
     pub fn new(
@@ -231,9 +260,12 @@ impl Context {
                     phase: phase.as_str().into(),
                 });
         }
-        let publisher = Arc::new((client.clone(), reporter.clone()));
+        let events = Arc::new(Publisher {
+            client: client.clone(),
+            reporter,
+        });
         let ctx = Arc::new(Self {
-            publisher,
+            events,
             client,
             config,
             metrics,
@@ -245,7 +277,6 @@ impl Context {
             tombstones: Mutex::new(HashSet::new()),
             rollup_changed: Notify::new(),
             management_identity: tokio::sync::OnceCell::new(),
-            reporter,
             caches: RwLock::default(),
             rollout: RwLock::default(),
             rollout_halt: Mutex::new(None),

@@ -378,7 +378,7 @@ pub(crate) async fn template_reporter(ctx: Arc<Context>) {
                     // Until the HostedClusters are listed, an annotated cluster would read as
                     // unknown: report it once they are (their watch wakes us).
                     if let Some(want) = rowing.own_row(&key.0, x) {
-                        wants.push((t.clone(), key, Some(want)));
+                        wants.push((t, key, Some(want)));
                     }
                 }
             }

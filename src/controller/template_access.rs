@@ -76,10 +76,8 @@ pub async fn keep(client: Client, binding: String, account: String, always: Opti
     let mut listed = [false, false];
     while let Some(ev) = events.next().await {
         match ev {
-            Ok((from, done)) => {
-                if from > 1 {
-                    continue;
-                }
+            Ok(None) => continue,
+            Ok(Some((from, done))) => {
                 listed[from] |= done;
             }
             Err(e) => {
@@ -121,15 +119,15 @@ pub async fn keep(client: Client, binding: String, account: String, always: Opti
 }
 
 /// Which of the keeper's watches (`from`) an event came from, and whether it ends a listing;
-/// `usize::MAX` for an event that changes nothing to look at (a listing's start or its items).
+/// `None` for an event that changes nothing to look at (a listing's start or its items).
 fn seen<K>(
     from: usize,
     ev: Result<watcher::Event<K>, watcher::Error>,
-) -> Result<(usize, bool), watcher::Error> {
+) -> Result<Option<(usize, bool)>, watcher::Error> {
     match ev {
-        Ok(watcher::Event::InitDone) => Ok((from, true)),
-        Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => Ok((from, false)),
-        Ok(_) => Ok((usize::MAX, false)),
+        Ok(watcher::Event::InitDone) => Ok(Some((from, true))),
+        Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => Ok(Some((from, false))),
+        Ok(_) => Ok(None),
         Err(e) => Err(e),
     }
 }

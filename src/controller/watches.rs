@@ -46,7 +46,7 @@ pub(crate) fn ensure_drift_watch(
             && lock(&w.shared)
                 .desired
                 .as_ref()
-                .is_some_and(|d| d.watched() == desired.watched())
+                .is_some_and(|d| d.same_objects(&desired))
         {
             let mut shared = lock(&w.shared);
             if shared.desired.as_ref() != Some(&desired) {
@@ -95,7 +95,7 @@ fn drift_task(
         warned: BTreeMap::new(),
         listed: BTreeMap::new(),
         lost: None,
-        events: EventSink(Arc::clone(&ctx.publisher)),
+        events: EventSink(Arc::clone(&ctx.events)),
         tally: Tally::default(),
     };
     let hosted = hosted.clone();
@@ -210,13 +210,11 @@ struct DriftTask {
 }
 
 /// What a drift task needs to publish Events on its HCP's record.
-struct EventSink(Arc<(kube::Client, kube::runtime::events::Reporter)>);
+struct EventSink(Arc<super::context::Publisher>);
 
 impl EventSink {
-    /// Publishes a Warning on the HCP's AdmissionHealth record, in a task of its own: the
-    /// management API's rate limit must never hold up the next repair.
+    /// Publishes a Warning on the HCP's AdmissionHealth record, in a task of its own.
     fn warn(&self, ns: &str, reason: &str, note: String) {
-        use kube::runtime::events::{Event, EventType, Recorder};
         let reference = k8s_openapi::api::core::v1::ObjectReference {
             api_version: Some(
                 <crate::crd::AdmissionHealth as kube::Resource>::api_version(&()).into_owned(),
@@ -226,23 +224,8 @@ impl EventSink {
             namespace: Some(ns.to_string()),
             ..Default::default()
         };
-        let ev = Event {
-            type_: EventType::Warning,
-            reason: reason.into(),
-            note: Some(crate::reporting::event_note(&note)),
-            action: "RepairTampering".into(),
-            secondary: None,
-        };
-        // A Recorder per Event, as `Context::publish` says why.
-        let recorder = Recorder::new(self.0.0.clone(), self.0.1.clone());
-        tokio::spawn(
-            async move {
-                if let Err(e) = recorder.publish(&ev, &reference).await {
-                    warn!(error = %crate::human::KubeError(&e), "publishing a tampering event failed");
-                }
-            }
-            .in_current_span(),
-        );
+        self.0
+            .warn_detached(reference, reason, "RepairTampering", &note);
     }
 }
 
@@ -722,26 +705,23 @@ mod tests {
         };
         let mut live = json!({"metadata": {"managedFields": entry("kubectl-edit")},
                               "spec": {"failurePolicy": "Ignore"}});
-        let by_tenant = tampering_note(
-            "ValidatingAdmissionPolicy",
-            "p",
-            "changed",
-            &want,
-            Some(&live),
-        );
+        let changed = |live: &Value| {
+            tampering_note(
+                "ValidatingAdmissionPolicy",
+                "p",
+                "changed",
+                &want,
+                Some(live),
+            )
+        };
+        let by_tenant = changed(&live);
         assert!(
             by_tenant.contains("spec.failurePolicy (by kubectl-edit)"),
             "{by_tenant}"
         );
         // A client that claims the agent's manager name is named by what differs.
         live["metadata"]["managedFields"] = entry(crate::management::FIELD_MANAGER);
-        let claimed = tampering_note(
-            "ValidatingAdmissionPolicy",
-            "p",
-            "changed",
-            &want,
-            Some(&live),
-        );
+        let claimed = changed(&live);
         assert!(
             claimed.contains("under the agent's own field manager name"),
             "{claimed}"

@@ -152,6 +152,15 @@ impl Wanted {
             .collect()
     }
 
+    /// Do both want the same objects (kinds and names, in order), whatever their content? The
+    /// drift watch asks at every reconcile, without building `watched` twice.
+    pub fn same_objects(&self, other: &Wanted) -> bool {
+        self.objects
+            .iter()
+            .map(|o| (o.kind, &*o.name))
+            .eq(other.objects.iter().map(|o| (o.kind, &*o.name)))
+    }
+
     /// The names of the wanted objects of `kind`.
     pub fn names(&self, kind: &str) -> Vec<String> {
         self.objects
@@ -262,6 +271,20 @@ mod tests {
         render(&AgentConfig::default(), ns, &url, CA, features)
             .expect("render")
             .claimed(&format!("mgmt/{ns}"))
+    }
+
+    /// What the drift watch's restart turns on: the same objects (another HCP's rendering has
+    /// other content, the same names), or not (guards moved to webhooks).
+    #[test]
+    fn the_same_objects_are_the_same_kinds_and_names() {
+        let a = Wanted::of(&rendered("clusters-a"));
+        let b = Wanted::of(&rendered("clusters-b"));
+        let hooks = Wanted::of(&rendered_with("clusters-a", false));
+        assert_ne!(a, b);
+        assert!(a.same_objects(&b));
+        assert_eq!(a.same_objects(&b), a.watched() == b.watched());
+        assert!(!a.same_objects(&hooks));
+        assert_eq!(a.same_objects(&hooks), a.watched() == hooks.watched());
     }
 
     #[test]
