@@ -886,6 +886,36 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
         },
     )
     .await;
+    // And a condition on that object (`helm upgrade` succeeded whatever the agent made of it).
+    let accepted = |want: &'static str, text: &'static str| {
+        let mgmt = mgmt.clone();
+        async move {
+            let r = Api::<hcp_fleet_agent::crd::admission_rollout::AdmissionRollout>::namespaced(
+                mgmt, AGENT_NS,
+            )
+            .get("fleet")
+            .await
+            .map_err(|e| e.to_string())?;
+            let c = r
+                .status
+                .iter()
+                .flat_map(|s| &s.conditions)
+                .find(|c| c.type_ == "ConfigurationAccepted")
+                .ok_or("no ConfigurationAccepted condition")?;
+            let status = serde_json::to_value(c.status).map_err(|e| e.to_string())?;
+            if status == want && c.message.contains(text) {
+                Ok(())
+            } else {
+                Err(format!("{status} {}", c.message))
+            }
+        }
+    };
+    eventually(
+        "ConfigurationAccepted False, saying why",
+        Duration::from_secs(10),
+        || accepted("False", "concurrency must be at least 1"),
+    )
+    .await;
     assert_eq!(
         *agent.context.config(),
         hcp_fleet_agent::localcp::allow_loopback(AgentConfig::default()),
@@ -910,6 +940,12 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
             .contains("hcp_fleet_config_last_reload_successful 1"),
         "accepted again"
     );
+    eventually(
+        "ConfigurationAccepted True again",
+        Duration::from_secs(10),
+        || accepted("True", "in force"),
+    )
+    .await;
     let hc1 = fleet
         .hosted("hc-1")
         .expect("hc-1")

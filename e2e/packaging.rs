@@ -82,6 +82,42 @@ fn helm_lint_passes_and_the_schema_refuses_bad_values() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("concurency"), "{err}");
+    // And the agent's guardrails (made from the same table): what would crash-loop a fresh
+    // install is refused by helm, naming the value. `--set-json` so a `*` is a string.
+    for (value, named) in [
+        ("config.probeIntervalSeconds=2", "probeIntervalSeconds"),
+        ("config.concurrency=0", "concurrency"),
+        (r#"config.admission.exemptUsers=["*"]"#, "exemptUsers"),
+        (
+            r#"config.admission.exemptUsers=["system:serviceaccount:*"]"#,
+            "exemptUsers",
+        ),
+        (r#"config.admission.exemptGroups=["sre*"]"#, "exemptGroups"),
+        (
+            r#"config.admission.exemptGroups=["system:authenticated"]"#,
+            "exemptGroups",
+        ),
+        (
+            r#"config.webhooks=[{"name":"a.b.c","kind":"Validating","path":"/validate/scc","rules":[],"timeoutSeconds":30}]"#,
+            "timeoutSeconds",
+        ),
+    ] {
+        let out = Command::new(helm())
+            .args(["template", "x", CHART, "--set-json", value])
+            .current_dir(repo())
+            .output()
+            .expect("helm");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "helm accepted {value}");
+        assert!(err.contains(named), "{value}: {err}");
+    }
+    // What the agent accepts, helm does too.
+    render(&[
+        "--set-json",
+        r#"config.admission.exemptUsers=["alice","system:serviceaccount:team-a:*"]"#,
+        "--set-json",
+        r#"config.disabledGuards=["scc.hcp-fleet.openshift.io"]"#,
+    ]);
     // Two replicas without leader election would both write.
     let out = Command::new(helm())
         .args([

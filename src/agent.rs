@@ -139,10 +139,12 @@ impl AgentHandle {
         let new = match load_config(args) {
             Ok(new) => {
                 self.context.metrics.config_read(true);
+                self.context.set_config_refused(None);
                 new
             }
             Err(e) => {
                 self.context.metrics.config_read(false);
+                self.context.set_config_refused(Some(e.to_string()));
                 self.context.warn_about_agent(
                     "ConfigurationRefused",
                     format!(

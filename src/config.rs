@@ -39,8 +39,16 @@ pub enum ConfigError {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AgentConfig {
-    #[serde(default = "default_webhooks")]
+    /// The guards: the built-ins, each replaced by an entry of the same name in the file's
+    /// `webhooks:` list, then the list's other entries added. A list never drops a built-in
+    /// by leaving it out (a two-entry list once silently uninstalled seven); `disabledGuards`
+    /// does, by name.
+    #[serde(default = "default_webhooks", deserialize_with = "over_builtins")]
     pub webhooks: Vec<WebhookDefinition>,
+    /// Built-in (or added) guards not installed anywhere, by name. The probe cannot be
+    /// disabled: it is what proves the others reachable.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disabled_guards: Vec<String>,
     #[serde(default)]
     pub admission: AdmissionConfig,
     #[serde(default)]
@@ -94,6 +102,7 @@ impl Default for AgentConfig {
     fn default() -> Self {
         Self {
             webhooks: default_webhooks(),
+            disabled_guards: Vec::new(),
             admission: AdmissionConfig::default(),
             hosted_access: HostedAccessConfig::default(),
             certificates: CertificateConfig::default(),
@@ -480,6 +489,236 @@ pub(crate) fn default_webhooks() -> Vec<WebhookDefinition> {
     crate::guards::definitions()
 }
 
+/// The file's `webhooks:` list laid over the built-ins (see `AgentConfig::webhooks`).
+fn over_builtins<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Vec<WebhookDefinition>, D::Error> {
+    let listed = Vec::<WebhookDefinition>::deserialize(d)?;
+    Ok(merge_guards(default_webhooks(), listed))
+}
+
+/// `listed` over `base`: an entry replaces the one of its name in place, the others are
+/// appended in their order. Laying a merged list over the built-ins again gives it back, so a
+/// configuration written out and read again is the same configuration.
+pub(crate) fn merge_guards(
+    mut base: Vec<WebhookDefinition>,
+    listed: Vec<WebhookDefinition>,
+) -> Vec<WebhookDefinition> {
+    let builtins = base.len();
+    let mut replaced = vec![false; builtins];
+    for w in listed {
+        // A name the list holds twice is kept twice, for the guardrails to refuse by name.
+        match (0..builtins).find(|&i| base[i].name == w.name && !replaced[i]) {
+            Some(i) => {
+                replaced[i] = true;
+                base[i] = w;
+            }
+            None => base.push(w),
+        }
+    }
+    base
+}
+
+/// Which guards a configuration runs, as `render` and the log say it: each name with where it
+/// comes from.
+pub fn guard_summary(cfg: &AgentConfig) -> Vec<(String, &'static str)> {
+    let builtins = default_webhooks();
+    cfg.webhooks
+        .iter()
+        .map(|w| {
+            let from = match builtins.iter().find(|b| b.name == w.name) {
+                _ if cfg.disabled_guards.contains(&w.name) => "disabled (disabledGuards)",
+                Some(b) if b == w && w.mode != Mode::Off => "built-in",
+                Some(_) if w.mode == Mode::Off => "built-in, off",
+                Some(_) => "built-in, changed",
+                None if w.mode == Mode::Off => "added, off",
+                None => "added",
+            };
+            (w.name.clone(), from)
+        })
+        .collect()
+}
+
+/// An integer the agent bounds: where it is in the file, where its schema is (the `$defs`
+/// entry of its section, `None` at the top), its bounds and how to read it. The agent's
+/// guardrails and the chart's values schema are both made from `BOUNDS`, so helm refuses what
+/// the agent would.
+pub(crate) struct Bound {
+    pub path: &'static str,
+    pub schema_def: Option<&'static str>,
+    pub field: &'static str,
+    pub min: i64,
+    pub max: Option<i64>,
+    get: fn(&AgentConfig) -> i64,
+}
+
+impl Bound {
+    fn problem(&self, v: i64) -> String {
+        match self.max {
+            Some(max) => format!("{} must be {} to {max}, got {v}", self.path, self.min),
+            None => format!("{} must be at least {}, got {v}", self.path, self.min),
+        }
+    }
+}
+
+/// A hosted webhook's `timeoutSeconds` (the API server allows up to 30; a slow guard stalls
+/// every write it sees).
+pub(crate) const WEBHOOK_TIMEOUT: std::ops::RangeInclusive<i64> = 1..=5;
+
+pub(crate) const BOUNDS: &[Bound] = &[
+    Bound {
+        path: "concurrency",
+        schema_def: None,
+        field: "concurrency",
+        min: 1,
+        max: None,
+        get: |c| i64::from(c.concurrency),
+    },
+    Bound {
+        // Each probe is one dry-run request through each hosted kube-apiserver.
+        path: "probeIntervalSeconds",
+        schema_def: None,
+        field: "probeIntervalSeconds",
+        min: 5,
+        max: Some(3600),
+        get: |c| i64::from(c.probe_interval_seconds),
+    },
+    Bound {
+        path: "managementApi.requestsPerSecond",
+        schema_def: Some("ManagementApiConfig"),
+        field: "requestsPerSecond",
+        min: 1,
+        max: Some(10_000),
+        get: |c| i64::from(c.management_api.requests_per_second),
+    },
+    Bound {
+        path: "managementApi.burst",
+        schema_def: Some("ManagementApiConfig"),
+        field: "burst",
+        min: 1,
+        max: None,
+        get: |c| i64::from(c.management_api.burst),
+    },
+    Bound {
+        path: "admission.replicas",
+        schema_def: Some("AdmissionConfig"),
+        field: "replicas",
+        min: 1,
+        max: Some(10),
+        get: |c| i64::from(c.admission.replicas),
+    },
+    Bound {
+        path: "admission.port",
+        schema_def: Some("AdmissionConfig"),
+        field: "port",
+        min: 1,
+        max: Some(65535),
+        get: |c| i64::from(c.admission.port),
+    },
+    Bound {
+        path: "hostedAccess.requestTimeoutSeconds",
+        schema_def: Some("HostedAccessConfig"),
+        field: "requestTimeoutSeconds",
+        min: 1,
+        max: Some(60),
+        get: |c| i64::from(c.hosted_access.request_timeout_seconds),
+    },
+    Bound {
+        path: "certificates.servingLifetimeDays",
+        schema_def: Some("CertificateConfig"),
+        field: "servingLifetimeDays",
+        min: 1,
+        max: None,
+        get: |c| i64::from(c.certificates.serving_lifetime_days),
+    },
+    Bound {
+        path: "certificates.renewAtRemainingPercent",
+        schema_def: Some("CertificateConfig"),
+        field: "renewAtRemainingPercent",
+        min: 1,
+        max: Some(90),
+        get: |c| i64::from(c.certificates.renew_at_remaining_percent),
+    },
+];
+
+/// The chart's values schema given the agent's guardrails (`BOUNDS`, `WEBHOOK_TIMEOUT`, the
+/// exemption rules), in `AgentConfig`'s schema as schemars makes it (its `$defs` still in
+/// place), so `helm install` refuses what the agent would refuse at start.
+pub(crate) fn add_guardrails(schema: &mut serde_json::Value) {
+    use serde_json::json;
+    for b in BOUNDS {
+        let at = match b.schema_def {
+            Some(def) => &mut schema["$defs"][def]["properties"][b.field],
+            None => &mut schema["properties"][b.field],
+        };
+        at["minimum"] = json!(b.min);
+        match b.max {
+            Some(max) => at["maximum"] = json!(max),
+            None => {
+                if let Some(o) = at.as_object_mut() {
+                    o.remove("maximum");
+                }
+            }
+        }
+    }
+    let timeout = &mut schema["$defs"]["WebhookDefinition"]["properties"]["timeoutSeconds"];
+    timeout["minimum"] = json!(WEBHOOK_TIMEOUT.start());
+    timeout["maximum"] = json!(WEBHOOK_TIMEOUT.end());
+    for (field, kind) in [
+        ("exemptUsers", Exempted::User),
+        ("exemptGroups", Exempted::Group),
+        ("exemptNamespaces", Exempted::Namespace),
+    ] {
+        schema["$defs"]["AdmissionConfig"]["properties"][field]["items"] = exemption_schema(kind);
+    }
+}
+
+/// One exemption entry's schema: `exemption_problem`'s shape as a pattern (no control
+/// character, no surrounding space, a `*` only at the end of a prefix long enough, none for
+/// groups), and the entries that fit the shape but are refused by name (every service
+/// account, the canaries) listed, found by asking `exemption_problem` itself.
+pub(crate) fn exemption_schema(kind: Exempted) -> serde_json::Value {
+    use crate::guards::canary::{CANARY_GROUP, CANARY_USER};
+    // RE2 (helm's JSON Schema validator is Go's): `\p{Cc}` is what `char::is_control` is.
+    let inner = r"[^*\p{Cc}]";
+    let edge = r"[^\s*\p{Cc}]";
+    let exact = format!("{edge}(?:{inner}*{edge})?");
+    let pattern = match kind {
+        Exempted::Group => format!("^{exact}$"),
+        _ => format!(
+            r"^(?:{exact}|{edge}{inner}{{{},}}\*)$",
+            MIN_EXEMPT_PREFIX - 1
+        ),
+    };
+    let named: &[&str] = match kind {
+        Exempted::User => &[CANARY_USER, "system:serviceaccount:"],
+        Exempted::Group => &[CANARY_GROUP],
+        Exempted::Namespace => &[],
+    };
+    let mut refused: Vec<String> = Vec::new();
+    for base in named {
+        let mut candidates = vec![base.to_string()];
+        candidates.extend(
+            base.char_indices()
+                .map(|(i, _)| format!("{}*", &base[..i]))
+                .chain([format!("{base}*")]),
+        );
+        for c in candidates {
+            if c.chars().count() > MIN_EXEMPT_PREFIX
+                && exemption_problem("", &c, kind).is_some()
+                && !refused.contains(&c)
+            {
+                refused.push(c);
+            }
+        }
+    }
+    let mut item = serde_json::json!({"type": "string", "pattern": pattern});
+    if !refused.is_empty() {
+        item["not"] = serde_json::json!({ "enum": refused });
+    }
+    item
+}
+
 /// A label selector expression the API server would accept.
 fn selector_expression_ok(e: &LabelSelectorRequirement) -> bool {
     match e.operator.as_str() {
@@ -636,8 +875,12 @@ impl AgentConfig {
 
     /// Concurrency, the rollout, the management API's ceiling, the probe interval.
     fn rollout_and_limit_problems(&self, p: &mut Vec<String>) {
-        if self.concurrency == 0 {
-            p.push("concurrency must be at least 1".into());
+        // Every integer with bounds, from the table the chart's values schema is made from.
+        for b in BOUNDS {
+            let v = (b.get)(self);
+            if v < b.min || b.max.is_some_and(|max| v > max) {
+                p.push(b.problem(v));
+            }
         }
         let r = &self.rollout;
         if let Err(e) = r.failure_threshold.of(1) {
@@ -662,19 +905,6 @@ impl AgentConfig {
                 ));
             }
         }
-        let m = &self.management_api;
-        if !(1..=10_000).contains(&m.requests_per_second) {
-            p.push(format!(
-                "managementApi.requestsPerSecond must be 1 to 10000, got {}",
-                m.requests_per_second
-            ));
-        }
-        if m.burst == 0 {
-            p.push("managementApi.burst must be at least 1".into());
-        }
-        if !(5..=3600).contains(&self.probe_interval_seconds) {
-            p.push("probeIntervalSeconds must be 5 to 3600".into());
-        }
     }
 
     /// The admission service: image, replicas, port, Service name, exemptions.
@@ -682,15 +912,6 @@ impl AgentConfig {
         let a = &self.admission;
         if a.image.trim().is_empty() {
             p.push("admission.image must be set".into());
-        }
-        if !(1..=10).contains(&a.replicas) {
-            p.push(format!(
-                "admission.replicas must be 1 to 10, got {}",
-                a.replicas
-            ));
-        }
-        if !(1..=65535).contains(&a.port) {
-            p.push(format!("admission.port must be 1 to 65535, got {}", a.port));
         }
         if !is_dns_subdomain(&a.service_name) || a.service_name.contains('.') {
             p.push(format!(
@@ -728,9 +949,6 @@ impl AgentConfig {
         let h = &self.hosted_access;
         if h.kubeconfig_secret.is_empty() || h.kubeconfig_key.is_empty() {
             p.push("hostedAccess.kubeconfigSecret and kubeconfigKey must be set".into());
-        }
-        if !(1..=60).contains(&h.request_timeout_seconds) {
-            p.push("hostedAccess.requestTimeoutSeconds must be 1 to 60".into());
         }
         for rw in &h.server_rewrites {
             if rw.from.contains("://") {
@@ -783,18 +1001,15 @@ impl AgentConfig {
             }
         }
         let c = &self.certificates;
-        if c.serving_lifetime_days == 0 || c.ca_lifetime_days <= c.serving_lifetime_days {
+        if c.serving_lifetime_days > 0 && c.ca_lifetime_days <= c.serving_lifetime_days {
             p.push("certificates: caLifetimeDays must exceed servingLifetimeDays > 0".into());
-        }
-        if !(1..=90).contains(&c.renew_at_remaining_percent) {
-            p.push("certificates.renewAtRemainingPercent must be 1 to 90".into());
         }
     }
 
-    /// The webhook definitions: names and paths unique, rules, selectors, engines.
-    fn webhook_problems(&self, p: &mut Vec<String>) {
+    /// Names fully qualified and unique; each path one guard's.
+    fn webhook_name_and_path_problems(&self, p: &mut Vec<String>) {
         let mut names = BTreeSet::new();
-        let mut paths = BTreeSet::new();
+        let mut paths = std::collections::BTreeMap::new();
         for w in &self.webhooks {
             let at = format!("webhook {:?}", w.name);
             if !is_dns_subdomain(&w.name) || w.name.split('.').count() < 3 {
@@ -805,6 +1020,24 @@ impl AgentConfig {
             if !names.insert(&w.name) {
                 p.push(format!("{at}: duplicate name"));
             }
+            if let Some(first) = paths.get(w.path.as_str()) {
+                // Each path is one handler; the usual cause is a renamed copy of a built-in
+                // laid beside the built-in itself.
+                p.push(format!(
+                    "{at}: path {:?} is already guard {first:?}'s; to change that guard, give its entry the name {first:?} (an entry replaces the guard of its name), or turn it off with disabledGuards",
+                    w.path
+                ));
+            } else {
+                paths.insert(w.path.as_str(), w.name.as_str());
+            }
+        }
+    }
+
+    /// The webhook definitions: names and paths unique, rules, selectors, engines.
+    fn webhook_problems(&self, p: &mut Vec<String>) {
+        self.webhook_name_and_path_problems(p);
+        for w in &self.webhooks {
+            let at = format!("webhook {:?}", w.name);
             if !w.path.starts_with('/')
                 || w.path.contains("..")
                 || w.path
@@ -833,10 +1066,7 @@ impl AgentConfig {
                     crate::guards::paths().collect::<Vec<_>>().join(", ")
                 ));
             }
-            if !paths.insert(&w.path) {
-                p.push(format!("{at}: path {:?} used twice", w.path));
-            }
-            if !(1..=5).contains(&w.timeout_seconds) {
+            if !WEBHOOK_TIMEOUT.contains(&i64::from(w.timeout_seconds)) {
                 p.push(format!(
                     "{at}: timeoutSeconds must be 1 to 5 (a slow webhook stalls every write), got {}",
                     w.timeout_seconds
@@ -893,11 +1123,50 @@ impl AgentConfig {
 
     /// Parses and validates; every problem is reported at once.
     pub fn from_yaml(path: &str, text: &str) -> Result<Self, ConfigError> {
-        let cfg: AgentConfig = serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse {
-            path: path.to_string(),
-            reason: e.to_string(),
-        })?;
-        cfg.validated(path)
+        let mut cfg: AgentConfig =
+            serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse {
+                path: path.to_string(),
+                reason: e.to_string(),
+            })?;
+        let mut problems = cfg.disable_guards();
+        problems.extend(cfg.problems());
+        if problems.is_empty() {
+            Ok(cfg)
+        } else {
+            Err(ConfigError::Invalid {
+                path: path.to_string(),
+                problems,
+            })
+        }
+    }
+
+    /// Turns off the guards `disabledGuards` names (mode `off`: kept in the list, so the
+    /// configuration written out and read again is the same); the problems with its names. A
+    /// name no guard has is refused (a typo would leave on the guard meant to go), and so is
+    /// the probe's.
+    fn disable_guards(&mut self) -> Vec<String> {
+        let mut problems = Vec::new();
+        for (i, name) in self.disabled_guards.iter().enumerate() {
+            if self.disabled_guards[..i].contains(name) {
+                problems.push(format!("disabledGuards: {name:?} is named more than once"));
+            } else if *name == crate::guards::probe::ROW.name {
+                problems.push(format!(
+                    "disabledGuards: {name:?} is the probe; it proves the admission path works and cannot be disabled"
+                ));
+            } else if let Some(w) = self.webhooks.iter_mut().find(|w| w.name == *name) {
+                w.mode = Mode::Off;
+            } else {
+                problems.push(format!(
+                    "disabledGuards: {name:?} is no guard (the guards: {})",
+                    self.webhooks
+                        .iter()
+                        .map(|w| w.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+        }
+        problems
     }
 
     pub(crate) fn validated(self, path: &str) -> Result<Self, ConfigError> {
@@ -1170,5 +1439,179 @@ admission:
         let mut cfg = AgentConfig::default();
         cfg.webhooks[0].mode = Mode::Off;
         assert_eq!(cfg.active_webhooks().count(), cfg.webhooks.len() - 1);
+    }
+
+    /// The issue's case: a list naming two built-ins (one changed, one added under another
+    /// name before) leaves the other seven installed.
+    #[test]
+    fn a_webhooks_list_changes_the_guards_it_names_and_keeps_the_others() {
+        let builtins = default_webhooks();
+        let first = &builtins[1].name;
+        let mut changed = builtins[1].clone();
+        changed.mode = Mode::Warn;
+        changed.timeout_seconds = 4;
+        let yaml =
+            serde_saphyr::to_string(&serde_json::json!({ "webhooks": [changed] })).expect("yaml");
+        let cfg = AgentConfig::from_yaml("f", &yaml).expect("valid");
+        assert_eq!(cfg.webhooks.len(), builtins.len());
+        assert_eq!(cfg.webhooks[1], changed);
+        for (i, (w, b)) in cfg.webhooks.iter().zip(&builtins).enumerate() {
+            if i != 1 {
+                assert_eq!(w, b, "{} unchanged", b.name);
+            }
+        }
+        let summary = guard_summary(&cfg);
+        assert_eq!(summary[1], (first.clone(), "built-in, changed"));
+        assert_eq!(summary[0].1, "built-in");
+        // A renamed copy of a built-in beside the built-in: refused, saying how to change it.
+        let mut renamed = builtins[1].clone();
+        renamed.name = "my-copy.example.com".into();
+        let copy =
+            serde_saphyr::to_string(&serde_json::json!({ "webhooks": [renamed] })).expect("yaml");
+        let err = AgentConfig::from_yaml("f", &copy).expect_err("two guards on one path");
+        assert!(
+            err.to_string()
+                .contains(&format!("is already guard {first:?}'s")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn disabled_guards_are_off_by_name_and_a_wrong_name_is_refused() {
+        let builtins = default_webhooks();
+        let gone = &builtins[2].name;
+        let cfg =
+            AgentConfig::from_yaml("f", &format!("disabledGuards: [{gone}]\n")).expect("valid");
+        assert_eq!(cfg.webhooks.len(), builtins.len(), "kept, turned off");
+        assert!(cfg.active_webhooks().all(|w| &w.name != gone));
+        assert_eq!(cfg.active_webhooks().count(), builtins.len() - 1);
+        assert!(guard_summary(&cfg).contains(&(gone.clone(), "disabled (disabledGuards)")));
+        // Written out and read again: the same configuration.
+        let text = serde_saphyr::to_string(&cfg).expect("yaml");
+        assert_eq!(AgentConfig::from_yaml("again", &text).expect("valid"), cfg);
+
+        let probe = crate::guards::probe::ROW.name;
+        let err = AgentConfig::from_yaml(
+            "f",
+            &format!(
+                "disabledGuards: [no-such.guard.io, {probe}, {gone}, {gone}]\nconcurrency: 0\n"
+            ),
+        )
+        .expect_err("refused");
+        let text = err.to_string();
+        for want in [
+            "\"no-such.guard.io\" is no guard",
+            "is the probe",
+            "is named more than once",
+            // Every problem at once: the others' too.
+            "concurrency must be at least 1",
+        ] {
+            assert!(text.contains(want), "{want}: {text}");
+        }
+    }
+
+    /// The chart's schema and the agent refuse the same numbers: at each bound's edge, the
+    /// schema's `minimum`/`maximum` are the agent's, and one past them the agent refuses.
+    #[test]
+    fn the_values_schema_bounds_are_the_agents() {
+        let mut schema = serde_json::to_value(schemars::schema_for!(AgentConfig)).expect("schema");
+        add_guardrails(&mut schema);
+        for b in BOUNDS {
+            let at = match b.schema_def {
+                Some(def) => &schema["$defs"][def]["properties"][b.field],
+                None => &schema["properties"][b.field],
+            };
+            assert_eq!(at["minimum"], serde_json::json!(b.min), "{}", b.path);
+            assert_eq!(
+                at.get("maximum").and_then(|m| m.as_i64()),
+                b.max,
+                "{}",
+                b.path
+            );
+            let with = |v: i64| {
+                let mut c = serde_json::to_value(AgentConfig::default()).expect("json");
+                let mut at = &mut c;
+                for part in b.path.split('.') {
+                    at = &mut at[part];
+                }
+                *at = serde_json::json!(v);
+                let cfg: AgentConfig = serde_json::from_value(c).expect("typed");
+                cfg.problems()
+                    .into_iter()
+                    .filter(|p| p.starts_with(&format!("{} must be", b.path)))
+                    .count()
+            };
+            assert_eq!(with(b.min), 0, "{} at its minimum", b.path);
+            assert_eq!(with(b.min - 1), 1, "{} below its minimum", b.path);
+            if let Some(max) = b.max {
+                assert_eq!(with(max), 0, "{} at its maximum", b.path);
+                assert_eq!(with(max + 1), 1, "{} above its maximum", b.path);
+            }
+        }
+        let t = &schema["$defs"]["WebhookDefinition"]["properties"]["timeoutSeconds"];
+        assert_eq!(
+            (t["minimum"].as_i64(), t["maximum"].as_i64()),
+            (Some(1), Some(5))
+        );
+    }
+
+    /// An exemption entry passes the chart's schema exactly when it passes the agent: the
+    /// issue's `*` and `sre*` among groups, every kind of refusal, and the defaults.
+    #[test]
+    fn the_values_schema_refuses_the_exemptions_the_agent_refuses_and_no_others() {
+        let mut corpus: Vec<String> = [
+            "*",
+            "sre*",
+            "abc*",
+            "abcd*",
+            "abcde*",
+            "a*b",
+            "ab**",
+            "system:*",
+            "syst*",
+            "system:serviceaccount:*",
+            "system:serviceaccount:kube-system:*",
+            "system:serviceaccount:openshift-*",
+            " alice",
+            "alice ",
+            "al\u{7}ice",
+            "x\u{85}y",
+            "",
+            " ",
+            "alice",
+            "a",
+            "ab c",
+            "hcp-fleet.openshift.io:canary",
+            "hcp-fleet*",
+            "hcp-*",
+            "hcp-fleet.openshift.io:canary*",
+            "system:authenticated",
+            "system:authenticated*",
+            "osd-sre-admins",
+        ]
+        .map(String::from)
+        .to_vec();
+        let d = AdmissionConfig::default();
+        for list in [&d.exempt_users, &d.exempt_groups, &d.exempt_namespaces] {
+            corpus.extend(list.iter().cloned());
+        }
+        for kind in [Exempted::User, Exempted::Group, Exempted::Namespace] {
+            let schema = exemption_schema(kind);
+            let re = regex::Regex::new(schema["pattern"].as_str().expect("pattern"))
+                .expect("the pattern compiles");
+            let refused_by_name = schema["not"]["enum"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            for entry in &corpus {
+                let by_schema =
+                    re.is_match(entry) && !refused_by_name.contains(&serde_json::json!(entry));
+                let by_agent = exemption_problem("f", entry, kind).is_none();
+                assert_eq!(by_schema, by_agent, "{kind:?} {entry:?}");
+            }
+        }
+        // The issue's values, refused by both.
+        assert!(exemption_problem("f", "*", Exempted::User).is_some());
+        assert!(exemption_problem("f", "sre*", Exempted::Group).is_some());
     }
 }

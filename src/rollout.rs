@@ -576,6 +576,8 @@ fn prune(history: Vec<RevisionRecord>, pinned: &BTreeSet<String>) -> Vec<Revisio
 pub(crate) const AVAILABLE: &str = "Available";
 pub(crate) const PROGRESSING: &str = "Progressing";
 pub(crate) const DEGRADED: &str = "Degraded";
+/// False while the agent runs an older configuration because the file's is refused.
+pub(crate) const CONFIGURATION_ACCEPTED: &str = "ConfigurationAccepted";
 
 /// `st` with its conditions and `observedGeneration` set from what it says (the phase, the
 /// revisions, the failures), each keeping its transition time from `prev` where its status
@@ -585,6 +587,7 @@ pub(crate) fn with_conditions(
     mut st: AdmissionRolloutStatus,
     generation: Option<i64>,
     now: &str,
+    config_refused: Option<&str>,
 ) -> AdmissionRolloutStatus {
     use crate::crd::conditions::{self, ConditionStatus, Want};
     let halted = st.phase == RolloutPhase::Halted;
@@ -647,11 +650,27 @@ pub(crate) fn with_conditions(
             message: "no HCP failed the rollout".into(),
         }
     };
+    // `helm upgrade` succeeds whatever the agent makes of the file: the object `kubectl get
+    // admissionrollout` shows says whether the file in force is the one in the ConfigMap.
+    let accepted = match config_refused {
+        Some(why) => Want {
+            type_: CONFIGURATION_ACCEPTED,
+            status: ConditionStatus::False,
+            reason: "Refused",
+            message: format!("the agent runs its last good configuration: {why}"),
+        },
+        None => Want {
+            type_: CONFIGURATION_ACCEPTED,
+            status: ConditionStatus::True,
+            reason: "Accepted",
+            message: "the configuration file in force is the one last read".into(),
+        },
+    };
     let prev_conditions = prev.map_or(&[][..], |p| &p.conditions[..]);
     st.observed_generation = generation;
     st.conditions = conditions::set_all(
         prev_conditions,
-        [available, progressing, degraded],
+        [available, progressing, degraded, accepted],
         generation,
         now,
     );
@@ -1133,7 +1152,7 @@ mod tests {
         let status_of = |st: &AdmissionRolloutStatus, t: &str| {
             find(&st.conditions, t).map(|c| (c.status, c.reason.clone()))
         };
-        let complete = with_conditions(None, adopted(&rev("a"), "t0"), Some(1), "t0");
+        let complete = with_conditions(None, adopted(&rev("a"), "t0"), Some(1), "t0", None);
         assert_eq!(complete.observed_generation, Some(1));
         assert_eq!(
             status_of(&complete, AVAILABLE),
@@ -1147,7 +1166,13 @@ mod tests {
             status_of(&complete, DEGRADED),
             Some((ConditionStatus::False, "AsExpected".into()))
         );
-        let again = with_conditions(Some(&complete), adopted(&rev("a"), "t0"), Some(1), "t5");
+        let again = with_conditions(
+            Some(&complete),
+            adopted(&rev("a"), "t0"),
+            Some(1),
+            "t5",
+            None,
+        );
         assert_eq!(again, complete, "the same facts render the same status");
         let halted = AdmissionRolloutStatus {
             phase: RolloutPhase::Halted,
@@ -1158,7 +1183,7 @@ mod tests {
             }],
             ..complete.clone()
         };
-        let halted = with_conditions(Some(&complete), halted, Some(1), "t9");
+        let halted = with_conditions(Some(&complete), halted, Some(1), "t9", None);
         let degraded = find(&halted.conditions, DEGRADED).expect("Degraded");
         assert_eq!(
             (degraded.status, degraded.reason.as_str()),
@@ -1174,6 +1199,40 @@ mod tests {
         assert_eq!(
             available.last_transition_time, "t0",
             "still available since t0"
+        );
+        // A refused file: the condition says so and why, then goes back when one is accepted.
+        assert_eq!(
+            status_of(&complete, CONFIGURATION_ACCEPTED),
+            Some((ConditionStatus::True, "Accepted".into()))
+        );
+        let refused = with_conditions(
+            Some(&complete),
+            adopted(&rev("a"), "t0"),
+            Some(1),
+            "t7",
+            Some("concurrency must be at least 1, got 0"),
+        );
+        let c = find(&refused.conditions, CONFIGURATION_ACCEPTED).expect("the condition");
+        assert_eq!(
+            (c.status, c.reason.as_str()),
+            (ConditionStatus::False, "Refused")
+        );
+        assert!(
+            c.message.contains("concurrency must be at least 1"),
+            "{}",
+            c.message
+        );
+        assert_eq!(c.last_transition_time, "t7");
+        let back = with_conditions(
+            Some(&refused),
+            adopted(&rev("a"), "t0"),
+            Some(1),
+            "t8",
+            None,
+        );
+        assert_eq!(
+            status_of(&back, CONFIGURATION_ACCEPTED),
+            Some((ConditionStatus::True, "Accepted".into()))
         );
     }
 

@@ -159,13 +159,23 @@ async fn a_paused_hcp_is_left_alone_and_resumes() {
         },
     )
     .await;
-    assert!(
-        paused_series()
-            .iter()
-            .any(|l| l.contains("reason=\"annotation\"") && l.ends_with(&format!(" {long_ago}"))),
-        "{:?}",
-        paused_series()
-    );
+    // The repair is written inside the pass, the record and the gauge after it: the webhook can
+    // be back a moment before the pass reports, so the gauge is waited for, not read at once.
+    eventually(
+        "the gauge keeps the pause's start",
+        Duration::from_secs(10),
+        || async {
+            let series = paused_series();
+            if series.iter().any(|l| {
+                l.contains("reason=\"annotation\"") && l.ends_with(&format!(" {long_ago}"))
+            }) {
+                Ok(())
+            } else {
+                Err(format!("{series:?}"))
+            }
+        },
+    )
+    .await;
 }
 
 /// Removing the agent cleanly: `uninstall` refuses while an agent leads; then removes the

@@ -491,6 +491,7 @@ pub fn policies(
 pub(crate) fn values_schema() -> Value {
     let mut config =
         serde_json::to_value(schemars::schema_for!(AgentConfig)).unwrap_or(Value::Null);
+    crate::config::add_guardrails(&mut config);
     // References in the config schema point at the document root.
     let defs = config
         .as_object_mut()

@@ -165,6 +165,14 @@ pub(crate) fn render_all(
     }
     // The fleet's rollout decides when an HCP gets it (docs/operations.md).
     let mut out = format!("# revision {revision}\n");
+    // Which guards run, and why: a `webhooks:` list adds to the built-ins, `disabledGuards`
+    // turns them off; the reader of a rendering sees both without reading the file.
+    let guards = crate::config::guard_summary(cfg);
+    let running = cfg.active_webhooks().count();
+    out.push_str(&format!("# guards: {running} of {} run\n", guards.len()));
+    for (name, from) in &guards {
+        out.push_str(&format!("#   {name} ({from})\n"));
+    }
     for (target, v) in docs {
         out.push_str(&format!("---\n# applied to the {target}\n"));
         out.push_str(&serde_saphyr::to_string(&v).map_err(OutputError::from)?);
@@ -277,5 +285,54 @@ mod tests {
             old.contains("/validate/protected-rbac"),
             "every guard is a webhook there"
         );
+    }
+
+    /// A file that changes two guards and turns one off: every other built-in is still
+    /// rendered, and the head of the output says which run and why.
+    #[test]
+    fn a_webhooks_list_keeps_the_builtins_and_the_rendering_says_which_run() {
+        let builtins = crate::config::default_webhooks();
+        let policies = |cfg: &AgentConfig| {
+            render_all(
+                cfg,
+                "clusters-hc-1",
+                "hc-1",
+                "hcp-fleet-agent",
+                Servers {
+                    policy_v1: true,
+                    match_conditions: true,
+                    admission_policies: true,
+                },
+            )
+            .expect("render")
+        };
+        let all = policies(&AgentConfig::default());
+        let count = |out: &str| out.matches("kind: ValidatingAdmissionPolicy\n").count();
+        let mut a = builtins[0].clone();
+        a.timeout_seconds = 3;
+        let mut b = builtins[1].clone();
+        b.mode = crate::catalogue::Mode::Warn;
+        let off = &builtins[2].name;
+        let yaml = serde_saphyr::to_string(&serde_json::json!({
+            "webhooks": [a, b],
+            "disabledGuards": [off],
+        }))
+        .expect("yaml");
+        let cfg = AgentConfig::from_yaml("f", &yaml).expect("valid");
+        let out = policies(&cfg);
+        let disabled_policies = usize::from(crate::guards::has_cel_form(&builtins[2].path));
+        assert_eq!(count(&out), count(&all) - disabled_policies, "{out}");
+        assert!(count(&out) > 2);
+        assert!(
+            out.contains(&format!(
+                "# guards: {} of {} run\n",
+                builtins.len() - 1,
+                builtins.len()
+            )),
+            "{out}"
+        );
+        assert!(out.contains(&format!("#   {} (built-in, changed)\n", a.name)));
+        assert!(out.contains(&format!("#   {off} (disabled (disabledGuards))\n")));
+        assert!(out.contains(&format!("#   {} (built-in)\n", builtins[3].name)));
     }
 }

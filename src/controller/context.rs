@@ -143,6 +143,9 @@ pub struct Context {
     rollout: RwLock<Arc<crate::rollout::RolloutView>>,
     /// Why the rollout is halted, while it is (the fleet report says so).
     rollout_halt: Mutex<Option<String>>,
+    /// Why the configuration file last read was refused, while the agent runs an older one
+    /// (the rollout's `ConfigurationAccepted` condition says so).
+    config_refused: Mutex<Option<String>>,
 }
 
 /// The metric labels of one hosted cluster.
@@ -280,6 +283,7 @@ impl Context {
             caches: RwLock::default(),
             rollout: RwLock::default(),
             rollout_halt: Mutex::new(None),
+            config_refused: Mutex::new(None),
         });
         (ctx, rx)
     }
@@ -296,6 +300,15 @@ impl Context {
     }
 
     /// Why the rollout is halted, while it is.
+    /// Records the outcome of reading the configuration file: `Some(why)` when refused.
+    pub fn set_config_refused(&self, why: Option<String>) {
+        *lock(&self.config_refused) = why;
+    }
+
+    pub(super) fn config_refused(&self) -> Option<String> {
+        lock(&self.config_refused).clone()
+    }
+
     pub(super) fn rollout_halt(&self) -> Option<String> {
         lock(&self.rollout_halt).clone()
     }

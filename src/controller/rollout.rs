@@ -135,6 +135,7 @@ async fn adopt_if_new(
         rollout::adopted(desired, &now),
         o.metadata.generation,
         &now,
+        None,
     ));
     o.metadata.managed_fields = None;
     match api
@@ -273,7 +274,14 @@ async fn once(
             now_secs: now.as_second(),
         },
     );
-    let next = rollout::with_conditions(prev, next, obj.metadata.generation, &now_text);
+    let refused = ctx.config_refused();
+    let next = rollout::with_conditions(
+        prev,
+        next,
+        obj.metadata.generation,
+        &now_text,
+        refused.as_deref(),
+    );
     let mut written = obj.clone();
     let changed = prev != Some(&next);
     if changed {

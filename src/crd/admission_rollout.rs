@@ -77,7 +77,9 @@ pub struct AdmissionRolloutStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// `Available` (a stable revision serves every HCP in the rollout), `Progressing` (a
-    /// target is going out) and `Degraded` (halted, or some HCP failed the target).
+    /// target is going out), `Degraded` (halted, or some HCP failed the target) and
+    /// `ConfigurationAccepted` (False while the agent's configuration file is refused and the
+    /// last good one runs).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "super::conditions::list_schema")]
     pub conditions: Vec<Condition>,
