@@ -168,6 +168,7 @@ pub(crate) fn router(metrics: Arc<Metrics>) -> axum::Router {
     use axum::http::{StatusCode, header};
     use axum::routing::get;
     let live = metrics.clone();
+    let ready_metrics = metrics.clone();
     axum::Router::new()
         .route(
             "/metrics",
@@ -193,7 +194,17 @@ pub(crate) fn router(metrics: Arc<Metrics>) -> axum::Router {
                 }
             }),
         )
-        .route("/readyz", get(|| async { (StatusCode::OK, "ok") }))
+        .route("/readyz", get(move || ready(ready_metrics.clone())))
+}
+
+/// Ready unless another installation of the agent owns HCPs this one was asked to serve:
+/// `helm install --wait` of a second release then fails, naming the owner, instead of the two
+/// fighting in silence.
+async fn ready(metrics: Arc<Metrics>) -> (axum::http::StatusCode, String) {
+    match metrics.owned_elsewhere_text() {
+        None => (axum::http::StatusCode::OK, "ok".into()),
+        Some(why) => (axum::http::StatusCode::SERVICE_UNAVAILABLE, why),
+    }
 }
 
 /// `/healthz` and `/readyz` alone (the kubelet's probes reach the pod's address, where the
@@ -201,6 +212,7 @@ pub(crate) fn router(metrics: Arc<Metrics>) -> axum::Router {
 pub fn health_router(metrics: Arc<Metrics>) -> axum::Router {
     use axum::http::StatusCode;
     use axum::routing::get;
+    let ready_metrics = metrics.clone();
     axum::Router::new()
         .route(
             "/healthz",
@@ -211,7 +223,7 @@ pub fn health_router(metrics: Arc<Metrics>) -> axum::Router {
                 }
             }),
         )
-        .route("/readyz", get(|| async { (StatusCode::OK, "ok") }))
+        .route("/readyz", get(move || ready(ready_metrics.clone())))
 }
 
 /// Serves `router` on `listener` until the task is aborted.
@@ -671,8 +683,7 @@ pub(crate) fn lease_timing(duration: u64) -> (u64, std::time::Duration) {
     (grace, margin)
 }
 
-/// The Lease the replicas elect a leader on, in the agent's namespace.
-pub const LEASE_NAME: &str = "hcp-fleet-agent";
+pub use crate::names::LEASE_NAME;
 
 /// Whether `lease` names a holder other than `identity` (an empty or missing holder is a
 /// released lease, not a rival).

@@ -344,8 +344,18 @@ pub struct Metrics {
     pub rollout_halts: Counter,
     pub overrides: Family<OverrideLabels, Gauge>,
     pub paused: Family<PausedLabels, Gauge>,
+    /// HCPs another installation of the agent owns, by its namespace.
+    pub owned_elsewhere: Family<OwnerLabels, Gauge>,
+    /// Which HCP namespace another installation owns, and which (`/readyz` names them).
+    elsewhere: Mutex<std::collections::BTreeMap<String, String>>,
     /// Each HCP's revision series, so the next one can replace it.
     revision_of: Mutex<std::collections::HashMap<(String, String), String>>,
+}
+
+/// The installation of the agent (its namespace) that owns HCPs this one leaves alone.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OwnerLabels {
+    pub owner: String,
 }
 
 /// An HCP namespace's override and whether the agent took it.
@@ -401,6 +411,8 @@ impl Metrics {
             rollout_halts: Counter::default(),
             overrides: Family::default(),
             paused: Family::default(),
+            owned_elsewhere: Family::default(),
+            elsewhere: Mutex::default(),
             revision_of: Mutex::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
@@ -533,6 +545,11 @@ impl Metrics {
             self.rollout_halts.clone(),
         );
         r.register(
+            "hcps_owned_elsewhere",
+            "HCPs whose record names another installation of the agent (its namespace, label owner) that is alive; this one leaves them alone",
+            self.owned_elsewhere.clone(),
+        );
+        r.register(
             "paused_since_timestamp_seconds",
             "Since when the agent has left a hosted cluster alone, by who asked (annotation, hypershift, override); absent when it does not",
             self.paused.clone(),
@@ -637,6 +654,61 @@ impl Metrics {
             self.config_reload_success_time
                 .set(i64::try_from(now).unwrap_or(i64::MAX));
         }
+    }
+
+    /// Records that `hcp_namespace` is owned by the installation in `owner` (or no longer is),
+    /// the gauge counting by owner; `true` when that changed.
+    pub fn set_owned_elsewhere(&self, hcp_namespace: &str, owner: Option<&str>) -> bool {
+        let mut e = self
+            .elsewhere
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let before = match owner {
+            Some(o) => e.insert(hcp_namespace.to_string(), o.to_string()),
+            None => e.remove(hcp_namespace),
+        };
+        if before.as_deref() == owner {
+            return false;
+        }
+        for o in before.iter().map(String::as_str).chain(owner) {
+            let n = e.values().filter(|v| *v == o).count();
+            let l = OwnerLabels { owner: o.into() };
+            if n == 0 {
+                self.owned_elsewhere.remove(&l);
+            } else {
+                self.owned_elsewhere
+                    .get_or_create(&l)
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
+        }
+        true
+    }
+
+    /// Whether another installation owns the HCP in `hcp_namespace` (or, with `None`, any).
+    pub fn owned_elsewhere(&self, hcp_namespace: Option<&str>) -> bool {
+        let e = self
+            .elsewhere
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        hcp_namespace.map_or(!e.is_empty(), |ns| e.contains_key(ns))
+    }
+
+    /// What `/readyz` says while another installation owns HCPs here.
+    pub fn owned_elsewhere_text(&self) -> Option<String> {
+        let e = self
+            .elsewhere
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if e.is_empty() {
+            return None;
+        }
+        let owners: std::collections::BTreeSet<&String> = e.values().collect();
+        Some(format!(
+            "{} HCP(s) are owned by another installation of the agent (namespace {}); this one leaves them alone: {}",
+            e.len(),
+            owners.into_iter().cloned().collect::<Vec<_>>().join(", "),
+            e.keys().take(5).cloned().collect::<Vec<_>>().join(", ")
+        ))
     }
 
     pub fn set_paused(

@@ -43,3 +43,7 @@ pub fn validate_dns_name(name: &str) -> Result<(), DnsNameError> {
     }
     Ok(())
 }
+
+/// The Lease the replicas elect a leader on, in the agent's namespace; another installation
+/// reads it to know whether this one lives (`controller/ownership.rs`).
+pub const LEASE_NAME: &str = "hcp-fleet-agent";

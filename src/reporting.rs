@@ -191,12 +191,14 @@ pub(crate) fn render_health(
     namespace: &str,
     cluster: &str,
     hosted_uid: Option<&str>,
+    owner: Option<&str>,
 ) -> AdmissionHealth {
     let mut h = AdmissionHealth::new(
         HEALTH_NAME,
         AdmissionHealthSpec {
             cluster: cluster.to_string(),
             hosted_cluster_uid: hosted_uid.map(str::to_string),
+            owner: owner.map(str::to_string),
         },
     );
     h.metadata.namespace = Some(namespace.to_string());

@@ -391,3 +391,126 @@ async fn a_partitioned_leader_stops_before_the_standby_takes_over() {
             .and_then(|s| s.holder_identity);
     assert_eq!(holder.as_deref(), Some("agent-b"));
 }
+
+/// Two installations of the agent on one management cluster (two Helm releases, each in its
+/// namespace): the first owns the HCPs and the second leaves them alone, saying so in its
+/// `/readyz`, a metric and an Event; nothing is repaired twice. When the owner dies, its Lease
+/// goes stale and the second takes the HCPs over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_installations_one_owner_per_hcp_and_a_takeover() {
+    use k8s_openapi::api::core::v1::Namespace;
+    let (fleet, mgmt, _pods) = support::fleet_with_pods(2).await;
+    const OTHER_NS: &str = "hcp-fleet-agent-2";
+    Api::<Namespace>::all(mgmt.clone())
+        .create(
+            &Default::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": OTHER_NS}}))
+                .expect("namespace"),
+        )
+        .await
+        .expect("the second installation's namespace");
+    let kubeconfig = &fleet.management.kubeconfig_path;
+    let (first, _) = support::spawn_elected_agent("first-0", kubeconfig, AGENT_NS, Some(6));
+    wait_compliant(&mgmt, &["hc-1", "hc-2"]).await;
+    let record = |cluster: &'static str| {
+        let mgmt = mgmt.clone();
+        async move {
+            Api::<AdmissionHealth>::namespaced(mgmt, &hcp_namespace(cluster))
+                .get(HEALTH_NAME)
+                .await
+                .map_err(|e| e.to_string())
+        }
+    };
+    for c in ["hc-1", "hc-2"] {
+        let r = record(c).await.expect("record");
+        assert_eq!(r.spec.owner.as_deref(), Some(AGENT_NS), "{c}");
+    }
+    let repairs = || async {
+        let mut n = Vec::new();
+        for c in ["hc-1", "hc-2"] {
+            let r = record(c).await.expect("record");
+            n.push(r.status.map(|s| s.drift_repairs).unwrap_or_default());
+        }
+        n
+    };
+    let before = repairs().await;
+
+    let (_second, addr) = support::spawn_elected_agent("second-0", kubeconfig, OTHER_NS, Some(6));
+    eventually(
+        "the second installation is not ready and says whose the HCPs are",
+        Duration::from_secs(30),
+        || async move {
+            let (code, body) = support::http_get(addr, "/readyz").await?;
+            let (_, metrics) = support::http_get(addr, "/metrics").await?;
+            let gauge = format!("hcp_fleet_hcps_owned_elsewhere{{owner=\"{AGENT_NS}\"}} 2");
+            if code == 503 && body.contains(AGENT_NS) && metrics.contains(&gauge) {
+                Ok(())
+            } else {
+                Err(format!("{code} {body}"))
+            }
+        },
+    )
+    .await;
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(
+        mgmt.clone(),
+        &hcp_namespace("hc-1"),
+    );
+    eventually(
+        "the OwnedElsewhere Event",
+        Duration::from_secs(10),
+        || async {
+            let list = events
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            list.items
+                .iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some("OwnedElsewhere")
+                        && e.note.as_deref().is_some_and(|n| n.contains(OTHER_NS))
+                })
+                .map(|_| ())
+                .ok_or_else(|| format!("{} events", list.items.len()))
+        },
+    )
+    .await;
+    // Side by side for a while: no fight (no repair, no owner change), still Compliant.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(repairs().await, before, "nothing repaired while both run");
+    for c in ["hc-1", "hc-2"] {
+        let r = record(c).await.expect("record");
+        assert_eq!(r.spec.owner.as_deref(), Some(AGENT_NS), "{c}");
+    }
+    wait_compliant(&mgmt, &["hc-1", "hc-2"]).await;
+
+    // The owner dies without a word (its Lease left to go stale): the second takes over,
+    // becomes ready and repairs drift.
+    drop(first);
+    eventually(
+        "the second installation owns the HCPs",
+        Duration::from_secs(90),
+        || async move {
+            let mut owners = Vec::new();
+            for c in ["hc-1", "hc-2"] {
+                owners.push(record(c).await?.spec.owner);
+            }
+            let (code, body) = support::http_get(addr, "/readyz").await?;
+            if owners.iter().all(|o| o.as_deref() == Some(OTHER_NS)) && code == 200 {
+                Ok(())
+            } else {
+                Err(format!("{owners:?} {code} {body}"))
+            }
+        },
+    )
+    .await;
+    let vapi = delete_validating(&fleet, "hc-1").await;
+    eventually("the new owner repairs", Duration::from_secs(20), || {
+        present(&vapi)
+    })
+    .await;
+    let (_, metrics) = support::http_get(addr, "/metrics").await.expect("metrics");
+    assert!(
+        !metrics.contains("hcp_fleet_hcps_owned_elsewhere{"),
+        "no HCP owned elsewhere any more"
+    );
+}

@@ -147,7 +147,12 @@ pub(crate) fn render_all(
     }
     push(
         mgmt,
-        serde_json::to_value(reporting::render_health(namespace, name, None)),
+        serde_json::to_value(reporting::render_health(
+            namespace,
+            name,
+            None,
+            Some(agent_namespace),
+        )),
     )?;
     let hc = "hosted cluster";
     if let Some(v) = &hosted.validating {

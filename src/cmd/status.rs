@@ -31,6 +31,8 @@ pub struct FleetRow {
     pub last_change: String,
     /// The revision it was last reconciled to.
     pub revision: String,
+    /// The installation of the agent that owns it (its namespace; `-` before one claimed it).
+    pub owner: String,
     /// Why it is not Compliant (its `Ready` condition's message); empty when it is.
     pub reason: String,
 }
@@ -91,6 +93,7 @@ pub fn row(h: &AdmissionHealth) -> FleetRow {
         drift_repairs: st.drift_repairs,
         last_change,
         revision: st.revision.clone().unwrap_or_else(|| "-".into()),
+        owner: h.spec.owner.clone().unwrap_or_else(|| "-".into()),
         reason: crate::reporting::untrusted(&reason, 2048),
     }
 }
@@ -160,7 +163,7 @@ const HEADERS: [&str; 8] = [
 ];
 
 /// `-o wide` adds these after `HEADERS`.
-const WIDE_HEADERS: [&str; 3] = ["NAMESPACE", "REVISION", "REASON"];
+const WIDE_HEADERS: [&str; 4] = ["NAMESPACE", "OWNER", "REVISION", "REASON"];
 
 /// A table's layout: each column as wide as its widest cell (a hosted cluster name of any
 /// length keeps the rows in line), two spaces between columns, no trailing padding. `--watch`
@@ -206,6 +209,7 @@ impl Table {
         ];
         if wide {
             cells.push(r.namespace.clone());
+            cells.push(r.owner.clone());
             cells.push(r.revision.clone());
             cells.push(if r.reason.is_empty() {
                 "-".into()
@@ -658,7 +662,7 @@ mod tests {
 
     #[test]
     fn a_row_shows_each_concern_and_the_drift_count() {
-        let mut p = render_health("clusters-hc-1", "hc-1", None);
+        let mut p = render_health("clusters-hc-1", "hc-1", None, None);
         let mut obs: crate::reporting::Observations = Concern::ALL
             .iter()
             .map(|c| (*c, Observation::compliant("ok")))
@@ -698,6 +702,7 @@ mod tests {
             drift_repairs: 12,
             last_change: "2026-11-22T10:00:00Z".into(),
             revision: if compliant == "Compliant" { "r1" } else { "r0" }.into(),
+            owner: "hcp-fleet-agent".into(),
             reason: String::new(),
         }
     }
@@ -795,12 +800,12 @@ mod tests {
         assert_eq!(doc["summary"]["total"], 2, "the summary counts all");
         let wide = print(&args(Output::Wide, false), rows.clone(), vec![]).expect("wide");
         let header = wide.lines().next().unwrap_or_default();
-        let last: Vec<&str> = header.split_whitespace().rev().take(3).collect();
-        assert_eq!(last, ["REASON", "REVISION", "NAMESPACE"], "{wide}");
+        let last: Vec<&str> = header.split_whitespace().rev().take(4).collect();
+        assert_eq!(last, ["REASON", "REVISION", "OWNER", "NAMESPACE"], "{wide}");
         assert!(
             wide.lines()
                 .nth(2)
-                .is_some_and(|l| l.contains("clusters-b  r0 ")
+                .is_some_and(|l| l.contains("clusters-b  hcp-fleet-agent  r0 ")
                     && l.ends_with("  hosted-webhooks: 401 Unauthorized")),
             "{wide}"
         );
@@ -814,7 +819,7 @@ mod tests {
 
     #[test]
     fn a_row_says_why_from_the_ready_condition_or_an_older_records_history() {
-        let mut h = render_health("clusters-hc-1", "hc-1", None);
+        let mut h = render_health("clusters-hc-1", "hc-1", None, None);
         let mut obs: crate::reporting::Observations = Concern::ALL
             .iter()
             .map(|c| (*c, Observation::compliant("ok")))

@@ -146,7 +146,14 @@ pub struct Context {
     /// Why the configuration file last read was refused, while the agent runs an older one
     /// (the rollout's `ConfigurationAccepted` condition says so).
     config_refused: Mutex<Option<String>>,
+    /// What is known of other installations' Leases, by namespace, and since when
+    /// (`ownership.rs`: whether the installation that owns an HCP lives).
+    pub(super) owner_leases: Mutex<HashMap<String, OwnerLease>>,
 }
+
+/// Whether another installation lived when last asked (an error where the server would not
+/// say), and when that was.
+pub(super) type OwnerLease = (std::time::Instant, Result<bool, String>);
 
 /// The metric labels of one hosted cluster.
 pub fn hcp_labels(ns: &str, cluster: &str) -> HcpLabels {
@@ -284,6 +291,7 @@ impl Context {
             rollout: RwLock::default(),
             rollout_halt: Mutex::new(None),
             config_refused: Mutex::new(None),
+            owner_leases: Mutex::default(),
         });
         (ctx, rx)
     }
@@ -410,6 +418,13 @@ impl Context {
     /// tasks and drops its client), its metric series and its roll-up row.
     /// `cluster` is the HCP's name (which names its metric series).
     pub(crate) fn forget(&self, ns: &str, cluster: &str) {
+        self.drop_state(ns, cluster);
+        self.metrics.set_owned_elsewhere(ns, None);
+    }
+
+    /// Everything held of the HCP (its watches, its row, its series), as `forget`, but not
+    /// the note that another installation owns it.
+    pub(super) fn drop_state(&self, ns: &str, cluster: &str) {
         {
             let mut hcps = lock(&self.hcps);
             hcps.remove(ns);

@@ -35,6 +35,7 @@ mod error;
 mod guest_services;
 mod hosted_access;
 mod hosted_webhooks;
+mod ownership;
 mod probe;
 mod proof;
 mod reconcile;

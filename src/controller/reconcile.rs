@@ -46,6 +46,13 @@ pub async fn reconcile(
     // HyperShift names the HCP after its HostedCluster.
     let cluster = hcp.name_any();
     let started = Instant::now();
+    // Another installation of the agent owns it: hands off, looked at again now and then.
+    if super::ownership::owned_elsewhere(&ctx, &ns, &cluster)
+        .await
+        .is_some()
+    {
+        return Ok(Action::requeue(super::ownership::RECHECK));
+    }
     // What this HCP runs: the revision the rollout gives it (or its pin), its override applied.
     let overrides = ctx.overrides_in(&ns);
     let resolved = ctx.resolve(&ns, &overrides);

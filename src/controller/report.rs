@@ -128,7 +128,8 @@ async fn write_health(
         live.as_ref()
             .and_then(|l| l.spec.hosted_cluster_uid.clone())
     });
-    let mut desired = reporting::render_health(ns, cluster, uid.as_deref());
+    let mut desired =
+        reporting::render_health(ns, cluster, uid.as_deref(), Some(&ctx.agent_namespace));
     if let Some(o) = hcp.controller_owner_ref(&()) {
         // Garbage-collected with its HCP, but never blocking the HCP's deletion.
         desired.metadata.owner_references = Some(vec![OwnerReference {
@@ -366,6 +367,9 @@ pub(crate) async fn template_reporter(ctx: Arc<Context>) {
             managed: BTreeMap::new(),
         };
         let mut wants = Vec::new();
+        // The fleet's summary is the owner's to write: an installation that leaves HCPs to
+        // another reports no fleet (its rows would be a part of the fleet, read as all of it).
+        let fleet_is_ours = !ctx.metrics.owned_elsewhere(None);
         for t in templates.state() {
             let key = (
                 t.namespace().unwrap_or_default(),
@@ -373,7 +377,8 @@ pub(crate) async fn template_reporter(ctx: Arc<Context>) {
                 t.uid().unwrap_or_default(),
             );
             match reporting::hosted_cluster_of(&key.0, t.labels()) {
-                None => wants.push((t, key, None)),
+                None if fleet_is_ours => wants.push((t, key, None)),
+                None => {}
                 Some(x) => {
                     // Until the HostedClusters are listed, an annotated cluster would read as
                     // unknown: report it once they are (their watch wakes us).
@@ -456,6 +461,10 @@ impl HostedRows<'_> {
         let hcp = managed_clusters::resolve(x, hosted, Some(&prefix), &server);
         if let Ok(ns) = &hcp {
             self.managed.insert(ns.clone(), x.to_string());
+            // Its owner, another installation, reports it: two verdicts would fight on the hub.
+            if self.ctx.metrics.owned_elsewhere(Some(ns)) {
+                return None;
+            }
         }
         Some(reporting::evaluate_cluster_template(
             self.rows,

@@ -45,6 +45,7 @@ pub(crate) const ACM_POLICY_TYPE_LABEL: &str = "policy.open-cluster-management.i
     printcolumn = r#"{"name":"Compliant","type":"string","jsonPath":".status.compliant"}"#,
     printcolumn = r#"{"name":"Drift","type":"integer","jsonPath":".status.driftRepairs"}"#,
     printcolumn = r#"{"name":"Revision","type":"string","jsonPath":".status.revision"}"#,
+    printcolumn = r#"{"name":"Owner","type":"string","jsonPath":".spec.owner","priority":1}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -57,6 +58,11 @@ pub struct AdmissionHealthSpec {
     /// admins cannot write it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hosted_cluster_uid: Option<String>,
+    /// The installation of the agent that owns this HCP: the namespace it runs in. Another
+    /// installation on the same management cluster leaves the HCP alone while this one's
+    /// Lease is renewed, and says so (docs/operations.md, "One owner per HCP").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 /// What the agent last found on this hosted cluster; written by the agent only.
