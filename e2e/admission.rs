@@ -36,7 +36,6 @@ use hcp_fleet_agent::guards::has_cel_form;
 use hcp_fleet_agent::localcp::assets::Feature;
 use hcp_fleet_agent::localcp::kubelet;
 use hcp_fleet_agent::management;
-use hcp_fleet_agent::reporting::HEALTH_NAME;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::ClusterRole;
@@ -67,7 +66,10 @@ async fn wait_concern(mgmt: &Client, template: &str, want: &str) {
         || {
             let api: Api<AdmissionHealth> = Api::namespaced(mgmt.clone(), NS);
             async move {
-                let p = api.get(HEALTH_NAME).await.map_err(|e| e.to_string())?;
+                let p = api
+                    .get(support::record_of(NS))
+                    .await
+                    .map_err(|e| e.to_string())?;
                 let d = p
                     .status
                     .unwrap_or_default()
@@ -819,7 +821,7 @@ fn webhook_drift(bed: &Bed, kind: &str) -> f64 {
 /// The newest history message of one concern of hc-1's health record.
 async fn last_message(mgmt: &Client, concern: &str) -> String {
     let h = Api::<AdmissionHealth>::namespaced(mgmt.clone(), NS)
-        .get(HEALTH_NAME)
+        .get(support::record_of(NS))
         .await
         .expect("health record");
     h.status
@@ -978,7 +980,10 @@ async fn exempt_identities_never_call_the_service_where_the_api_server_filters_t
         || {
             let api: Api<AdmissionHealth> = Api::namespaced(bed.mgmt.clone(), NS);
             async move {
-                let h = api.get(HEALTH_NAME).await.map_err(|e| e.to_string())?;
+                let h = api
+                    .get(support::record_of(NS))
+                    .await
+                    .map_err(|e| e.to_string())?;
                 let concern = h
                     .status
                     .unwrap_or_default()
@@ -1010,7 +1015,7 @@ fn webhook_pids(pods: &Path) -> Vec<u32> {
 /// record's verdict.
 async fn newest(mgmt: &Client, template: &str) -> (Option<String>, String) {
     let p = Api::<AdmissionHealth>::namespaced(mgmt.clone(), NS)
-        .get(HEALTH_NAME)
+        .get(support::record_of(NS))
         .await
         .expect("health record");
     let st = p.status.unwrap_or_default();

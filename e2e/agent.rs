@@ -40,7 +40,6 @@ use hcp_fleet_agent::localcp::fixtures::{
 };
 use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet, kubelet};
 use hcp_fleet_agent::management::ALLOW_GUEST_WEBHOOKS;
-use hcp_fleet_agent::reporting::HEALTH_NAME;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
@@ -185,7 +184,17 @@ async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
     let kubeconfig = &fleet.management.kubeconfig_path;
     let (ok, out, err) = support::wait_fleet_ready(kubeconfig, "60s");
     assert!(ok, "kubectl wait on a converged fleet: {out}{err}");
-    assert_eq!(out.lines().count(), 3, "{out}");
+    // Each record is named after its hosted cluster, so `kubectl wait` names each one.
+    let mut met: Vec<&str> = out.lines().collect();
+    met.sort_unstable();
+    assert_eq!(
+        met,
+        names
+            .iter()
+            .map(|n| format!("admissionhealth.hcp-fleet.openshift.io/{n} condition met"))
+            .collect::<Vec<_>>(),
+        "{out}"
+    );
     let (ok, out, err) = support::kubectl_with(kubeconfig, &["get", "hcp-fleet", "-A"]);
     assert!(ok, "{err}");
     for needle in ["admissionhealth", "admissionrollout", "READY", "REVISION"] {
@@ -746,6 +755,8 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
     let (ok, out, err) = support::wait_fleet_ready(kubeconfig, "3s");
     assert!(!ok, "kubectl wait must time out while hc-3 is down: {out}");
     assert!(err.contains("timed out"), "{err}");
+    // Naming the cluster it waited for (records are named after their hosted clusters).
+    assert!(err.contains("admissionhealths/hc-3"), "{err}");
     let (ok, out, err) = support::kubectl_with(
         kubeconfig,
         &[

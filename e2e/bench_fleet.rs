@@ -24,7 +24,6 @@ use futures::StreamExt;
 use hcp_fleet_agent::crd::AdmissionHealth;
 use hcp_fleet_agent::localcp::fixtures::{self, hcp_namespace};
 use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet, free_port, kubelet};
-use hcp_fleet_agent::reporting::HEALTH_NAME;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
 
@@ -111,7 +110,7 @@ async fn run() -> Result<(), String> {
                 .applied_objects()
         );
         while let Some(Ok(p)) = s.next().await {
-            if p.name_any() == HEALTH_NAME
+            if hcp_fleet_agent::reporting::is_health_record(&p)
                 && p.status.as_ref().and_then(|s| s.compliant)
                     == Some(hcp_fleet_agent::crd::ComplianceState::Compliant)
             {

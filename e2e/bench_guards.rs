@@ -41,7 +41,6 @@ use hcp_fleet_agent::config::AgentConfig;
 use hcp_fleet_agent::crd::AdmissionHealth;
 use hcp_fleet_agent::hosted::webhooks::VALIDATING_NAME;
 use hcp_fleet_agent::localcp::assets::Feature;
-use hcp_fleet_agent::reporting::HEALTH_NAME;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding, ValidatingWebhookConfiguration,
 };
@@ -67,7 +66,7 @@ fn e<E: std::fmt::Display>(e: E) -> String {
 /// Whether the health record's `concern` is Compliant.
 async fn compliant(mgmt: &Client, concern: &str) -> bool {
     let Ok(h) = Api::<AdmissionHealth>::namespaced(mgmt.clone(), NS)
-        .get(HEALTH_NAME)
+        .get(support::record_of(NS))
         .await
     else {
         return false;

@@ -54,7 +54,6 @@ use hcp_fleet_agent::crd::{AdmissionHealth, ComplianceState};
 use hcp_fleet_agent::hosted::webhooks::VALIDATING_NAME;
 use hcp_fleet_agent::localcp::fixtures::{self, hcp_namespace};
 use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet, allow_loopback, free_port, kubelet};
-use hcp_fleet_agent::reporting::HEALTH_NAME;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicyBinding, ValidatingWebhookConfiguration,
 };
@@ -77,7 +76,7 @@ impl Health {
                 let Ok(mut m) = me.0.lock() else { return };
                 match ev {
                     watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
-                        if p.name_any() != HEALTH_NAME {
+                        if !hcp_fleet_agent::reporting::is_health_record(&p) {
                             continue;
                         }
                         let ns = p.namespace().unwrap_or_default();
@@ -404,7 +403,7 @@ enum RealFlip {
     /// Its guard's ValidatingAdmissionPolicyBinding says Warn.
     Binding(Api<ValidatingAdmissionPolicyBinding>),
     /// Its health record names a revision other than this one, fully rolled out.
-    Revision(Api<AdmissionHealth>, Option<String>),
+    Revision(Api<AdmissionHealth>, String, Option<String>),
 }
 
 impl RealFlip {
@@ -417,8 +416,8 @@ impl RealFlip {
                 .flatten()
                 .and_then(|b| serde_json::to_value(b).ok())
                 .is_some_and(|b| carries_flip(&b)),
-            RealFlip::Revision(api, before) => api
-                .get_opt(HEALTH_NAME)
+            RealFlip::Revision(api, name, before) => api
+                .get_opt(name)
                 .await
                 .ok()
                 .flatten()
@@ -831,12 +830,13 @@ async fn measure_at_scale(
                 RealFlip::Binding(bindings)
             } else {
                 let records: Api<AdmissionHealth> = Api::namespaced(mgmt.clone(), &ns);
+                let name = support::record_of(&ns).to_string();
                 let before = records
-                    .get_opt(HEALTH_NAME)
+                    .get_opt(&name)
                     .await
                     .map_err(|e| e.to_string())?
                     .and_then(|h| h.status.and_then(|s| s.revision));
-                RealFlip::Revision(records, before)
+                RealFlip::Revision(records, name, before)
             };
             pending_real.push((ns, how));
         }

@@ -32,7 +32,6 @@ use hcp_fleet_agent::localcp::assets::Feature;
 use hcp_fleet_agent::localcp::fixtures::{AGENT_NAMESPACE, hcp_namespace};
 use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet};
 use hcp_fleet_agent::metrics::Metrics;
-use hcp_fleet_agent::reporting::HEALTH_NAME;
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::{Scope, pinned_kind};
@@ -629,7 +628,7 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
                         .iter()
                         .find(|p| {
                             p.metadata.namespace.as_deref() == Some(ns)
-                                && p.metadata.name.as_deref() == Some(HEALTH_NAME)
+                                && hcp_fleet_agent::reporting::is_health_record(p)
                         })
                         .and_then(|p| p.status.as_ref()?.compliant)
                         .map(|c| c.as_str())

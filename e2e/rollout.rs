@@ -25,7 +25,6 @@ use hcp_fleet_agent::crd::{AdmissionHealth, HostedControlPlane};
 use hcp_fleet_agent::localcp::assets::Feature;
 use hcp_fleet_agent::localcp::fixtures::hcp_namespace;
 use hcp_fleet_agent::management::{MANAGED_BY, MANAGED_BY_VALUE, deployment_rolled_out};
-use hcp_fleet_agent::reporting::HEALTH_NAME;
 use hcp_fleet_agent::rollout::{REVISION_ANNOTATION, Revision};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
@@ -192,7 +191,7 @@ async fn agent_event(mgmt: &Client, reason: &str, needle: &str) -> bool {
 
 async fn revision_of(mgmt: &Client, ns: &str) -> Option<String> {
     let h = Api::<AdmissionHealth>::namespaced(mgmt.clone(), ns)
-        .get(HEALTH_NAME)
+        .get(support::record_of(ns))
         .await
         .ok()?;
     h.status?.revision
@@ -206,7 +205,7 @@ async fn wait_on(mgmt: &Client, ns: &str, rev: &str, within: Duration) {
             let mgmt = mgmt.clone();
             async move {
                 let h = Api::<AdmissionHealth>::namespaced(mgmt.clone(), ns)
-                    .get(HEALTH_NAME)
+                    .get(support::record_of(ns))
                     .await
                     .map_err(|e| e.to_string())?;
                 let st = h.status.unwrap_or_default();

@@ -17,8 +17,22 @@ use crate::crd::{
     ComplianceState, ConcernStatus, HistoryEntry,
 };
 
-/// The name of the health record in each HCP namespace.
-pub const HEALTH_NAME: &str = "hcp-fleet-admission";
+/// The health record's name in its HCP namespace: the hosted cluster's (the HCP's), so what
+/// prints only names (`kubectl wait … --all -A`, its timeout, Events' `regarding`) says which
+/// hosted cluster. HyperShift keeps one HCP per namespace.
+pub fn health_name(cluster: &str) -> &str {
+    cluster
+}
+/// The name every record had before it was named after its hosted cluster: read once to carry
+/// its status over, then deleted (`controller/report.rs`).
+pub const LEGACY_HEALTH_NAME: &str = "hcp-fleet-admission";
+
+/// Whether `h` is an HCP's health record (named after its cluster, or by an earlier release),
+/// and not some other object of the kind someone made.
+pub fn is_health_record(h: &AdmissionHealth) -> bool {
+    let name = h.metadata.name.as_deref().unwrap_or_default();
+    name == health_name(&h.spec.cluster) || name == LEGACY_HEALTH_NAME
+}
 /// What earlier releases wrote outside ACM's flow, removed once at start: a Policy of this
 /// name in every HCP namespace, and the roll-up Policy in the agent's namespace.
 pub(crate) const LEGACY_POLICY_NAME: &str = "hcp-fleet-admission";
@@ -194,7 +208,7 @@ pub(crate) fn render_health(
     owner: Option<&str>,
 ) -> AdmissionHealth {
     let mut h = AdmissionHealth::new(
-        HEALTH_NAME,
+        health_name(cluster),
         AdmissionHealthSpec {
             cluster: cluster.to_string(),
             hosted_cluster_uid: hosted_uid.map(str::to_string),
@@ -546,7 +560,7 @@ pub(crate) fn evaluate_cluster_template(
                     api_version: AdmissionHealth::api_version(&()).into_owned(),
                     kind: AdmissionHealth::kind(&()).into_owned(),
                     metadata: ObjectMeta {
-                        name: HEALTH_NAME.into(),
+                        name: health_name(&r.cluster_name).into(),
                         namespace: ns.to_string(),
                     },
                 },
@@ -612,7 +626,7 @@ pub(crate) fn evaluate_template(
                 api_version: AdmissionHealth::api_version(&()).into_owned(),
                 kind: AdmissionHealth::kind(&()).into_owned(),
                 metadata: ObjectMeta {
-                    name: HEALTH_NAME.into(),
+                    name: health_name(&r.cluster_name).into(),
                     namespace: (*ns).clone(),
                 },
             },
@@ -735,6 +749,20 @@ pub(crate) fn with_entry(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_record_is_named_after_its_cluster_and_an_earlier_name_is_still_known() {
+        let h = render_health("clusters-hc-1", "hc-1", None, None);
+        assert_eq!(h.metadata.name.as_deref(), Some("hc-1"));
+        assert!(is_health_record(&h));
+        let mut old = h.clone();
+        old.metadata.name = Some(LEGACY_HEALTH_NAME.into());
+        assert!(is_health_record(&old));
+        // Another object of the kind, named after nothing the agent writes: not a record.
+        let mut other = h;
+        other.metadata.name = Some("notes".into());
+        assert!(!is_health_record(&other));
+    }
 
     /// A hosted-mode template reports its own hosted cluster only: its row, its verdict; a
     /// name that maps to no HCP, or to two, says so.

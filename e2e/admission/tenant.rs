@@ -170,7 +170,7 @@ async fn a_tenants_tampering_with_a_guard_is_undone_counted_and_named() {
     }
     // The record names the field manager behind the change.
     let h = Api::<AdmissionHealth>::namespaced(bed.mgmt.clone(), NS)
-        .get(HEALTH_NAME)
+        .get(support::record_of(NS))
         .await
         .expect("health record");
     let history: Vec<String> = h
@@ -205,7 +205,7 @@ async fn a_tenants_tampering_with_a_guard_is_undone_counted_and_named() {
                     .filter(|e| {
                         e.reason.as_deref() == Some("Tampered")
                             && e.regarding.as_ref().and_then(|r| r.name.as_deref())
-                                == Some(HEALTH_NAME)
+                                == Some(support::record_of(NS))
                     })
                     .filter_map(|e| e.note)
                     .collect::<Vec<_>>()

@@ -341,7 +341,7 @@ async fn the_management_cluster_a_claimed_cluster_and_a_foreign_server_are_refus
 
     // The record on the management side.
     let record = Api::<AdmissionHealth>::namespaced(mgmt.clone(), "clusters-hc-1")
-        .get(HEALTH_NAME)
+        .get(support::record_of("clusters-hc-1"))
         .await
         .expect("hc-1's record");
     let uid = record
@@ -379,7 +379,7 @@ async fn the_management_cluster_a_claimed_cluster_and_a_foreign_server_are_refus
         .expect("a tenant rewrites the claim annotation");
     for (ns, _) in verdicts {
         Api::<AdmissionHealth>::namespaced(mgmt.clone(), ns)
-            .delete(HEALTH_NAME, &DeleteParams::default())
+            .delete(support::record_of(ns), &DeleteParams::default())
             .await
             .expect("delete the old verdict");
     }

@@ -416,7 +416,7 @@ async fn two_installations_one_owner_per_hcp_and_a_takeover() {
         let mgmt = mgmt.clone();
         async move {
             Api::<AdmissionHealth>::namespaced(mgmt, &hcp_namespace(cluster))
-                .get(HEALTH_NAME)
+                .get(cluster)
                 .await
                 .map_err(|e| e.to_string())
         }

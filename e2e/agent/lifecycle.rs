@@ -129,7 +129,7 @@ async fn a_paused_hcp_is_left_alone_and_resumes() {
         .to_string();
     Api::<hcp_fleet_agent::crd::AdmissionHealth>::namespaced(mgmt.clone(), &ns)
         .patch_status(
-            HEALTH_NAME,
+            support::record_of(&ns),
             &PatchParams::default(),
             &Patch::Merge(serde_json::json!({"status": {"pausedSince": long_ago_text}})),
         )
@@ -172,6 +172,65 @@ async fn a_paused_hcp_is_left_alone_and_resumes() {
                 Ok(())
             } else {
                 Err(format!("{series:?}"))
+            }
+        },
+    )
+    .await;
+}
+
+/// A record an earlier release wrote (named `hcp-fleet-admission` in every namespace): the
+/// agent carries its status over to the record named after the hosted cluster, then deletes
+/// it, and `status` shows the cluster once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_earlier_releases_record_is_carried_over_and_deleted() {
+    use hcp_fleet_agent::reporting::LEGACY_HEALTH_NAME;
+    use kube::api::{Patch, PatchParams, PostParams};
+    let (_fleet, mgmt, _pods) = support::fleet_with_pods(1).await;
+    let ns = hcp_namespace("hc-1");
+    let records: Api<AdmissionHealth> = Api::namespaced(mgmt.clone(), &ns);
+    let legacy: AdmissionHealth = serde_json::from_value(serde_json::json!({
+        "apiVersion": "hcp-fleet.openshift.io/v1alpha1",
+        "kind": "AdmissionHealth",
+        "metadata": {
+            "name": LEGACY_HEALTH_NAME,
+            "labels": {
+                "app.kubernetes.io/managed-by": "hcp-fleet-agent",
+                "hcp-fleet.openshift.io/hosted-cluster": "hc-1",
+            },
+        },
+        "spec": {"cluster": "hc-1"},
+    }))
+    .expect("record");
+    records
+        .create(&PostParams::default(), &legacy)
+        .await
+        .expect("an earlier release's record");
+    records
+        .patch_status(
+            LEGACY_HEALTH_NAME,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"driftRepairs": 41}})),
+        )
+        .await
+        .expect("its status");
+    let _agent = start_agent(&mgmt, AgentConfig::default()).await;
+    wait_compliant(&mgmt, &["hc-1"]).await;
+    eventually(
+        "carried over, then deleted",
+        Duration::from_secs(20),
+        || async {
+            let new = records.get("hc-1").await.map_err(|e| e.to_string())?;
+            let repairs = new.status.map(|s| s.drift_repairs).unwrap_or_default();
+            let old = records
+                .get_opt(LEGACY_HEALTH_NAME)
+                .await
+                .map_err(|e| e.to_string())?;
+            match (repairs >= 41, old) {
+                (true, None) => Ok(()),
+                (carried, old) => Err(format!(
+                    "carried {carried}, old still there {}",
+                    old.is_some()
+                )),
             }
         },
     )
@@ -274,7 +333,7 @@ async fn uninstall_removes_webhooks_first_and_keeps_what_it_cannot_reach() {
     );
     assert!(
         Api::<AdmissionHealth>::namespaced(mgmt.clone(), &ns1)
-            .get_opt(HEALTH_NAME)
+            .get_opt(support::record_of(&ns1))
             .await
             .expect("get")
             .is_none()

@@ -78,7 +78,7 @@ async fn the_uninstall_hook_stops_the_agent_then_removes_webhooks_and_admission_
     eventually("hc-1 Compliant", Duration::from_secs(90), || {
         let records = records.clone();
         async move {
-            let r = records.get(HEALTH_NAME).await.map_err(|e| e.to_string())?;
+            let r = records.get("hc-1").await.map_err(|e| e.to_string())?;
             match r.status.and_then(|s| s.compliant).map(|c| c.as_str()) {
                 Some("Compliant") => Ok(()),
                 other => Err(format!("{other:?}")),
@@ -197,7 +197,7 @@ async fn the_uninstall_hook_stops_the_agent_then_removes_webhooks_and_admission_
         "RoleBinding"
     );
     assert!(
-        support::absent(&records, HEALTH_NAME).await,
+        support::absent(&records, support::record_of(&ns)).await,
         "health record"
     );
 }

@@ -692,16 +692,22 @@ pub async fn start_agent(
     .expect("agent starts")
 }
 
+/// The name of the health record in the test bed's HCP namespace `ns` (`clusters-<cluster>`):
+/// the hosted cluster's.
+pub fn record_of(ns: &str) -> &str {
+    hcp_fleet_agent::reporting::health_name(ns.strip_prefix("clusters-").unwrap_or(ns))
+}
+
 /// The health record of the HCP in `ns`.
 pub async fn health(
     client: &kube::Client,
     ns: &str,
 ) -> Result<hcp_fleet_agent::crd::AdmissionHealth, String> {
-    use hcp_fleet_agent::reporting::HEALTH_NAME;
+    let name = record_of(ns);
     kube::Api::<hcp_fleet_agent::crd::AdmissionHealth>::namespaced(client.clone(), ns)
-        .get(HEALTH_NAME)
+        .get(name)
         .await
-        .map_err(|e| format!("{ns}/{HEALTH_NAME}: {e}"))
+        .map_err(|e| format!("{ns}/{name}: {e}"))
 }
 
 /// A health record's overall verdict.

@@ -16,7 +16,7 @@ use serde::Serialize;
 use super::OutputError;
 use crate::crd::{AdmissionHealth, HostedControlPlane};
 use crate::human::KubeError;
-use crate::reporting::{Concern, HEALTH_NAME, READY};
+use crate::reporting::{Concern, READY, is_health_record};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -399,15 +399,27 @@ async fn rows_in(
         rows.extend(
             page.items
                 .iter()
-                .filter(|p| p.name_any() == HEALTH_NAME)
+                .filter(|p| is_health_record(p))
                 .filter(|p| p.namespace().is_some_and(|ns| existing.contains(&ns)))
-                .map(row),
+                .map(|p| (p.name_any() == crate::reporting::LEGACY_HEALTH_NAME, row(p))),
         );
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(c) => lp = lp.continue_token(&c),
             None => break,
         }
     }
+    // An earlier release's record beside the new one (the moment the agent carries it over)
+    // is the same cluster once.
+    let current: BTreeSet<String> = rows
+        .iter()
+        .filter(|(legacy, _)| !legacy)
+        .map(|(_, r)| r.namespace.clone())
+        .collect();
+    let mut rows: Vec<FleetRow> = rows
+        .into_iter()
+        .filter(|(legacy, r)| !legacy || !current.contains(&r.namespace))
+        .map(|(_, r)| r)
+        .collect();
     rows.sort_by(|a, b| a.cluster.cmp(&b.cluster));
     Ok(rows)
 }
@@ -630,7 +642,7 @@ async fn watch(
         let ns = h.namespace().unwrap_or_default();
         // A cluster the selector did not pick at the start stays out (an HCP created later
         // and matching is shown by the next `status`).
-        if h.name_any() != HEALTH_NAME || (filter.selector.is_some() && !selected.contains(&ns)) {
+        if !is_health_record(&h) || (filter.selector.is_some() && !selected.contains(&ns)) {
             continue;
         }
         let r = row(&h);

@@ -123,6 +123,7 @@ async fn remove_hcp(
     client: &Client,
     cfg: &AgentConfig,
     ns: &str,
+    cluster: &str,
 ) -> Result<Removed, UninstallError> {
     let hosted_err = |reason: String| UninstallError::Hosted {
         namespace: ns.to_string(),
@@ -162,7 +163,7 @@ async fn remove_hcp(
         .map_err(|_| hosted_err(format!("{server} did not answer within {timeout:?}")))?
         .map_err(|e| hosted_err(format!("{server}: {}", crate::human::KubeError(&e))))?;
 
-    let n = remove_management_side(client, cfg, ns).await?;
+    let n = remove_management_side(client, cfg, ns, cluster).await?;
     Ok(Removed {
         hosted_objects,
         management_objects: n,
@@ -175,6 +176,7 @@ async fn remove_management_side(
     client: &Client,
     cfg: &AgentConfig,
     ns: &str,
+    cluster: &str,
 ) -> Result<usize, UninstallError> {
     let del = |what: String| {
         move |source| UninstallError::Delete {
@@ -251,19 +253,16 @@ async fn remove_management_side(
                 .map_err(del(format!("Secret {name}")))?,
         );
     }
-    match delete_named(
-        &Api::<AdmissionHealth>::namespaced(c(), ns),
-        reporting::HEALTH_NAME,
-    )
-    .await
-    {
-        Ok(d) => n += usize::from(d),
-        // No AdmissionHealth CRD: nothing was recorded there.
-        Err(kube::Error::Api(s)) if s.code == 404 => {}
-        Err(e) => {
-            return Err(del(format!("AdmissionHealth {}", reporting::HEALTH_NAME))(
-                e,
-            ));
+    // The record, and an earlier release's under its old name.
+    for name in [
+        reporting::health_name(cluster),
+        reporting::LEGACY_HEALTH_NAME,
+    ] {
+        match delete_named(&Api::<AdmissionHealth>::namespaced(c(), ns), name).await {
+            Ok(d) => n += usize::from(d),
+            // No AdmissionHealth CRD: nothing was recorded there.
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(del(format!("AdmissionHealth {name}"))(e)),
         }
     }
     Ok(n)
@@ -278,12 +277,16 @@ pub async fn uninstall(
     let hcps = Api::<HostedControlPlane>::all(client.clone())
         .list(&ListParams::default())
         .await?;
-    let mut namespaces: Vec<String> = hcps.iter().filter_map(|h| h.namespace()).collect();
+    // HyperShift keeps one HCP per namespace, named after its hosted cluster.
+    let mut namespaces: Vec<(String, String)> = hcps
+        .iter()
+        .filter_map(|h| Some((h.namespace()?, h.name_any())))
+        .collect();
     namespaces.sort();
-    namespaces.dedup();
+    namespaces.dedup_by(|a, b| a.0 == b.0);
     let results: Vec<(String, Result<Removed, UninstallError>)> = futures::stream::iter(namespaces)
-        .map(|ns| async move {
-            let r = remove_hcp(client, cfg, &ns).await;
+        .map(|(ns, cluster)| async move {
+            let r = remove_hcp(client, cfg, &ns, &cluster).await;
             (ns, r)
         })
         .buffer_unordered(usize::from(cfg.concurrency.max(1)))

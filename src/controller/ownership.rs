@@ -17,7 +17,6 @@ use tracing::warn;
 use super::cache;
 use super::context::Context;
 use crate::crd::AdmissionHealth;
-use crate::reporting::HEALTH_NAME;
 
 /// How many lease durations (and a margin for clocks) an owner's Lease may go unrenewed
 /// before its installation counts as gone.
@@ -80,7 +79,8 @@ pub(super) async fn owned_elsewhere(ctx: &Context, ns: &str, cluster: &str) -> O
     let api: Api<AdmissionHealth> = Api::namespaced(ctx.client.clone(), ns);
     let store = ctx.caches().health;
     // A record that cannot be read is no claim: the reconcile reports that failure itself.
-    let record = cache::read(ctx, ns, &api, store.as_ref(), HEALTH_NAME)
+    let name = crate::reporting::health_name(cluster);
+    let record = cache::read(ctx, ns, &api, store.as_ref(), name)
         .await
         .ok()
         .flatten();

@@ -71,7 +71,9 @@ pub async fn reconcile(
     let since = asked.as_ref().and_then(|_| {
         ctx.caches()
             .health
-            .and_then(|s| s.get(&ObjectRef::new(crate::reporting::HEALTH_NAME).within(&ns)))
+            .and_then(|s| {
+                s.get(&ObjectRef::new(crate::reporting::health_name(&cluster)).within(&ns))
+            })
             .and_then(|h| h.status.as_ref().and_then(|s| s.paused_since.clone()))
     });
     let expired =

@@ -114,8 +114,15 @@ async fn write_health(
 ) -> Result<Option<Duration>, kube::Error> {
     let api: Api<AdmissionHealth> = Api::namespaced(ctx.client.clone(), ns);
     let store = ctx.caches().health;
-    let live = cache::read(ctx, ns, &api, store.as_ref(), reporting::HEALTH_NAME).await?;
-    if live.is_none() && pending {
+    let name = reporting::health_name(cluster);
+    let live = cache::read(ctx, ns, &api, store.as_ref(), name).await?;
+    // An earlier release's record (one name in every namespace), as the watch holds it: its
+    // status (history, pause start, drift count) and claim carry over to this one, then it
+    // goes.
+    let legacy = store.as_ref().and_then(|s| {
+        s.get(&kube::runtime::reflector::ObjectRef::new(reporting::LEGACY_HEALTH_NAME).within(ns))
+    });
+    if live.is_none() && legacy.is_none() && pending {
         let first = ctx.with_hcp(ns, |s| *s.first_pending.get_or_insert_with(Instant::now));
         let left = NEW_RECORD_GRACE.saturating_sub(first.elapsed());
         if !left.is_zero() {
@@ -127,6 +134,7 @@ async fn write_health(
     let uid = ctx.with_hcp(ns, |s| s.hosted_identity.clone()).or_else(|| {
         live.as_ref()
             .and_then(|l| l.spec.hosted_cluster_uid.clone())
+            .or_else(|| legacy.as_ref()?.spec.hosted_cluster_uid.clone())
     });
     let mut desired =
         reporting::render_health(ns, cluster, uid.as_deref(), Some(&ctx.agent_namespace));
@@ -146,11 +154,20 @@ async fn write_health(
             c
         }
         _ => {
-            let c = apply(&api, reporting::HEALTH_NAME, &desired).await?;
-            cache::wrote(ctx, ns, &api, reporting::HEALTH_NAME, Some(&c));
+            let c = apply(&api, name, &desired).await?;
+            cache::wrote(ctx, ns, &api, name, Some(&c));
             c
         }
     };
+    let mut migrating = false;
+    if let Some(old) = &legacy {
+        if current.status.is_none() && old.status.is_some() {
+            current.status.clone_from(&old.status);
+            migrating = true;
+        } else {
+            drop_legacy(&api, ns).await;
+        }
+    }
     let now = now_rfc3339();
     // The status is written on the record as read: a record read from a store that lags (a
     // pause's start changed by someone since, say) must not be written over with what it
@@ -167,12 +184,12 @@ async fn write_health(
                     .and_then(|t| t.parse::<jiff::Timestamp>().ok()),
             ),
         );
-        if current.status.as_ref() == Some(&next) {
+        if current.status.as_ref() == Some(&next) && !migrating {
             return Ok(None);
         }
         let written = api
             .patch_status(
-                reporting::HEALTH_NAME,
+                name,
                 &PatchParams::default(),
                 &Patch::Merge(&status_patch(&next, current.resource_version())),
             )
@@ -180,18 +197,27 @@ async fn write_health(
         match written {
             Err(kube::Error::Api(s)) if s.code == 409 && !reread => {
                 reread = true;
-                current = api.get(reporting::HEALTH_NAME).await?;
-                cache::wrote(ctx, ns, &api, reporting::HEALTH_NAME, Some(&current));
+                current = api.get(name).await?;
+                cache::wrote(ctx, ns, &api, name, Some(&current));
             }
             written => {
-                cache::wrote(ctx, ns, &api, reporting::HEALTH_NAME, written.as_ref().ok());
+                cache::wrote(ctx, ns, &api, name, written.as_ref().ok());
                 written?;
+                if migrating {
+                    drop_legacy(&api, ns).await;
+                }
                 break next;
             }
         }
     };
+    announce(ctx, &current, &next).await;
+    Ok(None)
+}
+
+/// The Event a status change deserves, on the record (`current` as it was before `next`).
+async fn announce(ctx: &Context, current: &AdmissionHealth, next: &AdmissionHealthStatus) {
     let reference = current.object_ref(&());
-    let entries = reporting::new_entries(current.status.as_ref(), &next);
+    let entries = reporting::new_entries(current.status.as_ref(), next);
     let first = current.status.is_none();
     if let Some((state, note)) = reporting::health_event(&entries)
         // A new record's first word is "waiting for …" (its history keeps it): an Event for
@@ -213,7 +239,23 @@ async fn write_health(
             warn!(error = %crate::human::KubeError(&err), "publishing a health event failed");
         }
     }
-    Ok(None)
+}
+
+/// Deletes the earlier release's record once its status lives on in the new one; a failure is
+/// logged and tried again at the next write.
+async fn drop_legacy(api: &Api<AdmissionHealth>, ns: &str) {
+    match api
+        .delete(reporting::LEGACY_HEALTH_NAME, &Default::default())
+        .await
+    {
+        Ok(_) => {
+            info!(namespace = %ns, "the earlier release's AdmissionHealth {} was carried over to the record named after the hosted cluster, and deleted", reporting::LEGACY_HEALTH_NAME)
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => {
+            warn!(error = %crate::human::KubeError(&e), "deleting the earlier release's AdmissionHealth {}", reporting::LEGACY_HEALTH_NAME)
+        }
+    }
 }
 
 /// The record's next status from `current` and this pass.

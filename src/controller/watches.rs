@@ -214,13 +214,13 @@ struct EventSink(Arc<super::context::Publisher>);
 
 impl EventSink {
     /// Publishes a Warning on the HCP's AdmissionHealth record, in a task of its own.
-    fn warn(&self, ns: &str, reason: &str, note: String) {
+    fn warn(&self, ns: &str, cluster: &str, reason: &str, note: String) {
         let reference = k8s_openapi::api::core::v1::ObjectReference {
             api_version: Some(
                 <crate::crd::AdmissionHealth as kube::Resource>::api_version(&()).into_owned(),
             ),
             kind: Some("AdmissionHealth".into()),
-            name: Some(crate::reporting::HEALTH_NAME.into()),
+            name: Some(crate::reporting::health_name(cluster).into()),
             namespace: Some(ns.to_string()),
             ..Default::default()
         };
@@ -303,6 +303,7 @@ impl DriftTask {
     fn tell_minute(&self, seen: u32, untold: u32) {
         self.events.warn(
             &self.ns,
+            &self.cluster,
             "TamperingRepeated",
             format!(
                 "hosted cluster {} keeps tampering with its guards: {seen} changes or deletions of the agent's objects in one minute, each put back ({untold} not told one by one; hcp_fleet_webhook_drift_total counts all)",
@@ -467,8 +468,12 @@ impl DriftTask {
             note.clone()
         };
         if let Tell::Each(_) = tell {
-            self.events
-                .warn(&self.ns, "Tampered", format!("{note}; put back"));
+            self.events.warn(
+                &self.ns,
+                &self.cluster,
+                "Tampered",
+                format!("{note}; put back"),
+            );
         }
         let applied = {
             let mut shared = lock(&self.shared);
