@@ -216,6 +216,18 @@ async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
         }
     })
     .await;
+    // An optional field shows its type (a nullable one was published without it: `<>`).
+    for (field, kind) in [
+        ("admissionhealths.spec.owner", "<string>"),
+        ("admissionhealths.status.revision", "<string>"),
+        ("admissionhealths.status.pausedSince", "<string>"),
+    ] {
+        let (ok, out, err) = support::kubectl_with(kubeconfig, &["explain", field]);
+        assert!(
+            ok && out.contains(kind) && !out.contains("<>"),
+            "{field}: {out}{err}"
+        );
+    }
 
     // `status -o json` says what the table says.
     let table = status_table(&fleet);
@@ -599,6 +611,31 @@ async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
         .expect("status");
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "--problems found one: {text}");
+    // Could not look is not the same as found a problem: exit 2, saying why.
+    let status = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+            .arg("status")
+            .args(args)
+            .output()
+            .expect("status")
+    };
+    let kubeconfig_arg = fleet
+        .management
+        .kubeconfig_path
+        .to_string_lossy()
+        .into_owned();
+    let missing = status(&["-n", "nosuchns", "--kubeconfig", &kubeconfig_arg]);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("namespace \"nosuchns\" not found"),
+        "{}",
+        String::from_utf8_lossy(&missing.stderr)
+    );
+    let unreadable = status(&["--kubeconfig", "/nonexistent/kubeconfig"]);
+    assert_eq!(unreadable.status.code(), Some(2));
+    let one = status(&["-n", "clusters-hc-1", "--kubeconfig", &kubeconfig_arg]);
+    assert_eq!(one.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&one.stdout).contains("hc-1 "));
     let line = text
         .lines()
         .find(|l| l.starts_with("hc-3 "))

@@ -641,6 +641,39 @@ pub(crate) const BOUNDS: &[Bound] = &[
     },
 ];
 
+/// A parse error in an operator's words: the YAML reader names Rust's types (`invalid u32`),
+/// which say nothing to someone writing a ConfigMap.
+pub(crate) fn plain_type_words(reason: &str) -> String {
+    const WORDS: &[(&str, &str)] = &[
+        ("invalid u8", "expected a whole number from 0 to 255"),
+        ("invalid u16", "expected a whole number from 0 to 65535"),
+        (
+            "invalid u32",
+            "expected a whole number from 0 to 4294967295",
+        ),
+        ("invalid u64", "expected a whole number, 0 or more"),
+        ("invalid i32", "expected a whole number"),
+        ("invalid i64", "expected a whole number"),
+        ("invalid bool", "expected true or false"),
+        ("invalid f64", "expected a number"),
+    ];
+    let mut out = reason.to_string();
+    for (from, to) in WORDS {
+        // Whole words only: `invalid u32` must not eat into `invalid u320`.
+        let mut at = 0;
+        while let Some(i) = out[at..].find(from).map(|i| i + at) {
+            let end = i + from.len();
+            if out[end..].starts_with(|c: char| c.is_ascii_alphanumeric()) {
+                at = end;
+                continue;
+            }
+            out.replace_range(i..end, to);
+            at = i + to.len();
+        }
+    }
+    out
+}
+
 /// The chart's values schema given the agent's guardrails (`BOUNDS`, `WEBHOOK_TIMEOUT`, the
 /// exemption rules), in `AgentConfig`'s schema as schemars makes it (its `$defs` still in
 /// place), so `helm install` refuses what the agent would refuse at start.
@@ -1126,7 +1159,7 @@ impl AgentConfig {
         let mut cfg: AgentConfig =
             serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse {
                 path: path.to_string(),
-                reason: e.to_string(),
+                reason: plain_type_words(&e.to_string()),
             })?;
         let mut problems = cfg.disable_guards();
         problems.extend(cfg.problems());
@@ -1613,5 +1646,21 @@ admission:
         // The values, refused by both.
         assert!(exemption_problem("f", "*", Exempted::User).is_some());
         assert!(exemption_problem("f", "sre*", Exempted::Group).is_some());
+    }
+
+    #[test]
+    fn a_wrong_type_is_said_in_words_not_rust_types() {
+        let err = AgentConfig::from_yaml("c.yaml", "probeIntervalSeconds: abc\n")
+            .expect_err("not a number");
+        let text = err.to_string();
+        assert!(
+            text.contains("expected a whole number from 0 to 4294967295"),
+            "{text}"
+        );
+        assert!(!text.contains("u32"), "{text}");
+        let err = AgentConfig::from_yaml("c.yaml", "admission:\n  replicas: x\n")
+            .expect_err("not a number");
+        assert!(err.to_string().contains("expected a whole number"), "{err}");
+        assert_eq!(plain_type_words("invalid u320"), "invalid u320");
     }
 }

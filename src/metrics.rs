@@ -352,6 +352,14 @@ pub struct Metrics {
     revision_of: Mutex<std::collections::HashMap<(String, String), String>>,
 }
 
+/// The running build.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    pub version: String,
+    /// `ring`, or `aws-lc-fips` in the FIPS build.
+    pub crypto: String,
+}
+
 /// The installation of the agent (its namespace) that owns HCPs this one leaves alone.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OwnerLabels {
@@ -507,6 +515,20 @@ impl Metrics {
             "leader",
             "1 while this replica holds the leader lease",
             self.leader.clone(),
+        );
+        // Which build runs, as Prometheus's own `prometheus_build_info`: join on it to tell a
+        // half-rolled-out upgrade, or which version a regression came with.
+        let build: Family<BuildLabels, Gauge> = Family::default();
+        build
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION").into(),
+                crypto: crate::crypto::PROVIDER_NAME.into(),
+            })
+            .set(1);
+        r.register(
+            "build_info",
+            "Always 1: the agent's version and its crypto provider as labels",
+            build,
         );
         // Named as Prometheus and Alertmanager name theirs.
         r.register(

@@ -212,6 +212,7 @@ pub(crate) fn render_health(
         AdmissionHealthSpec {
             cluster: cluster.to_string(),
             hosted_cluster_uid: hosted_uid.map(str::to_string),
+            legacy_hosted_cluster_uid: None,
             owner: owner.map(str::to_string),
         },
     );

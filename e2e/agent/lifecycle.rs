@@ -185,9 +185,23 @@ async fn a_paused_hcp_is_left_alone_and_resumes() {
 async fn an_earlier_releases_record_is_carried_over_and_deleted() {
     use hcp_fleet_agent::reporting::LEGACY_HEALTH_NAME;
     use kube::api::{Patch, PatchParams, PostParams};
-    let (_fleet, mgmt, _pods) = support::fleet_with_pods(1).await;
+    let (fleet, mgmt, _pods) = support::fleet_with_pods(1).await;
     let ns = hcp_namespace("hc-1");
     let records: Api<AdmissionHealth> = Api::namespaced(mgmt.clone(), &ns);
+    // The claim as earlier releases spelled it (`hosted_cluster_uid`).
+    let hc1 = fleet
+        .hosted("hc-1")
+        .expect("hc-1")
+        .client()
+        .await
+        .expect("client");
+    let claimed = Api::<k8s_openapi::api::core::v1::Namespace>::all(hc1)
+        .get("kube-system")
+        .await
+        .expect("kube-system")
+        .metadata
+        .uid
+        .expect("uid");
     let legacy: AdmissionHealth = serde_json::from_value(serde_json::json!({
         "apiVersion": "hcp-fleet.openshift.io/v1alpha1",
         "kind": "AdmissionHealth",
@@ -198,9 +212,10 @@ async fn an_earlier_releases_record_is_carried_over_and_deleted() {
                 "hcp-fleet.openshift.io/hosted-cluster": "hc-1",
             },
         },
-        "spec": {"cluster": "hc-1"},
+        "spec": {"cluster": "hc-1", "hosted_cluster_uid": claimed},
     }))
     .expect("record");
+    assert_eq!(legacy.spec.claimed_uid(), Some(claimed.as_str()));
     records
         .create(&PostParams::default(), &legacy)
         .await
@@ -225,7 +240,11 @@ async fn an_earlier_releases_record_is_carried_over_and_deleted() {
                 .get_opt(LEGACY_HEALTH_NAME)
                 .await
                 .map_err(|e| e.to_string())?;
-            match (repairs >= 41, old) {
+            let spelled = (
+                new.spec.hosted_cluster_uid.as_deref() == Some(claimed.as_str()),
+                new.spec.legacy_hosted_cluster_uid.is_none(),
+            );
+            match (repairs >= 41 && spelled == (true, true), old) {
                 (true, None) => Ok(()),
                 (carried, old) => Err(format!(
                     "carried {carried}, old still there {}",

@@ -349,4 +349,99 @@ async fn helm_uninstall_keeps_the_crds_and_the_overrides() {
         kept.spec.reason.as_deref(),
         Some("OHSS-1234: the customer's migration")
     );
+
+    // What the failed hook left (hooks are no part of a release, so --no-hooks leaves them),
+    // removed by its label as docs/operations.md says.
+    let path = fleet.management.kubeconfig_path.clone();
+    let selector = "hcp-fleet.openshift.io/helm-hook=hcp-fleet-agent";
+    for args in [
+        &[
+            "-n",
+            AGENT_NAMESPACE,
+            "delete",
+            "job,pod,serviceaccount,role,rolebinding",
+            "-l",
+            selector,
+        ][..],
+        &["delete", "clusterrole,clusterrolebinding", "-l", selector][..],
+    ] {
+        let (ok, out, err) = support::kubectl_with(&path, args);
+        assert!(ok, "{out}{err}");
+    }
+    let jobs = Api::<k8s_openapi::api::batch::v1::Job>::namespaced(admin.clone(), AGENT_NAMESPACE);
+    let left = jobs
+        .list(&kube::api::ListParams::default().labels(selector))
+        .await
+        .expect("list");
+    assert!(
+        left.items
+            .iter()
+            .all(|j| j.metadata.deletion_timestamp.is_some()),
+        "the hook's Job is gone or going"
+    );
+
+    // CRDs some other tool made (`make demo`, `kubectl apply`, ACM): no Helm label or
+    // annotations. Helm refuses to install over them until the documented commands give them to
+    // the release; then a release of another name installs.
+    let crd_names: Vec<String> = hcp_fleet_agent::crd::health::crds()
+        .iter()
+        .filter_map(|c| c["metadata"]["name"].as_str().map(str::to_string))
+        .collect();
+    let crds = Api::<CustomResourceDefinition>::all(admin.clone());
+    for name in &crd_names {
+        crds.patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {
+                "labels": {"app.kubernetes.io/managed-by": null},
+                "annotations": {
+                    "meta.helm.sh/release-name": null,
+                    "meta.helm.sh/release-namespace": null,
+                },
+            }})),
+        )
+        .await
+        .expect("as another tool leaves a CRD");
+    }
+    let install = || {
+        Command::new(helm())
+            .args([
+                "install",
+                "fleet-2",
+                CHART,
+                "--namespace",
+                AGENT_NAMESPACE,
+                "--kubeconfig",
+                &kubeconfig,
+            ])
+            .current_dir(repo())
+            .output()
+            .expect("helm")
+    };
+    let refused = install();
+    assert!(
+        !refused.status.success(),
+        "Helm adopts nothing it was not given"
+    );
+    let names: Vec<&str> = crd_names.iter().map(String::as_str).collect();
+    let mut label = vec!["label", "crd"];
+    label.extend(&names);
+    label.extend(["--overwrite", "app.kubernetes.io/managed-by=Helm"]);
+    let mut annotate = vec!["annotate", "crd"];
+    annotate.extend(&names);
+    annotate.extend([
+        "--overwrite",
+        "meta.helm.sh/release-name=fleet-2",
+        "meta.helm.sh/release-namespace=hcp-fleet-agent",
+    ]);
+    for args in [label, annotate] {
+        let (ok, out, err) = support::kubectl_with(&path, &args);
+        assert!(ok, "{out}{err}");
+    }
+    let installed = install();
+    assert!(
+        installed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&installed.stderr)
+    );
 }

@@ -438,7 +438,7 @@ pub enum Output {
 #[derive(Debug, Default, clap::Args)]
 pub struct StatusArgs {
     /// Only the hosted clusters that are not Compliant (the summary still counts all); exits 1
-    /// when there is any.
+    /// when there is any. Exits 2 when it cannot look (kubeconfig, namespace, records).
     #[arg(long)]
     pub problems: bool,
     /// Also how many hosted clusters run each revision, the rollout's phase and why, and every
@@ -510,14 +510,39 @@ pub enum ClientSetupError {
     Build(#[source] kube::Error),
 }
 
+/// `status` exits 1 for what it found (`--problems` and a hosted cluster not Compliant) and
+/// 2 when it could not look (no kubeconfig, no such namespace, no records to read), so a
+/// script tells "the fleet has a problem" from "the check did not run".
+pub const EXIT_PROBLEMS: u8 = 1;
+pub const EXIT_ERROR: u8 = 2;
+
 pub async fn run(args: StatusArgs) -> ExitCode {
     let client = match client(&args).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");
-            return ExitCode::FAILURE;
+            return ExitCode::from(EXIT_ERROR);
         }
     };
+    // A namespace that is not there holds no hosted cluster: said, not shown as an empty fleet.
+    if let Some(ns) = &args.namespace {
+        match Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+            .get_opt(ns)
+            .await
+        {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                eprintln!("error: namespace {ns:?} not found");
+                return ExitCode::from(EXIT_ERROR);
+            }
+            // Not allowed to read namespaces: the listing below says what it finds.
+            Err(kube::Error::Api(s)) if s.code == 403 => {}
+            Err(e) => {
+                eprintln!("error: reading namespace {ns:?}: {}", KubeError(&e));
+                return ExitCode::from(EXIT_ERROR);
+            }
+        }
+    }
     let filter = Filter {
         namespace: args.namespace.clone(),
         selector: args.selector.clone(),
@@ -535,11 +560,11 @@ pub async fn run(args: StatusArgs) -> ExitCode {
             eprintln!(
                 "error: the AdmissionHealth CRD (admissionhealths.hcp-fleet.openshift.io) is not installed here; the agent reports through metrics only"
             );
-            return ExitCode::FAILURE;
+            return ExitCode::from(EXIT_ERROR);
         }
         Err(e) => {
             eprintln!("error: listing AdmissionHealth records: {}", KubeError(&e));
-            return ExitCode::FAILURE;
+            return ExitCode::from(EXIT_ERROR);
         }
     };
     let problems = rows.iter().any(is_problem);
@@ -552,7 +577,7 @@ pub async fn run(args: StatusArgs) -> ExitCode {
         Ok(out) => print!("{out}"),
         Err(e) => {
             eprintln!("error: {e}");
-            return ExitCode::FAILURE;
+            return ExitCode::from(EXIT_ERROR);
         }
     }
     if args.watch {
@@ -561,7 +586,7 @@ pub async fn run(args: StatusArgs) -> ExitCode {
     // As a check in a script: `status --problems` fails while any hosted cluster is not
     // Compliant.
     if args.problems && problems {
-        ExitCode::FAILURE
+        ExitCode::from(EXIT_PROBLEMS)
     } else {
         ExitCode::SUCCESS
     }

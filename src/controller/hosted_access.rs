@@ -158,7 +158,7 @@ async fn claim(s: &Scope<'_>, hosted: &HostedClient) -> Result<(), Failure> {
         recorded = store
             .state()
             .iter()
-            .filter(|h| h.spec.hosted_cluster_uid.as_deref() == Some(uid.as_str()))
+            .filter(|h| h.spec.claimed_uid() == Some(uid.as_str()))
             .filter_map(|h| h.namespace())
             .filter(|other| other != ns)
             .collect();

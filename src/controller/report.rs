@@ -133,8 +133,8 @@ async fn write_health(
     // reached (a reconcile that has not reached it yet must not erase the record).
     let uid = ctx.with_hcp(ns, |s| s.hosted_identity.clone()).or_else(|| {
         live.as_ref()
-            .and_then(|l| l.spec.hosted_cluster_uid.clone())
-            .or_else(|| legacy.as_ref()?.spec.hosted_cluster_uid.clone())
+            .and_then(|l| l.spec.claimed_uid().map(str::to_string))
+            .or_else(|| Some(legacy.as_ref()?.spec.claimed_uid()?.to_string()))
     });
     let mut desired =
         reporting::render_health(ns, cluster, uid.as_deref(), Some(&ctx.agent_namespace));

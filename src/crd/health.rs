@@ -56,13 +56,34 @@ pub struct AdmissionHealthSpec {
     /// reached it through this HCP's kubeconfig: the claim that no other HCP namespace may
     /// reach the same cluster. Kept here, on the management cluster, where the hosted cluster's
     /// admins cannot write it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "hostedClusterUID",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub hosted_cluster_uid: Option<String>,
+    /// The same claim as earlier releases spelled it (`hosted_cluster_uid`): read, never
+    /// written; the agent's next write of the spec replaces it with `hostedClusterUID`.
+    #[serde(
+        rename = "hosted_cluster_uid",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub legacy_hosted_cluster_uid: Option<String>,
     /// The installation of the agent that owns this HCP: the namespace it runs in. Another
     /// installation on the same management cluster leaves the HCP alone while this one's
     /// Lease is renewed, and says so (docs/operations.md, "One owner per HCP").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+}
+
+impl AdmissionHealthSpec {
+    /// The hosted cluster this HCP namespace claims, however the record spells it.
+    pub fn claimed_uid(&self) -> Option<&str> {
+        self.hosted_cluster_uid
+            .as_deref()
+            .or(self.legacy_hosted_cluster_uid.as_deref())
+    }
 }
 
 /// What the agent last found on this hosted cluster; written by the agent only.
@@ -281,6 +302,18 @@ pub struct ObjectMeta {
 
 /// The agent's CRDs as the chart ships them (`templates/crds.yaml`), the template kind labelled
 /// for ACM's framework addon.
+/// `schema` without `nullable` anywhere in it (see `crds`).
+fn drop_nullable(schema: &mut serde_json::Value) {
+    match schema {
+        serde_json::Value::Object(m) => {
+            m.remove("nullable");
+            m.values_mut().for_each(drop_nullable);
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(drop_nullable),
+        _ => {}
+    }
+}
+
 pub fn crds() -> Vec<serde_json::Value> {
     let mut template = serde_json::to_value(AdmissionHealthPolicy::crd()).unwrap_or_default();
     template["metadata"]["labels"] = serde_json::json!({ ACM_POLICY_TYPE_LABEL: "template" });
@@ -294,16 +327,13 @@ pub fn crds() -> Vec<serde_json::Value> {
     for crd in &mut crds {
         normalize_schema(crd);
         // The API server publishes a nullable field to OpenAPI v2 without its type or fields
-        // (v2 cannot say "null or object"), so `kubectl explain` could not look inside
-        // `status`. The agent never writes a null status, and a null there would be pruned.
+        // (v2 cannot say "null or object"), so `kubectl explain` showed `<>` for every
+        // optional field and could not look inside `status`. The agent never writes a null
+        // (an absent field is left out, or removed by a merge patch's null), and since 1.20 a
+        // null sent for a field that is not nullable is pruned before validation.
         if let Some(versions) = crd["spec"]["versions"].as_array_mut() {
             for v in versions {
-                if let Some(status) = v["schema"]["openAPIV3Schema"]["properties"]
-                    .get_mut("status")
-                    .and_then(serde_json::Value::as_object_mut)
-                {
-                    status.remove("nullable");
-                }
+                drop_nullable(&mut v["schema"]["openAPIV3Schema"]);
             }
         }
         // `helm uninstall` keeps them, and with them SREs' overrides (and their reasons) and
@@ -476,7 +506,8 @@ mod tests {
                 serde_json::json!(["Compliant", "Pending", "NonCompliant"]),
                 "{status}"
             );
-            assert_eq!(status["properties"]["compliant"]["nullable"], true);
+            // Absent, not null (`kubectl explain` on 1.20 shows a nullable field as `<>`).
+            assert!(!crd.to_string().contains("nullable"), "{crd}");
         }
     }
 
