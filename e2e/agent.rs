@@ -969,16 +969,39 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
         hcp_fleet_agent::localcp::allow_loopback(AgentConfig::default()),
         "last good configuration kept"
     );
-    let mut cfg = hcp_fleet_agent::localcp::allow_loopback(AgentConfig::default());
-    for w in &mut cfg.webhooks {
-        if w.kind == hcp_fleet_agent::config::WebhookKind::Mutating {
-            w.mode = hcp_fleet_agent::config::Mode::Off;
-        }
-    }
-    std::fs::write(&path, serde_saphyr::to_string(&cfg).expect("yaml")).expect("write");
+    // A file as an operator writes one: a `webhooks:` list naming the one guard it changes,
+    // and the mutating guard turned off by name. Every other built-in stays.
+    let defaults = hcp_fleet_agent::localcp::allow_loopback(AgentConfig::default());
+    let mut file = serde_json::to_value(&defaults).expect("json");
+    let mut changed = defaults.webhooks[0].clone();
+    changed.timeout_seconds = 3;
+    file["webhooks"] = serde_json::json!([changed]);
+    let mutating: Vec<String> = defaults
+        .webhooks
+        .iter()
+        .filter(|w| w.kind == hcp_fleet_agent::config::WebhookKind::Mutating)
+        .map(|w| w.name.clone())
+        .collect();
+    file["disabledGuards"] = serde_json::json!(mutating);
+    std::fs::write(&path, serde_saphyr::to_string(&file).expect("yaml")).expect("write");
     assert!(
         agent.reload(&args).expect("good config"),
         "a change was applied"
+    );
+    let running = agent.context.config();
+    assert_eq!(
+        running.webhooks.len(),
+        defaults.webhooks.len(),
+        "no built-in dropped"
+    );
+    assert_eq!(running.webhooks[0], changed);
+    assert_eq!(
+        running
+            .webhooks
+            .iter()
+            .filter(|w| w.mode != hcp_fleet_agent::config::Mode::Off)
+            .count(),
+        defaults.webhooks.len() - mutating.len()
     );
     assert!(
         agent

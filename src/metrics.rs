@@ -444,7 +444,7 @@ impl Metrics {
         );
         r.register(
             "management_drift",
-            "Objects of the admission service in an HCP namespace (Secrets, Service, NetworkPolicy, PodDisruptionBudget, ServiceAccount, Deployment) deleted or changed by someone else and repaired",
+            "Objects of the admission service in an HCP namespace (Secrets, ServiceAccount, Service, NetworkPolicy, PodDisruptionBudget, Deployment, ServiceMonitor, RoleBinding) deleted or changed by someone else and repaired",
             self.management_drift.clone(),
         );
         r.register(
@@ -469,12 +469,12 @@ impl Metrics {
         );
         r.register(
             "hosted_api_request_duration_seconds",
-            "Latency of the agent's calls to a hosted kube-apiserver",
+            "Duration of the install step (the agent's writes and checks) against a hosted kube-apiserver",
             self.hosted_latency.clone(),
         );
         r.register(
             "hosted_api_errors",
-            "Failed calls to a hosted kube-apiserver",
+            "Failures against a hosted kube-apiserver: an install step failed or timed out, a probe went unanswered, the drift watch's connection was lost, the cluster's identity could not be read",
             self.hosted_errors.clone(),
         );
         r.register(
@@ -513,7 +513,7 @@ impl Metrics {
         );
         r.register(
             "leader",
-            "1 while this replica holds the leader lease",
+            "1 while this replica holds the leader Lease (or runs without --leader-elect)",
             self.leader.clone(),
         );
         // Which build runs, as Prometheus's own `prometheus_build_info`: join on it to tell a
@@ -928,5 +928,175 @@ mod tests {
         let text = m.encode();
         assert!(!text.contains("clusters-a"), "{text}");
         assert!(text.ends_with("# EOF\n"), "OpenMetrics text");
+    }
+
+    type Shape = std::collections::BTreeMap<String, (String, std::collections::BTreeSet<String>)>;
+
+    /// The agent's metric table in docs/metrics.md: name to type and labels.
+    fn documented_metrics() -> Shape {
+        let doc = include_str!("../docs/metrics.md");
+        let mut documented = Shape::new();
+        let table = doc
+            .split("| metric | type | labels | meaning |")
+            .nth(1)
+            .expect("the agent's metric table");
+        for line in table.lines().skip(2) {
+            if !line.starts_with("| `hcp_fleet_") {
+                break;
+            }
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let labels = cells[3]
+                .split(',')
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(str::to_string)
+                .collect();
+            documented.insert(
+                cells[1].trim_matches('`').to_string(),
+                (cells[2].to_string(), labels),
+            );
+        }
+        documented
+    }
+
+    /// One series in every family (a family without one is not encoded at all).
+    fn one_series_each(m: &Metrics) {
+        m.known("clusters-a", "a");
+        m.set_revision("clusters-a", "a", Some("r1"));
+        m.set_paused(
+            "clusters-a",
+            "a",
+            Some((
+                crate::reporting::PauseReason::ALL[0],
+                jiff::Timestamp::UNIX_EPOCH,
+            )),
+        );
+        m.set_owned_elsewhere("clusters-a", Some("other"));
+        let hcp = HcpLabels {
+            hcp_namespace: "clusters-a".into(),
+            hosted_cluster: "a".into(),
+        };
+        for g in [
+            &m.compliance,
+            &m.webhooks_desired,
+            &m.webhooks_installed,
+            &m.cert_expiry,
+            &m.probe_success,
+        ] {
+            g.get_or_create(&hcp).set(1);
+        }
+        m.hosted_latency.get_or_create(&hcp).observe(0.1);
+        m.hosted_requests.get_or_create(&hcp).inc();
+        m.management_drift
+            .get_or_create(&DriftLabels {
+                hcp_namespace: "clusters-a".into(),
+                hosted_cluster: "a".into(),
+                kind: "Deployment".into(),
+            })
+            .inc();
+        m.guards
+            .get_or_create(&EngineLabels::new("clusters-a", "a", "policy"))
+            .set(1);
+        m.management_requests
+            .get_or_create(&RequestLabels {
+                verb: "get".into(),
+                resource: "leases".into(),
+            })
+            .inc();
+        m.reconcile_errors
+            .get_or_create(&PhaseLabels {
+                phase: "probe".into(),
+            })
+            .inc();
+        m.rollout
+            .get_or_create(&RolloutLabels {
+                stable: "r1".into(),
+                target: String::new(),
+                phase: "Complete".into(),
+            })
+            .set(1);
+        m.rollout_hcps
+            .get_or_create(&RolloutStateLabels {
+                state: "done".into(),
+            })
+            .set(1);
+        m.overrides
+            .get_or_create(&OverrideLabels {
+                hcp_namespace: "clusters-a".into(),
+                hosted_cluster: "a".into(),
+                accepted: "true".into(),
+            })
+            .set(1);
+    }
+
+    /// Each family in OpenMetrics text: name (a counter's with `_total`, as its samples and
+    /// the docs name it) to type and the labels its samples carry (`le` aside).
+    fn registered_metrics(text: &str) -> Shape {
+        let mut registered = Shape::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let mut parts = rest.split_whitespace();
+                let (name, kind) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+                let name = if kind == "counter" {
+                    format!("{name}_total")
+                } else {
+                    name.to_string()
+                };
+                registered.insert(name, (kind.to_string(), Default::default()));
+                continue;
+            }
+            let Some((series, rest)) = line.split_once('{') else {
+                continue;
+            };
+            let family = registered
+                .keys()
+                .filter(|f| {
+                    series
+                        .strip_prefix(f.trim_end_matches("_total"))
+                        .is_some_and(|s| ["_total", "_bucket", "_sum", "_count", ""].contains(&s))
+                })
+                .max_by_key(|f| f.len())
+                .cloned();
+            let (Some(f), Some((labels, _))) = (family, rest.split_once('}')) else {
+                continue;
+            };
+            for pair in labels.split(',') {
+                if let Some((k, _)) = pair.split_once('=')
+                    && k != "le"
+                {
+                    registered
+                        .entry(f.clone())
+                        .or_default()
+                        .1
+                        .insert(k.to_string());
+                }
+            }
+        }
+        registered
+    }
+
+    /// docs/metrics.md is what dashboards and alerts are written from: each metric the agent
+    /// registers has its row, with the same type and labels, and each row names a registered
+    /// metric.
+    #[test]
+    fn docs_metrics_md_lists_every_metric_with_its_type_and_labels() {
+        let documented = documented_metrics();
+        let m = Metrics::new();
+        one_series_each(&m);
+        let registered = registered_metrics(&m.encode());
+        assert_eq!(
+            registered.keys().collect::<Vec<_>>(),
+            documented.keys().collect::<Vec<_>>(),
+            "registered (left) and documented (right) metrics differ"
+        );
+        for (name, (kind, labels)) in &registered {
+            let (doc_kind, doc_labels) = &documented[name];
+            assert_eq!(kind, doc_kind, "{name}'s type");
+            assert!(
+                !labels.is_empty() || doc_labels.is_empty(),
+                "{name} has a series"
+            );
+            assert_eq!(labels, doc_labels, "{name}'s labels");
+        }
     }
 }
