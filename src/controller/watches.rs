@@ -627,6 +627,9 @@ fn classify(
             {
                 DriftEvent::Lost(crate::human::KubeError(k).to_string())
             }
+            // Too old a version to resume from: the watch reads its object again and goes
+            // on, as routine as a watch's end (the drift watch asks for no bookmarks).
+            watcher::Error::WatchError(s) if s.code == 410 => DriftEvent::Alive,
             _ => DriftEvent::Refused(crate::human::WatchError(&e).to_string()),
         },
     }
