@@ -545,7 +545,10 @@ pub fn guard_summary(cfg: &AgentConfig) -> Vec<(String, &'static str)> {
 /// the agent would.
 pub(crate) struct Bound {
     pub path: &'static str,
+    // Read by `add_guardrails`, which `package` (the `testbed` feature) uses.
+    #[cfg_attr(not(feature = "testbed"), allow(dead_code))]
     pub schema_def: Option<&'static str>,
+    #[cfg_attr(not(feature = "testbed"), allow(dead_code))]
     pub field: &'static str,
     pub min: i64,
     pub max: Option<i64>,
@@ -677,6 +680,7 @@ pub(crate) fn plain_type_words(reason: &str) -> String {
 /// The chart's values schema given the agent's guardrails (`BOUNDS`, `WEBHOOK_TIMEOUT`, the
 /// exemption rules), in `AgentConfig`'s schema as schemars makes it (its `$defs` still in
 /// place), so `helm install` refuses what the agent would refuse at start.
+#[cfg(any(test, feature = "testbed"))]
 pub(crate) fn add_guardrails(schema: &mut serde_json::Value) {
     use serde_json::json;
     for b in BOUNDS {
@@ -710,6 +714,7 @@ pub(crate) fn add_guardrails(schema: &mut serde_json::Value) {
 /// character, no surrounding space, a `*` only at the end of a prefix long enough, none for
 /// groups), and the entries that fit the shape but are refused by name (every service
 /// account, the canaries) listed, found by asking `exemption_problem` itself.
+#[cfg(any(test, feature = "testbed"))]
 pub(crate) fn exemption_schema(kind: Exempted) -> serde_json::Value {
     use crate::guards::canary::{CANARY_GROUP, CANARY_USER};
     // RE2 (helm's JSON Schema validator is Go's): `\p{Cc}` is what `char::is_control` is.
