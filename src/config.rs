@@ -907,6 +907,7 @@ impl AgentConfig {
         self.admission_problems(&mut p);
         self.hosted_access_problems(&mut p);
         self.monitoring_and_certificate_problems(&mut p);
+        self.disabled_guard_problems(&mut p);
         self.webhook_problems(&mut p);
         p
     }
@@ -1166,35 +1167,34 @@ impl AgentConfig {
                 path: path.to_string(),
                 reason: plain_type_words(&e.to_string()),
             })?;
-        let mut problems = cfg.disable_guards();
-        problems.extend(cfg.problems());
-        if problems.is_empty() {
-            Ok(cfg)
-        } else {
-            Err(ConfigError::Invalid {
-                path: path.to_string(),
-                problems,
-            })
-        }
+        cfg.turn_off_disabled();
+        cfg.validated(path)
     }
 
     /// Turns off the guards `disabledGuards` names (mode `off`: kept in the list, so the
-    /// configuration written out and read again is the same); the problems with its names. A
-    /// name no guard has is refused (a typo would leave on the guard meant to go), and so is
-    /// the probe's.
-    fn disable_guards(&mut self) -> Vec<String> {
-        let mut problems = Vec::new();
+    /// configuration written out and read again is the same). A name that is no guard, or
+    /// the probe's, is left for `problems` to refuse.
+    fn turn_off_disabled(&mut self) {
+        let probe = crate::guards::probe::ROW.name;
+        for w in &mut self.webhooks {
+            if w.name != probe && self.disabled_guards.contains(&w.name) {
+                w.mode = Mode::Off;
+            }
+        }
+    }
+
+    /// `disabledGuards`: each name a guard's, once, and never the probe's (a typo would leave
+    /// on the guard meant to go).
+    fn disabled_guard_problems(&self, p: &mut Vec<String>) {
         for (i, name) in self.disabled_guards.iter().enumerate() {
             if self.disabled_guards[..i].contains(name) {
-                problems.push(format!("disabledGuards: {name:?} is named more than once"));
+                p.push(format!("disabledGuards: {name:?} is named more than once"));
             } else if *name == crate::guards::probe::ROW.name {
-                problems.push(format!(
+                p.push(format!(
                     "disabledGuards: {name:?} is the probe; it proves the admission path works and cannot be disabled"
                 ));
-            } else if let Some(w) = self.webhooks.iter_mut().find(|w| w.name == *name) {
-                w.mode = Mode::Off;
-            } else {
-                problems.push(format!(
+            } else if !self.webhooks.iter().any(|w| w.name == *name) {
+                p.push(format!(
                     "disabledGuards: {name:?} is no guard (the guards: {})",
                     self.webhooks
                         .iter()
@@ -1204,7 +1204,6 @@ impl AgentConfig {
                 ));
             }
         }
-        problems
     }
 
     pub(crate) fn validated(self, path: &str) -> Result<Self, ConfigError> {

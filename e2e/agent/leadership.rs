@@ -414,12 +414,7 @@ async fn two_installations_one_owner_per_hcp_and_a_takeover() {
     wait_compliant(&mgmt, &["hc-1", "hc-2"]).await;
     let record = |cluster: &'static str| {
         let mgmt = mgmt.clone();
-        async move {
-            Api::<AdmissionHealth>::namespaced(mgmt, &hcp_namespace(cluster))
-                .get(cluster)
-                .await
-                .map_err(|e| e.to_string())
-        }
+        async move { health(&mgmt, &hcp_namespace(cluster)).await }
     };
     for c in ["hc-1", "hc-2"] {
         let r = record(c).await.expect("record");

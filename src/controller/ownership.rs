@@ -50,11 +50,7 @@ pub(crate) fn lease_alive(lease: Option<&Lease>, now: jiff::Timestamp) -> bool {
 /// an answer the server would not give (no right to read its Lease, say) is an error, which
 /// counts as alive: two installations fighting is worse than one waiting for an SRE.
 async fn alive(ctx: &Context, owner: &str) -> Result<bool, String> {
-    let lock = || {
-        ctx.owner_leases
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    };
+    let lock = || super::context::lock(&ctx.owner_leases);
     if let Some((at, answer)) = lock().get(owner)
         && at.elapsed() < LOOK_AGAIN
     {
