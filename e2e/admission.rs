@@ -7,6 +7,8 @@
 
 #[path = "admission/service.rs"]
 mod service;
+#[path = "admission/static_guards.rs"]
+mod static_guards;
 mod support;
 #[path = "admission/tenant.rs"]
 mod tenant;
@@ -199,7 +201,7 @@ const DELETE_AS_ALICE: &[&str] = &[
 fn with_engine(engine: GuardEngine) -> AgentConfig {
     let mut cfg = AgentConfig::default();
     for w in &mut cfg.webhooks {
-        if engine != GuardEngine::Policy || has_cel_form(&w.path) {
+        if !matches!(engine, GuardEngine::Policy | GuardEngine::Static) || has_cel_form(&w.path) {
             w.engine = engine;
         }
     }
@@ -236,19 +238,43 @@ async fn each_guard_answers_through_its_admission_policy() {
     each_guard_answers_through(GuardEngine::Policy).await;
 }
 
+/// The same through the static guards, loaded by the hosted kube-apiserver from files (1.36
+/// with the feature gate: the test bed turns it on). Elsewhere the guards are what `auto`
+/// chooses (policies from 1.30, webhooks before) and the health record says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_guard_answers_through_the_static_guards() {
+    each_guard_answers_through(GuardEngine::Static).await;
+}
+
 async fn each_guard_answers_through(engine: GuardEngine) {
     let cfg = with_engine(engine);
     let bed = bed(cfg.clone()).await;
-    let served = engine != GuardEngine::Policy
-        || support::serves(
-            &bed.fleet.version,
+    let v = &bed.fleet.version;
+    let served = match engine {
+        GuardEngine::Policy => support::serves(
+            v,
             Feature::AdmissionPolicies,
             "answers through admission policies (the webhooks answer instead)",
-        );
-    let by_policy = engine == GuardEngine::Policy && served;
+        ),
+        GuardEngine::Static => support::serves(
+            v,
+            Feature::StaticManifests,
+            "answers through the static guards (what auto chooses answers instead)",
+        ),
+        _ => true,
+    };
+    let by_static = engine == GuardEngine::Static && served;
+    // A guard asking for static where it is not in force is what auto chooses.
+    let by_policy = (engine == GuardEngine::Policy && served)
+        || (engine == GuardEngine::Static && !served && v.serves(Feature::AdmissionPolicies));
     // Who answered, as the API server words it.
     let answered_by = |guard: &str| {
-        if by_policy {
+        if by_static {
+            let name = format!("{guard}{}", hcp_fleet_agent::hosted::static_guards::SUFFIX);
+            format!(
+                "ValidatingAdmissionPolicy '{name}' with binding '{name}' denied request: hcp-fleet:"
+            )
+        } else if by_policy {
             format!(
                 "ValidatingAdmissionPolicy '{guard}' with binding '{guard}' denied request: hcp-fleet:"
             )
@@ -263,6 +289,16 @@ async fn each_guard_answers_through(engine: GuardEngine) {
         assert!(
             text.contains(&format!(
                 "{rbac} asks for engine policy, but this hosted kube-apiserver does not serve"
+            )),
+            "{text}"
+        );
+    }
+    if engine == GuardEngine::Static && !served {
+        wait_concern(&bed.mgmt, "hosted-webhooks", "NonCompliant").await;
+        let text = last_message(&bed.mgmt, "hosted-webhooks").await;
+        assert!(
+            text.contains(&format!(
+                "{rbac} asks for engine static, but the static guards are not in force in this hosted kube-apiserver"
             )),
             "{text}"
         );
@@ -494,7 +530,7 @@ async fn each_guard_answers_through(engine: GuardEngine) {
 
     identities_cannot_be_minted(&bed, &hosted, &answered_by).await;
 
-    if by_policy {
+    if by_policy || by_static {
         // Denied and exempt alike, no request of these guards reached the admission service.
         for guard in [
             rbac,
@@ -503,14 +539,31 @@ async fn each_guard_answers_through(engine: GuardEngine) {
         ] {
             assert_eq!(service_requests(&bed, guard).await, 0.0, "{guard}");
         }
+    }
+    if by_policy {
         policies_are_kept_from_drifting_and_type_checked(&bed, &hosted).await;
+    }
+    if by_static {
+        // Nothing of these guards is written through the API.
+        let policies =
+            Api::<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy>::all(
+                hosted.clone(),
+            );
+        for guard in [rbac, "scc.hcp-fleet.openshift.io"] {
+            assert!(support::absent(&policies, guard).await, "{guard}");
+        }
     }
 
     // warn: the same request is allowed, with a Warning naming what would have been denied.
     // The same words through either engine; the policy's warning has the API server's prefix.
     bed.agent.set_config(with_mode(cfg.clone(), Mode::Warn));
     let warned = format!("{rbac} (warn mode) would deny: {PROTECTED}");
-    let prefix = if by_policy {
+    let prefix = if by_static {
+        let name = format!("{rbac}{}", hcp_fleet_agent::hosted::static_guards::SUFFIX);
+        format!(
+            "Warning: Validation failed for ValidatingAdmissionPolicy '{name}' with binding '{name}': "
+        )
+    } else if by_policy {
         format!(
             "Warning: Validation failed for ValidatingAdmissionPolicy '{rbac}' with binding '{rbac}': "
         )

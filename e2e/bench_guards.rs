@@ -22,6 +22,10 @@
 //!   the guard's binding are repaired, and each repair's time, against the same repairs
 //!   without them.
 //!
+//! - the same sustained tampering against the static guards (servers of 1.36 with the test bed's
+//!   feature gate): every guard moved to files the hosted kube-apiserver loads, then the tenant's
+//!   rewrites and deletes of them through the API, and how many guarded requests got through.
+//!
 //! Environment: BENCH_TAMPER_RUNS (default 20), BENCH_RACE_TRIES (default 50),
 //! BENCH_SUSTAIN_SECONDS (default 30), BENCH_LABELLED (default 300).
 
@@ -350,23 +354,35 @@ async fn run() -> Result<(), String> {
         field_manager: Some("tenant-ops".into()),
         ..Default::default()
     };
+    // Under the agent's own field manager name too: only its apply is its own (#48).
+    let as_agent = PatchParams {
+        field_manager: Some("hcp-fleet-agent".into()),
+        ..Default::default()
+    };
     let pod_tamperings = [
         (
             "deployment: hostNetwork",
             json!({"spec": {"template": {"spec": {"hostNetwork": true}}}}),
+            &ops,
         ),
         (
             "deployment: an initContainer",
             json!({"spec": {"template": {"spec": {"initContainers": [{"name": "x", "image": "hcp-fleet-agent:x", "command": ["true"]}]}}}}),
+            &ops,
+        ),
+        (
+            "deployment: hostNetwork, as hcp-fleet-agent",
+            json!({"spec": {"template": {"spec": {"hostNetwork": true}}}}),
+            &as_agent,
         ),
     ];
     println!("the admission Deployment on the management cluster, {runs} runs each:");
-    for (what, patch) in &pod_tamperings {
+    for (what, patch, ops) in &pod_tamperings {
         let before = drift(&agent, "hcp_fleet_management_drift_total", "Deployment");
         let mut took = Vec::with_capacity(runs);
         for _ in 0..runs {
             deployments
-                .patch(&dname, &ops, &Patch::Strategic(patch))
+                .patch(&dname, ops, &Patch::Strategic(patch))
                 .await
                 .map_err(|err| format!("{what}: {err}"))?;
             let back = wait_for(what, Duration::from_secs(20), || async {
@@ -448,7 +464,123 @@ async fn run() -> Result<(), String> {
         .ok_or("no hc-1")?
         .kubeconfig_path
         .clone();
-    labelled(&hosted, &kubeconfig, policies, runs).await
+    labelled(&hosted, &kubeconfig, policies, runs).await?;
+    if support::serves(
+        &fleet.version,
+        Feature::StaticManifests,
+        "sustained tampering with the static guards",
+    ) {
+        sustained_static(&agent, &hosted, &alice).await?;
+    }
+    Ok(())
+}
+
+/// The same tenant against the static guards (engine static, loaded by the hosted
+/// kube-apiserver from files): every guard moved there, then for BENCH_SUSTAIN_SECONDS each,
+/// the tenant's rewrites of the guard's binding every 100 ms (a patch of its static name, and a
+/// create under it), then deletes as fast as the server answers (the binding and policy by
+/// their static names, and every policy and binding by collection), while alice sends the
+/// guarded request back to back.
+async fn sustained_static(
+    agent: &agent::AgentHandle,
+    hosted: &Client,
+    alice: &Api<ClusterRole>,
+) -> Result<(), String> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let seconds = env_num("BENCH_SUSTAIN_SECONDS", 30);
+    let mut cfg = AgentConfig::default();
+    for w in &mut cfg.webhooks {
+        if hcp_fleet_agent::guards::has_cel_form(&w.path) {
+            w.engine = hcp_fleet_agent::config::GuardEngine::Static;
+        }
+    }
+    agent.set_config(hcp_fleet_agent::localcp::allow_loopback(cfg));
+    let policies = Api::<ValidatingAdmissionPolicy>::all(hosted.clone());
+    let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(hosted.clone());
+    let moved = wait_for(
+        "the guards on the static guards",
+        Duration::from_secs(60),
+        || {
+            let policies = policies.clone();
+            async move { matches!(policies.get_opt(GUARD).await, Ok(None)) }
+        },
+    )
+    .await?;
+    if !denied(alice).await? {
+        return Err("the static guard does not deny alice".into());
+    }
+    println!(
+        "static guards (every guard with a CEL form loaded from files; moved from the API-side policies in {} ms):",
+        moved.as_millis()
+    );
+    let name = format!("{GUARD}{}", hcp_fleet_agent::hosted::static_guards::SUFFIX);
+    let sel =
+        json!({"spec": {"matchResources": {"objectSelector": {"matchLabels": {"tenant": "off"}}}}});
+    let forged: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Audit"]},
+    }))
+    .map_err(e)?;
+    let tenant = PatchParams {
+        field_manager: Some("tenant-admin".into()),
+        ..Default::default()
+    };
+    for deleting in [false, true] {
+        let stop = Arc::new(AtomicBool::new(false));
+        let requests = tokio::spawn(guarded_requests(alice.clone(), Arc::clone(&stop)));
+        let end = Instant::now() + Duration::from_secs(seconds);
+        let (mut tries, mut accepted) = (0usize, 0usize);
+        while Instant::now() < end {
+            let t0 = Instant::now();
+            let dp = DeleteParams::default();
+            let results: Vec<bool> = if deleting {
+                vec![
+                    bindings.delete(&name, &dp).await.is_ok(),
+                    policies.delete(&name, &dp).await.is_ok(),
+                    // A collection delete succeeds with what it found: none of the files'.
+                    bindings
+                        .delete_collection(&dp, &Default::default())
+                        .await
+                        .map_err(e)?
+                        .left()
+                        .is_some_and(|l| {
+                            l.items
+                                .iter()
+                                .any(|b| b.metadata.name.as_deref() == Some(name.as_str()))
+                        }),
+                ]
+            } else {
+                vec![
+                    bindings
+                        .patch(&name, &tenant, &Patch::Strategic(&sel))
+                        .await
+                        .is_ok(),
+                    bindings
+                        .create(&PostParams::default(), &forged)
+                        .await
+                        .is_ok(),
+                ]
+            };
+            tries += results.len();
+            accepted += results.iter().filter(|ok| **ok).count();
+            if !deleting {
+                tokio::time::sleep(Duration::from_millis(100).saturating_sub(t0.elapsed())).await;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let (sent, through) = requests.await.map_err(e)??;
+        let what = if deleting {
+            "deleted whenever it exists (by name and by collection)"
+        } else {
+            "a selector written every 100 ms (and a create under its name)"
+        };
+        println!(
+            "  {what}: {tries} tenant requests, {accepted} accepted by the API; {through} of {sent} guarded requests got through ({:.2} %); no repair is needed",
+            100.0 * through as f64 / sent.max(1) as f64
+        );
+    }
+    Ok(())
 }
 
 /// The guard's binding deleted `runs` times, each timed until it is back as rendered.

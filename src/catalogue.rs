@@ -43,6 +43,11 @@ pub enum GuardEngine {
     /// A ValidatingAdmissionPolicy; only for guards with a CEL form. Where the hosted cluster
     /// does not serve them, the webhook guards instead and the health record says so.
     Policy,
+    /// A ValidatingAdmissionPolicy the hosted kube-apiserver loads from files
+    /// (`.static.k8s.io`, docs/static-guards.md), which no API request can change; only for
+    /// guards with a CEL form. Where the static guards are not in force, what `auto` chooses
+    /// guards instead and the health record says why.
+    Static,
 }
 
 #[derive(

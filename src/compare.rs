@@ -92,6 +92,41 @@ fn default_holds(default: &Value, live: &Value) -> bool {
 /// same, while a server default, which no manager owns, is not. Status writes (the `status`
 /// subresource) never count.
 pub(crate) fn foreign_fields(live: &Value, ours: &str, under: &[&str]) -> Vec<String> {
+    foreign_by(live, under, |manager, _| {
+        (manager == ours).then(String::new)
+    })
+}
+
+/// What a writer under the name `ours` that did not apply is called in `foreign_to_apply`'s
+/// paths: any client may claim a field manager's name, so only the agent's apply is its own.
+pub(crate) fn not_applied(ours: &str) -> String {
+    format!("{ours}, by an Update: not the agent's apply")
+}
+
+/// `foreign_fields` where only `ours`'s Apply entry is the agent's: a field set under its name
+/// by any other operation (`kubectl patch --field-manager=<ours>`) is foreign, named as
+/// `not_applied`. The agent keeps its own other entries out (`controller::apply`, after a
+/// replace), so what one holds is someone else's.
+pub(crate) fn foreign_to_apply(live: &Value, ours: &str, under: &[&str]) -> Vec<String> {
+    foreign_by(live, under, |manager, operation| {
+        if manager != ours {
+            None
+        } else if operation.is_none_or(|o| o == "Apply") {
+            Some(String::new())
+        } else {
+            Some(not_applied(ours))
+        }
+    })
+}
+
+/// The paths under `under` owned by an entry `ours_or_alias` does not call the agent's (`None`:
+/// someone else; `Some("")`: the agent's own; `Some(name)`: a foreign writer of that name) and
+/// by no entry of the agent's own.
+fn foreign_by(
+    live: &Value,
+    under: &[&str],
+    ours_or_alias: impl Fn(&str, Option<&str>) -> Option<String>,
+) -> Vec<String> {
     let Some(entries) = live["metadata"]["managedFields"].as_array() else {
         return Vec::new();
     };
@@ -108,13 +143,21 @@ pub(crate) fn foreign_fields(live: &Value, ours: &str, under: &[&str]) -> Vec<St
             continue;
         }
         let manager = e["manager"].as_str().unwrap_or_default();
+        let who = match ours_or_alias(manager, e["operation"].as_str()) {
+            Some(alias) if alias.is_empty() => None,
+            Some(alias) => Some(alias),
+            None => Some(manager.to_string()),
+        };
         let mut paths = Vec::new();
         field_paths(&e["fieldsV1"], "", &mut paths);
         for p in paths.into_iter().filter(|p| in_scope(p)) {
-            if manager == ours {
-                mine.insert(p);
-            } else {
-                theirs.insert((p, manager.to_string()));
+            match &who {
+                None => {
+                    mine.insert(p);
+                }
+                Some(w) => {
+                    theirs.insert((p, w.clone()));
+                }
             }
         }
     }

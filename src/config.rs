@@ -76,6 +76,32 @@ pub struct AgentConfig {
     /// the pause is removed. 0: no maximum.
     #[serde(default)]
     pub max_pause_hours: u32,
+    /// The guards the hosted kube-apiserver loads from files (`engine: static`,
+    /// docs/static-guards.md).
+    #[serde(default)]
+    pub static_guards: StaticGuardsConfig,
+}
+
+/// Where the hosted kube-apiserver finds the static guards, and whether the API-side guards
+/// stay beside them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct StaticGuardsConfig {
+    /// Where the hosted kube-apiserver's pod mounts the ConfigMap `hcp-fleet-static-guards`
+    /// (its admission configuration names the directories under it). Absolute.
+    pub mount_path: String,
+    /// Keep the API-side guard (policy or webhook) of a guard the static guards carry, as a
+    /// second layer. Off: a guard proven in force from files has no API-side object at all.
+    pub second_layer: bool,
+}
+
+impl Default for StaticGuardsConfig {
+    fn default() -> Self {
+        Self {
+            mount_path: "/etc/kubernetes/hcp-fleet-guards".into(),
+            second_layer: false,
+        }
+    }
 }
 
 /// Reporting to ACM: how an ACM managed cluster is matched to its HCP where ACM runs the
@@ -112,6 +138,7 @@ impl Default for AgentConfig {
             probe_interval_seconds: default_probe_interval(),
             reporting: ReportingConfig::default(),
             max_pause_hours: 0,
+            static_guards: StaticGuardsConfig::default(),
         }
     }
 }
@@ -985,6 +1012,23 @@ impl AgentConfig {
 
     /// Hosted access: the kubeconfig Secret, timeouts, server rewrites and allowed servers.
     fn hosted_access_problems(&self, p: &mut Vec<String>) {
+        // The admission configuration names directories under it: the hosted kube-apiserver
+        // refuses a relative one, and a path a YAML scalar or the ConfigMap's volume cannot
+        // carry as written would be a start-up failure there, not here.
+        let m = &self.static_guards.mount_path;
+        if !m.starts_with('/')
+            || m.len() < 2
+            || m.ends_with('/')
+            || m.split('/').any(|c| c == "." || c == "..")
+            || m.contains("//")
+            || !m
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "/-_.".contains(c))
+        {
+            p.push(format!(
+                "staticGuards.mountPath {m:?} must be an absolute path of letters, digits, '-', '_' and '.', without '.' or '..' parts or a trailing '/'"
+            ));
+        }
         let h = &self.hosted_access;
         if h.kubeconfig_secret.is_empty() || h.kubeconfig_key.is_empty() {
             p.push("hostedAccess.kubeconfigSecret and kubeconfigKey must be set".into());
@@ -1088,9 +1132,12 @@ impl AgentConfig {
                     w.path
                 ));
             }
-            if w.engine == GuardEngine::Policy && !crate::guards::has_cel_form(&w.path) {
+            if matches!(w.engine, GuardEngine::Policy | GuardEngine::Static)
+                && !crate::guards::has_cel_form(&w.path)
+            {
                 p.push(format!(
-                    "{at}: engine policy: the handler on {:?} has no CEL form (only {} can run as a ValidatingAdmissionPolicy); use auto or webhook",
+                    "{at}: engine {}: the handler on {:?} has no CEL form (only {} can run as a ValidatingAdmissionPolicy); use auto or webhook",
+                    if w.engine == GuardEngine::Static { "static" } else { "policy" },
                     w.path,
                     crate::guards::paths()
                         .filter(|p| crate::guards::has_cel_form(p))

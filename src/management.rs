@@ -48,7 +48,7 @@ pub(crate) const DEPLOYMENT_OWNED_WHOLE: &[&str] = &["spec.template.spec"];
 /// nothing another manager added to its pods' spec?
 pub(crate) fn deployment_matches(desired: &serde_json::Value, live: &serde_json::Value) -> bool {
     crate::compare::subset(desired, live)
-        && crate::compare::foreign_fields(live, FIELD_MANAGER, DEPLOYMENT_OWNED_WHOLE).is_empty()
+        && crate::compare::foreign_to_apply(live, FIELD_MANAGER, DEPLOYMENT_OWNED_WHOLE).is_empty()
 }
 
 /// The NetworkPolicy's and the PodDisruptionBudget's spec are the agent's whole: an ingress
@@ -59,7 +59,7 @@ pub(crate) const SPEC_OWNED_WHOLE: &[&str] = &["spec"];
 /// Does a live object owned whole under `spec` say what was rendered, and nothing more there?
 pub(crate) fn spec_matches(desired: &serde_json::Value, live: &serde_json::Value) -> bool {
     crate::compare::subset(desired, live)
-        && crate::compare::foreign_fields(live, FIELD_MANAGER, SPEC_OWNED_WHOLE).is_empty()
+        && crate::compare::foreign_to_apply(live, FIELD_MANAGER, SPEC_OWNED_WHOLE).is_empty()
 }
 
 /// How a management-side kind is compared and repaired: the parts owned whole and the
@@ -68,10 +68,29 @@ pub(crate) fn spec_matches(desired: &serde_json::Value, live: &serde_json::Value
 /// ServiceAccount and monitoring objects).
 pub(crate) fn owned_whole(kind: &str) -> Option<(&'static [&'static str], MatchFn)> {
     match kind {
+        "ConfigMap" => Some((CONFIGMAP_OWNED_WHOLE, configmap_matches)),
         "Deployment" => Some((DEPLOYMENT_OWNED_WHOLE, deployment_matches)),
         "NetworkPolicy" | "PodDisruptionBudget" => Some((SPEC_OWNED_WHOLE, spec_matches)),
         _ => None,
     }
+}
+
+/// The static guards' ConfigMap (`hosted::static_guards`) is the hosted kube-apiserver's
+/// admission configuration: its data is the agent's whole, and no server default fills it.
+pub(crate) const CONFIGMAP_OWNED_WHOLE: &[&str] = &["data", "binaryData"];
+
+/// Does the live ConfigMap hold exactly the rendered data (and the rendered metadata)?
+pub(crate) fn configmap_matches(desired: &serde_json::Value, live: &serde_json::Value) -> bool {
+    crate::compare::subset(desired, live)
+        && desired.get("data") == live.get("data")
+        && live.get("binaryData").is_none()
+}
+
+/// Kinds compared with the rendering whole, whoever wrote the difference (a writer may use the
+/// agent's own field manager name), and replaced where they differ: those without server
+/// defaults in the part owned.
+pub(crate) fn compared_whole(kind: &str) -> bool {
+    kind == "ConfigMap"
 }
 
 /// A comparison of a rendered object with a live one.
@@ -790,6 +809,100 @@ mod tests {
     }
     use super::*;
     use crate::certificates::CertBundle;
+
+    /// #48: a field written into a part owned whole under the agent's own field manager name,
+    /// by any operation but its apply (`kubectl patch --field-manager=hcp-fleet-agent`), is
+    /// someone else's: each such tampering of each kind owned whole does not match its
+    /// rendering. The entries are shaped as kube-apiserver 1.36.2 writes them (an Apply entry
+    /// of the agent's, an Update entry of the same manager holding only what the patch set).
+    #[test]
+    fn a_tampering_under_the_agents_own_name_does_not_match() {
+        let managed = |apply: serde_json::Value, update: serde_json::Value| {
+            serde_json::json!([
+                {"manager": FIELD_MANAGER, "operation": "Apply", "fieldsV1": apply},
+                {"manager": FIELD_MANAGER, "operation": "Update", "fieldsV1": update},
+            ])
+        };
+        let objs = objects(PdbApi::V1);
+        let deployment = serde_json::to_value(&objs.deployment).expect("json");
+        let pod_apply = serde_json::json!({"f:spec": {"f:template": {"f:spec": {
+            "f:containers": {}, "f:serviceAccountName": {}, "f:volumes": {}}}}});
+        let network_policy = serde_json::to_value(&objs.network_policy).expect("json");
+        let spec_apply = serde_json::json!({"f:spec": {"f:podSelector": {}, "f:policyTypes": {}, "f:ingress": {}}});
+        let pdb = serde_json::to_value(objs.pdb.as_ref().expect("pdb")).expect("json");
+        let pdb_apply = serde_json::json!({"f:spec": {"f:selector": {}, "f:minAvailable": {}}});
+        let cases: Vec<(
+            &str,
+            &serde_json::Value,
+            serde_json::Value,
+            &str,
+            serde_json::Value,
+        )> = vec![
+            (
+                "Deployment",
+                &deployment,
+                pod_apply.clone(),
+                "/spec/template/spec/hostNetwork",
+                serde_json::json!(true),
+            ),
+            (
+                "Deployment",
+                &deployment,
+                pod_apply.clone(),
+                "/spec/template/spec/initContainers",
+                serde_json::json!([{"name": "sneaky", "image": "registry.example.com/sneaky:1"}]),
+            ),
+            (
+                "Deployment",
+                &deployment,
+                pod_apply.clone(),
+                "/spec/template/spec/nodeName",
+                serde_json::json!("a-node-of-theirs"),
+            ),
+            (
+                "NetworkPolicy",
+                &network_policy,
+                spec_apply.clone(),
+                "/spec/egress",
+                serde_json::json!([{}]),
+            ),
+            (
+                "PodDisruptionBudget",
+                &pdb,
+                pdb_apply.clone(),
+                "/spec/unhealthyPodEvictionPolicy",
+                serde_json::json!("AlwaysAllow"),
+            ),
+        ];
+        for (kind, desired, apply, at, value) in cases {
+            let (under, same) = owned_whole(kind).expect("owned whole");
+            let field = at.rsplit('/').next().expect("field");
+            let mut update = serde_json::json!({});
+            let mut node = &mut update;
+            for part in at.trim_start_matches('/').split('/') {
+                node = &mut node[format!("f:{part}")];
+                *node = serde_json::json!({});
+            }
+            let mut live = desired.clone();
+            let (parent, _) = at.rsplit_once('/').expect("parent");
+            live.pointer_mut(parent).expect("parent")[field] = value;
+            live["metadata"]["managedFields"] = managed(apply.clone(), update);
+            assert!(!same(desired, &live), "{kind}: {at} under the agent's name");
+            let foreign = crate::compare::foreign_to_apply(&live, FIELD_MANAGER, under);
+            assert_eq!(foreign.len(), 1, "{kind}: {foreign:?}");
+            assert!(
+                foreign[0].contains(&crate::compare::not_applied(FIELD_MANAGER)),
+                "{foreign:?}"
+            );
+            // Owned by no entry (a server default), it is not: only the operation decided.
+            let mut unowned = live.clone();
+            let entries = unowned["metadata"]["managedFields"]
+                .as_array_mut()
+                .expect("entries");
+            entries.truncate(1);
+            assert!(same(desired, &unowned), "{kind}: {at} owned by no one");
+        }
+    }
 
     fn objects(pdb_api: PdbApi) -> ManagementObjects {
         objects_with(pdb_api, &Scheduling::default())

@@ -37,7 +37,7 @@ impl DriftLabels {
 pub struct EngineLabels {
     pub hcp_namespace: String,
     pub hosted_cluster: String,
-    /// `webhook` or `policy`.
+    /// `webhook`, `policy` or `static`.
     pub engine: String,
 }
 
@@ -52,7 +52,7 @@ impl EngineLabels {
 }
 
 /// The `engine` label values of `hcp_fleet_guards`.
-pub(crate) const ENGINES: [&str; 2] = ["webhook", "policy"];
+pub(crate) const ENGINES: [&str; 3] = ["webhook", "policy", "static"];
 
 /// The `kind` label values of `hcp_fleet_webhook_drift_total`.
 pub(crate) const HOSTED_KINDS: [&str; 4] = [
@@ -303,13 +303,14 @@ where
 }
 
 /// The `kind` label values of `hcp_fleet_management_drift_total`.
-pub(crate) const MANAGEMENT_KINDS: [&str; 6] = [
+pub(crate) const MANAGEMENT_KINDS: [&str; 7] = [
     "Secret",
     "ServiceAccount",
     "Service",
     "NetworkPolicy",
     "PodDisruptionBudget",
     "Deployment",
+    "ConfigMap",
 ];
 
 pub struct Metrics {
@@ -459,7 +460,7 @@ impl Metrics {
         );
         r.register(
             "guards",
-            "Guards in force in the hosted cluster (the probe and the Service mutation aside: each validating built-in), by the engine that carries them: webhook or policy",
+            "Guards in force in the hosted cluster (the probe and the Service mutation aside: each validating built-in), by the engine that carries them: webhook, policy or static (loaded from files)",
             self.guards.clone(),
         );
         r.register(

@@ -129,9 +129,11 @@ pub(crate) struct GuardLoad {
 #[derive(Debug, Default)]
 pub(crate) struct LoadCounts {
     sent: usize,
-    denied: usize,
+    pub(crate) denied: usize,
     /// Denied by an admission policy (the rest of `denied` by the webhook).
-    by_policy: usize,
+    pub(crate) by_policy: usize,
+    /// Of `by_policy`, by one loaded from files (`.static.k8s.io`).
+    pub(crate) by_static: usize,
     /// Let through: what failurePolicy Ignore does when the service cannot be reached.
     allowed: usize,
     other: usize,
@@ -139,7 +141,7 @@ pub(crate) struct LoadCounts {
 }
 
 impl GuardLoad {
-    fn start(roles: Api<ClusterRole>) -> Self {
+    pub(crate) fn start(roles: Api<ClusterRole>) -> Self {
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = stop.clone();
         let task = tokio::spawn(async move {
@@ -169,6 +171,9 @@ impl GuardLoad {
                         if s.message.contains("ValidatingAdmissionPolicy") {
                             c.by_policy += 1;
                         }
+                        if s.message.contains(".static.k8s.io'") {
+                            c.by_static += 1;
+                        }
                     }
                     Ok(Ok(())) => c.allowed += 1,
                     other => {
@@ -184,7 +189,7 @@ impl GuardLoad {
         Self { stop, task }
     }
 
-    async fn stop(self) -> LoadCounts {
+    pub(crate) async fn stop(self) -> LoadCounts {
         self.stop.store(true, Ordering::Relaxed);
         self.task.await.expect("load")
     }

@@ -527,23 +527,44 @@ async fn management_objects_deleted_or_edited_come_back() {
     )
     .await;
     // The Deployment's pods' spec is the agent's whole: a field it does not render, added by
-    // someone else, is removed as fast as a changed one.
+    // someone else, is removed as fast as a changed one; so is one written under the agent's
+    // own field manager name (only its apply is its own, #48); and a server default someone
+    // changed is put back once, not at every look after (the agent's replace leaves no entry
+    // of its own that would read as someone else's).
     let deployments = Api::<Deployment>::namespaced(mgmt.clone(), ns);
-    for (what, patch) in [
+    type PodCheck = fn(&k8s_openapi::api::core::v1::PodSpec) -> bool;
+    let cases: [(&str, serde_json::Value, &str, PodCheck); 4] = [
         (
             "hostNetwork",
             serde_json::json!({"spec": {"template": {"spec": {"hostNetwork": true}}}}),
+            "someone-else",
+            |p| p.host_network != Some(true),
         ),
         (
             "an initContainer",
             serde_json::json!({"spec": {"template": {"spec": {"initContainers": [
                 {"name": "sneaky", "image": "registry.example.com/sneaky:1"}
             ]}}}}),
+            "someone-else",
+            |p| p.init_containers.as_ref().is_none_or(|c| c.is_empty()),
         ),
-    ] {
+        (
+            "hostNetwork under the agent's own field manager name",
+            serde_json::json!({"spec": {"template": {"spec": {"hostNetwork": true}}}}),
+            "hcp-fleet-agent",
+            |p| p.host_network != Some(true),
+        ),
+        (
+            "terminationGracePeriodSeconds (a server default) changed",
+            serde_json::json!({"spec": {"template": {"spec": {"terminationGracePeriodSeconds": 5}}}}),
+            "someone-else",
+            |p| p.termination_grace_period_seconds == Some(30),
+        ),
+    ];
+    for (what, patch, manager, put_back) in cases {
         let counted = drift_of("Deployment");
         let pp = PatchParams {
-            field_manager: Some("someone-else".into()),
+            field_manager: Some(manager.into()),
             ..Default::default()
         };
         deployments
@@ -552,22 +573,21 @@ async fn management_objects_deleted_or_edited_come_back() {
             .expect(what);
         let t0 = Instant::now();
         eventually(
-            &format!("{what} removed from the Deployment"),
+            &format!("{what}: put back in the Deployment"),
             Duration::from_secs(10),
             || {
                 let deployments = deployments.clone();
                 async move {
                     let d = deployments.get(svc).await.map_err(|e| e.to_string())?;
                     let pod = d.spec.and_then(|s| s.template.spec).unwrap_or_default();
-                    if pod.host_network != Some(true)
-                        && pod.init_containers.as_ref().is_none_or(|c| c.is_empty())
-                    {
+                    if put_back(&pod) {
                         Ok(())
                     } else {
                         Err(format!(
-                            "hostNetwork {:?}, initContainers {:?}",
+                            "hostNetwork {:?}, initContainers {:?}, terminationGracePeriodSeconds {:?}",
                             pod.host_network,
-                            pod.init_containers.map(|c| c.len())
+                            pod.init_containers.map(|c| c.len()),
+                            pod.termination_grace_period_seconds,
                         ))
                     }
                 }
@@ -577,6 +597,14 @@ async fn management_objects_deleted_or_edited_come_back() {
         let back = t0.elapsed();
         took.push(format!("Deployment {what} {back:?}"));
         drift_counted(&format!("{what} counts as drift"), "Deployment", counted).await;
+        // Once: no repair after the one that put it back.
+        let repaired = drift_of("Deployment");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            drift_of("Deployment"),
+            repaired,
+            "{what}: repaired again and again"
+        );
     }
     // The HCP ends Compliant with its (new) certificate in the hosted cluster.
     wait_compliant(&mgmt, &["hc-1"]).await;

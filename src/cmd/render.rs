@@ -118,9 +118,20 @@ pub(crate) fn render_all(
         objects::HostedFeatures {
             match_conditions: servers.match_conditions,
             admission_policies: servers.admission_policies,
+            // As on a server that loads the static guards' files (docs/static-guards.md):
+            // elsewhere their guards are the API-side ones `auto` would choose.
+            static_guards: servers.admission_policies,
         },
     )?
     .annotated(crate::rollout::REVISION_ANNOTATION, &revision);
+    let statics =
+        crate::hosted::static_guards::render(cfg, &crate::guards::Settings::from(cfg), namespace)?;
+    let static_config_map = match (&statics.revision, servers.admission_policies) {
+        (Some(_), true) => Some(crate::hosted::static_guards::config_map(
+            cfg, namespace, &statics, None,
+        )?),
+        _ => None,
+    };
     let mut docs: Vec<(String, Value)> = Vec::new();
     let mut push = |target: &str, v: Result<Value, serde_json::Error>| -> Result<(), OutputError> {
         docs.push((target.to_string(), v?));
@@ -144,6 +155,9 @@ pub(crate) fn render_all(
     }
     if let Some(rb) = &objs.prometheus_binding {
         push(mgmt, serde_json::to_value(rb))?;
+    }
+    if let Some(cm) = &static_config_map {
+        push(mgmt, serde_json::to_value(cm))?;
     }
     push(
         mgmt,

@@ -208,6 +208,19 @@ async fn remove_management_side(
             .await
             .map_err(del(format!("NetworkPolicy {svc}")))?,
     );
+    // The static guards' files: the hosted kube-apiserver drops them when its kubelet empties
+    // the (optional) volume.
+    n += usize::from(
+        delete_named(
+            &Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(c(), ns),
+            crate::hosted::static_guards::CONFIG_MAP,
+        )
+        .await
+        .map_err(del(format!(
+            "ConfigMap {}",
+            crate::hosted::static_guards::CONFIG_MAP
+        )))?,
+    );
     // The agent wrote the PDB as policy/v1 or, on servers without it, policy/v1beta1.
     for pdb in [PdbApi::V1, PdbApi::V1Beta1]
         .map(PdbApi::api_resource)

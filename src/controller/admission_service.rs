@@ -27,14 +27,14 @@ use crate::metrics::DriftLabels;
 
 /// Where one management-side object lives: its API, kind and name, and the watch store that
 /// may answer for it.
-struct Target<'a, K: Resource + 'static>
+pub(crate) struct Target<'a, K: Resource + 'static>
 where
     K::DynamicType: Eq + std::hash::Hash,
 {
-    api: Api<K>,
-    kind: &'static str,
-    name: &'a str,
-    store: Option<&'a dyn cache::Cached<K>>,
+    pub api: Api<K>,
+    pub kind: &'static str,
+    pub name: &'a str,
+    pub store: Option<&'a dyn cache::Cached<K>>,
 }
 
 /// One management-side object: read, and written only where it differs from what is
@@ -47,6 +47,22 @@ async fn put<K>(
     target: Target<'_, K>,
     obj: &K,
 ) -> Result<(K, Option<String>), Failure>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
+    K::DynamicType: Clone + Eq + std::hash::Hash,
+{
+    put_wrote(ctx, ns, target, obj)
+        .await
+        .map(|(o, note, _)| (o, note))
+}
+
+/// `put`, also saying whether it wrote.
+pub(crate) async fn put_wrote<K>(
+    ctx: &Context,
+    ns: &str,
+    target: Target<'_, K>,
+    obj: &K,
+) -> Result<(K, Option<String>, bool), Failure>
 where
     K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
     K::DynamicType: Clone + Eq + std::hash::Hash,
@@ -79,9 +95,15 @@ where
             let foreign = live
                 .as_ref()
                 .and_then(|l| serde_json::to_value(l).ok())
-                .map(|l| compare::foreign_fields(&l, management::FIELD_MANAGER, under))
+                .map(|l| compare::foreign_to_apply(&l, management::FIELD_MANAGER, under))
                 .unwrap_or_default();
-            (same, Repair::Whole(under), foreign)
+            // Compared whole: any difference is replaced, whoever wrote it.
+            let repair = if management::compared_whole(kind) {
+                Repair::Replace
+            } else {
+                Repair::Whole(under)
+            };
+            (same, repair, foreign)
         }
         None => (compare::subset, Repair::Apply, Vec::new()),
     };
@@ -114,7 +136,8 @@ where
             s.management.remove(&key);
         }
     });
-    Ok((applied.into_object(), note))
+    let wrote = !matches!(applied, Applied::Unchanged(_));
+    Ok((applied.into_object(), note, wrote))
 }
 
 fn written_matches<K: Serialize>(want: &serde_json::Value, live: &K) -> bool {
@@ -122,7 +145,7 @@ fn written_matches<K: Serialize>(want: &serde_json::Value, live: &K) -> bool {
 }
 
 /// Owned for garbage collection, but never blocking HyperShift's deletion of the HCP.
-fn owner(hcp: &HostedControlPlane) -> Option<OwnerReference> {
+pub(crate) fn owner(hcp: &HostedControlPlane) -> Option<OwnerReference> {
     hcp.controller_owner_ref(&()).map(|o| OwnerReference {
         block_owner_deletion: Some(false),
         controller: Some(false),
@@ -350,7 +373,7 @@ async fn monitoring(
 /// Deletes an object the configuration no longer asks for. Only one this agent has seen in
 /// place since it started is certain to exist; after a restart one DELETE per reconcile finds
 /// out (a 404 is what was wanted).
-async fn remove<K>(
+pub(crate) async fn remove<K>(
     ctx: &Context,
     ns: &str,
     api: &Api<K>,

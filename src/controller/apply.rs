@@ -129,7 +129,7 @@ where
     let replace = match repair {
         Repair::Apply => false,
         Repair::Whole(under) => {
-            !crate::compare::foreign_fields(&have, FIELD_MANAGER, under).is_empty()
+            !crate::compare::foreign_to_apply(&have, FIELD_MANAGER, under).is_empty()
         }
         Repair::Replace => true,
     };
@@ -166,7 +166,54 @@ where
         // had set to the rendered value would still be theirs alone, and look foreign at every
         // look. The forced apply after it makes every rendered field the agent's (shared).
     }
-    apply(api, name, desired).await.map(Applied::Updated)
+    let applied = apply(api, name, desired).await?;
+    if replace && matches!(repair, Repair::Whole(_)) {
+        return own_entries_applied_only(api, name, applied)
+            .await
+            .map(Applied::Updated);
+    }
+    Ok(Applied::Updated(applied))
+}
+
+/// After a replace, the agent's field manager holds an Update entry beside its Apply entry:
+/// the fields the replace changed, a server default it put back among them (a
+/// `terminationGracePeriodSeconds` someone had changed, say), which its apply does not own.
+/// Where only the Apply entry counts as the agent's (`compare::foreign_to_apply`: any client
+/// may write under the agent's name), that entry would read as someone else's field at every
+/// look. So it goes: the managed fields are written back without it (at the version just
+/// written; a write that changes nothing but them adds no entry of its own, kube-apiserver
+/// 1.36.2). A conflict leaves it for the next look, which replaces again.
+async fn own_entries_applied_only<K>(api: &Api<K>, name: &str, live: K) -> Result<K, kube::Error>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+{
+    let Some(entries) = live.meta().managed_fields.as_ref() else {
+        return Ok(live);
+    };
+    let keep: Vec<_> = entries
+        .iter()
+        .filter(|e| {
+            e.manager.as_deref() != Some(FIELD_MANAGER)
+                || e.operation.as_deref() == Some("Apply")
+                || e.subresource.as_deref().is_some_and(|s| !s.is_empty())
+        })
+        .cloned()
+        .collect();
+    if keep.len() == entries.len() {
+        return Ok(live);
+    }
+    let patch = serde_json::json!({"metadata": {
+        "resourceVersion": live.meta().resource_version,
+        "managedFields": keep,
+    }});
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    match api.patch(name, &params, &Patch::Merge(&patch)).await {
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(live),
+        other => other,
+    }
 }
 
 /// Deletes `name` if it exists; a missing object is what was wanted.

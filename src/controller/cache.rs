@@ -43,6 +43,11 @@ pub(crate) struct Caches {
     pub guest_services: Option<super::guest_services::GuestServices>,
     /// The HostedAdmissionOverrides (where their CRD is installed).
     pub overrides: Option<Store<crate::crd::admission_rollout::HostedAdmissionOverride>>,
+    /// Which HCP namespaces hold the static guards' ConfigMap (`hosted::static_guards`),
+    /// metadata only: an HCP without static guards needs no request to know it has none to
+    /// remove, and the files of a thousand HCPs are not held.
+    pub static_config_maps:
+        Option<Store<kube::api::PartialObjectMeta<k8s_openapi::api::core::v1::ConfigMap>>>,
 }
 
 /// What this agent last knew of one object, from its own reads and writes.

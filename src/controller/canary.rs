@@ -77,7 +77,11 @@ pub(crate) fn plan(cfg: &AgentConfig, desired: &HostedWebhooks) -> Vec<Planned> 
         .filter(|w| w.mode == Mode::Enforce)
         .filter_map(|w| {
             let canary = crate::guards::for_path(&w.path)?.canary(&settings)?;
-            let engine = if policies.contains(w.name.as_str()) {
+            // Static policies are evaluated before API-side ones (kube-apiserver 1.36), so a
+            // guard carried both ways is denied in the static one's name.
+            let engine = if desired.static_guards.contains(&w.name) {
+                Engine::Static
+            } else if policies.contains(w.name.as_str()) {
                 Engine::Policy
             } else if hooks.contains(w.name.as_str()) {
                 Engine::Webhook
@@ -180,7 +184,11 @@ pub async fn send(
             resource: p.canary.resource,
             name: &p.canary.name,
         };
-        let answer = judge(p.engine, &p.guard, "", &status, &asked, proof, &nonce);
+        let name = match p.engine {
+            Engine::Static => format!("{}{}", p.guard, crate::hosted::static_guards::SUFFIX),
+            _ => p.guard.clone(),
+        };
+        let answer = judge(p.engine, &name, "", &status, &asked, proof, &nonce);
         if answer == Answer::Imitation {
             tracing::debug!(guard = %p.guard, code = status.code, message = %status.message, "canary refused by something other than its guard");
         }
@@ -193,7 +201,7 @@ pub async fn send(
                 status.code,
                 match p.engine {
                     Engine::Webhook => "name and proof",
-                    Engine::Policy => "policy and binding names",
+                    Engine::Policy | Engine::Static => "policy and binding names",
                 }
             )),
         };
@@ -230,6 +238,7 @@ mod tests {
     fn rendered(cfg: &AgentConfig, policies: bool) -> HostedWebhooks {
         let features = HostedFeatures {
             admission_policies: policies,
+            static_guards: false,
             match_conditions: policies,
         };
         render(

@@ -109,6 +109,9 @@ pub struct HcpState {
     /// The serving certificate (fingerprint) every replica was seen to serve, the hosted
     /// caBundle narrowed to its CA (`trust::hosted_bundle`).
     pub(super) settled_for: Option<u64>,
+    /// Reconciles in a row that wanted static guards not yet proven in force; paces the next
+    /// look (`reconcile::static_wait`).
+    pub(super) static_waits: u32,
 }
 
 /// How to run the controller.

@@ -23,10 +23,12 @@ use super::context::{Context, lock};
 use super::error::Failure;
 use super::proof::Proof;
 use super::scope::Scope;
+use super::static_guards::{StaticState, Statics};
 use super::{probe, watches};
 use crate::hosted::admission_policies::{self, Engine, type_warnings};
 use crate::hosted::clients::HostedClient;
 use crate::hosted::objects::{self, HostedFeatures};
+use crate::hosted::static_guards;
 use crate::hosted::wanted::Wanted;
 use crate::hosted::webhooks::{self, HostedWebhooks, MUTATING_NAME, VALIDATING_NAME};
 use crate::metrics::EngineLabels;
@@ -47,6 +49,14 @@ pub struct Installed {
     pub type_warnings: Vec<String>,
     /// The revisions the probe asks for.
     pub targets: probe::ProbeTargets,
+    /// Static guards are wanted whose revision is not yet proven in force (just written, or
+    /// the hosted kube-apiserver does not load them): the reconcile looks again.
+    pub static_waiting: bool,
+    /// Guards asking for engine static that are not on it, and why (Pending while the
+    /// hosted kube-apiserver may still be loading the files, then NonCompliant).
+    pub static_notes: Vec<String>,
+    /// This hosted kube-apiserver cannot load them at all (NonCompliant at once).
+    pub static_refused: bool,
 }
 
 /// What the guards in a hosted cluster are to trust and run, and what their answers prove.
@@ -129,40 +139,38 @@ pub(crate) async fn ensure(
         revision,
         proof,
     } = want;
-    let caches = ctx.caches();
-    let service = caches
-        .services
-        .and_then(|s| s.get(ns, &cfg.admission.service_name))
-        .and_then(Result::ok);
-    let url_base = ctx
-        .endpoints
-        .url_base(&ctx.client, cfg, ns, service.as_ref())
-        .await;
-    // Installing what HyperShift deletes at once would be a fight counted as drift forever.
-    not_condemned(ctx, caches.guest_services.as_ref(), ns, &url_base).await?;
-    let features = hosted.features().await;
+    let url_base = url_base(s).await?;
+    let mut features = hosted.features().await;
+    let timeout = cfg.hosted_access.request_timeout();
+    let statics = Statics::ensure_before(s, features).await?;
+    let in_force = statics.in_force(hosted, timeout, proof).await;
+    features.static_guards = in_force == StaticState::InForce;
     let mut desired = webhooks::render(cfg, ns, &url_base, ca_bundle, features)
         .map_err(Failure::RenderWebhooks)?
         .annotated(crate::rollout::REVISION_ANNOTATION, revision);
+    if in_force == StaticState::InForce {
+        desired.static_guards = statics.wanted.guards();
+        desired.static_revision = statics.wanted.revision.clone();
+    }
     // Hosted access has confirmed the claim (and read the management identity) first.
     if let Some(uid) = ctx.management_uid() {
         desired = desired.claimed(&webhooks::claim_value(&uid, ns));
     }
-    let notes: Vec<String> = cfg
-        .active_webhooks()
-        .filter_map(|w| admission_policies::engine_of(w, features).1)
-        .collect();
+    let (notes, static_notes) = engine_notes(cfg, features, &in_force);
     let want = usize::from(desired.validating.is_some()) + usize::from(desired.mutating.is_some());
     let guards = desired.guards();
     let labels = s.labels();
     let m = &ctx.metrics;
     m.webhooks_desired.get_or_create(&labels).set(want as i64);
-    for (engine, n) in [(Engine::Webhook, guards.0), (Engine::Policy, guards.1)] {
+    for (engine, n) in [
+        (Engine::Webhook, guards.0),
+        (Engine::Policy, guards.1),
+        (Engine::Static, desired.static_guards.len()),
+    ] {
         m.guards
             .get_or_create(&EngineLabels::new(ns, cluster, engine.as_str()))
             .set(n as i64);
     }
-    let timeout = cfg.hosted_access.request_timeout();
     let wanted = Wanted::of(&desired);
     watches::ensure_drift_watch(s, hosted, wanted.clone(), features);
     let canaries = super::canary::shared_plan(cfg, &desired);
@@ -202,19 +210,10 @@ pub(crate) async fn ensure(
         }
     };
     m.webhooks_installed.get_or_create(&labels).set(want as i64);
-    let drift = ctx.with_hcp(ns, |s| {
-        s.watch
-            .as_ref()
-            .map(|w| {
-                let mut shared = lock(&w.shared);
-                // Installed as desired: from now on a listing that differs is drift.
-                if shared.desired.as_ref() == Some(&wanted) {
-                    shared.applied = true;
-                }
-                std::mem::take(&mut shared.drift_notes)
-            })
-            .unwrap_or_default()
-    });
+    // Every guard leaving the static guards has its API-side path proven now: the files may
+    // follow.
+    let wrote_statics = statics.ensure_after(s).await?;
+    let drift = installed_as(ctx, ns, &wanted);
     Ok(Installed {
         configurations: want,
         drift,
@@ -222,8 +221,75 @@ pub(crate) async fn ensure(
         guards,
         notes,
         type_warnings,
-        targets: probe::ProbeTargets::of(&wanted, proof.clone()),
+        targets: probe::ProbeTargets {
+            static_guards: desired.static_revision.clone(),
+            ..probe::ProbeTargets::of(&wanted, proof.clone())
+        },
+        static_waiting: statics.wanted.revision.is_some()
+            && (in_force != StaticState::InForce || wrote_statics),
+        static_refused: matches!(in_force, StaticState::Refused(_)),
+        static_notes,
     })
+}
+
+/// Where the hosted kube-apiserver calls the admission service, once no Service in the HCP
+/// namespace would make HyperShift delete webhooks pointing there.
+async fn url_base(s: &Scope<'_>) -> Result<String, Failure> {
+    let (ctx, cfg, ns) = (s.ctx, s.cfg, s.ns);
+    let caches = ctx.caches();
+    let service = caches
+        .services
+        .and_then(|s| s.get(ns, &cfg.admission.service_name))
+        .and_then(Result::ok);
+    let url_base = ctx
+        .endpoints
+        .url_base(&ctx.client, cfg, ns, service.as_ref())
+        .await;
+    // Installing what HyperShift deletes at once would be a fight counted as drift forever.
+    not_condemned(ctx, caches.guest_services.as_ref(), ns, &url_base).await?;
+    Ok(url_base)
+}
+
+/// Tells the drift watch that `wanted` is installed (from now on a listing that differs is
+/// drift), and takes the drift it noted meanwhile.
+fn installed_as(ctx: &super::context::Context, ns: &str, wanted: &Wanted) -> Vec<String> {
+    ctx.with_hcp(ns, |s| {
+        s.watch
+            .as_ref()
+            .map(|w| {
+                let mut shared = lock(&w.shared);
+                if shared.desired.as_ref() == Some(wanted) {
+                    shared.applied = true;
+                }
+                std::mem::take(&mut shared.drift_notes)
+            })
+            .unwrap_or_default()
+    })
+}
+
+/// The guards not on the engine asked for, and why: (the others, those asking for static,
+/// with why the static guards are not in force).
+fn engine_notes(
+    cfg: &crate::config::AgentConfig,
+    features: HostedFeatures,
+    in_force: &StaticState,
+) -> (Vec<String>, Vec<String>) {
+    let (mut notes, mut static_notes) = (Vec::new(), Vec::new());
+    for w in cfg.active_webhooks() {
+        if let Some(note) = admission_policies::engine_of(w, features).1 {
+            if static_guards::is_static(w) {
+                static_notes.push(note);
+            } else {
+                notes.push(note);
+            }
+        }
+    }
+    if let StaticState::Waiting(why) | StaticState::Refused(why) = in_force
+        && !static_notes.is_empty()
+    {
+        static_notes.push(format!("the static guards are not in force: {why}"));
+    }
+    (notes, static_notes)
 }
 
 /// Why `install` stopped.
@@ -279,6 +345,7 @@ async fn prove(
     let to = match engine {
         Engine::Webhook => "webhooks",
         Engine::Policy => "admission policies",
+        Engine::Static => "static guards",
     };
     let Some(revision) = revision else {
         return Err(InstallError::Unproven {

@@ -12,6 +12,7 @@
 //! | `admission_service` | phase 3: management-side objects, availability gate |
 //! | `hosted_access` | phase 4: the hosted client from the kubeconfig secret |
 //! | `hosted_webhooks` | phases 5-6: webhook configurations in the hosted cluster |
+//! | `static_guards` | phase 5's static guards: their ConfigMap, written so no guard is without a path, and whether the hosted kube-apiserver runs them |
 //! | `probe` | phase 7: the end-to-end probe and its periodic task |
 //! | `proof` | whether an answer to the probe or a canary is the admission service's own (pure) |
 //! | `report` | AdmissionHealth status, history, Events; ACM's templates and their compliance Events |
@@ -42,6 +43,7 @@ mod reconcile;
 mod report;
 mod rollout;
 mod scope;
+mod static_guards;
 pub mod template_access;
 mod text_store;
 mod trust;
@@ -227,6 +229,25 @@ fn owning(
             &mut caches.tls_secrets,
             &[],
         ));
+    // The static guards' ConfigMaps: an edit or a deletion is repaired at once. Their
+    // metadata is kept (which namespaces hold one); their content is read by GET, once per
+    // reconcile of an HCP with static guards.
+    let (held, writer) = kube::runtime::reflector::store();
+    caches.static_config_maps = Some(held);
+    let configmaps =
+        Api::<kube::api::PartialObjectMeta<k8s_openapi::api::core::v1::ConfigMap>>::all(
+            ctx.client.clone(),
+        );
+    let stream = kube::runtime::reflector(
+        writer,
+        watcher(
+            configmaps,
+            by_name(crate::hosted::static_guards::CONFIG_MAP.into()),
+        ),
+    )
+    .default_backoff()
+    .touched_objects();
+    controller = controller.owns_stream(stream);
     if let Some(ar) = ctx.caps.pdb_api.api_resource() {
         let pdbs = Api::<DynamicObject>::all_with(ctx.client.clone(), &ar);
         let (held, fill) = text_store::TextStore::with_filler();
@@ -378,10 +399,12 @@ where
     }
 }
 
-/// The managed-field entries `foreign_fields` reads under `keep`: not of a subresource, each
-/// set cut down to those parts, and then to what is foreign (`compare::foreign_only`: the
-/// agent's own set dropped, every other one without what the agent also owns); nothing at
-/// all where `keep` is empty.
+/// The managed-field entries `compare::foreign_to_apply` reads under `keep`: not of a
+/// subresource, each set cut down to those parts, and then to what is foreign
+/// (`compare::foreign_only`: the agent's own Apply set dropped, every other one without what
+/// that set also owns; an entry under the agent's name by another operation is kept as
+/// someone else's, named as `compare::not_applied` says); nothing at all where `keep` is
+/// empty.
 fn kept_managed_fields(
     entries: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry],
     keep: &[&str],
@@ -395,7 +418,14 @@ fn kept_managed_fields(
         .filter(|e| e.subresource.as_deref().unwrap_or_default().is_empty())
         .filter_map(|e| {
             let fields = crate::compare::prune_fields(&e.fields_v1.as_ref()?.0, keep)?;
-            Some((e.manager.clone().unwrap_or_default(), fields))
+            let manager = e.manager.clone().unwrap_or_default();
+            let applied = e.operation.as_deref().is_none_or(|o| o == "Apply");
+            let manager = if manager == management::FIELD_MANAGER && !applied {
+                crate::compare::not_applied(&manager)
+            } else {
+                manager
+            };
+            Some((manager, fields))
         })
         .collect();
     crate::compare::foreign_only(pruned, management::FIELD_MANAGER)

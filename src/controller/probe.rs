@@ -31,6 +31,8 @@ use crate::reporting::Observation;
 pub(crate) struct ProbeTargets {
     pub webhook: Option<String>,
     pub policy: Option<String>,
+    /// The static guards' revision, where they are in force (`hosted::static_guards`).
+    pub static_guards: Option<String>,
     pub proof: Proof,
 }
 
@@ -39,6 +41,7 @@ impl ProbeTargets {
         Self {
             webhook: wanted.webhook_revision.clone(),
             policy: wanted.policy_revision.clone(),
+            static_guards: None,
             proof,
         }
     }
@@ -67,6 +70,10 @@ pub(crate) enum ProbeFailure {
         "the hosted kube-apiserver does not run the agent's admission policies (the policy probe was let through)"
     )]
     PoliciesNotRun,
+    #[error(
+        "the hosted kube-apiserver does not run this revision of the static guards (the static probe was let through): the ConfigMap hcp-fleet-static-guards is not mounted, not loaded yet, or the feature gate ManifestBasedAdmissionControlConfig is off"
+    )]
+    StaticNotRun,
     #[error("probe failed: {}", crate::human::KubeError(.0))]
     Failed(#[source] kube::Error),
     #[error("probe {NO_ANSWER} {0}s")]
@@ -106,7 +113,7 @@ pub(crate) async fn probe_path(
 ) -> Result<Answer, ProbeFailure> {
     let value = match engine {
         Engine::Webhook => "true",
-        Engine::Policy => POLICY_PROBE_VALUE,
+        Engine::Policy | Engine::Static => POLICY_PROBE_VALUE,
     };
     let nonce = crate::guards::probe::nonce().ok_or(ProbeFailure::NoNonce)?;
     let api: Api<ConfigMap> = Api::namespaced(hosted.clone(), "default");
@@ -132,7 +139,7 @@ pub(crate) async fn probe_path(
         Ok(Err(kube::Error::Api(s))) => match authentic(engine, &s, &asked(&name), proof, &nonce) {
             Answer::Imitation => Err(match engine {
                 Engine::Webhook => ProbeFailure::ImitatedService,
-                Engine::Policy => {
+                Engine::Policy | Engine::Static => {
                     ProbeFailure::ImitatedPolicy(crate::reporting::untrusted(&s.message, 300))
                 }
             }),
@@ -149,6 +156,7 @@ pub(crate) async fn probe_path(
         Ok(Ok(_)) => Err(match engine {
             Engine::Webhook => ProbeFailure::ServiceNotReached,
             Engine::Policy => ProbeFailure::PoliciesNotRun,
+            Engine::Static => ProbeFailure::StaticNotRun,
         }),
         Ok(Err(e)) => Err(ProbeFailure::Failed(e)),
         Err(_) => Err(ProbeFailure::NoAnswer(timeout.as_secs())),
@@ -179,6 +187,7 @@ pub async fn probe(hosted: &Client, timeout: Duration, targets: &ProbeTargets) -
     for (engine, rev, who) in [
         (Engine::Webhook, &targets.webhook, "the admission service"),
         (Engine::Policy, &targets.policy, "the admission policies"),
+        (Engine::Static, &targets.static_guards, "the static guards"),
     ] {
         let Some(rev) = rev else { continue };
         match probe_path(hosted, timeout, engine, rev, &targets.proof).await {

@@ -79,19 +79,18 @@ pub(crate) fn authentic(
     proof: &Proof,
     nonce: &str,
 ) -> Answer {
-    let words = match engine {
-        Engine::Webhook => PROBE_ANSWER,
-        Engine::Policy => POLICY_PROBE_ANSWER,
+    let (words, name) = match engine {
+        Engine::Webhook => (PROBE_ANSWER, crate::guards::probe::ROW.name.to_string()),
+        Engine::Policy => (
+            POLICY_PROBE_ANSWER,
+            crate::guards::probe::ROW.name.to_string(),
+        ),
+        Engine::Static => (
+            POLICY_PROBE_ANSWER,
+            crate::hosted::static_guards::probe_name(),
+        ),
     };
-    judge(
-        engine,
-        crate::guards::probe::ROW.name,
-        words,
-        status,
-        asked,
-        proof,
-        nonce,
-    )
+    judge(engine, &name, words, status, asked, proof, nonce)
 }
 
 /// Whether a denial came from the agent's guard `name` on `engine`, beginning with `words`.
@@ -118,7 +117,8 @@ pub(crate) fn judge(
     let message = status.message.as_str();
     let said = match engine {
         Engine::Webhook => format!("admission webhook \"{name}\" denied the request: {words}"),
-        Engine::Policy => format!(
+        // A policy loaded from files is named in the same words (kube-apiserver 1.36.2).
+        Engine::Policy | Engine::Static => format!(
             "{}ValidatingAdmissionPolicy '{name}' with binding '{name}' denied request: {words}",
             asked.forbidden()
         ),
@@ -126,13 +126,13 @@ pub(crate) fn judge(
     if !message.starts_with(&said) {
         return Answer::Imitation;
     }
-    if engine == Engine::Policy
+    if engine != Engine::Webhook
         && (status.code != 403 || status.reason != "Forbidden" || !asked.named_by(status))
     {
         return Answer::Imitation;
     }
     match (engine, &proof.key) {
-        (Engine::Policy, _) | (Engine::Webhook, None) => Answer::Proven,
+        (Engine::Policy | Engine::Static, _) | (Engine::Webhook, None) => Answer::Proven,
         (Engine::Webhook, Some(k)) if k.proven(nonce, message) => Answer::Proven,
         (Engine::Webhook, Some(_)) if proof.rolling_out && !message.contains(PROOF_MARK) => {
             Answer::Unproven
@@ -404,6 +404,101 @@ mod tests {
                 // A collection delete's denial names no object ("Unknown"): not a canary's.
                 let collection = status(&texts, "collection_delete");
                 assert_eq!(judged(&collection, &asked), Answer::Imitation, "{version}");
+            }
+        }
+
+        /// The texts of 1.36.2 with the static guards loaded from files (docs/testbed.md,
+        /// "Server texts").
+        fn static_texts() -> serde_json::Value {
+            serde_json::from_str(include_str!("testdata/server-texts-v1.36.2.json"))
+                .expect("server texts parse")
+        }
+
+        /// The static probe policy's denial is taken for the static engine only: the API-side
+        /// probe's name is another, and either engine's answer read as the other's is refused.
+        #[test]
+        fn the_static_probes_denial_is_taken_for_the_static_engine_only() {
+            let texts = static_texts();
+            let asked = probe_asked(PROBE_NAME);
+            let by_files = status(&texts, "static_probe");
+            let by_api = status(&texts, "probe");
+            let judged = |e: Engine, s: &Status| authentic(e, s, &asked, &Proof::default(), "n");
+            assert_eq!(judged(Engine::Static, &by_files), Answer::Proven);
+            assert_eq!(judged(Engine::Policy, &by_files), Answer::Imitation);
+            assert_eq!(judged(Engine::Static, &by_api), Answer::Imitation);
+            // A tenant's webhook quoting it is refused as for the API-side policy.
+            let quoted = Status {
+                message: format!(
+                    "admission webhook \"x.tenant.example.com\" denied the request: {}",
+                    by_files.message
+                ),
+                ..by_files.clone()
+            };
+            assert_eq!(judged(Engine::Static, &quoted), Answer::Imitation);
+        }
+
+        /// With the feature gate off the API accepts the reserved names, and a policy created
+        /// under them answers the probe in exactly the words of one loaded from files: the
+        /// judge cannot tell them apart, which is why the agent also asks the API whether an
+        /// object of that name exists (`controller::static_guards::Statics::in_force`).
+        #[test]
+        fn a_forged_static_probe_reads_as_the_real_one() {
+            let texts = static_texts();
+            let asked = probe_asked(PROBE_NAME);
+            let forged = status(
+                &texts,
+                "static_probe_forged_through_the_api_with_the_gate_off",
+            );
+            let real = status(&texts, "static_probe");
+            assert_eq!(forged.message, real.message);
+            assert_eq!(
+                authentic(Engine::Static, &forged, &asked, &Proof::default(), "n"),
+                Answer::Proven
+            );
+        }
+
+        /// A canary denied by a guard loaded from files names the guard with the suffix; a
+        /// collection delete is denied by it too (the name judged as stored).
+        #[test]
+        fn a_static_guards_canary_denial_names_the_guard_with_the_suffix() {
+            let texts = static_texts();
+            let s = status(&texts, "static_canary_delete_cluster_admin");
+            let asked = Asked {
+                group: "rbac.authorization.k8s.io",
+                resource: "clusterroles",
+                name: "cluster-admin",
+            };
+            let judged =
+                |e: Engine, guard: &str| judge(e, guard, "", &s, &asked, &Proof::default(), "n");
+            let guard = "protected-rbac.hcp-fleet.openshift.io";
+            let with_suffix = format!("{guard}{}", crate::hosted::static_guards::SUFFIX);
+            assert_eq!(judged(Engine::Static, &with_suffix), Answer::Proven);
+            assert_eq!(judged(Engine::Policy, guard), Answer::Imitation);
+            let collection = status(&texts, "static_collection_delete");
+            assert_eq!(collection.code, 403);
+            assert!(collection.message.contains(&format!("'{with_suffix}'")));
+            assert!(collection.message.contains("cluster-admin"));
+        }
+
+        /// What a hosted cluster's admin (alice, bound to cluster-admin) gets from the API for
+        /// the static guards: creating one of their names is refused, and there is nothing to
+        /// delete or change.
+        #[test]
+        fn no_api_request_reaches_a_static_guard() {
+            let texts = static_texts();
+            let created = status(&texts, "static_name_created_through_the_api");
+            assert_eq!((created.code, created.reason.as_str()), (422, "Invalid"));
+            assert!(
+                created
+                    .message
+                    .contains("are reserved for static manifest-based configurations")
+            );
+            for case in [
+                "static_policy_deleted_through_the_api",
+                "static_binding_patched_through_the_api",
+            ] {
+                let s = status(&texts, case);
+                assert_eq!((s.code, s.reason.as_str()), (404, "NotFound"), "{case}");
             }
         }
     }

@@ -266,9 +266,17 @@ async fn phases(s: &Scope<'_>, found: &mut Found) -> Result<Action, Failure> {
         };
         h.unsettled
     });
+    let static_waits = s.ctx.with_hcp(s.ns, |h| {
+        h.static_waits = if installed.static_waiting {
+            h.static_waits.saturating_add(1)
+        } else {
+            0
+        };
+        h.static_waits
+    });
     found.observe(
         Concern::HostedWebhooks,
-        webhooks_observation(&installed, &hosted_drift, settled),
+        webhooks_observation(&installed, &hosted_drift, settled, static_waits),
     );
     // 7. Prove it end to end, through the hosted kube-apiserver: after a repair too. A pass
     // that stopped here after drift left the probe "not checked" (Pending, Ready Unknown, a
@@ -282,6 +290,12 @@ async fn phases(s: &Scope<'_>, found: &mut Found) -> Result<Action, Failure> {
     if !settled {
         // Look again until every replica serves the new certificate.
         return Ok(Action::requeue(settle_wait(unsettled)));
+    }
+    if static_waits > 0 {
+        // The files reach the hosted kube-apiserver when its kubelet updates the volume
+        // (about a minute on a real node, at once on the test bed) and it reloads them
+        // (at once: it watches the directory). Until then the API-side guards stand in.
+        return Ok(Action::requeue(static_wait(static_waits)));
     }
     // Between reconciles only the probe task runs; it queues one when its verdict changes.
     // And the certificates come due at a known time, which no event announces.
@@ -360,6 +374,7 @@ fn webhooks_observation(
     installed: &hosted_webhooks::Installed,
     drift: &[String],
     settled: bool,
+    static_waits: u32,
 ) -> Observation {
     let mut webhooks = if drift.is_empty() {
         let n = installed.configurations;
@@ -392,12 +407,28 @@ fn webhooks_observation(
         .map(|w| format!("type check: {w}"))
         .chain(installed.notes.iter().cloned())
         .collect();
-    if problems.is_empty() {
-        Observation::compliant(webhooks)
+    if !problems.is_empty() {
+        return Observation::violation(format!("{}; {webhooks}", problems.join("; ")));
+    }
+    if installed.static_notes.is_empty() {
+        return Observation::compliant(webhooks);
+    }
+    let why = installed.static_notes.join("; ");
+    // Files written a moment ago take a kubelet's volume update and a reload to be in force.
+    if !installed.static_refused && (1..=STATIC_GRACE_LOOKS).contains(&static_waits) {
+        Observation::pending(format!(
+            "waiting for the hosted kube-apiserver to load the static guards: {why}; {webhooks}"
+        ))
     } else {
-        Observation::violation(format!("{}; {webhooks}", problems.join("; ")))
+        Observation::violation(format!("{why}; {webhooks}"))
     }
 }
+
+/// Looks (`static_wait`: ten a second apart, then doubling, about 2 minutes in all: a kubelet
+/// updates a ConfigMap volume within its sync period and cache TTL, about a minute each) that
+/// static guards not yet in force on a server that can load them are Pending before they are
+/// NonCompliant.
+const STATIC_GRACE_LOOKS: u32 = 16;
 
 /// Phase 7: the end-to-end probe through the hosted kube-apiserver, with what the guards'
 /// canaries showed in their last rounds (the probe task sends them); the periodic probe is
@@ -541,6 +572,17 @@ fn random_fraction() -> f64 {
 /// its files), so the agent looks every 2 s for the first half minute, the time a rollout or
 /// a reload takes, and only then backs off: with plain doubling, a replica that moved on just
 /// after the third look kept the previous CA trusted for 16 s more.
+/// The pause before the next look for static guards not yet in force: every second for the
+/// first ten looks (a kubelet's volume update, then the server's reload), then doubling up to
+/// a minute (a server that does not load them: it may be restarted with them later).
+pub(crate) fn static_wait(looks: u32) -> Duration {
+    if looks <= 10 {
+        Duration::from_secs(1)
+    } else {
+        backoff(looks - 10)
+    }
+}
+
 pub(crate) fn settle_wait(looks: u32) -> Duration {
     const STEADY_LOOKS: u32 = 15;
     if looks <= STEADY_LOOKS {

@@ -35,6 +35,8 @@ use crate::guards::{self, CelForm, Settings};
 pub enum Engine {
     Webhook,
     Policy,
+    /// A policy loaded by the hosted kube-apiserver from files (`hosted::static_guards`).
+    Static,
 }
 
 impl Engine {
@@ -42,6 +44,7 @@ impl Engine {
         match self {
             Engine::Webhook => "webhook",
             Engine::Policy => "policy",
+            Engine::Static => "static",
         }
     }
 }
@@ -52,7 +55,26 @@ pub(crate) fn engine_of(
     features: HostedFeatures,
 ) -> (Engine, Option<String>) {
     let cel = guards::has_cel_form(&w.path);
+    let auto = if cel && features.admission_policies {
+        Engine::Policy
+    } else {
+        Engine::Webhook
+    };
     match w.engine {
+        GuardEngine::Static if cel && features.static_guards => (Engine::Static, None),
+        // Refused by the configuration for a guard without a CEL form, like `policy`.
+        GuardEngine::Static => (
+            auto,
+            Some(format!(
+                "{} asks for engine static, but the static guards are not in force in this hosted kube-apiserver (docs/static-guards.md); its {} guards instead",
+                w.name,
+                if auto == Engine::Policy {
+                    "admission policy"
+                } else {
+                    "webhook"
+                }
+            )),
+        ),
         GuardEngine::Webhook => (Engine::Webhook, None),
         GuardEngine::Auto if cel && features.admission_policies => (Engine::Policy, None),
         GuardEngine::Auto => (Engine::Webhook, None),
@@ -66,6 +88,24 @@ pub(crate) fn engine_of(
                 w.name
             )),
         ),
+    }
+}
+
+/// The engine that carries `w` through the hosted cluster's API: where it is, `None` for a
+/// guard the static guards carry alone; the engine `auto` would choose for one they carry
+/// with `staticGuards.secondLayer`.
+pub(crate) fn api_engine(
+    w: &WebhookDefinition,
+    features: HostedFeatures,
+    second_layer: bool,
+) -> Option<Engine> {
+    match engine_of(w, features).0 {
+        Engine::Static if !second_layer => None,
+        Engine::Static if guards::has_cel_form(&w.path) && features.admission_policies => {
+            Some(Engine::Policy)
+        }
+        Engine::Static => Some(Engine::Webhook),
+        e => Some(e),
     }
 }
 
@@ -96,6 +136,7 @@ pub(crate) fn probe_name() -> &'static str {
 
 fn guard_policy(
     w: &WebhookDefinition,
+    name: &str,
     form: &CelForm,
     conditions: &[Value],
     hcp_namespace: &str,
@@ -134,7 +175,7 @@ fn guard_policy(
     json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
-        "metadata": owned_metadata(&w.name, hcp_namespace),
+        "metadata": owned_metadata(name, hcp_namespace),
         "spec": spec,
     })
 }
@@ -158,11 +199,11 @@ fn binding(name: &str, actions: &[&str], hcp_namespace: &str, revision: Option<&
 /// `POLICY_PROBE_ANSWER`. Its binding selects the same revision. Both are written after every
 /// guard policy and binding, and the API server reads each kind in the order it was written, so
 /// an answer for this revision proves it runs all of them (docs/architecture.md).
-fn probe_policy(hcp_namespace: &str, revision: &str) -> Value {
+fn probe_policy(name: &str, hcp_namespace: &str, revision: &str) -> Value {
     json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
-        "metadata": owned_metadata(probe_name(), hcp_namespace),
+        "metadata": owned_metadata(name, hcp_namespace),
         "spec": {
             // A probe that cannot be evaluated must not pass for an answer.
             "failurePolicy": "Fail",
@@ -215,10 +256,29 @@ fn render_json(
     hcp_namespace: &str,
     features: HostedFeatures,
 ) -> (Vec<Value>, Vec<Value>, Option<String>) {
+    render_set(
+        cfg,
+        settings,
+        hcp_namespace,
+        |w| api_engine(w, features, cfg.static_guards.second_layer) == Some(Engine::Policy),
+        "",
+    )
+}
+
+/// The policies and bindings of the guards `pick` chooses, each named after its guard with
+/// `suffix` added, then (if there is any) the probe's of their revision: the API-side set
+/// (no suffix) or the static one (`hosted::static_guards`).
+pub(crate) fn render_set(
+    cfg: &AgentConfig,
+    settings: &Settings,
+    hcp_namespace: &str,
+    pick: impl Fn(&WebhookDefinition) -> bool,
+    suffix: &str,
+) -> (Vec<Value>, Vec<Value>, Option<String>) {
     let mut policies = Vec::new();
     let mut bindings = Vec::new();
     for w in cfg.active_webhooks() {
-        if engine_of(w, features).0 != Engine::Policy {
+        if !pick(w) {
             continue;
         }
         let Some(guard) = guards::for_path(&w.path) else {
@@ -232,17 +292,19 @@ fn render_json(
             Mode::Warn => &["Warn", "Audit"],
             Mode::Off => continue,
         };
+        let name = format!("{}{suffix}", w.name);
         let conditions = exemptions::conditions(settings, guard.scope());
-        policies.push(guard_policy(w, &form, &conditions, hcp_namespace));
-        bindings.push(binding(&w.name, actions, hcp_namespace, None));
+        policies.push(guard_policy(w, &name, &form, &conditions, hcp_namespace));
+        bindings.push(binding(&name, actions, hcp_namespace, None));
     }
     let revision = (!policies.is_empty()).then(|| {
         let guards = Value::Array(policies.iter().chain(&bindings).cloned().collect());
         crate::compare::stable_hash(&[guards.to_string().as_bytes()])
     });
     if let Some(rev) = &revision {
-        policies.push(probe_policy(hcp_namespace, rev));
-        bindings.push(binding(probe_name(), &["Deny"], hcp_namespace, Some(rev)));
+        let name = format!("{}{suffix}", probe_name());
+        policies.push(probe_policy(&name, hcp_namespace, rev));
+        bindings.push(binding(&name, &["Deny"], hcp_namespace, Some(rev)));
     }
     (policies, bindings, revision)
 }
@@ -287,6 +349,7 @@ mod tests {
         HostedFeatures {
             match_conditions: true,
             admission_policies: true,
+            static_guards: false,
         }
     }
 
@@ -323,6 +386,62 @@ mod tests {
         )
         .expect("render");
         assert!(none.policies.is_empty() && none.revision.is_none());
+    }
+
+    /// A guard asking for engine static: no API-side object where the static guards are in
+    /// force, unless `staticGuards.secondLayer` keeps one (then what `auto` chooses); what `auto`
+    /// chooses where they are not, with a note saying why.
+    #[test]
+    fn a_static_guard_has_an_api_side_object_only_as_a_second_layer_or_a_fallback() {
+        let rbac = "protected-rbac.hcp-fleet.openshift.io";
+        let mut cfg = AgentConfig::default();
+        for w in &mut cfg.webhooks {
+            if w.name == rbac {
+                w.engine = GuardEngine::Static;
+            }
+        }
+        let in_force = HostedFeatures {
+            static_guards: true,
+            ..served()
+        };
+        let has = |cfg: &AgentConfig, f: HostedFeatures| {
+            names(&render(cfg, &Settings::from(cfg), "ns", f).expect("render"))
+                .contains(&rbac.to_string())
+        };
+        let w = cfg
+            .webhooks
+            .iter()
+            .find(|w| w.name == rbac)
+            .expect("rbac")
+            .clone();
+        assert_eq!(engine_of(&w, in_force), (Engine::Static, None));
+        assert!(!has(&cfg, in_force));
+        let mut layered = cfg.clone();
+        layered.static_guards.second_layer = true;
+        assert!(has(&layered, in_force));
+        assert_eq!(api_engine(&w, in_force, true), Some(Engine::Policy));
+        assert_eq!(api_engine(&w, in_force, false), None);
+        // Not in force: auto's choice, and why.
+        let (engine, note) = engine_of(&w, served());
+        assert_eq!(engine, Engine::Policy);
+        assert!(
+            note.as_deref()
+                .is_some_and(|n| n.contains("asks for engine static")),
+            "{note:?}"
+        );
+        assert!(has(&cfg, served()));
+        // A server without admission policies: the webhook.
+        let old = HostedFeatures::default();
+        assert_eq!(engine_of(&w, old).0, Engine::Webhook);
+        let hooks =
+            crate::hosted::webhooks::render(&cfg, "ns", "https://x", "ca", old).expect("render");
+        assert!(
+            hooks
+                .validating
+                .iter()
+                .flat_map(|v| v.webhooks.iter().flatten())
+                .any(|h| h.name == rbac)
+        );
     }
 
     #[test]

@@ -171,6 +171,7 @@ fn served() -> HostedFeatures {
     HostedFeatures {
         match_conditions: true,
         admission_policies: true,
+        static_guards: false,
     }
 }
 
@@ -196,17 +197,59 @@ fn cases() -> Vec<(&'static dyn Guard, Case)> {
         .collect()
 }
 
-/// The heart of it: for each case, in enforce and in warn mode, the policy the API server
-/// would run and the handler the admission service runs reach the same verdict with the same
-/// words, and the verdict is the one the table expects.
+/// The heart of it: the API-side policies decide each case as the handlers do
+/// (`decides_as_the_handlers`).
 #[test]
 fn each_guards_policy_decides_as_its_handler_case_by_case() {
+    decides_as_the_handlers(|cfg, s| {
+        admission_policies::render(cfg, s, "clusters-a", served()).expect("render")
+    });
+}
+
+/// The same tables through the static guards' rendering (`hosted::static_guards`): the files
+/// decide each case as the API-side policies and the handlers do.
+#[test]
+fn each_guards_static_policy_decides_as_its_handler_case_by_case() {
+    use super::static_guards::{self, SUFFIX};
+    decides_as_the_handlers(|cfg, s| {
+        let mut cfg = cfg.clone();
+        for w in &mut cfg.webhooks {
+            if crate::guards::has_cel_form(&w.path) {
+                w.engine = crate::config::GuardEngine::Static;
+            }
+        }
+        let g = static_guards::render(&cfg, s, "clusters-a").expect("render");
+        // Looked up by guard name below: the suffix taken off, nothing else changed.
+        let unsuffixed = |m: &mut kube::api::ObjectMeta| {
+            let name = m.name.take().unwrap_or_default();
+            assert!(name.ends_with(SUFFIX), "{name}");
+            m.name = Some(name.trim_end_matches(SUFFIX).to_string());
+        };
+        let mut policies = g.policies;
+        let mut bindings = g.bindings;
+        policies
+            .iter_mut()
+            .for_each(|p| unsuffixed(&mut p.metadata));
+        bindings
+            .iter_mut()
+            .for_each(|b| unsuffixed(&mut b.metadata));
+        AdmissionPolicies {
+            policies,
+            bindings,
+            revision: g.revision,
+        }
+    });
+}
+
+/// For each case, in enforce and in warn mode, the policy the API server would run (as
+/// `render` gives it) and the handler the admission service runs reach the same verdict with
+/// the same words, and the verdict is the one the table expects.
+fn decides_as_the_handlers(render: impl Fn(&AgentConfig, &Settings) -> AdmissionPolicies) {
     let env = env();
     for mode in [Mode::Enforce, Mode::Warn] {
         let cfg = with_mode(mode);
         let s = Settings::from(&cfg);
-        let rendered =
-            admission_policies::render(&cfg, &s, "clusters-a", served()).expect("render");
+        let rendered = render(&cfg, &s);
         for (g, req) in cases() {
             let (guard, what, want) = (g.row().name, req.what, req.want);
             let rust = by_rust(g, &req, &s, mode);
@@ -240,6 +283,7 @@ fn webhook_match_conditions_leave_out_exactly_whom_the_service_exempts() {
         HostedFeatures {
             match_conditions: true,
             admission_policies: false,
+            static_guards: false,
         },
     )
     .expect("render");

@@ -12,6 +12,7 @@ pub mod clients;
 pub mod exemptions;
 pub mod kubeconfig;
 pub mod objects;
+pub mod static_guards;
 #[cfg(test)]
 mod tampering;
 pub mod wanted;

@@ -44,6 +44,11 @@ pub struct HostedFeatures {
     /// It serves `admissionregistration.k8s.io/v1` ValidatingAdmissionPolicy and its binding
     /// (GA in 1.30): the guards with a CEL form then run inside it (`hosted::admission_policies`).
     pub admission_policies: bool,
+    /// The static guards (`hosted::static_guards`, loaded from files) of the revision wanted
+    /// now are in force: their probe was answered by the `.static.k8s.io` probe policy, and
+    /// no object of that name exists through the API. Not a property of the server's version:
+    /// found by the probe at each reconcile.
+    pub static_guards: bool,
 }
 
 /// The definition's selector with the agent's guard expressions added (never replaced).

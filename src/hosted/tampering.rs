@@ -204,6 +204,7 @@ fn every_tampering_of_every_guards_webhook_is_drift() {
         HostedFeatures {
             match_conditions: true,
             admission_policies: false,
+            static_guards: false,
         },
     ] {
         let desired =
@@ -255,6 +256,7 @@ fn every_tampering_of_every_guards_policy_and_binding_is_drift() {
     let features = HostedFeatures {
         match_conditions: true,
         admission_policies: true,
+        static_guards: false,
     };
     let r = rendered(features).policies;
     assert!(

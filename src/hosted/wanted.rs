@@ -266,6 +266,7 @@ mod tests {
         let features = HostedFeatures {
             match_conditions: true,
             admission_policies,
+            static_guards: false,
         };
         let url = format!("https://hcp-fleet-admission.{ns}.svc:443");
         render(&AgentConfig::default(), ns, &url, CA, features)

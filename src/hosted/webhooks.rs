@@ -64,6 +64,8 @@ pub(crate) async fn discover_features(
     Ok(HostedFeatures {
         match_conditions,
         admission_policies,
+        // Found per reconcile by the static probe, not by discovery.
+        static_guards: false,
     })
 }
 
@@ -77,6 +79,10 @@ pub struct HostedWebhooks {
     /// The revision the probe webhook selects (`None`: no probe webhook is installed, as when
     /// every guard runs as a policy and the mutation is off).
     pub webhook_revision: Option<String>,
+    /// The guards the static guards (`hosted::static_guards`) carry and have been proven in
+    /// force, with their revision; empty where none is. Not written through the API.
+    pub static_guards: std::collections::BTreeSet<String>,
+    pub static_revision: Option<String>,
 }
 
 /// The claim value for `CLAIM_ANNOTATION`.
@@ -189,7 +195,10 @@ pub fn render(
     let policies = super::admission_policies::render(cfg, &settings, hcp_namespace, features)?;
     let hooks: Vec<&WebhookDefinition> = cfg
         .active_webhooks()
-        .filter(|w| super::admission_policies::engine_of(w, features).0 == Engine::Webhook)
+        .filter(|w| {
+            super::admission_policies::api_engine(w, features, cfg.static_guards.second_layer)
+                == Some(Engine::Webhook)
+        })
         .collect();
     // The probe webhook proves the admission service's path: wanted while a guard uses it, or
     // while nothing else would be probed.
@@ -265,6 +274,8 @@ pub fn render(
         mutating,
         policies,
         webhook_revision: revision,
+        static_guards: Default::default(),
+        static_revision: None,
     })
 }
 
@@ -296,6 +307,7 @@ mod tests {
         let served = rendered_with(HostedFeatures {
             match_conditions: true,
             admission_policies: false,
+            static_guards: false,
         });
         let mut hooks = served.validating.expect("v").webhooks.expect("hooks");
         hooks.extend(

@@ -106,6 +106,9 @@ pub enum Feature {
     MatchConditions,
     /// `admissionregistration.k8s.io/v1` ValidatingAdmissionPolicy (1.30).
     AdmissionPolicies,
+    /// Admission policies loaded from files (1.36, alpha: the test bed turns the feature gate
+    /// `ManifestBasedAdmissionControlConfig` on for its hosted servers).
+    StaticManifests,
 }
 
 impl Feature {
@@ -116,6 +119,7 @@ impl Feature {
             Feature::CrdCel => (1, 25),
             Feature::MatchConditions => (1, 28),
             Feature::AdmissionPolicies => (1, 30),
+            Feature::StaticManifests => (1, 36),
         }
     }
 
@@ -125,6 +129,9 @@ impl Feature {
             Feature::CrdCel => "CRD validation rules (CEL) and strict field validation",
             Feature::MatchConditions => "webhook matchConditions",
             Feature::AdmissionPolicies => "ValidatingAdmissionPolicy",
+            Feature::StaticManifests => {
+                "admission policies loaded from files (ManifestBasedAdmissionControlConfig)"
+            }
         }
     }
 }

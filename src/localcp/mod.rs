@@ -10,6 +10,7 @@ pub mod kubelet;
 mod pki;
 pub mod process;
 mod proxy;
+mod static_volumes;
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
@@ -80,6 +81,15 @@ fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> LocalCpError
     move |source| LocalCpError::Io { context, source }
 }
 
+/// A task stopped when its holder is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// What to bring up.
 #[derive(Debug, Clone)]
 pub struct FleetOptions {
@@ -137,6 +147,9 @@ pub struct ApiServer {
     log_path: PathBuf,
     process: Option<ManagedProcess>,
     timeout: Duration,
+    /// Where this hosted server loads static guards from (`static_volumes`); `None` for the
+    /// management server and servers before 1.36.
+    pub static_dir: Option<PathBuf>,
 }
 
 impl ApiServer {
@@ -181,7 +194,9 @@ impl ApiServer {
 
 /// The running fleet. Dropping it stops everything and removes the state directory.
 pub struct LocalFleet {
-    // Field order is drop order: API servers, then etcd, then the directory they wrote into.
+    // Field order is drop order: the static volumes' task, API servers, then etcd, then the
+    // directory they wrote into.
+    _static_volumes: Option<AbortOnDrop>,
     pub management: ApiServer,
     pub hosted: BTreeMap<String, ApiServer>,
     /// The Kubernetes version every API server of this fleet runs.
@@ -229,7 +244,18 @@ impl LocalFleet {
         )?;
         let mut hosted = BTreeMap::new();
         for name in &opts.hosted_clusters {
-            let s = new_apiserver(name, &format!("/registry-hosted-{name}"), None, &shared)?;
+            let mut s = new_apiserver(name, &format!("/registry-hosted-{name}"), None, &shared)?;
+            if assets.version.serves(assets::Feature::StaticManifests) {
+                let (config, policies) = static_volumes::prepare(&dir.join(name))
+                    .map_err(io(format!("preparing {name}'s static guards")))?;
+                s.args
+                    .push("--feature-gates=ManifestBasedAdmissionControlConfig=true".into());
+                s.args.push(format!(
+                    "--admission-control-config-file={}",
+                    config.display()
+                ));
+                s.static_dir = Some(policies);
+            }
             hosted.insert(name.clone(), s);
         }
         // Spawn them all first so they boot in parallel, then wait for each. On an early
@@ -242,7 +268,20 @@ impl LocalFleet {
         for s in hosted.values_mut() {
             s.wait_ready().await?;
         }
+        let dirs: BTreeMap<String, PathBuf> = hosted
+            .iter()
+            .filter_map(|(name, s)| Some((fixtures::hcp_namespace(name), s.static_dir.clone()?)))
+            .collect();
+        let static_volumes = if dirs.is_empty() {
+            None
+        } else {
+            Some(AbortOnDrop(static_volumes::spawn(
+                management.client().await?,
+                dirs,
+            )))
+        };
         let fleet = LocalFleet {
+            _static_volumes: static_volumes,
             management,
             hosted,
             version: assets.version.clone(),
@@ -610,6 +649,7 @@ fn new_apiserver(
         log_path: dir.join(format!("{name}.log")),
         process: None,
         timeout: opts.startup_timeout,
+        static_dir: None,
     })
 }
 

@@ -1,0 +1,330 @@
+//! The static guards (docs/static-guards.md): loaded by the hosted kube-apiserver from files the
+//! agent writes into a ConfigMap of the HCP namespace, which the test bed mounts as a kubelet
+//! would (`localcp::static_volumes`), on 1.36 with the feature gate on.
+
+use super::*;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::ListParams;
+
+const RBAC: &str = "protected-rbac.hcp-fleet.openshift.io";
+
+fn static_name(guard: &str) -> String {
+    format!("{guard}{}", hcp_fleet_agent::hosted::static_guards::SUFFIX)
+}
+
+/// Whether protected RBAC has its API-side policy, and whether hc-1's ConfigMap of static
+/// guards exists.
+async fn paths(bed: &Bed, hosted: &Client) -> Result<(bool, bool), String> {
+    let policy = Api::<ValidatingAdmissionPolicy>::all(hosted.clone())
+        .get_opt(RBAC)
+        .await
+        .map_err(|e| e.to_string())?
+        .is_some();
+    let files = Api::<ConfigMap>::namespaced(bed.mgmt.clone(), NS)
+        .get_opt(hcp_fleet_agent::hosted::static_guards::CONFIG_MAP)
+        .await
+        .map_err(|e| e.to_string())?
+        .is_some();
+    Ok((policy, files))
+}
+
+/// How many guards the agent reports on `engine` for hc-1 (`hcp_fleet_guards`).
+fn guards_on(bed: &Bed, engine: &str) -> f64 {
+    let text = bed.agent.context.metrics.encode();
+    let hc1 = support::sum_by_label(
+        &text
+            .lines()
+            .filter(|l| l.contains(&format!("hcp_namespace=\"{NS}\"")))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        "hcp_fleet_guards",
+        "engine",
+    );
+    hc1.get(engine).copied().unwrap_or(0.0)
+}
+
+/// Under 50 guarded requests a second, the guards move from API-side policies to the static
+/// guards (written, proven in force by their probe, then the policies deleted) and later back
+/// (the policies written and proven, then the files emptied): no request is let through.
+/// Meanwhile a hosted cluster's most privileged admin can do nothing to them through the API:
+/// creating one of their names is refused, deleting, patching or listing finds nothing, and
+/// 30 s of deleting everything there is lets no guarded request through. A changed mode is in
+/// force as soon as the test bed's kubelet has written the file (the figures are printed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn static_guards_hold_against_every_api_request_and_switch_without_a_gap() {
+    let assets = support::assets_or_skip_reason().expect("test bed assets");
+    if !support::serves(
+        &assets.version,
+        Feature::StaticManifests,
+        "the static guards' switch, API refusals and sustained deletions",
+    ) {
+        return;
+    }
+    let _turn = LOAD_TURN.lock().await;
+    let bed = bed(with_engine(GuardEngine::Policy)).await;
+    let hosted = hc1_admin(&bed).await;
+    assert_eq!(paths(&bed, &hosted).await, Ok((true, false)));
+
+    // API-side policies to the static guards, under load.
+    let load = GuardLoad::start(alice(&bed).await);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let asked = Instant::now();
+    bed.agent.set_config(with_engine(GuardEngine::Static));
+    eventually(
+        "the guards moved to the static guards",
+        Duration::from_secs(60),
+        || {
+            let p = paths(&bed, &hosted);
+            async move {
+                match p.await? {
+                    (false, true) => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await;
+    let moved = asked.elapsed();
+    let with_cel = AgentConfig::default()
+        .webhooks
+        .iter()
+        .filter(|w| has_cel_form(&w.path))
+        .count();
+    assert_eq!(guards_on(&bed, "static"), with_cel as f64);
+    assert_eq!(guards_on(&bed, "policy"), 0.0);
+
+    // Nothing a hosted cluster's admin sends through the API reaches them.
+    let policies = Api::<ValidatingAdmissionPolicy>::all(hosted.clone());
+    let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(hosted.clone());
+    let forged: ValidatingAdmissionPolicy = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": static_name(RBAC)},
+        "spec": {
+            "matchConstraints": {"resourceRules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"]}]},
+            "validations": [{"expression": "true"}],
+        },
+    }))
+    .expect("policy");
+    match policies.create(&PostParams::default(), &forged).await {
+        Err(kube::Error::Api(s)) => assert!(
+            s.code == 422
+                && s.message
+                    .contains("are reserved for static manifest-based configurations"),
+            "{s:?}"
+        ),
+        other => panic!("a policy of the reserved name was not refused: {other:?}"),
+    }
+    for guard in [RBAC, "scc.hcp-fleet.openshift.io"] {
+        let name = static_name(guard);
+        let gone =
+            |r: Result<_, kube::Error>| matches!(r, Err(kube::Error::Api(s)) if s.code == 404);
+        assert!(gone(
+            policies
+                .delete(&name, &DeleteParams::default())
+                .await
+                .map(|_| ())
+        ));
+        assert!(gone(
+            bindings
+                .delete(&name, &DeleteParams::default())
+                .await
+                .map(|_| ())
+        ));
+        let patch = serde_json::json!({"spec": {"validationActions": ["Audit"]}});
+        assert!(gone(
+            bindings
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map(|_| ())
+        ));
+    }
+    let listed = policies.list(&ListParams::default()).await.expect("list");
+    assert!(
+        listed.items.iter().all(|p| !p
+            .metadata
+            .name
+            .as_deref()
+            .unwrap_or("")
+            .ends_with(".static.k8s.io")),
+        "no static guard is listed through the API"
+    );
+
+    // 30 s of deleting every policy and binding there is, by collection and by the static
+    // names, as fast as the server answers.
+    let until = Instant::now() + Duration::from_secs(30);
+    let mut deletes = 0u32;
+    while Instant::now() < until {
+        let dp = DeleteParams::default();
+        let _ = policies
+            .delete_collection(&dp, &ListParams::default())
+            .await;
+        let _ = bindings
+            .delete_collection(&dp, &ListParams::default())
+            .await;
+        for guard in [RBAC, "probe.hcp-fleet.openshift.io"] {
+            let _ = policies.delete(&static_name(guard), &dp).await;
+            let _ = bindings.delete(&static_name(guard), &dp).await;
+        }
+        deletes += 6;
+    }
+    let counts = load.stop().await;
+    eprintln!(
+        "static guards: moved from policies in {moved:?}; then {deletes} deletions in 30 s; load {counts:?}"
+    );
+    assert_nothing_let_through(&counts, 1_000);
+    assert!(
+        counts.by_static > 0,
+        "the static guards answered: {counts:?}"
+    );
+
+    // The ConfigMap is the agent's whole: an edit (under the agent's own field manager name
+    // too) and a deletion are put back and counted.
+    let cms = Api::<ConfigMap>::namespaced(bed.mgmt.clone(), NS);
+    let cm_name = hcp_fleet_agent::hosted::static_guards::CONFIG_MAP;
+    let rendered = cms.get(cm_name).await.expect("configmap").data;
+    let counted = || {
+        support::drift_count(
+            &bed.agent,
+            "hcp_fleet_management_drift_total",
+            NS,
+            "hc-1",
+            "ConfigMap",
+        )
+    };
+    let before = counted();
+    let edit = serde_json::json!({"data": {"policies.yaml": "", "extra.yaml": "x"}});
+    cms.patch(
+        cm_name,
+        &PatchParams {
+            field_manager: Some("hcp-fleet-agent".into()),
+            ..Default::default()
+        },
+        &Patch::Merge(&edit),
+    )
+    .await
+    .expect("edit");
+    eventually("the edit undone", Duration::from_secs(30), || {
+        let (cms, rendered) = (cms.clone(), rendered.clone());
+        async move {
+            match cms.get(cm_name).await {
+                Ok(cm) if cm.data == rendered => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+    cms.delete(cm_name, &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually("the deletion undone", Duration::from_secs(30), || {
+        let (cms, rendered) = (cms.clone(), rendered.clone());
+        async move {
+            match cms.get_opt(cm_name).await {
+                Ok(Some(cm)) if cm.data == rendered => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+    assert!(counted() >= before + 2.0, "{before} -> {}", counted());
+    let (ok, out) = kubectl(&bed, DELETE_AS_ALICE);
+    assert!(!ok && out.contains(&static_name(RBAC)), "{out}");
+
+    // A changed mode: in force once the agent has written the file and the server reloaded it.
+    let asked = Instant::now();
+    bed.agent
+        .set_config(with_mode(with_engine(GuardEngine::Static), Mode::Warn));
+    let warned = format!(
+        "Warning: Validation failed for ValidatingAdmissionPolicy '{0}' with binding '{0}': {RBAC} (warn mode) would deny: {PROTECTED}",
+        static_name(RBAC)
+    );
+    eventually("warn mode in force", Duration::from_secs(30), || {
+        let r = kubectl(&bed, DELETE_AS_ALICE);
+        let want = warned.clone();
+        async move {
+            match r {
+                (true, out) if out.contains(&want) => Ok(()),
+                (_, out) => Err(out),
+            }
+        }
+    })
+    .await;
+    eprintln!(
+        "static guards: warn mode in force {:?} after the configuration changed",
+        asked.elapsed()
+    );
+    bed.agent.set_config(with_engine(GuardEngine::Static));
+    eventually("enforce again", Duration::from_secs(30), || {
+        let r = kubectl(&bed, DELETE_AS_ALICE);
+        async move {
+            match r {
+                (false, out) if out.contains(PROTECTED) => Ok(()),
+                (_, out) => Err(out),
+            }
+        }
+    })
+    .await;
+
+    // A changed exemption (alice exempt), the same way.
+    let asked = Instant::now();
+    let mut exempt = with_engine(GuardEngine::Static);
+    exempt.admission.exempt_users.push("alice".into());
+    bed.agent.set_config(exempt);
+    eventually("alice exempt", Duration::from_secs(30), || {
+        let r = kubectl(&bed, DELETE_AS_ALICE);
+        async move {
+            match r {
+                (true, out) if !out.contains("Warning") => Ok(()),
+                (_, out) => Err(out),
+            }
+        }
+    })
+    .await;
+    eprintln!(
+        "static guards: an exemption in force {:?} after the configuration changed",
+        asked.elapsed()
+    );
+    bed.agent.set_config(with_engine(GuardEngine::Static));
+    eventually("alice guarded again", Duration::from_secs(30), || {
+        let r = kubectl(&bed, DELETE_AS_ALICE);
+        async move {
+            match r {
+                (false, out) if out.contains(PROTECTED) => Ok(()),
+                (_, out) => Err(out),
+            }
+        }
+    })
+    .await;
+
+    // And back to the API-side policies, under load: the files go only after the policies
+    // are proven.
+    let load = GuardLoad::start(alice(&bed).await);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    bed.agent.set_config(with_engine(GuardEngine::Policy));
+    eventually(
+        "the guards back on API-side policies",
+        Duration::from_secs(60),
+        || {
+            let p = paths(&bed, &hosted);
+            async move {
+                match p.await? {
+                    (true, false) => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let counts = load.stop().await;
+    eprintln!("static guards: back to policies; load {counts:?}");
+    assert_nothing_let_through(&counts, 300);
+    assert!(
+        counts.by_static > 0 && counts.by_static < counts.denied,
+        "both answered during the move: {counts:?}"
+    );
+    wait_concern(&bed.mgmt, "hosted-webhooks", "Compliant").await;
+}
