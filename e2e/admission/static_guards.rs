@@ -233,6 +233,55 @@ async fn static_guards_hold_against_every_api_request_and_switch_without_a_gap()
     let (ok, out) = kubectl(&bed, DELETE_AS_ALICE);
     assert!(!ok && out.contains(&static_name(RBAC)), "{out}");
 
+    // With the admission service stopped (the webhook guards fail open), the static guards
+    // keep denying, and their files are still put back: they are written beside the admission
+    // service's objects, not after its gate.
+    let pids = webhook_pids(bed.pods.path());
+    let signal = |sig: i32| {
+        for pid in &pids {
+            // Sends a signal to the test bed's own child processes.
+            #[allow(unsafe_code)]
+            let sent = unsafe { libc::kill(*pid as i32, sig) };
+            assert_eq!(sent, 0);
+        }
+    };
+    signal(libc::SIGSTOP);
+    eventually(
+        "admission-service NonCompliant",
+        Duration::from_secs(30),
+        || async {
+            match newest(&bed.mgmt, "admission-service").await {
+                (Some(c), m) if c == "NonCompliant" && m.contains("no ready replica") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    cms.delete(cm_name, &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually(
+        "the deletion undone while the service is down",
+        Duration::from_secs(30),
+        || {
+            let (cms, rendered) = (cms.clone(), rendered.clone());
+            async move {
+                match cms.get_opt(cm_name).await {
+                    Ok(Some(cm)) if cm.data == rendered => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await;
+    let (ok, out) = kubectl(&bed, DELETE_AS_ALICE);
+    signal(libc::SIGCONT);
+    assert!(
+        !ok && out.contains(&static_name(RBAC)),
+        "the static guard denies with the admission service stopped: {out}"
+    );
+    wait_concern(&bed.mgmt, "admission-service", "Compliant").await;
+
     // A changed mode: in force once the agent has written the file and the server reloaded it.
     let asked = Instant::now();
     bed.agent
@@ -327,4 +376,104 @@ async fn static_guards_hold_against_every_api_request_and_switch_without_a_gap()
         "both answered during the move: {counts:?}"
     );
     wait_concern(&bed.mgmt, "hosted-webhooks", "Compliant").await;
+}
+
+/// A hosted cluster's admin who creates, through the API, a policy under the static probe's
+/// reserved name that answers the static probe in its words (on a server without the feature
+/// gate the API accepts the name, with a warning): the agent does not take it for the files,
+/// keeps every guard on its API-side policy, and says so; with the gate on (1.36 test bed) the
+/// API refuses the name, and nothing needs saying.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_static_probe_keeps_the_api_side_guards() {
+    let assets = support::assets_or_skip_reason().expect("test bed assets");
+    if !support::serves(
+        &assets.version,
+        Feature::AdmissionPolicies,
+        "a forged static probe (no admission policies to forge it with)",
+    ) {
+        return;
+    }
+    let bed = bed(with_engine(GuardEngine::Static)).await;
+    let hosted = hc1_admin(&bed).await;
+    let cms = Api::<ConfigMap>::namespaced(bed.mgmt.clone(), NS);
+    let cm_name = hcp_fleet_agent::hosted::static_guards::CONFIG_MAP;
+    // A tenant who knows the configuration computes the revision; the test reads it.
+    let revision_of = |cm: Option<ConfigMap>| {
+        cm.and_then(|cm| cm.metadata.annotations).and_then(|a| {
+            a.get(hcp_fleet_agent::hosted::static_guards::REVISION_ANNOTATION)
+                .cloned()
+        })
+    };
+    eventually(
+        "the static guards' ConfigMap",
+        Duration::from_secs(30),
+        || {
+            let cms = cms.clone();
+            async move {
+                match cms.get_opt(cm_name).await {
+                    Ok(cm) if revision_of(cm.clone()).is_some() => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await;
+    let revision = revision_of(cms.get_opt(cm_name).await.expect("read")).expect("revision");
+    let probe = hcp_fleet_agent::hosted::static_guards::probe_name();
+    let forged: ValidatingAdmissionPolicy = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": probe},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"]}],
+                // The labels the agent's probe requests carry, as a tenant's webhook sees them.
+                "objectSelector": {"matchLabels": {
+                    hcp_fleet_agent::catalogue::PROBE_LABEL: "policy",
+                    "hcp-fleet.openshift.io/probe-revision": revision,
+                }},
+            },
+            "validations": [{"expression": "false", "message": hcp_fleet_agent::catalogue::POLICY_PROBE_ANSWER, "reason": "Forbidden"}],
+        },
+    }))
+    .expect("policy");
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": probe},
+        "spec": {"policyName": probe, "validationActions": ["Deny"]},
+    }))
+    .expect("binding");
+    let policies = Api::<ValidatingAdmissionPolicy>::all(hosted.clone());
+    let created = policies.create(&PostParams::default(), &forged).await;
+    if bed.fleet.version.serves(Feature::StaticManifests) {
+        match created {
+            Err(kube::Error::Api(s)) => assert_eq!(s.code, 422, "{s:?}"),
+            other => panic!("the reserved name was not refused: {other:?}"),
+        }
+        return;
+    }
+    created.expect("the API accepts the reserved name without the feature gate");
+    Api::<ValidatingAdmissionPolicyBinding>::all(hosted.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("binding");
+    eventually(
+        "the forgery named in the record",
+        Duration::from_secs(60),
+        || async {
+            match newest(&bed.mgmt, "hosted-webhooks").await {
+                (Some(c), m) if c == "NonCompliant" && m.contains("exists through the API") => {
+                    Ok(())
+                }
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    // Every guard is still on its API-side policy, and denies.
+    assert!(!support::absent(&policies, RBAC).await);
+    assert_eq!(guards_on(&bed, "static"), 0.0);
+    let (ok, out) = kubectl(&bed, DELETE_AS_ALICE);
+    assert!(
+        !ok && out.contains(&format!("ValidatingAdmissionPolicy '{RBAC}'")),
+        "{out}"
+    );
 }

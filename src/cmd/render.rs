@@ -126,11 +126,11 @@ pub(crate) fn render_all(
     .annotated(crate::rollout::REVISION_ANNOTATION, &revision);
     let statics =
         crate::hosted::static_guards::render(cfg, &crate::guards::Settings::from(cfg), namespace)?;
-    let static_config_map = match (&statics.revision, servers.admission_policies) {
-        (Some(_), true) => Some(crate::hosted::static_guards::config_map(
+    let static_config_map = match &statics.revision {
+        Some(_) => Some(crate::hosted::static_guards::config_map(
             cfg, namespace, &statics, None,
         )?),
-        _ => None,
+        None => None,
     };
     let mut docs: Vec<(String, Value)> = Vec::new();
     let mut push = |target: &str, v: Result<Value, serde_json::Error>| -> Result<(), OutputError> {

@@ -133,6 +133,8 @@ where
         }
         Repair::Replace => true,
     };
+    // The agent's own non-Apply entries right after its replace (`own_entries_applied_only`).
+    let mut replaced_entries = Vec::new();
     if replace {
         let params = PostParams {
             dry_run: false,
@@ -157,7 +159,7 @@ where
                     version = fresh.meta().resource_version.clone();
                 }
                 other => {
-                    other?;
+                    replaced_entries = agents_other_entries(other?.meta());
                     break;
                 }
             }
@@ -168,11 +170,33 @@ where
     }
     let applied = apply(api, name, desired).await?;
     if replace && matches!(repair, Repair::Whole(_)) {
-        return own_entries_applied_only(api, name, applied)
+        return own_entries_applied_only(api, name, applied, &replaced_entries)
             .await
             .map(Applied::Updated);
     }
     Ok(Applied::Updated(applied))
+}
+
+/// The entries of the agent's field manager other than its apply (and not of a subresource),
+/// as (operation, fields).
+fn agents_other_entries(meta: &kube::api::ObjectMeta) -> Vec<(Option<String>, Option<Value>)> {
+    meta.managed_fields
+        .iter()
+        .flatten()
+        .filter(|e| is_agents_other(e))
+        .map(|e| {
+            (
+                e.operation.clone(),
+                e.fields_v1.as_ref().map(|f| f.0.clone()),
+            )
+        })
+        .collect()
+}
+
+fn is_agents_other(e: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry) -> bool {
+    e.manager.as_deref() == Some(FIELD_MANAGER)
+        && e.operation.as_deref() != Some("Apply")
+        && e.subresource.as_deref().is_none_or(str::is_empty)
 }
 
 /// After a replace, the agent's field manager holds an Update entry beside its Apply entry:
@@ -180,40 +204,47 @@ where
 /// `terminationGracePeriodSeconds` someone had changed, say), which its apply does not own.
 /// Where only the Apply entry counts as the agent's (`compare::foreign_to_apply`: any client
 /// may write under the agent's name), that entry would read as someone else's field at every
-/// look. So it goes: the managed fields are written back without it (at the version just
-/// written; a write that changes nothing but them adds no entry of its own, kube-apiserver
-/// 1.36.2). A conflict leaves it for the next look, which replaces again.
-async fn own_entries_applied_only<K>(api: &Api<K>, name: &str, live: K) -> Result<K, kube::Error>
+/// look. So it goes: the managed fields are written back without it (at the version read; a
+/// write that changes nothing but them adds no entry of its own, kube-apiserver 1.36.2). Only
+/// while it holds exactly what the replace left (`replaced`): one that has grown since is
+/// someone else's write under the agent's name, left for the next look to repair. A conflict
+/// (a status written meanwhile) is read again and tried again.
+async fn own_entries_applied_only<K>(
+    api: &Api<K>,
+    name: &str,
+    mut live: K,
+    replaced: &[(Option<String>, Option<Value>)],
+) -> Result<K, kube::Error>
 where
     K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
 {
-    let Some(entries) = live.meta().managed_fields.as_ref() else {
-        return Ok(live);
-    };
-    let keep: Vec<_> = entries
-        .iter()
-        .filter(|e| {
-            e.manager.as_deref() != Some(FIELD_MANAGER)
-                || e.operation.as_deref() == Some("Apply")
-                || e.subresource.as_deref().is_some_and(|s| !s.is_empty())
-        })
-        .cloned()
-        .collect();
-    if keep.len() == entries.len() {
-        return Ok(live);
+    for _ in 0..APPLY_ATTEMPTS {
+        let now = agents_other_entries(live.meta());
+        if now.is_empty() || now != replaced {
+            return Ok(live);
+        }
+        let keep: Vec<_> = live
+            .meta()
+            .managed_fields
+            .iter()
+            .flatten()
+            .filter(|e| !is_agents_other(e))
+            .cloned()
+            .collect();
+        let patch = serde_json::json!({"metadata": {
+            "resourceVersion": live.meta().resource_version,
+            "managedFields": keep,
+        }});
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        match api.patch(name, &params, &Patch::Merge(&patch)).await {
+            Err(kube::Error::Api(s)) if s.code == 409 => live = api.get(name).await?,
+            other => return other,
+        }
     }
-    let patch = serde_json::json!({"metadata": {
-        "resourceVersion": live.meta().resource_version,
-        "managedFields": keep,
-    }});
-    let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..Default::default()
-    };
-    match api.patch(name, &params, &Patch::Merge(&patch)).await {
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(live),
-        other => other,
-    }
+    Ok(live)
 }
 
 /// Deletes `name` if it exists; a missing object is what was wanted.

@@ -67,6 +67,8 @@ pub struct Want<'a> {
     pub revision: &'a str,
     /// What the probe's and the canaries' answers must prove.
     pub proof: &'a Proof,
+    /// The static guards, their ConfigMap put in place where that only adds guards (phase 3).
+    pub statics: &'a Statics,
 }
 
 /// Fails when a Service in the HCP namespace would make HyperShift delete the guest webhooks
@@ -138,12 +140,12 @@ pub(crate) async fn ensure(
         ca_bundle,
         revision,
         proof,
+        statics,
     } = want;
     let url_base = url_base(s).await?;
     let mut features = hosted.features().await;
     let timeout = cfg.hosted_access.request_timeout();
-    let statics = Statics::ensure_before(s, features).await?;
-    let in_force = statics.in_force(hosted, timeout, proof).await;
+    let in_force = statics.in_force(hosted, features, timeout, proof).await;
     features.static_guards = in_force == StaticState::InForce;
     let mut desired = webhooks::render(cfg, ns, &url_base, ca_bundle, features)
         .map_err(Failure::RenderWebhooks)?
@@ -267,28 +269,34 @@ fn installed_as(ctx: &super::context::Context, ns: &str, wanted: &Wanted) -> Vec
     })
 }
 
-/// The guards not on the engine asked for, and why: (the others, those asking for static,
-/// with why the static guards are not in force).
+/// The guards not on the engine asked for, and why: (the others, and for those asking for
+/// static, one note that says first why the static guards are not in force: a record's
+/// message is cut at a length, and eight guards' names would hide the reason).
 fn engine_notes(
     cfg: &crate::config::AgentConfig,
     features: HostedFeatures,
     in_force: &StaticState,
 ) -> (Vec<String>, Vec<String>) {
-    let (mut notes, mut static_notes) = (Vec::new(), Vec::new());
+    let (mut notes, mut waiting) = (Vec::new(), Vec::new());
     for w in cfg.active_webhooks() {
         if let Some(note) = admission_policies::engine_of(w, features).1 {
             if static_guards::is_static(w) {
-                static_notes.push(note);
+                waiting.push(w.name.as_str());
             } else {
                 notes.push(note);
             }
         }
     }
-    if let StaticState::Waiting(why) | StaticState::Refused(why) = in_force
-        && !static_notes.is_empty()
-    {
-        static_notes.push(format!("the static guards are not in force: {why}"));
-    }
+    let static_notes = match in_force {
+        StaticState::Waiting(why) | StaticState::Refused(why) if !waiting.is_empty() => {
+            vec![format!(
+                "the static guards are not in force in this hosted kube-apiserver: {why}; the {} guard(s) asking for engine static run where engine auto puts them meanwhile ({}; docs/static-guards.md)",
+                waiting.len(),
+                waiting.join(", ")
+            )]
+        }
+        _ => Vec::new(),
+    };
     (notes, static_notes)
 }
 

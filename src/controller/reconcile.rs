@@ -16,7 +16,7 @@ use super::proof::Proof;
 use super::scope::Scope;
 use super::{
     admission_service, canary, certificates, hosted_access, hosted_webhooks, probe, report,
-    rollout, trust,
+    rollout, static_guards, trust,
 };
 use crate::crd::hostedcontrolplane::Pause;
 use crate::crd::{ComplianceState, HostedControlPlane};
@@ -232,11 +232,15 @@ async fn phases(s: &Scope<'_>, found: &mut Found) -> Result<Action, Failure> {
     // 2. Certificates. Trust first: a new certificate reaches the replicas only once the
     // hosted side trusts its CA.
     let certs = certificates::ensure(s).await?;
+    // The static guards' files: not gated on the admission service or the hosted cluster,
+    // since they guard without either.
+    let statics = static_guards::Statics::ensure_before(s).await?;
     let mut hosted_drift = if certs.serving_changes {
-        trust::pre_trust(s, &certs.bundle).await?
+        trust::pre_trust(s, &certs.bundle, &statics).await?
     } else {
         Vec::new()
     };
+    hosted_drift.extend(statics.note.clone());
     // 3. The admission service, gated on its Deployment.
     let Some(management_drift) = admission(s, &certs, found).await? else {
         // The Deployment watch (owns) brings us back when its status changes.
@@ -254,6 +258,7 @@ async fn phases(s: &Scope<'_>, found: &mut Found) -> Result<Action, Failure> {
         ca_bundle: &ca_bundle,
         revision: s.revision,
         proof: &proof,
+        statics: &statics,
     };
     let mut installed = hosted_webhooks::ensure(s, &hosted, want).await?;
     hosted_drift.append(&mut installed.drift);

@@ -105,27 +105,32 @@ pub(super) struct Statics {
     /// Put in place in `ensure_before` (else left for `ensure_after`), and whether that wrote.
     handled: bool,
     written: bool,
+    /// The drift `ensure_before` repaired (someone else's edit or deletion).
+    pub note: Option<String>,
 }
 
 impl Statics {
-    pub async fn ensure_before(s: &Scope<'_>, features: HostedFeatures) -> Result<Self, Failure> {
+    /// Phase 3, beside the admission service and not gated on it or on the hosted cluster:
+    /// the static guards are what keeps guarding while the admission service is down, so a
+    /// deleted or edited ConfigMap is put back whatever the later phases find. Only a write
+    /// that adds guards (or changes nothing of which guards) goes here.
+    pub async fn ensure_before(s: &Scope<'_>) -> Result<Self, Failure> {
         let (ctx, cfg, ns) = (s.ctx, s.cfg, s.ns);
         let settings = crate::guards::Settings::from(cfg);
         let wanted = static_guards::render(cfg, &settings, ns).map_err(Failure::RenderWebhooks)?;
-        // A hosted kube-apiserver without admission policies cannot load them from files
-        // either; nothing is written for it.
-        let config_map = match (&wanted.revision, features.admission_policies) {
-            (Some(_), true) => Some(
+        let config_map = match &wanted.revision {
+            Some(_) => Some(
                 static_guards::config_map(cfg, ns, &wanted, super::admission_service::owner(s.hcp))
                     .map_err(Failure::RenderWebhooks)?,
             ),
-            _ => None,
+            None => None,
         };
         let mut me = Self {
             wanted,
             config_map,
             handled: false,
             written: false,
+            note: None,
         };
         let Some(cm) = &me.config_map else {
             return Ok(me);
@@ -143,7 +148,9 @@ impl Statics {
             static_guards::guards_in(l).is_some_and(|held| held.is_subset(&me.wanted.guards()))
         });
         if adds_only {
-            me.written = me.put(s, cm).await?;
+            let (written, note) = me.put(s, cm).await?;
+            me.written = written;
+            me.note = note;
             me.handled = true;
         }
         Ok(me)
@@ -153,13 +160,14 @@ impl Statics {
     pub async fn in_force(
         &self,
         hosted: &HostedClient,
+        features: HostedFeatures,
         timeout: Duration,
         proof: &Proof,
     ) -> StaticState {
         let Some(rev) = &self.wanted.revision else {
             return StaticState::Unwanted;
         };
-        if self.config_map.is_none() {
+        if !features.admission_policies {
             return StaticState::Refused(
                 "this hosted kube-apiserver does not serve ValidatingAdmissionPolicy".into(),
             );
@@ -187,7 +195,7 @@ impl Statics {
         let api = Api::<ConfigMap>::namespaced(ctx.client.clone(), ns);
         match &self.config_map {
             Some(_) if self.handled => Ok(self.written),
-            Some(cm) => self.put(s, cm).await,
+            Some(cm) => self.put(s, cm).await.map(|(written, _)| written),
             // Known to the watch to be absent (the usual case: no guard static anywhere), no
             // request; a ConfigMap it has not delivered yet triggers another reconcile.
             None if absent_by_watch(ctx, ns) => Ok(false),
@@ -205,8 +213,8 @@ impl Statics {
         }
     }
 
-    /// Writes the ConfigMap where it differs; whether it did.
-    async fn put(&self, s: &Scope<'_>, cm: &ConfigMap) -> Result<bool, Failure> {
+    /// Writes the ConfigMap where it differs; whether it did, and the drift it repaired.
+    async fn put(&self, s: &Scope<'_>, cm: &ConfigMap) -> Result<(bool, Option<String>), Failure> {
         let (ctx, ns) = (s.ctx, s.ns);
         let (_, note, wrote) = super::admission_service::put_wrote(
             ctx,
@@ -231,6 +239,6 @@ impl Statics {
                 .inc();
             tracing::warn!(namespace = %ns, note = %n, "static guards' ConfigMap repaired");
         }
-        Ok(wrote)
+        Ok((wrote, note))
     }
 }

@@ -62,7 +62,11 @@ pub async fn installed_trust(hosted: &Client) -> Result<String, kube::Error> {
 /// replicas may be serving (the Deployment exists), the hosted configurations that are
 /// installed get the new bundle added to their trust. Fails, holding the certificate back,
 /// when the hosted cluster cannot be reached to do so.
-pub(crate) async fn pre_trust(s: &Scope<'_>, certs: &CertBundle) -> Result<Vec<String>, Failure> {
+pub(crate) async fn pre_trust(
+    s: &Scope<'_>,
+    certs: &CertBundle,
+    statics: &super::static_guards::Statics,
+) -> Result<Vec<String>, Failure> {
     let (ctx, cfg, ns) = (s.ctx, s.cfg, s.ns);
     let held = |f: Failure| Failure::TrustFirst(Box::new(f));
     let store = ctx.caches().deployments;
@@ -106,6 +110,7 @@ pub(crate) async fn pre_trust(s: &Scope<'_>, certs: &CertBundle) -> Result<Vec<S
         ca_bundle: &widened,
         revision: s.revision,
         proof: &proof,
+        statics,
     };
     let done = hosted_webhooks::ensure(s, &hosted, want)
         .await
