@@ -484,6 +484,75 @@ mod tests {
     use crate::metrics::Metrics;
     use crate::reporting::{Concern, Observation, Observations};
 
+    /// What a watch's store keeps of a Deployment's managed fields is read as the live object
+    /// is, under the rule that only the agent's apply is its own: a write under its name by
+    /// an Update stays someone else's in the store too (a store that read it as the agent's
+    /// would say "in place" where the server says "tampered", and the reconcile would believe
+    /// the store).
+    #[test]
+    fn a_stores_managed_fields_read_as_the_live_objects_under_the_apply_only_rule() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+        let entry = |manager: &str, operation: &str, sub: Option<&str>, f: serde_json::Value| {
+            ManagedFieldsEntry {
+                manager: Some(manager.into()),
+                operation: Some(operation.into()),
+                subresource: sub.map(Into::into),
+                fields_v1: Some(FieldsV1(f)),
+                ..Default::default()
+            }
+        };
+        let ours = management::FIELD_MANAGER;
+        let apply = serde_json::json!({"f:spec": {"f:template": {"f:spec": {
+            "f:containers": {"k:{\"name\":\"admission\"}": {".": {}, "f:image": {}}}}}}});
+        let cases = [
+            vec![entry(ours, "Apply", None, apply.clone())],
+            vec![
+                entry(ours, "Apply", None, apply.clone()),
+                entry(
+                    ours,
+                    "Update",
+                    None,
+                    serde_json::json!({"f:spec": {"f:template": {"f:spec": {
+                    "f:hostNetwork": {},
+                    "f:containers": {"k:{\"name\":\"admission\"}": {"f:image": {}}}}}}}),
+                ),
+            ],
+            vec![
+                entry(ours, "Apply", None, apply.clone()),
+                entry(
+                    "tenant",
+                    "Update",
+                    None,
+                    serde_json::json!({"f:spec": {"f:template": {"f:spec": {"f:nodeName": {}}}}}),
+                ),
+                entry(
+                    ours,
+                    "Update",
+                    None,
+                    serde_json::json!({"f:spec": {"f:template": {"f:spec": {"f:terminationGracePeriodSeconds": {}}}}}),
+                ),
+                entry(
+                    "kube-controller-manager",
+                    "Update",
+                    Some("status"),
+                    serde_json::json!({"f:status": {"f:replicas": {}}}),
+                ),
+            ],
+        ];
+        let live = |entries: &[ManagedFieldsEntry]| serde_json::json!({"metadata": {"managedFields": serde_json::to_value(entries).expect("json")}});
+        let under = management::DEPLOYMENT_OWNED_WHOLE;
+        for (i, entries) in cases.iter().enumerate() {
+            let whole = crate::compare::foreign_to_apply(&live(entries), ours, under);
+            let kept = kept_managed_fields(entries, under);
+            assert_eq!(
+                crate::compare::foreign_to_apply(&live(&kept), ours, under),
+                whole,
+                "case {i}"
+            );
+            assert_eq!(whole.is_empty(), i == 0, "case {i}: {whole:?}");
+        }
+    }
+
     fn test_context() -> Arc<Context> {
         let url = "https://127.0.0.1:1".parse().expect("url");
         let client = kube::Client::try_from(kube::Config::new(url)).expect("client");
