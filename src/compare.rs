@@ -93,7 +93,7 @@ fn default_holds(default: &Value, live: &Value) -> bool {
 /// subresource) never count.
 pub(crate) fn foreign_fields(live: &Value, ours: &str, under: &[&str]) -> Vec<String> {
     foreign_by(live, under, |manager, _| {
-        (manager == ours).then(String::new)
+        (manager != ours).then(|| manager.to_string())
     })
 }
 
@@ -110,22 +110,21 @@ pub(crate) fn not_applied(ours: &str) -> String {
 pub(crate) fn foreign_to_apply(live: &Value, ours: &str, under: &[&str]) -> Vec<String> {
     foreign_by(live, under, |manager, operation| {
         if manager != ours {
-            None
+            Some(manager.to_string())
         } else if operation.is_none_or(|o| o == "Apply") {
-            Some(String::new())
+            None
         } else {
             Some(not_applied(ours))
         }
     })
 }
 
-/// The paths under `under` owned by an entry `ours_or_alias` does not call the agent's (`None`:
-/// someone else; `Some("")`: the agent's own; `Some(name)`: a foreign writer of that name) and
-/// by no entry of the agent's own.
+/// The paths under `under` owned by an entry `foreign` names (by manager and operation: the
+/// writer's name, `None` for the agent's own) and by no entry of the agent's own.
 fn foreign_by(
     live: &Value,
     under: &[&str],
-    ours_or_alias: impl Fn(&str, Option<&str>) -> Option<String>,
+    foreign: impl Fn(&str, Option<&str>) -> Option<String>,
 ) -> Vec<String> {
     let Some(entries) = live["metadata"]["managedFields"].as_array() else {
         return Vec::new();
@@ -143,11 +142,7 @@ fn foreign_by(
             continue;
         }
         let manager = e["manager"].as_str().unwrap_or_default();
-        let who = match ours_or_alias(manager, e["operation"].as_str()) {
-            Some(alias) if alias.is_empty() => None,
-            Some(alias) => Some(alias),
-            None => Some(manager.to_string()),
-        };
+        let who = foreign(manager, e["operation"].as_str());
         let mut paths = Vec::new();
         field_paths(&e["fieldsV1"], "", &mut paths);
         for p in paths.into_iter().filter(|p| in_scope(p)) {

@@ -32,6 +32,50 @@ async fn paths(bed: &Bed, hosted: &Client) -> Result<(bool, bool), String> {
     Ok((policy, files))
 }
 
+/// Waits (60 s at most) until `paths` says `want`.
+async fn wait_paths(bed: &Bed, hosted: &Client, want: (bool, bool), what: &str) {
+    eventually(what, Duration::from_secs(60), || {
+        let p = paths(bed, hosted);
+        async move {
+            match p.await? {
+                now if now == want => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+}
+
+/// Waits (30 s at most) until hc-1's static guards' ConfigMap holds `rendered` again.
+async fn configmap_back(
+    cms: &Api<ConfigMap>,
+    rendered: &Option<std::collections::BTreeMap<String, String>>,
+    what: &str,
+) {
+    let name = hcp_fleet_agent::hosted::static_guards::CONFIG_MAP;
+    eventually(what, Duration::from_secs(30), || async move {
+        match cms.get_opt(name).await {
+            Ok(Some(cm)) if &cm.data == rendered => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+}
+
+/// Waits (30 s at most) until alice's delete of cluster-admin is denied again.
+async fn alice_denied_again(bed: &Bed, what: &str) {
+    eventually(what, Duration::from_secs(30), || {
+        let r = kubectl(bed, DELETE_AS_ALICE);
+        async move {
+            match r {
+                (false, out) if out.contains(PROTECTED) => Ok(()),
+                (_, out) => Err(out),
+            }
+        }
+    })
+    .await;
+}
+
 /// How many guards the agent reports on `engine` for hc-1 (`hcp_fleet_guards`).
 fn guards_on(bed: &Bed, engine: &str) -> f64 {
     let text = bed.agent.context.metrics.encode();
@@ -74,18 +118,11 @@ async fn static_guards_hold_against_every_api_request_and_switch_without_a_gap()
     tokio::time::sleep(Duration::from_secs(3)).await;
     let asked = Instant::now();
     bed.agent.set_config(with_engine(GuardEngine::Static));
-    eventually(
+    wait_paths(
+        &bed,
+        &hosted,
+        (false, true),
         "the guards moved to the static guards",
-        Duration::from_secs(60),
-        || {
-            let p = paths(&bed, &hosted);
-            async move {
-                match p.await? {
-                    (false, true) => Ok(()),
-                    other => Err(format!("{other:?}")),
-                }
-            }
-        },
     )
     .await;
     let moved = asked.elapsed();
@@ -206,29 +243,11 @@ async fn static_guards_hold_against_every_api_request_and_switch_without_a_gap()
     )
     .await
     .expect("edit");
-    eventually("the edit undone", Duration::from_secs(30), || {
-        let (cms, rendered) = (cms.clone(), rendered.clone());
-        async move {
-            match cms.get(cm_name).await {
-                Ok(cm) if cm.data == rendered => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        }
-    })
-    .await;
+    configmap_back(&cms, &rendered, "the edit undone").await;
     cms.delete(cm_name, &DeleteParams::default())
         .await
         .expect("delete");
-    eventually("the deletion undone", Duration::from_secs(30), || {
-        let (cms, rendered) = (cms.clone(), rendered.clone());
-        async move {
-            match cms.get_opt(cm_name).await {
-                Ok(Some(cm)) if cm.data == rendered => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        }
-    })
-    .await;
+    configmap_back(&cms, &rendered, "the deletion undone").await;
     assert!(counted() >= before + 2.0, "{before} -> {}", counted());
     let (ok, out) = kubectl(&bed, DELETE_AS_ALICE);
     assert!(!ok && out.contains(&static_name(RBAC)), "{out}");
@@ -237,45 +256,19 @@ async fn static_guards_hold_against_every_api_request_and_switch_without_a_gap()
     // keep denying, and their files are still put back: they are written beside the admission
     // service's objects, not after its gate.
     let pids = webhook_pids(bed.pods.path());
-    let signal = |sig: i32| {
-        for pid in &pids {
-            // Sends a signal to the test bed's own child processes.
-            #[allow(unsafe_code)]
-            let sent = unsafe { libc::kill(*pid as i32, sig) };
-            assert_eq!(sent, 0);
-        }
-    };
-    signal(libc::SIGSTOP);
-    eventually(
-        "admission-service NonCompliant",
-        Duration::from_secs(30),
-        || async {
-            match newest(&bed.mgmt, "admission-service").await {
-                (Some(c), m) if c == "NonCompliant" && m.contains("no ready replica") => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        },
-    )
-    .await;
+    signal_all(&pids, libc::SIGSTOP);
+    service_reported_down(&bed).await;
     cms.delete(cm_name, &DeleteParams::default())
         .await
         .expect("delete");
-    eventually(
+    configmap_back(
+        &cms,
+        &rendered,
         "the deletion undone while the service is down",
-        Duration::from_secs(30),
-        || {
-            let (cms, rendered) = (cms.clone(), rendered.clone());
-            async move {
-                match cms.get_opt(cm_name).await {
-                    Ok(Some(cm)) if cm.data == rendered => Ok(()),
-                    other => Err(format!("{other:?}")),
-                }
-            }
-        },
     )
     .await;
     let (ok, out) = kubectl(&bed, DELETE_AS_ALICE);
-    signal(libc::SIGCONT);
+    signal_all(&pids, libc::SIGCONT);
     assert!(
         !ok && out.contains(&static_name(RBAC)),
         "the static guard denies with the admission service stopped: {out}"
@@ -306,16 +299,7 @@ async fn static_guards_hold_against_every_api_request_and_switch_without_a_gap()
         asked.elapsed()
     );
     bed.agent.set_config(with_engine(GuardEngine::Static));
-    eventually("enforce again", Duration::from_secs(30), || {
-        let r = kubectl(&bed, DELETE_AS_ALICE);
-        async move {
-            match r {
-                (false, out) if out.contains(PROTECTED) => Ok(()),
-                (_, out) => Err(out),
-            }
-        }
-    })
-    .await;
+    alice_denied_again(&bed, "enforce again").await;
 
     // A changed exemption (alice exempt), the same way.
     let asked = Instant::now();
@@ -337,34 +321,18 @@ async fn static_guards_hold_against_every_api_request_and_switch_without_a_gap()
         asked.elapsed()
     );
     bed.agent.set_config(with_engine(GuardEngine::Static));
-    eventually("alice guarded again", Duration::from_secs(30), || {
-        let r = kubectl(&bed, DELETE_AS_ALICE);
-        async move {
-            match r {
-                (false, out) if out.contains(PROTECTED) => Ok(()),
-                (_, out) => Err(out),
-            }
-        }
-    })
-    .await;
+    alice_denied_again(&bed, "alice guarded again").await;
 
     // And back to the API-side policies, under load: the files go only after the policies
     // are proven.
     let load = GuardLoad::start(alice(&bed).await);
     tokio::time::sleep(Duration::from_secs(3)).await;
     bed.agent.set_config(with_engine(GuardEngine::Policy));
-    eventually(
+    wait_paths(
+        &bed,
+        &hosted,
+        (true, false),
         "the guards back on API-side policies",
-        Duration::from_secs(60),
-        || {
-            let p = paths(&bed, &hosted);
-            async move {
-                match p.await? {
-                    (true, false) => Ok(()),
-                    other => Err(format!("{other:?}")),
-                }
-            }
-        },
     )
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;

@@ -8,39 +8,18 @@ use super::*;
 /// is exactly why it must be reported. Resumed, it is Compliant again. Killed, likewise, until
 /// a rollout restart brings it back enforcing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-// Sends signals to child processes (libc::kill).
-#[allow(unsafe_code)]
 async fn a_stopped_admission_service_is_reported_within_five_seconds() {
     let bed = bed(through_the_service()).await;
     let pids = webhook_pids(bed.pods.path());
     assert_eq!(pids.len(), 2, "two admission replicas for hc-1: {pids:?}");
-    let signal = |sig: i32| {
-        for pid in &pids {
-            assert_eq!(unsafe { libc::kill(*pid as i32, sig) }, 0);
-        }
-    };
-    let reported = || async {
-        eventually(
-            "admission-service NonCompliant",
-            Duration::from_secs(30),
-            || async {
-                match newest(&bed.mgmt, "admission-service").await {
-                    (Some(c), m) if c == "NonCompliant" && m.contains("no ready replica") => Ok(()),
-                    other => Err(format!("{other:?}")),
-                }
-            },
-        )
-        .await;
-    };
-
-    signal(libc::SIGSTOP);
+    signal_all(&pids, libc::SIGSTOP);
     let stopped = Instant::now();
-    reported().await;
+    service_reported_down(&bed).await;
     let detected = stopped.elapsed();
     // Fail open meanwhile: the call times out and Ignore lets the request through.
     let (ok, out) = kubectl(&bed, DELETE_AS_ALICE);
     assert!(ok, "fail open: {out}");
-    signal(libc::SIGCONT);
+    signal_all(&pids, libc::SIGCONT);
     let resumed = Instant::now();
     wait_concern(&bed.mgmt, "admission-service", "Compliant").await;
     wait_concern(&bed.mgmt, "e2e-probe", "Compliant").await;
@@ -53,11 +32,11 @@ async fn a_stopped_admission_service_is_reported_within_five_seconds() {
     assert!(!ok && out.contains(PROTECTED), "enforcing again: {out}");
 
     // Killed: reported the same way, and back (kubectl rollout restart) enforcing.
-    signal(libc::SIGKILL);
+    signal_all(&pids, libc::SIGKILL);
     for pid in &pids {
         assert!(support::wait_gone(*pid, Duration::from_secs(5)));
     }
-    reported().await;
+    service_reported_down(&bed).await;
     rollout_restart(&bed).await;
     wait_concern(&bed.mgmt, "e2e-probe", "Compliant").await;
     let (ok, out) = kubectl(&bed, DELETE_AS_ALICE);
@@ -65,6 +44,30 @@ async fn a_stopped_admission_service_is_reported_within_five_seconds() {
     eprintln!(
         "stopped admission service: NonCompliant after {detected:?}, Compliant {recovered:?} after SIGCONT"
     );
+}
+
+/// Sends `sig` to each of the test bed's own child processes `pids`.
+// Sends signals to child processes (libc::kill).
+#[allow(unsafe_code)]
+pub(crate) fn signal_all(pids: &[u32], sig: i32) {
+    for pid in pids {
+        assert_eq!(unsafe { libc::kill(*pid as i32, sig) }, 0);
+    }
+}
+
+/// hc-1's admission-service concern reports no ready replica (within 30 s).
+pub(crate) async fn service_reported_down(bed: &Bed) {
+    eventually(
+        "admission-service NonCompliant",
+        Duration::from_secs(30),
+        || async {
+            match newest(&bed.mgmt, "admission-service").await {
+                (Some(c), m) if c == "NonCompliant" && m.contains("no ready replica") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
 }
 
 /// `kubectl rollout restart` of hc-1's admission Deployment.

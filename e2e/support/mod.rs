@@ -316,20 +316,9 @@ pub fn spawn_elected_agent_with(
     if let Some(s) = lease_seconds {
         cmd.args(["--lease-duration-seconds", &s.to_string()]);
     }
-    // As the test bed's own children (`localcp::process`): killed with this process even when
-    // it is killed by a signal and no destructor runs (KillOnDrop covers every other end).
-    // SAFETY: the closure runs in the forked child before exec and only calls prctl(2), which
-    // is async-signal-safe; it touches no memory shared with the parent.
-    #[allow(unsafe_code)]
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    // As the test bed's own children: killed with this process even when it is killed by a
+    // signal and no destructor runs (KillOnDrop covers every other end).
+    hcp_fleet_agent::localcp::process::die_with_parent(&mut cmd);
     let child = cmd.spawn().expect("agent process");
     let addr = format!("127.0.0.1:{port}").parse().expect("addr");
     (KillOnDrop(child), addr)

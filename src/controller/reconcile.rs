@@ -263,21 +263,11 @@ async fn phases(s: &Scope<'_>, found: &mut Found) -> Result<Action, Failure> {
     let mut installed = hosted_webhooks::ensure(s, &hosted, want).await?;
     hosted_drift.append(&mut installed.drift);
     found.drift_repaired += hosted_drift.len() as u64;
-    let unsettled = s.ctx.with_hcp(s.ns, |h| {
-        h.unsettled = if settled {
-            0
-        } else {
-            h.unsettled.saturating_add(1)
-        };
-        h.unsettled
-    });
+    let unsettled = s
+        .ctx
+        .with_hcp(s.ns, |h| in_a_row(&mut h.unsettled, !settled));
     let static_waits = s.ctx.with_hcp(s.ns, |h| {
-        h.static_waits = if installed.static_waiting {
-            h.static_waits.saturating_add(1)
-        } else {
-            0
-        };
-        h.static_waits
+        in_a_row(&mut h.static_waits, installed.static_waiting)
     });
     found.observe(
         Concern::HostedWebhooks,
@@ -581,18 +571,24 @@ fn random_fraction() -> f64 {
 /// first ten looks (a kubelet's volume update, then the server's reload), then doubling up to
 /// a minute (a server that does not load them: it may be restarted with them later).
 pub(crate) fn static_wait(looks: u32) -> Duration {
-    if looks <= 10 {
-        Duration::from_secs(1)
-    } else {
-        backoff(looks - 10)
-    }
+    steady_then_backoff(looks, 10, Duration::from_secs(1))
 }
 
 pub(crate) fn settle_wait(looks: u32) -> Duration {
-    const STEADY_LOOKS: u32 = 15;
-    if looks <= STEADY_LOOKS {
-        Duration::from_secs(2)
+    steady_then_backoff(looks, 15, Duration::from_secs(2))
+}
+
+/// `every` for the first `steady` looks, then `backoff` from there.
+fn steady_then_backoff(looks: u32, steady: u32, every: Duration) -> Duration {
+    if looks <= steady {
+        every
     } else {
-        backoff(looks - STEADY_LOOKS)
+        backoff(looks - steady)
     }
+}
+
+/// Counts `yes` in a row in `n` (back to 0 at a no); the count.
+fn in_a_row(n: &mut u32, yes: bool) -> u32 {
+    *n = if yes { n.saturating_add(1) } else { 0 };
+    *n
 }

@@ -102,9 +102,9 @@ pub(super) struct Statics {
     pub wanted: StaticGuards,
     /// The ConfigMap as rendered (`None`: no guard is static).
     config_map: Option<ConfigMap>,
-    /// Put in place in `ensure_before` (else left for `ensure_after`), and whether that wrote.
-    handled: bool,
-    written: bool,
+    /// Whether `ensure_before` wrote it, where it put it in place (`None`: left for
+    /// `ensure_after`).
+    written_before: Option<bool>,
     /// The drift `ensure_before` repaired (someone else's edit or deletion).
     pub note: Option<String>,
 }
@@ -128,8 +128,7 @@ impl Statics {
         let mut me = Self {
             wanted,
             config_map,
-            handled: false,
-            written: false,
+            written_before: None,
             note: None,
         };
         let Some(cm) = &me.config_map else {
@@ -149,9 +148,8 @@ impl Statics {
         });
         if adds_only {
             let (written, note) = me.put(s, cm).await?;
-            me.written = written;
+            me.written_before = Some(written);
             me.note = note;
-            me.handled = true;
         }
         Ok(me)
     }
@@ -194,7 +192,7 @@ impl Statics {
         let (ctx, ns) = (s.ctx, s.ns);
         let api = Api::<ConfigMap>::namespaced(ctx.client.clone(), ns);
         match &self.config_map {
-            Some(_) if self.handled => Ok(self.written),
+            Some(_) if let Some(written) = self.written_before => Ok(written),
             Some(cm) => self.put(s, cm).await.map(|(written, _)| written),
             // Known to the watch to be absent (the usual case: no guard static anywhere), no
             // request; a ConfigMap it has not delivered yet triggers another reconcile.

@@ -228,7 +228,17 @@ pub fn render(
     hcp_namespace: &str,
     features: HostedFeatures,
 ) -> Result<AdmissionPolicies, WebhookRenderError> {
-    let (policies, bindings, revision) = render_json(cfg, settings, hcp_namespace, features);
+    typed(
+        render_json(cfg, settings, hcp_namespace, features),
+        hcp_namespace,
+    )
+}
+
+/// A rendered set (`render_set`) in k8s-openapi's typed structs.
+pub(crate) fn typed(
+    (policies, bindings, revision): (Vec<Value>, Vec<Value>, Option<String>),
+    hcp_namespace: &str,
+) -> Result<AdmissionPolicies, WebhookRenderError> {
     let err = |e: serde_json::Error| WebhookRenderError {
         namespace: hcp_namespace.to_string(),
         reason: e.to_string(),

@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::ObjectMeta;
 use serde_json::Value;
 
-use super::admission_policies::{probe_name as api_probe_name, render_set};
+use super::admission_policies::{probe_name as api_probe_name, render_set, typed};
 use super::objects::WebhookRenderError;
 use crate::config::{AgentConfig, GuardEngine};
 use crate::guards::Settings;
@@ -89,24 +89,14 @@ pub fn render(
     settings: &Settings,
     hcp_namespace: &str,
 ) -> Result<StaticGuards, WebhookRenderError> {
-    let (policies, bindings, revision) =
-        render_set(cfg, settings, hcp_namespace, is_static, SUFFIX);
-    let err = |e: serde_json::Error| WebhookRenderError {
-        namespace: hcp_namespace.to_string(),
-        reason: e.to_string(),
-    };
+    let set = typed(
+        render_set(cfg, settings, hcp_namespace, is_static, SUFFIX),
+        hcp_namespace,
+    )?;
     Ok(StaticGuards {
-        policies: policies
-            .into_iter()
-            .map(serde_json::from_value)
-            .collect::<Result<_, _>>()
-            .map_err(err)?,
-        bindings: bindings
-            .into_iter()
-            .map(serde_json::from_value)
-            .collect::<Result<_, _>>()
-            .map_err(err)?,
-        revision,
+        policies: set.policies,
+        bindings: set.bindings,
+        revision: set.revision,
     })
 }
 

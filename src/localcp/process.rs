@@ -19,6 +19,22 @@ pub(crate) struct ManagedProcess {
     log_path: PathBuf,
 }
 
+/// `cmd`'s process is killed when the thread that starts it exits (PR_SET_PDEATHSIG), even by
+/// a signal no destructor sees.
+pub fn die_with_parent(cmd: &mut Command) {
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl(2),
+    // which is async-signal-safe; it touches no memory shared with the parent.
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 impl ManagedProcess {
     /// Starts `program` with stdout and stderr appended to `log_path`.
     ///
@@ -58,17 +74,7 @@ impl ManagedProcess {
             .stdout(log)
             .stderr(log2)
             .process_group(0);
-        // SAFETY: the closure runs in the forked child before exec and only calls prctl(2),
-        // which is async-signal-safe; it touches no memory shared with the parent.
-        #[allow(unsafe_code)]
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        die_with_parent(&mut cmd);
         let child = cmd.spawn().map_err(|source| LocalCpError::Spawn {
             component: component.to_string(),
             program: program.to_path_buf(),
