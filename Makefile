@@ -8,7 +8,7 @@ CARGO ?= cargo
 all: build
 
 build:
-	$(CARGO) build --all-targets
+	$(CARGO) build --workspace --all-targets
 
 assets:
 	@bash hack/testbed-versions.sh
@@ -28,14 +28,14 @@ test:
 # templates/crds.yaml from the agent's own resource types (src/crd/health.rs), and README.md
 # from the schema and values.yaml; docs/api.md from the resource types.
 chart-schema:
-	$(CARGO) build -q --bin hcp-fleet-agent
-	./target/debug/hcp-fleet-agent package values-schema > charts/hcp-fleet-agent/values.schema.json.tmp
+	$(CARGO) build -q -p hcp-fleet-e2e --bin hcp-fleet-dev
+	./target/debug/hcp-fleet-dev package values-schema > charts/hcp-fleet-agent/values.schema.json.tmp
 	mv charts/hcp-fleet-agent/values.schema.json.tmp charts/hcp-fleet-agent/values.schema.json
-	./target/debug/hcp-fleet-agent package crds > charts/hcp-fleet-agent/templates/crds.yaml.tmp
+	./target/debug/hcp-fleet-dev package crds > charts/hcp-fleet-agent/templates/crds.yaml.tmp
 	mv charts/hcp-fleet-agent/templates/crds.yaml.tmp charts/hcp-fleet-agent/templates/crds.yaml
-	./target/debug/hcp-fleet-agent package chart-readme > charts/hcp-fleet-agent/README.md.tmp
+	./target/debug/hcp-fleet-dev package chart-readme > charts/hcp-fleet-agent/README.md.tmp
 	mv charts/hcp-fleet-agent/README.md.tmp charts/hcp-fleet-agent/README.md
-	./target/debug/hcp-fleet-agent package api-reference > docs/api.md.tmp
+	./target/debug/hcp-fleet-dev package api-reference > docs/api.md.tmp
 	mv docs/api.md.tmp docs/api.md
 
 # policies/ from the rendered chart; never edit those files by hand (make test compares).
@@ -43,24 +43,24 @@ policies: chart-schema
 	bash hack/policies.sh policies
 
 unit:
-	$(CARGO) test --lib
+	$(CARGO) test --workspace --lib --bins
 
 e2e:
 	@helm="$$(bash hack/helm.sh)" && eval "$$(bash hack/prometheus.sh)" && versions="$$(bash hack/testbed-versions.sh)" && \
 	for assets in $$versions; do \
-	  KUBEBUILDER_ASSETS="$$assets" HELM="$$helm" $(CARGO) test --test '*'; \
+	  KUBEBUILDER_ASSETS="$$assets" HELM="$$helm" $(CARGO) test -p hcp-fleet-e2e --tests; \
 	done
 
 # A local fleet of three hosted clusters on the newest test-bed version; Ctrl-C stops it and
 # removes everything.
 demo:
-	@assets="$$(bash hack/testbed-versions.sh | tail -n 1)" && $(CARGO) build --bin hcp-fleet-agent && \
-	KUBEBUILDER_ASSETS="$$assets" ./target/debug/hcp-fleet-agent dev --hosted-clusters 3
+	@assets="$$(bash hack/testbed-versions.sh | tail -n 1)" && $(CARGO) build -p hcp-fleet-e2e --bin hcp-fleet-dev && \
+	KUBEBUILDER_ASSETS="$$assets" ./target/debug/hcp-fleet-dev dev --hosted-clusters 3
 
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --all-targets -- -D warnings
-	$(CARGO) clippy --no-default-features --features ring --lib --bins -- -D warnings
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy -p hcp-fleet-cli --no-default-features --features ring --lib --bins -- -D warnings
 	@bash hack/advisories.sh
 
 fmt:
@@ -77,13 +77,13 @@ fmt:
 # 250,1000; the growth curve: BENCH_SCALE_SIZES=250,1000,2000,3000; BENCH_SCALE_REAL,
 # BENCH_SCALE_DRIFTS, BENCH_SCALE_NEW, BENCH_IDLE_SECONDS).
 bench:
-	@eval "$$(bash hack/bench-tools.sh)" && $(CARGO) bench --bench admission
+	@eval "$$(bash hack/bench-tools.sh)" && $(CARGO) bench -p hcp-fleet-e2e --bench admission
 	@assets="$$(bash hack/testbed-versions.sh | tail -n 1)" && \
-	KUBEBUILDER_ASSETS="$$assets" $(CARGO) bench --bench engines && \
-	KUBEBUILDER_ASSETS="$$assets" $(CARGO) bench --bench fleet && \
-	KUBEBUILDER_ASSETS="$$assets" $(CARGO) bench --bench guards && \
-	KUBEBUILDER_ASSETS="$$assets" $(CARGO) bench --bench acm && \
-	KUBEBUILDER_ASSETS="$$assets" $(CARGO) bench --bench scale
+	KUBEBUILDER_ASSETS="$$assets" $(CARGO) bench -p hcp-fleet-e2e --bench engines && \
+	KUBEBUILDER_ASSETS="$$assets" $(CARGO) bench -p hcp-fleet-e2e --bench fleet && \
+	KUBEBUILDER_ASSETS="$$assets" $(CARGO) bench -p hcp-fleet-e2e --bench guards && \
+	KUBEBUILDER_ASSETS="$$assets" $(CARGO) bench -p hcp-fleet-e2e --bench acm && \
+	KUBEBUILDER_ASSETS="$$assets" $(CARGO) bench -p hcp-fleet-e2e --bench scale
 
 # The container image of Containerfile, as an OCI archive (target/image/hcp-fleet-agent.oci.tar),
 # without a container engine; `image-binary` builds only its static binary.
@@ -107,7 +107,7 @@ image-fips:
 # plugin naming). PLUGIN_DIR defaults to ~/.local/bin.
 PLUGIN_DIR ?= $(HOME)/.local/bin
 kubectl-plugin:
-	$(CARGO) build --release --bin hcp-fleet-agent
+	$(CARGO) build --release -p hcp-fleet-cli --bin hcp-fleet-agent
 	mkdir -p $(PLUGIN_DIR)
 	install -m 0755 target/release/hcp-fleet-agent $(PLUGIN_DIR)/kubectl-hcp_fleet
 	@echo "installed $(PLUGIN_DIR)/kubectl-hcp_fleet: run kubectl hcp-fleet status"

@@ -15,10 +15,10 @@ use support::{AGENT_NS, eventually, start_agent, template_rows, wait_compliant};
 
 use std::time::Duration;
 
-use hcp_fleet_agent::config::AgentConfig;
-use hcp_fleet_agent::crd::{AdmissionHealthPolicy, ComplianceHistory, HostedCluster, Policy};
-use hcp_fleet_agent::localcp::assets::Feature;
 use hcp_fleet_agent::managed_clusters::{EXTERNAL_KUBECONFIG, MANAGED_CLUSTER_ANNOTATION};
+use hcp_fleet_model::crd::{AdmissionHealthPolicy, ComplianceHistory, HostedCluster, Policy};
+use hcp_fleet_render::config::AgentConfig;
+use hcp_fleet_testbed::assets::Feature;
 use k8s_openapi::api::core::v1::{Event, Secret};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
@@ -26,7 +26,7 @@ use kube::{Api, Client, ResourceExt};
 /// Two hosted clusters with real admission services. The management cluster has ACM's current
 /// Policy CRD where the asset script or `HCP_FLEET_UPSTREAM_CRDS` provided it (the test bed
 /// installs it: `LocalFleet::policy_crd`), else the repository's.
-async fn fleet_with_acm() -> (hcp_fleet_agent::localcp::LocalFleet, Client, support::Pods) {
+async fn fleet_with_acm() -> (hcp_fleet_testbed::LocalFleet, Client, support::Pods) {
     support::fleet_with_pods(2).await
 }
 
@@ -60,7 +60,7 @@ async fn hub_says(
 }
 
 /// Starts a stopped hosted kube-apiserver again.
-async fn restart(fleet: &mut hcp_fleet_agent::localcp::LocalFleet, name: &str) {
+async fn restart(fleet: &mut hcp_fleet_testbed::LocalFleet, name: &str) {
     fleet
         .hosted_mut(name)
         .expect("hosted cluster")
@@ -304,7 +304,7 @@ async fn acm_reads_the_fleet_verdict_from_events_on_the_replicated_policy() {
 /// A klusterlet kubeconfig whose server is the kube-apiserver Service of `hcp_ns`.
 async fn put_klusterlet_kubeconfig(mgmt: &Client, cluster: &str, hcp_ns: &str) {
     let ns = format!("klusterlet-{cluster}");
-    hcp_fleet_agent::localcp::fixtures::ensure_namespace(mgmt, &ns, Default::default())
+    hcp_fleet_testbed::fixtures::ensure_namespace(mgmt, &ns, Default::default())
         .await
         .expect("the klusterlet's namespace");
     let yaml = format!(
@@ -356,7 +356,7 @@ async fn each_hosted_cluster_is_its_own_row_with_hosted_mode_addons() {
 
     let docs = acm::hub_objects();
     let (root, root_name) = acm::root_policy(&docs, "hcp-fleet-agent-hosted-clusters");
-    let template_name = hcp_fleet_agent::cmd::packaging::HOSTED_CLUSTER_TEMPLATE_NAME;
+    let template_name = hcp_fleet_cli::packaging::HOSTED_CLUSTER_TEMPLATE_NAME;
     // One replica and one template per managed cluster, in its klusterlet namespace. "hc-1"
     // is not a managed cluster here (hc-1 is prod-hc-1), nor is "hc-9".
     for x in ["prod-hc-1", "mgmt-hc-2", "hc-1", "hc-9"] {

@@ -30,14 +30,20 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use hcp_fleet_agent::certificates::{self, KeyedCert, Usage};
-use hcp_fleet_agent::config::{AgentConfig, GuardEngine, Mode};
+use hcp_fleet_render::certificates;
+
+use hcp_fleet_render::certificates::KeyedCert;
+
 use hcp_fleet_agent::controller::AdmissionEndpoints;
-use hcp_fleet_agent::crd::AdmissionHealth;
-use hcp_fleet_agent::guards::has_cel_form;
-use hcp_fleet_agent::localcp::assets::Feature;
-use hcp_fleet_agent::localcp::kubelet;
-use hcp_fleet_agent::management;
+use hcp_fleet_guards::catalogue::GuardEngine;
+use hcp_fleet_guards::has_cel_form;
+use hcp_fleet_model::Mode;
+use hcp_fleet_model::crd::AdmissionHealth;
+use hcp_fleet_render::certificates::Usage;
+use hcp_fleet_render::config::AgentConfig;
+use hcp_fleet_render::management;
+use hcp_fleet_testbed::assets::Feature;
+use hcp_fleet_testbed::kubelet;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::ClusterRole;
@@ -157,7 +163,7 @@ async fn grant_alice(bed: &Bed) {
 /// kubectl against hc-1 with `input` on its standard input: (success, stdout + stderr).
 fn kubectl_stdin(bed: &Bed, args: &[&str], input: &str) -> (bool, String) {
     use std::io::Write;
-    let assets = hcp_fleet_agent::localcp::Assets::resolve(None).expect("assets");
+    let assets = hcp_fleet_testbed::Assets::resolve(None).expect("assets");
     let mut child = Command::new(&assets.kubectl)
         .arg("--kubeconfig")
         .arg(&bed.fleet.hosted("hc-1").expect("hc-1").kubeconfig_path)
@@ -270,7 +276,7 @@ async fn each_guard_answers_through(engine: GuardEngine) {
     // Who answered, as the API server words it.
     let answered_by = |guard: &str| {
         if by_static {
-            let name = format!("{guard}{}", hcp_fleet_agent::hosted::static_guards::SUFFIX);
+            let name = format!("{guard}{}", hcp_fleet_render::hosted::static_guards::SUFFIX);
             format!(
                 "ValidatingAdmissionPolicy '{name}' with binding '{name}' denied request: hcp-fleet:"
             )
@@ -308,7 +314,7 @@ async fn each_guard_answers_through(engine: GuardEngine) {
     assert!(!ok && out.contains(PROTECTED), "{out}");
     assert!(out.contains(&answered_by(rbac)), "{out}");
     // No label exempts an object: one carrying the agent's own label is still guarded.
-    let owned = format!("{}=x", hcp_fleet_agent::hosted::objects::OWNED_LABEL);
+    let owned = format!("{}=x", hcp_fleet_render::hosted::objects::OWNED_LABEL);
     let (ok, out) = kubectl(&bed, &["label", "clusterrole", "cluster-admin", &owned]);
     assert!(ok, "{out}");
     let (ok, out) = kubectl(&bed, DELETE_AS_ALICE);
@@ -364,7 +370,7 @@ async fn each_guard_answers_through(engine: GuardEngine) {
     );
     assert!(
         !ok && out.contains(&answered_by("featuregate.hcp-fleet.openshift.io"))
-            && out.contains(hcp_fleet_agent::catalogue::denial::FEATURE_GATE),
+            && out.contains(hcp_fleet_guards::catalogue::denial::FEATURE_GATE),
         "{out}"
     );
     let (ok, out) = kubectl(
@@ -384,7 +390,7 @@ async fn each_guard_answers_through(engine: GuardEngine) {
 
     // The managed API groups belong to the service's operators (in a user's namespace:
     // default is exempt).
-    hcp_fleet_agent::localcp::fixtures::ensure_namespace(&hosted, "team-a", Default::default())
+    hcp_fleet_testbed::fixtures::ensure_namespace(&hosted, "team-a", Default::default())
         .await
         .expect("namespace");
     let (ok, out) = kubectl_stdin(
@@ -560,7 +566,7 @@ async fn each_guard_answers_through(engine: GuardEngine) {
     bed.agent.set_config(with_mode(cfg.clone(), Mode::Warn));
     let warned = format!("{rbac} (warn mode) would deny: {PROTECTED}");
     let prefix = if by_static {
-        let name = format!("{rbac}{}", hcp_fleet_agent::hosted::static_guards::SUFFIX);
+        let name = format!("{rbac}{}", hcp_fleet_render::hosted::static_guards::SUFFIX);
         format!(
             "Warning: Validation failed for ValidatingAdmissionPolicy '{name}' with binding '{name}': "
         )
@@ -899,7 +905,7 @@ async fn service_requests(bed: &Bed, webhook: &str) -> f64 {
 /// user is denied with the same message, through the service.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exempt_identities_never_call_the_service_where_the_api_server_filters_them() {
-    use hcp_fleet_agent::hosted::webhooks::VALIDATING_NAME;
+    use hcp_fleet_render::hosted::webhooks::VALIDATING_NAME;
     use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
     let bed = bed(through_the_service()).await;
     let filtered = support::serves(
@@ -947,7 +953,7 @@ async fn exempt_identities_never_call_the_service_where_the_api_server_filters_t
         .create(&PostParams::default(), &binding)
         .await
         .expect("binding");
-    hcp_fleet_agent::localcp::fixtures::ensure_namespace(&hosted, "team-a", Default::default())
+    hcp_fleet_testbed::fixtures::ensure_namespace(&hosted, "team-a", Default::default())
         .await
         .expect("namespace");
     let rbac = "protected-rbac.hcp-fleet.openshift.io";

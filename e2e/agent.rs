@@ -29,17 +29,17 @@ use support::{
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use hcp_fleet_agent::agent;
-use hcp_fleet_agent::config::AgentConfig;
-use hcp_fleet_agent::crd::{AdmissionHealth, AdmissionHealthPolicy, AdmissionHealthPolicySpec};
-use hcp_fleet_agent::hosted::objects::OWNED_LABEL;
-use hcp_fleet_agent::hosted::webhooks::{MUTATING_NAME, VALIDATING_NAME};
-use hcp_fleet_agent::localcp::assets::Feature;
-use hcp_fleet_agent::localcp::fixtures::{
+use hcp_fleet_cli::agent;
+use hcp_fleet_model::crd::{AdmissionHealth, AdmissionHealthPolicy, AdmissionHealthPolicySpec};
+use hcp_fleet_render::config::AgentConfig;
+use hcp_fleet_render::hosted::objects::OWNED_LABEL;
+use hcp_fleet_render::hosted::webhooks::{MUTATING_NAME, VALIDATING_NAME};
+use hcp_fleet_render::management::ALLOW_GUEST_WEBHOOKS;
+use hcp_fleet_testbed::assets::Feature;
+use hcp_fleet_testbed::fixtures::{
     SERVICE_NETWORK_KUBECONFIG, hcp_namespace, put_kubeconfig_secret,
 };
-use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet, kubelet};
-use hcp_fleet_agent::management::ALLOW_GUEST_WEBHOOKS;
+use hcp_fleet_testbed::{FleetOptions, LocalFleet, kubelet};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
@@ -78,7 +78,7 @@ async fn wait_template(mgmt: &Client, state: &str, total: usize, worst: &[&str])
             async move {
                 let (have, message, list) = template_rows(&mgmt, AGENT_NS, "fleet").await?;
                 if have == state
-                    && hcp_fleet_agent::reporting::summary_total(&message) == Some(total)
+                    && hcp_fleet_render::reporting::summary_total(&message) == Some(total)
                     && list == worst
                 {
                     Ok(())
@@ -231,7 +231,7 @@ async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
 
     // `status -o json` says what the table says.
     let table = status_table(&fleet);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-dev"))
         .args(["status", "-o", "json"])
         .env("KUBECONFIG", kubeconfig)
         .output()
@@ -269,11 +269,11 @@ async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
     // the PATH), `kubectl hcp-fleet status` prints the same table.
     let plugins = tempfile::tempdir().expect("tmp");
     std::os::unix::fs::symlink(
-        env!("CARGO_BIN_EXE_hcp-fleet-agent"),
+        env!("CARGO_BIN_EXE_hcp-fleet-dev"),
         plugins.path().join("kubectl-hcp_fleet"),
     )
     .expect("symlink");
-    let assets = hcp_fleet_agent::localcp::Assets::resolve(None).expect("assets");
+    let assets = hcp_fleet_testbed::Assets::resolve(None).expect("assets");
     let path = format!(
         "{}:{}",
         plugins.path().display(),
@@ -493,7 +493,7 @@ async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
                 .find(|c| c.name == "e2e-probe")
                 .and_then(|c| c.compliant);
             if compliant(&p) == Some("Compliant")
-                && probe == Some(hcp_fleet_agent::crd::ComplianceState::Compliant)
+                && probe == Some(hcp_fleet_model::crd::ComplianceState::Compliant)
             {
                 Ok(())
             } else {
@@ -604,7 +604,7 @@ async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
     for m in history_messages(&record, "hosted-webhooks") {
         assert!(!hcp_fleet_agent::human::shows_debug(&m), "{m}");
     }
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-dev"))
         .args(["status", "--problems", "-o", "wide", "--kubeconfig"])
         .arg(&fleet.management.kubeconfig_path)
         .output()
@@ -613,7 +613,7 @@ async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
     assert_eq!(out.status.code(), Some(1), "--problems found one: {text}");
     // Could not look is not the same as found a problem: exit 2, saying why.
     let status = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+        std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-dev"))
             .arg("status")
             .args(args)
             .output()
@@ -722,9 +722,9 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
     let mgmt = fleet.management.client().await.expect("mgmt");
     // An ACM hub whose Policy CRD predates Pending: ACM's own CRD of such a release where the
     // asset script provided it, else the repository's schema minus that enum value.
-    let own = hcp_fleet_agent::crd::CRD_MANIFESTS[1].1;
+    let own = hcp_fleet_model::crd::CRD_MANIFESTS[1].1;
     let old = fleet
-        .upstream_crd(hcp_fleet_agent::localcp::assets::UPSTREAM_POLICY_CRD)
+        .upstream_crd(hcp_fleet_testbed::assets::UPSTREAM_POLICY_CRD)
         .unwrap_or_else(|| {
             own.replace(
                 "enum: [Compliant, Pending, NonCompliant]",
@@ -739,7 +739,7 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
         &serde_json::json!(["Compliant", "NonCompliant"]),
         "the variant really lacks Pending"
     );
-    hcp_fleet_agent::localcp::fixtures::install_crd_manifests(
+    hcp_fleet_testbed::fixtures::install_crd_manifests(
         &mgmt,
         [("policies.policy.open-cluster-management.io", old.as_str())],
     )
@@ -747,7 +747,7 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
     .expect("old CRD");
     // hc-3's kube-apiserver is down; hc-2's HCP is not ready yet (Pending, written as NonCompliant).
     fleet.hosted_mut("hc-3").expect("hc-3").stop();
-    hcp_fleet_agent::localcp::fixtures::set_hcp_ready(&mgmt, "clusters-hc-2", "hc-2", false)
+    hcp_fleet_testbed::fixtures::set_hcp_ready(&mgmt, "clusters-hc-2", "hc-2", false)
         .await
         .expect("unready");
     let pods = tempfile::tempdir().expect("tmp");
@@ -863,7 +863,7 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
         .start()
         .await
         .expect("restart hc-3");
-    hcp_fleet_agent::localcp::fixtures::set_hcp_ready(&mgmt, "clusters-hc-2", "hc-2", true)
+    hcp_fleet_testbed::fixtures::set_hcp_ready(&mgmt, "clusters-hc-2", "hc-2", true)
         .await
         .expect("ready");
     wait_compliant(&mgmt, &["hc-1", "hc-2", "hc-3"]).await;
@@ -938,7 +938,7 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
     let accepted = |want: &'static str, text: &'static str| {
         let mgmt = mgmt.clone();
         async move {
-            let r = Api::<hcp_fleet_agent::crd::admission_rollout::AdmissionRollout>::namespaced(
+            let r = Api::<hcp_fleet_model::crd::admission_rollout::AdmissionRollout>::namespaced(
                 mgmt, AGENT_NS,
             )
             .get("fleet")
@@ -966,12 +966,12 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
     .await;
     assert_eq!(
         *agent.context.config(),
-        hcp_fleet_agent::localcp::allow_loopback(AgentConfig::default()),
+        hcp_fleet_testbed::allow_loopback(AgentConfig::default()),
         "last good configuration kept"
     );
     // A file as an operator writes one: a `webhooks:` list naming the one guard it changes,
     // and the mutating guard turned off by name. Every other built-in stays.
-    let defaults = hcp_fleet_agent::localcp::allow_loopback(AgentConfig::default());
+    let defaults = hcp_fleet_testbed::allow_loopback(AgentConfig::default());
     let mut file = serde_json::to_value(&defaults).expect("json");
     let mut changed = defaults.webhooks[0].clone();
     changed.timeout_seconds = 3;
@@ -979,7 +979,7 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
     let mutating: Vec<String> = defaults
         .webhooks
         .iter()
-        .filter(|w| w.kind == hcp_fleet_agent::config::WebhookKind::Mutating)
+        .filter(|w| w.kind == hcp_fleet_guards::catalogue::WebhookKind::Mutating)
         .map(|w| w.name.clone())
         .collect();
     file["disabledGuards"] = serde_json::json!(mutating);
@@ -999,7 +999,7 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
         running
             .webhooks
             .iter()
-            .filter(|w| w.mode != hcp_fleet_agent::config::Mode::Off)
+            .filter(|w| w.mode != hcp_fleet_model::Mode::Off)
             .count(),
         defaults.webhooks.len() - mutating.len()
     );
@@ -1044,7 +1044,7 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
 
     // hc-3's HCP is deleted: its row, its series and its cached client go.
     let clients_before = agent.context.hosted_clients();
-    Api::<hcp_fleet_agent::crd::HostedControlPlane>::namespaced(mgmt.clone(), "clusters-hc-3")
+    Api::<hcp_fleet_model::crd::HostedControlPlane>::namespaced(mgmt.clone(), "clusters-hc-3")
         .delete("hc-3", &DeleteParams::default())
         .await
         .expect("delete HCP");
@@ -1055,7 +1055,7 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
             let (_, message, rows) = template_rows(&mgmt, AGENT_NS, "fleet").await?;
             let (_, body) = support::http_get(addr, "/metrics").await?;
             if !rows.contains(&"clusters-hc-3".to_string())
-                && hcp_fleet_agent::reporting::summary_total(&message) == Some(2)
+                && hcp_fleet_render::reporting::summary_total(&message) == Some(2)
                 && !body.contains("clusters-hc-3")
                 && body.contains("hcp_fleet_hosted_clusters 2")
                 && ctx.hosted_clients() + 1 == clients_before
@@ -1083,7 +1083,7 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
 
 /// The `status` command's table, run as an SRE runs it against the management cluster.
 fn status_table(fleet: &LocalFleet) -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-dev"))
         .arg("status")
         .env("KUBECONFIG", &fleet.management.kubeconfig_path)
         .output()

@@ -25,10 +25,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use hcp_fleet_agent::config::AgentConfig;
-use hcp_fleet_agent::crd::{AdmissionHealth, AdmissionHealthPolicy, ComplianceState};
-use hcp_fleet_agent::localcp::fixtures::hcp_namespace;
 use hcp_fleet_agent::metrics::Metrics;
+use hcp_fleet_model::crd::{AdmissionHealth, AdmissionHealthPolicy, ComplianceState};
+use hcp_fleet_render::config::AgentConfig;
+use hcp_fleet_testbed::fixtures::hcp_namespace;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
 use tokio::sync::mpsc::UnboundedSender;
@@ -128,12 +128,12 @@ async fn run() -> Result<(), String> {
     let client =
         hcp_fleet_agent::metrics::counted_client(config, metrics.management_requests.clone(), None)
             .map_err(|e| e.to_string())?;
-    let agent = hcp_fleet_agent::agent::start_with_metrics(
+    let agent = hcp_fleet_cli::agent::start_with_metrics(
         client,
-        hcp_fleet_agent::localcp::allow_loopback(AgentConfig::default()),
-        hcp_fleet_agent::agent::StartOptions {
+        hcp_fleet_testbed::allow_loopback(AgentConfig::default()),
+        hcp_fleet_cli::agent::StartOptions {
             agent_namespace: support::AGENT_NS.into(),
-            endpoints: hcp_fleet_agent::localcp::kubelet::endpoints(),
+            endpoints: hcp_fleet_testbed::kubelet::endpoints(),
         },
         metrics.clone(),
     )
@@ -143,7 +143,7 @@ async fn run() -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let _server = hcp_fleet_agent::agent::serve(listener, agent.context.metrics.clone());
+    let _server = hcp_fleet_cli::agent::serve(listener, agent.context.metrics.clone());
     let names: Vec<String> = fleet.hosted.keys().cloned().collect();
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     support::wait_compliant(&mgmt, &refs).await;

@@ -26,7 +26,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use hcp_fleet_agent::certificates::{self, Usage};
+use hcp_fleet_render::certificates;
+use hcp_fleet_render::certificates::Usage;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 
@@ -67,12 +68,12 @@ impl Drop for Server {
 }
 
 fn start(dir: &Path, baseline: bool) -> Result<Server, String> {
-    let port = hcp_fleet_agent::localcp::free_port().map_err(|e| e.to_string())?;
+    let port = hcp_fleet_testbed::free_port().map_err(|e| e.to_string())?;
     start_on(dir, baseline, port)
 }
 
 fn start_on(dir: &Path, baseline: bool, port: u16) -> Result<Server, String> {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-dev"));
     cmd.args([
         "webhook",
         "--bind",
@@ -95,7 +96,7 @@ fn start_on(dir: &Path, baseline: bool, port: u16) -> Result<Server, String> {
 
 async fn wait_ready(port: u16, ca: &str) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while hcp_fleet_agent::localcp::kubelet::https_get(port, ca, "/readyz")
+    while hcp_fleet_testbed::kubelet::https_get(port, ca, "/readyz")
         .await
         .map(|r| r.0)
         != Ok(200)
@@ -202,7 +203,7 @@ fn server_quantiles(before: &str, after: &str, webhook: &str, qs: &[f64]) -> Vec
 }
 
 async fn metrics(port: u16, ca: &str) -> String {
-    hcp_fleet_agent::localcp::kubelet::https_get(port, ca, "/metrics")
+    hcp_fleet_testbed::kubelet::https_get(port, ca, "/metrics")
         .await
         .map(|r| r.1)
         .unwrap_or_default()
@@ -231,7 +232,7 @@ async fn run_one(
     conc: usize,
     secs: u64,
 ) -> Result<Row, String> {
-    let tls = hcp_fleet_agent::localcp::kubelet::tls_connector(ca)?;
+    let tls = hcp_fleet_testbed::kubelet::tls_connector(ca)?;
     let body = Bytes::from(review_body());
     // Warm-up: connections, TLS sessions, allocator.
     let warm = Instant::now() + Duration::from_millis(500);
@@ -260,7 +261,7 @@ async fn run_one(
 
 /// The body of one answer to `body` on the protected-RBAC path, over a fresh connection.
 async fn answer(port: u16, ca: &str, body: Bytes) -> Result<String, String> {
-    let tls = hcp_fleet_agent::localcp::kubelet::tls_connector(ca)?;
+    let tls = hcp_fleet_testbed::kubelet::tls_connector(ca)?;
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .map_err(|e| e.to_string())?;
@@ -385,7 +386,7 @@ async fn against_go(dir: &Path, ca: &str, secs: u64) -> Result<(), String> {
     );
     let mut rows: BTreeMap<usize, (Option<WrkRow>, Option<WrkRow>)> = BTreeMap::new();
     for (name, go) in [("service", false), ("go", true)] {
-        let port = hcp_fleet_agent::localcp::free_port().map_err(|e| e.to_string())?;
+        let port = hcp_fleet_testbed::free_port().map_err(|e| e.to_string())?;
         let server = if go {
             // Its log is one line per connection closed before a handshake (the readiness
             // checks), nothing the benchmark reads.

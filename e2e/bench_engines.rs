@@ -22,10 +22,13 @@ use support::env_num;
 
 use std::time::{Duration, Instant};
 
-use hcp_fleet_agent::agent::{self, StartOptions};
-use hcp_fleet_agent::config::{AgentConfig, GuardEngine};
-use hcp_fleet_agent::guards::has_cel_form;
-use hcp_fleet_agent::localcp::{LocalFleet, kubelet};
+use hcp_fleet_cli::agent;
+
+use hcp_fleet_cli::agent::StartOptions;
+use hcp_fleet_guards::catalogue::GuardEngine;
+use hcp_fleet_guards::has_cel_form;
+use hcp_fleet_render::config::AgentConfig;
+use hcp_fleet_testbed::{LocalFleet, kubelet};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -37,7 +40,7 @@ const INGRESS: &str = "ingress-config.hcp-fleet.openshift.io";
 const PROTECTED: &str = "hcp-fleet: deleting the protected ClusterRole \"cluster-admin\"";
 
 fn with_engine(engine: GuardEngine) -> AgentConfig {
-    let mut cfg = hcp_fleet_agent::localcp::allow_loopback(AgentConfig::default());
+    let mut cfg = hcp_fleet_testbed::allow_loopback(AgentConfig::default());
     for w in &mut cfg.webhooks {
         if has_cel_form(&w.path) {
             w.engine = engine;

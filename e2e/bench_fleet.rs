@@ -21,9 +21,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use hcp_fleet_agent::crd::AdmissionHealth;
-use hcp_fleet_agent::localcp::fixtures::{self, hcp_namespace};
-use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet, free_port, kubelet};
+use hcp_fleet_model::crd::AdmissionHealth;
+use hcp_fleet_testbed::fixtures;
+use hcp_fleet_testbed::fixtures::hcp_namespace;
+use hcp_fleet_testbed::{FleetOptions, LocalFleet, free_port, kubelet};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
 
@@ -59,7 +60,7 @@ async fn run() -> Result<(), String> {
     let _kubelet = kubelet::spawn(
         mgmt.clone(),
         kubelet::KubeletOptions {
-            binary: Some(env!("CARGO_BIN_EXE_hcp-fleet-agent").into()),
+            binary: Some(env!("CARGO_BIN_EXE_hcp-fleet-dev").into()),
             dir: fleet.state_dir().join("kubelet"),
         },
     );
@@ -70,9 +71,8 @@ async fn run() -> Result<(), String> {
         .parse()
         .map_err(|e| format!("{e}"))?;
     let config = fleet.state_dir().join("agent-config.yaml");
-    std::fs::write(&config, hcp_fleet_agent::localcp::agent_config_yaml())
-        .map_err(|e| e.to_string())?;
-    let mut agent = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+    std::fs::write(&config, hcp_fleet_testbed::agent_config_yaml()).map_err(|e| e.to_string())?;
+    let mut agent = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-dev"))
         .args(["agent", "--config"])
         .arg(&config)
         .args([
@@ -110,9 +110,9 @@ async fn run() -> Result<(), String> {
                 .applied_objects()
         );
         while let Some(Ok(p)) = s.next().await {
-            if hcp_fleet_agent::reporting::is_health_record(&p)
+            if hcp_fleet_render::reporting::is_health_record(&p)
                 && p.status.as_ref().and_then(|s| s.compliant)
-                    == Some(hcp_fleet_agent::crd::ComplianceState::Compliant)
+                    == Some(hcp_fleet_model::crd::ComplianceState::Compliant)
             {
                 let _ = tx.send((p.namespace().unwrap_or_default(), Instant::now()));
             }

@@ -40,11 +40,11 @@ use support::{env_num, percentile};
 
 use std::time::{Duration, Instant};
 
-use hcp_fleet_agent::agent;
-use hcp_fleet_agent::config::AgentConfig;
-use hcp_fleet_agent::crd::AdmissionHealth;
-use hcp_fleet_agent::hosted::webhooks::VALIDATING_NAME;
-use hcp_fleet_agent::localcp::assets::Feature;
+use hcp_fleet_cli::agent;
+use hcp_fleet_model::crd::AdmissionHealth;
+use hcp_fleet_render::config::AgentConfig;
+use hcp_fleet_render::hosted::webhooks::VALIDATING_NAME;
+use hcp_fleet_testbed::assets::Feature;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding, ValidatingWebhookConfiguration,
 };
@@ -491,11 +491,11 @@ async fn sustained_static(
     let seconds = env_num("BENCH_SUSTAIN_SECONDS", 30);
     let mut cfg = AgentConfig::default();
     for w in &mut cfg.webhooks {
-        if hcp_fleet_agent::guards::has_cel_form(&w.path) {
-            w.engine = hcp_fleet_agent::config::GuardEngine::Static;
+        if hcp_fleet_guards::has_cel_form(&w.path) {
+            w.engine = hcp_fleet_guards::catalogue::GuardEngine::Static;
         }
     }
-    agent.set_config(hcp_fleet_agent::localcp::allow_loopback(cfg));
+    agent.set_config(hcp_fleet_testbed::allow_loopback(cfg));
     let policies = Api::<ValidatingAdmissionPolicy>::all(hosted.clone());
     let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(hosted.clone());
     let moved = wait_for(
@@ -514,7 +514,7 @@ async fn sustained_static(
         "static guards (every guard with a CEL form loaded from files; moved from the API-side policies in {} ms):",
         moved.as_millis()
     );
-    let name = format!("{GUARD}{}", hcp_fleet_agent::hosted::static_guards::SUFFIX);
+    let name = format!("{GUARD}{}", hcp_fleet_render::hosted::static_guards::SUFFIX);
     let sel =
         json!({"spec": {"matchResources": {"objectSelector": {"matchLabels": {"tenant": "off"}}}}});
     let forged: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({

@@ -49,11 +49,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use hcp_fleet_agent::config::{AgentConfig, Mode};
-use hcp_fleet_agent::crd::{AdmissionHealth, ComplianceState};
-use hcp_fleet_agent::hosted::webhooks::VALIDATING_NAME;
-use hcp_fleet_agent::localcp::fixtures::{self, hcp_namespace};
-use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet, allow_loopback, free_port, kubelet};
+use hcp_fleet_model::Mode;
+use hcp_fleet_model::crd::{AdmissionHealth, ComplianceState};
+use hcp_fleet_render::config::AgentConfig;
+use hcp_fleet_render::hosted::webhooks::VALIDATING_NAME;
+use hcp_fleet_testbed::fixtures;
+use hcp_fleet_testbed::fixtures::hcp_namespace;
+use hcp_fleet_testbed::{FleetOptions, LocalFleet, allow_loopback, free_port, kubelet};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicyBinding, ValidatingWebhookConfiguration,
 };
@@ -76,7 +78,7 @@ impl Health {
                 let Ok(mut m) = me.0.lock() else { return };
                 match ev {
                     watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
-                        if !hcp_fleet_agent::reporting::is_health_record(&p) {
+                        if !hcp_fleet_render::reporting::is_health_record(&p) {
                             continue;
                         }
                         let ns = p.namespace().unwrap_or_default();
@@ -196,10 +198,10 @@ impl Agent {
         let mut cmd = match words.next() {
             Some(w) => {
                 let mut c = Command::new(w);
-                c.args(words).arg(env!("CARGO_BIN_EXE_hcp-fleet-agent"));
+                c.args(words).arg(env!("CARGO_BIN_EXE_hcp-fleet-dev"));
                 c
             }
-            None => Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent")),
+            None => Command::new(env!("CARGO_BIN_EXE_hcp-fleet-dev")),
         };
         let child = cmd
             .args(["agent", "--config"])
@@ -382,7 +384,7 @@ fn agent_config(flip: bool) -> Result<String, String> {
         let w = cfg
             .webhooks
             .iter_mut()
-            .find(|w| w.path == hcp_fleet_agent::guards::featuregate::ROW.path)
+            .find(|w| w.path == hcp_fleet_guards::featuregate::ROW.path)
             .ok_or("no feature-gate guard in the defaults")?;
         w.mode = Mode::Warn;
     }
@@ -393,7 +395,7 @@ fn flipped_guard() -> Result<String, String> {
     AgentConfig::default()
         .webhooks
         .iter()
-        .find(|w| w.path == hcp_fleet_agent::guards::featuregate::ROW.path)
+        .find(|w| w.path == hcp_fleet_guards::featuregate::ROW.path)
         .map(|w| w.name.clone())
         .ok_or_else(|| "no feature-gate guard in the defaults".into())
 }
@@ -487,7 +489,7 @@ async fn run() -> Result<(), String> {
     let _real_kubelet = kubelet::spawn_for(
         mgmt.clone(),
         kubelet::KubeletOptions {
-            binary: Some(env!("CARGO_BIN_EXE_hcp-fleet-agent").into()),
+            binary: Some(env!("CARGO_BIN_EXE_hcp-fleet-dev").into()),
             dir: fleet.state_dir().join("kubelet"),
         },
         is_real,
@@ -645,7 +647,7 @@ async fn run() -> Result<(), String> {
         agent.stop();
         if !last {
             let t = Instant::now();
-            let out = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+            let out = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-dev"))
                 .args(["uninstall", "--config"])
                 .arg(&config_path)
                 .args(["--namespace", "hcp-fleet-agent"])
@@ -888,7 +890,7 @@ async fn measure_at_scale(
     health.all(&all, Duration::from_secs(300)).await?;
     // The fleet table an SRE asks for at this size.
     let t = Instant::now();
-    let table = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+    let table = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-dev"))
         .arg("status")
         .env("KUBECONFIG", &fleet.management.kubeconfig_path)
         .output()

@@ -17,12 +17,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use hcp_fleet_agent::agent;
-use hcp_fleet_agent::config::AgentConfig;
-use hcp_fleet_agent::localcp::fixtures::{
+use hcp_fleet_cli::agent;
+use hcp_fleet_render::config::AgentConfig;
+use hcp_fleet_testbed::fixtures::{
     AGENT_NAMESPACE, SERVICE_NETWORK_KUBECONFIG, put_kubeconfig_secret,
 };
-use hcp_fleet_agent::localcp::kubelet::LOCAL_REPLICAS_ANNOTATION;
+use hcp_fleet_testbed::kubelet::LOCAL_REPLICAS_ANNOTATION;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::{Api, ResourceExt};
 use serde_json::Value;
@@ -295,8 +295,8 @@ fn annotation_labels(annotations: &Value) -> BTreeSet<String> {
 /// The ServiceMonitor the agent wrote for `ns`'s admission service, as Prometheus would read
 /// it: (replica addresses, CA PEM, server name, path).
 async fn admission_target(mgmt: &kube::Client, ns: &str) -> (Vec<String>, String, String, String) {
-    use hcp_fleet_agent::config::MonitoringApi;
-    use hcp_fleet_agent::management::service_monitor_resource;
+    use hcp_fleet_render::config::MonitoringApi;
+    use hcp_fleet_render::management::service_monitor_resource;
     let ar = service_monitor_resource(MonitoringApi::Coreos).expect("a group");
     let sm = Api::<kube::api::DynamicObject>::namespaced_with(mgmt.clone(), ns, &ar)
         .get("hcp-fleet-admission")
@@ -363,11 +363,11 @@ async fn a_real_prometheus_evaluates_every_rule_and_dashboard_query_on_a_fleet()
     // What the dashboard shows must exist: an override, and (once Prometheus watches, so it
     // sees the counters rise from zero) a broken cluster and a drift repaired.
     let overrides =
-        Api::<hcp_fleet_agent::crd::admission_rollout::HostedAdmissionOverride>::namespaced(
+        Api::<hcp_fleet_model::crd::admission_rollout::HostedAdmissionOverride>::namespaced(
             mgmt.clone(),
             "clusters-hc-1",
         );
-    let o: hcp_fleet_agent::crd::admission_rollout::HostedAdmissionOverride =
+    let o: hcp_fleet_model::crd::admission_rollout::HostedAdmissionOverride =
         serde_json::from_value(serde_json::json!({
             "apiVersion": "hcp-fleet.openshift.io/v1alpha1",
             "kind": "HostedAdmissionOverride",
@@ -474,7 +474,7 @@ async fn a_real_prometheus_evaluates_every_rule_and_dashboard_query_on_a_fleet()
     .await;
     let vapi = support::delete_validating(&fleet, "hc-1").await;
     eventually("the repair", Duration::from_secs(20), || async {
-        vapi.get(hcp_fleet_agent::hosted::webhooks::VALIDATING_NAME)
+        vapi.get(hcp_fleet_render::hosted::webhooks::VALIDATING_NAME)
             .await
             .map(|_| ())
             .map_err(|e| e.to_string())

@@ -27,11 +27,11 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use hcp_fleet_agent::cmd::packaging;
-use hcp_fleet_agent::localcp::assets::Feature;
-use hcp_fleet_agent::localcp::fixtures::{AGENT_NAMESPACE, hcp_namespace};
-use hcp_fleet_agent::localcp::{FleetOptions, LocalFleet};
 use hcp_fleet_agent::metrics::Metrics;
+use hcp_fleet_cli::packaging;
+use hcp_fleet_testbed::assets::Feature;
+use hcp_fleet_testbed::fixtures::{AGENT_NAMESPACE, hcp_namespace};
+use hcp_fleet_testbed::{FleetOptions, LocalFleet};
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::{Scope, pinned_kind};
@@ -183,7 +183,7 @@ fn helm_lint_passes_and_the_schema_refuses_bad_values() {
         }
         assert!(
             !named.iter().any(|n| (n.starts_with("hcp-fleet-admission-")
-                && *n != hcp_fleet_agent::management::METRICS_READER_ROLE)
+                && *n != hcp_fleet_render::management::METRICS_READER_ROLE)
                 || *n == "service-network-admin-kubeconfig"),
             "{role_name}: the default names are gone: {named:?}"
         );
@@ -202,7 +202,7 @@ fn committed_packaging_files_are_fresh() {
     let status = Command::new("bash")
         .arg(repo().join("hack/policies.sh"))
         .arg(out.path())
-        .env("HCP_FLEET_AGENT_BIN", env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+        .env("HCP_FLEET_AGENT_BIN", env!("CARGO_BIN_EXE_hcp-fleet-dev"))
         .env("HELM", helm())
         .status()
         .expect("hack/policies.sh");
@@ -323,7 +323,7 @@ async fn install_test_crds(client: &Client) {
         })
         .collect();
     files.sort();
-    hcp_fleet_agent::localcp::fixtures::install_crd_manifests(
+    hcp_fleet_testbed::fixtures::install_crd_manifests(
         client,
         files.iter().map(|(n, t)| (n.as_str(), t.as_str())),
     )
@@ -361,7 +361,7 @@ async fn rendered_chart_and_policies_pass_server_side_dry_run() {
 
     // The hub objects go into their namespace; the SelectorSyncSet is cluster-scoped.
     let hub = read_docs(&repo().join("policies/policy.yaml"));
-    hcp_fleet_agent::localcp::fixtures::ensure_namespace(
+    hcp_fleet_testbed::fixtures::ensure_namespace(
         &client,
         "hcp-fleet-policies",
         Default::default(),
@@ -447,7 +447,7 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
     assert_eq!(rbac.len(), rbac_kinds.len() + 5);
     assert!(
         rbac.iter().any(|o| o["kind"] == "ClusterRole"
-            && o["metadata"]["name"] == hcp_fleet_agent::management::METRICS_READER_ROLE),
+            && o["metadata"]["name"] == hcp_fleet_render::management::METRICS_READER_ROLE),
         "the chart ships the ClusterRole the agent binds"
     );
     // With a Prometheus Operator on the cluster, the agent writes monitors and bindings too.
@@ -526,7 +526,7 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
             &format!("{ns}'s framework addon may list the template kind there"),
             Duration::from_secs(30),
             || {
-                let api: Api<hcp_fleet_agent::crd::AdmissionHealthPolicy> =
+                let api: Api<hcp_fleet_model::crd::AdmissionHealthPolicy> =
                     Api::namespaced(client.clone(), ns);
                 async move {
                     api.list(&ListParams::default())
@@ -550,7 +550,7 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
     };
     assert_eq!(
         status_code(
-            Api::<hcp_fleet_agent::crd::AdmissionHealthPolicy>::namespaced(
+            Api::<hcp_fleet_model::crd::AdmissionHealthPolicy>::namespaced(
                 other,
                 "klusterlet-hc-a"
             )
@@ -582,17 +582,17 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
 
     // An ACM template of the agent's kind, owned by a Policy as ACM's framework addon leaves
     // it: the agent must write its status and the compliance Event on that Policy.
-    let parent: hcp_fleet_agent::crd::Policy = serde_json::from_value(json!({
+    let parent: hcp_fleet_model::crd::Policy = serde_json::from_value(json!({
         "apiVersion": "policy.open-cluster-management.io/v1", "kind": "Policy",
         "metadata": {"name": "fleet", "namespace": AGENT_NAMESPACE},
         "spec": {"disabled": false, "policy-templates": []},
     }))
     .expect("Policy");
-    let parent = Api::<hcp_fleet_agent::crd::Policy>::namespaced(admin.clone(), AGENT_NAMESPACE)
+    let parent = Api::<hcp_fleet_model::crd::Policy>::namespaced(admin.clone(), AGENT_NAMESPACE)
         .create(&PostParams::default(), &parent)
         .await
         .expect("create Policy");
-    let template: hcp_fleet_agent::crd::AdmissionHealthPolicy = serde_json::from_value(json!({
+    let template: hcp_fleet_model::crd::AdmissionHealthPolicy = serde_json::from_value(json!({
         "apiVersion": "hcp-fleet.openshift.io/v1alpha1", "kind": "AdmissionHealthPolicy",
         "metadata": {"name": "fleet-report", "namespace": AGENT_NAMESPACE, "ownerReferences": [{
             "apiVersion": "policy.open-cluster-management.io/v1", "kind": "Policy",
@@ -601,7 +601,7 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
         "spec": {"remediationAction": "inform"},
     }))
     .expect("template");
-    let templates: Api<hcp_fleet_agent::crd::AdmissionHealthPolicy> =
+    let templates: Api<hcp_fleet_model::crd::AdmissionHealthPolicy> =
         Api::namespaced(admin.clone(), AGENT_NAMESPACE);
     templates
         .create(&PostParams::default(), &template)
@@ -611,7 +611,7 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
     // The whole job: both hosted clusters Compliant (admission service deployed, certificate
     // issued, webhooks installed, probe answered) in their health records, the template's
     // verdict written, events recorded.
-    let records: Api<hcp_fleet_agent::crd::AdmissionHealth> = Api::all(admin.clone());
+    let records: Api<hcp_fleet_model::crd::AdmissionHealth> = Api::all(admin.clone());
     eventually(
         "the fleet is Compliant under the chart's RBAC",
         Duration::from_secs(90),
@@ -628,7 +628,7 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
                         .iter()
                         .find(|p| {
                             p.metadata.namespace.as_deref() == Some(ns)
-                                && hcp_fleet_agent::reporting::is_health_record(p)
+                                && hcp_fleet_render::reporting::is_health_record(p)
                         })
                         .and_then(|p| p.status.as_ref()?.compliant)
                         .map(|c| c.as_str())
@@ -646,7 +646,7 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
                 let total = st
                     .message
                     .as_deref()
-                    .and_then(hcp_fleet_agent::reporting::summary_total);
+                    .and_then(hcp_fleet_render::reporting::summary_total);
                 if st.compliant.map(|c| c.as_str()) != Some("Compliant") || total != Some(2) {
                     return Err(format!("template: {:?} {:?}", st.compliant, st.message));
                 }
@@ -701,8 +701,8 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
         },
     )
     .await;
-    let monitor = hcp_fleet_agent::management::service_monitor_resource(
-        hcp_fleet_agent::config::MonitoringApi::Coreos,
+    let monitor = hcp_fleet_render::management::service_monitor_resource(
+        hcp_fleet_render::config::MonitoringApi::Coreos,
     )
     .expect("group");
     for hc in ["hc-1", "hc-2"] {
@@ -737,7 +737,7 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
     let token_of = |ns: &'static str, name: &'static str| {
         let admin = admin.clone();
         async move {
-            hcp_fleet_agent::localcp::fixtures::ensure_namespace(&admin, ns, Default::default())
+            hcp_fleet_testbed::fixtures::ensure_namespace(&admin, ns, Default::default())
                 .await
                 .expect("namespace");
             let sas = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(admin, ns);
@@ -906,7 +906,7 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
         (
             "delete a HostedControlPlane",
             status_code(
-                Api::<hcp_fleet_agent::crd::HostedControlPlane>::namespaced(sa.clone(), &hc1)
+                Api::<hcp_fleet_model::crd::HostedControlPlane>::namespaced(sa.clone(), &hc1)
                     .delete("hc-1", &Default::default())
                     .await,
             ),
@@ -932,7 +932,7 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
         .get("service-network-admin-kubeconfig")
         .await
         .expect("the kubeconfig secret, by name");
-    Api::<hcp_fleet_agent::crd::HostedControlPlane>::all(sa.clone())
+    Api::<hcp_fleet_model::crd::HostedControlPlane>::all(sa.clone())
         .list(&ListParams::default())
         .await
         .expect("list HCPs");
@@ -999,7 +999,7 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
     }
     // The HostedClusters' metadata and the klusterlets' kubeconfigs, by name: which HCP an
     // ACM managed cluster is (docs/reporting.md).
-    Api::<kube::api::PartialObjectMeta<hcp_fleet_agent::crd::HostedCluster>>::all(sa.clone())
+    Api::<kube::api::PartialObjectMeta<hcp_fleet_model::crd::HostedCluster>>::all(sa.clone())
         .list_metadata(&ListParams::default())
         .await
         .expect("list HostedClusters");
@@ -1024,7 +1024,7 @@ const ADDON_ACCOUNT: &str = "governance-policy-framework-sa";
 /// A framework addon's account in `ns` (made first), as ACM's hosted mode creates one per
 /// hosted cluster in `klusterlet-<name>`.
 async fn addon_account(admin: &Client, ns: &str) {
-    hcp_fleet_agent::localcp::fixtures::ensure_namespace(admin, ns, Default::default())
+    hcp_fleet_testbed::fixtures::ensure_namespace(admin, ns, Default::default())
         .await
         .expect("namespace");
     let sa: k8s_openapi::api::core::v1::ServiceAccount =
@@ -1063,7 +1063,7 @@ async fn acm_enforcing_the_generated_policy_undoes_nothing<F, Fut>(
     let crb = ApiResource::erase::<ClusterRoleBinding>(&());
     let may_list = |ns: String| async move {
         let client = as_addon(&ns).await;
-        Api::<hcp_fleet_agent::crd::AdmissionHealthPolicy>::namespaced(client, &ns)
+        Api::<hcp_fleet_model::crd::AdmissionHealthPolicy>::namespaced(client, &ns)
             .list(&ListParams::default())
             .await
             .is_ok()

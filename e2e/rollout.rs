@@ -17,15 +17,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use hcp_fleet_agent::config::{AgentConfig, LabelSelector, MaxUnavailable};
-use hcp_fleet_agent::crd::admission_rollout::{
+use hcp_fleet_guards::catalogue::LabelSelector;
+use hcp_fleet_model::crd::admission_rollout::{
     AdmissionRollout, HostedAdmissionOverride, ROLLOUT_NAME, RolloutPhase,
 };
-use hcp_fleet_agent::crd::{AdmissionHealth, HostedControlPlane};
-use hcp_fleet_agent::localcp::assets::Feature;
-use hcp_fleet_agent::localcp::fixtures::hcp_namespace;
-use hcp_fleet_agent::management::{MANAGED_BY, MANAGED_BY_VALUE, deployment_rolled_out};
-use hcp_fleet_agent::rollout::{REVISION_ANNOTATION, Revision};
+use hcp_fleet_model::crd::{AdmissionHealth, HostedControlPlane};
+use hcp_fleet_model::names::{MANAGED_BY, MANAGED_BY_VALUE};
+use hcp_fleet_render::config::{AgentConfig, MaxUnavailable};
+use hcp_fleet_render::management::deployment_rolled_out;
+use hcp_fleet_render::rollout::{REVISION_ANNOTATION, Revision};
+use hcp_fleet_testbed::assets::Feature;
+use hcp_fleet_testbed::fixtures::hcp_namespace;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -38,7 +40,7 @@ const CANARY: (&str, &str) = ("hcp-fleet.openshift.io/wave", "canary");
 /// The test bed's configuration with a quick rollout: the canary label, one HCP at a time,
 /// 3 s of soak, 40 s to be done.
 fn config() -> AgentConfig {
-    let mut cfg = hcp_fleet_agent::localcp::allow_loopback(AgentConfig::default());
+    let mut cfg = hcp_fleet_testbed::allow_loopback(AgentConfig::default());
     cfg.rollout.canary_selector = LabelSelector {
         match_labels: BTreeMap::from([(CANARY.0.to_string(), CANARY.1.to_string())]),
         ..Default::default()
@@ -49,11 +51,7 @@ fn config() -> AgentConfig {
     cfg
 }
 
-fn with_mode(
-    mut cfg: AgentConfig,
-    guard: &str,
-    mode: hcp_fleet_agent::config::Mode,
-) -> AgentConfig {
+fn with_mode(mut cfg: AgentConfig, guard: &str, mode: hcp_fleet_model::Mode) -> AgentConfig {
     for w in &mut cfg.webhooks {
         if w.name.starts_with(guard) {
             w.mode = mode;
@@ -92,7 +90,7 @@ async fn wait_phase(
         let target = target.map(str::to_string);
         async move {
             let st = rollout(&mgmt).await?.status.unwrap_or_default();
-            let on = |r: &Option<hcp_fleet_agent::crd::admission_rollout::RevisionRecord>| {
+            let on = |r: &Option<hcp_fleet_model::crd::admission_rollout::RevisionRecord>| {
                 r.as_ref().map(|r| r.revision.clone())
             };
             let ok = st.phase == phase
@@ -235,7 +233,7 @@ async fn waves_a_leader_change_and_two_bad_revisions_that_halt_and_roll_back() {
     let mut agents = Vec::new();
     let rev0 = {
         for name in ["agent-a", "agent-b"] {
-            let port = hcp_fleet_agent::localcp::free_port().expect("port");
+            let port = hcp_fleet_testbed::free_port().expect("port");
             let path = kubeconfig.with_file_name(format!("rollout-{name}-{port}.yaml"));
             paths.push(path.clone());
             write(&paths, &config());
@@ -266,7 +264,7 @@ async fn waves_a_leader_change_and_two_bad_revisions_that_halt_and_roll_back() {
 
     // A good revision (a guard to warn: every Deployment's settings change).
     let (history, _recorder) = record(&mgmt);
-    let good = with_mode(config(), "featuregate", hcp_fleet_agent::config::Mode::Warn);
+    let good = with_mode(config(), "featuregate", hcp_fleet_model::Mode::Warn);
     let rev1 = write(&paths, &good);
     // Kill the leader once the canary is done and before the last batch has finished.
     eventually("the canary is done", Duration::from_secs(60), || {
@@ -496,12 +494,12 @@ async fn an_override_is_checked_pins_its_hcp_and_its_removal_rejoins_the_fleet()
     }))
     .await
     .expect("a good override");
-    let agent = hcp_fleet_agent::agent::start(
+    let agent = hcp_fleet_cli::agent::start(
         mgmt.clone(),
         cfg.clone(),
-        hcp_fleet_agent::agent::StartOptions {
+        hcp_fleet_cli::agent::StartOptions {
             agent_namespace: AGENT_NS.into(),
-            endpoints: hcp_fleet_agent::localcp::kubelet::endpoints(),
+            endpoints: hcp_fleet_testbed::kubelet::endpoints(),
         },
     )
     .await
@@ -527,11 +525,7 @@ async fn an_override_is_checked_pins_its_hcp_and_its_removal_rejoins_the_fleet()
     .await;
     wait_on(&mgmt, &ns1, &rev0, Duration::from_secs(90)).await;
     wait_on(&mgmt, &ns2, &rev0, Duration::from_secs(90)).await;
-    let next = with_mode(
-        cfg.clone(),
-        "featuregate",
-        hcp_fleet_agent::config::Mode::Warn,
-    );
+    let next = with_mode(cfg.clone(), "featuregate", hcp_fleet_model::Mode::Warn);
     let rev1 = Revision::of(&next).id;
     agent.set_config(next);
     wait_on(&mgmt, &ns1, &rev1, Duration::from_secs(60)).await;
@@ -569,7 +563,7 @@ async fn an_override_is_checked_pins_its_hcp_and_its_removal_rejoins_the_fleet()
 /// threshold of one failure. The canary is the tenant's cluster, the worst place for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_failing_its_own_probe_does_not_halt_the_rollout() {
-    use hcp_fleet_agent::catalogue::PROBE_LABEL;
+    use hcp_fleet_guards::catalogue::PROBE_LABEL;
     use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
     let (fleet, mgmt, _pods) = support::fleet_with_pods(3).await;
     let nss: Vec<String> = ["hc-1", "hc-2", "hc-3"]
@@ -623,7 +617,7 @@ async fn a_tenant_failing_its_own_probe_does_not_halt_the_rollout() {
             .map(|e| e.message.clone())
             .unwrap_or_default();
         if probe.starts_with("NonCompliant")
-            && probe.contains(hcp_fleet_agent::guards::probe::FOREIGN_ANSWER)
+            && probe.contains(hcp_fleet_guards::probe::FOREIGN_ANSWER)
         {
             Ok(())
         } else {
@@ -632,11 +626,7 @@ async fn a_tenant_failing_its_own_probe_does_not_halt_the_rollout() {
     })
     .await;
     // A new revision: the canary (hc-2) is excused, the others get it, the rollout completes.
-    let next = with_mode(
-        cfg.clone(),
-        "featuregate",
-        hcp_fleet_agent::config::Mode::Warn,
-    );
+    let next = with_mode(cfg.clone(), "featuregate", hcp_fleet_model::Mode::Warn);
     let rev1 = Revision::of(&next).id;
     agent.set_config(next);
     let done = wait_phase(

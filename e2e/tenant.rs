@@ -13,9 +13,9 @@ use support::{AGENT_NS, eventually, wait_compliant};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use hcp_fleet_agent::hosted::objects::OWNED_LABEL;
-use hcp_fleet_agent::hosted::webhooks::VALIDATING_NAME;
-use hcp_fleet_agent::localcp::fixtures::{SERVICE_NETWORK_KUBECONFIG, put_kubeconfig_secret};
+use hcp_fleet_render::hosted::objects::OWNED_LABEL;
+use hcp_fleet_render::hosted::webhooks::VALIDATING_NAME;
+use hcp_fleet_testbed::fixtures::{SERVICE_NETWORK_KUBECONFIG, put_kubeconfig_secret};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client};
@@ -28,7 +28,7 @@ const TENANT_OBJECT_BYTES: usize = 900 * 1024;
 /// a deleted guard in each hosted cluster: its peak resident memory (KiB) over all of it, and
 /// the repair times.
 async fn run_agent(
-    fleet: &hcp_fleet_agent::localcp::LocalFleet,
+    fleet: &hcp_fleet_testbed::LocalFleet,
     mgmt: &Client,
     name: &str,
 ) -> (u64, Duration, Duration) {
@@ -77,7 +77,7 @@ async fn run_agent(
 
 /// Deletes the agent's validating configuration in `cluster` and returns how long the agent
 /// took to put it back.
-async fn repair_time(fleet: &hcp_fleet_agent::localcp::LocalFleet, cluster: &str) -> Duration {
+async fn repair_time(fleet: &hcp_fleet_testbed::LocalFleet, cluster: &str) -> Duration {
     let vapi = support::delete_validating(fleet, cluster).await;
     let t0 = Instant::now();
     // Looked at every 10 ms: `eventually`'s pace would be what is measured.
@@ -109,7 +109,7 @@ async fn a_tenants_labelled_objects_cost_the_agent_nothing_it_keeps() {
         .expect("hc-1 client");
     let policies = fleet
         .version
-        .serves(hcp_fleet_agent::localcp::assets::Feature::AdmissionPolicies);
+        .serves(hcp_fleet_testbed::assets::Feature::AdmissionPolicies);
     let vapi = Api::<ValidatingWebhookConfiguration>::all(hosted.clone());
     let papi =
         Api::<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy>::all(hosted);
@@ -197,7 +197,8 @@ async fn a_malformed_token_is_quoted_nowhere() {
             .with_writer(move || Captured(sink.clone()))
             .finish(),
     );
-    let _agent = support::start_agent(&mgmt, hcp_fleet_agent::config::AgentConfig::default()).await;
+    let _agent =
+        support::start_agent(&mgmt, hcp_fleet_render::config::AgentConfig::default()).await;
     eventually(
         "the refusal is recorded",
         Duration::from_secs(30),

@@ -11,10 +11,17 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hcp_fleet_agent::crd::{HCP_NAMESPACE_LABEL, HostedControlPlane, Policy, PolicySpec};
-use hcp_fleet_agent::localcp::assets::Feature;
-use hcp_fleet_agent::localcp::fixtures::{SERVICE_NETWORK_KUBECONFIG, hcp_namespace};
-use hcp_fleet_agent::localcp::{self, FleetOptions, LocalCpError, LocalFleet};
+use hcp_fleet_model::crd::HCP_NAMESPACE_LABEL;
+
+use hcp_fleet_model::crd::HostedControlPlane;
+
+use hcp_fleet_model::crd::Policy;
+
+use hcp_fleet_model::crd::PolicySpec;
+use hcp_fleet_testbed as localcp;
+use hcp_fleet_testbed::assets::Feature;
+use hcp_fleet_testbed::fixtures::{SERVICE_NETWORK_KUBECONFIG, hcp_namespace};
+use hcp_fleet_testbed::{FleetOptions, LocalCpError, LocalFleet};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::Api;
 use kube::api::{ListParams, PostParams};
@@ -232,7 +239,7 @@ async fn the_asset_script_rejects_an_unusable_kubebuilder_assets() {
     let out = Command::new("bash")
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/hack/testbed-assets.sh"
+            "/../hack/testbed-assets.sh"
         ))
         .env("KUBEBUILDER_ASSETS", empty.path())
         .output()
@@ -254,7 +261,7 @@ async fn the_asset_script_honours_a_usable_kubebuilder_assets() {
     let out = Command::new("bash")
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/hack/testbed-assets.sh"
+            "/../hack/testbed-assets.sh"
         ))
         .env("KUBEBUILDER_ASSETS", &dir)
         .output()
@@ -338,7 +345,7 @@ async fn an_apiserver_that_fails_to_start_shows_its_log_tail() {
 async fn dev_runs_until_ctrl_c_and_leaves_no_orphans() {
     let assets = assets_or_skip_reason().expect("test bed assets");
     let parent = tempfile::tempdir().expect("tempdir");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-dev"))
         .args(["dev", "--hosted-clusters", "1", "--state-parent"])
         .arg(parent.path())
         .env("KUBEBUILDER_ASSETS", &assets.dir)
@@ -462,7 +469,7 @@ async fn render_prints_objects_a_real_apiserver_accepts() {
     if !fleet.version.serves(Feature::AdmissionPolicies) {
         args.push("--no-admission-policies");
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+    let out = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-dev"))
         .args(&args)
         .output()
         .expect("render");
@@ -557,10 +564,11 @@ async fn render_prints_objects_a_real_apiserver_accepts() {
 /// admission service starts (and its Deployment becomes available) once the Secret appears.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_kubelet_retries_a_pod_until_its_secret_appears() {
-    use hcp_fleet_agent::certificates::CertBundle;
-    use hcp_fleet_agent::config::AgentConfig;
     use hcp_fleet_agent::controller::AdmissionEndpoints;
-    use hcp_fleet_agent::management::{self, HcpInputs, PdbApi};
+    use hcp_fleet_render::certificates::CertBundle;
+    use hcp_fleet_render::config::AgentConfig;
+    use hcp_fleet_render::management;
+    use hcp_fleet_render::management::{HcpInputs, PdbApi};
     use k8s_openapi::api::apps::v1::Deployment;
     use k8s_openapi::api::core::v1::Service;
 
@@ -584,7 +592,7 @@ async fn the_kubelet_retries_a_pod_until_its_secret_appears() {
             certs: &certs,
             pdb_api: PdbApi::None,
             scheduling: &Default::default(),
-            monitoring: hcp_fleet_agent::config::MonitoringApi::None,
+            monitoring: hcp_fleet_render::config::MonitoringApi::None,
             revision: None,
         },
     )
@@ -603,7 +611,7 @@ async fn the_kubelet_retries_a_pod_until_its_secret_appears() {
     let kubelet = localcp::kubelet::spawn(
         mgmt.clone(),
         localcp::kubelet::KubeletOptions {
-            binary: Some(env!("CARGO_BIN_EXE_hcp-fleet-agent").into()),
+            binary: Some(env!("CARGO_BIN_EXE_hcp-fleet-dev").into()),
             dir: dir.path().to_path_buf(),
         },
     );

@@ -25,15 +25,15 @@ command -v cmake >/dev/null || apt_install cmake || die "cmake is needed for AWS
 command -v go >/dev/null || apt_install golang-go || die "Go is needed for AWS-LC's FIPS build"
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target/fips}"
-features=(--no-default-features --features fips,testbed)
+features=(--no-default-features --features fips)
 
 if [ "${1:-}" != image ]; then
   start=$SECONDS
-  cargo build --locked "${features[@]}" --lib --bins --test admission >&2
+  cargo build --locked "${features[@]}" -p hcp-fleet-cli -p hcp-fleet-e2e --bins --test admission >&2
   say "built the FIPS variant's tests in $((SECONDS - start)) s"
-  cargo test --locked "${features[@]}" --lib crypto:: >&2
+  cargo test --locked "${features[@]}" -p hcp-fleet-guards --lib crypto:: >&2
   assets="$(bash hack/testbed-versions.sh | tail -n 1)"
-  KUBEBUILDER_ASSETS="$assets" cargo test --locked "${features[@]}" --test admission -- \
+  KUBEBUILDER_ASSETS="$assets" cargo test --locked "${features[@]}" -p hcp-fleet-e2e --test admission -- \
     the_service_offers_its_builds_protocols_and_suites_only \
     each_guard_answers_through_its_webhook >&2
 fi

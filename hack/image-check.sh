@@ -107,7 +107,12 @@ sha = hashlib.sha256(open(binary, "rb").read()).hexdigest()
 assert image["metadata"]["component"]["hashes"][0]["content"] == digest, "image SBOM names another image"
 for bom in (image, binary_bom):
     assert bom["bomFormat"] == "CycloneDX"
-    named = [c for c in [bom["metadata"]["component"]] + bom["components"] if c.get("name") == "hcp-fleet-agent"]
+    # The binary's component (the cli crate's) carries its path in the image and its hash.
+    named = [
+        c for c in [bom["metadata"]["component"]] + bom["components"]
+        if {"name": "hcp-fleet:path", "value": "/usr/bin/hcp-fleet-agent"} in c.get("properties", [])
+    ]
+    assert named, "no component of the SBOM is /usr/bin/hcp-fleet-agent"
     assert any(h["content"] == sha for c in named for h in c.get("hashes", [])), "SBOM names another binary"
 print(f"[image-check] SBOMs: {len(binary_bom['components'])} crates, image {desc['digest']}", file=sys.stderr)
 PY

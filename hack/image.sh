@@ -38,12 +38,12 @@ esac
 target=x86_64-unknown-linux-gnu
 binary="${CARGO_TARGET_DIR:-target}/$target/release/hcp-fleet-agent"
 # --target keeps this build apart from the debug one (build scripts stay dynamic, host-built).
-# Without the test bed (the `testbed` feature: etcd and kube-apiserver supervision, the
-# stand-in kubelet, `dev`, `package`): none of it ships.
+# The cli crate's binary, whose dependency graph has no test bed (etcd and kube-apiserver
+# supervision, the stand-in kubelet, `dev`, `package`: crates/testbed and e2e/'s hcp-fleet-dev).
 cargo_home="${CARGO_HOME:-$HOME/.cargo}"
 build() {
   RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static --remap-path-prefix=$cargo_home=/cargo --remap-path-prefix=$PWD=/src" \
-    cargo build --release --locked --no-default-features --features "$features" --target "$target" --bin hcp-fleet-agent >&2
+    cargo build --release --locked --no-default-features --features "$features" --target "$target" -p hcp-fleet-cli --bin hcp-fleet-agent >&2
 }
 before="$(stat -c %Y "$binary" 2>/dev/null || echo none)"
 build
@@ -65,7 +65,7 @@ digest="$(write)" || die "cannot write the image"
 echo "$digest" >"$work/hcp-fleet-agent.oci.digest"
 say "$repository:$tag@$digest -> $archive ($(du -h "$archive" | cut -f1))"
 if [ "${1:-}" = reproduce ]; then
-  # The project's own crate compiled again from scratch (its dependencies are cargo's cached
+  # The project's own crates compiled again from scratch (its dependencies are cargo's cached
   # builds of the same locked sources), and the image written again. A binary cargo did not
   # compile this time, whose bytes are the ones an earlier run compiled twice to one image, has
   # shown it already: it is not compiled a third time (`make test` with nothing changed).
@@ -76,7 +76,8 @@ if [ "${1:-}" = reproduce ]; then
     say "reproduced earlier: this binary (sha256:$sum) is the second of two compiles that gave one image; not compiled again"
   else
     rm -f "$verified"
-    cargo clean --release --target "$target" -p hcp-fleet-agent >&2
+    cargo clean --release --target "$target" -p hcp-fleet-model -p hcp-fleet-guards -p hcp-fleet-render \
+      -p hcp-fleet-webhook -p hcp-fleet-agent -p hcp-fleet-cli >&2
     build
     digest="$(write)" || die "cannot write the image"
     [ "$digest" = "$first" ] || die "two builds of one source gave two images: $first, then $digest"

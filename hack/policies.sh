@@ -5,12 +5,13 @@
 #
 # `make policies` runs it on policies/; e2e/packaging.rs runs it on a temporary directory and
 # fails when the committed files differ, so this is the one place the rendering is defined.
-# HCP_FLEET_AGENT_BIN names the agent binary (default target/debug/hcp-fleet-agent).
+# HCP_FLEET_AGENT_BIN names a binary with the `package` command (default
+# target/debug/hcp-fleet-dev, the test bed's build: the image's has no `package`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-policies}"
-bin="${HCP_FLEET_AGENT_BIN:-target/debug/hcp-fleet-agent}"
-[ -x "$bin" ] || { echo "[policies] error: $bin is not built (cargo build)" >&2; exit 1; }
+bin="${HCP_FLEET_AGENT_BIN:-target/debug/hcp-fleet-dev}"
+[ -x "$bin" ] || { echo "[policies] error: $bin is not built (cargo build -p hcp-fleet-e2e --bin hcp-fleet-dev)" >&2; exit 1; }
 helm="$(bash hack/helm.sh)"
 rendered="$(mktemp)"
 trap 'rm -f "$rendered"' EXIT

@@ -34,15 +34,19 @@ if ! { [ -x "$CDX" ] && "$CDX" cyclonedx --version 2>/dev/null | grep -q "$CDX_V
     cargo install --locked --quiet --root "$TOOLS" --version "$CDX_VERSION" cargo-cyclonedx >&2
 fi
 
-# cargo-cyclonedx writes beside Cargo.toml; it is moved from there at once.
+# cargo-cyclonedx writes beside each Cargo.toml of the workspace; the image's binary is the cli
+# crate's, whose file is moved from there at once and the others removed.
 raw="hcp-fleet-agent.sbom-raw"
-rm -f "$raw.json"
+members=(crates/*/ e2e/)
+clean() { for m in "${members[@]}"; do rm -f "$m$raw.json"; done; }
+clean
 "$CDX" cyclonedx --quiet --format json --spec-version 1.5 --no-default-features --features "${SBOM_FEATURES:-ring}" \
-  --target "$target" --override-filename "$raw" >&2
-mv "$raw.json" "$out/cargo-cyclonedx.json"
+  --target "$target" --override-filename "$raw" --manifest-path crates/cli/Cargo.toml >&2
+mv "crates/cli/$raw.json" "$out/cargo-cyclonedx.json"
+clean
 # The crates the image's build compiles, as cargo resolves them (normal and build
 # dependencies, the image's features and target), to hold the SBOM to.
-cargo tree --locked --no-default-features --features "${SBOM_FEATURES:-ring}" --target "$target" -e normal,build \
+cargo tree --locked -p hcp-fleet-cli --no-default-features --features "${SBOM_FEATURES:-ring}" --target "$target" -e normal,build \
   --prefix none --format '{p}' --no-dedupe 2>/dev/null | sort -u >"$out/binary-crates.txt"
 python3 hack/sbom-check.py "$out/cargo-cyclonedx.json" "$out/binary-crates.txt" Cargo.lock \
   "$binary" "$ref" "$digest" "$epoch" "$out"

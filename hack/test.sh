@@ -49,8 +49,8 @@ tb_pid=$!
   echo "[test] the image took $(( (SECONDS - image_start) / 60 )) min $(( (SECONDS - image_start) % 60 )) s at idle priority, beside the tests"
 ) >"$work/image.log" 2>&1 &
 image_pid=$!
-"$cargo" test --lib --bins
-"$cargo" test --no-run --test '*'
+"$cargo" test --workspace --lib --bins
+"$cargo" test -p hcp-fleet-e2e --no-run --tests
 wait "$tb_pid" || { echo "[test] the test bed could not be built (above)" >&2; exit 1; }
 tb_pid=""
 mapfile -t versions <"$work/versions"
@@ -59,8 +59,8 @@ mapfile -t versions <"$work/versions"
 # Two lanes of about equal length (measured on 1.20: admission 204 s + packaging 18 +
 # testbed 18; agent 139 + rollout 99).
 lanes=("--test admission --test packaging --test testbed --test tenant" "--test agent --test rollout --test acm --test monitoring")
-# Every [[test]] of Cargo.toml runs in one lane: a new e2e binary left out fails here.
-for t in $(awk '/^\[\[test\]\]/{t=1} t && /^name *=/{gsub(/[" ]/,"",$0); sub(/name=/,""); print; t=0}' Cargo.toml); do
+# Every [[test]] of e2e/Cargo.toml runs in one lane: a new e2e binary left out fails here.
+for t in $(awk '/^\[\[test\]\]/{t=1} t && /^name *=/{gsub(/[" ]/,"",$0); sub(/name=/,""); print; t=0}' e2e/Cargo.toml); do
   [[ " ${lanes[*]} " == *" --test $t "* ]] || { echo "[test] e2e binary '$t' is in no lane of hack/test.sh" >&2; exit 1; }
 done
 label() { echo "$("$1/kube-apiserver" --version) ($1)"; }
@@ -70,7 +70,7 @@ for assets in "${versions[@]}"; do
   pids=()
   for i in "${!lanes[@]}"; do
     # shellcheck disable=SC2086 # the lane is a list of cargo arguments
-    KUBEBUILDER_ASSETS="$assets" "$cargo" test --no-fail-fast ${lanes[$i]} >"$work/e2e-$i.log" 2>&1 &
+    KUBEBUILDER_ASSETS="$assets" "$cargo" test -p hcp-fleet-e2e --no-fail-fast ${lanes[$i]} >"$work/e2e-$i.log" 2>&1 &
     pids+=("$!")
   done
   result=passed

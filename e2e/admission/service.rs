@@ -48,8 +48,8 @@ pub(crate) async fn standalone_service_with(
 ) -> (std::process::Child, u16, String, tempfile::TempDir) {
     hcp_fleet_agent::tls::install_crypto_provider();
     let (ca, dir) = loopback_serving_files("t");
-    let port = hcp_fleet_agent::localcp::free_port().expect("port");
-    let child = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+    let port = hcp_fleet_testbed::free_port().expect("port");
+    let child = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-dev"))
         .args([
             "webhook",
             "--bind",
@@ -233,13 +233,13 @@ async fn malformed_requests_get_clear_client_errors() {
     assert!(status.success(), "{status}");
 }
 
-/// Every guard's table of cases (`hcp_fleet_agent::guards`), sent as AdmissionReviews to the
+/// Every guard's table of cases (`hcp_fleet_guards`), sent as AdmissionReviews to the
 /// real admission service over TLS: each answer is the one the table asks for (a denial, or
 /// for the mutation a patch; in warn mode a warning), and the service's answer names the same
 /// request. The same tables run through each guard's CEL form in the unit tests.
 #[tokio::test]
 async fn every_guards_cases_through_the_admission_service_over_tls() {
-    use hcp_fleet_agent::guards::{ALL, Want};
+    use hcp_fleet_guards::{ALL, Want};
     let (mut child, port, ca_pem, _dir) = standalone_service().await;
     let mut checked = 0;
     for g in ALL {
@@ -288,7 +288,7 @@ fn openssl_handshake(port: u16, ca: &Path, args: &[&str]) -> (bool, String) {
 #[tokio::test]
 async fn the_service_offers_its_builds_protocols_and_suites_only() {
     let fips = cfg!(feature = "fips");
-    assert_eq!(hcp_fleet_agent::crypto::fips_mode(), fips);
+    assert_eq!(hcp_fleet_guards::crypto::fips_mode(), fips);
     let (mut child, port, ca, dir) = standalone_service().await;
     let ca_file = dir.path().join("client-ca.crt");
     std::fs::write(&ca_file, ca).expect("ca file");
@@ -325,14 +325,14 @@ async fn the_service_offers_its_builds_protocols_and_suites_only() {
     // Nothing older than TLS 1.2, in either build.
     let (ok, text) = openssl_handshake(port, &ca_file, &["-tls1_1"]);
     assert!(!ok, "TLS 1.1 accepted:\n{text}");
-    let out = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+    let out = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-dev"))
         .arg("version")
         .output()
         .expect("version");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(text.contains(&format!("fips: {fips}")), "{text}");
-    assert!(text.contains(hcp_fleet_agent::crypto::LIBRARY), "{text}");
+    assert!(text.contains(hcp_fleet_guards::crypto::LIBRARY), "{text}");
     let _ = child.kill();
     let _ = child.wait();
 }

@@ -13,7 +13,7 @@ use kube::api::ListParams;
 const RBAC: &str = "protected-rbac.hcp-fleet.openshift.io";
 
 fn static_name(guard: &str) -> String {
-    format!("{guard}{}", hcp_fleet_agent::hosted::static_guards::SUFFIX)
+    format!("{guard}{}", hcp_fleet_render::hosted::static_guards::SUFFIX)
 }
 
 /// Whether protected RBAC has its API-side policy, and whether hc-1's ConfigMap of static
@@ -25,7 +25,7 @@ async fn paths(bed: &Bed, hosted: &Client) -> Result<(bool, bool), String> {
         .map_err(|e| e.to_string())?
         .is_some();
     let files = Api::<ConfigMap>::namespaced(bed.mgmt.clone(), NS)
-        .get_opt(hcp_fleet_agent::hosted::static_guards::CONFIG_MAP)
+        .get_opt(hcp_fleet_render::hosted::static_guards::CONFIG_MAP)
         .await
         .map_err(|e| e.to_string())?
         .is_some();
@@ -52,7 +52,7 @@ async fn configmap_back(
     rendered: &Option<std::collections::BTreeMap<String, String>>,
     what: &str,
 ) {
-    let name = hcp_fleet_agent::hosted::static_guards::CONFIG_MAP;
+    let name = hcp_fleet_render::hosted::static_guards::CONFIG_MAP;
     eventually(what, Duration::from_secs(30), || async move {
         match cms.get_opt(name).await {
             Ok(Some(cm)) if &cm.data == rendered => Ok(()),
@@ -220,7 +220,7 @@ async fn static_guards_hold_against_every_api_request_and_switch_without_a_gap()
     // The ConfigMap is the agent's whole: an edit (under the agent's own field manager name
     // too) and a deletion are put back and counted.
     let cms = Api::<ConfigMap>::namespaced(bed.mgmt.clone(), NS);
-    let cm_name = hcp_fleet_agent::hosted::static_guards::CONFIG_MAP;
+    let cm_name = hcp_fleet_render::hosted::static_guards::CONFIG_MAP;
     let rendered = cms.get(cm_name).await.expect("configmap").data;
     let counted = || {
         support::drift_count(
@@ -364,11 +364,11 @@ async fn a_forged_static_probe_keeps_the_api_side_guards() {
     let bed = bed(with_engine(GuardEngine::Static)).await;
     let hosted = hc1_admin(&bed).await;
     let cms = Api::<ConfigMap>::namespaced(bed.mgmt.clone(), NS);
-    let cm_name = hcp_fleet_agent::hosted::static_guards::CONFIG_MAP;
+    let cm_name = hcp_fleet_render::hosted::static_guards::CONFIG_MAP;
     // A tenant who knows the configuration computes the revision; the test reads it.
     let revision_of = |cm: Option<ConfigMap>| {
         cm.and_then(|cm| cm.metadata.annotations).and_then(|a| {
-            a.get(hcp_fleet_agent::hosted::static_guards::REVISION_ANNOTATION)
+            a.get(hcp_fleet_render::hosted::static_guards::REVISION_ANNOTATION)
                 .cloned()
         })
     };
@@ -387,7 +387,7 @@ async fn a_forged_static_probe_keeps_the_api_side_guards() {
     )
     .await;
     let revision = revision_of(cms.get_opt(cm_name).await.expect("read")).expect("revision");
-    let probe = hcp_fleet_agent::hosted::static_guards::probe_name();
+    let probe = hcp_fleet_render::hosted::static_guards::probe_name();
     let forged: ValidatingAdmissionPolicy = serde_json::from_value(serde_json::json!({
         "metadata": {"name": probe},
         "spec": {
@@ -396,11 +396,11 @@ async fn a_forged_static_probe_keeps_the_api_side_guards() {
                 "resourceRules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"]}],
                 // The labels the agent's probe requests carry, as a tenant's webhook sees them.
                 "objectSelector": {"matchLabels": {
-                    hcp_fleet_agent::catalogue::PROBE_LABEL: "policy",
+                    hcp_fleet_guards::catalogue::PROBE_LABEL: "policy",
                     "hcp-fleet.openshift.io/probe-revision": revision,
                 }},
             },
-            "validations": [{"expression": "false", "message": hcp_fleet_agent::catalogue::POLICY_PROBE_ANSWER, "reason": "Forbidden"}],
+            "validations": [{"expression": "false", "message": hcp_fleet_guards::catalogue::POLICY_PROBE_ANSWER, "reason": "Forbidden"}],
         },
     }))
     .expect("policy");

@@ -46,7 +46,7 @@ async fn a_tenants_tampering_with_a_guard_is_undone_counted_and_named() {
             }
             serde_json::json!({"webhooks": [entry]})
         };
-        let vwc = hcp_fleet_agent::hosted::webhooks::VALIDATING_NAME;
+        let vwc = hcp_fleet_render::hosted::webhooks::VALIDATING_NAME;
         cases.extend([
             ("ValidatingWebhookConfiguration", vwc, "an object selector merged in",
              hook(serde_json::json!({"objectSelector": {"matchLabels": {"tenant": "off"}}}))),
@@ -89,7 +89,7 @@ async fn a_tenants_tampering_with_a_guard_is_undone_counted_and_named() {
             "excludeResourceRules",
         )
     } else {
-        let vwc = hcp_fleet_agent::hosted::webhooks::VALIDATING_NAME;
+        let vwc = hcp_fleet_render::hosted::webhooks::VALIDATING_NAME;
         (
             vec![(
                 "ValidatingWebhookConfiguration",
@@ -244,8 +244,8 @@ async fn a_tenants_tampering_with_a_guard_is_undone_counted_and_named() {
 /// are both reported; with the key back and the imitation gone, Compliant again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_imitation_of_the_probes_answer_never_passes_for_the_service() {
-    use hcp_fleet_agent::catalogue::{PROBE_ANSWER, PROBE_LABEL};
-    use hcp_fleet_agent::guards::probe::{KEY_FILE, ProbeKey, ROW};
+    use hcp_fleet_guards::catalogue::{PROBE_ANSWER, PROBE_LABEL};
+    use hcp_fleet_guards::probe::{KEY_FILE, ProbeKey, ROW};
     use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
     use k8s_openapi::api::core::v1::ConfigMap;
     let mut cfg = through_the_service();
@@ -364,7 +364,8 @@ pub(crate) async fn tenant_mutator(
     patch: fn(&serde_json::Value) -> serde_json::Value,
 ) -> (tokio::task::JoinHandle<()>, u16, String, tempfile::TempDir) {
     use axum::routing::post;
-    use hcp_fleet_agent::admission::{server, tls::ReloadingCert};
+    use hcp_fleet_webhook::server;
+    use hcp_fleet_webhook::tls::ReloadingCert;
     let (ca, dir) = loopback_serving_files("tenant mutator CA");
     let cert =
         ReloadingCert::new(dir.path().join("tls.crt"), dir.path().join("tls.key")).expect("cert");
@@ -453,7 +454,7 @@ pub(crate) async fn install_tenant_mutator(
 /// Compliant again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guard_that_stops_denying_its_canary_is_named_noncompliant() {
-    use hcp_fleet_agent::hosted::canary::RBAC_NAME;
+    use hcp_fleet_render::hosted::canary::RBAC_NAME;
     let mut cfg = through_the_service();
     cfg.probe_interval_seconds = 5;
     let planned = cfg
@@ -461,8 +462,8 @@ async fn a_guard_that_stops_denying_its_canary_is_named_noncompliant() {
         .iter()
         .filter(|w| w.mode == Mode::Enforce)
         .filter(|w| {
-            hcp_fleet_agent::guards::for_path(&w.path)
-                .and_then(|g| g.canary(&hcp_fleet_agent::guards::Settings::from(&cfg)))
+            hcp_fleet_guards::for_path(&w.path)
+                .and_then(|g| g.canary(&hcp_fleet_guards::Settings::from(&cfg)))
                 .is_some()
         })
         .count();
@@ -562,7 +563,7 @@ async fn collection_deletes_and_a_tenants_renaming_are_judged_as_stored() {
     for engine in [GuardEngine::Webhook, GuardEngine::Policy] {
         if engine == GuardEngine::Policy
             && !support::serves(
-                &hcp_fleet_agent::localcp::Assets::resolve(None)
+                &hcp_fleet_testbed::Assets::resolve(None)
                     .expect("assets")
                     .version,
                 Feature::AdmissionPolicies,

@@ -205,7 +205,7 @@ impl GuardLoad {
 /// the server's discovery: the webhooks keep guarding, and nothing is let through either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn switching_engines_under_load_lets_nothing_through() {
-    use hcp_fleet_agent::hosted::webhooks::VALIDATING_NAME;
+    use hcp_fleet_render::hosted::webhooks::VALIDATING_NAME;
     use k8s_openapi::api::admissionregistration::v1::{
         ValidatingAdmissionPolicy, ValidatingWebhookConfiguration,
     };

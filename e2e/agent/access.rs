@@ -10,11 +10,11 @@ use super::*;
 /// to the Observability Operator's API group moves the monitor, and `none` removes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_admission_service_is_scraped_from_its_own_namespace_over_verified_tls() {
-    use hcp_fleet_agent::config::MonitoringApi;
-    use hcp_fleet_agent::localcp::kubelet::LOCAL_REPLICAS_ANNOTATION;
-    use hcp_fleet_agent::management::{
+    use hcp_fleet_render::config::MonitoringApi;
+    use hcp_fleet_render::management::{
         METRICS_READER_ROLE, PLATFORM_PROMETHEUS, service_monitor_resource,
     };
+    use hcp_fleet_testbed::kubelet::LOCAL_REPLICAS_ANNOTATION;
     use k8s_openapi::api::rbac::v1::RoleBinding;
     use kube::api::{DynamicObject, ListParams};
     let (_fleet, mgmt, _pods) = support::fleet_with_pods(1).await;
@@ -167,7 +167,7 @@ async fn each_admission_service_is_scraped_from_its_own_namespace_over_verified_
 
     // The Observability Operator's group instead: the monitor moves; the platform
     // Prometheus (which reads only monitoring.coreos.com) loses its binding.
-    let mut cfg = hcp_fleet_agent::localcp::allow_loopback(AgentConfig::default());
+    let mut cfg = hcp_fleet_testbed::allow_loopback(AgentConfig::default());
     cfg.admission.service_monitor.api_group = MonitoringApi::Rhobs;
     agent.set_config(cfg.clone());
     eventually(
@@ -230,8 +230,8 @@ async fn each_admission_service_is_scraped_from_its_own_namespace_over_verified_
 /// who rewrites it to name another namespace locks nobody out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_management_cluster_a_claimed_cluster_and_a_foreign_server_are_refused() {
-    use hcp_fleet_agent::hosted::objects::CLAIM_ANNOTATION;
-    use hcp_fleet_agent::localcp::fixtures::create_hcp;
+    use hcp_fleet_render::hosted::objects::CLAIM_ANNOTATION;
+    use hcp_fleet_testbed::fixtures::create_hcp;
     let (fleet, mgmt, _pods) = support::fleet_with_pods(1).await;
     let agent = start_agent(&mgmt, AgentConfig::default()).await;
     wait_compliant(&mgmt, &["hc-1"]).await;

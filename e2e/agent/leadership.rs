@@ -263,7 +263,7 @@ async fn replicas_starting_together_never_both_lead() {
         // (half the 10 s lease) at which a replica leading by mistake would find out.
         tokio::time::sleep(Duration::from_millis(1500)).await;
         let holder = leases
-            .get(agent::LEASE_NAME)
+            .get(hcp_fleet_model::names::LEASE_NAME)
             .await
             .expect("lease")
             .spec
@@ -285,7 +285,7 @@ async fn replicas_starting_together_never_both_lead() {
             let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
         }
         leases
-            .delete(agent::LEASE_NAME, &DeleteParams::default())
+            .delete(hcp_fleet_model::names::LEASE_NAME, &DeleteParams::default())
             .await
             .expect("delete the lease");
     }

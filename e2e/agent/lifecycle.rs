@@ -6,8 +6,8 @@ use super::*;
 /// says Pending with the reason; removing the annotation resumes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_hcp_is_left_alone_and_resumes() {
-    use hcp_fleet_agent::crd::HostedControlPlane;
-    use hcp_fleet_agent::crd::hostedcontrolplane::PAUSE_ANNOTATION;
+    use hcp_fleet_model::crd::HostedControlPlane;
+    use hcp_fleet_model::crd::hostedcontrolplane::PAUSE_ANNOTATION;
     use kube::api::{Patch, PatchParams};
     let (fleet, mgmt, _pods) = support::fleet_with_pods(1).await;
     let agent = start_agent(&mgmt, AgentConfig::default()).await;
@@ -127,7 +127,7 @@ async fn a_paused_hcp_is_left_alone_and_resumes() {
         .expect("t")
         .strftime("%Y-%m-%dT%H:%M:%SZ")
         .to_string();
-    Api::<hcp_fleet_agent::crd::AdmissionHealth>::namespaced(mgmt.clone(), &ns)
+    Api::<hcp_fleet_model::crd::AdmissionHealth>::namespaced(mgmt.clone(), &ns)
         .patch_status(
             support::record_of(&ns),
             &PatchParams::default(),
@@ -135,7 +135,7 @@ async fn a_paused_hcp_is_left_alone_and_resumes() {
         )
         .await
         .expect("a pause begun two hours ago");
-    let mut cfg = hcp_fleet_agent::localcp::allow_loopback(AgentConfig::default());
+    let mut cfg = hcp_fleet_testbed::allow_loopback(AgentConfig::default());
     cfg.max_pause_hours = 1;
     agent.set_config(cfg);
     let vapi = delete_validating(&fleet, "hc-1").await;
@@ -183,7 +183,7 @@ async fn a_paused_hcp_is_left_alone_and_resumes() {
 /// it, and `status` shows the cluster once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_earlier_releases_record_is_carried_over_and_deleted() {
-    use hcp_fleet_agent::reporting::LEGACY_HEALTH_NAME;
+    use hcp_fleet_render::reporting::LEGACY_HEALTH_NAME;
     use kube::api::{Patch, PatchParams, PostParams};
     let (fleet, mgmt, _pods) = support::fleet_with_pods(1).await;
     let ns = hcp_namespace("hc-1");
@@ -269,9 +269,9 @@ async fn uninstall_removes_webhooks_first_and_keeps_what_it_cannot_reach() {
     let kubeconfig = fleet.management.kubeconfig_path.clone();
     // The test bed's configuration: uninstall talks only to the API servers it allows.
     let config = kubeconfig.with_file_name("uninstall-config.yaml");
-    std::fs::write(&config, hcp_fleet_agent::localcp::agent_config_yaml()).expect("config");
+    std::fs::write(&config, hcp_fleet_testbed::agent_config_yaml()).expect("config");
     let uninstall = || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+        std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-dev"))
             .args(["uninstall", "--namespace", AGENT_NS, "--config"])
             .arg(&config)
             .env("KUBECONFIG", &kubeconfig)

@@ -149,7 +149,7 @@ pub(crate) fn exported_series() -> std::collections::BTreeSet<String> {
         "clusters-a",
         "a",
         Some((
-            hcp_fleet_agent::reporting::PauseReason::Override,
+            hcp_fleet_render::reporting::PauseReason::Override,
             jiff::Timestamp::UNIX_EPOCH,
         )),
     );
@@ -165,7 +165,7 @@ pub(crate) fn exported_series() -> std::collections::BTreeSet<String> {
             state: "waiting".into(),
         })
         .set(0);
-    let a = hcp_fleet_agent::admission::server::AdmissionMetrics::new();
+    let a = hcp_fleet_webhook::server::AdmissionMetrics::new();
     a.count("w", "allowed", "enforced");
     a.observe_latency("w".into(), 0.001);
     let text = format!("{}{}", m.encode(), a.encode());

@@ -241,10 +241,10 @@ async fn the_helm_test_asks_the_agents_health_port_with_the_ready_command() {
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let app = hcp_fleet_agent::agent::health_router(metrics);
+    let app = hcp_fleet_cli::agent::health_router(metrics);
     let _server = tokio::spawn(async move { axum::serve(listener, app).await });
     let ready = |addr: String| {
-        Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+        Command::new(env!("CARGO_BIN_EXE_hcp-fleet-dev"))
             .args(["ready", "--addr", &addr, "--timeout-seconds", "3"])
             .output()
             .expect("ready")

@@ -74,7 +74,7 @@ async fn the_uninstall_hook_stops_the_agent_then_removes_webhooks_and_admission_
         None,
     );
     let ns = hcp_namespace("hc-1");
-    let records: Api<hcp_fleet_agent::crd::AdmissionHealth> = Api::namespaced(admin.clone(), &ns);
+    let records: Api<hcp_fleet_model::crd::AdmissionHealth> = Api::namespaced(admin.clone(), &ns);
     eventually("hc-1 Compliant", Duration::from_secs(90), || {
         let records = records.clone();
         async move {
@@ -86,8 +86,8 @@ async fn the_uninstall_hook_stops_the_agent_then_removes_webhooks_and_admission_
         }
     })
     .await;
-    let monitor = hcp_fleet_agent::management::service_monitor_resource(
-        hcp_fleet_agent::config::MonitoringApi::Coreos,
+    let monitor = hcp_fleet_render::management::service_monitor_resource(
+        hcp_fleet_render::config::MonitoringApi::Coreos,
     )
     .expect("group");
     let monitors = Api::<DynamicObject>::namespaced_with(admin.clone(), &ns, &monitor);
@@ -99,7 +99,7 @@ async fn the_uninstall_hook_stops_the_agent_then_removes_webhooks_and_admission_
     // The Job's command, as the Job's ServiceAccount; only the configuration file is the
     // test bed's (its loopback API servers).
     let config = dir.path().join("config.yaml");
-    std::fs::write(&config, hcp_fleet_agent::localcp::agent_config_yaml()).expect("config");
+    std::fs::write(&config, hcp_fleet_testbed::agent_config_yaml()).expect("config");
     let container = &job["spec"]["template"]["spec"]["containers"][0];
     let args: Vec<String> = container["args"]
         .as_array()
@@ -126,7 +126,7 @@ async fn the_uninstall_hook_stops_the_agent_then_removes_webhooks_and_admission_
         impersonating(&fleet.management.kubeconfig_yaml, &sa),
     )
     .expect("kubeconfig");
-    let hook = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"))
+    let hook = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-dev"))
         .args(&args)
         .env("KUBECONFIG", &kubeconfig)
         .stdout(std::process::Stdio::piped())
@@ -209,15 +209,14 @@ async fn the_uninstall_hook_stops_the_agent_then_removes_webhooks_and_admission_
 /// above.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_uninstall_keeps_the_crds_and_the_overrides() {
-    use hcp_fleet_agent::crd::admission_rollout::HostedAdmissionOverride;
+    use hcp_fleet_model::crd::admission_rollout::HostedAdmissionOverride;
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let fleet =
-        hcp_fleet_agent::localcp::LocalFleet::start(hcp_fleet_agent::localcp::FleetOptions {
-            install_fixtures: false,
-            ..hcp_fleet_agent::localcp::FleetOptions::with_hosted(0)
-        })
-        .await
-        .expect("fleet");
+    let fleet = hcp_fleet_testbed::LocalFleet::start(hcp_fleet_testbed::FleetOptions {
+        install_fixtures: false,
+        ..hcp_fleet_testbed::FleetOptions::with_hosted(0)
+    })
+    .await
+    .expect("fleet");
     let admin = fleet.management.client().await.expect("client");
     support::install_monitoring_crds(&admin).await;
     let kubeconfig = fleet
@@ -238,7 +237,7 @@ async fn helm_uninstall_keeps_the_crds_and_the_overrides() {
         &kubeconfig,
     ]);
     let ns = "clusters-hc-1";
-    hcp_fleet_agent::localcp::fixtures::ensure_namespace(&admin, ns, Default::default())
+    hcp_fleet_testbed::fixtures::ensure_namespace(&admin, ns, Default::default())
         .await
         .expect("namespace");
     let o: HostedAdmissionOverride = serde_json::from_value(json!({
@@ -332,7 +331,7 @@ async fn helm_uninstall_keeps_the_crds_and_the_overrides() {
             .await
             .expect("get");
     assert!(gone.is_none(), "the release was uninstalled");
-    for crd in hcp_fleet_agent::crd::health::crds() {
+    for crd in hcp_fleet_model::crd::health::crds() {
         let name = crd["metadata"]["name"].as_str().expect("name");
         let kept = Api::<CustomResourceDefinition>::all(admin.clone())
             .get_opt(name)
@@ -383,7 +382,7 @@ async fn helm_uninstall_keeps_the_crds_and_the_overrides() {
     // CRDs some other tool made (`make demo`, `kubectl apply`, ACM): no Helm label or
     // annotations. Helm refuses to install over them until the documented commands give them to
     // the release; then a release of another name installs.
-    let crd_names: Vec<String> = hcp_fleet_agent::crd::health::crds()
+    let crd_names: Vec<String> = hcp_fleet_model::crd::health::crds()
         .iter()
         .filter_map(|c| c["metadata"]["name"].as_str().map(str::to_string))
         .collect();

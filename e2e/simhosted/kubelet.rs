@@ -11,10 +11,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use hcp_fleet_agent::localcp::kubelet::{
-    self, LOCAL_ENDPOINT_ANNOTATION, LOCAL_REPLICAS_ANNOTATION,
-};
-use hcp_fleet_agent::management::{MANAGED_BY, MANAGED_BY_VALUE, deployment_available};
+use hcp_fleet_model::names::{MANAGED_BY, MANAGED_BY_VALUE};
+use hcp_fleet_render::management::deployment_available;
+use hcp_fleet_testbed::kubelet;
+use hcp_fleet_testbed::kubelet::{LOCAL_ENDPOINT_ANNOTATION, LOCAL_REPLICAS_ANNOTATION};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::api::{Patch, PatchParams};
@@ -22,7 +22,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 
 use super::{BySni, ProbeKeys, certified_key, serve_tls};
-use hcp_fleet_agent::guards::probe::{KEY_FILE, ProbeKey};
+use hcp_fleet_guards::probe::{KEY_FILE, ProbeKey};
 
 enum Seen {
     Deployment(Box<Deployment>),

@@ -44,10 +44,10 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::sign::CertifiedKey;
 use serde_json::{Value, json};
 
-use hcp_fleet_agent::catalogue::PROBE_LABEL;
-use hcp_fleet_agent::certificates::{Usage, generate_ca, issue};
-use hcp_fleet_agent::guards::probe::{NONCE_ANNOTATION, ProbeKey, answer};
-use hcp_fleet_agent::hosted::objects::CLAIM_ANNOTATION;
+use hcp_fleet_guards::catalogue::PROBE_LABEL;
+use hcp_fleet_guards::probe::{NONCE_ANNOTATION, ProbeKey, answer};
+use hcp_fleet_render::certificates::{Usage, generate_ca, issue};
+use hcp_fleet_render::hosted::objects::CLAIM_ANNOTATION;
 
 /// Events kept per cluster for watches that resume from a resourceVersion.
 const EVENT_LOG: usize = 64;
@@ -835,7 +835,7 @@ impl SimCluster {
             }
             let message = p["spec"]["validations"][0]["message"]
                 .as_str()
-                .unwrap_or(hcp_fleet_agent::catalogue::POLICY_PROBE_ANSWER);
+                .unwrap_or(hcp_fleet_guards::catalogue::POLICY_PROBE_ANSWER);
             // As a real server words it (admission.NewForbidden around the policy's denial);
             // docs/testbed.md, "Server texts".
             let name = cm["metadata"]["name"].as_str().unwrap_or_default();
@@ -879,7 +879,7 @@ pub fn certified_key(cert_pem: &str, key_pem: &str) -> Result<Arc<CertifiedKey>,
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
     let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| e.to_string())?;
-    let signing = hcp_fleet_agent::crypto::provider()
+    let signing = hcp_fleet_guards::crypto::provider()
         .key_provider
         .load_private_key(key)
         .map_err(|e| e.to_string())?;
@@ -1019,6 +1019,6 @@ impl SimFleet {
 
 /// The first 8 bytes of `s`'s SHA-256, in hex.
 fn short_hash(s: &str) -> String {
-    let digest = hcp_fleet_agent::crypto::sha256(s.as_bytes());
-    hcp_fleet_agent::crypto::hex(&digest[..8])
+    let digest = hcp_fleet_guards::crypto::sha256(s.as_bytes());
+    hcp_fleet_guards::crypto::hex(&digest[..8])
 }

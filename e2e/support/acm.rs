@@ -7,8 +7,8 @@
 //! left out; what it does with the agent's kind is not.
 #![allow(dead_code)]
 
-use hcp_fleet_agent::crd::policy::TemplateMeta;
-use hcp_fleet_agent::crd::{
+use hcp_fleet_model::crd::policy::TemplateMeta;
+use hcp_fleet_model::crd::{
     AdmissionHealthPolicy, ComplianceHistory, Policy, PolicyStatus, TemplateDetails,
 };
 use k8s_openapi::api::core::v1::Event;
@@ -26,9 +26,11 @@ const POLICY_API_VERSION: &str = "policy.open-cluster-management.io/v1";
 
 /// The hub objects `make policies` writes (policies/policy.yaml).
 pub fn hub_objects() -> Vec<serde_json::Value> {
-    let text =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/policies/policy.yaml"))
-            .expect("policies/policy.yaml");
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../policies/policy.yaml"
+    ))
+    .expect("policies/policy.yaml");
     serde_saphyr::from_str_multiple(&text).expect("yaml")
 }
 
@@ -59,7 +61,7 @@ pub async fn spec_sync(
     namespace: &str,
     cluster: &str,
 ) -> Policy {
-    hcp_fleet_agent::localcp::fixtures::ensure_namespace(client, namespace, Default::default())
+    hcp_fleet_testbed::fixtures::ensure_namespace(client, namespace, Default::default())
         .await
         .expect("the addon's namespace");
     let replica: Policy = serde_json::from_value(serde_json::json!({

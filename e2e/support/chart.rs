@@ -8,7 +8,7 @@ use serde_json::Value;
 pub const CHART: &str = "charts/hcp-fleet-agent";
 
 pub fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
 }
 
 /// helm, as `make test` provides it (HELM), or fetched and cached by the project's script.
@@ -58,9 +58,8 @@ pub fn render(extra: &[&str]) -> Vec<Value> {
         "hcp-fleet-agent",
         CHART,
         "--namespace",
-        hcp_fleet_agent::localcp::fixtures::AGENT_NAMESPACE,
+        hcp_fleet_testbed::fixtures::AGENT_NAMESPACE,
     ];
     args.extend_from_slice(extra);
-    hcp_fleet_agent::cmd::packaging::parse_rendered(&run_helm(&args))
-        .expect("rendered chart parses")
+    hcp_fleet_cli::packaging::parse_rendered(&run_helm(&args)).expect("rendered chart parses")
 }

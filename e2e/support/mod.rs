@@ -7,8 +7,10 @@ pub mod chart;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use hcp_fleet_agent::localcp::assets::{Feature, KubeVersion};
-use hcp_fleet_agent::localcp::{Assets, LocalCpError};
+use hcp_fleet_testbed::assets::Feature;
+
+use hcp_fleet_testbed::assets::KubeVersion;
+use hcp_fleet_testbed::{Assets, LocalCpError};
 
 /// The test bed binaries. `make test` provides them; a bare `cargo test` finds the cache.
 pub fn assets_or_skip_reason() -> Result<Assets, LocalCpError> {
@@ -197,9 +199,9 @@ impl Drop for KillOnDrop {
 }
 
 /// The stand-in kubelet running the real `webhook` command for each admission Deployment.
-pub fn real_pods(dir: &std::path::Path) -> hcp_fleet_agent::localcp::kubelet::KubeletOptions {
-    hcp_fleet_agent::localcp::kubelet::KubeletOptions {
-        binary: Some(env!("CARGO_BIN_EXE_hcp-fleet-agent").into()),
+pub fn real_pods(dir: &std::path::Path) -> hcp_fleet_testbed::kubelet::KubeletOptions {
+    hcp_fleet_testbed::kubelet::KubeletOptions {
+        binary: Some(env!("CARGO_BIN_EXE_hcp-fleet-dev").into()),
         dir: dir.to_path_buf(),
     }
 }
@@ -212,17 +214,14 @@ pub struct Pods {
 
 /// A fleet of `n` hosted clusters whose admission Deployments run as real `webhook` processes,
 /// with an admin client for the management cluster.
-pub async fn fleet_with_pods(
-    n: usize,
-) -> (hcp_fleet_agent::localcp::LocalFleet, kube::Client, Pods) {
-    let fleet = hcp_fleet_agent::localcp::LocalFleet::start(
-        hcp_fleet_agent::localcp::FleetOptions::with_hosted(n),
-    )
-    .await
-    .expect("fleet");
+pub async fn fleet_with_pods(n: usize) -> (hcp_fleet_testbed::LocalFleet, kube::Client, Pods) {
+    let fleet =
+        hcp_fleet_testbed::LocalFleet::start(hcp_fleet_testbed::FleetOptions::with_hosted(n))
+            .await
+            .expect("fleet");
     let mgmt = fleet.management.client().await.expect("mgmt");
     let dir = tempfile::tempdir().expect("tmp");
-    let kubelet = hcp_fleet_agent::localcp::kubelet::spawn(mgmt.clone(), real_pods(dir.path()));
+    let kubelet = hcp_fleet_testbed::kubelet::spawn(mgmt.clone(), real_pods(dir.path()));
     (
         fleet,
         mgmt,
@@ -236,7 +235,7 @@ pub async fn fleet_with_pods(
 /// A client of hosted cluster `hosted` acting as `user`, impersonated through its admin
 /// kubeconfig (so RBAC and the guards judge `user`).
 pub async fn hosted_client_as(
-    fleet: &hcp_fleet_agent::localcp::LocalFleet,
+    fleet: &hcp_fleet_testbed::LocalFleet,
     hosted: &str,
     user: &str,
 ) -> kube::Client {
@@ -274,10 +273,10 @@ pub fn spawn_elected_agent_env(
     lease_seconds: Option<u64>,
     env: &[(String, String)],
 ) -> (KillOnDrop, std::net::SocketAddr) {
-    let port = hcp_fleet_agent::localcp::free_port().expect("port");
+    let port = hcp_fleet_testbed::free_port().expect("port");
     // The test bed's configuration, beside the kubeconfig (which outlives the agent).
     let config = kubeconfig.with_file_name(format!("agent-{name}-{port}.yaml"));
-    std::fs::write(&config, hcp_fleet_agent::localcp::agent_config_yaml()).expect("config");
+    std::fs::write(&config, hcp_fleet_testbed::agent_config_yaml()).expect("config");
     spawn_elected_agent_with(
         name,
         kubeconfig,
@@ -300,7 +299,7 @@ pub fn spawn_elected_agent_with(
     port: u16,
     env: &[(String, String)],
 ) -> (KillOnDrop, std::net::SocketAddr) {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-agent"));
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_hcp-fleet-dev"));
     cmd.envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     cmd.args(["agent", "--local-mode", "--leader-elect"])
         .arg("--config")
@@ -318,7 +317,7 @@ pub fn spawn_elected_agent_with(
     }
     // As the test bed's own children: killed with this process even when it is killed by a
     // signal and no destructor runs (KillOnDrop covers every other end).
-    hcp_fleet_agent::localcp::process::die_with_parent(&mut cmd);
+    hcp_fleet_testbed::process::die_with_parent(&mut cmd);
     let child = cmd.spawn().expect("agent process");
     let addr = format!("127.0.0.1:{port}").parse().expect("addr");
     (KillOnDrop(child), addr)
@@ -329,11 +328,11 @@ pub fn spawn_elected_agent_with(
 /// Observability Operator's fork keeps the kind's schema).
 pub async fn install_monitoring_crds(client: &kube::Client) {
     let coreos = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e/crds/servicemonitors.yaml"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("crds/servicemonitors.yaml"),
     )
     .expect("e2e/crds/servicemonitors.yaml");
     let rhobs = coreos.replace("monitoring.coreos.com", "monitoring.rhobs");
-    hcp_fleet_agent::localcp::fixtures::install_crd_manifests(
+    hcp_fleet_testbed::fixtures::install_crd_manifests(
         client,
         [
             ("servicemonitors.monitoring.coreos.com", coreos.as_str()),
@@ -427,7 +426,7 @@ pub async fn owned_hosted_objects(hosted: &kube::Client) -> usize {
         K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     {
         let owned = kube::api::ListParams::default()
-            .labels(&hcp_fleet_agent::hosted::objects::owned_selector());
+            .labels(&hcp_fleet_render::hosted::objects::owned_selector());
         match kube::Api::<K>::all(hosted.clone())
             .list_metadata(&owned)
             .await
@@ -449,8 +448,8 @@ pub async fn owned_hosted_objects(hosted: &kube::Client) -> usize {
 /// webhook configurations, and where admission policies are served (`policies`) a policy and
 /// a binding for each guard with a CEL form and for the probe.
 pub fn default_hosted_objects(policies: bool) -> usize {
-    let guards = hcp_fleet_agent::guards::paths()
-        .filter(|p| hcp_fleet_agent::guards::has_cel_form(p))
+    let guards = hcp_fleet_guards::paths()
+        .filter(|p| hcp_fleet_guards::has_cel_form(p))
         .count();
     2 + if policies { 2 * (guards + 1) } else { 0 }
 }
@@ -458,7 +457,7 @@ pub fn default_hosted_objects(policies: bool) -> usize {
 /// How many AdmissionReviews for `webhook` the admission service in `ns` has answered, summed
 /// over its replicas (their `/metrics`, as a Prometheus would scrape them).
 pub async fn service_requests(mgmt: &kube::Client, ns: &str, webhook: &str) -> f64 {
-    use hcp_fleet_agent::localcp::kubelet::LOCAL_REPLICAS_ANNOTATION;
+    use hcp_fleet_testbed::kubelet::LOCAL_REPLICAS_ANNOTATION;
     use kube::ResourceExt;
     let svc = kube::Api::<k8s_openapi::api::core::v1::Service>::namespaced(mgmt.clone(), ns)
         .get("hcp-fleet-admission")
@@ -484,7 +483,7 @@ pub async fn service_requests(mgmt: &kube::Client, ns: &str, webhook: &str) -> f
         .split(',')
         .filter_map(|a| a.parse::<std::net::SocketAddr>().ok())
     {
-        let (_, body) = hcp_fleet_agent::localcp::kubelet::https_get(addr.port(), &ca, "/metrics")
+        let (_, body) = hcp_fleet_testbed::kubelet::https_get(addr.port(), &ca, "/metrics")
             .await
             .unwrap_or_else(|e| panic!("scraping {addr}: {e}"));
         total += body
@@ -515,7 +514,7 @@ pub fn labelled_tenant_policy(name: &str, names: &[String]) -> serde_json::Value
         "kind": "ValidatingAdmissionPolicy",
         "metadata": {
             "name": name,
-            "labels": {hcp_fleet_agent::hosted::objects::OWNED_LABEL: "true"},
+            "labels": {hcp_fleet_render::hosted::objects::OWNED_LABEL: "true"},
         },
         "spec": {
             "matchConstraints": {"resourceRules": [{
@@ -578,7 +577,7 @@ pub fn bench_logs() {
         // SAFETY: single-threaded here, before any runtime or thread starts.
         unsafe { std::env::set_var("RUST_LOG", "warn,kube_client=off") };
     }
-    hcp_fleet_agent::telemetry::init(hcp_fleet_agent::telemetry::LogFormat::Text);
+    hcp_fleet_cli::telemetry::init(hcp_fleet_cli::telemetry::LogFormat::Text);
 }
 
 /// A benchmark's `main`: `run` on a runtime of `workers` threads (the default: one per core),
@@ -609,35 +608,34 @@ where
 /// in `pods`), and the agent in this process with `cfg` (loopback allowed, rollout waves off: a
 /// new revision reaches the HCP at once; e2e/rollout.rs tests the waves).
 pub struct AgentBed {
-    pub fleet: hcp_fleet_agent::localcp::LocalFleet,
+    pub fleet: hcp_fleet_testbed::LocalFleet,
     pub mgmt: kube::Client,
-    pub agent: hcp_fleet_agent::agent::AgentHandle,
+    pub agent: hcp_fleet_cli::agent::AgentHandle,
     pub pods: tempfile::TempDir,
     pub kubelet: tokio::task::JoinHandle<()>,
 }
 
-pub async fn agent_bed(cfg: hcp_fleet_agent::config::AgentConfig) -> Result<AgentBed, String> {
-    use hcp_fleet_agent::localcp::kubelet;
-    let fleet = hcp_fleet_agent::localcp::LocalFleet::start(
-        hcp_fleet_agent::localcp::FleetOptions::with_hosted(1),
-    )
-    .await
-    .map_err(|e| e.to_string())?;
+pub async fn agent_bed(cfg: hcp_fleet_render::config::AgentConfig) -> Result<AgentBed, String> {
+    use hcp_fleet_testbed::kubelet;
+    let fleet =
+        hcp_fleet_testbed::LocalFleet::start(hcp_fleet_testbed::FleetOptions::with_hosted(1))
+            .await
+            .map_err(|e| e.to_string())?;
     let mgmt = fleet.management.client().await.map_err(|e| e.to_string())?;
     let pods = tempfile::tempdir().map_err(|e| e.to_string())?;
     let kubelet = kubelet::spawn(
         mgmt.clone(),
         kubelet::KubeletOptions {
-            binary: Some(env!("CARGO_BIN_EXE_hcp-fleet-agent").into()),
+            binary: Some(env!("CARGO_BIN_EXE_hcp-fleet-dev").into()),
             dir: pods.path().to_path_buf(),
         },
     );
     let mut cfg = cfg;
     cfg.rollout.enabled = false;
-    let agent = hcp_fleet_agent::agent::start(
+    let agent = hcp_fleet_cli::agent::start(
         mgmt.clone(),
-        hcp_fleet_agent::localcp::allow_loopback(cfg),
-        hcp_fleet_agent::agent::StartOptions {
+        hcp_fleet_testbed::allow_loopback(cfg),
+        hcp_fleet_cli::agent::StartOptions {
             agent_namespace: "hcp-fleet-agent".into(),
             endpoints: kubelet::endpoints(),
         },
@@ -656,7 +654,7 @@ pub async fn agent_bed(cfg: hcp_fleet_agent::config::AgentConfig) -> Result<Agen
 /// The agent's drift counter `metric` (`hcp_fleet_webhook_drift_total`,
 /// `hcp_fleet_management_drift_total`) for hosted cluster `cluster` of `ns` and `kind`.
 pub fn drift_count(
-    agent: &hcp_fleet_agent::agent::AgentHandle,
+    agent: &hcp_fleet_cli::agent::AgentHandle,
     metric: &str,
     ns: &str,
     cluster: &str,
@@ -681,14 +679,14 @@ pub const AGENT_NS: &str = "hcp-fleet-agent";
 /// servers.
 pub async fn start_agent(
     mgmt: &kube::Client,
-    cfg: hcp_fleet_agent::config::AgentConfig,
-) -> hcp_fleet_agent::agent::AgentHandle {
-    hcp_fleet_agent::agent::start(
+    cfg: hcp_fleet_render::config::AgentConfig,
+) -> hcp_fleet_cli::agent::AgentHandle {
+    hcp_fleet_cli::agent::start(
         mgmt.clone(),
-        hcp_fleet_agent::localcp::allow_loopback(cfg),
-        hcp_fleet_agent::agent::StartOptions {
+        hcp_fleet_testbed::allow_loopback(cfg),
+        hcp_fleet_cli::agent::StartOptions {
             agent_namespace: AGENT_NS.into(),
-            endpoints: hcp_fleet_agent::localcp::kubelet::endpoints(),
+            endpoints: hcp_fleet_testbed::kubelet::endpoints(),
         },
     )
     .await
@@ -698,23 +696,23 @@ pub async fn start_agent(
 /// The name of the health record in the test bed's HCP namespace `ns` (`clusters-<cluster>`):
 /// the hosted cluster's.
 pub fn record_of(ns: &str) -> &str {
-    hcp_fleet_agent::reporting::health_name(ns.strip_prefix("clusters-").unwrap_or(ns))
+    hcp_fleet_render::reporting::health_name(ns.strip_prefix("clusters-").unwrap_or(ns))
 }
 
 /// The health record of the HCP in `ns`.
 pub async fn health(
     client: &kube::Client,
     ns: &str,
-) -> Result<hcp_fleet_agent::crd::AdmissionHealth, String> {
+) -> Result<hcp_fleet_model::crd::AdmissionHealth, String> {
     let name = record_of(ns);
-    kube::Api::<hcp_fleet_agent::crd::AdmissionHealth>::namespaced(client.clone(), ns)
+    kube::Api::<hcp_fleet_model::crd::AdmissionHealth>::namespaced(client.clone(), ns)
         .get(name)
         .await
         .map_err(|e| format!("{ns}/{name}: {e}"))
 }
 
 /// A health record's overall verdict.
-pub fn compliant(h: &hcp_fleet_agent::crd::AdmissionHealth) -> Option<&'static str> {
+pub fn compliant(h: &hcp_fleet_model::crd::AdmissionHealth) -> Option<&'static str> {
     h.status
         .as_ref()
         .and_then(|s| s.compliant)
@@ -724,7 +722,7 @@ pub fn compliant(h: &hcp_fleet_agent::crd::AdmissionHealth) -> Option<&'static s
 /// Waits until the HCP of each hosted cluster in `names` is Compliant.
 pub async fn wait_compliant(mgmt: &kube::Client, names: &[&str]) {
     for name in names {
-        let ns = hcp_fleet_agent::localcp::fixtures::hcp_namespace(name);
+        let ns = hcp_fleet_testbed::fixtures::hcp_namespace(name);
         eventually(&format!("{ns} Compliant"), Duration::from_secs(60), || {
             let mgmt = mgmt.clone();
             let ns = ns.clone();
@@ -747,7 +745,7 @@ pub async fn template_rows(
     ns: &str,
     name: &str,
 ) -> Result<(String, String, Vec<String>), String> {
-    let t = kube::Api::<hcp_fleet_agent::crd::AdmissionHealthPolicy>::namespaced(mgmt.clone(), ns)
+    let t = kube::Api::<hcp_fleet_model::crd::AdmissionHealthPolicy>::namespaced(mgmt.clone(), ns)
         .get(name)
         .await
         .map_err(|e| e.to_string())?;
@@ -796,10 +794,10 @@ pub fn sum_by_label(
 /// Drift, as someone in the hosted cluster makes it: deletes the agent's validating
 /// configuration in `cluster`, and returns the API to see whether it comes back.
 pub async fn delete_validating(
-    fleet: &hcp_fleet_agent::localcp::LocalFleet,
+    fleet: &hcp_fleet_testbed::LocalFleet,
     cluster: &str,
 ) -> kube::Api<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration> {
-    use hcp_fleet_agent::hosted::webhooks::VALIDATING_NAME;
+    use hcp_fleet_render::hosted::webhooks::VALIDATING_NAME;
     let hosted = fleet
         .hosted(cluster)
         .expect("hosted cluster")

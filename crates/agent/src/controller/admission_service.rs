@@ -1,0 +1,404 @@
+//! Phase 3: the admission service in the HCP namespace. Renders every management-side object
+//! (pure, `hcp_fleet_render::management`), applies them in dependency order (certificates before the pods
+//! that mount them), and reports whether the Deployment is available.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::DynamicObject;
+use kube::{Api, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::apply::{Applied, Repair, apply_against, delete_if_present};
+use super::cache::{self, object_key};
+use super::context::Context;
+use super::error::Failure;
+use super::scope::Scope;
+use crate::metrics::DriftLabels;
+use hcp_fleet_model::compare;
+use hcp_fleet_model::crd::HostedControlPlane;
+use hcp_fleet_model::crd::hostedcontrolplane::Scheduling;
+use hcp_fleet_render::certificates::CertBundle;
+use hcp_fleet_render::config::{AgentConfig, MonitoringApi};
+use hcp_fleet_render::management;
+use hcp_fleet_render::management::HcpInputs;
+
+/// Where one management-side object lives: its API, kind and name, and the watch store that
+/// may answer for it.
+pub(crate) struct Target<'a, K: Resource + 'static>
+where
+    K::DynamicType: Eq + std::hash::Hash,
+{
+    pub(crate) api: Api<K>,
+    pub(crate) kind: &'static str,
+    pub(crate) name: &'a str,
+    pub(crate) store: Option<&'a dyn cache::Cached<K>>,
+}
+
+/// One management-side object: read, and written only where it differs from what is
+/// rendered. A write to an object that was in place as rendered before (same desired state,
+/// seen matching) is drift: someone else deleted or changed it. Returns the object as the
+/// server has it, and a note when it repaired drift.
+async fn put<K>(
+    ctx: &Context,
+    ns: &str,
+    target: Target<'_, K>,
+    obj: &K,
+) -> Result<(K, Option<String>), Failure>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
+    K::DynamicType: Clone + Eq + std::hash::Hash,
+{
+    put_wrote(ctx, ns, target, obj)
+        .await
+        .map(|(o, note, _)| (o, note))
+}
+
+/// `put`, also saying whether it wrote.
+pub(crate) async fn put_wrote<K>(
+    ctx: &Context,
+    ns: &str,
+    target: Target<'_, K>,
+    obj: &K,
+) -> Result<(K, Option<String>, bool), Failure>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
+    K::DynamicType: Clone + Eq + std::hash::Hash,
+{
+    let Target {
+        api,
+        kind,
+        name,
+        store,
+    } = target;
+    let failed = |source| Failure::ApplyAdmission {
+        kind,
+        name: name.to_string(),
+        source,
+    };
+    let want = serde_json::to_value(obj)
+        .map_err(kube::Error::SerdeError)
+        .map_err(failed)?;
+    let key = object_key(&api, name);
+    let print = compare::fingerprint(&want);
+    let seen = ctx.with_hcp(ns, |s| s.management.get(&key).copied());
+    let live = cache::read(ctx, ns, &api, store, name)
+        .await
+        .map_err(failed)?;
+    // The Deployment's pods' spec, and the NetworkPolicy's and PDB's spec, are the agent's
+    // whole (`management::owned_whole`): what another manager added there is named in the note
+    // and removed.
+    let (same, repair, foreign): (management::MatchFn, _, _) = match management::owned_whole(kind) {
+        Some((under, same)) => {
+            let foreign = live
+                .as_ref()
+                .and_then(|l| serde_json::to_value(l).ok())
+                .map(|l| compare::foreign_to_apply(&l, management::FIELD_MANAGER, under))
+                .unwrap_or_default();
+            // Compared whole: any difference is replaced, whoever wrote it.
+            let repair = if management::compared_whole(kind) {
+                Repair::Replace
+            } else {
+                Repair::Whole(under)
+            };
+            (same, repair, foreign)
+        }
+        None => (compare::subset, Repair::Apply, Vec::new()),
+    };
+    let applied = apply_against(&api, name, obj, live, same, repair)
+        .await
+        .map_err(failed)?;
+    if !matches!(applied, Applied::Unchanged(_)) {
+        cache::wrote(ctx, ns, &api, name, Some(applied.object()));
+    }
+    let note = match (&applied, seen) {
+        // Gone, though it was in place: whatever it held (a certificate, say) is new now.
+        (Applied::Created(_), Some(_)) => Some(format!("{kind} {name} deleted; recreated")),
+        (Applied::Updated(_), Some(p)) if p == print && foreign.is_empty() => {
+            Some(format!("{kind} {name} changed; restored"))
+        }
+        (Applied::Updated(_), _) if !foreign.is_empty() => Some(format!(
+            "{kind} {name} changed; restored: removed {}",
+            compare::summary(&foreign).unwrap_or_default()
+        )),
+        _ => None,
+    };
+    // Only an object seen to match can later be said to have drifted.
+    let in_place =
+        matches!(applied, Applied::Unchanged(_)) || written_matches(&want, applied.object());
+    ctx.with_hcp(ns, |s| {
+        s.absent.remove(&key);
+        if in_place {
+            s.management.insert(key, print);
+        } else {
+            s.management.remove(&key);
+        }
+    });
+    let wrote = !matches!(applied, Applied::Unchanged(_));
+    Ok((applied.into_object(), note, wrote))
+}
+
+fn written_matches<K: Serialize>(want: &serde_json::Value, live: &K) -> bool {
+    serde_json::to_value(live).is_ok_and(|l| compare::subset(want, &l))
+}
+
+/// Owned for garbage collection, but never blocking HyperShift's deletion of the HCP.
+pub(crate) fn owner(hcp: &HostedControlPlane) -> Option<OwnerReference> {
+    hcp.controller_owner_ref(&()).map(|o| OwnerReference {
+        block_owner_deletion: Some(false),
+        controller: Some(false),
+        ..o
+    })
+}
+
+/// What the phase found: the Deployment as the server has it, and the drift it repaired.
+pub(crate) struct AdmissionService {
+    pub(crate) deployment: Deployment,
+    pub(crate) drift: Vec<String>,
+}
+
+/// Applies the admission service where it differs from the rendering; returns the
+/// Deployment as the server has it now.
+pub(crate) async fn ensure(
+    s: &Scope<'_>,
+    certs: &CertBundle,
+    scheduling: &Scheduling,
+) -> Result<AdmissionService, Failure> {
+    let (ctx, cfg, ns, cluster) = (s.ctx, s.cfg, s.ns, s.cluster);
+    let objs = management::render(
+        cfg,
+        &HcpInputs {
+            namespace: ns,
+            agent_namespace: &ctx.agent_namespace,
+            owner: owner(s.hcp),
+            certs,
+            pdb_api: ctx.caps.pdb_api,
+            scheduling,
+            monitoring: ctx.caps.monitoring(cfg.admission.service_monitor.api_group),
+            revision: Some(s.revision),
+        },
+    )
+    .map_err(Failure::RenderAdmission)?;
+    let c = || ctx.client.clone();
+    let caches = ctx.caches();
+    let name = cfg.admission.service_name.as_str();
+    let mut drift = Vec::new();
+    let mut note = |n: Option<String>, kind: &str| {
+        if let Some(n) = n {
+            ctx.metrics
+                .management_drift
+                .get_or_create(&DriftLabels::new(ns, cluster, kind))
+                .inc();
+            drift.push(n);
+        }
+    };
+    around_the_deployment(ctx, cfg, ns, &objs, &mut note).await?;
+    monitoring(ctx, cfg, ns, &objs, &mut note).await?;
+    let (deployment, n) = put(
+        ctx,
+        ns,
+        Target {
+            api: Api::<Deployment>::namespaced(c(), ns),
+            kind: "Deployment",
+            name,
+            store: caches.deployments.as_ref().map(|s| s as _),
+        },
+        &objs.deployment,
+    )
+    .await?;
+    note(n, "Deployment");
+    Ok(AdmissionService { deployment, drift })
+}
+
+/// Everything the Deployment needs beside it: its Secrets, ServiceAccount, Service,
+/// NetworkPolicy and (where the server serves one) PodDisruptionBudget.
+async fn around_the_deployment(
+    ctx: &Context,
+    cfg: &AgentConfig,
+    ns: &str,
+    objs: &management::ManagementObjects,
+    note: &mut impl FnMut(Option<String>, &str),
+) -> Result<(), Failure> {
+    let c = || ctx.client.clone();
+    let caches = ctx.caches();
+    let name = cfg.admission.service_name.as_str();
+    let secrets = || Api::<Secret>::namespaced(c(), ns);
+    let (_, n) = put(
+        ctx,
+        ns,
+        Target {
+            api: secrets(),
+            kind: "Secret",
+            name: &management::ca_secret_name(cfg),
+            store: caches.ca_secrets.as_ref().map(|s| s as _),
+        },
+        &objs.ca_secret,
+    )
+    .await?;
+    note(n, "Secret");
+    let (_, n) = put(
+        ctx,
+        ns,
+        Target {
+            api: secrets(),
+            kind: "Secret",
+            name: &management::tls_secret_name(cfg),
+            store: caches.tls_secrets.as_ref().map(|s| s as _),
+        },
+        &objs.tls_secret,
+    )
+    .await?;
+    note(n, "Secret");
+    let (_, n) = put(
+        ctx,
+        ns,
+        Target {
+            api: Api::<ServiceAccount>::namespaced(c(), ns),
+            kind: "ServiceAccount",
+            name,
+            store: caches.service_accounts.as_ref().map(|s| s as _),
+        },
+        &objs.service_account,
+    )
+    .await?;
+    note(n, "ServiceAccount");
+    let (_, n) = put(
+        ctx,
+        ns,
+        Target {
+            api: Api::<Service>::namespaced(c(), ns),
+            kind: "Service",
+            name,
+            store: caches.services.as_ref().map(|s| s as _),
+        },
+        &objs.service,
+    )
+    .await?;
+    note(n, "Service");
+    let (_, n) = put(
+        ctx,
+        ns,
+        Target {
+            api: Api::<NetworkPolicy>::namespaced(c(), ns),
+            kind: "NetworkPolicy",
+            name,
+            store: caches.network_policies.as_ref().map(|s| s as _),
+        },
+        &objs.network_policy,
+    )
+    .await?;
+    note(n, "NetworkPolicy");
+    if let (Some(pdb), Some(ar)) = (&objs.pdb, ctx.caps.pdb_api.api_resource()) {
+        let api = Api::<DynamicObject>::namespaced_with(c(), ns, &ar);
+        let (_, n) = put(
+            ctx,
+            ns,
+            Target {
+                api,
+                kind: "PodDisruptionBudget",
+                name,
+                store: caches.pdbs.as_ref().map(|s| s as _),
+            },
+            pdb,
+        )
+        .await?;
+        note(n, "PodDisruptionBudget");
+    }
+    Ok(())
+}
+
+/// The ServiceMonitor in the configured API group and the platform Prometheus's RoleBinding;
+/// whatever the configuration no longer asks for (another group, `none`, access turned off)
+/// is removed, in every group the cluster serves.
+async fn monitoring(
+    ctx: &Context,
+    cfg: &AgentConfig,
+    ns: &str,
+    objs: &management::ManagementObjects,
+    note: &mut impl FnMut(Option<String>, &str),
+) -> Result<(), Failure> {
+    let name = cfg.admission.service_name.as_str();
+    let wanted = ctx.caps.monitoring(cfg.admission.service_monitor.api_group);
+    for api in ctx.caps.monitoring_apis() {
+        let Some(ar) = management::service_monitor_resource(api) else {
+            continue;
+        };
+        let monitors = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &ar);
+        match (&objs.service_monitor, api == wanted) {
+            (Some(sm), true) => {
+                let (_, n) = put(
+                    ctx,
+                    ns,
+                    Target {
+                        api: monitors,
+                        kind: "ServiceMonitor",
+                        name,
+                        store: None,
+                    },
+                    sm,
+                )
+                .await?;
+                note(n, "ServiceMonitor");
+            }
+            _ => remove(ctx, ns, &monitors, "ServiceMonitor", name).await?,
+        }
+    }
+    if ctx.caps.monitoring(MonitoringApi::Coreos) == MonitoringApi::Coreos {
+        let bindings = Api::<RoleBinding>::namespaced(ctx.client.clone(), ns);
+        let rb_name = management::prometheus_binding_name(cfg);
+        match &objs.prometheus_binding {
+            Some(rb) => {
+                let (_, n) = put(
+                    ctx,
+                    ns,
+                    Target {
+                        api: bindings,
+                        kind: "RoleBinding",
+                        name: &rb_name,
+                        store: None,
+                    },
+                    rb,
+                )
+                .await?;
+                note(n, "RoleBinding");
+            }
+            None => remove(ctx, ns, &bindings, "RoleBinding", &rb_name).await?,
+        }
+    }
+    Ok(())
+}
+
+/// Deletes an object the configuration no longer asks for. Only one this agent has seen in
+/// place since it started is certain to exist; after a restart one DELETE per reconcile finds
+/// out (a 404 is what was wanted).
+pub(crate) async fn remove<K>(
+    ctx: &Context,
+    ns: &str,
+    api: &Api<K>,
+    kind: &'static str,
+    name: &str,
+) -> Result<(), Failure>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let key = object_key(api, name);
+    if ctx.with_hcp(ns, |s| s.absent.contains(&key)) {
+        return Ok(());
+    }
+    delete_if_present(api, name)
+        .await
+        .map_err(|source| Failure::ApplyAdmission {
+            kind,
+            name: name.to_string(),
+            source,
+        })?;
+    cache::wrote::<K, _>(ctx, ns, api, name, None);
+    ctx.with_hcp(ns, |s| {
+        s.management.remove(&key);
+        s.absent.insert(key);
+    });
+    Ok(())
+}

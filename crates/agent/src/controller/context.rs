@@ -1,0 +1,465 @@
+//! The controller's context: the clients and settings every reconcile shares, and one
+//! `HcpState` per HCP namespace holding what lives between reconciles (the hosted client, the
+//! drift watch and probe tasks, the failure count, the roll-up row). Forgetting an HCP is one
+//! removal from one map. Nothing here must survive a restart: certificates live in Secrets,
+//! history and drift totals in each HCP's `AdmissionHealth`.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Client, ResourceExt};
+use tokio::sync::{Notify, mpsc};
+
+use super::discovery::Capabilities;
+use super::endpoints::AdmissionEndpoints;
+use crate::hosted::clients::HostedClient;
+use crate::metrics::{HcpLabels, Metrics};
+use hcp_fleet_model::crd::{ComplianceState, HostedControlPlane};
+use hcp_fleet_render::config::AgentConfig;
+use hcp_fleet_render::hosted::wanted::Wanted;
+use hcp_fleet_render::reporting::RollupRow;
+
+/// A lock that survives a panic elsewhere: every critical section here leaves the data
+/// consistent, so a poisoned lock is taken as it is rather than skipping the work.
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A spawned task that ends with its owner.
+pub(super) struct AbortOnDrop(pub(super) tokio::task::JoinHandle<()>);
+
+impl AbortOnDrop {
+    pub(super) fn is_running(&self) -> bool {
+        !self.0.is_finished()
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// What one HCP's background tasks share with its reconciles.
+#[derive(Default)]
+pub(super) struct WatchShared {
+    /// What the agent last applied, as the drift watch compares live objects with it.
+    pub(crate) desired: Option<Wanted>,
+    /// Whether `desired` has been installed: until it has, a listing that lacks or differs
+    /// from it is the install still to come, not drift.
+    pub(crate) applied: bool,
+    /// Drift seen since the last reconcile (reported, then cleared).
+    pub(crate) drift_notes: Vec<String>,
+    /// The last end-to-end probe verdict.
+    pub(crate) probe: Option<ComplianceState>,
+    /// What the probe's answers must prove (the HCP's probe key; whether a rollout is on).
+    pub(crate) proof: super::proof::Proof,
+    /// The canaries of the guards enforced now, sent one per probe round in turn.
+    pub(crate) canaries: Arc<Vec<super::canary::Planned>>,
+    /// Each guard's last canary result (guards no longer planned are dropped).
+    pub(crate) canary_results: std::collections::BTreeMap<String, super::canary::Shown>,
+    /// Which canary goes next.
+    pub(crate) canary_next: usize,
+    /// Why the connection to the hosted cluster is down, while it is (set and cleared by the
+    /// drift watch: a dropped watch, then an answer again).
+    pub(crate) lost: Option<String>,
+}
+
+/// The tasks that run between reconciles for one hosted cluster.
+pub(super) struct HostedWatch {
+    pub(crate) server: String,
+    /// What the server offered when the watch started (which kinds it watches).
+    pub(crate) features: hcp_fleet_render::hosted::objects::HostedFeatures,
+    pub(crate) shared: Arc<Mutex<WatchShared>>,
+    pub(crate) drift: AbortOnDrop,
+    pub(crate) probe: Option<AbortOnDrop>,
+}
+
+/// Everything the agent holds for one HCP namespace between reconciles.
+#[derive(Default)]
+pub struct HcpState {
+    pub(super) failures: u32,
+    pub(super) rollup: Option<RollupRow>,
+    pub(super) hosted_client: Option<HostedClient>,
+    pub(super) watch: Option<HostedWatch>,
+    /// Management-side objects seen in place as rendered, by `Kind/name`, with the
+    /// fingerprint of that rendering: a later write to one of them is drift. A cache only: a
+    /// restarted agent counts drift from its first look.
+    pub(super) management: HashMap<String, u64>,
+    /// Objects the configuration no longer asks for, seen deleted (same keys): not asked
+    /// about again until the agent writes them once more. A cache only, like `management`.
+    pub(super) absent: std::collections::HashSet<String>,
+    /// Reconciles in a row that found a replica not yet serving the current certificate
+    /// (the previous CA stays trusted meanwhile); paces the next look.
+    pub(super) unsettled: u32,
+    /// The hosted cluster's identity (kube-system UID), once this namespace's claim on it
+    /// is confirmed; cleared with the hosted client.
+    pub(super) hosted_identity: Option<String>,
+    /// Whether the admission Deployment was available at the last look: losing it afterwards
+    /// is an outage (NonCompliant), not a rollout in progress (Pending).
+    pub(super) served: bool,
+    /// What the agent last knew of each management-side object it reads (same keys as
+    /// `management`): whether its watch store may stand in for a read (`cache.rs`).
+    pub(super) seen: HashMap<String, super::cache::Seen>,
+    /// When a reconcile first found this HCP Pending with no health record yet
+    /// (`report::NEW_RECORD_GRACE`).
+    pub(super) first_pending: Option<std::time::Instant>,
+    /// The serving certificate (fingerprint) every replica was seen to serve, the hosted
+    /// caBundle narrowed to its CA (`trust::hosted_bundle`).
+    pub(super) settled_for: Option<u64>,
+    /// Reconciles in a row that wanted static guards not yet proven in force; paces the next
+    /// look (`reconcile::static_wait`).
+    pub(super) static_waits: u32,
+}
+
+/// How to run the controller.
+pub struct RunOptions {
+    /// The agent's namespace (its Lease).
+    pub agent_namespace: String,
+    /// How the hosted kube-apiserver reaches the admission services.
+    pub endpoints: Arc<dyn AdmissionEndpoints>,
+}
+
+pub struct Context {
+    pub(crate) client: Client,
+    pub config: Arc<RwLock<Arc<AgentConfig>>>,
+    pub metrics: Arc<Metrics>,
+    pub caps: Capabilities,
+    pub(crate) agent_namespace: String,
+    pub(crate) endpoints: Arc<dyn AdmissionEndpoints>,
+    /// Queues a reconcile of one HCP (drift seen, probe verdict changed).
+    pub(super) requeue: mpsc::UnboundedSender<ObjectRef<HostedControlPlane>>,
+    hcps: Mutex<HashMap<String, HcpState>>,
+    /// UIDs of deleted HCPs (a UID is never reused, so a recreated HCP is not affected).
+    tombstones: Mutex<HashSet<String>>,
+    pub(super) rollup_changed: Notify,
+    /// The management cluster's identity (the UID of its kube-system namespace), read once.
+    management_identity: tokio::sync::OnceCell<String>,
+    /// What publishes the agent's Events (shared with the drift tasks: one for the fleet, not
+    /// a copy per hosted cluster).
+    pub(super) events: Arc<Publisher>,
+    /// The watch stores of the agent's own management objects (filled by `run`).
+    caches: RwLock<super::cache::Caches>,
+    /// The rollout as last read or written (`rollout.rs`): which revision each HCP runs.
+    rollout: RwLock<Arc<hcp_fleet_render::rollout::RolloutView>>,
+    /// Why the rollout is halted, while it is (the fleet report says so).
+    rollout_halt: Mutex<Option<String>>,
+    /// Why the configuration file last read was refused, while the agent runs an older one
+    /// (the rollout's `ConfigurationAccepted` condition says so).
+    config_refused: Mutex<Option<String>>,
+    /// What is known of other installations' Leases, by namespace, and since when
+    /// (`ownership.rs`: whether the installation that owns an HCP lives).
+    pub(super) owner_leases: Mutex<HashMap<String, OwnerLease>>,
+}
+
+/// Whether another installation lived when last asked (an error where the server would not
+/// say), and when that was.
+pub(super) type OwnerLease = (std::time::Instant, Result<bool, String>);
+
+/// The metric labels of one hosted cluster.
+pub fn hcp_labels(ns: &str, cluster: &str) -> HcpLabels {
+    HcpLabels {
+        hcp_namespace: ns.to_string(),
+        hosted_cluster: cluster.to_string(),
+    }
+}
+
+/// The client and reporter the agent publishes its Events with.
+pub(super) struct Publisher {
+    client: Client,
+    /// Who the agent's Events say reported them.
+    reporter: Reporter,
+}
+
+impl Publisher {
+    /// Publishes `ev` about `reference` as an Event of its own. kube's `Recorder` keys its
+    /// cache by type, reason and action but not the note, so a second NonCompliant Event with
+    /// a new message would only bump the first one's count and keep its old message (client-go
+    /// keys by the note too): an SRE would read why the cluster failed an hour ago. A recorder
+    /// without history per Event keeps each message; the agent only publishes when a message
+    /// changes, so nothing repeats.
+    pub(super) async fn publish(
+        &self,
+        ev: &kube::runtime::events::Event,
+        reference: &k8s_openapi::api::core::v1::ObjectReference,
+    ) -> Result<(), kube::Error> {
+        Recorder::new(self.client.clone(), self.reporter.clone())
+            .publish(ev, reference)
+            .await
+    }
+
+    /// A Warning with `reason`, `action` and `note` (cut to what the API server takes) about
+    /// `reference`, published from a task of its own: the management API's rate limit must
+    /// hold up neither a repair nor a configuration reload. A failure is logged.
+    pub(super) fn warn_detached(
+        self: &Arc<Self>,
+        reference: k8s_openapi::api::core::v1::ObjectReference,
+        reason: &str,
+        action: &str,
+        note: &str,
+    ) {
+        use kube::runtime::events::{Event, EventType};
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let ev = Event {
+            type_: EventType::Warning,
+            reason: reason.into(),
+            note: Some(hcp_fleet_render::reporting::event_note(note)),
+            action: action.into(),
+            secondary: None,
+        };
+        let publisher = Arc::clone(self);
+        rt.spawn(tracing::Instrument::in_current_span(async move {
+            if let Err(e) = publisher.publish(&ev, &reference).await {
+                tracing::warn!(error = %crate::human::KubeError(&e), reason = %ev.reason, "publishing an Event failed");
+            }
+        }));
+    }
+}
+
+impl Context {
+    /// `Publisher::publish`, with the agent's client and reporter.
+    pub(super) async fn publish(
+        &self,
+        ev: &kube::runtime::events::Event,
+        reference: &k8s_openapi::api::core::v1::ObjectReference,
+    ) -> Result<(), kube::Error> {
+        self.events.publish(ev, reference).await
+    }
+
+    /// Publishes a Warning about the agent itself on its AdmissionRollout (`fleet` in its
+    /// namespace, the object `kubectl get admissionrollout` shows), from a task of its own.
+    pub fn warn_about_agent(&self, reason: &str, note: String) {
+        let reference = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some(
+                <hcp_fleet_model::crd::admission_rollout::AdmissionRollout as kube::Resource>::api_version(
+                    &(),
+                )
+                .into_owned(),
+            ),
+            kind: Some("AdmissionRollout".into()),
+            name: Some(hcp_fleet_model::crd::admission_rollout::ROLLOUT_NAME.into()),
+            namespace: Some(self.agent_namespace.clone()),
+            ..Default::default()
+        };
+        self.events
+            .warn_detached(reference, reason, "ReadConfiguration", &note);
+    }
+
+    pub fn new(
+        client: Client,
+        config: Arc<RwLock<Arc<AgentConfig>>>,
+        metrics: Arc<Metrics>,
+        caps: Capabilities,
+        opts: RunOptions,
+    ) -> (
+        Arc<Self>,
+        mpsc::UnboundedReceiver<ObjectRef<HostedControlPlane>>,
+    ) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let reporter = Reporter {
+            controller: "hcp-fleet-agent".into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        // Each phase's error counter from zero, so the first failure shows in `increase`
+        // (the alerts on reconcile errors and refused kubeconfigs).
+        for phase in super::error::Phase::ALL {
+            let _ = metrics
+                .reconcile_errors
+                .get_or_create(&crate::metrics::PhaseLabels {
+                    phase: phase.as_str().into(),
+                });
+        }
+        let events = Arc::new(Publisher {
+            client: client.clone(),
+            reporter,
+        });
+        let ctx = Arc::new(Self {
+            events,
+            client,
+            config,
+            metrics,
+            caps,
+            agent_namespace: opts.agent_namespace,
+            endpoints: opts.endpoints,
+            requeue: tx,
+            hcps: Mutex::new(HashMap::new()),
+            tombstones: Mutex::new(HashSet::new()),
+            rollup_changed: Notify::new(),
+            management_identity: tokio::sync::OnceCell::new(),
+            caches: RwLock::default(),
+            rollout: RwLock::default(),
+            rollout_halt: Mutex::new(None),
+            config_refused: Mutex::new(None),
+            owner_leases: Mutex::default(),
+        });
+        (ctx, rx)
+    }
+
+    pub(super) fn rollout_view(&self) -> Arc<hcp_fleet_render::rollout::RolloutView> {
+        self.rollout
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(super) fn set_rollout_view(&self, view: hcp_fleet_render::rollout::RolloutView) {
+        *self.rollout.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(view);
+    }
+
+    /// Why the rollout is halted, while it is.
+    /// Records the outcome of reading the configuration file: `Some(why)` when refused.
+    pub fn set_config_refused(&self, why: Option<String>) {
+        *lock(&self.config_refused) = why;
+    }
+
+    pub(super) fn config_refused(&self) -> Option<String> {
+        lock(&self.config_refused).clone()
+    }
+
+    pub(super) fn rollout_halt(&self) -> Option<String> {
+        lock(&self.rollout_halt).clone()
+    }
+
+    /// Sets it; `true` when it changed.
+    pub(super) fn set_rollout_halt(&self, halt: Option<String>) -> bool {
+        let mut h = lock(&self.rollout_halt);
+        let changed = *h != halt;
+        *h = halt;
+        changed
+    }
+
+    /// The watch stores (empty until the controller runs: every read then goes to the server).
+    pub(super) fn caches(&self) -> super::cache::Caches {
+        self.caches
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(super) fn set_caches(&self, caches: super::cache::Caches) {
+        *self.caches.write().unwrap_or_else(PoisonError::into_inner) = caches;
+    }
+
+    /// The configuration in force (swapped whole on reload).
+    pub fn config(&self) -> Arc<AgentConfig> {
+        self.config
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Runs `f` on the state of `ns`, creating it if this is the HCP's first reconcile.
+    pub(super) fn with_hcp<R>(&self, ns: &str, f: impl FnOnce(&mut HcpState) -> R) -> R {
+        f(lock(&self.hcps).entry(ns.to_string()).or_default())
+    }
+
+    /// Runs `f` on the state of `ns` if the agent holds one (a watch event must not create it).
+    pub(super) fn with_known_hcp(&self, ns: &str, f: impl FnOnce(&mut HcpState)) {
+        if let Some(s) = lock(&self.hcps).get_mut(ns) {
+            f(s);
+        }
+    }
+
+    /// The management cluster's identity: the UID of its kube-system namespace, read on first
+    /// use and kept (a UID never changes).
+    pub(super) async fn management_identity(&self) -> Result<String, kube::Error> {
+        self.management_identity
+            .get_or_try_init(|| async {
+                let ns =
+                    kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(self.client.clone())
+                        .get("kube-system")
+                        .await?;
+                Ok(ns.metadata.uid.unwrap_or_default())
+            })
+            .await
+            .cloned()
+    }
+
+    /// The management cluster's identity if it has been read.
+    pub(super) fn management_uid(&self) -> Option<String> {
+        self.management_identity.get().cloned()
+    }
+
+    /// All HCP states, for the few places that need the whole fleet at once.
+    pub(super) fn hcps(&self) -> MutexGuard<'_, HashMap<String, HcpState>> {
+        lock(&self.hcps)
+    }
+
+    /// How many hosted clients the agent holds (one per reachable hosted cluster).
+    pub fn hosted_clients(&self) -> usize {
+        lock(&self.hcps)
+            .values()
+            .filter(|s| s.hosted_client.is_some())
+            .count()
+    }
+
+    /// The roll-up rows, by HCP namespace.
+    pub(super) fn rollup_rows(&self) -> BTreeMap<String, RollupRow> {
+        lock(&self.hcps)
+            .iter()
+            .filter_map(|(ns, s)| s.rollup.clone().map(|r| (ns.clone(), r)))
+            .collect()
+    }
+
+    /// This HCP (by UID, never reused) was seen deleted.
+    pub(super) fn is_deleted(&self, hcp: &HostedControlPlane) -> bool {
+        hcp.uid()
+            .is_some_and(|uid| lock(&self.tombstones).contains(&uid))
+    }
+
+    /// Records a deletion before `forget`, so a reconcile still in flight cannot bring the HCP
+    /// back.
+    pub(super) fn tombstone(&self, uid: String) {
+        lock(&self.tombstones).insert(uid);
+    }
+
+    /// Everything the agent holds for an HCP that went away: its state (which stops its
+    /// tasks and drops its client), its metric series and its roll-up row.
+    /// `cluster` is the HCP's name (which names its metric series).
+    pub(crate) fn forget(&self, ns: &str, cluster: &str) {
+        self.drop_state(ns, cluster);
+        self.metrics.set_owned_elsewhere(ns, None);
+    }
+
+    /// Everything held of the HCP (its watches, its row, its series), as `forget`, but not
+    /// the note that another installation owns it.
+    pub(super) fn drop_state(&self, ns: &str, cluster: &str) {
+        {
+            let mut hcps = lock(&self.hcps);
+            hcps.remove(ns);
+            self.count_known(&hcps);
+        }
+        self.metrics.forget(ns, cluster);
+        self.rollup_changed.notify_one();
+    }
+
+    /// `hcp_fleet_hosted_clusters`: the HCPs that have a roll-up row (were reported).
+    pub(super) fn count_known(&self, hcps: &HashMap<String, HcpState>) {
+        let known = hcps.values().filter(|s| s.rollup.is_some()).count();
+        self.metrics.hosted_clusters.set(known as i64);
+    }
+}
+
+impl super::cache::SeenLog for Context {
+    fn last_seen(&self, ns: &str, key: &str) -> Option<super::cache::Seen> {
+        self.with_hcp(ns, |s| s.seen.get(key).cloned())
+    }
+
+    fn record_seen(&self, ns: &str, key: String, seen: super::cache::Seen) {
+        self.with_hcp(ns, |s| s.seen.insert(key, seen));
+    }
+
+    fn mark_delivered(&self, ns: &str, key: &str, rv: &str) {
+        self.with_known_hcp(ns, |s| {
+            if let Some(seen) = s.seen.get_mut(key)
+                && *seen == super::cache::Seen::At(rv.to_string())
+            {
+                *seen = super::cache::Seen::Delivered;
+            }
+        });
+    }
+}

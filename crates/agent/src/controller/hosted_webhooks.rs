@@ -1,0 +1,530 @@
+//! Phase 5 and 6: the guards in the hosted cluster (webhook configurations and, where served,
+//! admission policies with their bindings), applied where they differ and pruned where no
+//! longer wanted, with the drift watch told the new desired state before the write so the
+//! agent's own write is never taken for drift.
+//!
+//! A guard that moves between engines is never unguarded: the new path is written first and
+//! proven in force by the probe of its revision before the old one is removed.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::core::v1::Service;
+use kube::api::ListParams;
+use kube::{Api, Client, ResourceExt};
+
+use super::apply::{Applied, Repair, apply_against, apply_or_delete, delete_if_present};
+
+use super::context::{Context, lock};
+use super::error::Failure;
+use super::proof::Proof;
+use super::scope::Scope;
+use super::static_guards::{StaticState, Statics};
+use super::{probe, watches};
+use crate::hosted::clients::HostedClient;
+use crate::metrics::EngineLabels;
+use hcp_fleet_render::hosted::admission_policies;
+use hcp_fleet_render::hosted::admission_policies::{Engine, type_warnings};
+use hcp_fleet_render::hosted::objects;
+use hcp_fleet_render::hosted::objects::HostedFeatures;
+use hcp_fleet_render::hosted::static_guards;
+use hcp_fleet_render::hosted::wanted::Wanted;
+use hcp_fleet_render::hosted::webhooks;
+use hcp_fleet_render::hosted::webhooks::{HostedWebhooks, MUTATING_NAME, VALIDATING_NAME};
+
+/// What the phase found: how many configurations are installed, and the drift repaired since
+/// the last reconcile (one note per change by someone else).
+pub(crate) struct Installed {
+    pub(crate) configurations: usize,
+    pub(crate) drift: Vec<String>,
+    /// Where the exemptions are applied: by the API server (matchConditions), or by the
+    /// admission service after the call.
+    pub(crate) exemptions_in_api_server: bool,
+    /// Guards carried by webhooks and by admission policies.
+    pub(crate) guards: (usize, usize),
+    /// Guards not on the engine asked for, and why.
+    pub(crate) notes: Vec<String>,
+    /// What the API server's type check says is wrong in the agent's policies.
+    pub(crate) type_warnings: Vec<String>,
+    /// The revisions the probe asks for.
+    pub(crate) targets: probe::ProbeTargets,
+    /// Static guards are wanted whose revision is not yet proven in force (just written, or
+    /// the hosted kube-apiserver does not load them): the reconcile looks again.
+    pub(crate) static_waiting: bool,
+    /// Guards asking for engine static that are not on it, and why (Pending while the
+    /// hosted kube-apiserver may still be loading the files, then NonCompliant).
+    pub(crate) static_notes: Vec<String>,
+    /// This hosted kube-apiserver cannot load them at all (NonCompliant at once).
+    pub(crate) static_refused: bool,
+}
+
+/// What the guards in a hosted cluster are to trust and run, and what their answers prove.
+pub(crate) struct Want<'a> {
+    /// The caBundle the webhook configurations carry.
+    pub(crate) ca_bundle: &'a str,
+    /// The configuration revision (the rollout's) they are annotated with.
+    pub(crate) revision: &'a str,
+    /// What the probe's and the canaries' answers must prove.
+    pub(crate) proof: &'a Proof,
+    /// The static guards, their ConfigMap put in place where that only adds guards (phase 3).
+    pub(crate) statics: &'a Statics,
+}
+
+/// Fails when a Service in the HCP namespace would make HyperShift delete the guest webhooks
+/// at `url_base` (an unlabelled Service whose name the URL contains).
+async fn not_condemned(
+    ctx: &Context,
+    index: Option<&super::guest_services::GuestServices>,
+    ns: &str,
+    url_base: &str,
+) -> Result<(), Failure> {
+    let indexed = match index {
+        Some(index) => index.unlabelled(ns).await,
+        None => None,
+    };
+    let unlabelled = match indexed {
+        Some(names) => names,
+        None => {
+            let services = Api::<Service>::namespaced(ctx.client.clone(), ns)
+                .list(&ListParams::default())
+                .await
+                .map_err(Failure::ListServices)?;
+            hcp_fleet_render::management::unlabelled_services(&services.items)
+        }
+    };
+    let condemning = hcp_fleet_render::management::names_condemning(url_base, &unlabelled);
+    if condemning.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure::GuestWebhooksCondemned {
+            url: url_base.to_string(),
+            services: condemning,
+        })
+    }
+}
+
+/// What the install came to: the type checker's warnings, or the failure as reported.
+fn outcome(
+    installed: Result<Result<Vec<String>, InstallError>, tokio::time::error::Elapsed>,
+    hosted: &HostedClient,
+    timeout: Duration,
+) -> Result<Vec<String>, Failure> {
+    match installed {
+        Ok(Ok(warnings)) => Ok(warnings),
+        Ok(Err(InstallError::Api(source))) => Err(Failure::HostedApi {
+            server: hosted.server.clone(),
+            secret: hosted.secret.clone(),
+            source,
+        }),
+        Ok(Err(InstallError::Unproven { to, why })) => Err(Failure::SwitchUnproven {
+            server: hosted.server.clone(),
+            to,
+            seconds: timeout.as_secs(),
+            why,
+        }),
+        Err(_) => Err(Failure::HostedTimeout {
+            server: hosted.server.clone(),
+            seconds: (timeout * 2).as_secs(),
+        }),
+    }
+}
+
+pub(crate) async fn ensure(
+    s: &Scope<'_>,
+    hosted: &HostedClient,
+    want: Want<'_>,
+) -> Result<Installed, Failure> {
+    let (ctx, cfg, ns, cluster) = (s.ctx, s.cfg, s.ns, s.cluster);
+    let Want {
+        ca_bundle,
+        revision,
+        proof,
+        statics,
+    } = want;
+    let url_base = url_base(s).await?;
+    let mut features = hosted.features().await;
+    let timeout = cfg.hosted_access.request_timeout();
+    let in_force = statics.in_force(hosted, features, timeout, proof).await;
+    features.static_guards = in_force == StaticState::InForce;
+    let mut desired = webhooks::render(cfg, ns, &url_base, ca_bundle, features)
+        .map_err(Failure::RenderWebhooks)?
+        .annotated(hcp_fleet_render::rollout::REVISION_ANNOTATION, revision);
+    if in_force == StaticState::InForce {
+        desired.static_guards = statics.wanted.guards();
+        desired.static_revision = statics.wanted.revision.clone();
+    }
+    // Hosted access has confirmed the claim (and read the management identity) first.
+    if let Some(uid) = ctx.management_uid() {
+        desired = desired.claimed(&webhooks::claim_value(&uid, ns));
+    }
+    let (notes, static_notes) = engine_notes(cfg, features, &in_force);
+    let want = usize::from(desired.validating.is_some()) + usize::from(desired.mutating.is_some());
+    let guards = desired.guards();
+    let labels = s.labels();
+    let m = &ctx.metrics;
+    m.webhooks_desired.get_or_create(&labels).set(want as i64);
+    for (engine, n) in [
+        (Engine::Webhook, guards.0),
+        (Engine::Policy, guards.1),
+        (Engine::Static, desired.static_guards.len()),
+    ] {
+        m.guards
+            .get_or_create(&EngineLabels::new(ns, cluster, engine.as_str()))
+            .set(n as i64);
+    }
+    let wanted = Wanted::of(&desired);
+    watches::ensure_drift_watch(s, hosted, wanted.clone(), features);
+    let canaries = super::canary::shared_plan(cfg, &desired);
+    ctx.with_hcp(ns, |s| {
+        if let Some(w) = s.watch.as_ref() {
+            let mut shared = lock(&w.shared);
+            shared.proof = proof.clone();
+            shared
+                .canary_results
+                .retain(|g, _| canaries.iter().any(|p| &p.guard == g));
+            shared.canaries = canaries;
+        }
+    });
+    let t0 = Instant::now();
+    // The deadline covers the writes and, when a guard moves, one proof of the new path.
+    let installed = tokio::time::timeout(
+        timeout * 2,
+        install(
+            &hosted.client(),
+            &desired,
+            &admission_policies::names_ours(&cfg.webhooks),
+            features,
+            timeout,
+            proof,
+        ),
+    )
+    .await;
+    m.hosted_latency
+        .get_or_create(&labels)
+        .observe(t0.elapsed().as_secs_f64());
+    let type_warnings = match outcome(installed, hosted, timeout) {
+        Ok(w) => w,
+        Err(f) => {
+            m.hosted_errors.get_or_create(&labels).inc();
+            m.webhooks_installed.get_or_create(&labels).set(0);
+            return Err(f);
+        }
+    };
+    m.webhooks_installed.get_or_create(&labels).set(want as i64);
+    // Every guard leaving the static guards has its API-side path proven now: the files may
+    // follow.
+    let wrote_statics = statics.ensure_after(s).await?;
+    let drift = installed_as(ctx, ns, &wanted);
+    Ok(Installed {
+        configurations: want,
+        drift,
+        exemptions_in_api_server: features.match_conditions,
+        guards,
+        notes,
+        type_warnings,
+        targets: probe::ProbeTargets {
+            static_guards: desired.static_revision.clone(),
+            ..probe::ProbeTargets::of(&wanted, proof.clone())
+        },
+        static_waiting: statics.wanted.revision.is_some()
+            && (in_force != StaticState::InForce || wrote_statics),
+        static_refused: matches!(in_force, StaticState::Refused(_)),
+        static_notes,
+    })
+}
+
+/// Where the hosted kube-apiserver calls the admission service, once no Service in the HCP
+/// namespace would make HyperShift delete webhooks pointing there.
+async fn url_base(s: &Scope<'_>) -> Result<String, Failure> {
+    let (ctx, cfg, ns) = (s.ctx, s.cfg, s.ns);
+    let caches = ctx.caches();
+    let service = caches
+        .services
+        .and_then(|s| s.get(ns, &cfg.admission.service_name))
+        .and_then(Result::ok);
+    let url_base = ctx
+        .endpoints
+        .url_base(&ctx.client, cfg, ns, service.as_ref())
+        .await;
+    // Installing what HyperShift deletes at once would be a fight counted as drift forever.
+    not_condemned(ctx, caches.guest_services.as_ref(), ns, &url_base).await?;
+    Ok(url_base)
+}
+
+/// Tells the drift watch that `wanted` is installed (from now on a listing that differs is
+/// drift), and takes the drift it noted meanwhile.
+fn installed_as(ctx: &super::context::Context, ns: &str, wanted: &Wanted) -> Vec<String> {
+    ctx.with_hcp(ns, |s| {
+        s.watch
+            .as_ref()
+            .map(|w| {
+                let mut shared = lock(&w.shared);
+                if shared.desired.as_ref() == Some(wanted) {
+                    shared.applied = true;
+                }
+                std::mem::take(&mut shared.drift_notes)
+            })
+            .unwrap_or_default()
+    })
+}
+
+/// The guards not on the engine asked for, and why: (the others, and for those asking for
+/// static, one note that says first why the static guards are not in force: a record's
+/// message is cut at a length, and eight guards' names would hide the reason).
+fn engine_notes(
+    cfg: &hcp_fleet_render::config::AgentConfig,
+    features: HostedFeatures,
+    in_force: &StaticState,
+) -> (Vec<String>, Vec<String>) {
+    let (mut notes, mut waiting) = (Vec::new(), Vec::new());
+    for w in cfg.active_webhooks() {
+        if let Some(note) = admission_policies::engine_of(w, features).1 {
+            if static_guards::is_static(w) {
+                waiting.push(w.name.as_str());
+            } else {
+                notes.push(note);
+            }
+        }
+    }
+    let static_notes = match in_force {
+        StaticState::Waiting(why) | StaticState::Refused(why) if !waiting.is_empty() => {
+            vec![format!(
+                "the static guards are not in force in this hosted kube-apiserver: {why}; the {} guard(s) asking for engine static run where engine auto puts them meanwhile ({}; docs/static-guards.md)",
+                waiting.len(),
+                waiting.join(", ")
+            )]
+        }
+        _ => Vec::new(),
+    };
+    (notes, static_notes)
+}
+
+/// Why `install` stopped.
+#[derive(Debug)]
+pub(crate) enum InstallError {
+    Api(kube::Error),
+    /// The path guards move to did not answer its probe in time; the old one was kept.
+    Unproven {
+        to: &'static str,
+        why: String,
+    },
+}
+
+impl From<kube::Error> for InstallError {
+    fn from(e: kube::Error) -> Self {
+        InstallError::Api(e)
+    }
+}
+
+/// Does the live validating configuration still hold a webhook entry for a guard that now
+/// runs as a policy?
+async fn guards_still_on_webhooks(
+    hosted: &Client,
+    wanted: &admission_policies::AdmissionPolicies,
+) -> Result<bool, kube::Error> {
+    let guards: BTreeSet<&str> = wanted.guards().collect();
+    if guards.is_empty() {
+        return Ok(false);
+    }
+    Ok(Api::<ValidatingWebhookConfiguration>::all(hosted.clone())
+        .get_opt(VALIDATING_NAME)
+        .await?
+        .and_then(|v| v.webhooks)
+        .unwrap_or_default()
+        .iter()
+        .any(|w| guards.contains(w.name.as_str())))
+}
+
+/// The object named `name`, taken out of `live` (what remains is not wanted).
+fn take_named<K: ResourceExt>(live: &mut Vec<K>, name: &str) -> Option<K> {
+    let at = live.iter().position(|o| o.name_any() == name)?;
+    Some(live.swap_remove(at))
+}
+
+/// Waits until the probe of `engine` at `revision` is answered, for at most `within`.
+async fn prove(
+    hosted: &Client,
+    engine: Engine,
+    revision: Option<&str>,
+    within: Duration,
+    proof: &Proof,
+) -> Result<(), InstallError> {
+    let to = match engine {
+        Engine::Webhook => "webhooks",
+        Engine::Policy => "admission policies",
+        Engine::Static => "static guards",
+    };
+    let Some(revision) = revision else {
+        return Err(InstallError::Unproven {
+            to,
+            why: "no probe is installed on that path".into(),
+        });
+    };
+    let deadline = Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match probe::probe_path(
+            hosted,
+            left.max(Duration::from_secs(1)),
+            engine,
+            revision,
+            proof,
+        )
+        .await
+        {
+            Ok(_) => return Ok(()),
+            Err(why) if Instant::now() >= deadline => {
+                return Err(InstallError::Unproven {
+                    to,
+                    why: why.to_string(),
+                });
+            }
+            // The API server reloads admission policies about once a second.
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// The objects of `api` named in `ours`, each read by its name. Not a list by label: a tenant can label objects of their own like the
+/// agent's, as many and as large as they like, and the agent would read them all each time.
+/// Read from the API server's watch cache (`resourceVersion=0`), not etcd: a reconcile runs
+/// after every tampering, and a quorum read per name slowed the repairs of a tenant who
+/// deletes a guard whenever it exists. A stale read costs at most a replace refused at its
+/// version and read again (`apply::apply_against`); a change it missed reaches the drift watch.
+async fn read_ours<K>(api: &Api<K>, ours: &BTreeSet<String>) -> Result<Vec<K>, kube::Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    // One at a time: read together they queued twenty requests at once, and the connection's
+    // queues keep the room they grew to (`hosted::watch::Watched`).
+    let cached = kube::api::GetParams::any();
+    let mut found = Vec::new();
+    for name in ours {
+        match api.get_with(name, &cached).await {
+            Ok(o) => found.push(o),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(found)
+}
+
+/// Everything the agent wants in one hosted cluster, in an order that never leaves a guard
+/// without a path: policies and bindings are added and (if any was written, or a guard still
+/// has its webhook entry) proven in force, then the webhook configurations are written, then
+/// (if a policy going belongs to a guard now on a webhook) the webhooks are proven, then the
+/// policies no longer wanted go. Stateless: a reconcile that stopped half-way is finished by
+/// the next, with the same proofs. Returns the type-check
+/// warnings of the policies as the server has them.
+pub(crate) async fn install(
+    hosted: &Client,
+    desired: &HostedWebhooks,
+    ours: &BTreeSet<String>,
+    features: HostedFeatures,
+    within: Duration,
+    proof: &Proof,
+) -> Result<Vec<String>, InstallError> {
+    let papi = Api::<ValidatingAdmissionPolicy>::all(hosted.clone());
+    let bapi = Api::<ValidatingAdmissionPolicyBinding>::all(hosted.clone());
+    let wanted = &desired.policies;
+    let mut warnings = Vec::new();
+    // What is there of every name the agent may have written: compared against, and pruned
+    // from, below.
+    let (mut live_policies, mut live_bindings) = if features.admission_policies {
+        (read_ours(&papi, ours).await?, read_ours(&bapi, ours).await?)
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    if features.admission_policies {
+        // Policies before bindings, the probe's last of each (see `hosted::admission_policies`).
+        let mut wrote = false;
+        for p in &wanted.policies {
+            let name = p.name_any();
+            let live = take_named(&mut live_policies, &name);
+            let applied =
+                apply_against(&papi, &name, p, live, objects::matches, Repair::Replace).await?;
+            wrote |= !matches!(applied, Applied::Unchanged(_));
+            let live = applied.object();
+            warnings.extend(
+                type_warnings(live)
+                    .into_iter()
+                    .map(|w| format!("ValidatingAdmissionPolicy {}: {w}", live.name_any())),
+            );
+        }
+        for b in &wanted.bindings {
+            let name = b.name_any();
+            let live = take_named(&mut live_bindings, &name);
+            let applied =
+                apply_against(&bapi, &name, b, live, objects::matches, Repair::Replace).await?;
+            wrote |= !matches!(applied, Applied::Unchanged(_));
+        }
+        // The API server takes up to a second to compile what changed. Until it runs this
+        // revision, no guard leaves its webhook, and the probe would only report the delay.
+        // Also when nothing was written but a guard still has its webhook entry: an earlier
+        // reconcile wrote the policies and stopped before its proof.
+        if wrote || guards_still_on_webhooks(hosted, wanted).await? {
+            prove(
+                hosted,
+                Engine::Policy,
+                wanted.revision.as_deref(),
+                within,
+                proof,
+            )
+            .await?;
+        }
+    }
+    apply_or_delete(
+        &Api::<ValidatingWebhookConfiguration>::all(hosted.clone()),
+        VALIDATING_NAME,
+        desired.validating.as_ref(),
+        objects::matches,
+        Repair::Replace,
+    )
+    .await?;
+    apply_or_delete(
+        &Api::<MutatingWebhookConfiguration>::all(hosted.clone()),
+        MUTATING_NAME,
+        desired.mutating.as_ref(),
+        objects::matches,
+        Repair::Replace,
+    )
+    .await?;
+    if !features.admission_policies {
+        return Ok(warnings);
+    }
+    // What is left of the lists is no longer wanted.
+    let going: Vec<String> = live_policies.iter().map(|p| p.name_any()).collect();
+    let bindings_going: Vec<String> = live_bindings.iter().map(|b| b.name_any()).collect();
+    if going.is_empty() && bindings_going.is_empty() {
+        return Ok(warnings);
+    }
+    // A guard whose policy goes now has a webhook: proven first (every time: an earlier
+    // reconcile may have written the webhook and stopped before its proof).
+    let hooks: BTreeSet<String> = desired
+        .validating
+        .iter()
+        .flat_map(|v| v.webhooks.iter().flatten().map(|w| w.name.clone()))
+        .collect();
+    if going.iter().any(|g| hooks.contains(g)) {
+        prove(
+            hosted,
+            Engine::Webhook,
+            desired.webhook_revision.as_deref(),
+            within,
+            proof,
+        )
+        .await?;
+    }
+    // Bindings first: a binding without its policy is an error the server reports.
+    for b in &bindings_going {
+        delete_if_present(&bapi, b).await?;
+    }
+    for p in &going {
+        delete_if_present(&papi, p).await?;
+    }
+    Ok(warnings)
+}

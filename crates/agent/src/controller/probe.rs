@@ -1,0 +1,375 @@
+//! Phase 7: prove it end to end. A dry-run request through the hosted kube-apiserver that only
+//! the installed path answers (the admission service's probe webhook, the probe admission
+//! policy, or each in turn where both are installed); and the task that repeats it between
+//! reconciles, the agent's only periodic request.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Client};
+use tracing::{Instrument, info};
+
+use super::canary;
+use super::context::{AbortOnDrop, lock};
+use super::proof::{Answer, Asked, Proof, authentic};
+use super::scope::Scope;
+use crate::hosted::clients::HostedClient;
+use hcp_fleet_guards::catalogue::{POLICY_PROBE_VALUE, PROBE_LABEL, PROBE_REVISION_LABEL};
+use hcp_fleet_guards::probe::{FOREIGN_ANSWER, FOREIGN_POLICY_ANSWER, NO_ANSWER, NONCE_ANNOTATION};
+use hcp_fleet_model::crd::{ComplianceState, HostedControlPlane};
+use hcp_fleet_render::hosted::admission_policies::Engine;
+use hcp_fleet_render::hosted::wanted::Wanted;
+use hcp_fleet_render::reporting::Observation;
+
+/// What the probe asks for: the revision of each path installed (`None`: that path is not),
+/// and what the admission service's answers must prove.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ProbeTargets {
+    pub(crate) webhook: Option<String>,
+    pub(crate) policy: Option<String>,
+    /// The static guards' revision, where they are in force (`hosted::static_guards`).
+    pub(crate) static_guards: Option<String>,
+    pub(crate) proof: Proof,
+}
+
+impl ProbeTargets {
+    pub(crate) fn of(wanted: &Wanted, proof: Proof) -> Self {
+        Self {
+            webhook: wanted.webhook_revision.clone(),
+            policy: wanted.policy_revision.clone(),
+            static_guards: None,
+            proof,
+        }
+    }
+}
+
+/// Why a probe path did not answer as the agent's guards answer.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ProbeFailure {
+    #[error("the system's random source failed, so no probe nonce could be made")]
+    NoNonce,
+    /// Denied by something that could not prove it is the admission service. The text is
+    /// left out: it is the tenant's to choose.
+    #[error(
+        "the probe was denied without the admission service's proof: {FOREIGN_ANSWER} (a webhook of the hosted cluster's own, named like the probe?), or the service does not hold this HCP's probe key"
+    )]
+    ImitatedService,
+    /// The policy probe denied with another message (cut and cleaned: the tenant's text).
+    #[error("the policy probe {FOREIGN_POLICY_ANSWER}: {0}")]
+    ImitatedPolicy(String),
+    // No timing in these messages: a steady probe must not add history (and writes) each time.
+    #[error(
+        "the hosted kube-apiserver did not reach the admission service (the probe was let through by failurePolicy Ignore)"
+    )]
+    ServiceNotReached,
+    #[error(
+        "the hosted kube-apiserver does not run the agent's admission policies (the policy probe was let through)"
+    )]
+    PoliciesNotRun,
+    #[error(
+        "the hosted kube-apiserver does not run this revision of the static guards (the static probe was let through): the ConfigMap hcp-fleet-static-guards is not mounted, not loaded yet, or the feature gate ManifestBasedAdmissionControlConfig is off"
+    )]
+    StaticNotRun,
+    #[error("probe failed: {}", crate::human::KubeError(.0))]
+    Failed(#[source] kube::Error),
+    #[error("probe {NO_ANSWER} {0}s")]
+    NoAnswer(u64),
+}
+
+impl ProbeFailure {
+    /// No answer came back at all (none in time, or the connection failed): unlike a wrong
+    /// answer, this may be the hosted kube-apiserver's silence rather than the path's.
+    fn unanswered(&self) -> bool {
+        match self {
+            ProbeFailure::NoAnswer(_) => true,
+            ProbeFailure::Failed(e) => crate::hosted::clients::unanswered(e),
+            _ => false,
+        }
+    }
+}
+
+/// One probe of every path: the verdict, and the first path's failure that was no answer at
+/// all.
+pub(crate) struct Probed {
+    pub(crate) verdict: Observation,
+    pub(crate) unanswered: Option<ProbeFailure>,
+}
+
+/// A dry-run create of a labelled ConfigMap that only the probe of `engine` at `revision` sees:
+/// the probe webhook (answered by the admission service) or the probe admission policy
+/// (answered by the hosted kube-apiserver itself). `Ok` when it answered; otherwise what
+/// happened instead. An allowed request means nothing at that revision saw it: the service's
+/// call failed (failurePolicy Ignore let it through), or the server does not run it yet.
+pub(crate) async fn probe_path(
+    hosted: &Client,
+    timeout: Duration,
+    engine: Engine,
+    revision: &str,
+    proof: &Proof,
+) -> Result<Answer, ProbeFailure> {
+    let value = match engine {
+        Engine::Webhook => "true",
+        Engine::Policy | Engine::Static => POLICY_PROBE_VALUE,
+    };
+    let nonce = hcp_fleet_guards::probe::nonce().ok_or(ProbeFailure::NoNonce)?;
+    let api: Api<ConfigMap> = Api::namespaced(hosted.clone(), "default");
+    let mut cm = ConfigMap::default();
+    // Named by the client, not generated: a policy's denial names the object, and the judge
+    // takes it only for the object this probe asked about. Dry run, so nothing is stored.
+    let name = probe_name(&nonce);
+    cm.metadata.name = Some(name.clone());
+    cm.metadata.labels = Some(BTreeMap::from([
+        (PROBE_LABEL.to_string(), value.to_string()),
+        (PROBE_REVISION_LABEL.to_string(), revision.to_string()),
+    ]));
+    cm.metadata.annotations = Some(BTreeMap::from([(
+        NONCE_ANNOTATION.to_string(),
+        nonce.clone(),
+    )]));
+    let pp = kube::api::PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let t0 = Instant::now();
+    match tokio::time::timeout(timeout, api.create(&pp, &cm)).await {
+        Ok(Err(kube::Error::Api(s))) => match authentic(engine, &s, &asked(&name), proof, &nonce) {
+            Answer::Imitation => Err(match engine {
+                Engine::Webhook => ProbeFailure::ImitatedService,
+                Engine::Policy | Engine::Static => ProbeFailure::ImitatedPolicy(
+                    hcp_fleet_render::reporting::untrusted(&s.message, 300),
+                ),
+            }),
+            answer => {
+                tracing::debug!(
+                    engine = engine.as_str(),
+                    ms = t0.elapsed().as_millis() as u64,
+                    ?answer,
+                    "probe answered"
+                );
+                Ok(answer)
+            }
+        },
+        Ok(Ok(_)) => Err(match engine {
+            Engine::Webhook => ProbeFailure::ServiceNotReached,
+            Engine::Policy => ProbeFailure::PoliciesNotRun,
+            Engine::Static => ProbeFailure::StaticNotRun,
+        }),
+        Ok(Err(e)) => Err(ProbeFailure::Failed(e)),
+        Err(_) => Err(ProbeFailure::NoAnswer(timeout.as_secs())),
+    }
+}
+
+/// The probe ConfigMap's name for `nonce` (hex): fresh per request, so no stored ConfigMap
+/// can answer for it.
+fn probe_name(nonce: &str) -> String {
+    format!("hcp-fleet-probe-{}", nonce.get(..16).unwrap_or(nonce))
+}
+
+/// The probe's object, as a denial names it.
+fn asked(name: &str) -> Asked<'_> {
+    Asked {
+        group: "",
+        resource: "configmaps",
+        name,
+    }
+}
+
+/// The end-to-end probe of every path installed, through the hosted kube-apiserver.
+pub(crate) async fn probe(hosted: &Client, timeout: Duration, targets: &ProbeTargets) -> Probed {
+    let mut answered = Vec::new();
+    let mut failed = Vec::new();
+    let mut unanswered = None;
+    let mut unproven = false;
+    for (engine, rev, who) in [
+        (Engine::Webhook, &targets.webhook, "the admission service"),
+        (Engine::Policy, &targets.policy, "the admission policies"),
+        (Engine::Static, &targets.static_guards, "the static guards"),
+    ] {
+        let Some(rev) = rev else { continue };
+        match probe_path(hosted, timeout, engine, rev, &targets.proof).await {
+            Ok(a) => {
+                unproven |= a == Answer::Unproven;
+                answered.push(who);
+            }
+            Err(e) => {
+                failed.push(e.to_string());
+                if e.unanswered() && unanswered.is_none() {
+                    unanswered = Some(e);
+                }
+            }
+        }
+    }
+    let verdict = verdict(&answered, &failed, unproven);
+    Probed {
+        verdict,
+        unanswered,
+    }
+}
+
+fn verdict(answered: &[&str], failed: &[String], unproven: bool) -> Observation {
+    if !failed.is_empty() {
+        return Observation::violation(failed.join("; "));
+    }
+    if answered.is_empty() {
+        return Observation::compliant("no guard is installed, so there is nothing to probe");
+    }
+    Observation::compliant(format!(
+        "{} answered the probe through the hosted kube-apiserver{}",
+        answered.join(" and "),
+        if unproven {
+            " (without the probe key's proof, taken while the admission Deployment rolls out)"
+        } else {
+            ""
+        }
+    ))
+}
+
+/// When an HCP's first periodic probe goes: between half and one and a half intervals,
+/// placed by a hash of its namespace. A restarted agent converges a thousand HCPs within
+/// seconds; without the spread their probes would all go in the same second of every minute.
+pub(crate) fn first_probe(ns: &str, every: Duration) -> Duration {
+    let h = ns.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    every.mul_f64(0.5 + (h % 1000) as f64 / 1000.0)
+}
+
+/// Records this reconcile's verdict and makes sure the periodic probe runs. The task queues a
+/// full reconcile (which reports) only when the verdict changes, so a steady fleet costs one
+/// hosted request per cluster per interval and nothing on the management cluster.
+pub(crate) fn ensure_task(s: &Scope<'_>, hosted: &HostedClient, verdict: ComplianceState) {
+    let (ctx, ns, cluster) = (s.ctx, s.ns, s.cluster);
+    let timeout = s.cfg.hosted_access.request_timeout();
+    let every = Duration::from_secs(u64::from(s.cfg.probe_interval_seconds));
+    ctx.with_hcp(ns, |s| {
+        let Some(w) = s.watch.as_mut() else {
+            return;
+        };
+        lock(&w.shared).probe = Some(verdict);
+        if w.probe.as_ref().is_some_and(AbortOnDrop::is_running) {
+            return;
+        }
+        let hosted = hosted.clone();
+        let shared = Arc::clone(&w.shared);
+        let tx = ctx.requeue.clone();
+        let hcp_ref = ObjectRef::<HostedControlPlane>::new(cluster).within(ns);
+        let ns = ns.to_string();
+        let first = first_probe(&ns, every);
+        let span = tracing::info_span!(parent: None, "probe", hcp_namespace = %ns, hosted_cluster = %cluster);
+        w.probe = Some(AbortOnDrop(tokio::spawn(
+            async move {
+                let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + first, every);
+                loop {
+                    tick.tick().await;
+                    // The revisions the last reconcile installed, and the canary whose turn it is.
+                    let (targets, canaries, next) = {
+                        let s = lock(&shared);
+                        let targets = s
+                            .desired
+                            .as_ref()
+                            .map(|d| ProbeTargets::of(d, s.proof.clone()))
+                            .unwrap_or_default();
+                        (targets, Arc::clone(&s.canaries), s.canary_next)
+                    };
+                    // A kube client for this round only (see `HostedClient`). The round's
+                    // futures are boxed: held inline they would size the task for its whole
+                    // life, a thousand of them asleep between rounds.
+                    let client = hosted.client();
+                    let probed = Box::pin(probe(&client, timeout, &targets))
+                        .await
+                        .verdict
+                        .state;
+                    let mut canary_changed = false;
+                    // A path that fails its probe fails every canary on it: they wait for it.
+                    let turn = canaries.get(next % canaries.len().max(1));
+                    if let Some(p) = turn.filter(|_| probed == ComplianceState::Compliant) {
+                        let shown = Box::pin(canary::send(
+                            &client,
+                            p,
+                            &canaries,
+                            &targets.proof,
+                            &ns,
+                            timeout,
+                        ))
+                        .await;
+                        if let canary::Shown::NotTried(why) = &shown {
+                            tracing::debug!(guard = %p.guard, %why, "canary not tried");
+                        }
+                        let mut s = lock(&shared);
+                        s.canary_next = next.wrapping_add(1);
+                        let before = s.canary_results.insert(p.guard.clone(), shown.clone());
+                        canary_changed = before != Some(shown);
+                    }
+                    let (now, last) = {
+                        let s = lock(&shared);
+                        (canary::combined(probed, &s.canary_results), s.probe)
+                    };
+                    if last != Some(now) {
+                        info!(verdict = now.as_str(), "end-to-end probe changed");
+                        let _ = tx.send(hcp_ref.clone());
+                    } else if canary_changed && now == ComplianceState::NonCompliant {
+                        // Another guard failing, or failing otherwise: the report names it.
+                        let _ = tx.send(hcp_ref.clone());
+                    }
+                }
+            }
+            .instrument(span),
+        )));
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_missing_answer_may_be_the_servers_silence() {
+        let refused = kube::Error::Api(
+            kube::core::Status::failure("forbidden", "Forbidden")
+                .with_code(403)
+                .boxed(),
+        );
+        let closed = kube::Error::Service(Box::new(std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            "keep-alive timed out",
+        )));
+        let cases = [
+            (ProbeFailure::NoAnswer(10), true),
+            (ProbeFailure::Failed(closed), true),
+            (ProbeFailure::Failed(refused), false),
+            (ProbeFailure::ServiceNotReached, false),
+            (ProbeFailure::PoliciesNotRun, false),
+            (ProbeFailure::ImitatedService, false),
+            (ProbeFailure::ImitatedPolicy("x".into()), false),
+            (ProbeFailure::NoNonce, false),
+        ];
+        for (failure, unanswered) in cases {
+            assert_eq!(failure.unanswered(), unanswered, "{failure}");
+        }
+    }
+
+    #[test]
+    fn first_probes_spread_over_the_interval() {
+        let every = Duration::from_secs(60);
+        let firsts: Vec<Duration> = (0..1000)
+            .map(|i| first_probe(&format!("clusters-hc-{i}"), every))
+            .collect();
+        assert!(firsts.iter().all(|f| *f >= every / 2 && *f < every * 3 / 2));
+        // Spread: no ten-second window of the minute holds more than a quarter of them.
+        for w in 0..6u64 {
+            let lo = every / 2 + Duration::from_secs(10 * w);
+            let n = firsts
+                .iter()
+                .filter(|f| **f >= lo && **f < lo + Duration::from_secs(10))
+                .count();
+            assert!(n < 250, "{n} in window {w}");
+        }
+        assert_eq!(
+            first_probe("clusters-a", every),
+            first_probe("clusters-a", every)
+        );
+    }
+}

@@ -1,0 +1,596 @@
+//! One reconcile of one HCP (after kube-rs's controller-rs): the phases in order, each gated
+//! on the one before, then a report of everything observed, whether or not a phase failed.
+//! `error_policy` counts every failure by phase and backs off per HCP.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use tracing::{info, instrument, warn};
+
+use super::context::{Context, lock};
+use super::error::{Failure, ReconcileError};
+use super::proof::Proof;
+use super::scope::Scope;
+use super::{
+    admission_service, canary, certificates, hosted_access, hosted_webhooks, probe, report,
+    rollout, static_guards, trust,
+};
+use crate::hosted::clients::HostedClient;
+use crate::metrics::PhaseLabels;
+use hcp_fleet_model::crd::hostedcontrolplane::Pause;
+use hcp_fleet_model::crd::{ComplianceState, HostedControlPlane};
+use hcp_fleet_render::management::deployment_available;
+use hcp_fleet_render::reporting::{Concern, Observation, Observations, PauseReason};
+
+/// What one pass found: an observation per concern reached, the drift it repaired, and how it
+/// ended.
+struct Outcome {
+    observations: Observations,
+    drift_repaired: u64,
+    /// Whether the admission Deployment had fully rolled out to its current spec.
+    rolled_out: bool,
+    /// Who paused the HCP, when it is paused.
+    paused: Option<PauseReason>,
+    result: Result<Action, ReconcileError>,
+}
+
+#[instrument(skip_all, fields(hcp_namespace = %hcp.namespace().unwrap_or_default(), hosted_cluster = %hcp.name_any()))]
+pub async fn reconcile(
+    hcp: Arc<HostedControlPlane>,
+    ctx: Arc<Context>,
+) -> Result<Action, ReconcileError> {
+    let ns = hcp.namespace().unwrap_or_default();
+    // HyperShift names the HCP after its HostedCluster.
+    let cluster = hcp.name_any();
+    let started = Instant::now();
+    // Another installation of the agent owns it: hands off, looked at again now and then.
+    if super::ownership::owned_elsewhere(&ctx, &ns, &cluster)
+        .await
+        .is_some()
+    {
+        return Ok(Action::requeue(super::ownership::RECHECK));
+    }
+    // What this HCP runs: the revision the rollout gives it (or its pin), its override applied.
+    let overrides = ctx.overrides_in(&ns);
+    let resolved = ctx.resolve(&ns, &overrides);
+    if !overrides.is_empty() || resolved.verdict.is_some() {
+        rollout::report_overrides(&ctx, &ns, &cluster, &overrides, &resolved).await;
+    }
+    let now = jiff::Timestamp::now();
+    let by_override = resolved
+        .paused
+        .then(|| overrides.first().map(|o| o.name_any()).unwrap_or_default());
+    let asked = pause_asked(&hcp, by_override, now);
+    // A pause past the configured maximum (counted from when the record first said paused)
+    // no longer holds: the agent goes back to work; the record keeps the pause's start, so
+    // the pause alert goes on until someone removes it.
+    let max_hours = ctx.config().max_pause_hours;
+    let since = asked.as_ref().and_then(|_| {
+        ctx.caches()
+            .health
+            .and_then(|s| {
+                s.get(
+                    &ObjectRef::new(hcp_fleet_render::reporting::health_name(&cluster)).within(&ns),
+                )
+            })
+            .and_then(|h| h.status.as_ref().and_then(|s| s.paused_since.clone()))
+    });
+    let expired = asked.is_some()
+        && hcp_fleet_render::reporting::pause_expired(since.as_deref(), max_hours, now);
+    let mut outcome = match &asked {
+        Some(pause) if !expired => {
+            // Back when the pause ends by itself: its own end, or the maximum's.
+            let ends = hcp_fleet_render::reporting::pause_ends(since.as_deref(), max_hours, now);
+            let wake = match (pause.until, ends) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            paused(&ctx, &ns, pause, wake)
+        }
+        _ => run_phases(&Scope::new(&ctx, &hcp, &ns, &cluster, &resolved)).await,
+    };
+    if expired {
+        warn!(
+            max_hours = ctx.config().max_pause_hours,
+            "the HCP has been paused longer than maxPauseHours; the agent works on it again"
+        );
+        // Still asked for, though no longer holding: the record keeps its start and the
+        // gauge its age.
+        outcome.paused = asked.map(|p| p.reason);
+    }
+    // Phases are gated: what a pass did not reach is unknown now, never its old verdict.
+    for c in Concern::ALL {
+        outcome.observations.entry(c).or_insert_with(|| {
+            Observation::pending("not checked: an earlier phase did not complete")
+        });
+    }
+    // A reconcile that was in flight when its HCP was deleted must not bring the row, the
+    // series or the client back: it repeats the cleanup instead of reporting.
+    if ctx.is_deleted(&hcp) {
+        ctx.forget(&ns, &cluster);
+        return Ok(Action::await_change());
+    }
+    match &outcome.result {
+        Err(e) => warn!(error = %e, "reconcile failed"),
+        Ok(_) => ctx.with_hcp(&ns, |s| s.failures = 0),
+    }
+    let held_back = report::report(
+        &ctx,
+        &hcp,
+        &ns,
+        &cluster,
+        &report::Pass {
+            obs: &outcome.observations,
+            drift_repaired: outcome.drift_repaired,
+            revision: &resolved.revision,
+            rolled_out: outcome.rolled_out,
+            paused: outcome.paused,
+        },
+    )
+    .await;
+    ctx.metrics
+        .reconcile_duration
+        .observe(started.elapsed().as_secs_f64());
+    match (outcome.result, held_back) {
+        // A new record's Pending held back: look again by the end of its grace (a pass that
+        // wanted to come back sooner does so before it anyway, through its watches).
+        (Ok(_), Some(at)) => Ok(Action::requeue(at)),
+        (result, _) => result,
+    }
+}
+
+/// A pause someone asked for: who (as the report names them), why, and until when (`None`:
+/// until it is taken back).
+struct PauseAsked {
+    by: String,
+    reason: PauseReason,
+    until: Option<jiff::Timestamp>,
+}
+
+/// Who asks for a pause, and until when: the HCP itself (the agent's annotation, or
+/// HyperShift's spec.pausedUntil; the annotation named first), else the override named
+/// `by_override` (given only when an override pauses the HCP).
+fn pause_asked(
+    hcp: &HostedControlPlane,
+    by_override: Option<String>,
+    now: jiff::Timestamp,
+) -> Option<PauseAsked> {
+    let from_hcp = |until| {
+        let reason = if hcp.pauses(now).0.holds() {
+            PauseReason::Annotation
+        } else {
+            PauseReason::HyperShift
+        };
+        Some(PauseAsked {
+            by: hcp.paused_by(now),
+            reason,
+            until,
+        })
+    };
+    match (hcp.pause(now), by_override) {
+        (Pause::Indefinite, _) => from_hcp(None),
+        (Pause::Until(t), _) => from_hcp(Some(t)),
+        (_, Some(name)) => Some(PauseAsked {
+            by: format!("HostedAdmissionOverride {name}"),
+            reason: PauseReason::Override,
+            until: None,
+        }),
+        (Pause::Off, None) => None,
+        (Pause::Invalid(why), None) => {
+            warn!(reason = %why, "pause annotation ignored");
+            None
+        }
+    }
+}
+
+/// The longest a healthy HCP goes without a reconcile: a certificate coming due weeks ahead
+/// is looked at again daily, so a clock step or a lost timer cannot postpone it for long.
+const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
+
+/// What the phases have found so far: filled as they go, kept when one fails.
+#[derive(Default)]
+struct Found {
+    observations: Observations,
+    drift_repaired: u64,
+    rolled_out: bool,
+}
+
+impl Found {
+    fn observe(&mut self, concern: Concern, observation: Observation) {
+        self.observations.insert(concern, observation);
+    }
+}
+
+async fn run_phases(s: &Scope<'_>) -> Outcome {
+    let mut found = Found::default();
+    let result = phases(s, &mut found).await.map_err(|f| {
+        let e = f.in_namespace(s.ns);
+        found.observe(e.concern(), Observation::violation(e.violation()));
+        e
+    });
+    Outcome {
+        observations: found.observations,
+        drift_repaired: found.drift_repaired,
+        rolled_out: found.rolled_out,
+        paused: None,
+        result,
+    }
+}
+
+/// The phases in order, each gated on the one before; each records what it observed in
+/// `found`, which the report consumes whether or not a later phase fails.
+async fn phases(s: &Scope<'_>, found: &mut Found) -> Result<Action, Failure> {
+    // 1. Discovery: a ready HCP with its kubeconfig published.
+    if !s.hcp.is_ready() {
+        let waiting = Observation::pending("waiting for the HostedControlPlane to be ready");
+        for c in Concern::ALL {
+            found.observe(c, waiting.clone());
+        }
+        return Ok(Action::await_change());
+    }
+    // 2. Certificates. Trust first: a new certificate reaches the replicas only once the
+    // hosted side trusts its CA.
+    let certs = certificates::ensure(s).await?;
+    // The static guards' files: not gated on the admission service or the hosted cluster,
+    // since they guard without either.
+    let statics = static_guards::Statics::ensure_before(s).await?;
+    let mut hosted_drift = if certs.serving_changes {
+        trust::pre_trust(s, &certs.bundle, &statics).await?
+    } else {
+        Vec::new()
+    };
+    hosted_drift.extend(statics.note.clone());
+    // 3. The admission service, gated on its Deployment.
+    let Some(management_drift) = admission(s, &certs, found).await? else {
+        // The Deployment watch (owns) brings us back when its status changes.
+        return Ok(Action::requeue(Duration::from_secs(300)));
+    };
+    // 4. Hosted access. 5-6. Webhook configurations there, kept from drifting. Retire last:
+    // the previous CA leaves the caBundle once every replica serves the new certificate.
+    let hosted = hosted_access::connect(s).await?;
+    let (ca_bundle, settled) = trust::hosted_bundle(s, &hosted, &certs.bundle).await?;
+    let proof = Proof {
+        key: certs.bundle.probe_key.clone(),
+        rolling_out: !found.rolled_out,
+    };
+    let want = hosted_webhooks::Want {
+        ca_bundle: &ca_bundle,
+        revision: s.revision,
+        proof: &proof,
+        statics: &statics,
+    };
+    let mut installed = hosted_webhooks::ensure(s, &hosted, want).await?;
+    hosted_drift.append(&mut installed.drift);
+    found.drift_repaired += hosted_drift.len() as u64;
+    let unsettled = s
+        .ctx
+        .with_hcp(s.ns, |h| in_a_row(&mut h.unsettled, !settled));
+    let static_waits = s.ctx.with_hcp(s.ns, |h| {
+        in_a_row(&mut h.static_waits, installed.static_waiting)
+    });
+    found.observe(
+        Concern::HostedWebhooks,
+        webhooks_observation(&installed, &hosted_drift, settled, static_waits),
+    );
+    // 7. Prove it end to end, through the hosted kube-apiserver: after a repair too. A pass
+    // that stopped here after drift left the probe "not checked" (Pending, Ready Unknown, a
+    // Warning Event) at every repair, and under a burst of drift for as long as it lasted.
+    let verdict = prove(s, &hosted, &installed.targets).await?;
+    found.observe(Concern::EndToEndProbe, verdict);
+    if !hosted_drift.is_empty() || !management_drift.is_empty() {
+        // Once more, so the history also records the steady state after the repair.
+        return Ok(Action::requeue(Duration::from_millis(500)));
+    }
+    if !settled {
+        // Look again until every replica serves the new certificate.
+        return Ok(Action::requeue(settle_wait(unsettled)));
+    }
+    if static_waits > 0 {
+        // The files reach the hosted kube-apiserver when its kubelet updates the volume
+        // (about a minute on a real node, at once on the test bed) and it reloads them
+        // (at once: it watches the directory). Until then the API-side guards stand in.
+        return Ok(Action::requeue(static_wait(static_waits)));
+    }
+    // Between reconciles only the probe task runs; it queues one when its verdict changes.
+    // And the certificates come due at a known time, which no event announces.
+    Ok(match certs.next_change {
+        Some(at) => Action::requeue(at.min(MAX_WAIT)),
+        None => Action::await_change(),
+    })
+}
+
+/// Phase 3: the admission service applied where it differs from the rendering, then its
+/// Deployment's availability. The management drift it repaired once the Deployment serves;
+/// `None` while a first install waits for it.
+async fn admission(
+    s: &Scope<'_>,
+    certs: &certificates::Certificates,
+    found: &mut Found,
+) -> Result<Option<Vec<String>>, Failure> {
+    let scheduling = s.hcp.scheduling();
+    if !scheduling.ignored.is_empty() {
+        warn!(ignored = ?scheduling.ignored, "malformed HCP scheduling fields not followed");
+    }
+    let service = admission_service::ensure(s, &certs.bundle, &scheduling).await?;
+    let deployment = service.deployment;
+    found.rolled_out = hcp_fleet_render::management::deployment_rolled_out(&deployment);
+    found.drift_repaired = service.drift.len() as u64;
+    let valid_until = format!("serving certificate valid until {}", certs.expires);
+    found.observe(Concern::Certificate, Observation::compliant(valid_until));
+    // Once available, every later unavailability (in this agent's life) is an outage: the
+    // Deployment rolls with maxUnavailable 0, so a rollout never makes it unavailable.
+    // A generation its controller has not yet looked at (the spec just applied) is still
+    // served by the replicas its status counts; only the first install waits for it.
+    let was_available = s.ctx.with_hcp(s.ns, |h| h.served);
+    let available = deployment_available(&deployment)
+        || (was_available && hcp_fleet_render::management::deployment_serving(&deployment));
+    s.ctx.with_hcp(s.ns, |h| h.served |= available);
+    let want = hcp_fleet_render::management::replicas(s.cfg, &scheduling);
+    if !available && was_available {
+        // An outage, not a rollout that has yet to finish: the guard is off.
+        let status = deployment.status.as_ref();
+        return Err(Failure::AdmissionDown {
+            ready: status.and_then(|s| s.ready_replicas).unwrap_or(0),
+            want,
+        });
+    }
+    if !available {
+        let waiting = "waiting for the admission Deployment to become available";
+        found.observe(Concern::AdmissionService, Observation::pending(waiting));
+        let waiting = Observation::pending("waiting for the admission service");
+        found.observe(Concern::HostedWebhooks, waiting);
+        return Ok(None);
+    }
+    let ready = deployment
+        .status
+        .as_ref()
+        .and_then(|s| s.available_replicas);
+    let mut available = format!(
+        "Deployment available ({}/{want} replicas)",
+        ready.unwrap_or(0)
+    );
+    if !scheduling.ignored.is_empty() {
+        available.push_str(&format!(
+            "; not followed (malformed): {}",
+            scheduling.ignored.join("; ")
+        ));
+    }
+    if !service.drift.is_empty() {
+        available.push_str(&format!("; drift repaired: {}", service.drift.join("; ")));
+    }
+    found.observe(Concern::AdmissionService, Observation::compliant(available));
+    Ok(Some(service.drift))
+}
+
+/// What phases 5-6 say of the hosted configurations: installed and current (on which
+/// engines), or the drift repaired; and what an operator must fix while the guards run.
+fn webhooks_observation(
+    installed: &hosted_webhooks::Installed,
+    drift: &[String],
+    settled: bool,
+    static_waits: u32,
+) -> Observation {
+    let mut webhooks = if drift.is_empty() {
+        let n = installed.configurations;
+        let exemptions = if installed.exemptions_in_api_server {
+            "exemptions applied by the API server (matchConditions)"
+        } else {
+            "exemptions applied by the admission service"
+        };
+        let (by_webhook, by_policy) = installed.guards;
+        let mut text = format!("{n} webhook configuration(s) installed and current; {exemptions}");
+        if by_policy > 0 {
+            text.push_str(&format!(
+                "; {by_policy} guard(s) run as ValidatingAdmissionPolicy in the hosted kube-apiserver (exemptions as matchConditions), {by_webhook} as webhooks"
+            ));
+        }
+        text
+    } else {
+        format!("drift repaired: {}", drift.join("; "))
+    };
+    if !settled {
+        webhooks.push_str(
+            "; the previous CA stays in the caBundle until every replica serves the new certificate",
+        );
+    }
+    // A policy the API server cannot type-check, or a guard not on the engine asked for, is
+    // for an operator to fix: the guards keep running meanwhile.
+    let problems: Vec<String> = installed
+        .type_warnings
+        .iter()
+        .map(|w| format!("type check: {w}"))
+        .chain(installed.notes.iter().cloned())
+        .collect();
+    if !problems.is_empty() {
+        return Observation::violation(format!("{}; {webhooks}", problems.join("; ")));
+    }
+    if installed.static_notes.is_empty() {
+        return Observation::compliant(webhooks);
+    }
+    let why = installed.static_notes.join("; ");
+    // Files written a moment ago take a kubelet's volume update and a reload to be in force.
+    if !installed.static_refused && (1..=STATIC_GRACE_LOOKS).contains(&static_waits) {
+        Observation::pending(format!(
+            "waiting for the hosted kube-apiserver to load the static guards: {why}; {webhooks}"
+        ))
+    } else {
+        Observation::violation(format!("{why}; {webhooks}"))
+    }
+}
+
+/// Looks (`static_wait`: ten a second apart, then doubling, about 2 minutes in all: a kubelet
+/// updates a ConfigMap volume within its sync period and cache TTL, about a minute each) that
+/// static guards not yet in force on a server that can load them are Pending before they are
+/// NonCompliant.
+const STATIC_GRACE_LOOKS: u32 = 16;
+
+/// Phase 7: the end-to-end probe through the hosted kube-apiserver, with what the guards'
+/// canaries showed in their last rounds (the probe task sends them); the periodic probe is
+/// started if it does not run. A probe that got no answer, from a server that does not answer
+/// its version either, is the hosted kube-apiserver's silence (hung, before the keepalive has
+/// dropped the connection): reported as the hosted cluster's, naming its server, not as a
+/// fault of the admission path.
+async fn prove(
+    s: &Scope<'_>,
+    hosted: &HostedClient,
+    targets: &probe::ProbeTargets,
+) -> Result<Observation, Failure> {
+    let timeout = s.cfg.hosted_access.request_timeout();
+    let probed = probe::probe(&hosted.client(), timeout, targets).await;
+    let mut verdict = probed.verdict;
+    let silent = match probed.unanswered {
+        Some(why) if !hosted.answers(SILENCE_CHECK).await => Some(why),
+        _ => None,
+    };
+    let failed = s.ctx.with_hcp(s.ns, |h| {
+        h.watch
+            .as_ref()
+            .map(|w| canary::failures(&lock(&w.shared).canary_results))
+            .unwrap_or_default()
+    });
+    if !failed.is_empty() {
+        verdict = Observation::violation(format!("{}; {}", failed.join("; "), verdict.message));
+    }
+    let ok = verdict.state == ComplianceState::Compliant;
+    let m = &s.ctx.metrics;
+    m.probe_success
+        .get_or_create(&s.labels())
+        .set(i64::from(ok));
+    probe::ensure_task(s, hosted, verdict.state);
+    let Some(why) = silent else {
+        return Ok(verdict);
+    };
+    m.hosted_errors.get_or_create(&s.labels()).inc();
+    // As for a dropped connection (`hosted_access::reachable`): nothing is known to be current
+    // in a cluster that does not answer.
+    m.webhooks_installed.get_or_create(&s.labels()).set(0);
+    Err(match why {
+        probe::ProbeFailure::Failed(source) => Failure::HostedApi {
+            server: hosted.server.clone(),
+            secret: hosted.secret.clone(),
+            source,
+        },
+        _ => Failure::HostedTimeout {
+            server: hosted.server.clone(),
+            seconds: timeout.as_secs(),
+        },
+    })
+}
+
+/// How long a hosted kube-apiserver whose probe went unanswered has to answer its version.
+const SILENCE_CHECK: Duration = Duration::from_secs(2);
+
+/// A paused HCP: its drift watch and probe stop, nothing is applied, and the report says so
+/// (every concern Pending, so no NonCompliant alert fires for a deliberate pause). Removing
+/// the annotation is an HCP change and resumes it; a pause with a time ends by itself.
+fn paused(ctx: &Context, ns: &str, pause: &PauseAsked, wake: Option<jiff::Timestamp>) -> Outcome {
+    ctx.with_hcp(ns, |s| s.watch = None);
+    let by = &pause.by;
+    let why = match pause.until {
+        Some(t) => format!(
+            "paused by {by} until {}; the agent changes nothing for this HCP",
+            t.strftime("%Y-%m-%dT%H:%M:%SZ")
+        ),
+        None => format!("paused by {by}; the agent changes nothing for this HCP"),
+    };
+    info!(%why, "paused");
+    let action = match wake {
+        Some(t) => {
+            let left = jiff::Timestamp::now().duration_until(t);
+            Action::requeue(Duration::try_from(left).unwrap_or_default())
+        }
+        None => Action::await_change(),
+    };
+    Outcome {
+        observations: Concern::ALL
+            .map(|c| (c, Observation::pending(why.clone())))
+            .into_iter()
+            .collect(),
+        drift_repaired: 0,
+        rolled_out: false,
+        paused: Some(pause.reason),
+        result: Ok(action),
+    }
+}
+
+/// Counts the failure by phase and retries the HCP on its own schedule (`backoff`), so one
+/// broken hosted cluster never holds up the others.
+pub fn error_policy(
+    hcp: Arc<HostedControlPlane>,
+    err: &ReconcileError,
+    ctx: Arc<Context>,
+) -> Action {
+    ctx.metrics
+        .reconcile_errors
+        .get_or_create(&PhaseLabels {
+            phase: err.phase().as_str().into(),
+        })
+        .inc();
+    if ctx.is_deleted(&hcp) {
+        return Action::await_change();
+    }
+    let ns = hcp.namespace().unwrap_or_default();
+    let failures = ctx.with_hcp(&ns, |s| {
+        s.failures = s.failures.saturating_add(1);
+        s.failures
+    });
+    Action::requeue(jittered(backoff(failures), random_fraction()))
+}
+
+/// Per-HCP exponential backoff: 2 s, 4 s, … capped at 60 s; a success resets it.
+pub fn backoff(failures: u32) -> Duration {
+    Duration::from_secs(2u64.saturating_pow(failures.min(6)).min(60))
+}
+
+/// Full jitter: a retry at a uniform point of `[0, cap]` (`r` in `[0, 1)`), at least a second
+/// later. A thousand HCPs failing together (a management API server restarting, a shared
+/// dependency down) must not come back in step, each wave as large as the last.
+pub(crate) fn jittered(cap: Duration, r: f64) -> Duration {
+    cap.mul_f64(r.clamp(0.0, 1.0))
+        .max(Duration::from_secs(1).min(cap))
+}
+
+/// A uniform fraction in `[0, 1)` from the system's random source (1.0, no jitter, if it
+/// fails).
+fn random_fraction() -> f64 {
+    use hcp_fleet_guards::crypto::rand::SecureRandom;
+    let mut b = [0u8; 4];
+    match hcp_fleet_guards::crypto::rand::SystemRandom::new().fill(&mut b) {
+        Ok(()) => f64::from(u32::from_le_bytes(b)) / (f64::from(u32::MAX) + 1.0),
+        Err(_) => 1.0,
+    }
+}
+
+/// How long to wait before looking again at replicas that do not all serve the new
+/// certificate yet. Nothing announces that a replica has reloaded its certificate (it polls
+/// its files), so the agent looks every 2 s for the first half minute, the time a rollout or
+/// a reload takes, and only then backs off: with plain doubling, a replica that moved on just
+/// after the third look kept the previous CA trusted for 16 s more.
+/// The pause before the next look for static guards not yet in force: every second for the
+/// first ten looks (a kubelet's volume update, then the server's reload), then doubling up to
+/// a minute (a server that does not load them: it may be restarted with them later).
+pub(crate) fn static_wait(looks: u32) -> Duration {
+    steady_then_backoff(looks, 10, Duration::from_secs(1))
+}
+
+pub(crate) fn settle_wait(looks: u32) -> Duration {
+    steady_then_backoff(looks, 15, Duration::from_secs(2))
+}
+
+/// `every` for the first `steady` looks, then `backoff` from there.
+fn steady_then_backoff(looks: u32, steady: u32, every: Duration) -> Duration {
+    if looks <= steady {
+        every
+    } else {
+        backoff(looks - steady)
+    }
+}
+
+/// Counts `yes` in a row in `n` (back to 0 at a no); the count.
+fn in_a_row(n: &mut u32, yes: bool) -> u32 {
+    *n = if yes { n.saturating_add(1) } else { 0 };
+    *n
+}

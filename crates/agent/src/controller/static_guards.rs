@@ -1,0 +1,243 @@
+//! Phase 5's static guards (`hosted::static_guards`, docs/static-guards.md): the ConfigMap the
+//! hosted kube-apiserver loads them from, written so that no guard is ever without a path, and
+//! whether they are in force there, proven through the hosted kube-apiserver itself.
+
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{Api, Client};
+
+use super::error::Failure;
+use super::probe;
+use super::proof::Proof;
+use super::scope::Scope;
+use crate::hosted::clients::HostedClient;
+use hcp_fleet_render::hosted::admission_policies::Engine;
+use hcp_fleet_render::hosted::objects::HostedFeatures;
+use hcp_fleet_render::hosted::static_guards;
+use hcp_fleet_render::hosted::static_guards::StaticGuards;
+
+/// Whether the watch of the static guards' ConfigMaps has listed and holds none in `ns`.
+fn absent_by_watch(ctx: &super::context::Context, ns: &str) -> bool {
+    use futures::FutureExt;
+    ctx.caches().static_config_maps.is_some_and(|store| {
+        store.wait_until_ready().now_or_never().is_some()
+            && store
+                .get(
+                    &kube::runtime::reflector::ObjectRef::new(static_guards::CONFIG_MAP).within(ns),
+                )
+                .is_none()
+    })
+}
+
+/// Where the static guards of one hosted cluster stand.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum StaticState {
+    /// No guard asks for engine static.
+    Unwanted,
+    /// Their probe of the wanted revision is answered by the files.
+    InForce,
+    /// Not (yet) answered, by a server that can load them: the files may still be on their way.
+    Waiting(String),
+    /// This server cannot load them, or something imitates them.
+    Refused(String),
+}
+
+/// With the feature gate off the API accepts the reserved names (with a warning), so a hosted
+/// cluster's admin could create a policy that answers the static probe in its name, in the
+/// same words (testdata/server-texts-v1.36.2.json). Loaded from files, no such object exists
+/// through the API; one that does (made before the gate was turned on, say) is a forgery.
+async fn forged(client: &Client) -> StaticState {
+    match Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        .get_opt(&static_guards::probe_name())
+        .await
+    {
+        Ok(None) => StaticState::InForce,
+        Ok(Some(_)) => StaticState::Refused(format!(
+            "a ValidatingAdmissionPolicy named {} exists through the API and answers the static probe in the files' name; the API-side guards stay until it is deleted",
+            static_guards::probe_name()
+        )),
+        Err(e) => StaticState::Waiting(crate::human::KubeError(&e).to_string()),
+    }
+}
+
+/// Does the server refuse API writes to names ending in `.static.k8s.io` (the feature gate is
+/// on)? Asked by a dry-run create of such a policy, which stores nothing: refused as Invalid
+/// with the words of kube-apiserver 1.36.2 when it does.
+async fn static_names_reserved(client: &Client) -> Result<bool, String> {
+    let check: ValidatingAdmissionPolicy = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("hcp-fleet-agent-check{}", static_guards::SUFFIX)},
+        "spec": {
+            "matchConstraints": {"resourceRules": [{
+                "operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                "resources": ["configmaps"],
+            }]},
+            "validations": [{"expression": "true"}],
+        },
+    }))
+    .map_err(|e| e.to_string())?;
+    let pp = kube::api::PostParams {
+        dry_run: true,
+        field_manager: Some(hcp_fleet_render::management::FIELD_MANAGER.into()),
+    };
+    match Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        .create(&pp, &check)
+        .await
+    {
+        Ok(_) => Ok(false),
+        Err(kube::Error::Api(s)) if s.code == 422 && s.message.contains(static_guards::SUFFIX) => {
+            Ok(true)
+        }
+        Err(e) => Err(crate::human::KubeError(&e).to_string()),
+    }
+}
+
+/// The static guards of one HCP (`hosted::static_guards`): the ConfigMap the hosted
+/// kube-apiserver loads them from, written so that no guard is ever without a path. A write
+/// that only adds guards (or changes nothing) goes first; one that takes a guard out of the
+/// files waits until the API-side path of every guard has been written and proven in this
+/// pass (`ensure_after`). What the files hold is read back from the live ConfigMap, so this is
+/// stateless like the rest of the reconcile.
+pub(super) struct Statics {
+    pub(crate) wanted: StaticGuards,
+    /// The ConfigMap as rendered (`None`: no guard is static).
+    config_map: Option<ConfigMap>,
+    /// Whether `ensure_before` wrote it, where it put it in place (`None`: left for
+    /// `ensure_after`).
+    written_before: Option<bool>,
+    /// The drift `ensure_before` repaired (someone else's edit or deletion).
+    pub(crate) note: Option<String>,
+}
+
+impl Statics {
+    /// Phase 3, beside the admission service and not gated on it or on the hosted cluster:
+    /// the static guards are what keeps guarding while the admission service is down, so a
+    /// deleted or edited ConfigMap is put back whatever the later phases find. Only a write
+    /// that adds guards (or changes nothing of which guards) goes here.
+    pub(crate) async fn ensure_before(s: &Scope<'_>) -> Result<Self, Failure> {
+        let (ctx, cfg, ns) = (s.ctx, s.cfg, s.ns);
+        let settings = hcp_fleet_guards::Settings::from(cfg);
+        let wanted = static_guards::render(cfg, &settings, ns).map_err(Failure::RenderWebhooks)?;
+        let config_map = match &wanted.revision {
+            Some(_) => Some(
+                static_guards::config_map(cfg, ns, &wanted, super::admission_service::owner(s.hcp))
+                    .map_err(Failure::RenderWebhooks)?,
+            ),
+            None => None,
+        };
+        let mut me = Self {
+            wanted,
+            config_map,
+            written_before: None,
+            note: None,
+        };
+        let Some(cm) = &me.config_map else {
+            return Ok(me);
+        };
+        let api = Api::<ConfigMap>::namespaced(ctx.client.clone(), ns);
+        let live = api
+            .get_opt(static_guards::CONFIG_MAP)
+            .await
+            .map_err(|source| Failure::ApplyAdmission {
+                kind: "ConfigMap",
+                name: static_guards::CONFIG_MAP.into(),
+                source,
+            })?;
+        let adds_only = live.as_ref().is_none_or(|l| {
+            static_guards::guards_in(l).is_some_and(|held| held.is_subset(&me.wanted.guards()))
+        });
+        if adds_only {
+            let (written, note) = me.put(s, cm).await?;
+            me.written_before = Some(written);
+            me.note = note;
+        }
+        Ok(me)
+    }
+
+    /// Whether the static guards of the wanted revision are in force, and if not, why.
+    pub(crate) async fn in_force(
+        &self,
+        hosted: &HostedClient,
+        features: HostedFeatures,
+        timeout: Duration,
+        proof: &Proof,
+    ) -> StaticState {
+        let Some(rev) = &self.wanted.revision else {
+            return StaticState::Unwanted;
+        };
+        if !features.admission_policies {
+            return StaticState::Refused(
+                "this hosted kube-apiserver does not serve ValidatingAdmissionPolicy".into(),
+            );
+        }
+        let client = hosted.client();
+        let unanswered = match probe::probe_path(&client, timeout, Engine::Static, rev, proof).await
+        {
+            Ok(_) => return forged(&client).await,
+            Err(e) => e.to_string(),
+        };
+        match static_names_reserved(&client).await {
+            Ok(true) => StaticState::Waiting(unanswered),
+            Ok(false) => StaticState::Refused(format!(
+                "this hosted kube-apiserver does not load admission files: it accepts the names {} reserves for them through the API (feature gate ManifestBasedAdmissionControlConfig off, or a release before 1.36)",
+                static_guards::SUFFIX
+            )),
+            Err(e) => StaticState::Waiting(format!("{unanswered}; {e}")),
+        }
+    }
+
+    /// The ConfigMap written where `ensure_before` left it, or deleted where no guard is
+    /// static any more. Returns whether it was written.
+    pub(crate) async fn ensure_after(&self, s: &Scope<'_>) -> Result<bool, Failure> {
+        let (ctx, ns) = (s.ctx, s.ns);
+        let api = Api::<ConfigMap>::namespaced(ctx.client.clone(), ns);
+        match &self.config_map {
+            Some(_) if let Some(written) = self.written_before => Ok(written),
+            Some(cm) => self.put(s, cm).await.map(|(written, _)| written),
+            // Known to the watch to be absent (the usual case: no guard static anywhere), no
+            // request; a ConfigMap it has not delivered yet triggers another reconcile.
+            None if absent_by_watch(ctx, ns) => Ok(false),
+            None => {
+                super::admission_service::remove(
+                    ctx,
+                    ns,
+                    &api,
+                    "ConfigMap",
+                    static_guards::CONFIG_MAP,
+                )
+                .await?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Writes the ConfigMap where it differs; whether it did, and the drift it repaired.
+    async fn put(&self, s: &Scope<'_>, cm: &ConfigMap) -> Result<(bool, Option<String>), Failure> {
+        let (ctx, ns) = (s.ctx, s.ns);
+        let (_, note, wrote) = super::admission_service::put_wrote(
+            ctx,
+            ns,
+            super::admission_service::Target {
+                api: Api::<ConfigMap>::namespaced(ctx.client.clone(), ns),
+                kind: "ConfigMap",
+                name: static_guards::CONFIG_MAP,
+                store: None,
+            },
+            cm,
+        )
+        .await?;
+        if let Some(n) = &note {
+            ctx.metrics
+                .management_drift
+                .get_or_create(&crate::metrics::DriftLabels::new(
+                    ns,
+                    s.cluster,
+                    "ConfigMap",
+                ))
+                .inc();
+            tracing::warn!(namespace = %ns, note = %n, "static guards' ConfigMap repaired");
+        }
+        Ok((wrote, note))
+    }
+}

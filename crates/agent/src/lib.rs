@@ -1,0 +1,21 @@
+//! The agent's I/O: everything that talks to an API server or serves a port.
+//!
+//! - `controller`: the HCP controller (reconcile in phases, watches, the report);
+//! - `hosted`: access to each hosted cluster (clients from its kubeconfig secret, the drift
+//!   watch, what its API server serves);
+//! - `metrics`, `secure_metrics`, `liveness`: what the agent says about itself;
+//! - `managed_clusters`: the ACM hub's view (a ManagedCluster per hosted cluster);
+//! - `human`, `tls`: errors as a person reads them; the TLS the agent speaks.
+//!
+//! What it applies is rendered by `hcp-fleet-render`; the admission service it deploys is
+//! `hcp-fleet-webhook`; the `agent` process that runs it all (configuration, leader election,
+//! the health and metrics servers) is `hcp_fleet_cli::agent`.
+
+pub mod controller;
+pub mod hosted;
+pub mod human;
+pub mod liveness;
+pub mod managed_clusters;
+pub mod metrics;
+pub mod secure_metrics;
+pub mod tls;

@@ -1,0 +1,148 @@
+//! One rustls crypto provider for the whole binary.
+//!
+//! kube's TLS stack and rustls can each pick a provider; two providers in one process make
+//! rustls panic at the first handshake. Every entry point calls this before any TLS work.
+
+/// Installs the build's rustls provider process-wide (`crypto::install_provider`).
+pub use hcp_fleet_guards::crypto::install_provider as install_crypto_provider;
+
+use std::net::SocketAddr;
+
+/// What a TLS server presents: the end-entity certificate (DER) from one handshake with
+/// `addr`. The chain is not judged (the caller compares the certificate with the one it
+/// expects), but the handshake signature is verified, so the server holds the key.
+pub(crate) async fn served_certificate(
+    addr: SocketAddr,
+    server_name: &str,
+    timeout: std::time::Duration,
+) -> Result<Vec<u8>, HandshakeError> {
+    use std::sync::{Arc, Mutex};
+    let seen = Arc::new(Mutex::new(None));
+    let cfg = capturing_client(seen.clone()).map_err(HandshakeError::Client)?;
+    let name =
+        rustls::pki_types::ServerName::try_from(server_name.to_string()).map_err(|source| {
+            HandshakeError::Name {
+                name: server_name.to_string(),
+                source,
+            }
+        })?;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+    let handshake = async {
+        let tcp = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|source| HandshakeError::Connect { addr, source })?;
+        connector
+            .connect(name, tcp)
+            .await
+            .map_err(|source| HandshakeError::Tls { addr, source })
+    };
+    let _stream = tokio::time::timeout(timeout, handshake)
+        .await
+        .map_err(|_| HandshakeError::Timeout { addr, timeout })??;
+    // A verifier that panicked while holding the lock saw no certificate worth trusting.
+    let der = seen.lock().ok().and_then(|mut s| s.take());
+    der.ok_or(HandshakeError::NoCertificate(addr))
+}
+
+/// Why no certificate was read from a TLS server.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum HandshakeError {
+    #[error("no TLS client: {0}")]
+    Client(#[source] rustls::Error),
+    #[error("{name}: not a server name: {source}")]
+    Name {
+        name: String,
+        #[source]
+        source: rustls::pki_types::InvalidDnsNameError,
+    },
+    #[error("{addr}: {source}")]
+    Connect {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{addr}: TLS: {source}")]
+    Tls {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{addr}: no TLS handshake within {timeout:?}")]
+    Timeout {
+        addr: SocketAddr,
+        timeout: std::time::Duration,
+    },
+    #[error("{0}: no certificate presented")]
+    NoCertificate(SocketAddr),
+}
+
+/// Accepts any chain but remembers the end-entity certificate; checks handshake signatures.
+#[derive(Debug)]
+struct Capture {
+    seen: std::sync::Arc<std::sync::Mutex<Option<Vec<u8>>>>,
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
+}
+
+impl rustls::client::danger::ServerCertVerifier for Capture {
+    fn verify_server_cert(
+        &self,
+        end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        if let Ok(mut s) = self.seen.lock() {
+            *s = Some(end_entity.to_vec());
+        }
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
+/// A client configuration that accepts any server certificate (handshake signatures still
+/// checked): what a kubelet's HTTPS probe does, which never verifies the pod's certificate.
+pub fn accept_any_server() -> Result<rustls::ClientConfig, rustls::Error> {
+    capturing_client(std::sync::Arc::default())
+}
+
+/// A client configuration whose verifier accepts any chain and puts the end-entity
+/// certificate in `seen`.
+fn capturing_client(
+    seen: std::sync::Arc<std::sync::Mutex<Option<Vec<u8>>>>,
+) -> Result<rustls::ClientConfig, rustls::Error> {
+    install_crypto_provider();
+    let provider = hcp_fleet_guards::crypto::provider();
+    let verifier = std::sync::Arc::new(Capture {
+        seen,
+        algorithms: provider.signature_verification_algorithms,
+    });
+    Ok(
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(provider))
+            .with_safe_default_protocol_versions()?
+            .dangerous()
+            .with_custom_certificate_verifier(verifier)
+            .with_no_client_auth(),
+    )
+}

@@ -1,0 +1,255 @@
+//! The end-to-end probe: a ConfigMap carrying the probe label is always denied, whatever the
+//! mode or the identity, so the agent's dry-run create proves that the hosted kube-apiserver
+//! reaches the admission service. It stays a webhook: only a call to the service proves that.
+//!
+//! A denial proves nothing by its text alone: a hosted cluster's admin can install a webhook
+//! of their own that denies probe-labelled ConfigMaps with the same words (webhook names are
+//! theirs to choose), and then the probe would stay green with the agent's guards cut off. So
+//! the agent puts a fresh nonce on every probe and the service answers with an HMAC of it under
+//! the HCP's probe key, which lives in the management-side TLS Secret mounted into the
+//! service's pods and nowhere in the hosted cluster. Only a service that holds the key can
+//! answer; the agent holds the same Secret and checks the proof.
+
+use std::sync::Arc;
+
+use crate::crypto::rand::SecureRandom;
+
+use crate::crypto::rand::SystemRandom;
+use crate::crypto::{hex, hmac};
+use serde_json::{Value, json};
+
+use super::Settings;
+use super::case::{Case, Want};
+use super::{CelForm, Guard, Scope};
+use crate::catalogue::{BuiltinRow, PROBE_ANSWER, PROBE_LABEL, WebhookKind, rule};
+use crate::review::{Decision, Request};
+use hcp_fleet_model::Mode;
+
+pub(crate) struct Probe;
+
+pub static ROW: BuiltinRow = BuiltinRow {
+    name: "probe.hcp-fleet.openshift.io",
+    kind: WebhookKind::Validating,
+    path: "/validate/probe",
+    rules: &[rule(&["CREATE"], &[""], &["configmaps"])],
+    mode: Mode::Enforce,
+    only_labelled: Some(PROBE_LABEL),
+};
+
+/// The annotation on a probe ConfigMap carrying the agent's nonce for this probe.
+pub const NONCE_ANNOTATION: &str = "hcp-fleet.openshift.io/probe-nonce";
+/// The key of the probe key in the TLS Secret, and so the file in the service's cert dir.
+pub const KEY_FILE: &str = "probe.key";
+/// What precedes the proof in the service's answer.
+pub const PROOF_MARK: &str = " (proof ";
+
+/// An HCP's probe key: 32 random bytes, kept as 64 hex characters in the TLS Secret. It
+/// outlives certificate renewals and CA rotations (a key that changed with the certificate
+/// would fail the probe for as long as the pods' mounted copy lags the Secret).
+#[derive(Clone, PartialEq, Eq)]
+pub struct ProbeKey(Arc<[u8]>);
+
+impl std::fmt::Debug for ProbeKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProbeKey(<redacted>)")
+    }
+}
+
+fn random_bytes<const N: usize>() -> Option<[u8; N]> {
+    let mut b = [0u8; N];
+    SystemRandom::new().fill(&mut b).ok()?;
+    Some(b)
+}
+
+impl ProbeKey {
+    /// A new key; `None` only if the system's random source fails.
+    pub fn generate() -> Option<Self> {
+        Some(Self(Arc::from(random_bytes::<32>()?.as_slice())))
+    }
+
+    /// The key as stored (hex).
+    pub fn to_hex(&self) -> String {
+        hex(&self.0)
+    }
+
+    /// A stored key; `None` unless it is exactly 64 hex characters (surrounding whitespace
+    /// allowed: a file edited by hand ends with a newline).
+    pub fn from_hex(text: &str) -> Option<Self> {
+        let t = text.trim();
+        if t.len() != 64 || !t.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        let bytes: Option<Vec<u8>> = (0..32)
+            .map(|i| u8::from_str_radix(t.get(2 * i..2 * i + 2)?, 16).ok())
+            .collect();
+        Some(Self(Arc::from(bytes?.as_slice())))
+    }
+
+    /// The proof for `nonce`: HMAC-SHA256, hex.
+    pub(crate) fn prove(&self, nonce: &str) -> String {
+        let k = hmac::Key::new(hmac::HMAC_SHA256, &self.0);
+        hex(hmac::sign(&k, nonce.as_bytes()).as_ref())
+    }
+
+    /// Whether `message` (the probe's denial as the API server relays it) carries the proof
+    /// for `nonce`.
+    pub fn proven(&self, nonce: &str, message: &str) -> bool {
+        let want = format!("{PROOF_MARK}{})", self.prove(nonce));
+        message.ends_with(&want)
+    }
+}
+
+/// A fresh nonce for one probe (hex of 16 random bytes); `None` only if the system's random
+/// source fails.
+pub fn nonce() -> Option<String> {
+    random_bytes::<16>().map(|b| hex(&b))
+}
+
+fn a_nonce(n: &str) -> Option<&str> {
+    // Hex, at most 64 characters: a tenant gets no proof for text of their choosing.
+    (!n.is_empty() && n.len() <= 64 && n.bytes().all(|b| b.is_ascii_hexdigit())).then_some(n)
+}
+
+/// The nonce a request carries, if it is one the agent could have made: a probe's in its
+/// annotation, a canary's in its user's extra (`canary::NONCE_EXTRA`).
+pub fn nonce_of(req: &Request) -> Option<&str> {
+    if is_probe(req) {
+        let o = req.object.as_ref()?;
+        return a_nonce(o["metadata"]["annotations"][NONCE_ANNOTATION].as_str()?);
+    }
+    let extra = &req.user_info.extra;
+    let values = extra.get(super::canary::NONCE_EXTRA)?;
+    match values.as_slice() {
+        [n] => a_nonce(n),
+        _ => None,
+    }
+}
+
+/// A denial's message with the proof of `nonce` under `key` after it.
+pub fn signed(message: &str, key: &ProbeKey, nonce: &str) -> String {
+    format!("{message}{PROOF_MARK}{})", key.prove(nonce))
+}
+
+/// The service's answer to a probe: `PROBE_ANSWER`, with the proof of its nonce where the
+/// request carries one and the service holds the key.
+pub fn answer(key: Option<&ProbeKey>, nonce: Option<&str>) -> String {
+    match (key, nonce) {
+        (Some(k), Some(n)) => signed(PROBE_ANSWER, k, n),
+        _ => PROBE_ANSWER.to_string(),
+    }
+}
+
+pub(crate) fn is_probe(req: &Request) -> bool {
+    req.object
+        .as_ref()
+        .and_then(|o| o["metadata"]["labels"][PROBE_LABEL].as_str())
+        == Some("true")
+}
+
+impl Guard for Probe {
+    fn row(&self) -> &'static BuiltinRow {
+        &ROW
+    }
+
+    fn decide(&self, req: &Request, _: &Settings) -> Decision {
+        if is_probe(req) {
+            Decision::deny(PROBE_ANSWER)
+        } else {
+            Decision::allow()
+        }
+    }
+
+    fn cel(&self, _: &Settings) -> Option<CelForm> {
+        None
+    }
+
+    fn scope(&self) -> Scope {
+        Scope::Everyone
+    }
+
+    fn cases(&self) -> Vec<Case> {
+        use Want::*;
+        let cm = |labels: Value| json!({"metadata": {"name": "p", "labels": labels}});
+        let create = ("CREATE", "", "configmaps", "p");
+        vec![
+            Case::new("a labelled ConfigMap", Deny, create)
+                .namespaced("default")
+                .objects(cm(json!({PROBE_LABEL: "true"})), Value::Null),
+            Case::new("a labelled ConfigMap by an exempt user", Deny, create)
+                .namespaced("default")
+                .objects(cm(json!({PROBE_LABEL: "true"})), Value::Null)
+                .by("system:admin", &["system:masters"]),
+            Case::new("another label value", Allow, create)
+                .namespaced("team-a")
+                .objects(cm(json!({PROBE_LABEL: "yes"})), Value::Null),
+            Case::new("no label", Allow, create)
+                .namespaced("team-a")
+                .objects(cm(json!({})), Value::Null),
+        ]
+    }
+}
+
+/// In a probe's message: the denial came from something other than the agent's service (a
+/// webhook of the hosted cluster's own). Not the revision's doing (`rollout::attributable`).
+pub const FOREIGN_ANSWER: &str = "something other than the agent's service answered it";
+/// The same, on the policy path.
+pub const FOREIGN_POLICY_ANSWER: &str = "was not answered by the agent's probe policy";
+/// In a probe's message: the hosted kube-apiserver held the request past the agent's timeout.
+/// The agent's own webhooks time out sooner (5 s at most) and let requests through, so
+/// something of the hosted cluster's held it.
+pub const NO_ANSWER: &str = "got no answer within";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_proof_is_made_only_with_the_key_and_for_the_nonce_asked() {
+        let key = ProbeKey::generate().expect("random");
+        let other = ProbeKey::generate().expect("random");
+        assert_ne!(key, other);
+        assert_eq!(
+            ProbeKey::from_hex(&format!("{}\n", key.to_hex())),
+            Some(key.clone())
+        );
+        for bad in ["", "zz", &"a".repeat(63), &"g".repeat(64), &"a".repeat(66)] {
+            assert_eq!(ProbeKey::from_hex(bad), None, "{bad:?}");
+        }
+        let n = nonce().expect("random");
+        assert_eq!(n.len(), 32);
+        let said =
+            |a: String| format!("admission webhook \"{}\" denied the request: {a}", ROW.name);
+        assert!(key.proven(&n, &said(answer(Some(&key), Some(&n)))));
+        // The words alone, another key's proof, another nonce's proof: none of them.
+        assert!(!key.proven(&n, &said(answer(None, Some(&n)))));
+        assert!(!key.proven(&n, &said(answer(Some(&other), Some(&n)))));
+        let m = nonce().expect("random");
+        assert!(!key.proven(&n, &said(answer(Some(&key), Some(&m)))));
+        // A proof followed by anything else is not the service's answer.
+        assert!(!key.proven(
+            &n,
+            &format!("{} and more", said(answer(Some(&key), Some(&n))))
+        ));
+        assert_eq!(format!("{key:?}"), "ProbeKey(<redacted>)");
+    }
+
+    #[test]
+    fn only_a_nonce_the_agent_could_have_made_is_proven() {
+        let req = |nonce: &str| {
+            let r = Case::new("probe", Want::Deny, ("CREATE", "", "configmaps", "p"))
+                .namespaced("default")
+                .objects(
+                    json!({"metadata": {"name": "p", "labels": {PROBE_LABEL: "true"},
+                        "annotations": {NONCE_ANNOTATION: nonce}}}),
+                    Value::Null,
+                )
+                .review();
+            let r = crate::review::decode(&r).expect("a review");
+            nonce_of(&r).map(str::to_string)
+        };
+        assert_eq!(req("0a1b").as_deref(), Some("0a1b"));
+        assert_eq!(req(""), None);
+        assert_eq!(req("not hex"), None);
+        assert_eq!(req(&"a".repeat(65)), None);
+    }
+}

@@ -1,0 +1,96 @@
+//! New Services get the managed annotation (a mutation; warn mode by default, where it only
+//! says what it would add).
+
+use serde_json::{Value, json};
+
+use super::Settings;
+use super::case::{Case, Want};
+use super::{CelForm, Guard};
+use crate::catalogue::{BuiltinRow, WebhookKind, rule};
+use crate::review::{Decision, Request};
+use hcp_fleet_model::Mode;
+
+pub(crate) struct ServiceAnnotation;
+
+pub static ROW: BuiltinRow = BuiltinRow {
+    name: "service-annotation.hcp-fleet.openshift.io",
+    kind: WebhookKind::Mutating,
+    path: "/mutate/service-annotation",
+    rules: &[rule(&["CREATE"], &[""], &["services"])],
+    mode: Mode::Warn,
+    only_labelled: None,
+};
+
+/// JSON Pointer escaping (RFC 6901).
+fn pointer_escape(s: &str) -> String {
+    s.replace('~', "~0").replace('/', "~1")
+}
+
+impl Guard for ServiceAnnotation {
+    fn row(&self) -> &'static BuiltinRow {
+        &ROW
+    }
+
+    fn decide(&self, req: &Request, s: &Settings) -> Decision {
+        if req.operation != "CREATE"
+            || req.resource.resource != "services"
+            || !req.resource.group.is_empty()
+        {
+            return Decision::allow();
+        }
+        let Some(obj) = req.object.as_ref() else {
+            return Decision::allow();
+        };
+        let annotations = &obj["metadata"]["annotations"];
+        if annotations[&s.service_annotation_key].as_str()
+            == Some(s.service_annotation_value.as_str())
+        {
+            return Decision::allow();
+        }
+        let mut d = Decision::allow();
+        d.patch = if annotations.is_object() {
+            vec![json!({
+                "op": "add",
+                "path": format!("/metadata/annotations/{}", pointer_escape(&s.service_annotation_key)),
+                "value": s.service_annotation_value,
+            })]
+        } else {
+            vec![json!({
+                "op": "add",
+                "path": "/metadata/annotations",
+                "value": {s.service_annotation_key.clone(): s.service_annotation_value.clone()},
+            })]
+        };
+        d
+    }
+
+    /// A MutatingAdmissionPolicy is beta and off by default up to Kubernetes 1.34, and the
+    /// service already answers the probe: moving the mutation would add an engine to watch
+    /// while keeping the service in the path.
+    fn cel(&self, _: &Settings) -> Option<CelForm> {
+        None
+    }
+
+    fn cases(&self) -> Vec<Case> {
+        use Want::*;
+        let svc = |annotations: Value| json!({"metadata": {"name": "s", "annotations": annotations}, "spec": {}});
+        let create = ("CREATE", "", "services", "s");
+        vec![
+            Case::new("a Service without the annotation", Deny, create)
+                .namespaced("team-a")
+                .objects(svc(json!({"a": "b"})), Value::Null),
+            Case::new("a Service without annotations", Deny, create)
+                .namespaced("team-a")
+                .objects(json!({"metadata": {"name": "s"}}), Value::Null),
+            Case::new("a Service that has it", Allow, create)
+                .namespaced("team-a")
+                .objects(
+                    svc(json!({"hcp-fleet.openshift.io/managed": "true"})),
+                    Value::Null,
+                ),
+            Case::new("in an exempt namespace", Allow, create)
+                .namespaced("openshift-ingress")
+                .objects(svc(json!({})), Value::Null),
+        ]
+    }
+}

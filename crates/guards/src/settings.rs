@@ -1,0 +1,43 @@
+//! The guards' input: what the configuration says about them, in the one shape every engine
+//! reads (the admission service's decision, the CEL forms, the canaries).
+
+use serde::{Deserialize, Serialize};
+
+use hcp_fleet_model::Mode;
+
+/// The environment variable that carries `Settings` (JSON) into the admission service.
+pub const SETTINGS_ENV: &str = "HCP_FLEET_WEBHOOK_SETTINGS";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HookSetting {
+    pub name: String,
+    pub path: String,
+    pub mode: Mode,
+}
+
+/// What the guards decide with: the configured webhooks' modes, whom the configuration exempts
+/// and what it protects. The agent makes it from its configuration (`From<&AgentConfig>`, in
+/// `config`, which sits above the guards) and renders it into the admission service's
+/// Deployment (`SETTINGS_ENV`, JSON), so a change rolls out like any other
+/// Deployment change; the hosted policies' CEL and the canaries are made from the same value.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Settings {
+    pub webhooks: Vec<HookSetting>,
+    /// Exact user names, or prefixes ending in '*'.
+    pub exempt_users: Vec<String>,
+    pub exempt_groups: Vec<String>,
+    /// Exact names, or prefixes ending in '*'.
+    pub protected_cluster_roles: Vec<String>,
+    /// Namespaces (or prefixes ending in '*') whose requests the webhooks never judge.
+    pub exempt_namespaces: Vec<String>,
+    pub service_annotation_key: String,
+    pub service_annotation_value: String,
+}
+
+impl Settings {
+    pub fn hook(&self, path: &str) -> Option<&HookSetting> {
+        self.webhooks.iter().find(|w| w.path == path)
+    }
+}

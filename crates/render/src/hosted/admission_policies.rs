@@ -1,0 +1,660 @@
+//! The guards that run inside the hosted kube-apiserver: for each built-in whose decision CEL
+//! can express, a ValidatingAdmissionPolicy and its binding instead of a webhook entry, where
+//! the hosted cluster serves `admissionregistration.k8s.io/v1` policies (docs/architecture.md,
+//! "Two engines"). Rendered purely from the configuration and what the server offers.
+//!
+//! Each policy says what its handler in `hcp_fleet_webhook::decision` says, in CEL: the same
+//! conditions (the rules only narrow what reaches it, as for the webhook), the same exemptions
+//! (as `matchConditions`), the same message (built from the same `catalogue::denial`
+//! template). The mode is the binding's `validationActions`: enforce denies, warn warns and
+//! audits, off installs nothing.
+//!
+//! Two guards stay webhooks: the probe (it proves the admission service is reachable, which
+//! only a call to it can) and the Service mutation (a MutatingAdmissionPolicy is beta and off
+//! by default up to Kubernetes 1.34, and the service already answers the probe, so moving the
+//! mutation would keep the service in the path while adding a second engine to watch).
+
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use serde_json::{Value, json};
+
+use super::exemptions;
+use super::objects::{
+    HostedFeatures, WebhookRenderError, failure_policy, guarded_namespace_selector,
+    guarded_object_selector, owned_metadata, rules_json,
+};
+use crate::config::AgentConfig;
+use hcp_fleet_guards as guards;
+use hcp_fleet_guards::catalogue::{GuardEngine, WebhookDefinition};
+use hcp_fleet_guards::catalogue::{
+    POLICY_PROBE_ANSWER, POLICY_PROBE_VALUE, PROBE_LABEL, PROBE_REVISION_LABEL, denial,
+};
+use hcp_fleet_guards::{CelForm, Settings};
+use hcp_fleet_model::Mode;
+
+/// The path a guard takes in one hosted cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    Webhook,
+    Policy,
+    /// A policy loaded by the hosted kube-apiserver from files (`hosted::static_guards`).
+    Static,
+}
+
+impl Engine {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Engine::Webhook => "webhook",
+            Engine::Policy => "policy",
+            Engine::Static => "static",
+        }
+    }
+}
+
+/// Which engine carries `w` on a server offering `features`, and why not the one asked for.
+pub fn engine_of(w: &WebhookDefinition, features: HostedFeatures) -> (Engine, Option<String>) {
+    let cel = guards::has_cel_form(&w.path);
+    let auto = if cel && features.admission_policies {
+        Engine::Policy
+    } else {
+        Engine::Webhook
+    };
+    match w.engine {
+        GuardEngine::Static if cel && features.static_guards => (Engine::Static, None),
+        // Refused by the configuration for a guard without a CEL form, like `policy`.
+        GuardEngine::Static => (
+            auto,
+            Some(format!(
+                "{} asks for engine static, but the static guards are not in force in this hosted kube-apiserver (docs/static-guards.md); its {} guards instead",
+                w.name,
+                if auto == Engine::Policy {
+                    "admission policy"
+                } else {
+                    "webhook"
+                }
+            )),
+        ),
+        GuardEngine::Webhook => (Engine::Webhook, None),
+        GuardEngine::Auto if cel && features.admission_policies => (Engine::Policy, None),
+        GuardEngine::Auto => (Engine::Webhook, None),
+        GuardEngine::Policy if cel && features.admission_policies => (Engine::Policy, None),
+        // The configuration refuses `policy` for a guard without a CEL form, so this is a
+        // server without admission policies: the webhook guards meanwhile.
+        GuardEngine::Policy => (
+            Engine::Webhook,
+            Some(format!(
+                "{} asks for engine policy, but this hosted kube-apiserver does not serve admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy; its webhook guards instead",
+                w.name
+            )),
+        ),
+    }
+}
+
+/// The engine that carries `w` through the hosted cluster's API: where it is, `None` for a
+/// guard the static guards carry alone; the engine `auto` would choose for one they carry
+/// with `staticGuards.secondLayer`.
+pub(crate) fn api_engine(
+    w: &WebhookDefinition,
+    features: HostedFeatures,
+    second_layer: bool,
+) -> Option<Engine> {
+    match engine_of(w, features).0 {
+        Engine::Static if !second_layer => None,
+        Engine::Static if guards::has_cel_form(&w.path) && features.admission_policies => {
+            Some(Engine::Policy)
+        }
+        Engine::Static => Some(Engine::Webhook),
+        e => Some(e),
+    }
+}
+
+/// The policies and bindings one hosted cluster should hold, and the revision the probe asks
+/// for (`None`: no policy at all).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct AdmissionPolicies {
+    /// Guards first, the probe policy last (the order they are written in).
+    pub policies: Vec<ValidatingAdmissionPolicy>,
+    pub bindings: Vec<ValidatingAdmissionPolicyBinding>,
+    pub revision: Option<String>,
+}
+
+impl AdmissionPolicies {
+    /// The guard policies' names (the probe's left out).
+    pub fn guards(&self) -> impl Iterator<Item = &str> {
+        self.policies
+            .iter()
+            .filter_map(|p| p.metadata.name.as_deref())
+            .filter(|n| *n != probe_name())
+    }
+}
+
+/// The probe policy's (and binding's) name: the probe webhook's.
+pub(crate) fn probe_name() -> &'static str {
+    guards::probe::ROW.name
+}
+
+fn guard_policy(
+    w: &WebhookDefinition,
+    name: &str,
+    form: &CelForm,
+    conditions: &[Value],
+    hcp_namespace: &str,
+) -> Value {
+    let message = match w.mode {
+        Mode::Warn => guards::cel::message(
+            denial::WARN,
+            &[
+                ("guard", &guards::cel::string(&w.name)),
+                ("message", &form.message),
+            ],
+        ),
+        Mode::Enforce | Mode::Off => form.message.clone(),
+    };
+    let scope = guards::scope_of(&w.path);
+    let rules = rules_json(&w.rules);
+    let mut spec = json!({
+        "failurePolicy": failure_policy(w.failure_policy),
+        "matchConstraints": {
+            "resourceRules": rules,
+            "matchPolicy": "Equivalent",
+            "namespaceSelector": guarded_namespace_selector(w.namespace_selector.as_ref(), scope),
+            "objectSelector": guarded_object_selector(w.object_selector.as_ref()),
+        },
+        "validations": [{
+            "expression": form.expression,
+            "messageExpression": message,
+            // Shown only if the message expression itself fails.
+            "message": format!("hcp-fleet: {} denied this request", w.name),
+            "reason": "Forbidden",
+        }],
+    });
+    if !conditions.is_empty() {
+        spec["matchConditions"] = json!(conditions);
+    }
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": owned_metadata(name, hcp_namespace),
+        "spec": spec,
+    })
+}
+
+fn binding(name: &str, actions: &[&str], hcp_namespace: &str, revision: Option<&str>) -> Value {
+    let mut spec = json!({"policyName": name, "validationActions": actions});
+    if let Some(rev) = revision {
+        spec["matchResources"] = json!({
+            "objectSelector": {"matchLabels": {PROBE_REVISION_LABEL: rev}},
+        });
+    }
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": owned_metadata(name, hcp_namespace),
+        "spec": spec,
+    })
+}
+
+/// The probe policy: denies only a labelled ConfigMap carrying `revision`, with
+/// `POLICY_PROBE_ANSWER`. Its binding selects the same revision. Both are written after every
+/// guard policy and binding, and the API server reads each kind in the order it was written, so
+/// an answer for this revision proves it runs all of them (docs/architecture.md).
+fn probe_policy(name: &str, hcp_namespace: &str, revision: &str) -> Value {
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": owned_metadata(name, hcp_namespace),
+        "spec": {
+            // A probe that cannot be evaluated must not pass for an answer.
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [{
+                    "operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                    "resources": ["configmaps"],
+                }],
+                "objectSelector": {"matchLabels": {
+                    PROBE_LABEL: POLICY_PROBE_VALUE,
+                    PROBE_REVISION_LABEL: revision,
+                }},
+            },
+            "validations": [{"expression": "false", "message": POLICY_PROBE_ANSWER, "reason": "Forbidden"}],
+        },
+    })
+}
+
+pub(crate) fn render(
+    cfg: &AgentConfig,
+    settings: &Settings,
+    hcp_namespace: &str,
+    features: HostedFeatures,
+) -> Result<AdmissionPolicies, WebhookRenderError> {
+    typed(
+        render_json(cfg, settings, hcp_namespace, features),
+        hcp_namespace,
+    )
+}
+
+/// A rendered set (`render_set`) in k8s-openapi's typed structs.
+pub(crate) fn typed(
+    (policies, bindings, revision): (Vec<Value>, Vec<Value>, Option<String>),
+    hcp_namespace: &str,
+) -> Result<AdmissionPolicies, WebhookRenderError> {
+    let err = |e: serde_json::Error| WebhookRenderError {
+        namespace: hcp_namespace.to_string(),
+        reason: e.to_string(),
+    };
+    Ok(AdmissionPolicies {
+        policies: policies
+            .into_iter()
+            .map(serde_json::from_value)
+            .collect::<Result<_, _>>()
+            .map_err(err)?,
+        bindings: bindings
+            .into_iter()
+            .map(serde_json::from_value)
+            .collect::<Result<_, _>>()
+            .map_err(err)?,
+        revision,
+    })
+}
+
+/// The policies and bindings as JSON, before they are typed (a unit test holds every field of
+/// them to what k8s-openapi's structs know, so none is dropped by a misspelling).
+fn render_json(
+    cfg: &AgentConfig,
+    settings: &Settings,
+    hcp_namespace: &str,
+    features: HostedFeatures,
+) -> (Vec<Value>, Vec<Value>, Option<String>) {
+    render_set(
+        cfg,
+        settings,
+        hcp_namespace,
+        |w| api_engine(w, features, cfg.static_guards.second_layer) == Some(Engine::Policy),
+        "",
+    )
+}
+
+/// The policies and bindings of the guards `pick` chooses, each named after its guard with
+/// `suffix` added, then (if there is any) the probe's of their revision: the API-side set
+/// (no suffix) or the static one (`hosted::static_guards`).
+pub(crate) fn render_set(
+    cfg: &AgentConfig,
+    settings: &Settings,
+    hcp_namespace: &str,
+    pick: impl Fn(&WebhookDefinition) -> bool,
+    suffix: &str,
+) -> (Vec<Value>, Vec<Value>, Option<String>) {
+    let mut policies = Vec::new();
+    let mut bindings = Vec::new();
+    for w in cfg.active_webhooks() {
+        if !pick(w) {
+            continue;
+        }
+        let Some(guard) = guards::for_path(&w.path) else {
+            continue;
+        };
+        let Some(form) = guard.cel(settings) else {
+            continue;
+        };
+        let actions: &[&str] = match w.mode {
+            Mode::Enforce => &["Deny"],
+            Mode::Warn => &["Warn", "Audit"],
+            Mode::Off => continue,
+        };
+        let name = format!("{}{suffix}", w.name);
+        let conditions = exemptions::conditions(settings, guard.scope());
+        policies.push(guard_policy(w, &name, &form, &conditions, hcp_namespace));
+        bindings.push(binding(&name, actions, hcp_namespace, None));
+    }
+    let revision = (!policies.is_empty()).then(|| {
+        let guards = Value::Array(policies.iter().chain(&bindings).cloned().collect());
+        hcp_fleet_model::compare::stable_hash(&[guards.to_string().as_bytes()])
+    });
+    if let Some(rev) = &revision {
+        let name = format!("{}{suffix}", probe_name());
+        policies.push(probe_policy(&name, hcp_namespace, rev));
+        bindings.push(binding(&name, &["Deny"], hcp_namespace, Some(rev)));
+    }
+    (policies, bindings, revision)
+}
+
+/// Does the live policy or binding still say what was rendered? Its spec compared on the
+/// fields rendered (server defaults are not drift), its labels and annotations likewise.
+/// The names the agent gives admission policies and bindings in a hosted cluster: each is
+/// named after its guard's webhook, so every built-in guard's and every configured webhook's
+/// (a guard that moved to its webhook, or is off, may still have one from before). What the
+/// agent lists, prunes and uninstalls is held to these: a tenant can label objects of their own
+/// like the agent's.
+pub fn names_ours(webhooks: &[WebhookDefinition]) -> std::collections::BTreeSet<String> {
+    guards::ALL
+        .iter()
+        .map(|g| g.row().name.to_string())
+        .chain(webhooks.iter().map(|w| w.name.clone()))
+        .collect()
+}
+
+/// What the API server's type check (`status.typeChecking`, written by kube-controller-manager)
+/// found wrong in a policy's expressions, one line per warning.
+pub fn type_warnings(p: &ValidatingAdmissionPolicy) -> Vec<String> {
+    p.status
+        .as_ref()
+        .and_then(|s| s.type_checking.as_ref())
+        .and_then(|t| t.expression_warnings.as_ref())
+        .map(|ws| {
+            ws.iter()
+                .map(|w| format!("{}: {}", w.field_ref, w.warning.trim()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hcp_fleet_guards::review::decode;
+    use hcp_fleet_webhook::decision::decide;
+
+    fn served() -> HostedFeatures {
+        HostedFeatures {
+            match_conditions: true,
+            admission_policies: true,
+            static_guards: false,
+        }
+    }
+
+    fn names(p: &AdmissionPolicies) -> Vec<String> {
+        p.policies
+            .iter()
+            .filter_map(|p| p.metadata.name.clone())
+            .collect()
+    }
+
+    #[test]
+    fn every_guard_with_a_cel_form_becomes_a_policy_where_served() {
+        let cfg = AgentConfig::default();
+        let p = render(&cfg, &Settings::from(&cfg), "clusters-a", served()).expect("render");
+        let want: Vec<String> = guards::ALL
+            .iter()
+            .filter(|g| g.cel(&Settings::from(&cfg)).is_some())
+            .map(|g| g.row().name.to_string())
+            .chain([probe_name().to_string()])
+            .collect();
+        assert_eq!(names(&p), want);
+        assert_eq!(p.bindings.len(), p.policies.len());
+        for (pol, b) in p.policies.iter().zip(&p.bindings) {
+            assert_eq!(pol.metadata.name, b.metadata.name);
+            let spec = b.spec.as_ref().expect("spec");
+            assert_eq!(spec.policy_name.as_ref(), pol.metadata.name.as_ref());
+        }
+        // Not served: nothing, and no revision to probe.
+        let none = render(
+            &cfg,
+            &Settings::from(&cfg),
+            "clusters-a",
+            HostedFeatures::default(),
+        )
+        .expect("render");
+        assert!(none.policies.is_empty() && none.revision.is_none());
+    }
+
+    /// A guard asking for engine static: no API-side object where the static guards are in
+    /// force, unless `staticGuards.secondLayer` keeps one (then what `auto` chooses); what `auto`
+    /// chooses where they are not, with a note saying why.
+    #[test]
+    fn a_static_guard_has_an_api_side_object_only_as_a_second_layer_or_a_fallback() {
+        let rbac = "protected-rbac.hcp-fleet.openshift.io";
+        let mut cfg = AgentConfig::default();
+        for w in &mut cfg.webhooks {
+            if w.name == rbac {
+                w.engine = GuardEngine::Static;
+            }
+        }
+        let in_force = HostedFeatures {
+            static_guards: true,
+            ..served()
+        };
+        let has = |cfg: &AgentConfig, f: HostedFeatures| {
+            names(&render(cfg, &Settings::from(cfg), "ns", f).expect("render"))
+                .contains(&rbac.to_string())
+        };
+        let w = cfg
+            .webhooks
+            .iter()
+            .find(|w| w.name == rbac)
+            .expect("rbac")
+            .clone();
+        assert_eq!(engine_of(&w, in_force), (Engine::Static, None));
+        assert!(!has(&cfg, in_force));
+        let mut layered = cfg.clone();
+        layered.static_guards.second_layer = true;
+        assert!(has(&layered, in_force));
+        assert_eq!(api_engine(&w, in_force, true), Some(Engine::Policy));
+        assert_eq!(api_engine(&w, in_force, false), None);
+        // Not in force: auto's choice, and why.
+        let (engine, note) = engine_of(&w, served());
+        assert_eq!(engine, Engine::Policy);
+        assert!(
+            note.as_deref()
+                .is_some_and(|n| n.contains("asks for engine static")),
+            "{note:?}"
+        );
+        assert!(has(&cfg, served()));
+        // A server without admission policies: the webhook.
+        let old = HostedFeatures::default();
+        assert_eq!(engine_of(&w, old).0, Engine::Webhook);
+        let hooks =
+            crate::hosted::webhooks::render(&cfg, "ns", "https://x", "ca", old).expect("render");
+        assert!(
+            hooks
+                .validating
+                .iter()
+                .flat_map(|v| v.webhooks.iter().flatten())
+                .any(|h| h.name == rbac)
+        );
+    }
+
+    #[test]
+    fn the_mode_is_the_bindings_actions_and_off_installs_nothing() {
+        let mut cfg = AgentConfig::default();
+        let actions = |cfg: &AgentConfig, name: &str| -> Option<Vec<String>> {
+            let p = render(cfg, &Settings::from(cfg), "ns", served()).expect("render");
+            p.bindings
+                .iter()
+                .find(|b| b.metadata.name.as_deref() == Some(name))
+                .and_then(|b| b.spec.as_ref()?.validation_actions.clone())
+        };
+        let rbac = "protected-rbac.hcp-fleet.openshift.io";
+        assert_eq!(actions(&cfg, rbac), Some(vec!["Deny".to_string()]));
+        for w in &mut cfg.webhooks {
+            if w.name == rbac {
+                w.mode = Mode::Warn;
+            }
+        }
+        assert_eq!(
+            actions(&cfg, rbac),
+            Some(vec!["Warn".to_string(), "Audit".to_string()])
+        );
+        for w in &mut cfg.webhooks {
+            if w.name == rbac {
+                w.mode = Mode::Off;
+            }
+        }
+        assert_eq!(actions(&cfg, rbac), None);
+        assert!(
+            !names(&render(&cfg, &Settings::from(&cfg), "ns", served()).expect("render"))
+                .contains(&rbac.to_string())
+        );
+    }
+
+    #[test]
+    fn engines_follow_the_setting_and_what_the_server_serves() {
+        let mut w = guards::protected_rbac::ROW.definition();
+        assert_eq!(engine_of(&w, served()).0, Engine::Policy);
+        assert_eq!(engine_of(&w, HostedFeatures::default()).0, Engine::Webhook);
+        w.engine = GuardEngine::Webhook;
+        assert_eq!(engine_of(&w, served()), (Engine::Webhook, None));
+        w.engine = GuardEngine::Policy;
+        assert_eq!(engine_of(&w, served()), (Engine::Policy, None));
+        let (e, note) = engine_of(&w, HostedFeatures::default());
+        assert_eq!(e, Engine::Webhook);
+        assert!(note.expect("note").contains("does not serve"));
+        // The probe and the Service mutation are webhooks, whatever auto finds.
+        for row in [&guards::probe::ROW, &guards::service_annotation::ROW] {
+            assert_eq!(engine_of(&row.definition(), served()).0, Engine::Webhook);
+        }
+    }
+
+    #[test]
+    fn the_revision_follows_the_guards_and_the_probe_selects_it() {
+        let cfg = AgentConfig::default();
+        let a = render(&cfg, &Settings::from(&cfg), "ns", served()).expect("render");
+        let rev = a.revision.clone().expect("revision");
+        assert!(rev.len() <= 63 && rev.chars().all(|c| c.is_ascii_alphanumeric()));
+        let probe = a.bindings.last().expect("probe binding");
+        let sel =
+            serde_json::to_value(probe).expect("json")["spec"]["matchResources"]["objectSelector"]
+                ["matchLabels"][PROBE_REVISION_LABEL]
+                .clone();
+        assert_eq!(sel, json!(rev));
+        let mut changed = cfg.clone();
+        changed
+            .admission
+            .protected_cluster_roles
+            .push("extra".into());
+        let b = render(&changed, &Settings::from(&changed), "ns", served()).expect("render");
+        assert_ne!(b.revision, a.revision);
+        assert_eq!(
+            render(&cfg, &Settings::from(&cfg), "ns", served())
+                .expect("render")
+                .revision,
+            a.revision
+        );
+    }
+
+    #[test]
+    fn exemptions_and_guardrail_selectors_are_on_every_guard() {
+        let cfg = AgentConfig::default();
+        let p = render(&cfg, &Settings::from(&cfg), "ns", served()).expect("render");
+        for pol in &p.policies {
+            let v = serde_json::to_value(pol).expect("json");
+            let name = pol.metadata.name.clone().unwrap_or_default();
+            if name == probe_name() {
+                assert!(
+                    v["spec"]["matchConditions"].is_null(),
+                    "the probe answers anyone"
+                );
+                continue;
+            }
+            let scope = guards::ALL
+                .iter()
+                .find(|g| g.row().name == name)
+                .expect("a guard")
+                .scope();
+            // The identity guards judge requests in the exempt namespaces too: that is where
+            // an exempt identity would be minted.
+            let (conditions, namespaces_left_out) = match scope {
+                guards::Scope::Identities => (2, false),
+                _ => (3, true),
+            };
+            assert_eq!(
+                v["spec"]["matchConditions"].as_array().map(Vec::len),
+                Some(conditions),
+                "{name}"
+            );
+            let c = &v["spec"]["matchConstraints"];
+            assert!(
+                !c["objectSelector"]
+                    .to_string()
+                    .contains(super::super::objects::OWNED_LABEL),
+                "no label exempts an object: {name}"
+            );
+            assert_eq!(
+                c["namespaceSelector"].to_string().contains("kube-system"),
+                namespaces_left_out,
+                "{name}"
+            );
+            assert_eq!(v["spec"]["failurePolicy"], "Ignore", "{name}");
+        }
+    }
+
+    /// The message a policy builds in CEL is the handler's text: checked by evaluating the
+    /// message expression's literal parts around the handler's own values.
+    #[test]
+    fn policy_messages_are_the_handlers_messages() {
+        let cfg = AgentConfig::default();
+        let s = Settings::from(&cfg);
+        let body = serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": "u", "kind": {"group": "rbac.authorization.k8s.io", "version": "v1", "kind": "ClusterRole"},
+                "resource": {"group": "rbac.authorization.k8s.io", "version": "v1", "resource": "clusterroles"},
+                "name": "cluster-admin", "operation": "DELETE",
+                "userInfo": {"username": "alice"}, "object": null, "oldObject": {},
+            }
+        }))
+        .expect("json");
+        let req = decode(&body).expect("decode");
+        let (_, d) = decide(guards::protected_rbac::ROW.path, &req, &s).expect("hook");
+        let message = guards::ALL[0].cel(&s).expect("cel").message;
+        // Substitute what the API server would: the kind and name expressions' values.
+        let evaluated = message
+            .replace(
+                "(request.resource.resource == 'clusterroles' ? 'ClusterRole' : 'ClusterRoleBinding')",
+                "'ClusterRole'",
+            )
+            .replace(&format!("({})", guards::cel::STORED_NAME), "'cluster-admin'")
+            .split(" + ")
+            .map(|lit| lit.trim_matches('\'').replace("\\'", "'"))
+            .collect::<String>();
+        assert_eq!(Some(evaluated), d.message);
+    }
+
+    /// Every field rendered is one `admissionregistration.k8s.io/v1`'s typed structs know:
+    /// typed and written back, each object is what was rendered (serde drops a misspelt field
+    /// silently, which would install a guard without it).
+    #[test]
+    fn rendered_policies_round_trip_through_the_typed_v1_structs() {
+        let mut warn = AgentConfig::default();
+        warn.webhooks.iter_mut().for_each(|w| w.mode = Mode::Warn);
+        for cfg in [AgentConfig::default(), warn] {
+            let (policies, bindings, _) =
+                render_json(&cfg, &Settings::from(&cfg), "clusters-a", served());
+            assert!(!policies.is_empty() && policies.len() == bindings.len());
+            for p in policies {
+                let typed: ValidatingAdmissionPolicy =
+                    serde_json::from_value(p.clone()).expect("typed");
+                assert_eq!(serde_json::to_value(&typed).expect("json"), p);
+            }
+            for b in bindings {
+                let typed: ValidatingAdmissionPolicyBinding =
+                    serde_json::from_value(b.clone()).expect("typed");
+                assert_eq!(serde_json::to_value(&typed).expect("json"), b);
+            }
+        }
+        // The check is not blind: a misspelt field does not survive the round trip.
+        let cfg = AgentConfig::default();
+        let mut bad = render_json(&cfg, &Settings::from(&cfg), "ns", served())
+            .0
+            .remove(0);
+        bad["spec"]["matchConstraint"] = json!({});
+        let typed: ValidatingAdmissionPolicy = serde_json::from_value(bad.clone()).expect("typed");
+        assert_ne!(serde_json::to_value(&typed).expect("json"), bad);
+    }
+
+    #[test]
+    fn type_warnings_are_read_from_the_status() {
+        let p: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+            "metadata": {"name": "x"},
+            "status": {"typeChecking": {"expressionWarnings": [
+                {"fieldRef": "spec.validations[0].expression", "warning": "no such key: spec\n"}
+            ]}},
+        }))
+        .expect("vap");
+        assert_eq!(
+            type_warnings(&p),
+            ["spec.validations[0].expression: no such key: spec"]
+        );
+        assert!(type_warnings(&ValidatingAdmissionPolicy::default()).is_empty());
+    }
+}

@@ -1,0 +1,552 @@
+//! The admission service's decision: the guard served on the request's path, with the
+//! exemptions and the guard's mode applied in one place around the guard's own decision
+//! (`hcp_fleet_guards`), and where the service finds its settings (`SETTINGS_ENV`).
+
+use std::collections::BTreeMap;
+
+use hcp_fleet_guards::catalogue::denial;
+use hcp_fleet_guards::review::Decision;
+
+use hcp_fleet_guards::review::Request;
+use hcp_fleet_guards::{Scope, Settings, matches};
+use hcp_fleet_model::Mode;
+
+/// Why a guard of `scope` leaves this request alone, if it does: HyperShift's own
+/// controllers, SRE, and (for the workload guards) the control plane's namespaces.
+fn exempt(req: &Request, s: &Settings, scope: Scope) -> Option<String> {
+    if scope == Scope::Everyone {
+        return None;
+    }
+    if matches(&s.exempt_users, &req.user_info.username) {
+        return Some(format!("user {} is exempt", req.user_info.username));
+    }
+    if let Some(g) = req
+        .user_info
+        .groups
+        .iter()
+        .find(|g| s.exempt_groups.contains(g))
+    {
+        return Some(format!("group {g} is exempt"));
+    }
+    if scope == Scope::Identities {
+        return None;
+    }
+    if let Some(ns) = req
+        .namespace
+        .as_deref()
+        .filter(|ns| matches(&s.exempt_namespaces, ns))
+    {
+        return Some(format!("namespace {ns} is exempt"));
+    }
+    None
+}
+
+/// Applies the webhook's mode to what its policy decided.
+pub(crate) fn apply_mode(hook: &str, mode: Mode, d: Decision) -> Decision {
+    match mode {
+        Mode::Enforce => d,
+        Mode::Off => Decision::allow(),
+        Mode::Warn => {
+            let mut out = Decision::allow();
+            if !d.allowed {
+                let msg = d.message.unwrap_or_else(|| "denied".into());
+                out.warnings.push(denial::fill(
+                    denial::WARN,
+                    &[("guard", hook), ("message", &msg)],
+                ));
+                out.audit_annotations.insert("would-deny".into(), msg);
+            }
+            if !d.patch.is_empty() {
+                out.warnings
+                    .push(format!("{hook} (warn mode) would have mutated this object"));
+                out.audit_annotations.insert(
+                    "would-mutate".into(),
+                    serde_json::to_string(&d.patch).unwrap_or_default(),
+                );
+            }
+            out
+        }
+    }
+}
+
+/// Decides one request for the guard served on `path`. `None`: no such guard.
+pub fn decide(path: &str, req: &Request, s: &Settings) -> Option<(String, Decision)> {
+    let guard = hcp_fleet_guards::for_path(path)?;
+    if guard.scope() == Scope::Everyone {
+        // The probe is answered whatever the mode or identity: it proves the path works.
+        return Some(("probe".into(), guard.decide(req, s)));
+    }
+    let hook = s.hook(path)?;
+    if hook.mode == Mode::Off || exempt(req, s, guard.scope()).is_some() {
+        return Some((hook.name.clone(), Decision::allow()));
+    }
+    let mut d = apply_mode(&hook.name, hook.mode, guard.decide(req, s));
+    // Audit annotations are keyed by the webhook by the API server; keep ours short.
+    d.audit_annotations = d
+        .audit_annotations
+        .into_iter()
+        .map(|(k, v)| (k, v.chars().take(1024).collect()))
+        .collect::<BTreeMap<_, _>>();
+    Some((hook.name.clone(), d))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hcp_fleet_guards::catalogue::{PROBE_ANSWER, PROBE_LABEL};
+    use hcp_fleet_guards::review::decode;
+    use hcp_fleet_render::config::AgentConfig;
+    use serde_json::{Value, json};
+
+    fn settings(mode: Mode) -> Settings {
+        let mut s = Settings::from(&AgentConfig::default());
+        for w in &mut s.webhooks {
+            w.mode = mode;
+        }
+        s
+    }
+
+    /// The resource is named by its group and plural.
+    fn req(
+        op: &str,
+        (group, resource): (&str, &str),
+        name: &str,
+        ns: Option<&str>,
+        user: &str,
+        groups: &[&str],
+        object: Value,
+    ) -> Request {
+        let body = serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": "u", "kind": {"group": group, "version": "v1", "kind": "X"},
+                "resource": {"group": group, "version": "v1", "resource": resource},
+                "name": name, "namespace": ns, "operation": op,
+                "userInfo": {"username": user, "groups": groups},
+                "object": object, "oldObject": null,
+            }
+        }))
+        .expect("json");
+        decode(&body).expect("decode")
+    }
+
+    fn delete_cr(name: &str, user: &str, groups: &[&str]) -> Request {
+        req(
+            "DELETE",
+            ("rbac.authorization.k8s.io", "clusterroles"),
+            name,
+            None,
+            user,
+            groups,
+            Value::Null,
+        )
+    }
+
+    #[test]
+    fn protected_clusterrole_delete_is_denied_for_a_regular_user() {
+        let s = settings(Mode::Enforce);
+        let (_, d) = decide(
+            hcp_fleet_guards::protected_rbac::ROW.path,
+            &delete_cr("cluster-admin", "alice", &["system:authenticated"]),
+            &s,
+        )
+        .expect("hook");
+        assert!(!d.allowed);
+        assert!(
+            d.message
+                .expect("msg")
+                .contains("protected ClusterRole \"cluster-admin\"")
+        );
+        let (_, d) = decide(
+            hcp_fleet_guards::protected_rbac::ROW.path,
+            &delete_cr("my-role", "alice", &[]),
+            &s,
+        )
+        .expect("hook");
+        assert!(d.allowed, "unprotected roles are fine");
+    }
+
+    #[test]
+    fn exempt_identities_pass() {
+        let s = settings(Mode::Enforce);
+        for (user, groups) in [
+            ("system:serviceaccount:hypershift:operator", vec![]),
+            ("bob", vec!["system:masters"]),
+        ] {
+            let (_, d) = decide(
+                hcp_fleet_guards::protected_rbac::ROW.path,
+                &delete_cr("cluster-admin", user, &groups),
+                &s,
+            )
+            .expect("hook");
+            assert!(d.allowed, "{user} {groups:?}");
+        }
+    }
+
+    #[test]
+    fn warn_mode_allows_with_a_warning_and_an_audit_annotation() {
+        let s = settings(Mode::Warn);
+        let (name, d) = decide(
+            hcp_fleet_guards::protected_rbac::ROW.path,
+            &delete_cr("cluster-admin", "alice", &[]),
+            &s,
+        )
+        .expect("hook");
+        assert!(d.allowed);
+        assert!(
+            d.warnings[0].starts_with(&format!("{name} (warn mode) would deny: hcp-fleet:")),
+            "{:?}",
+            d.warnings
+        );
+        assert!(d.audit_annotations.contains_key("would-deny"));
+    }
+
+    #[test]
+    fn off_mode_allows_silently() {
+        let s = settings(Mode::Off);
+        let (_, d) = decide(
+            hcp_fleet_guards::protected_rbac::ROW.path,
+            &delete_cr("cluster-admin", "alice", &[]),
+            &s,
+        )
+        .expect("hook");
+        assert_eq!(d, Decision::allow());
+    }
+
+    #[test]
+    fn techpreview_is_denied_but_unrelated_updates_pass() {
+        let s = settings(Mode::Enforce);
+        let fg = |set: &str| json!({"metadata": {"name": "cluster"}, "spec": {"featureSet": set}});
+        let r = req(
+            "UPDATE",
+            ("config.openshift.io", "featuregates"),
+            "cluster",
+            None,
+            "alice",
+            &[],
+            fg("TechPreviewNoUpgrade"),
+        );
+        assert!(
+            !decide(hcp_fleet_guards::featuregate::ROW.path, &r, &s)
+                .expect("hook")
+                .1
+                .allowed
+        );
+        let r = req(
+            "UPDATE",
+            ("config.openshift.io", "featuregates"),
+            "cluster",
+            None,
+            "alice",
+            &[],
+            fg(""),
+        );
+        assert!(
+            decide(hcp_fleet_guards::featuregate::ROW.path, &r, &s)
+                .expect("hook")
+                .1
+                .allowed
+        );
+    }
+
+    #[test]
+    fn services_get_the_annotation_by_json_patch() {
+        let s = settings(Mode::Enforce);
+        let r = req(
+            "CREATE",
+            ("", "services"),
+            "web",
+            Some("app"),
+            "alice",
+            &[],
+            json!({"metadata": {"name": "web"}}),
+        );
+        let (_, d) = decide(hcp_fleet_guards::service_annotation::ROW.path, &r, &s).expect("hook");
+        assert!(d.allowed);
+        assert_eq!(d.patch[0]["path"], "/metadata/annotations");
+        let r = req(
+            "CREATE",
+            ("", "services"),
+            "web",
+            Some("app"),
+            "alice",
+            &[],
+            json!({"metadata": {"name": "web", "annotations": {"a": "b"}}}),
+        );
+        let (_, d) = decide(hcp_fleet_guards::service_annotation::ROW.path, &r, &s).expect("hook");
+        assert!(
+            d.patch[0]["path"]
+                .as_str()
+                .expect("path")
+                .starts_with("/metadata/annotations/")
+        );
+        assert!(
+            !d.patch[0]["path"].as_str().expect("path")[22..].contains('/'),
+            "key escaped: {}",
+            d.patch[0]["path"]
+        );
+    }
+
+    #[test]
+    fn critical_namespaces_are_exempt() {
+        let s = settings(Mode::Enforce);
+        let r = req(
+            "CREATE",
+            ("", "services"),
+            "x",
+            Some("openshift-ingress"),
+            "alice",
+            &[],
+            json!({"metadata": {}}),
+        );
+        let (_, d) = decide(hcp_fleet_guards::service_annotation::ROW.path, &r, &s).expect("hook");
+        assert!(d.patch.is_empty());
+    }
+
+    #[test]
+    fn the_probe_is_always_answered() {
+        let s = settings(Mode::Off);
+        let probe = json!({"metadata": {"labels": {PROBE_LABEL: "true"}}});
+        let r = req(
+            "CREATE",
+            ("", "configmaps"),
+            "p",
+            Some("default"),
+            "system:admin",
+            &["system:masters"],
+            probe,
+        );
+        let (_, d) = decide(hcp_fleet_guards::probe::ROW.path, &r, &s).expect("probe");
+        assert_eq!(d.message.as_deref(), Some(PROBE_ANSWER));
+    }
+
+    #[test]
+    fn default_sccs_are_guarded_but_labels_may_change() {
+        let s = settings(Mode::Enforce);
+        let old = json!({"metadata": {"name": "restricted"}, "allowPrivilegedContainer": false});
+        let mut weaker = old.clone();
+        weaker["allowPrivilegedContainer"] = json!(true);
+        let mut r = req(
+            "UPDATE",
+            ("security.openshift.io", "securitycontextconstraints"),
+            "restricted",
+            None,
+            "alice",
+            &[],
+            weaker,
+        );
+        r.old_object = Some(old.clone());
+        assert!(
+            !decide(hcp_fleet_guards::scc::ROW.path, &r, &s)
+                .expect("hook")
+                .1
+                .allowed
+        );
+        let mut relabel = old.clone();
+        relabel["metadata"]["labels"] = json!({"team": "x"});
+        let mut r = req(
+            "UPDATE",
+            ("security.openshift.io", "securitycontextconstraints"),
+            "restricted",
+            None,
+            "alice",
+            &[],
+            relabel,
+        );
+        r.old_object = Some(old);
+        assert!(
+            decide(hcp_fleet_guards::scc::ROW.path, &r, &s)
+                .expect("hook")
+                .1
+                .allowed
+        );
+        let r = req(
+            "DELETE",
+            ("security.openshift.io", "securitycontextconstraints"),
+            "my-scc",
+            None,
+            "alice",
+            &[],
+            Value::Null,
+        );
+        assert!(
+            decide(hcp_fleet_guards::scc::ROW.path, &r, &s)
+                .expect("hook")
+                .1
+                .allowed,
+            "custom SCCs are the user's"
+        );
+    }
+
+    #[test]
+    fn managed_api_groups_are_off_limits_to_regular_users() {
+        let s = settings(Mode::Enforce);
+        let r = req(
+            "CREATE",
+            ("upgrade.managed.openshift.io", "upgradeconfigs"),
+            "u",
+            Some("openshift-managed-upgrade-operator-x"),
+            "alice",
+            &[],
+            json!({}),
+        );
+        // (exempt namespace prefix openshift-* applies)
+        assert!(
+            decide(hcp_fleet_guards::managed_groups::ROW.path, &r, &s)
+                .expect("hook")
+                .1
+                .allowed
+        );
+        let r = req(
+            "CREATE",
+            ("upgrade.managed.openshift.io", "upgradeconfigs"),
+            "u",
+            Some("team-a"),
+            "alice",
+            &[],
+            json!({}),
+        );
+        let (_, d) = decide(hcp_fleet_guards::managed_groups::ROW.path, &r, &s).expect("hook");
+        assert!(!d.allowed);
+        assert!(d.message.expect("msg").contains("managed by the service"));
+    }
+
+    #[test]
+    fn ingress_config_spec_is_fixed_but_status_may_change() {
+        let s = settings(Mode::Enforce);
+        let old = json!({"metadata": {"name": "cluster"}, "spec": {"domain": "apps.a.example.com"}, "status": {}});
+        let mut moved = old.clone();
+        moved["spec"]["domain"] = json!("apps.evil.example.com");
+        let mut r = req(
+            "UPDATE",
+            ("config.openshift.io", "ingresses"),
+            "cluster",
+            None,
+            "alice",
+            &[],
+            moved,
+        );
+        r.old_object = Some(old.clone());
+        let (_, d) = decide(hcp_fleet_guards::ingress_config::ROW.path, &r, &s).expect("hook");
+        assert!(
+            d.message
+                .expect("denied")
+                .contains("changing the spec of the ingress config")
+        );
+        let mut status_only = old.clone();
+        status_only["status"] = json!({"defaultPlacement": "Workers"});
+        let mut r = req(
+            "UPDATE",
+            ("config.openshift.io", "ingresses"),
+            "cluster",
+            None,
+            "alice",
+            &[],
+            status_only,
+        );
+        r.old_object = Some(old);
+        assert!(
+            decide(hcp_fleet_guards::ingress_config::ROW.path, &r, &s)
+                .expect("hook")
+                .1
+                .allowed
+        );
+    }
+
+    #[test]
+    fn network_migration_is_for_sre_only() {
+        let s = settings(Mode::Enforce);
+        let old = json!({"metadata": {"name": "cluster"}, "spec": {"logLevel": "Normal"}});
+        let mut start = old.clone();
+        start["spec"]["migration"] = json!({"networkType": "OVNKubernetes"});
+        let mut r = req(
+            "UPDATE",
+            ("operator.openshift.io", "networks"),
+            "cluster",
+            None,
+            "alice",
+            &[],
+            start.clone(),
+        );
+        r.old_object = Some(old.clone());
+        assert!(
+            !decide(hcp_fleet_guards::network_migration::ROW.path, &r, &s)
+                .expect("hook")
+                .1
+                .allowed
+        );
+        let mut r = req(
+            "UPDATE",
+            ("operator.openshift.io", "networks"),
+            "cluster",
+            None,
+            "backplane-sre",
+            &["osd-sre-admins"],
+            start,
+        );
+        r.old_object = Some(old.clone());
+        assert!(
+            decide(hcp_fleet_guards::network_migration::ROW.path, &r, &s)
+                .expect("hook")
+                .1
+                .allowed,
+            "SRE may"
+        );
+        let mut level = old.clone();
+        level["spec"]["logLevel"] = json!("Debug");
+        let mut r = req(
+            "UPDATE",
+            ("operator.openshift.io", "networks"),
+            "cluster",
+            None,
+            "alice",
+            &[],
+            level,
+        );
+        r.old_object = Some(old);
+        assert!(
+            decide(hcp_fleet_guards::network_migration::ROW.path, &r, &s)
+                .expect("hook")
+                .1
+                .allowed
+        );
+    }
+
+    #[test]
+    fn every_builtin_definition_passes_the_guardrails() {
+        assert!(AgentConfig::default().problems().is_empty());
+        assert_eq!(
+            AgentConfig::default().webhooks.len(),
+            hcp_fleet_guards::ALL.len()
+        );
+    }
+
+    #[test]
+    fn unknown_paths_have_no_webhook() {
+        let s = settings(Mode::Enforce);
+        assert!(decide("/nope", &delete_cr("x", "a", &[]), &s).is_none());
+    }
+
+    /// The Rust decision of every guard, through the admission service's `decide` (exemptions
+    /// and mode included), is what each guard's table says.
+    #[test]
+    fn every_guard_decides_its_own_cases() {
+        let cfg = hcp_fleet_render::config::AgentConfig::default();
+        let s = Settings::from(&cfg);
+        for g in hcp_fleet_guards::ALL {
+            for c in g.cases().into_iter().chain(g.canary(&s).map(|c| c.case())) {
+                let req = hcp_fleet_guards::review::decode(&c.review()).expect("decodes");
+                let (_, d) = decide(g.row().path, &req, &s).expect("a guard");
+                // A mutation in warn mode says so instead of patching.
+                let acted = !d.allowed || !d.patch.is_empty() || !d.warnings.is_empty();
+                assert_eq!(
+                    acted,
+                    c.want == hcp_fleet_guards::Want::Deny,
+                    "{}: {}: {d:?}",
+                    g.row().name,
+                    c.what
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,780 @@
+//! The admission service's HTTPS server, in small layers with one job each: TLS accept with a
+//! handshake timeout; HTTP/1.1 and HTTP/2 (hyper) with a header read timeout; a body read
+//! bounded in size and time; the decision under a deadline shorter than any webhook's
+//! timeoutSeconds; graceful drain on SIGTERM. The hot path takes no exclusive lock and calls
+//! nothing outside the process.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use serde_json::json;
+use tokio::net::TcpListener;
+
+use super::decision;
+use hcp_fleet_guards::review::Decision;
+use hcp_fleet_guards::{Settings, review};
+
+/// Kubernetes sends at most about 3 MiB of object; anything larger is not a review.
+pub(crate) const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+
+/// The default of `Limits::max_connections`: far above what one hosted kube-apiserver holds
+/// (it reuses a few connections per replica), far below the process's file limit.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+
+/// The default of `Limits::spin`, in microseconds: longer than the gap between an answer and
+/// the next request of a closed-loop client on one connection (about 40 µs here), far shorter
+/// than anything a person or a timer sees.
+pub const DEFAULT_SPIN_MICROS: u64 = 60;
+
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub body_read: Duration,
+    pub header_read: Duration,
+    pub handshake: Duration,
+    /// Shorter than the smallest webhook timeoutSeconds (1 s), so the API server always hears
+    /// from us before it gives up.
+    pub deadline: Duration,
+    pub drain: Duration,
+    /// Connections open at once (TLS handshakes in progress included); one more is closed at
+    /// once, so a flood of connections cannot take the memory every answer needs.
+    pub max_connections: usize,
+    /// HTTP/2 keep-alive: a PING this often on a quiet connection, and the connection closed
+    /// when half as long passes without an answer (a peer gone without a word).
+    pub h2_keep_alive: Duration,
+    /// How long a connection thread about to sleep spins first, watching its connections
+    /// (`spin`); zero: it sleeps at once.
+    pub spin: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            body_read: Duration::from_millis(500),
+            header_read: Duration::from_secs(5),
+            handshake: Duration::from_secs(5),
+            deadline: Duration::from_millis(800),
+            drain: Duration::from_secs(20),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            h2_keep_alive: Duration::from_secs(20),
+            spin: Duration::from_micros(DEFAULT_SPIN_MICROS),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct RequestLabels {
+    pub(crate) webhook: String,
+    pub(crate) decision: String,
+    pub(crate) outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct WebhookLabel {
+    pub(crate) webhook: String,
+}
+
+fn latency() -> Histogram {
+    // 20 µs to about 0.5 s in steps of 1.5x: fine enough to tell 0.3 ms from 0.45 ms.
+    Histogram::new(exponential_buckets(0.00002, 1.5, 26))
+}
+
+pub struct AdmissionMetrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    latency: Family<WebhookLabel, Histogram, fn() -> Histogram>,
+}
+
+impl Default for AdmissionMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AdmissionMetrics {
+    pub fn new() -> Self {
+        let requests = Family::<RequestLabels, Counter>::default();
+        let latency =
+            Family::<WebhookLabel, Histogram, fn() -> Histogram>::new_with_constructor(latency);
+        let mut registry = Registry::with_prefix("hcp_fleet_admission");
+        registry.register(
+            "requests",
+            "AdmissionReview requests by webhook, decision and outcome",
+            requests.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Server-side handling time of one AdmissionReview",
+            latency.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            latency,
+        }
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    pub fn observe_latency(&self, webhook: String, seconds: f64) {
+        self.latency
+            .get_or_create(&WebhookLabel { webhook })
+            .observe(seconds);
+    }
+
+    pub fn count(&self, webhook: &str, decision: &str, outcome: &str) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                webhook: webhook.to_string(),
+                decision: decision.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+}
+
+/// The (decision, outcome) pairs a review ends in.
+const OUTCOMES: [(&str, &str); 6] = [
+    ("denied", "enforced"),
+    ("allowed", "warned"),
+    ("allowed", "mutated"),
+    ("allowed", "passed"),
+    ("none", "bad_request"),
+    ("none", "deadline"),
+];
+
+/// One served path's name and its series, looked up once: a review then counts itself
+/// without building (allocating) its label set. A series appears at its first count, as
+/// before.
+struct Hook {
+    name: String,
+    latency: std::sync::OnceLock<Histogram>,
+    counts: [std::sync::OnceLock<Counter>; OUTCOMES.len()],
+}
+
+impl Hook {
+    fn count(&self, m: &AdmissionMetrics, decision: &str, outcome: &str) {
+        let Some(i) = OUTCOMES.iter().position(|o| *o == (decision, outcome)) else {
+            return m.count(&self.name, decision, outcome);
+        };
+        self.counts[i]
+            .get_or_init(|| {
+                m.requests
+                    .get_or_create(&RequestLabels {
+                        webhook: self.name.clone(),
+                        decision: decision.to_string(),
+                        outcome: outcome.to_string(),
+                    })
+                    .clone()
+            })
+            .inc();
+    }
+
+    fn observe(&self, m: &AdmissionMetrics, seconds: f64) {
+        self.latency
+            .get_or_init(|| {
+                m.latency
+                    .get_or_create(&WebhookLabel {
+                        webhook: self.name.clone(),
+                    })
+                    .clone()
+            })
+            .observe(seconds);
+    }
+}
+
+pub struct AppState {
+    pub(crate) settings: Settings,
+    /// path → webhook name and series, fixed at start.
+    hooks: HashMap<String, Hook>,
+    pub(crate) metrics: AdmissionMetrics,
+    pub(crate) limits: Limits,
+    pub draining: AtomicBool,
+    /// Where the probe key is (`<cert-dir>/probe.key`), read at each probe: it arrives with
+    /// the Secret, after the service may have started, and probes come once a minute.
+    pub(crate) probe_key_file: Option<std::path::PathBuf>,
+}
+
+impl AppState {
+    /// `probe_key_file`: where the probe key is (`None`: probes are answered without a proof).
+    pub fn new(
+        settings: Settings,
+        limits: Limits,
+        probe_key_file: Option<std::path::PathBuf>,
+    ) -> Arc<Self> {
+        let mut names: HashMap<String, String> = settings
+            .webhooks
+            .iter()
+            .map(|w| (w.path.clone(), w.name.clone()))
+            .collect();
+        names
+            .entry(hcp_fleet_guards::probe::ROW.path.to_string())
+            .or_insert_with(|| "probe".into());
+        let hooks = names
+            .into_iter()
+            .map(|(path, name)| {
+                let hook = Hook {
+                    name,
+                    latency: Default::default(),
+                    counts: Default::default(),
+                };
+                (path, hook)
+            })
+            .collect();
+        Arc::new(Self {
+            settings,
+            hooks,
+            metrics: AdmissionMetrics::new(),
+            limits,
+            draining: AtomicBool::new(false),
+            probe_key_file,
+        })
+    }
+
+    /// The probe key, if its file is there and holds one.
+    async fn probe_key(&self) -> Option<hcp_fleet_guards::probe::ProbeKey> {
+        let text = tokio::fs::read_to_string(self.probe_key_file.as_ref()?)
+            .await
+            .ok()?;
+        hcp_fleet_guards::probe::ProbeKey::from_hex(&text)
+    }
+}
+
+fn error(status: StatusCode, msg: String) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        json!({ "error": msg }).to_string(),
+    )
+        .into_response()
+}
+
+async fn admit(State(st): State<Arc<AppState>>, req: Request) -> Response {
+    let started = Instant::now();
+    let path = req.uri().path().to_string();
+    let Some(hook) = st.hooks.get(&path) else {
+        return unserved(&st, &path, started);
+    };
+    let ct_ok = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(';')
+                .next()
+                .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+        });
+    if !ct_ok {
+        hook.count(&st.metrics, "none", "bad_request");
+        return error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "content type must be application/json".into(),
+        );
+    }
+    let work = async {
+        let body = match tokio::time::timeout(
+            st.limits.body_read,
+            axum::body::to_bytes(req.into_body(), MAX_BODY_BYTES),
+        )
+        .await
+        {
+            Ok(Ok(b)) => b,
+            Ok(Err(e)) => {
+                return Err((
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("body unreadable or over {MAX_BODY_BYTES} bytes: {e}"),
+                ));
+            }
+            Err(_) => {
+                return Err((
+                    StatusCode::REQUEST_TIMEOUT,
+                    "body not received in time".into(),
+                ));
+            }
+        };
+        let r = review::decode(&body).map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
+        let (_, mut d) = decision::decide(&path, &r, &st.settings).ok_or_else(|| {
+            (
+                StatusCode::NOT_FOUND,
+                format!("no webhook is served on {path}"),
+            )
+        })?;
+        // The agent's probe and canaries carry a nonce: a denial proves it came from here.
+        if !d.allowed
+            && let Some(nonce) = hcp_fleet_guards::probe::nonce_of(&r)
+            && let Some(key) = st.probe_key().await
+            && let Some(msg) = d.message.as_deref()
+        {
+            d.message = Some(hcp_fleet_guards::probe::signed(msg, &key, nonce));
+        }
+        Ok((r.uid, d))
+    };
+    let out = tokio::time::timeout(st.limits.deadline, work).await;
+    let resp = match out {
+        Ok(Ok((uid, d))) => {
+            let (decision, outcome) = outcome_of(&d);
+            hook.count(&st.metrics, decision, outcome);
+            (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/json")],
+                review::encode(&uid, &d),
+            )
+                .into_response()
+        }
+        Ok(Err((status, msg))) => {
+            hook.count(&st.metrics, "none", "bad_request");
+            error(status, msg)
+        }
+        Err(_) => {
+            // The API server applies the webhook's failurePolicy (Ignore by default).
+            hook.count(&st.metrics, "none", "deadline");
+            error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "decision deadline exceeded".into(),
+            )
+        }
+    };
+    hook.observe(&st.metrics, started.elapsed().as_secs_f64());
+    resp
+}
+
+/// A POST to a guard's route this service does not serve (a guard the settings leave out):
+/// counted under its path, as every review is counted.
+fn unserved(st: &AppState, path: &str, started: Instant) -> Response {
+    st.metrics.count(path, "none", "bad_request");
+    st.metrics
+        .observe_latency(path.to_string(), started.elapsed().as_secs_f64());
+    error(
+        StatusCode::NOT_FOUND,
+        format!("no webhook is served on {path}"),
+    )
+}
+
+fn outcome_of(d: &Decision) -> (&'static str, &'static str) {
+    match (d.allowed, d.warnings.is_empty(), d.patch.is_empty()) {
+        (false, _, _) => ("denied", "enforced"),
+        (true, false, _) => ("allowed", "warned"),
+        (true, true, false) => ("allowed", "mutated"),
+        (true, true, true) => ("allowed", "passed"),
+    }
+}
+
+/// The baseline for `make bench`: the same server stack answering every POST with a fixed
+/// AdmissionResponse, so the benchmark's ratio isolates what decoding and deciding cost.
+async fn fixed(State(st): State<Arc<AppState>>, req: Request) -> Response {
+    let started = Instant::now();
+    let _ = axum::body::to_bytes(req.into_body(), MAX_BODY_BYTES).await;
+    let resp = (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        review::encode("baseline", &Decision::allow()),
+    )
+        .into_response();
+    st.metrics
+        .latency
+        .get_or_create(&WebhookLabel {
+            webhook: "baseline".into(),
+        })
+        .observe(started.elapsed().as_secs_f64());
+    resp
+}
+
+pub fn baseline_router(st: Arc<AppState>) -> axum::Router {
+    let mut r = axum::Router::new();
+    for path in hcp_fleet_guards::paths() {
+        r = r.route(path, post(fixed));
+    }
+    r.route("/readyz", get(|| async { "ok" }))
+        .route(
+            "/metrics",
+            get(|State(st): State<Arc<AppState>>| async move { st.metrics.encode() }),
+        )
+        .with_state(st)
+}
+
+pub fn router(st: Arc<AppState>) -> axum::Router {
+    let mut r = axum::Router::new();
+    for path in hcp_fleet_guards::paths() {
+        r = r.route(path, post(admit));
+    }
+    r.route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(|State(st): State<Arc<AppState>>| async move {
+                if st.draining.load(Ordering::Relaxed) {
+                    (StatusCode::SERVICE_UNAVAILABLE, "draining")
+                } else {
+                    (StatusCode::OK, "ok")
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(|State(st): State<Arc<AppState>>| async move {
+                (
+                    [(
+                        header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    st.metrics.encode(),
+                )
+            }),
+        )
+        .layer(axum::middleware::from_fn_with_state(
+            st.clone(),
+            close_while_draining,
+        ))
+        .with_state(st)
+}
+
+/// While draining, an HTTP/1.1 answer carries `Connection: close`: the client learns with the
+/// answer that the connection is done, rather than finding it closed under its next request.
+/// (HTTP/2 needs nothing: the drain's GOAWAY tells the client the same.)
+async fn close_while_draining(
+    State(st): State<Arc<AppState>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let http1 = req.version() <= http::Version::HTTP_11;
+    let mut resp = next.run(req).await;
+    if http1 && st.draining.load(Ordering::Relaxed) {
+        resp.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+    }
+    resp
+}
+
+/// The threads that serve connections: one single-threaded runtime each. A connection stays
+/// on the thread it was handed to, so a request is read, decided and answered where its
+/// bytes arrived. On a shared multi-threaded runtime the wake-ups between worker threads
+/// (futex and epoll calls) were about 40 % of the CPU of a single connection's requests
+/// (`make bench`, profiled with perf): a kube-apiserver calls a webhook over a few
+/// keep-alive connections, so that is the common case.
+struct Workers {
+    handles: Vec<tokio::runtime::Handle>,
+    stops: Vec<tokio::sync::oneshot::Sender<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    next: usize,
+}
+
+impl Workers {
+    /// `n` threads (at least one), each spinning up to `spin` before it sleeps, or an error
+    /// if a runtime cannot be built.
+    fn start(n: usize, spin: Duration) -> std::io::Result<Workers> {
+        let mut w = Workers {
+            handles: Vec::new(),
+            stops: Vec::new(),
+            threads: Vec::new(),
+            next: 0,
+        };
+        for i in 0..n.max(1) {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .on_thread_park(move || spin::before_park(spin))
+                .build()?;
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            w.handles.push(rt.handle().clone());
+            w.stops.push(stop);
+            w.threads.push(
+                std::thread::Builder::new()
+                    .name(format!("admission-{i}"))
+                    .spawn(move || {
+                        let _ = rt.block_on(stopped);
+                    })?,
+            );
+        }
+        Ok(w)
+    }
+
+    /// The next thread's runtime, in turn.
+    fn pick(&mut self) -> &tokio::runtime::Handle {
+        let i = self.next % self.handles.len();
+        self.next = self.next.wrapping_add(1);
+        &self.handles[i]
+    }
+
+    fn stop(self) {
+        drop(self.stops);
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Spin before sleeping: a connection thread about to park watches its own connections'
+/// sockets for a short while, so the next request on a busy keep-alive connection finds the
+/// thread running instead of asleep.
+///
+/// A one-connection client (a kube-apiserver's usual way) sends its next request tens of
+/// microseconds after the last answer. Parked, the thread pays the kernel's wake-up path for
+/// each one (switched out, then in again on an interrupt): perf put the scheduler's switch-in
+/// and the wake-up's lock at about half of a one-connection run's CPU (`make bench`). Spinning
+/// in `on_thread_park` leaves tokio's readiness untouched: the spin only returns early when a
+/// socket has bytes (a `poll` with no timeout, which reads nothing), and tokio's own
+/// `epoll_wait` then finds the event without sleeping. Idle connections cost one spin after
+/// their last request, then nothing; a thread with many connections never runs out of work
+/// long enough to spin, and does not look at more than `MAX_WATCHED` of them.
+mod spin {
+    use std::cell::RefCell;
+    use std::os::fd::{AsRawFd, RawFd};
+    use std::time::{Duration, Instant};
+
+    /// Past this many connections on one thread the spin is skipped: such a thread is busy.
+    pub(crate) const MAX_WATCHED: usize = 16;
+
+    thread_local! {
+        static WATCHED: RefCell<Vec<RawFd>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// One connection's socket watched by the spin of the thread that serves it, for as long
+    /// as this lives (it is made, and dropped, on that thread).
+    pub(crate) struct Watched(RawFd);
+
+    impl Watched {
+        pub(crate) fn new(socket: &impl AsRawFd) -> Self {
+            let fd = socket.as_raw_fd();
+            WATCHED.with(|w| w.borrow_mut().push(fd));
+            Watched(fd)
+        }
+    }
+
+    impl Drop for Watched {
+        fn drop(&mut self) {
+            WATCHED.with(|w| {
+                let mut w = w.borrow_mut();
+                if let Some(i) = w.iter().position(|fd| *fd == self.0) {
+                    w.swap_remove(i);
+                }
+            });
+        }
+    }
+
+    /// Spins until one of this thread's sockets is readable (or closed), or `spin` passes.
+    pub(crate) fn before_park(spin: Duration) {
+        if spin.is_zero() {
+            return;
+        }
+        // On the stack: this runs every time the thread is about to sleep.
+        let empty = libc::pollfd {
+            fd: -1,
+            events: 0,
+            revents: 0,
+        };
+        let mut fds = [empty; MAX_WATCHED];
+        let n = WATCHED.with(|w| {
+            let w = w.borrow();
+            if w.len() > MAX_WATCHED {
+                return 0;
+            }
+            for (slot, fd) in fds.iter_mut().zip(w.iter()) {
+                *slot = libc::pollfd {
+                    fd: *fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+            }
+            w.len()
+        });
+        if n == 0 {
+            return;
+        }
+        let until = Instant::now() + spin;
+        while Instant::now() < until {
+            // SAFETY: `fds` is a live, exclusively borrowed array of at least `n` pollfd
+            // structs, and a zero timeout returns at once; poll reads nothing from the
+            // sockets and reports a descriptor closed meanwhile as POLLNVAL, not an error.
+            #[allow(unsafe_code)]
+            let ready = unsafe { libc::poll(fds.as_mut_ptr(), n as libc::nfds_t, 0) };
+            if ready != 0 {
+                return;
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use std::io::Write;
+
+        /// The spin ends as soon as a watched socket has bytes, runs its whole length when
+        /// none has, and is skipped where nothing is watched; a watch ends with its guard.
+        #[test]
+        fn the_spin_ends_when_a_watched_socket_is_readable() {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            let mut client = std::net::TcpStream::connect(listener.local_addr().expect("addr"))
+                .expect("connect");
+            let (server, _) = listener.accept().expect("accept");
+            let long = Duration::from_secs(5);
+
+            let started = Instant::now();
+            before_park(long);
+            assert!(started.elapsed() < long, "nothing watched: no spin");
+
+            let watched = Watched::new(&server);
+            let started = Instant::now();
+            before_park(Duration::from_millis(30));
+            assert!(
+                started.elapsed() >= Duration::from_millis(30),
+                "a quiet socket: the whole spin"
+            );
+
+            client.write_all(b"x").expect("write");
+            let started = Instant::now();
+            before_park(long);
+            assert!(started.elapsed() < long, "a readable socket ends the spin");
+
+            drop(watched);
+            assert!(WATCHED.with(|w| w.borrow().is_empty()));
+        }
+    }
+}
+
+/// How many connection threads: one per CPU the process may use.
+fn worker_count() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+}
+
+/// Serves `app` over TLS on `listener` until `shutdown` resolves, then drains. Connections
+/// are accepted here and served on `Workers`' threads.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    app: axum::Router,
+    limits: Limits,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let mut workers = match Workers::start(worker_count(), limits.spin) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the connection threads");
+            return;
+        }
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read)
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(limits.h2_keep_alive))
+        .keep_alive_timeout(limits.h2_keep_alive / 2);
+    let builder = Arc::new(builder);
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        tokio::select! {
+            conn = listener.accept() => {
+                let (tcp, _) = match conn {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        continue;
+                    }
+                };
+                // Over the limit: closed at once (the API server retries on another
+                // connection, or its failurePolicy decides).
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    tracing::debug!(limit = limits.max_connections, "connection limit reached; closing a new connection");
+                    drop(tcp);
+                    continue;
+                };
+                let _ = tcp.set_nodelay(true);
+                // Registered with this runtime's reactor: handed over as a plain socket and
+                // registered again on the thread that serves it.
+                let tcp = match tcp.into_std() {
+                    Ok(t) => t,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "handing a connection over failed");
+                        continue;
+                    }
+                };
+                let acceptor = acceptor.clone();
+                let svc = TowerToHyperService::new(app.clone());
+                let builder = builder.clone();
+                let watcher = graceful.watcher();
+                let handshake = limits.handshake;
+                workers.pick().spawn(async move {
+                    let _slot = slot;
+                    let _spin = spin::Watched::new(&tcp);
+                    let Ok(tcp) = tokio::net::TcpStream::from_std(tcp) else {
+                        return;
+                    };
+                    let tls = match tokio::time::timeout(handshake, acceptor.accept(tcp)).await {
+                        Ok(Ok(t)) => t,
+                        _ => return,
+                    };
+                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), svc).into_owned();
+                    let _ = watcher.watch(conn).await;
+                });
+            }
+            _ = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    if tokio::time::timeout(limits.drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections still open after the drain period; closing");
+    }
+    // Off the async thread: joining waits for each connection thread to finish its stop.
+    let _ = tokio::task::spawn_blocking(move || workers.stop()).await;
+}
+
+/// A rustls server config that asks `resolver` at every handshake.
+pub fn tls_config(
+    resolver: Arc<dyn rustls::server::ResolvesServerCert>,
+) -> Arc<rustls::ServerConfig> {
+    let mut cfg = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_cert_resolver(resolver);
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Arc::new(cfg)
+}
+
+/// A `--bind` and `--port` that make no socket address.
+#[derive(Debug, thiserror::Error)]
+#[error("{bind}:{port}: {source}")]
+pub struct BadAddress {
+    bind: String,
+    port: u16,
+    #[source]
+    source: std::net::AddrParseError,
+}
+
+/// What `webhook` serves on; for tests and `dev`, which bind loopback.
+pub fn bind_addr(port: u16, bind: &str) -> Result<SocketAddr, BadAddress> {
+    format!("{bind}:{port}")
+        .parse()
+        .map_err(|source| BadAddress {
+            bind: bind.to_string(),
+            port,
+            source,
+        })
+}

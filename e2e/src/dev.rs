@@ -1,0 +1,239 @@
+//! `hcp-fleet-agent dev`: the whole job on an embedded default. It brings up the local fleet
+//! (etcd, a management kube-apiserver, N hosted kube-apiservers, HCP fixtures), runs the agent
+//! on it, prints the fleet's health once it has converged, and keeps running until Ctrl-C.
+//! The admission services are real: the test bed's stand-in kubelet runs this binary's
+//! `webhook` command for each admission Deployment, and the hosted kube-apiservers call them.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use hcp_fleet_testbed as localcp;
+
+use hcp_fleet_testbed::FleetOptions;
+
+use hcp_fleet_testbed::LocalFleet;
+
+#[derive(Debug, clap::Args)]
+pub struct DevArgs {
+    /// How many hosted clusters (each a kube-apiserver and an HCP namespace).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(0..=64))]
+    pub hosted_clusters: u16,
+    /// A fixed port for the management kube-apiserver (default: any free port).
+    #[arg(long)]
+    pub management_port: Option<u16>,
+    /// The port of the agent's /metrics, /healthz and /readyz on 127.0.0.1 (default: any free
+    /// port; the address is printed).
+    #[arg(long, default_value_t = 0)]
+    pub metrics_port: u16,
+    /// Where to put the fleet's state directory (removed on exit).
+    #[arg(long)]
+    pub state_parent: Option<PathBuf>,
+    /// Directory with kube-apiserver, etcd and kubectl (default: KUBEBUILDER_ASSETS, then the
+    /// cache filled by hack/testbed-assets.sh).
+    #[arg(long, env = "KUBEBUILDER_ASSETS")]
+    pub assets: Option<PathBuf>,
+}
+
+pub async fn run(args: DevArgs) -> ExitCode {
+    let opts = FleetOptions {
+        assets_dir: args.assets.clone(),
+        management_port: args.management_port,
+        state_parent: args.state_parent.clone(),
+        ..FleetOptions::with_hosted(usize::from(args.hosted_clusters))
+    };
+    eprintln!(
+        "starting a local fleet: etcd, a management kube-apiserver and {} hosted kube-apiservers…",
+        args.hosted_clusters
+    );
+    // Ctrl-C during start-up must also clean up: race the start against the signal, so the
+    // half-built fleet is dropped (and its processes stopped) either way.
+    let started = tokio::select! {
+        r = LocalFleet::start(opts) => r,
+        _ = shutdown_signal() => {
+            eprintln!("interrupted during start-up; stopped everything");
+            return ExitCode::from(130);
+        }
+    };
+    let mut fleet = match started {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // The agent and the test bed's stand-in kubelet, on the local fleet.
+    let (agent, kubelet) = match start_agent(&fleet).await {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // The agent's /metrics, as the chart's Deployment serves it (on loopback here).
+    let metrics = match tokio::net::TcpListener::bind(("127.0.0.1", args.metrics_port)).await {
+        Ok(l) => {
+            let addr = l.local_addr().ok();
+            let _served = hcp_fleet_cli::agent::serve(l, agent.context.metrics.clone());
+            addr
+        }
+        Err(e) => {
+            eprintln!(
+                "warning: the agent's /metrics is not served: 127.0.0.1:{}: {e}",
+                args.metrics_port
+            );
+            None
+        }
+    };
+    print_summary(&fleet, args.assets.as_deref(), metrics);
+    let names: Vec<String> = fleet.hosted.keys().cloned().collect();
+    match wait_for_fleet(&fleet, &names).await {
+        Ok(table) => {
+            println!("Fleet health (from the AdmissionHealth records):");
+            println!("{table}");
+        }
+        Err(e) => eprintln!("warning: the fleet did not converge: {e}"),
+    }
+    println!("READY");
+    shutdown_signal().await;
+    drop(agent);
+    kubelet.abort();
+    eprintln!("stopping the local fleet…");
+    fleet.shutdown();
+    drop(fleet);
+    eprintln!("stopped; state directory removed");
+    ExitCode::SUCCESS
+}
+
+fn print_summary(
+    fleet: &LocalFleet,
+    assets: Option<&std::path::Path>,
+    metrics: Option<std::net::SocketAddr>,
+) {
+    let kubectl = localcp::Assets::resolve(assets)
+        .map(|a| a.kubectl.display().to_string())
+        .unwrap_or_else(|_| "kubectl".to_string());
+    println!("Local fleet is up. State: {}", fleet.state_dir().display());
+    println!();
+    println!("  {:<12} {:<26} KUBECONFIG", "CLUSTER", "API SERVER");
+    println!(
+        "  {:<12} {:<26} {}",
+        "management",
+        fleet.management.url(),
+        fleet.management.kubeconfig_path.display()
+    );
+    for (name, s) in &fleet.hosted {
+        println!(
+            "  {:<12} {:<26} {}",
+            name,
+            s.url(),
+            s.kubeconfig_path.display()
+        );
+    }
+    println!();
+    println!("Try (the servers run Kubernetes {}):", fleet.version);
+    println!(
+        "  {kubectl} --kubeconfig {} get hostedcontrolplanes -A",
+        fleet.management.kubeconfig_path.display()
+    );
+    if let Some((_, s)) = fleet.hosted.iter().next() {
+        println!(
+            "  {kubectl} --kubeconfig {} get namespaces",
+            s.kubeconfig_path.display()
+        );
+    }
+    if let Some(addr) = metrics {
+        println!("  curl -s http://{addr}/metrics | grep ^hcp_fleet_   # the agent's metrics");
+    }
+    let pids: Vec<String> = fleet.pids().iter().map(u32::to_string).collect();
+    println!();
+    println!("pids: {}", pids.join(" "));
+    println!("Press Ctrl-C to stop; every process is stopped and the state directory removed.");
+}
+
+/// Why `dev` has no agent or no fleet table.
+#[derive(Debug, thiserror::Error)]
+enum DevError {
+    #[error(transparent)]
+    TestBed(#[from] localcp::LocalCpError),
+    #[error("starting the agent: {0}")]
+    Agent(#[source] kube::Error),
+    #[error("timed out:\n{0}")]
+    NotConverged(String),
+}
+
+async fn start_agent(
+    fleet: &LocalFleet,
+) -> Result<
+    (
+        hcp_fleet_cli::agent::AgentHandle,
+        tokio::task::JoinHandle<()>,
+    ),
+    DevError,
+> {
+    let mgmt = fleet.management.client().await?;
+    // The stand-in kubelet runs this very binary's `webhook` command for each admission pod.
+    let kubelet = localcp::kubelet::spawn(
+        mgmt.clone(),
+        localcp::kubelet::KubeletOptions {
+            binary: std::env::current_exe().ok(),
+            dir: fleet.state_dir().join("kubelet"),
+        },
+    );
+    let agent = hcp_fleet_cli::agent::start(
+        mgmt,
+        localcp::allow_loopback(hcp_fleet_render::config::AgentConfig::default()),
+        hcp_fleet_cli::agent::StartOptions {
+            agent_namespace: "hcp-fleet-agent".into(),
+            endpoints: localcp::kubelet::endpoints(),
+        },
+    )
+    .await
+    .map_err(DevError::Agent)?;
+    Ok((agent, kubelet))
+}
+
+/// Waits (60 s at most) until every hosted cluster's health record has a verdict, then renders the
+/// fleet table (the same one `hcp-fleet-agent status` prints).
+async fn wait_for_fleet(fleet: &LocalFleet, names: &[String]) -> Result<String, DevError> {
+    let mgmt = fleet.management.client().await?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let rows = hcp_fleet_cli::status::fleet_rows(&mgmt, &Default::default())
+            .await
+            .unwrap_or_default();
+        let done = rows.len() == names.len()
+            && rows
+                .iter()
+                .all(|r| r.compliant != "Pending" && r.compliant != "-");
+        if done {
+            return Ok(hcp_fleet_cli::status::render_table(&rows));
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(DevError::NotConverged(hcp_fleet_cli::status::render_table(
+                &rows,
+            )));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}
+
+/// SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(mut int), Ok(mut term)) => {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+        }
+        _ => {
+            // Without signal handlers, Ctrl-C would kill us before Drop runs; PDEATHSIG
+            // still takes the children down with us.
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

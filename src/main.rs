@@ -1,5 +1,0 @@
-use std::process::ExitCode;
-
-fn main() -> ExitCode {
-    hcp_fleet_agent::cmd::main()
-}
