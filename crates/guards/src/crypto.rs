@@ -19,10 +19,10 @@ pub use ring::{digest, hmac, rand};
 
 /// The library this binary was built with, as `version` prints it.
 #[cfg(feature = "fips")]
-pub(crate) const LIBRARY: &str = "AWS-LC FIPS module (aws-lc-rs), rustls FIPS provider";
+pub const LIBRARY: &str = "AWS-LC FIPS module (aws-lc-rs), rustls FIPS provider";
 /// The provider in one word, for the `build_info` metric.
 #[cfg(feature = "fips")]
-pub(crate) const PROVIDER_NAME: &str = "aws-lc-fips";
+pub const PROVIDER_NAME: &str = "aws-lc-fips";
 #[cfg(all(feature = "ring", not(feature = "fips")))]
 pub const PROVIDER_NAME: &str = "ring";
 #[cfg(all(feature = "ring", not(feature = "fips")))]
