@@ -46,7 +46,7 @@ pub(crate) async fn standalone_service() -> (std::process::Child, u16, String, t
 pub(crate) async fn standalone_service_with(
     extra: &[&str],
 ) -> (std::process::Child, u16, String, tempfile::TempDir) {
-    hcp_fleet_agent::tls::install_crypto_provider();
+    hcp_fleet_guards::crypto::install_provider();
     let (ca, dir) = loopback_serving_files("t");
     let port = hcp_fleet_testbed::free_port().expect("port");
     let child = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-dev"))

@@ -21,7 +21,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "crates/cli",
         &["model", "guards", "render", "webhook", "agent"],
     ),
-    ("crates/testbed", &["model", "render", "agent"]),
+    ("crates/testbed", &["model", "guards", "render", "agent"]),
     (
         "e2e",
         &[

@@ -586,7 +586,7 @@ pub fn bench_main<F>(workers: Option<usize>, run: impl FnOnce() -> F)
 where
     F: std::future::Future<Output = Result<(), String>>,
 {
-    hcp_fleet_agent::tls::install_crypto_provider();
+    hcp_fleet_guards::crypto::install_provider();
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = workers {
         builder.worker_threads(n);
@@ -850,7 +850,7 @@ pub async fn https_get_insecure(
     token: Option<&str>,
 ) -> Result<(u16, String), String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    hcp_fleet_agent::tls::install_crypto_provider();
+    hcp_fleet_guards::crypto::install_provider();
     let cfg = hcp_fleet_agent::tls::accept_any_server().map_err(|e| e.to_string())?;
     let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg));
     let tcp = tokio::net::TcpStream::connect(addr)

@@ -1,10 +1,10 @@
-//! One rustls crypto provider for the whole binary.
+//! The TLS the agent speaks as a client: what certificate a server presents.
 //!
 //! kube's TLS stack and rustls can each pick a provider; two providers in one process make
-//! rustls panic at the first handshake. Every entry point calls this before any TLS work.
+//! rustls panic at the first handshake, so every entry point installs the build's one provider
+//! (`hcp_fleet_guards::crypto::install_provider`) before any TLS work.
 
-/// Installs the build's rustls provider process-wide (`crypto::install_provider`).
-pub use hcp_fleet_guards::crypto::install_provider as install_crypto_provider;
+use hcp_fleet_guards::crypto::install_provider;
 
 use std::net::SocketAddr;
 
@@ -132,7 +132,7 @@ pub fn accept_any_server() -> Result<rustls::ClientConfig, rustls::Error> {
 fn capturing_client(
     seen: std::sync::Arc<std::sync::Mutex<Option<Vec<u8>>>>,
 ) -> Result<rustls::ClientConfig, rustls::Error> {
-    install_crypto_provider();
+    install_provider();
     let provider = hcp_fleet_guards::crypto::provider();
     let verifier = std::sync::Arc::new(Capture {
         seen,

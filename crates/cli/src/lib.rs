@@ -100,7 +100,7 @@ pub(crate) type LocalEndpoints = fn() -> Arc<dyn AdmissionEndpoints>;
 pub fn main_with<E: Extra>(local: Option<LocalEndpoints>) -> ExitCode {
     let cli = Cli::<E>::parse();
     telemetry::init(cli.log_format);
-    hcp_fleet_agent::tls::install_crypto_provider();
+    hcp_fleet_guards::crypto::install_provider();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -715,7 +715,7 @@ fn get_head(path: &str) -> String {
 /// A TLS connector that trusts only `ca_pem` and speaks HTTP/1.1.
 pub fn tls_connector(ca_pem: &str) -> Result<tokio_rustls::TlsConnector, String> {
     use rustls::pki_types::pem::PemObject;
-    hcp_fleet_agent::tls::install_crypto_provider();
+    hcp_fleet_guards::crypto::install_provider();
     let mut roots = rustls::RootCertStore::empty();
     for c in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
         roots

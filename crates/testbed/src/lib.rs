@@ -208,7 +208,7 @@ pub struct LocalFleet {
 
 impl LocalFleet {
     pub async fn start(opts: FleetOptions) -> Result<Self, LocalCpError> {
-        hcp_fleet_agent::tls::install_crypto_provider();
+        hcp_fleet_guards::crypto::install_provider();
         for name in &opts.hosted_clusters {
             validate_cluster_name(name)?;
         }

@@ -251,7 +251,7 @@ pub(crate) fn keepalive_service(
     use hyper_util::rt::{TokioExecutor, TokioTimer};
     use kube::client::ConfigExt;
     use tower::ServiceBuilder;
-    crate::tls::install_crypto_provider();
+    hcp_fleet_guards::crypto::install_provider();
     let mut tls = config.rustls_client_config()?;
     // One server per client, on one long-lived HTTP/2 connection: rustls's default cache of
     // 256 sessions is allocated whole with each config, which a thousand hosted clients
