@@ -388,8 +388,7 @@ async fn each_guard_answers_through(engine: GuardEngine) {
     );
     assert!(ok, "{out}");
 
-    // The managed API groups belong to the service's operators (in a user's namespace:
-    // default is exempt).
+    // The managed API groups belong to the service's operators, in any namespace.
     hcp_fleet_testbed::fixtures::ensure_namespace(&hosted, "team-a", Default::default())
         .await
         .expect("namespace");

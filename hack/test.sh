@@ -58,7 +58,7 @@ mapfile -t versions <"$work/versions"
 
 # Two lanes of about equal length (measured on 1.20: admission 204 s + packaging 18 +
 # testbed 18; agent 139 + rollout 99).
-lanes=("--test admission --test packaging --test testbed --test tenant" "--test agent --test rollout --test acm --test monitoring")
+lanes=("--test admission --test packaging --test testbed --test tenant --test data_plane" "--test agent --test rollout --test acm --test monitoring")
 # Every [[test]] of e2e/Cargo.toml runs in one lane: a new e2e binary left out fails here.
 for t in $(awk '/^\[\[test\]\]/{t=1} t && /^name *=/{gsub(/[" ]/,"",$0); sub(/name=/,""); print; t=0}' e2e/Cargo.toml); do
   [[ " ${lanes[*]} " == *" --test $t "* ]] || { echo "[test] e2e binary '$t' is in no lane of hack/test.sh" >&2; exit 1; }

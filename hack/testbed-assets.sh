@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Yields a KUBEBUILDER_ASSETS directory holding kube-apiserver, etcd and kubectl.
+# Yields a KUBEBUILDER_ASSETS directory holding kube-apiserver, kube-controller-manager, etcd and kubectl.
 #
 #   dir=$(hack/testbed-assets.sh)        # stdout: the directory, nothing else
 #
@@ -20,10 +20,10 @@ K8S_VERSION="v1.20.2"
 K8S_MAJOR="1"
 K8S_MINOR="20"
 # Bump when the build recipe changes, so caches built by an older recipe are rebuilt.
-RECIPE="5"
+RECIPE="6"
 CACHE_ROOT="${HCP_FLEET_ASSETS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hcp-fleet-agent}"
 OUT="$CACHE_ROOT/assets/$K8S_VERSION"
-BINARIES=(kube-apiserver etcd kubectl)
+BINARIES=(kube-apiserver kube-controller-manager etcd kubectl)
 
 say() { printf '[testbed-assets] %s\n' "$*" >&2; }
 die() { printf '[testbed-assets] error: %s\n' "$*" >&2; exit 1; }
@@ -54,6 +54,7 @@ check_dir() {
     [ -x "$dir/$b" ] || { echo "missing or not executable: $dir/$b"; return 1; }
   done
   "$dir/kube-apiserver" --version >/dev/null 2>&1 || { echo "$dir/kube-apiserver --version failed"; return 1; }
+  "$dir/kube-controller-manager" --version >/dev/null 2>&1 || { echo "$dir/kube-controller-manager --version failed"; return 1; }
   "$dir/etcd" --version >/dev/null 2>&1 || { echo "$dir/etcd --version failed"; return 1; }
   "$dir/kubectl" version --client >/dev/null 2>&1 || { echo "$dir/kubectl version --client failed"; return 1; }
   return 0
@@ -182,7 +183,7 @@ done
 
 STAGE="$WORK/out"
 mkdir -p "$STAGE"
-for cmd in kube-apiserver; do
+for cmd in kube-apiserver kube-controller-manager; do
   say "building $cmd (a few minutes on two cores)"
   go build -ldflags "$LDFLAGS" -o "$STAGE/$cmd" "./cmd/$cmd" >"$WORK/build-$cmd.log" 2>&1 || {
     tail -n 30 "$WORK/build-$cmd.log" >&2

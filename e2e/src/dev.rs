@@ -3,6 +3,9 @@
 //! on it, prints the fleet's health once it has converged, and keeps running until Ctrl-C.
 //! The admission services are real: the test bed's stand-in kubelet runs this binary's
 //! `webhook` command for each admission Deployment, and the hosted kube-apiservers call them.
+//! Each hosted cluster has a data plane (its controller manager, a scheduler, two kubelets),
+//! and once the guards are in force the platform and a customer's work are written into it
+//! (`hcp_fleet_testbed::platform`); the summary says whether any guard refused any of it.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -28,7 +31,7 @@ pub struct DevArgs {
     /// Where to put the fleet's state directory (removed on exit).
     #[arg(long)]
     pub state_parent: Option<PathBuf>,
-    /// Directory with kube-apiserver, etcd and kubectl (default: KUBEBUILDER_ASSETS, then the
+    /// Directory with kube-apiserver, kube-controller-manager, etcd and kubectl (default: KUBEBUILDER_ASSETS, then the
     /// cache filled by hack/testbed-assets.sh).
     #[arg(long, env = "KUBEBUILDER_ASSETS")]
     pub assets: Option<PathBuf>,
@@ -92,6 +95,30 @@ pub async fn run(args: DevArgs) -> ExitCode {
             println!("{table}");
         }
         Err(e) => eprintln!("warning: the fleet did not converge: {e}"),
+    }
+    // Each hosted cluster's platform, and a customer's work, under the guards just installed.
+    for name in &names {
+        match localcp::platform::install(&fleet, name).await {
+            Ok(r) => {
+                let refused = r.refused();
+                let tokens = fleet
+                    .data_plane(name)
+                    .map(|d| d.tokens())
+                    .unwrap_or_default();
+                let denied = tokens.iter().filter(|t| t.outcome.is_err()).count();
+                println!(
+                    "{name}: data plane on {} nodes: {} writes by the platform and a customer, {} refused; {} kubelet token requests so far, {denied} refused",
+                    fleet.data_plane(name).map_or(0, |d| d.nodes.len()),
+                    r.writes.len(),
+                    refused.len(),
+                    tokens.len(),
+                );
+                for w in refused {
+                    println!("  refused: {} by {}: {:?}", w.what, w.by, w.outcome);
+                }
+            }
+            Err(e) => eprintln!("warning: {name}'s data plane: {e}"),
+        }
     }
     println!("READY");
     shutdown_signal().await;

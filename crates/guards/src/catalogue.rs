@@ -70,6 +70,16 @@ pub struct WebhookDefinition {
     /// kube-apiserver, for the built-ins with a CEL form).
     #[serde(default)]
     pub engine: GuardEngine,
+    /// The identity classes this guard leaves alone (`admission.identityClasses`); absent: the
+    /// guard's own (docs/configuration.md lists them per guard).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exempt_classes: Option<Vec<crate::identities::IdentityClass>>,
+    /// More users this guard alone leaves alone: exact names, or prefixes ending in '*'.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exempt_users: Vec<String>,
+    /// More groups this guard alone leaves alone (exact names).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exempt_groups: Vec<String>,
 }
 
 fn default_timeout() -> i32 {
@@ -156,6 +166,7 @@ pub mod denial {
     pub(crate) const IDENTITY_NAMESPACE: &str = "hcp-fleet: creating the namespace \"{name}\" is not allowed on a managed cluster: the name is reserved for the platform, whose identities are exempt from the guards";
     pub(crate) const IDENTITY_TOKEN: &str = "hcp-fleet: {what} in the namespace \"{namespace}\" is not allowed on a managed cluster: service accounts there are exempt from the guards";
     /// Warn mode: what the guard would have denied.
+    pub(crate) const IDENTITY_WORKLOAD: &str = "hcp-fleet: running a pod as the service account \"{sa}\" in the namespace \"{namespace}\" is not allowed on a managed cluster: it is exempt from the guards";
     pub const WARN: &str = "{guard} (warn mode) would deny: {message}";
 
     /// The template with each `{key}` replaced by its value (a placeholder without one
@@ -259,6 +270,9 @@ impl BuiltinRow {
             }),
             mode: self.mode,
             engine: GuardEngine::Auto,
+            exempt_classes: None,
+            exempt_users: Vec::new(),
+            exempt_groups: Vec::new(),
         }
     }
 }

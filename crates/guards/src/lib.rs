@@ -24,8 +24,10 @@ pub mod catalogue;
 pub mod cel;
 pub mod crypto;
 pub mod featuregate;
+pub mod identities;
 pub mod identity_groups;
 pub mod identity_namespaces;
+pub mod identity_workloads;
 pub mod ingress_config;
 pub mod managed_groups;
 pub mod network_migration;
@@ -35,20 +37,23 @@ pub mod review;
 pub mod scc;
 pub mod service_annotation;
 pub mod settings;
+pub mod traffic;
 
 pub use case::{Case, Want};
 pub use settings::{HookSetting, Settings};
 
-/// Whom a guard leaves alone.
+/// Whom a guard leaves alone, beyond its exempt identities (`exempt_classes`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
-    /// The configured exempt users, groups and namespaces, and the control plane's namespaces
-    /// (by the namespace selector): the guards of the cluster's workloads and settings.
+    /// Its exempt identities, the exempt namespaces and the control plane's namespaces (by the
+    /// namespace selector): for a guard of the cluster's workloads (the Service mutation),
+    /// which has nothing to protect in the platform's own namespaces.
     Workloads,
-    /// The exempt users and groups only. A guard that keeps the exemptions themselves from
-    /// being minted must judge requests in the exempt namespaces (creating a service account
-    /// in `openshift-x` is how one would mint an exempt identity), and its namespace selector
-    /// cannot lean on labels a cluster-admin can put on a namespace they create.
+    /// Its exempt identities only: a guard whose objects live in the platform's namespaces
+    /// too (a managed object in `openshift-managed-upgrade-operator`), or that keeps the
+    /// exemptions themselves from being minted (creating a service account in `openshift-x` is
+    /// how one would mint an exempt identity), and whose namespace selector cannot lean on
+    /// labels a cluster-admin can put on a namespace they create.
     Identities,
     /// No one: the probe answers whoever asks.
     Everyone,
@@ -84,6 +89,12 @@ pub trait Guard: Sync {
         Scope::Workloads
     }
 
+    /// The identity classes whose work this guard would otherwise block, and so leaves alone
+    /// unless the configuration says otherwise (`webhooks[].exemptClasses`).
+    fn exempt_classes(&self) -> &'static [identities::IdentityClass] {
+        identities::DEFAULT_CLASSES
+    }
+
     /// A dry-run request this guard must deny from `canary::CANARY_USER` under `s` (the
     /// agent's canary for it); `None` where none can be sent without side effects or without
     /// a namespace the cluster may lack, or the guard denies nothing (the probe, a mutation).
@@ -103,6 +114,7 @@ pub static ALL: &[&dyn Guard] = &[
     &managed_groups::ManagedGroups,
     &identity_groups::IdentityGroups,
     &identity_namespaces::IdentityNamespaces,
+    &identity_workloads::IdentityWorkloads,
     &probe::Probe,
     &service_annotation::ServiceAnnotation,
 ];

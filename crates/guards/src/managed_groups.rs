@@ -1,11 +1,12 @@
 //! The API groups of the managed service's own operators are theirs: regular users may not
-//! create, change or delete anything in them.
+//! create, change or delete anything in them, wherever it lives (most of it lives in
+//! `openshift-*` namespaces, so no namespace is exempt: its writers are, by class).
 
 use serde_json::{Value, json};
 
 use super::Settings;
 use super::case::{Case, Want};
-use super::{CelForm, Guard, cel};
+use super::{CelForm, Guard, Scope, cel};
 use crate::catalogue::{BuiltinRow, MANAGED_API_GROUPS, WebhookKind, denial, rule};
 use crate::review::{Decision, Request};
 use hcp_fleet_model::Mode;
@@ -28,6 +29,10 @@ pub static ROW: BuiltinRow = BuiltinRow {
 impl Guard for ManagedGroups {
     fn row(&self) -> &'static BuiltinRow {
         &ROW
+    }
+
+    fn scope(&self) -> Scope {
+        Scope::Identities
     }
 
     fn decide(&self, req: &Request, _: &Settings) -> Decision {
@@ -102,18 +107,32 @@ impl Guard for ManagedGroups {
             .namespaced("team-a"),
             Case::new("the core group", Allow, ("CREATE", "", "configmaps", "x"))
                 .namespaced("team-a"),
+            // A regular user's write of a managed upgrade object where it lives: no namespace
+            // exempts it (an exempt namespace used to).
             Case::new(
-                "an exempt namespace",
-                Allow,
-                ("CREATE", managed, "things", "x"),
+                "a regular user's UpgradeConfig in openshift-managed-upgrade-operator",
+                Deny,
+                ("UPDATE", MANAGED_API_GROUPS[1], "upgradeconfigs", "managed-upgrade-config"),
             )
-            .namespaced("default"),
+            .namespaced("openshift-managed-upgrade-operator")
+            .objects(
+                json!({"metadata": {"name": "managed-upgrade-config"}, "spec": {"desired": {"version": "4.99.0"}}}),
+                json!({"metadata": {"name": "managed-upgrade-config"}, "spec": {}}),
+            ),
+            Case::new("in default", Deny, ("CREATE", managed, "things", "x")).namespaced("default"),
             Case::new(
-                "an exempt namespace by prefix",
+                "the managed upgrade operator writes its UpgradeConfig",
                 Allow,
-                ("CREATE", managed, "things", "x"),
+                ("UPDATE", MANAGED_API_GROUPS[1], "upgradeconfigs", "managed-upgrade-config"),
             )
-            .namespaced("openshift-monitoring"),
+            .namespaced("openshift-managed-upgrade-operator")
+            .by(
+                "system:serviceaccount:openshift-managed-upgrade-operator:managed-upgrade-operator",
+                &["system:serviceaccounts", "system:serviceaccounts:openshift-managed-upgrade-operator", "system:authenticated"],
+            ),
+            Case::new("SRE", Allow, ("DELETE", managed, "things", "x"))
+                .namespaced("openshift-monitoring")
+                .by("sre-1", &["osd-sre-admins", "system:authenticated"]),
             Case::new(
                 "a namespace that only contains an exempt prefix",
                 Deny,

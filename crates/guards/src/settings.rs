@@ -14,6 +14,13 @@ pub struct HookSetting {
     pub name: String,
     pub path: String,
     pub mode: Mode,
+    /// Whom this guard leaves alone: its identity classes' members, its own additions and the
+    /// configuration's every-guard exemptions, resolved (exact names, or prefixes ending in
+    /// '*'; groups exact).
+    #[serde(default)]
+    pub exempt_users: Vec<String>,
+    #[serde(default)]
+    pub exempt_groups: Vec<String>,
 }
 
 /// What the guards decide with: the configured webhooks' modes, whom the configuration exempts
@@ -25,9 +32,18 @@ pub struct HookSetting {
 #[serde(rename_all = "camelCase")]
 pub struct Settings {
     pub webhooks: Vec<HookSetting>,
-    /// Exact user names, or prefixes ending in '*'.
+    /// Every identity some guard exempts (the union of the hooks' own lists): what the identity
+    /// guards keep a tenant from minting. Exact user names, or prefixes ending in '*'.
     pub exempt_users: Vec<String>,
     pub exempt_groups: Vec<String>,
+    /// Namespaces under a reserved prefix that a customer may create and use (Red Hat's layered
+    /// products): their service accounts are nobody's by a prefix, and the names are not
+    /// reserved (`identities::user_matches`).
+    #[serde(default)]
+    pub customer_namespaces: Vec<String>,
+    /// Who is in each identity class: what a denial is counted by (`identities::sender_of`).
+    #[serde(default)]
+    pub classes: Vec<ClassSetting>,
     /// Exact names, or prefixes ending in '*'.
     pub protected_cluster_roles: Vec<String>,
     /// Namespaces (or prefixes ending in '*') whose requests the webhooks never judge.
@@ -36,8 +52,23 @@ pub struct Settings {
     pub service_annotation_value: String,
 }
 
+/// The members of one identity class.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClassSetting {
+    pub class: crate::identities::IdentityClass,
+    pub users: Vec<String>,
+    pub groups: Vec<String>,
+}
+
 impl Settings {
     pub fn hook(&self, path: &str) -> Option<&HookSetting> {
         self.webhooks.iter().find(|w| w.path == path)
+    }
+
+    /// Some guard exempts `user` (with `groups`): an identity a tenant must not reach.
+    pub fn exempts_anywhere(&self, user: &str, groups: &[String]) -> bool {
+        crate::identities::user_matches(&self.exempt_users, user, &self.customer_namespaces)
+            || groups.iter().any(|g| self.exempt_groups.contains(g))
     }
 }

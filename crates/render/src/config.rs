@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use hcp_fleet_guards::HookSetting;
 
 use hcp_fleet_guards::Settings;
+use hcp_fleet_guards::identities::IdentityClass;
 
 // The definition types are the catalogue's (`hcp_fleet_guards::catalogue`): the configuration
 // file's schema uses them, every crate names them there.
@@ -254,12 +255,23 @@ pub struct AdmissionConfig {
     pub service_name: String,
     pub port: i32,
     pub(crate) resources: Resources,
-    /// Users no webhook judges: exact names, or prefixes ending in '*'.
+    /// Users every guard leaves alone, on top of each guard's identity classes: exact names, or
+    /// prefixes ending in '*'. Empty by default: before the classes this was the one list, and
+    /// a configuration that still sets it keeps that meaning (docs/configuration.md, "Migrating
+    /// to identity classes").
     pub exempt_users: Vec<String>,
-    /// Groups no webhook judges.
+    /// Groups every guard leaves alone, on top of each guard's identity classes.
     pub(crate) exempt_groups: Vec<String>,
-    /// Namespaces whose requests no webhook judges (exact, or prefixes ending in '*').
+    /// Namespaces whose requests the workload guards (the Service mutation) never judge
+    /// (exact, or prefixes ending in '*'). No guard that protects objects in a namespace reads
+    /// it.
     pub(crate) exempt_namespaces: Vec<String>,
+    /// Who is in each identity class a guard may exempt (`webhooks[].exemptClasses`).
+    pub identity_classes: IdentityClasses,
+    /// Namespaces under a reserved prefix that customers create for Red Hat's layered
+    /// products: a customer may create them, and their service accounts are in no class by a
+    /// prefix (exact, or prefixes ending in '*').
+    pub customer_namespaces: Vec<String>,
     /// ClusterRoles and ClusterRoleBindings that regular users may not delete.
     pub(crate) protected_cluster_roles: Vec<String>,
     /// The annotation the Service mutation adds.
@@ -380,6 +392,89 @@ pub(crate) fn label_problem(key: &str, value: &str) -> Option<String> {
     None
 }
 
+/// The members of one identity class.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Members {
+    /// Exact user names, or prefixes ending in '*'.
+    pub users: Vec<String>,
+    /// Exact group names.
+    pub groups: Vec<String>,
+}
+
+/// Who is in each identity class. Each source below is the code that gives the identity.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct IdentityClasses {
+    /// The hosted cluster's controllers: the kube-controller-manager's own identity and, with
+    /// `--use-service-account-credentials` (as HyperShift runs it), each controller's service
+    /// account in `kube-system`; the scheduler. The client certificates' names are HyperShift's
+    /// (control-plane-operator/controllers/hostedcontrolplane/pki/kas.go).
+    pub machinery: Members,
+    /// HyperShift's components writing into the hosted cluster: `system:admin` in
+    /// `system:masters` (the service-network admin kubeconfig, which the agent uses too),
+    /// the hosted-cluster-config-operator and the kube-apiserver's bootstrap container
+    /// (pki/kas.go, support/config/types.go; HyperShift's own admission policies exempt the
+    /// same two, hostedclusterconfigoperator/.../kas/admissionpolicies.go).
+    pub control_plane: Members,
+    /// The platform's operators: service accounts of `openshift-*` namespaces but the customer
+    /// namespaces.
+    pub platform_operators: Members,
+    /// SRE.
+    pub sre: Members,
+    /// The customer's administrators, in the groups OpenShift Dedicated and ROSA give them.
+    pub customer_admins: Members,
+}
+
+impl Default for IdentityClasses {
+    fn default() -> Self {
+        let v = |xs: &[&str]| xs.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        Self {
+            machinery: Members {
+                users: v(&[
+                    "system:kube-controller-manager",
+                    "system:kube-scheduler",
+                    "system:serviceaccount:kube-system:*",
+                ]),
+                groups: Vec::new(),
+            },
+            control_plane: Members {
+                users: v(&[
+                    "system:admin",
+                    "system:hosted-cluster-config",
+                    "system:kas-bootstrap-container",
+                    "system:serviceaccount:hypershift:*",
+                ]),
+                groups: v(&["system:masters"]),
+            },
+            platform_operators: Members {
+                users: v(&["system:serviceaccount:openshift-*"]),
+                groups: Vec::new(),
+            },
+            sre: Members {
+                users: Vec::new(),
+                groups: v(&["osd-sre-admins", "osd-sre-cluster-admins"]),
+            },
+            customer_admins: Members {
+                users: Vec::new(),
+                groups: v(&["dedicated-admins", "cluster-admins"]),
+            },
+        }
+    }
+}
+
+impl IdentityClasses {
+    pub fn members(&self, class: IdentityClass) -> &Members {
+        match class {
+            IdentityClass::Machinery => &self.machinery,
+            IdentityClass::ControlPlane => &self.control_plane,
+            IdentityClass::PlatformOperators => &self.platform_operators,
+            IdentityClass::Sre => &self.sre,
+            IdentityClass::CustomerAdmins => &self.customer_admins,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(crate) struct Annotation {
@@ -396,17 +491,21 @@ impl Default for AdmissionConfig {
             service_name: "hcp-fleet-admission".into(),
             port: 8443,
             resources: Resources::default(),
-            // HyperShift's control-plane identities and the cluster's own machinery.
-            exempt_users: v(&[
-                "system:admin",
-                "system:serviceaccount:hypershift:*",
-                "system:serviceaccount:kube-system:*",
-                "system:serviceaccount:openshift-*",
-                "system:kube-controller-manager",
-                "system:kube-scheduler",
-            ]),
-            exempt_groups: v(&["system:masters", "osd-sre-admins", "osd-sre-cluster-admins"]),
+            // Who each guard leaves alone is in the identity classes now; these two add to
+            // every guard.
+            exempt_users: Vec::new(),
+            exempt_groups: Vec::new(),
             exempt_namespaces: v(&["kube-*", "openshift-*", "default"]),
+            identity_classes: IdentityClasses::default(),
+            // The namespaces OpenShift's documentation has the customer create for the Logging
+            // operator (`openshift-logging`) and for the Loki and Elasticsearch operators
+            // (`openshift-operators-redhat`), and the one `oc adm must-gather` creates for its
+            // pod (`generateName: openshift-must-gather-`, oc's pkg/cli/admin/mustgather).
+            customer_namespaces: v(&[
+                "openshift-logging",
+                "openshift-must-gather-*",
+                "openshift-operators-redhat",
+            ]),
             protected_cluster_roles: v(&[
                 "cluster-admin",
                 "admin",
@@ -896,24 +995,79 @@ fn is_dns_subdomain(s: &str) -> bool {
 impl From<&AgentConfig> for Settings {
     fn from(cfg: &AgentConfig) -> Self {
         let a = &cfg.admission;
-        Self {
-            webhooks: cfg
-                .webhooks
-                .iter()
-                .map(|w| HookSetting {
+        let webhooks: Vec<HookSetting> = cfg
+            .webhooks
+            .iter()
+            .map(|w| {
+                let (exempt_users, exempt_groups) = exemptions_of(a, w);
+                HookSetting {
                     name: w.name.clone(),
                     path: w.path.clone(),
                     mode: w.mode,
-                })
-                .collect(),
-            exempt_users: a.exempt_users.clone(),
-            exempt_groups: a.exempt_groups.clone(),
+                    exempt_users,
+                    exempt_groups,
+                }
+            })
+            .collect();
+        let union = |pick: fn(&HookSetting) -> &Vec<String>| {
+            let mut all: Vec<String> = webhooks.iter().flat_map(|h| pick(h).clone()).collect();
+            all.sort();
+            all.dedup();
+            all
+        };
+        Self {
+            exempt_users: union(|h| &h.exempt_users),
+            exempt_groups: union(|h| &h.exempt_groups),
+            webhooks,
             protected_cluster_roles: a.protected_cluster_roles.clone(),
             exempt_namespaces: a.exempt_namespaces.clone(),
+            customer_namespaces: a.customer_namespaces.clone(),
+            classes: IdentityClass::ALL
+                .iter()
+                .map(|c| {
+                    let m = a.identity_classes.members(*c);
+                    hcp_fleet_guards::settings::ClassSetting {
+                        class: *c,
+                        users: m.users.clone(),
+                        groups: m.groups.clone(),
+                    }
+                })
+                .collect(),
             service_annotation_key: a.service_annotation.key.clone(),
             service_annotation_value: a.service_annotation.value.clone(),
         }
     }
+}
+
+/// The classes `w` exempts: its own list, else its guard's (a definition no guard serves:
+/// the default classes).
+pub fn classes_of(w: &WebhookDefinition) -> Vec<IdentityClass> {
+    w.exempt_classes.clone().unwrap_or_else(|| {
+        hcp_fleet_guards::for_path(&w.path)
+            .map_or(hcp_fleet_guards::identities::DEFAULT_CLASSES, |g| {
+                g.exempt_classes()
+            })
+            .to_vec()
+    })
+}
+
+/// Whom `w` leaves alone: its classes' members, its own additions, and the every-guard lists,
+/// each list sorted and without repeats.
+fn exemptions_of(a: &AdmissionConfig, w: &WebhookDefinition) -> (Vec<String>, Vec<String>) {
+    let mut users = a.exempt_users.clone();
+    let mut groups = a.exempt_groups.clone();
+    for class in classes_of(w) {
+        let m = a.identity_classes.members(class);
+        users.extend(m.users.iter().cloned());
+        groups.extend(m.groups.iter().cloned());
+    }
+    users.extend(w.exempt_users.iter().cloned());
+    groups.extend(w.exempt_groups.iter().cloned());
+    users.sort();
+    users.dedup();
+    groups.sort();
+    groups.dedup();
+    (users, groups)
 }
 
 impl AgentConfig {
@@ -999,11 +1153,47 @@ impl AgentConfig {
                 &a.exempt_namespaces,
                 Exempted::Namespace,
             ),
+            (
+                "admission.customerNamespaces",
+                &a.customer_namespaces,
+                Exempted::Namespace,
+            ),
         ] {
             p.extend(
                 entries
                     .iter()
                     .filter_map(|e| exemption_problem(field, e, kind)),
+            );
+        }
+        // Every list that exempts someone is held to the same guardrails, whichever field it
+        // is in: a class's members, a guard's own additions.
+        for class in IdentityClass::ALL {
+            let m = a.identity_classes.members(class);
+            let users = format!("admission.identityClasses.{}.users", class.name());
+            let groups = format!("admission.identityClasses.{}.groups", class.name());
+            p.extend(
+                m.users
+                    .iter()
+                    .filter_map(|e| exemption_problem(&users, e, Exempted::User)),
+            );
+            p.extend(
+                m.groups
+                    .iter()
+                    .filter_map(|e| exemption_problem(&groups, e, Exempted::Group)),
+            );
+        }
+        for w in &self.webhooks {
+            let users = format!("webhooks[{}].exemptUsers", w.name);
+            let groups = format!("webhooks[{}].exemptGroups", w.name);
+            p.extend(
+                w.exempt_users
+                    .iter()
+                    .filter_map(|e| exemption_problem(&users, e, Exempted::User)),
+            );
+            p.extend(
+                w.exempt_groups
+                    .iter()
+                    .filter_map(|e| exemption_problem(&groups, e, Exempted::Group)),
             );
         }
     }

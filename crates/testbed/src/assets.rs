@@ -13,6 +13,8 @@ pub(crate) const KUBE_VERSION: &str = "v1.20.2";
 pub struct Assets {
     pub dir: PathBuf,
     pub(crate) kube_apiserver: PathBuf,
+    /// The hosted clusters' controller manager (`data_plane`), of the same version.
+    pub(crate) kube_controller_manager: PathBuf,
     pub(crate) etcd: PathBuf,
     pub kubectl: PathBuf,
     /// What `kube-apiserver --version` says, so the test bed passes only the flags that
@@ -186,6 +188,7 @@ impl Assets {
             p
         };
         let kube_apiserver = find("kube-apiserver");
+        let kube_controller_manager = find("kube-controller-manager");
         let etcd = find("etcd");
         let kubectl = find("kubectl");
         let version = if problems.is_empty() {
@@ -211,6 +214,7 @@ impl Assets {
             Ok(Assets {
                 dir: dir.to_path_buf(),
                 kube_apiserver,
+                kube_controller_manager,
                 etcd,
                 kubectl,
                 version,

@@ -5,9 +5,11 @@
 //! Dropping a [`LocalFleet`] stops every process and removes its state directory.
 
 pub mod assets;
+pub mod data_plane;
 pub mod fixtures;
 pub mod kubelet;
 mod pki;
+pub mod platform;
 pub mod process;
 mod proxy;
 mod static_volumes;
@@ -30,7 +32,7 @@ pub(crate) const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(90);
 #[derive(Debug, thiserror::Error)]
 pub enum LocalCpError {
     #[error(
-        "test bed binaries unusable in {dir}: {problem}. Run hack/testbed-assets.sh (or `make assets`) to build them, or point KUBEBUILDER_ASSETS at a directory holding kube-apiserver, etcd and kubectl"
+        "test bed binaries unusable in {dir}: {problem}. Run hack/testbed-assets.sh (or `make assets`) to build them, or point KUBEBUILDER_ASSETS at a directory holding kube-apiserver, kube-controller-manager, etcd and kubectl"
     )]
     Assets { dir: PathBuf, problem: String },
     #[error("{component}: port {port} on 127.0.0.1 is already in use; choose another or free it")]
@@ -106,6 +108,10 @@ pub struct FleetOptions {
     pub state_parent: Option<PathBuf>,
     /// Install the project's CRDs and the HCP fixtures on the management cluster.
     pub install_fixtures: bool,
+    /// Give each hosted cluster a data plane (`data_plane`): its controller manager, a
+    /// scheduler and `nodes` kubelets. On by default, as every real hosted cluster has one.
+    pub data_plane: bool,
+    pub nodes: usize,
     /// Keep the state directory (logs, kubeconfigs) after stopping, for debugging.
     /// Defaults to the `HCP_FLEET_KEEP_STATE=1` environment variable.
     pub keep_state: bool,
@@ -121,6 +127,8 @@ impl Default for FleetOptions {
             extra_apiserver_args: Vec::new(),
             state_parent: None,
             install_fixtures: true,
+            data_plane: true,
+            nodes: data_plane::DEFAULT_NODES,
             keep_state: std::env::var_os("HCP_FLEET_KEEP_STATE").is_some_and(|v| v == "1"),
         }
     }
@@ -194,14 +202,16 @@ impl ApiServer {
 
 /// The running fleet. Dropping it stops everything and removes the state directory.
 pub struct LocalFleet {
-    // Field order is drop order: the static volumes' task, API servers, then etcd, then the
-    // directory they wrote into.
+    // Field order is drop order: the data planes and the static volumes' task, API servers,
+    // then etcd, then the directory they wrote into.
+    data_planes: BTreeMap<String, data_plane::DataPlane>,
     _static_volumes: Option<AbortOnDrop>,
     pub management: ApiServer,
     pub hosted: BTreeMap<String, ApiServer>,
     /// The Kubernetes version every API server of this fleet runs.
     pub version: assets::KubeVersion,
     assets: Assets,
+    pki: Pki,
     etcd: ManagedProcess,
     state: tempfile::TempDir,
 }
@@ -243,19 +253,7 @@ impl LocalFleet {
         )?;
         let mut hosted = BTreeMap::new();
         for name in &opts.hosted_clusters {
-            let mut s = new_apiserver(name, &format!("/registry-hosted-{name}"), None, &shared)?;
-            if assets.version.serves(assets::Feature::StaticManifests) {
-                let (config, policies) = static_volumes::prepare(&dir.join(name))
-                    .map_err(io(format!("preparing {name}'s static guards")))?;
-                s.args
-                    .push("--feature-gates=ManifestBasedAdmissionControlConfig=true".into());
-                s.args.push(format!(
-                    "--admission-control-config-file={}",
-                    config.display()
-                ));
-                s.static_dir = Some(policies);
-            }
-            hosted.insert(name.clone(), s);
+            hosted.insert(name.clone(), new_hosted_apiserver(name, &shared)?);
         }
         // Spawn them all first so they boot in parallel, then wait for each. On an early
         // return the locals drop in reverse order: API servers, etcd, then the state dir.
@@ -279,12 +277,19 @@ impl LocalFleet {
                 dirs,
             )))
         };
+        let data_planes = if opts.data_plane {
+            start_data_planes(&hosted, &assets, &dir, &pki, opts.nodes).await?
+        } else {
+            BTreeMap::new()
+        };
         let fleet = LocalFleet {
+            data_planes,
             _static_volumes: static_volumes,
             management,
             hosted,
             version: assets.version.clone(),
             assets,
+            pki,
             etcd,
             state,
         };
@@ -342,6 +347,50 @@ impl LocalFleet {
         v
     }
 
+    /// A client of hosted cluster `hosted` with a client certificate for `user` in `groups`:
+    /// authenticated as that identity (not impersonated), as the cluster's own machinery and
+    /// HyperShift's components are (`system:admin` in `system:masters`, a node, a customer).
+    pub async fn hosted_client_for(
+        &self,
+        hosted: &str,
+        user: &str,
+        groups: &[&str],
+    ) -> Result<Client, LocalCpError> {
+        let server = self
+            .hosted(hosted)
+            .ok_or_else(|| LocalCpError::InvalidName {
+                name: hosted.to_string(),
+                reason: "no such hosted cluster".into(),
+            })?;
+        let yaml = self
+            .pki
+            .client_kubeconfig(hosted, &server.url(), user, groups)?;
+        client_from_kubeconfig(&format!("{hosted} as {user}"), &yaml).await
+    }
+
+    /// A client of hosted cluster `hosted` with a bearer token (a service account's, as a pod
+    /// running under it would hold).
+    pub async fn hosted_client_with_token(
+        &self,
+        hosted: &str,
+        token: &str,
+    ) -> Result<Client, LocalCpError> {
+        let server = self
+            .hosted(hosted)
+            .ok_or_else(|| LocalCpError::InvalidName {
+                name: hosted.to_string(),
+                reason: "no such hosted cluster".into(),
+            })?;
+        let yaml =
+            pki::render_token_kubeconfig(hosted, &server.url(), &self.pki.ca.cert_pem, token);
+        client_from_kubeconfig(&format!("{hosted} with a token"), &yaml).await
+    }
+
+    /// The data plane of hosted cluster `name` (`FleetOptions::data_plane`).
+    pub fn data_plane(&self, name: &str) -> Option<&data_plane::DataPlane> {
+        self.data_planes.get(name)
+    }
+
     pub fn hosted(&self, name: &str) -> Option<&ApiServer> {
         self.hosted.get(name)
     }
@@ -352,6 +401,9 @@ impl LocalFleet {
 
     /// Stops everything now (also done on drop).
     pub fn shutdown(&mut self) {
+        for d in self.data_planes.values_mut() {
+            d.stop();
+        }
         for s in self.hosted.values_mut() {
             s.stop();
         }
@@ -390,6 +442,42 @@ impl ApiServer {
             }),
         }
     }
+}
+
+/// Each hosted cluster's data plane (`data_plane`), once its kube-apiserver is ready.
+async fn start_data_planes(
+    hosted: &BTreeMap<String, ApiServer>,
+    assets: &Assets,
+    dir: &Path,
+    pki: &Pki,
+    nodes: usize,
+) -> Result<BTreeMap<String, data_plane::DataPlane>, LocalCpError> {
+    let mut out = BTreeMap::new();
+    for (name, s) in hosted {
+        let dp = data_plane::start(data_plane::Start {
+            name,
+            server: &s.url(),
+            dir: &dir.join(name),
+            kcm_binary: &assets.kube_controller_manager,
+            has_insecure_port_flag: assets.version.has_insecure_port_flag(),
+            pki,
+            nodes,
+        })
+        .await?;
+        out.insert(name.clone(), dp);
+    }
+    Ok(out)
+}
+
+/// A hosted kube-apiserver authorizes and admits as a real one does: the Node authorizer before
+/// RBAC, the `NodeRestriction` plugin judging the kubelets, and the `ServiceAccount` plugin on
+/// (it needs the controller manager's token controller, which the data plane runs).
+fn as_a_hosted_cluster(args: &mut Vec<String>) {
+    args.retain(|a| {
+        !a.starts_with("--authorization-mode=") && !a.starts_with("--disable-admission-plugins=")
+    });
+    args.push("--authorization-mode=Node,RBAC".into());
+    args.push("--enable-admission-plugins=NodeRestriction".into());
 }
 
 /// The test bed's API servers listen on loopback ports, which the agent's default
@@ -577,6 +665,31 @@ struct Shared<'a> {
     pki: &'a Pki,
     etcd_url: &'a str,
     opts: &'a FleetOptions,
+}
+
+/// A hosted cluster's kube-apiserver: a real hosted cluster's authorization and admission
+/// where it has a data plane, and the static guards' files from 1.36.
+fn new_hosted_apiserver(name: &str, shared: &Shared<'_>) -> Result<ApiServer, LocalCpError> {
+    let mut s = new_apiserver(name, &format!("/registry-hosted-{name}"), None, shared)?;
+    if shared.opts.data_plane {
+        as_a_hosted_cluster(&mut s.args);
+    }
+    if shared
+        .assets
+        .version
+        .serves(assets::Feature::StaticManifests)
+    {
+        let (config, policies) = static_volumes::prepare(&shared.dir.join(name))
+            .map_err(io(format!("preparing {name}'s static guards")))?;
+        s.args
+            .push("--feature-gates=ManifestBasedAdmissionControlConfig=true".into());
+        s.args.push(format!(
+            "--admission-control-config-file={}",
+            config.display()
+        ));
+        s.static_dir = Some(policies);
+    }
+    Ok(s)
 }
 
 fn new_apiserver(

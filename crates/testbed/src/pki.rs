@@ -81,6 +81,33 @@ impl Pki {
         Ok((crt, key))
     }
 
+    /// A kubeconfig for a client certificate of `user` in `groups`: the identities a hosted
+    /// cluster's own machinery authenticates with (a kubelet's `system:node:<name>` in
+    /// `system:nodes`, the controller manager's and the scheduler's names).
+    pub(crate) fn client_kubeconfig(
+        &self,
+        name: &str,
+        server: &str,
+        user: &str,
+        groups: &[&str],
+    ) -> Result<String, LocalCpError> {
+        let pair = certificates::issue(
+            &self.ca,
+            user,
+            &Usage::Client {
+                groups: groups.iter().map(|g| g.to_string()).collect(),
+            },
+            LIFETIME,
+        )?;
+        Ok(render_kubeconfig(
+            name,
+            server,
+            &self.ca.cert_pem,
+            &pair.cert_pem,
+            &pair.key_pem,
+        ))
+    }
+
     /// A self-contained admin kubeconfig (everything inline, no file paths).
     pub(crate) fn admin_kubeconfig(
         &self,
@@ -110,5 +137,18 @@ pub(crate) fn render_kubeconfig(
         ca = B64.encode(ca_pem),
         cert = B64.encode(cert_pem),
         key = B64.encode(key_pem),
+    )
+}
+
+/// A kubeconfig with one cluster and a bearer-token user.
+pub(crate) fn render_token_kubeconfig(
+    name: &str,
+    server: &str,
+    ca_pem: &str,
+    token: &str,
+) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: {name}\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: token\n  user:\n    token: {token}\ncontexts:\n- name: {name}\n  context:\n    cluster: {name}\n    user: token\ncurrent-context: {name}\n",
+        ca = B64.encode(ca_pem),
     )
 }

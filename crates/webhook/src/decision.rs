@@ -7,24 +7,27 @@ use std::collections::BTreeMap;
 use hcp_fleet_guards::catalogue::denial;
 use hcp_fleet_guards::review::Decision;
 
+use hcp_fleet_guards::identities::user_matches;
 use hcp_fleet_guards::review::Request;
-use hcp_fleet_guards::{Scope, Settings, matches};
+use hcp_fleet_guards::{HookSetting, Scope, Settings, matches};
 use hcp_fleet_model::Mode;
 
-/// Why a guard of `scope` leaves this request alone, if it does: HyperShift's own
-/// controllers, SRE, and (for the workload guards) the control plane's namespaces.
-fn exempt(req: &Request, s: &Settings, scope: Scope) -> Option<String> {
+/// Why the guard served by `hook` leaves this request alone, if it does: the identities it
+/// exempts (its classes, resolved into the hook's lists) and, for the workload guards, the
+/// control plane's namespaces.
+fn exempt(req: &Request, s: &Settings, hook: &HookSetting, scope: Scope) -> Option<String> {
     if scope == Scope::Everyone {
         return None;
     }
-    if matches(&s.exempt_users, &req.user_info.username) {
-        return Some(format!("user {} is exempt", req.user_info.username));
+    let user = &req.user_info.username;
+    if user_matches(&hook.exempt_users, user, &s.customer_namespaces) {
+        return Some(format!("user {user} is exempt"));
     }
     if let Some(g) = req
         .user_info
         .groups
         .iter()
-        .find(|g| s.exempt_groups.contains(g))
+        .find(|g| hook.exempt_groups.contains(g))
     {
         return Some(format!("group {g} is exempt"));
     }
@@ -77,7 +80,7 @@ pub fn decide(path: &str, req: &Request, s: &Settings) -> Option<(String, Decisi
         return Some(("probe".into(), guard.decide(req, s)));
     }
     let hook = s.hook(path)?;
-    if hook.mode == Mode::Off || exempt(req, s, guard.scope()).is_some() {
+    if hook.mode == Mode::Off || exempt(req, s, hook, guard.scope()).is_some() {
         return Some((hook.name.clone(), Decision::allow()));
     }
     let mut d = apply_mode(&hook.name, hook.mode, guard.decide(req, s));
@@ -390,9 +393,9 @@ mod tests {
             &[],
             json!({}),
         );
-        // (exempt namespace prefix openshift-* applies)
+        // No namespace exempts a managed object: a regular user is denied in openshift-* too.
         assert!(
-            decide(hcp_fleet_guards::managed_groups::ROW.path, &r, &s)
+            !decide(hcp_fleet_guards::managed_groups::ROW.path, &r, &s)
                 .expect("hook")
                 .1
                 .allowed

@@ -84,6 +84,12 @@ pub(crate) struct RequestLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct DenialLabels {
+    pub(crate) webhook: String,
+    pub(crate) sender: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct WebhookLabel {
     pub(crate) webhook: String,
 }
@@ -96,6 +102,7 @@ fn latency() -> Histogram {
 pub struct AdmissionMetrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
+    denials: Family<DenialLabels, Counter>,
     latency: Family<WebhookLabel, Histogram, fn() -> Histogram>,
 }
 
@@ -108,6 +115,7 @@ impl Default for AdmissionMetrics {
 impl AdmissionMetrics {
     pub fn new() -> Self {
         let requests = Family::<RequestLabels, Counter>::default();
+        let denials = Family::<DenialLabels, Counter>::default();
         let latency =
             Family::<WebhookLabel, Histogram, fn() -> Histogram>::new_with_constructor(latency);
         let mut registry = Registry::with_prefix("hcp_fleet_admission");
@@ -117,6 +125,11 @@ impl AdmissionMetrics {
             requests.clone(),
         );
         registry.register(
+            "denials",
+            "Requests a guard denied (or, in warn mode, would have), by webhook and by who sent them: node, an identity class, or tenant",
+            denials.clone(),
+        );
+        registry.register(
             "request_duration_seconds",
             "Server-side handling time of one AdmissionReview",
             latency.clone(),
@@ -124,6 +137,7 @@ impl AdmissionMetrics {
         Self {
             registry,
             requests,
+            denials,
             latency,
         }
     }
@@ -138,6 +152,16 @@ impl AdmissionMetrics {
         self.latency
             .get_or_create(&WebhookLabel { webhook })
             .observe(seconds);
+    }
+
+    /// A denial (or a warn mode's would-deny) of a request from `sender`.
+    pub fn count_denial(&self, webhook: &str, sender: &str) {
+        self.denials
+            .get_or_create(&DenialLabels {
+                webhook: webhook.to_string(),
+                sender: sender.to_string(),
+            })
+            .inc();
     }
 
     pub fn count(&self, webhook: &str, decision: &str, outcome: &str) {
@@ -311,12 +335,22 @@ async fn admit(State(st): State<Arc<AppState>>, req: Request) -> Response {
             }
         };
         let r = review::decode(&body).map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
-        let (_, mut d) = decision::decide(&path, &r, &st.settings).ok_or_else(|| {
+        let (name, mut d) = decision::decide(&path, &r, &st.settings).ok_or_else(|| {
             (
                 StatusCode::NOT_FOUND,
                 format!("no webhook is served on {path}"),
             )
         })?;
+        // Who was denied: a denial of the cluster's own machinery is an alarm. The probe's
+        // denials are its answers, not denials.
+        if (!d.allowed || d.audit_annotations.contains_key("would-deny")) && name != "probe" {
+            let sender = hcp_fleet_guards::identities::sender_of(
+                &r.user_info.username,
+                &r.user_info.groups,
+                &st.settings,
+            );
+            st.metrics.count_denial(&name, sender);
+        }
         // The agent's probe and canaries carry a nonce: a denial proves it came from here.
         if !d.allowed
             && let Some(nonce) = hcp_fleet_guards::probe::nonce_of(&r)

@@ -303,7 +303,7 @@ pub(crate) fn render_set(
             Mode::Off => continue,
         };
         let name = format!("{}{suffix}", w.name);
-        let conditions = exemptions::conditions(settings, guard.scope());
+        let conditions = exemptions::conditions(settings, &w.path, guard.scope());
         policies.push(guard_policy(w, &name, &form, &conditions, hcp_namespace));
         bindings.push(binding(&name, actions, hcp_namespace, None));
     }

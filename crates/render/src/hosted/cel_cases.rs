@@ -269,6 +269,50 @@ fn decides_as_the_handlers(render: impl Fn(&AgentConfig, &Settings) -> Admission
     }
 }
 
+/// The cluster's own traffic and a customer's sanctioned work (`guards::traffic`) through
+/// every guard, in enforce mode, by the service's decision and, where the guard has one, its
+/// policy: nothing of it is denied, on either engine.
+#[test]
+fn the_clusters_own_traffic_passes_every_guard_on_every_engine() {
+    let env = env();
+    let cfg = with_mode(Mode::Enforce);
+    let s = Settings::from(&cfg);
+    let rendered = admission_policies::render(&cfg, &s, "clusters-a", served()).expect("render");
+    let mut denied = Vec::new();
+    let mut sent = 0;
+    for traffic in guards::traffic::corpus() {
+        for g in guards::ALL {
+            sent += 1;
+            let rust = by_rust(*g, &traffic.case, &s, Mode::Enforce);
+            if !rust.allowed {
+                denied.push(format!(
+                    "{} by the service: {} ({:?})",
+                    g.row().name,
+                    traffic.case.what,
+                    rust.said
+                ));
+            }
+            if g.cel(&s).is_some() {
+                let cel = by_policy(&env, &rendered, g.row().name, &traffic.case);
+                if !cel.allowed {
+                    denied.push(format!(
+                        "{} by its policy: {} ({:?})",
+                        g.row().name,
+                        traffic.case.what,
+                        cel.said
+                    ));
+                }
+            }
+        }
+    }
+    assert!(sent > 300, "{sent}");
+    assert!(
+        denied.is_empty(),
+        "the cluster's own traffic denied:\n{}",
+        denied.join("\n")
+    );
+}
+
 /// The exemptions as webhook matchConditions (where the hosted server keeps them): for every
 /// webhook that carries them, a request they leave out is one the service exempts, and one
 /// they let through is judged.

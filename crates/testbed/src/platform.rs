@@ -1,0 +1,449 @@
+//! What an OpenShift hosted cluster runs in its data plane, and a customer's sanctioned work,
+//! written into a hosted cluster of the test bed by the identities that write it on a real one,
+//! so its controllers make pods, its kubelets ask for their tokens, and every guard in force
+//! sees the cluster's own traffic (docs/testbed.md, "The data plane").
+//!
+//! Who writes what, and where that is said:
+//! - HyperShift's control-plane operators run in the HCP namespace and write into the hosted
+//!   cluster with the service-network admin kubeconfig, `system:admin` in `system:masters`
+//!   (HyperShift's control-plane-operator/controllers/hostedcontrolplane/v2/assets/*/
+//!   deployment.yaml: cluster-version-operator, cluster-network-operator,
+//!   cluster-node-tuning-operator, cluster-image-registry-operator, ingress-operator,
+//!   olm-operator and catalog-operator mount `service-network-admin-kubeconfig`).
+//! - Operators the cluster-version operator runs in the data plane act as their service
+//!   accounts, with the token their pod's kubelet obtained (here: the DNS operator and the
+//!   cluster monitoring operator).
+//! - The customer: a user in `cluster-admins` (bound to `cluster-admin`), installing Red Hat's
+//!   Logging and Loki operators where OpenShift's documentation says (the namespace, an
+//!   OperatorGroup, a Subscription; then OLM, as `system:admin` in HyperShift, writes the
+//!   operator's service account, RBAC and Deployment), and everyday work in a namespace of
+//!   their own (RBAC, a Deployment, a LoadBalancer Service).
+//!
+//! Every write's outcome is returned; a refusal by any guard is a failure of the guards.
+
+use std::time::{Duration, Instant};
+
+use kube::api::{DynamicObject, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+use super::{LocalCpError, LocalFleet};
+
+/// The customer administrator of the fixture: in `cluster-admins`, as ROSA and OSD name it.
+pub const CUSTOMER: (&str, &[&str]) = ("customer-admin", &["cluster-admins"]);
+/// HyperShift's components' identity in the hosted cluster.
+pub const SYSTEM_ADMIN: (&str, &[&str]) = ("system:admin", &["system:masters"]);
+
+/// One write and its outcome.
+#[derive(Debug, Clone)]
+pub struct Write {
+    /// Who wrote it, and why that identity (the component that does it on a real cluster).
+    pub by: String,
+    pub what: String,
+    pub outcome: Result<(), String>,
+}
+
+/// Every write of the fixture.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub writes: Vec<Write>,
+}
+
+impl Report {
+    /// The writes the API server refused.
+    pub fn refused(&self) -> Vec<&Write> {
+        self.writes.iter().filter(|w| w.outcome.is_err()).collect()
+    }
+}
+
+fn resource(api_version: &str, kind: &str) -> (ApiResource, bool) {
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let plural = match kind {
+        "CustomResourceDefinition" => "customresourcedefinitions".to_string(),
+        "OperatorGroup" => "operatorgroups".to_string(),
+        "Subscription" => "subscriptions".to_string(),
+        k => format!("{}s", k.to_lowercase()),
+    };
+    let cluster_scoped = matches!(
+        kind,
+        "Namespace" | "ClusterRole" | "ClusterRoleBinding" | "CustomResourceDefinition"
+    );
+    (
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), &plural),
+        cluster_scoped,
+    )
+}
+
+/// Creates `obj` as `client`'s identity, an existing object counting as written (the fixture
+/// may run twice); a missing CRD's kind is retried for a while as a controller's create would.
+async fn create(report: &mut Report, by: &str, client: &Client, obj: Value) {
+    let api_version = obj["apiVersion"].as_str().unwrap_or_default().to_string();
+    let kind = obj["kind"].as_str().unwrap_or_default().to_string();
+    let name = obj["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let ns = obj["metadata"]["namespace"].as_str().map(str::to_string);
+    let (ar, cluster_scoped) = resource(&api_version, &kind);
+    let api: Api<DynamicObject> = match (&ns, cluster_scoped) {
+        (Some(ns), false) => Api::namespaced_with(client.clone(), ns, &ar),
+        _ => Api::all_with(client.clone(), &ar),
+    };
+    let what = match &ns {
+        Some(ns) => format!("{kind} {ns}/{name}"),
+        None => format!("{kind} {name}"),
+    };
+    let outcome = match serde_json::from_value::<DynamicObject>(obj) {
+        Err(e) => Err(format!("not an object: {e}")),
+        Ok(o) => {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                match api.create(&PostParams::default(), &o).await {
+                    Ok(_) => break Ok(()),
+                    Err(kube::Error::Api(e)) if e.code == 409 => break Ok(()),
+                    // A CRD just created is not served at once; a namespace just created may
+                    // still lack the service account the ServiceAccount plugin wants.
+                    Err(kube::Error::Api(e)) if e.code == 404 && Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                    }
+                    Err(e) => break Err(e.to_string()),
+                }
+            }
+        }
+    };
+    report.writes.push(Write {
+        by: by.to_string(),
+        what,
+        outcome,
+    });
+}
+
+fn namespace(name: &str, labels: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
+}
+
+fn service_account(ns: &str, name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": ns}})
+}
+
+fn cluster_admin_binding(name: &str, subject: Value) -> Value {
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [subject],
+    })
+}
+
+fn sa_subject(ns: &str, name: &str) -> Value {
+    json!({"kind": "ServiceAccount", "name": name, "namespace": ns})
+}
+
+/// A pod template as OpenShift's operators write them: a service account, one container, and
+/// a projected service-account token (what every pod of 1.21+ gets from the ServiceAccount
+/// plugin as `kube-api-access-*`; written out so a 1.20 server's kubelet asks for it too).
+fn template(app: &str, sa: &str) -> Value {
+    json!({
+        "metadata": {"labels": {"app": app}},
+        "spec": {
+            "serviceAccountName": sa,
+            "containers": [{"name": app, "image": format!("quay.io/openshift-release-dev/ocp-v4.0-art-dev:{app}")}],
+            "tolerations": [{"operator": "Exists"}],
+            "volumes": [{"name": "bound-sa-token", "projected": {"sources": [
+                {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+            ]}}],
+        },
+    })
+}
+
+fn deployment(ns: &str, name: &str, sa: &str) -> Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}}, "template": template(name, sa)},
+    })
+}
+
+fn daemonset(ns: &str, name: &str, sa: &str) -> Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"selector": {"matchLabels": {"app": name}}, "template": template(name, sa)},
+    })
+}
+
+/// OLM's two kinds the customer writes, as CRDs the cluster-version operator installs.
+fn olm_crds() -> Vec<Value> {
+    [("operatorgroups", "OperatorGroup", "v1"), ("subscriptions", "Subscription", "v1alpha1")]
+        .iter()
+        .map(|(plural, kind, version)| json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": format!("{plural}.operators.coreos.com")},
+            "spec": {
+                "group": "operators.coreos.com", "scope": "Namespaced",
+                "names": {"plural": plural, "singular": kind.to_lowercase(), "kind": kind, "listKind": format!("{kind}List")},
+                "versions": [{"name": version, "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}],
+            },
+        }))
+        .collect()
+}
+
+/// The workloads the fixture runs, as (namespace, DaemonSets, Deployments): what a test waits
+/// on before it counts tokens.
+pub const WORKLOADS: &[(&str, &[&str], &[&str])] = &[
+    ("openshift-dns-operator", &[], &["dns-operator"]),
+    ("openshift-dns", &["dns-default", "node-resolver"], &[]),
+    (
+        "openshift-monitoring",
+        &["node-exporter"],
+        &["cluster-monitoring-operator", "prometheus-operator"],
+    ),
+    ("openshift-multus", &["multus"], &[]),
+    ("openshift-ovn-kubernetes", &["ovnkube-node"], &[]),
+    ("openshift-cluster-node-tuning-operator", &["tuned"], &[]),
+    (
+        "openshift-image-registry",
+        &["node-ca"],
+        &["image-registry"],
+    ),
+    ("openshift-ingress-canary", &["ingress-canary"], &[]),
+    ("openshift-logging", &[], &["cluster-logging-operator"]),
+    (
+        "openshift-operators-redhat",
+        &[],
+        &["loki-operator-controller-manager"],
+    ),
+    ("team-a", &[], &["web"]),
+];
+
+/// Installs the fixture in hosted cluster `hosted` of `fleet` (which must have its data plane).
+pub async fn install(fleet: &LocalFleet, hosted: &str) -> Result<Report, LocalCpError> {
+    let mut r = Report::default();
+    let admin = fleet
+        .hosted_client_for(hosted, SYSTEM_ADMIN.0, SYSTEM_ADMIN.1)
+        .await?;
+    let customer = fleet
+        .hosted_client_for(hosted, CUSTOMER.0, CUSTOMER.1)
+        .await?;
+    control_plane(&mut r, &admin).await;
+    // The data-plane operators act once their pods run and hold their tokens.
+    for (ns, sa, act) in [
+        ("openshift-dns-operator", "dns-operator", Operator::Dns),
+        (
+            "openshift-monitoring",
+            "cluster-monitoring-operator",
+            Operator::Monitoring,
+        ),
+    ] {
+        let token = wait_token(fleet, hosted, ns, sa).await?;
+        let client = fleet.hosted_client_with_token(hosted, &token).await?;
+        let by = format!("system:serviceaccount:{ns}:{sa} (its pod's token)");
+        act.run(&mut r, &by, &client).await;
+    }
+    customer_work(&mut r, &customer).await;
+    olm_installs(&mut r, &admin).await;
+    Ok(r)
+}
+
+/// HyperShift's control plane (`system:admin`): the operators' namespaces, accounts and
+/// workloads the cluster-version operator applies from the release, the network plugin's
+/// DaemonSets (the network operator), tuned, the registry, the ingress canary, OLM's CRDs,
+/// and the customer administrators' binding.
+async fn control_plane(r: &mut Report, admin: &Client) {
+    let by = "system:admin (HyperShift's control-plane operators)";
+    let mut objs = olm_crds();
+    objs.push(cluster_admin_binding(
+        "cluster-admins",
+        json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "cluster-admins"}),
+    ));
+    for (ns, sa) in [
+        ("openshift-dns-operator", "dns-operator"),
+        ("openshift-monitoring", "cluster-monitoring-operator"),
+    ] {
+        objs.push(namespace(
+            ns,
+            json!({"openshift.io/cluster-monitoring": "true"}),
+        ));
+        objs.push(service_account(ns, sa));
+        objs.push(cluster_admin_binding(
+            &format!("{ns}-{sa}"),
+            sa_subject(ns, sa),
+        ));
+        objs.push(deployment(ns, sa, sa));
+    }
+    for (ns, ds, sa) in [
+        ("openshift-multus", "multus", "multus"),
+        (
+            "openshift-ovn-kubernetes",
+            "ovnkube-node",
+            "ovn-kubernetes-node",
+        ),
+        ("openshift-cluster-node-tuning-operator", "tuned", "tuned"),
+        ("openshift-image-registry", "node-ca", "node-ca"),
+        ("openshift-ingress-canary", "ingress-canary", "default"),
+    ] {
+        objs.push(namespace(ns, json!({"openshift.io/run-level": "0"})));
+        if sa != "default" {
+            objs.push(service_account(ns, sa));
+        }
+        objs.push(daemonset(ns, ds, sa));
+    }
+    objs.push(service_account("openshift-image-registry", "registry"));
+    objs.push(deployment(
+        "openshift-image-registry",
+        "image-registry",
+        "registry",
+    ));
+    objs.push(namespace("openshift-operator-lifecycle-manager", json!({})));
+    for o in objs {
+        create(r, by, admin, o).await;
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Operator {
+    Dns,
+    Monitoring,
+}
+
+impl Operator {
+    async fn run(self, r: &mut Report, by: &str, c: &Client) {
+        let objs = match self {
+            // cluster-dns-operator: openshift-dns, its accounts and DaemonSets.
+            Operator::Dns => vec![
+                namespace("openshift-dns", json!({"openshift.io/run-level": "0"})),
+                service_account("openshift-dns", "dns"),
+                daemonset("openshift-dns", "dns-default", "dns"),
+                service_account("openshift-dns", "node-resolver"),
+                daemonset("openshift-dns", "node-resolver", "node-resolver"),
+            ],
+            // cluster-monitoring-operator: node-exporter and the prometheus operator.
+            Operator::Monitoring => vec![
+                service_account("openshift-monitoring", "node-exporter"),
+                daemonset("openshift-monitoring", "node-exporter", "node-exporter"),
+                service_account("openshift-monitoring", "prometheus-operator"),
+                deployment(
+                    "openshift-monitoring",
+                    "prometheus-operator",
+                    "prometheus-operator",
+                ),
+            ],
+        };
+        for o in objs {
+            create(r, by, c, o).await;
+        }
+    }
+}
+
+/// The customer: Red Hat's Logging and Loki operators subscribed where OpenShift's
+/// documentation has them, and a team namespace with RBAC, a workload and a LoadBalancer.
+async fn customer_work(r: &mut Report, c: &Client) {
+    let by = "customer-admin (cluster-admins)";
+    let subscribe = |ns: &str, package: &str| {
+        vec![
+            json!({"apiVersion": "operators.coreos.com/v1", "kind": "OperatorGroup",
+                   "metadata": {"name": ns, "namespace": ns}, "spec": {"targetNamespaces": [ns]}}),
+            json!({"apiVersion": "operators.coreos.com/v1alpha1", "kind": "Subscription",
+                   "metadata": {"name": package, "namespace": ns},
+                   "spec": {"channel": "stable-6.2", "name": package, "source": "redhat-operators", "sourceNamespace": "openshift-marketplace"}}),
+        ]
+    };
+    let mut objs = vec![namespace(
+        "openshift-logging",
+        json!({"openshift.io/cluster-monitoring": "true"}),
+    )];
+    objs.extend(subscribe("openshift-logging", "cluster-logging"));
+    objs.push(namespace(
+        "openshift-operators-redhat",
+        json!({"openshift.io/cluster-monitoring": "true"}),
+    ));
+    objs.extend(subscribe("openshift-operators-redhat", "loki-operator"));
+    objs.extend([
+        namespace("team-a", json!({})),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+               "metadata": {"name": "deployer", "namespace": "team-a"},
+               "rules": [{"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["*"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": "deployer", "namespace": "team-a"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "deployer"},
+               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "team-a-devs"}]}),
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "web", "namespace": "team-a"}, "data": {"a": "b"}}),
+        deployment("team-a", "web", "default"),
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "team-a",
+               "annotations": {"service.beta.kubernetes.io/aws-load-balancer-additional-resource-tags": "team=a"}},
+               "spec": {"type": "LoadBalancer", "selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}}),
+    ]);
+    for o in objs {
+        create(r, by, c, o).await;
+    }
+}
+
+/// OLM installing what the customer subscribed to (HyperShift runs OLM in the control plane,
+/// as `system:admin`): the operator's account, its RBAC and its Deployment.
+async fn olm_installs(r: &mut Report, admin: &Client) {
+    let by = "system:admin (OLM in HyperShift's control plane)";
+    for (ns, name) in [
+        ("openshift-logging", "cluster-logging-operator"),
+        (
+            "openshift-operators-redhat",
+            "loki-operator-controller-manager",
+        ),
+    ] {
+        let objs = vec![
+            service_account(ns, name),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                   "metadata": {"name": name, "namespace": ns},
+                   "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                   "metadata": {"name": name, "namespace": ns},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                   "subjects": [sa_subject(ns, name)]}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                   "metadata": {"name": format!("{ns}-{name}")},
+                   "rules": [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]}]}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                   "metadata": {"name": format!("{ns}-{name}")},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("{ns}-{name}")},
+                   "subjects": [sa_subject(ns, name)]}),
+            deployment(ns, name, name),
+        ];
+        for o in objs {
+            create(r, by, admin, o).await;
+        }
+    }
+}
+
+/// The token the kubelet obtained for a pod of `sa` in `ns`, once it has.
+async fn wait_token(
+    fleet: &LocalFleet,
+    hosted: &str,
+    ns: &str,
+    sa: &str,
+) -> Result<String, LocalCpError> {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        if let Some(t) = fleet.data_plane(hosted).and_then(|d| d.token_of(ns, sa)) {
+            return Ok(t);
+        }
+        if Instant::now() > deadline {
+            let seen: Vec<String> = fleet
+                .data_plane(hosted)
+                .map(|d| d.tokens())
+                .unwrap_or_default()
+                .iter()
+                .map(|t| format!("{}/{}: {:?}", t.namespace, t.pod, t.outcome))
+                .collect();
+            return Err(LocalCpError::NotReady {
+                component: format!("{hosted}'s data plane"),
+                timeout: Duration::from_secs(90),
+                last_error: format!(
+                    "no token for a pod of {ns}/{sa}; token requests so far: {seen:?}"
+                ),
+                log_tail: String::new(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}

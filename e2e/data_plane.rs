@@ -1,0 +1,275 @@
+//! The guards never break the cluster they guard (#59): a hosted cluster with what a real one
+//! has around its API (its controller manager, a scheduler, kubelets with node identities, the
+//! Node authorizer and the NodeRestriction and ServiceAccount plugins) runs its platform, a
+//! customer installs Red Hat's operators and does everyday work, with every guard enforced on
+//! each engine: nothing of it is refused, every pod gets its token through its kubelet, and the
+//! tenant's routes to an exempt identity through a pod stay shut.
+
+// An e2e scenario reads as one story, set up, acted and checked in order: the 100-line limit
+// holds the shipped code (clippy.toml).
+#![allow(clippy::too_many_lines)]
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use hcp_fleet_guards::catalogue::GuardEngine;
+use hcp_fleet_guards::has_cel_form;
+use hcp_fleet_model::Mode;
+use hcp_fleet_render::config::AgentConfig;
+use hcp_fleet_testbed::assets::Feature;
+use hcp_fleet_testbed::{data_plane, platform};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use kube::api::{ListParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+use support::eventually;
+
+const HOSTED: &str = "hc-1";
+
+/// Every guard enforced (the Service mutation too), each with a CEL form on `engine`.
+fn enforced_on(engine: GuardEngine) -> AgentConfig {
+    let mut cfg = AgentConfig::default();
+    for w in &mut cfg.webhooks {
+        w.mode = Mode::Enforce;
+        if engine == GuardEngine::Webhook || has_cel_form(&w.path) {
+            w.engine = engine;
+        }
+    }
+    cfg
+}
+
+/// The pods the platform fixture runs, by namespace, once every node runs its DaemonSets.
+fn expected_pods(nodes: usize) -> BTreeMap<String, usize> {
+    platform::WORKLOADS
+        .iter()
+        .map(|(ns, daemonsets, deployments)| {
+            (ns.to_string(), daemonsets.len() * nodes + deployments.len())
+        })
+        .collect()
+}
+
+async fn running(hosted: &Client) -> BTreeMap<String, usize> {
+    data_plane::running_pods(hosted).await.unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_runs_under_every_guard_through_webhooks() {
+    the_cluster_runs_under_every_guard(GuardEngine::Webhook).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_runs_under_every_guard_through_admission_policies() {
+    the_cluster_runs_under_every_guard(GuardEngine::Policy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_runs_under_every_guard_through_static_guards() {
+    the_cluster_runs_under_every_guard(GuardEngine::Static).await;
+}
+
+async fn the_cluster_runs_under_every_guard(engine: GuardEngine) {
+    let assets = support::assets_or_skip_reason().expect("test bed binaries");
+    let served = match engine {
+        GuardEngine::Policy => support::serves(
+            &assets.version,
+            Feature::AdmissionPolicies,
+            "the data plane under the guards as admission policies (the webhook test covers this server)",
+        ),
+        GuardEngine::Static => support::serves(
+            &assets.version,
+            Feature::StaticManifests,
+            "the data plane under the static guards (the webhook test covers this server)",
+        ),
+        _ => true,
+    };
+    if !served {
+        return;
+    }
+    let bed = support::agent_bed(enforced_on(engine)).await.expect("bed");
+    support::wait_compliant(&bed.mgmt, &[HOSTED]).await;
+    let fleet = &bed.fleet;
+    let admin = fleet
+        .hosted(HOSTED)
+        .expect("hc-1")
+        .client()
+        .await
+        .expect("admin");
+    let dp = fleet.data_plane(HOSTED).expect("the data plane");
+    let nodes = dp.nodes.len();
+
+    // The cluster's own and the customer's work, with every guard in force.
+    let report = platform::install(fleet, HOSTED)
+        .await
+        .expect("the platform fixture");
+    let refused: Vec<String> = report
+        .refused()
+        .iter()
+        .map(|w| format!("{} by {}: {:?}", w.what, w.by, w.outcome))
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "the guards refused the cluster's own or the customer's work ({} of {} writes):\n{}",
+        refused.len(),
+        report.writes.len(),
+        refused.join("\n")
+    );
+    let want = expected_pods(nodes);
+    eventually(
+        "every pod of the platform fixture Running",
+        Duration::from_secs(120),
+        || {
+            let admin = admin.clone();
+            let want = want.clone();
+            async move {
+                let got = running(&admin).await;
+                let short: Vec<String> = want
+                    .iter()
+                    .filter(|(ns, n)| got.get(*ns).copied().unwrap_or(0) < **n)
+                    .map(|(ns, n)| format!("{ns}: {} of {n}", got.get(ns).copied().unwrap_or(0)))
+                    .collect();
+                if short.is_empty() {
+                    Ok(())
+                } else {
+                    Err(short.join(", "))
+                }
+            }
+        },
+    )
+    .await;
+
+    // Every pod got its token from its kubelet, and no token request was refused.
+    let tokens = dp.tokens();
+    let denied: Vec<_> = tokens.iter().filter(|t| t.outcome.is_err()).collect();
+    assert!(
+        denied.is_empty(),
+        "kubelets' token requests refused: {denied:#?}"
+    );
+    let pods: Vec<Pod> = Api::<Pod>::all(admin.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("pods")
+        .items;
+    for p in &pods {
+        let (ns, name) = (
+            p.metadata.namespace.clone().unwrap_or_default(),
+            p.metadata.name.clone().unwrap_or_default(),
+        );
+        assert!(
+            tokens
+                .iter()
+                .any(|t| t.namespace == ns && t.pod == name && t.outcome.is_ok()),
+            "{ns}/{name} never got its token: {tokens:#?}"
+        );
+    }
+    let platform_pods = pods
+        .iter()
+        .filter(|p| {
+            p.metadata
+                .namespace
+                .as_deref()
+                .is_some_and(|n| n.starts_with("openshift-") || n.starts_with("kube-"))
+        })
+        .count();
+    eprintln!(
+        "[data plane] {engine:?}: {} writes, {} pods ({platform_pods} in the platform's namespaces) on {nodes} nodes, {} token requests, 0 refused",
+        report.writes.len(),
+        pods.len(),
+        tokens.len()
+    );
+
+    // The tenant's routes to an exempt identity through a pod stay shut, on this engine.
+    let customer = fleet
+        .hosted_client_for(HOSTED, platform::CUSTOMER.0, platform::CUSTOMER.1)
+        .await
+        .expect("customer");
+    let dns_pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "mine", "namespace": "openshift-dns"},
+        "spec": {"serviceAccountName": "dns", "containers": [{"name": "c", "image": "evil"}]},
+    }))
+    .expect("pod");
+    let err = Api::<Pod>::namespaced(customer.clone(), "openshift-dns")
+        .create(&PostParams::default(), &dns_pod)
+        .await
+        .expect_err("a tenant's pod running as openshift-dns/dns");
+    assert!(
+        err.to_string().contains(
+            "running a pod as the service account \"dns\" in the namespace \"openshift-dns\" is not allowed"
+        ),
+        "{err}"
+    );
+    // Nor can the tenant ask for the token of a DNS pod that runs.
+    let dns = pods
+        .iter()
+        .find(|p| p.metadata.namespace.as_deref() == Some("openshift-dns"))
+        .expect("a DNS pod");
+    let request = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {
+        "audiences": [], "expirationSeconds": 3607,
+        "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": dns.metadata.name, "uid": dns.metadata.uid}}});
+    let sa = dns
+        .spec
+        .as_ref()
+        .and_then(|s| s.service_account_name.clone())
+        .unwrap_or_default();
+    let err = Api::<ServiceAccount>::namespaced(customer.clone(), "openshift-dns")
+        .create_subresource::<serde_json::Value, serde_json::Value>(
+            "token",
+            &sa,
+            &PostParams::default(),
+            &request,
+        )
+        .await
+        .expect_err("a tenant's token for a DNS pod");
+    assert!(
+        err.to_string()
+            .contains("requesting a service account token in the namespace \"openshift-dns\""),
+        "{err}"
+    );
+    // The same pod in the customer's own namespace runs, and its kubelet gets its token.
+    let mut own = dns_pod.clone();
+    own.metadata.namespace = Some("team-a".into());
+    if let Some(s) = own.spec.as_mut() {
+        s.service_account_name = Some("default".into());
+        s.volumes = Some(vec![
+            serde_json::from_value(json!({"name": "t", "projected": {"sources": [
+                {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}}]}}))
+            .expect("volume"),
+        ]);
+    }
+    // The ServiceAccount plugin wants team-a's default account, which the controller
+    // manager's service-account controller makes.
+    eventually(
+        "the customer's own pod created",
+        Duration::from_secs(30),
+        || {
+            let customer = customer.clone();
+            let own = own.clone();
+            async move {
+                Api::<Pod>::namespaced(customer, "team-a")
+                    .create(&PostParams::default(), &own)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }
+        },
+    )
+    .await;
+    eventually(
+        "the customer's own pod's token",
+        Duration::from_secs(60),
+        || {
+            let tokens = dp.tokens();
+            async move {
+                tokens
+                    .iter()
+                    .any(|t| t.namespace == "team-a" && t.pod == "mine" && t.outcome.is_ok())
+                    .then_some(())
+                    .ok_or_else(|| "no token yet".to_string())
+            }
+        },
+    )
+    .await;
+}
