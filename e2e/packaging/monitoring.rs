@@ -167,6 +167,7 @@ pub(crate) fn exported_series() -> std::collections::BTreeSet<String> {
         .set(0);
     let a = hcp_fleet_webhook::server::AdmissionMetrics::new();
     a.count("w", "allowed", "enforced");
+    a.count_denial("w", "node");
     a.observe_latency("w".into(), 0.001);
     let text = format!("{}{}", m.encode(), a.encode());
     let samples: std::collections::BTreeSet<String> = text

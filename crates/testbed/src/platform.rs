@@ -34,6 +34,14 @@ use super::{LocalCpError, LocalFleet};
 pub const CUSTOMER: (&str, &[&str]) = ("customer-admin", &["cluster-admins"]);
 /// HyperShift's components' identity in the hosted cluster.
 pub const SYSTEM_ADMIN: (&str, &[&str]) = ("system:admin", &["system:masters"]);
+/// The hosted-cluster-config-operator's (HyperShift's pki/kas.go: `system:hosted-cluster-config`
+/// in `kubernetes` and `system:serviceaccounts:openshift`).
+pub const HCCO: (&str, &[&str]) = (
+    "system:hosted-cluster-config",
+    &["kubernetes", "system:serviceaccounts:openshift"],
+);
+/// The kube-apiserver's bootstrap container's (pki/kas.go), which applies the FeatureGate.
+pub const KAS_BOOTSTRAP: (&str, &[&str]) = ("system:kas-bootstrap-container", &["kubernetes"]);
 
 /// One write and its outcome.
 #[derive(Debug, Clone)]
@@ -58,16 +66,33 @@ impl Report {
 }
 
 fn resource(api_version: &str, kind: &str) -> (ApiResource, bool) {
+    if kind == "SecurityContextConstraints" {
+        return (
+            ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("security.openshift.io", "v1", kind),
+                "securitycontextconstraints",
+            ),
+            true,
+        );
+    }
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
     let plural = match kind {
         "CustomResourceDefinition" => "customresourcedefinitions".to_string(),
         "OperatorGroup" => "operatorgroups".to_string(),
         "Subscription" => "subscriptions".to_string(),
+        k if k.ends_with('s') => format!("{}es", k.to_lowercase()),
         k => format!("{}s", k.to_lowercase()),
     };
+    // The cluster config kinds (FeatureGate, Ingress, Network) are cluster-scoped too.
     let cluster_scoped = matches!(
         kind,
-        "Namespace" | "ClusterRole" | "ClusterRoleBinding" | "CustomResourceDefinition"
+        "Namespace"
+            | "ClusterRole"
+            | "ClusterRoleBinding"
+            | "CustomResourceDefinition"
+            | "FeatureGate"
+            | "Ingress"
+            | "Network"
     );
     (
         ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), &plural),
@@ -115,6 +140,34 @@ async fn create(report: &mut Report, by: &str, client: &Client, obj: Value) {
     report.writes.push(Write {
         by: by.to_string(),
         what,
+        outcome,
+    });
+}
+
+/// Creates `obj` (or finds it), then changes it by a merge patch of `change`: what an operator's
+/// reconcile sends, an UPDATE to every guard.
+async fn create_then_update(r: &mut Report, by: &str, client: &Client, obj: Value, change: Value) {
+    create(r, by, client, obj.clone()).await;
+    let api_version = obj["apiVersion"].as_str().unwrap_or_default();
+    let kind = obj["kind"].as_str().unwrap_or_default();
+    let name = obj["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let (ar, _) = resource(api_version, kind);
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+    let outcome = api
+        .patch(
+            &name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&change),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string());
+    r.writes.push(Write {
+        by: by.to_string(),
+        what: format!("{kind} {name} changed"),
         outcome,
     });
 }
@@ -228,6 +281,7 @@ pub async fn install(fleet: &LocalFleet, hosted: &str) -> Result<Report, LocalCp
         .hosted_client_for(hosted, CUSTOMER.0, CUSTOMER.1)
         .await?;
     control_plane(&mut r, &admin).await;
+    cluster_config(fleet, hosted, &mut r, &admin).await?;
     // The data-plane operators act once their pods run and hold their tokens.
     for (ns, sa, act) in [
         ("openshift-dns-operator", "dns-operator", Operator::Dns),
@@ -258,6 +312,14 @@ async fn control_plane(r: &mut Report, admin: &Client) {
         "cluster-admins",
         json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "cluster-admins"}),
     ));
+    // The rights of HyperShift's own certificate users (broader here than HyperShift's roles:
+    // what they write is what matters to the guards).
+    for user in [HCCO.0, KAS_BOOTSTRAP.0] {
+        objs.push(cluster_admin_binding(
+            &format!("hypershift-{}", user.trim_start_matches("system:")),
+            json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}),
+        ));
+    }
     for (ns, sa) in [
         ("openshift-dns-operator", "dns-operator"),
         ("openshift-monitoring", "cluster-monitoring-operator"),
@@ -300,6 +362,64 @@ async fn control_plane(r: &mut Report, admin: &Client) {
     for o in objs {
         create(r, by, admin, o).await;
     }
+}
+
+/// HyperShift's writes of the cluster's configuration, each by the component that makes it:
+/// the FeatureGate (the kube-apiserver's bootstrap container), the ingress config and the
+/// network operator's config (the hosted-cluster-config-operator), a default SCC (the
+/// cluster-version operator, `system:admin`).
+async fn cluster_config(
+    fleet: &LocalFleet,
+    hosted: &str,
+    r: &mut Report,
+    admin: &Client,
+) -> Result<(), LocalCpError> {
+    let bootstrap = fleet
+        .hosted_client_for(hosted, KAS_BOOTSTRAP.0, KAS_BOOTSTRAP.1)
+        .await?;
+    let hcco = fleet.hosted_client_for(hosted, HCCO.0, HCCO.1).await?;
+    let config = |api: &str, kind: &str, name: &str, spec: Value| json!({"apiVersion": api, "kind": kind, "metadata": {"name": name}, "spec": spec});
+    create_then_update(
+        r,
+        "system:kas-bootstrap-container (HyperShift's kube-apiserver bootstrap)",
+        &bootstrap,
+        config(
+            "config.openshift.io/v1",
+            "FeatureGate",
+            "cluster",
+            json!({}),
+        ),
+        // A feature set a HostedCluster may ask for that does not block upgrades.
+        json!({"spec": {"featureSet": "LatencySensitive"}}),
+    )
+    .await;
+    let by = "system:hosted-cluster-config (HyperShift's hosted-cluster-config-operator)";
+    create_then_update(
+        r,
+        by,
+        &hcco,
+        config("config.openshift.io/v1", "Ingress", "cluster", json!({})),
+        json!({"spec": {"domain": "apps.hc-1.example.com"}}),
+    )
+    .await;
+    create_then_update(
+        r,
+        by,
+        &hcco,
+        config("operator.openshift.io/v1", "Network", "cluster", json!({})),
+        json!({"spec": {"defaultNetwork": {"type": "OVNKubernetes"}}}),
+    )
+    .await;
+    create_then_update(
+        r,
+        "system:admin (HyperShift's cluster-version operator)",
+        admin,
+        json!({"apiVersion": "security.openshift.io/v1", "kind": "SecurityContextConstraints",
+               "metadata": {"name": "restricted-v2"}, "allowPrivilegedContainer": false, "priority": null}),
+        json!({"allowPrivilegeEscalation": false}),
+    )
+    .await;
+    Ok(())
 }
 
 #[derive(Clone, Copy)]
