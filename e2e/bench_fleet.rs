@@ -45,6 +45,8 @@ async fn run() -> Result<(), String> {
     let t = Instant::now();
     let fleet = LocalFleet::start(FleetOptions {
         install_fixtures: false,
+        // As in the scale bench: the agent against the API servers, no data planes beside.
+        data_plane: false,
         ..FleetOptions::with_hosted(n)
     })
     .await

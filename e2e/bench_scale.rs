@@ -464,6 +464,10 @@ async fn run() -> Result<(), String> {
     let fleet = LocalFleet::start(FleetOptions {
         hosted_clusters: hosted,
         install_fixtures: false,
+        // The bench measures the agent against the hosted API servers; sixteen controller
+        // managers and their kubelets would only load the two cores it shares (what a data
+        // plane means for the guards is e2e/data_plane.rs's).
+        data_plane: false,
         ..FleetOptions::default()
     })
     .await
