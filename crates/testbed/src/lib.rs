@@ -356,15 +356,9 @@ impl LocalFleet {
         user: &str,
         groups: &[&str],
     ) -> Result<Client, LocalCpError> {
-        let server = self
-            .hosted(hosted)
-            .ok_or_else(|| LocalCpError::InvalidName {
-                name: hosted.to_string(),
-                reason: "no such hosted cluster".into(),
-            })?;
         let yaml = self
             .pki
-            .client_kubeconfig(hosted, &server.url(), user, groups)?;
+            .client_kubeconfig(hosted, &self.hosted_url(hosted)?, user, groups)?;
         client_from_kubeconfig(&format!("{hosted} as {user}"), &yaml).await
     }
 
@@ -375,15 +369,22 @@ impl LocalFleet {
         hosted: &str,
         token: &str,
     ) -> Result<Client, LocalCpError> {
-        let server = self
-            .hosted(hosted)
+        let yaml = pki::render_token_kubeconfig(
+            hosted,
+            &self.hosted_url(hosted)?,
+            &self.pki.ca.cert_pem,
+            token,
+        );
+        client_from_kubeconfig(&format!("{hosted} with a token"), &yaml).await
+    }
+
+    fn hosted_url(&self, hosted: &str) -> Result<String, LocalCpError> {
+        self.hosted(hosted)
+            .map(ApiServer::url)
             .ok_or_else(|| LocalCpError::InvalidName {
                 name: hosted.to_string(),
                 reason: "no such hosted cluster".into(),
-            })?;
-        let yaml =
-            pki::render_token_kubeconfig(hosted, &server.url(), &self.pki.ca.cert_pem, token);
-        client_from_kubeconfig(&format!("{hosted} with a token"), &yaml).await
+            })
     }
 
     /// The data plane of hosted cluster `name` (`FleetOptions::data_plane`).
