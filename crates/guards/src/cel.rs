@@ -39,6 +39,16 @@ pub fn matches_any(value: &str, patterns: &[String]) -> Option<String> {
     (!terms.is_empty()).then(|| terms.join(" || "))
 }
 
+/// `value` matches one of `patterns` and none of `except` (`matches_any` twice), in CEL;
+/// `None` when there is no pattern.
+pub fn matches_any_except(value: &str, patterns: &[String], except: &[String]) -> Option<String> {
+    let m = matches_any(value, patterns)?;
+    Some(match matches_any(value, except) {
+        Some(e) => format!("(({m}) && !({e}))"),
+        None => format!("({m})"),
+    })
+}
+
 /// A denial template (`catalogue::denial`) as a CEL string expression, each placeholder
 /// replaced by the CEL expression `values` gives for it. A placeholder without one stays
 /// literal text, as `denial::fill` leaves it.

@@ -76,8 +76,18 @@ pub const DEFAULT_CLASSES: &[IdentityClass] = &[
 const SA_PREFIX: &str = "system:serviceaccount:";
 const SA_GROUP_PREFIX: &str = "system:serviceaccounts:";
 
+/// The user-name prefix and group of a kubelet's client certificate (`system:node:<name>` in
+/// `system:nodes`).
+pub const NODE_USER_PREFIX: &str = "system:node:";
+pub const NODES_GROUP: &str = "system:nodes";
+
+/// A kubelet's identity.
+pub fn is_node(user: &str, groups: &[String]) -> bool {
+    user.starts_with(NODE_USER_PREFIX) && groups.iter().any(|g| g == NODES_GROUP)
+}
+
 /// The namespace of a service-account user name (`system:serviceaccount:<ns>:<name>`).
-pub fn sa_namespace(user: &str) -> Option<&str> {
+fn sa_namespace(user: &str) -> Option<&str> {
     user.strip_prefix(SA_PREFIX)?
         .split_once(':')
         .map(|(ns, _)| ns)
@@ -112,44 +122,45 @@ pub fn user_matches_cel(
         .filter(|p| p.ends_with('*'))
         .cloned()
         .collect();
+    let customer: Vec<String> = customer_namespaces
+        .iter()
+        .map(|ns| match ns.strip_suffix('*') {
+            Some(prefix) => format!("{SA_PREFIX}{prefix}*"),
+            None => format!("{SA_PREFIX}{ns}:*"),
+        })
+        .collect();
     let exact = cel::matches_any(value, &exact);
-    let prefixed = cel::matches_any(value, &prefixes).map(|m| {
-        let customer: Vec<String> = customer_namespaces
-            .iter()
-            .map(|ns| match ns.strip_suffix('*') {
-                Some(prefix) => format!("{SA_PREFIX}{prefix}*"),
-                None => format!("{SA_PREFIX}{ns}:*"),
-            })
-            .collect();
-        match cel::matches_any(value, &customer) {
-            Some(c) => format!("(({m}) && !({c}))"),
-            None => format!("({m})"),
-        }
-    });
+    let prefixed = cel::matches_any_except(value, &prefixes, &customer);
     match (exact, prefixed) {
         (Some(e), Some(p)) => Some(format!("{e} || {p}")),
         (e, p) => e.or(p),
     }
 }
 
+/// `user` (with `groups`) is one of `users` or in one of `member_groups` (`user_matches`).
+pub fn is_member(
+    users: &[String],
+    member_groups: &[String],
+    user: &str,
+    groups: &[String],
+    customer_namespaces: &[String],
+) -> bool {
+    user_matches(users, user, customer_namespaces)
+        || groups.iter().any(|g| member_groups.contains(g))
+}
+
 /// Who sent a request, for counting denials: `node` (a kubelet's certificate), a class's name
 /// (`machinery`, `controlPlane`, …), or `tenant`. A denial of a node, the machinery, the
 /// control plane or a platform operator is a guard breaking the cluster (docs/runbook.md).
 pub fn sender_of(user: &str, groups: &[String], s: &crate::Settings) -> &'static str {
-    if user.starts_with("system:node:") && groups.iter().any(|g| g == "system:nodes") {
+    if is_node(user, groups) {
         return "node";
     }
     s.classes
         .iter()
-        .find(|c| {
-            user_matches(&c.users, user, &s.customer_namespaces)
-                || groups.iter().any(|g| c.groups.contains(g))
-        })
+        .find(|c| is_member(&c.users, &c.groups, user, groups, &s.customer_namespaces))
         .map_or("tenant", |c| c.class.name())
 }
-
-/// The senders whose denial is an alarm: the cluster's own machinery.
-pub const MACHINERY_SENDERS: &[&str] = &["node", "machinery", "controlPlane", "platformOperators"];
 
 /// The namespaces whose service accounts are members by `users` and `groups`
 /// (`system:serviceaccount:<ns>:…`, a prefix `system:serviceaccount:<prefix>*`,

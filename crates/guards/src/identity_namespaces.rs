@@ -23,7 +23,7 @@ use super::canary::Canary;
 use super::case::{Case, Want};
 use super::{CelForm, Guard, Scope, cel, matches};
 use crate::catalogue::{BuiltinRow, WebhookKind, denial, rule};
-use crate::identities::sa_namespaces;
+use crate::identities::{NODE_USER_PREFIX, NODES_GROUP, is_node, sa_namespaces};
 use crate::review::{Decision, Request};
 use hcp_fleet_model::Mode;
 
@@ -49,10 +49,6 @@ pub(crate) static ROW: BuiltinRow = BuiltinRow {
 
 const SA_TOKEN_TYPE: &str = "kubernetes.io/service-account-token";
 
-/// The user-name prefix and group of a kubelet's client certificate.
-pub(crate) const NODE_USER_PREFIX: &str = "system:node:";
-pub(crate) const NODES_GROUP: &str = "system:nodes";
-
 /// The namespaces whose names confer an exemption: the exempt namespaces, and the namespaces
 /// of the exempt service-account users and groups, as exact names or prefixes ending in '*'.
 /// The customer namespaces are taken out where the names are judged (`is_reserved`).
@@ -70,17 +66,12 @@ fn is_reserved(s: &Settings, reserved: &[String], ns: &str) -> bool {
 
 /// `is_reserved` in CEL over `value`; `None` when nothing is reserved.
 fn is_reserved_cel(s: &Settings, reserved: &[String], value: &str) -> Option<String> {
-    let r = cel::matches_any(value, reserved)?;
-    Some(match cel::matches_any(value, &s.customer_namespaces) {
-        Some(c) => format!("(({r}) && !({c}))"),
-        None => format!("({r})"),
-    })
+    cel::matches_any_except(value, reserved, &s.customer_namespaces)
 }
 
 /// A kubelet's request for the token of a pod bound to it (see the module's comment).
 fn is_kubelet_pod_token(req: &Request) -> bool {
-    req.user_info.username.starts_with(NODE_USER_PREFIX)
-        && req.user_info.groups.iter().any(|g| g == NODES_GROUP)
+    is_node(&req.user_info.username, &req.user_info.groups)
         && req
             .object
             .as_ref()
@@ -88,7 +79,13 @@ fn is_kubelet_pod_token(req: &Request) -> bool {
 }
 
 /// `is_kubelet_pod_token` in CEL.
-const KUBELET_POD_TOKEN: &str = "(request.userInfo.username.startsWith('system:node:') && has(request.userInfo.groups) && 'system:nodes' in request.userInfo.groups && object != null && has(object.spec) && has(object.spec.boundObjectRef) && has(object.spec.boundObjectRef.kind) && object.spec.boundObjectRef.kind == 'Pod')";
+fn kubelet_pod_token_cel() -> String {
+    format!(
+        "(request.userInfo.username.startsWith({}) && has(request.userInfo.groups) && {} in request.userInfo.groups && object != null && has(object.spec) && has(object.spec.boundObjectRef) && has(object.spec.boundObjectRef.kind) && object.spec.boundObjectRef.kind == 'Pod')",
+        cel::string(NODE_USER_PREFIX),
+        cel::string(NODES_GROUP)
+    )
+}
 
 impl Guard for IdentityNamespaces {
     fn row(&self) -> &'static BuiltinRow {
@@ -142,6 +139,7 @@ impl Guard for IdentityNamespaces {
             .map(|m| format!("(has(request.namespace) && {m})"))
             .unwrap_or_else(|| "false".into());
         let sub = "(has(request.subResource) ? request.subResource : '')";
+        let kubelet_pod_token = kubelet_pod_token_cel();
         let sa_secret = format!(
             "(object != null && has(object.type) && object.type == {})",
             cel::string(SA_TOKEN_TYPE)
@@ -153,7 +151,7 @@ impl Guard for IdentityNamespaces {
             expression: format!(
                 "request.operation != 'CREATE' || request.resource.group != '' \
                  || (request.resource.resource == 'namespaces' && {sub} == '' ? !({name_reserved}) \
-                 : (request.resource.resource == 'serviceaccounts' && {sub} == 'token' && {KUBELET_POD_TOKEN}) ? true \
+                 : (request.resource.resource == 'serviceaccounts' && {sub} == 'token' && {kubelet_pod_token}) ? true \
                  : ((request.resource.resource == 'serviceaccounts' && ({sub} == '' || {sub} == 'token')) \
                     || (request.resource.resource == 'secrets' && {sub} == '' && {sa_secret})) ? !{ns_reserved} : true)"
             ),

@@ -68,7 +68,12 @@ impl Settings {
 
     /// Some guard exempts `user` (with `groups`): an identity a tenant must not reach.
     pub fn exempts_anywhere(&self, user: &str, groups: &[String]) -> bool {
-        crate::identities::user_matches(&self.exempt_users, user, &self.customer_namespaces)
-            || groups.iter().any(|g| self.exempt_groups.contains(g))
+        crate::identities::is_member(
+            &self.exempt_users,
+            &self.exempt_groups,
+            user,
+            groups,
+            &self.customer_namespaces,
+        )
     }
 }

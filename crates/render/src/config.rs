@@ -1145,55 +1145,50 @@ impl AgentConfig {
                 ));
             }
         }
-        for (field, entries, kind) in [
-            ("admission.exemptUsers", &a.exempt_users, Exempted::User),
-            ("admission.exemptGroups", &a.exempt_groups, Exempted::Group),
+        // Every list that exempts someone is held to the same guardrails, whichever field it
+        // is in: the every-guard lists, a class's members, a guard's own additions.
+        let mut lists: Vec<(String, &Vec<String>, Exempted)> = vec![
             (
-                "admission.exemptNamespaces",
+                "admission.exemptUsers".into(),
+                &a.exempt_users,
+                Exempted::User,
+            ),
+            (
+                "admission.exemptGroups".into(),
+                &a.exempt_groups,
+                Exempted::Group,
+            ),
+            (
+                "admission.exemptNamespaces".into(),
                 &a.exempt_namespaces,
                 Exempted::Namespace,
             ),
             (
-                "admission.customerNamespaces",
+                "admission.customerNamespaces".into(),
                 &a.customer_namespaces,
                 Exempted::Namespace,
             ),
-        ] {
+        ];
+        for class in IdentityClass::ALL {
+            let m = a.identity_classes.members(class);
+            let at = format!("admission.identityClasses.{}", class.name());
+            lists.push((format!("{at}.users"), &m.users, Exempted::User));
+            lists.push((format!("{at}.groups"), &m.groups, Exempted::Group));
+        }
+        for w in &self.webhooks {
+            let at = format!("webhooks[{}]", w.name);
+            lists.push((format!("{at}.exemptUsers"), &w.exempt_users, Exempted::User));
+            lists.push((
+                format!("{at}.exemptGroups"),
+                &w.exempt_groups,
+                Exempted::Group,
+            ));
+        }
+        for (field, entries, kind) in lists {
             p.extend(
                 entries
                     .iter()
-                    .filter_map(|e| exemption_problem(field, e, kind)),
-            );
-        }
-        // Every list that exempts someone is held to the same guardrails, whichever field it
-        // is in: a class's members, a guard's own additions.
-        for class in IdentityClass::ALL {
-            let m = a.identity_classes.members(class);
-            let users = format!("admission.identityClasses.{}.users", class.name());
-            let groups = format!("admission.identityClasses.{}.groups", class.name());
-            p.extend(
-                m.users
-                    .iter()
-                    .filter_map(|e| exemption_problem(&users, e, Exempted::User)),
-            );
-            p.extend(
-                m.groups
-                    .iter()
-                    .filter_map(|e| exemption_problem(&groups, e, Exempted::Group)),
-            );
-        }
-        for w in &self.webhooks {
-            let users = format!("webhooks[{}].exemptUsers", w.name);
-            let groups = format!("webhooks[{}].exemptGroups", w.name);
-            p.extend(
-                w.exempt_users
-                    .iter()
-                    .filter_map(|e| exemption_problem(&users, e, Exempted::User)),
-            );
-            p.extend(
-                w.exempt_groups
-                    .iter()
-                    .filter_map(|e| exemption_problem(&groups, e, Exempted::Group)),
+                    .filter_map(|e| exemption_problem(&field, e, kind)),
             );
         }
     }

@@ -35,7 +35,8 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
 use super::process::ManagedProcess;
-use super::{AbortOnDrop, LocalCpError, client_from_kubeconfig, io};
+use super::{AbortOnDrop, LocalCpError, api_now, client_from_kubeconfig, io};
+use hcp_fleet_guards::identities::{NODE_USER_PREFIX, NODES_GROUP};
 
 /// The controllers the test bed's controller managers run: those a hosted cluster's pods and
 /// identities depend on. Every name is valid for 1.20 and, as an alias, for 1.36.
@@ -51,10 +52,6 @@ pub const CONTROLLERS: &[&str] = &[
     "job",
     "root-ca-cert-publisher",
 ];
-
-/// The kubelet's user-name prefix and group (pkg/kubelet/certificate: `system:node:<name>`,
-/// organisation `system:nodes`).
-pub const NODE_GROUP: &str = "system:nodes";
 
 /// How many nodes each hosted cluster gets by default.
 pub const DEFAULT_NODES: usize = 2;
@@ -189,10 +186,10 @@ pub(crate) async fn start(s: Start<'_>) -> Result<DataPlane, LocalCpError> {
     ))));
     let tokens = Arc::new(Mutex::new(Vec::new()));
     for node in &nodes {
-        let user = format!("system:node:{node}");
+        let user = format!("{NODE_USER_PREFIX}{node}");
         let client = client_from_kubeconfig(
             &format!("{} kubelet {node}", s.name),
-            &kubeconfig(&user, &[NODE_GROUP])?,
+            &kubeconfig(&user, &[NODES_GROUP])?,
         )
         .await?;
         tasks.push(AbortOnDrop(tokio::spawn(kubelet(
@@ -278,7 +275,7 @@ fn node_object(name: &str) -> Value {
 }
 
 fn node_status() -> Value {
-    let now = chrono_now();
+    let now = api_now();
     json!({"status": {
         "capacity": {"cpu": "8", "memory": "32Gi", "pods": "250"},
         "allocatable": {"cpu": "7500m", "memory": "30Gi", "pods": "250"},
@@ -286,12 +283,6 @@ fn node_status() -> Value {
             "message": "kubelet is posting ready status", "lastHeartbeatTime": now, "lastTransitionTime": now}],
         "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
     }})
-}
-
-/// RFC 3339 now, in whole seconds, as the API keeps its times.
-fn chrono_now() -> String {
-    let now = jiff::Timestamp::now();
-    now.round(jiff::Unit::Second).unwrap_or(now).to_string()
 }
 
 /// One projected service-account token a pod's volumes ask for: audience, lifetime.
@@ -504,7 +495,7 @@ async fn request_token(
 async fn report_running(client: &Client, pod: &Pod) {
     let Some(ns) = pod.namespace() else { return };
     let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let now = chrono_now();
+    let now = api_now();
     let statuses: Vec<Value> = pod
         .spec
         .as_ref()

@@ -303,11 +303,7 @@ pub async fn set_hcp_ready(
                 }
                 .into(),
             ),
-            last_transition_time: Some(
-                jiff::Timestamp::now()
-                    .strftime("%Y-%m-%dT%H:%M:%SZ")
-                    .to_string(),
-            ),
+            last_transition_time: Some(super::api_now()),
         }],
         // Required by HyperShift's CRD beside `ready`.
         extra: BTreeMap::from([("initialized".to_string(), serde_json::json!(true))]),

@@ -668,9 +668,7 @@ async fn write_status(
 ) -> Result<(), String> {
     let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
     let available = ready >= want;
-    let now = jiff::Timestamp::now()
-        .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string();
+    let now = super::api_now();
     let status = serde_json::json!({"status": {
         "observedGeneration": d.metadata.generation.unwrap_or(1),
         "replicas": total,

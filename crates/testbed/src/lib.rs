@@ -481,6 +481,13 @@ fn as_a_hosted_cluster(args: &mut Vec<String>) {
     args.push("--enable-admission-plugins=NodeRestriction".into());
 }
 
+/// Now, as the API keeps a Time: RFC 3339 in whole seconds.
+pub(crate) fn api_now() -> String {
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
 /// The test bed's API servers listen on loopback ports, which the agent's default
 /// `hostedAccess.allowedServers` refuses; the test bed's configuration allows them by name.
 pub(crate) const LOOPBACK_SERVERS: &str = "https://127.0.0.1:*";

@@ -132,12 +132,12 @@ pub(crate) fn render_kubeconfig(
     cert_pem: &str,
     key_pem: &str,
 ) -> String {
-    format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: {name}\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: admin\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\ncontexts:\n- name: {name}\n  context:\n    cluster: {name}\n    user: admin\ncurrent-context: {name}\n",
-        ca = B64.encode(ca_pem),
-        cert = B64.encode(cert_pem),
-        key = B64.encode(key_pem),
-    )
+    let user = format!(
+        "client-certificate-data: {}\n    client-key-data: {}",
+        B64.encode(cert_pem),
+        B64.encode(key_pem),
+    );
+    with_user(name, server, ca_pem, &user)
 }
 
 /// A kubeconfig with one cluster and a bearer-token user.
@@ -147,8 +147,14 @@ pub(crate) fn render_token_kubeconfig(
     ca_pem: &str,
     token: &str,
 ) -> String {
+    with_user(name, server, ca_pem, &format!("token: {token}"))
+}
+
+/// One cluster, one user whose credentials are `user` (YAML at the user's indentation), one
+/// context.
+fn with_user(name: &str, server: &str, ca_pem: &str, user: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: {name}\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: token\n  user:\n    token: {token}\ncontexts:\n- name: {name}\n  context:\n    cluster: {name}\n    user: token\ncurrent-context: {name}\n",
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: {name}\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: admin\n  user:\n    {user}\ncontexts:\n- name: {name}\n  context:\n    cluster: {name}\n    user: admin\ncurrent-context: {name}\n",
         ca = B64.encode(ca_pem),
     )
 }

@@ -343,7 +343,9 @@ async fn admit(State(st): State<Arc<AppState>>, req: Request) -> Response {
         })?;
         // Who was denied: a denial of the cluster's own machinery is an alarm. The probe's
         // denials are its answers, not denials.
-        if (!d.allowed || d.audit_annotations.contains_key("would-deny")) && name != "probe" {
+        if (!d.allowed || d.audit_annotations.contains_key("would-deny"))
+            && hcp_fleet_guards::scope_of(&path) != hcp_fleet_guards::Scope::Everyone
+        {
             let sender = hcp_fleet_guards::identities::sender_of(
                 &r.user_info.username,
                 &r.user_info.groups,
