@@ -263,11 +263,88 @@ async fn the_cluster_runs_under_every_guard(engine: GuardEngine) {
         || {
             let tokens = dp.tokens();
             async move {
-                tokens
+                let mine: Vec<_> = tokens
                     .iter()
-                    .any(|t| t.namespace == "team-a" && t.pod == "mine" && t.outcome.is_ok())
+                    .filter(|t| t.namespace == "team-a" && t.pod == "mine")
+                    .collect();
+                mine.iter()
+                    .any(|t| t.outcome.is_ok())
                     .then_some(())
-                    .ok_or_else(|| "no token yet".to_string())
+                    .ok_or_else(|| format!("its kubelet's token requests so far: {mine:?}"))
+            }
+        },
+    )
+    .await;
+}
+
+/// A guard that denies the cluster's own requests shows on the HCP's health record (#59, item
+/// 5): the ingress-config guard configured without HyperShift's control plane among its
+/// classes (a misconfiguration an operator could make) denies the hosted-cluster-config
+/// operator's write of the ingress config, and the admission service's next answer to the
+/// probe says so under its proof, so the record's e2e-probe concern turns NonCompliant, naming
+/// the guard and the sender.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_that_denies_the_clusters_own_requests_shows_on_the_health_record() {
+    use hcp_fleet_guards::identities::IdentityClass;
+    let _ = support::assets_or_skip_reason().expect("test bed binaries");
+    let mut cfg = enforced_on(GuardEngine::Webhook);
+    for w in &mut cfg.webhooks {
+        if w.path == hcp_fleet_guards::ingress_config::ROW.path {
+            w.exempt_classes = Some(vec![
+                IdentityClass::Machinery,
+                IdentityClass::PlatformOperators,
+                IdentityClass::Sre,
+            ]);
+        }
+    }
+    cfg.probe_interval_seconds = 5;
+    let bed = support::agent_bed(cfg).await.expect("bed");
+    support::wait_compliant(&bed.mgmt, &[HOSTED]).await;
+    let report = platform::install(&bed.fleet, HOSTED)
+        .await
+        .expect("the platform fixture");
+    // The guard refuses exactly the control plane's ingress config write.
+    let refused: Vec<String> = report
+        .refused()
+        .iter()
+        .map(|w| format!("{} by {}: {:?}", w.what, w.by, w.outcome))
+        .collect();
+    assert!(
+        !refused.is_empty()
+            && refused.iter().all(|r| {
+                r.contains(platform::HCCO.0)
+                    && r.contains(hcp_fleet_guards::ingress_config::ROW.name)
+            }),
+        "only the hosted-cluster-config operator's ingress write is refused: {refused:#?}"
+    );
+    let ns = hcp_fleet_testbed::fixtures::hcp_namespace(HOSTED);
+    let want = format!(
+        "{} denied controlPlane",
+        hcp_fleet_guards::ingress_config::ROW.name
+    );
+    eventually(
+        "the e2e-probe concern NonCompliant, naming the guard and the sender",
+        Duration::from_secs(60),
+        || {
+            let mgmt = bed.mgmt.clone();
+            let ns = ns.clone();
+            let want = want.clone();
+            async move {
+                let h = support::health(&mgmt, &ns).await?;
+                let probe = h
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.concerns.iter().find(|c| c.name == "e2e-probe"))
+                    .ok_or("no e2e-probe concern")?;
+                let newest = probe
+                    .history
+                    .first()
+                    .map(|e| e.message.as_str())
+                    .unwrap_or("");
+                let nc = probe.compliant.map(|c| c.as_str()) == Some("NonCompliant");
+                (nc && newest.contains(&want) && newest.contains("HcpFleetGuardBreaksTheCluster"))
+                    .then_some(())
+                    .ok_or_else(|| format!("{:?}: {newest}", probe.compliant))
             }
         },
     )

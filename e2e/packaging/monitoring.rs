@@ -95,6 +95,26 @@ fn dashboard_and_alerts_name_only_exported_metrics() {
     ] {
         assert!(alerts.iter().any(|a| a == want), "alert {want}");
     }
+    // The alert and the probe's report (docs/admission.md, "When a guard denies the cluster")
+    // count the same senders as the cluster's own.
+    let breaks = rule["spec"]["groups"]
+        .as_array()
+        .expect("groups")
+        .iter()
+        .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+        .find(|r| r["alert"] == "HcpFleetGuardBreaksTheCluster")
+        .expect("alert HcpFleetGuardBreaksTheCluster");
+    let senders = format!(
+        "sender=~\"{}\"",
+        hcp_fleet_guards::identities::CLUSTER_SENDERS.join("|")
+    );
+    assert!(
+        breaks["expr"]
+            .as_str()
+            .is_some_and(|e| e.contains(&senders)),
+        "HcpFleetGuardBreaksTheCluster matches {senders}: {}",
+        breaks["expr"]
+    );
     for e in &exprs {
         let names = metric_names(e);
         assert!(!names.is_empty(), "{e} queries a metric");

@@ -53,7 +53,7 @@ impl IdentityClass {
         IdentityClass::CustomerAdmins,
     ];
 
-    pub fn name(self) -> &'static str {
+    pub const fn name(self) -> &'static str {
         match self {
             IdentityClass::Machinery => "machinery",
             IdentityClass::ControlPlane => "controlPlane",
@@ -147,6 +147,22 @@ pub fn is_member(
 ) -> bool {
     user_matches(users, user, customer_namespaces)
         || groups.iter().any(|g| member_groups.contains(g))
+}
+
+/// The senders (`sender_of`) that are the hosted cluster itself: a denial of one of them is a
+/// guard breaking the cluster (the alert `HcpFleetGuardBreaksTheCluster` and the probe's
+/// report name the same four). SRE and the customer's admins are people; a guard may say no
+/// to them.
+pub const CLUSTER_SENDERS: [&str; 4] = [
+    "node",
+    IdentityClass::Machinery.name(),
+    IdentityClass::ControlPlane.name(),
+    IdentityClass::PlatformOperators.name(),
+];
+
+/// Whether `sender` (`sender_of`) is the hosted cluster itself (`CLUSTER_SENDERS`).
+pub fn is_the_cluster(sender: &str) -> bool {
+    CLUSTER_SENDERS.contains(&sender)
 }
 
 /// Who sent a request, for counting denials: `node` (a kubelet's certificate), a class's name

@@ -85,17 +85,34 @@ impl ProbeKey {
         Some(Self(Arc::from(bytes?.as_slice())))
     }
 
-    /// The proof for `nonce`: HMAC-SHA256, hex.
-    pub(crate) fn prove(&self, nonce: &str) -> String {
+    /// The proof for `nonce` and the text it vouches for (`covered`, empty for none):
+    /// HMAC-SHA256, hex. With nothing covered it is the proof of the nonce alone, as replicas
+    /// from before the report make it.
+    pub(crate) fn prove(&self, nonce: &str, covered: &str) -> String {
         let k = hmac::Key::new(hmac::HMAC_SHA256, &self.0);
-        hex(hmac::sign(&k, nonce.as_bytes()).as_ref())
+        let tag = if covered.is_empty() {
+            hmac::sign(&k, nonce.as_bytes())
+        } else {
+            hmac::sign(&k, format!("{nonce}\n{covered}").as_bytes())
+        };
+        hex(tag.as_ref())
     }
 
-    /// Whether `message` (the probe's denial as the API server relays it) carries the proof
-    /// for `nonce`.
+    /// Whether `message` (a denial as the API server relays it) carries the proof for
+    /// `nonce`: of the nonce alone, or of the nonce and the probe's report (`report`).
     pub fn proven(&self, nonce: &str, message: &str) -> bool {
-        let want = format!("{PROOF_MARK}{})", self.prove(nonce));
-        message.ends_with(&want)
+        message.ends_with(&format!("{PROOF_MARK}{})", self.prove(nonce, "")))
+            || self.report(nonce, message).is_some()
+    }
+
+    /// The report of the cluster's own requests denied that a probe's answer carries, where
+    /// the proof vouches for it: the pairs of `REPORT_MARK`'s list, as the service wrote them.
+    pub fn report<'m>(&self, nonce: &str, message: &'m str) -> Option<&'m str> {
+        let at = message.find(REPORT_MARK)?;
+        let end = message.rfind(PROOF_MARK)?;
+        let covered = message.get(at..end)?;
+        let want = format!("{PROOF_MARK}{})", self.prove(nonce, covered));
+        (message.get(end..)? == want).then(|| &covered[REPORT_MARK.len()..])
     }
 }
 
@@ -127,15 +144,35 @@ pub fn nonce_of(req: &Request) -> Option<&str> {
 
 /// A denial's message with the proof of `nonce` under `key` after it.
 pub fn signed(message: &str, key: &ProbeKey, nonce: &str) -> String {
-    format!("{message}{PROOF_MARK}{})", key.prove(nonce))
+    format!("{message}{PROOF_MARK}{})", key.prove(nonce, ""))
 }
 
-/// The service's answer to a probe: `PROBE_ANSWER`, with the proof of its nonce where the
-/// request carries one and the service holds the key.
-pub fn answer(key: Option<&ProbeKey>, nonce: Option<&str>) -> String {
+/// What precedes, in the probe's answer, the guards and senders of the hosted cluster's own
+/// requests the service denied lately (`OwnDenials` in the admission service). The proof
+/// covers it, so the agent can put it on the health record: a tenant cannot write it, nor
+/// strip it from the service's answer.
+pub const REPORT_MARK: &str =
+    "; it denied the hosted cluster's own requests in the last 10 minutes: ";
+/// How long a denial of the cluster's own requests stays in the probe's report: the alert's
+/// window (`increase(...[10m])`), the same 10 minutes `REPORT_MARK` names.
+pub const REPORT_WINDOW: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The service's answer to a probe: `PROBE_ANSWER`, then the report of the cluster's own
+/// requests it denied lately (`denied`: "<webhook> denied <sender>" each; none, nothing),
+/// then the proof of the nonce and report where the request carries a nonce and the service
+/// holds the key.
+pub fn answer(key: Option<&ProbeKey>, nonce: Option<&str>, denied: &[String]) -> String {
+    let covered = if denied.is_empty() {
+        String::new()
+    } else {
+        format!("{REPORT_MARK}{}", denied.join(", "))
+    };
     match (key, nonce) {
-        (Some(k), Some(n)) => signed(PROBE_ANSWER, k, n),
-        _ => PROBE_ANSWER.to_string(),
+        (Some(k), Some(n)) => format!(
+            "{PROBE_ANSWER}{covered}{PROOF_MARK}{})",
+            k.prove(n, &covered)
+        ),
+        _ => format!("{PROBE_ANSWER}{covered}"),
     }
 }
 
@@ -219,18 +256,50 @@ mod tests {
         assert_eq!(n.len(), 32);
         let said =
             |a: String| format!("admission webhook \"{}\" denied the request: {a}", ROW.name);
-        assert!(key.proven(&n, &said(answer(Some(&key), Some(&n)))));
+        assert!(key.proven(&n, &said(answer(Some(&key), Some(&n), &[]))));
         // The words alone, another key's proof, another nonce's proof: none of them.
-        assert!(!key.proven(&n, &said(answer(None, Some(&n)))));
-        assert!(!key.proven(&n, &said(answer(Some(&other), Some(&n)))));
+        assert!(!key.proven(&n, &said(answer(None, Some(&n), &[]))));
+        assert!(!key.proven(&n, &said(answer(Some(&other), Some(&n), &[]))));
         let m = nonce().expect("random");
-        assert!(!key.proven(&n, &said(answer(Some(&key), Some(&m)))));
+        assert!(!key.proven(&n, &said(answer(Some(&key), Some(&m), &[]))));
         // A proof followed by anything else is not the service's answer.
         assert!(!key.proven(
             &n,
-            &format!("{} and more", said(answer(Some(&key), Some(&n))))
+            &format!("{} and more", said(answer(Some(&key), Some(&n), &[])))
         ));
         assert_eq!(format!("{key:?}"), "ProbeKey(<redacted>)");
+    }
+
+    #[test]
+    fn a_report_is_taken_only_under_the_proof_of_its_own_words() {
+        let key = ProbeKey::generate().expect("random");
+        let n = nonce().expect("random");
+        let said =
+            |a: String| format!("admission webhook \"{}\" denied the request: {a}", ROW.name);
+        let denied = vec![
+            "identity-namespaces.hcp-fleet.openshift.io denied node".to_string(),
+            "scc.hcp-fleet.openshift.io denied platformOperators".to_string(),
+        ];
+        let answered = said(answer(Some(&key), Some(&n), &denied));
+        assert!(key.proven(&n, &answered));
+        assert_eq!(key.report(&n, &answered), Some(denied.join(", ").as_str()));
+        // No report: the proof of the nonce alone, as before the report.
+        let plain = said(answer(Some(&key), Some(&n), &[]));
+        assert!(key.proven(&n, &plain));
+        assert_eq!(key.report(&n, &plain), None);
+        // A report edited, added under the nonce's own proof, or moved to another nonce: no.
+        let edited = answered.replace("denied node", "denied tenant");
+        assert!(!key.proven(&n, &edited));
+        let added = said(format!(
+            "{PROBE_ANSWER}{REPORT_MARK}x denied node{PROOF_MARK}{})",
+            key.prove(&n, "")
+        ));
+        assert_eq!(key.report(&n, &added), None);
+        let m = nonce().expect("random");
+        assert!(!key.proven(&m, &answered));
+        // Stripped of its report, the answer no longer carries a valid proof.
+        let stripped = answered.replacen(&format!("{REPORT_MARK}{}", denied.join(", ")), "", 1);
+        assert!(!key.proven(&n, &stripped));
     }
 
     #[test]

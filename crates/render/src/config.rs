@@ -826,12 +826,18 @@ pub fn add_guardrails(schema: &mut serde_json::Value) {
     let timeout = &mut schema["$defs"]["WebhookDefinition"]["properties"]["timeoutSeconds"];
     timeout["minimum"] = json!(WEBHOOK_TIMEOUT.start());
     timeout["maximum"] = json!(WEBHOOK_TIMEOUT.end());
-    for (field, kind) in [
-        ("exemptUsers", Exempted::User),
-        ("exemptGroups", Exempted::Group),
-        ("exemptNamespaces", Exempted::Namespace),
+    // Every list `admission_problems` holds to the exemption guardrails, here as there.
+    for (def, field, kind) in [
+        ("AdmissionConfig", "exemptUsers", Exempted::User),
+        ("AdmissionConfig", "exemptGroups", Exempted::Group),
+        ("AdmissionConfig", "exemptNamespaces", Exempted::Namespace),
+        ("AdmissionConfig", "customerNamespaces", Exempted::Namespace),
+        ("Members", "users", Exempted::User),
+        ("Members", "groups", Exempted::Group),
+        ("WebhookDefinition", "exemptUsers", Exempted::User),
+        ("WebhookDefinition", "exemptGroups", Exempted::Group),
     ] {
-        schema["$defs"]["AdmissionConfig"]["properties"][field]["items"] = exemption_schema(kind);
+        schema["$defs"][def]["properties"][field]["items"] = exemption_schema(kind);
     }
 }
 
@@ -1779,6 +1785,81 @@ admission:
             "concurrency must be at least 1",
         ] {
             assert!(text.contains(want), "{want}: {text}");
+        }
+    }
+
+    /// Every list the agent holds to the exemption guardrails is held to them by the chart's
+    /// schema as well: "*" (which means everyone) refused by both, in each of them.
+    #[test]
+    fn every_exemption_list_the_agent_checks_the_values_schema_checks() {
+        let mut schema = serde_json::to_value(schemars::schema_for!(AgentConfig)).expect("schema");
+        add_guardrails(&mut schema);
+        let cases: [(&[&str], &str, &str); 8] = [
+            (
+                &["admission", "exemptUsers"],
+                "AdmissionConfig",
+                "exemptUsers",
+            ),
+            (
+                &["admission", "exemptGroups"],
+                "AdmissionConfig",
+                "exemptGroups",
+            ),
+            (
+                &["admission", "exemptNamespaces"],
+                "AdmissionConfig",
+                "exemptNamespaces",
+            ),
+            (
+                &["admission", "customerNamespaces"],
+                "AdmissionConfig",
+                "customerNamespaces",
+            ),
+            (
+                &["admission", "identityClasses", "sre", "users"],
+                "Members",
+                "users",
+            ),
+            (
+                &["admission", "identityClasses", "machinery", "groups"],
+                "Members",
+                "groups",
+            ),
+            (
+                &["webhooks", "0", "exemptUsers"],
+                "WebhookDefinition",
+                "exemptUsers",
+            ),
+            (
+                &["webhooks", "0", "exemptGroups"],
+                "WebhookDefinition",
+                "exemptGroups",
+            ),
+        ];
+        for (path, def, field) in cases {
+            let items = &schema["$defs"][def]["properties"][field]["items"];
+            let re = regex::Regex::new(items["pattern"].as_str().expect("a pattern"))
+                .expect("the pattern compiles");
+            assert!(!re.is_match("*"), "{def}.{field} lets '*' through");
+            assert!(re.is_match("osd-sre-admins"), "{def}.{field}");
+            let mut c = serde_json::to_value(AgentConfig::default()).expect("json");
+            let mut at = &mut c;
+            for part in path {
+                at = match part.parse::<usize>() {
+                    Ok(i) => &mut at[i],
+                    Err(_) => &mut at[*part],
+                };
+            }
+            *at = serde_json::json!(["*"]);
+            let cfg: AgentConfig = serde_json::from_value(c).expect("typed");
+            let last = path.last().copied().unwrap_or_default();
+            assert!(
+                cfg.problems()
+                    .iter()
+                    .any(|p| p.contains(last) && p.contains("\"*\"")),
+                "the agent refuses '*' in {path:?}: {:?}",
+                cfg.problems()
+            );
         }
     }
 

@@ -256,10 +256,26 @@ async fn schedule(client: Client, nodes: Vec<String>) {
             "metadata": {"name": name, "namespace": ns},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         });
-        // A pod gone or bound meanwhile is not an error worth more than the next event.
-        let _ = api
-            .create_subresource::<Value, Value>("binding", &name, &PostParams::default(), &binding)
-            .await;
+        // A pod gone or bound meanwhile needs nothing more; a server that did not answer is
+        // asked again (the watch would not bring this pod back by itself).
+        let mut backoff = Duration::from_millis(200);
+        for _ in 0..8 {
+            let bound = api
+                .create_subresource::<Value, Value>(
+                    "binding",
+                    &name,
+                    &PostParams::default(),
+                    &binding,
+                )
+                .await;
+            match bound {
+                Err(e) if retried(&e) => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                _ => break,
+            }
+        }
     }
 }
 
@@ -390,51 +406,73 @@ fn micro_now() -> String {
     format!("{:.6}", jiff::Timestamp::now())
 }
 
+/// The kubelet's pod loop: one task per pod bound to `node`, as the kubelet's pod workers are,
+/// so a pod whose token waits on the Node authorizer never holds up another pod or the watch.
 async fn run_pods(client: Client, node: String, tokens: Arc<Mutex<Vec<TokenRecord>>>) {
     let pods: Api<Pod> = Api::all(client.clone());
     let cfg = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-    // Per pod UID: when each of its tokens is due again (80 % of its life).
-    let mut due: HashMap<String, (Pod, Vec<Instant>)> = HashMap::new();
+    let mut workers: HashMap<String, AbortOnDrop> = HashMap::new();
+    // The watcher re-lists by itself after an error; the pause keeps a down server from
+    // being hammered while it does.
     let mut stream = watcher(pods, cfg).applied_objects().boxed();
-    let mut tick = tokio::time::interval(Duration::from_secs(30));
+    while let Some(ev) = stream.next().await {
+        let Ok(pod) = ev else {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        };
+        let uid = pod.uid().unwrap_or_default();
+        if pod.metadata.deletion_timestamp.is_some() {
+            workers.remove(&uid);
+            continue;
+        }
+        if workers.contains_key(&uid) {
+            continue;
+        }
+        let worker = pod_worker(client.clone(), node.clone(), pod, tokens.clone());
+        workers.insert(uid, AbortOnDrop(tokio::spawn(worker)));
+    }
+}
+
+/// One pod's worker: its tokens, its status, then each token again at 80 % of its life (the
+/// token manager's refresh). Runs until the pod goes (aborted by `run_pods`).
+async fn pod_worker(client: Client, node: String, pod: Pod, tokens: Arc<Mutex<Vec<TokenRecord>>>) {
+    let sources = projected_tokens(&pod);
+    let refresh = |secs: i64| Duration::from_secs(u64::try_from(secs).unwrap_or(3600) * 8 / 10);
+    let mut due = Vec::with_capacity(sources.len());
+    for (aud, secs) in &sources {
+        request_token(&client, &node, &pod, aud.as_deref(), *secs, &tokens).await;
+        due.push(Instant::now() + refresh(*secs));
+    }
+    report_running(&client, &pod).await;
     loop {
-        tokio::select! {
-            ev = stream.next() => {
-                let Some(ev) = ev else { return };
-                let Ok(pod) = ev else {
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                    continue;
-                };
-                if pod.metadata.deletion_timestamp.is_some() {
-                    due.remove(&pod.uid().unwrap_or_default());
-                    continue;
-                }
-                let uid = pod.uid().unwrap_or_default();
-                if due.contains_key(&uid) {
-                    continue;
-                }
-                let sources = projected_tokens(&pod);
-                let mut next = Vec::new();
-                for (aud, secs) in &sources {
-                    request_token(&client, &node, &pod, aud.as_deref(), *secs, &tokens).await;
-                    next.push(Instant::now() + Duration::from_secs((*secs as u64) * 8 / 10));
-                }
-                report_running(&client, &pod).await;
-                due.insert(uid, (pod, next));
-            }
-            _ = tick.tick() => {
-                let now = Instant::now();
-                for (pod, next) in due.values_mut() {
-                    let sources = projected_tokens(pod);
-                    for (i, (aud, secs)) in sources.iter().enumerate() {
-                        if next.get(i).is_some_and(|t| *t <= now) {
-                            request_token(&client, &node, pod, aud.as_deref(), *secs, &tokens).await;
-                            next[i] = now + Duration::from_secs((*secs as u64) * 8 / 10);
-                        }
-                    }
-                }
+        let Some(next) = due.iter().min().copied() else {
+            return;
+        };
+        tokio::time::sleep_until(next.into()).await;
+        let now = Instant::now();
+        for (i, (aud, secs)) in sources.iter().enumerate() {
+            if due[i] <= now {
+                request_token(&client, &node, &pod, aud.as_deref(), *secs, &tokens).await;
+                due[i] = Instant::now() + refresh(*secs);
             }
         }
+    }
+}
+
+/// Whether a failed token request is one the kubelet's volume manager simply retries: the
+/// Node authorizer not yet knowing the pod's binding (its graph learns it from its own watch,
+/// so a request sent the moment the kubelet sees the pod may come first), or the server not
+/// answering (a 429 or 5xx, a connection lost). A refusal by admission is final and kept as
+/// it came.
+fn retried(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => {
+            (s.code == 403 && s.message.contains("no relationship found"))
+                || s.code == 429
+                || s.code >= 500
+        }
+        kube::Error::Service(_) | kube::Error::HyperError(_) => true,
+        _ => false,
     }
 }
 
@@ -454,22 +492,18 @@ async fn request_token(
         .unwrap_or_else(|| "default".into());
     let api: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), &ns);
     let body = token_request(pod, audience, seconds);
-    // The Node authorizer learns of a pod's binding from its own watch: a request sent the
-    // moment the kubelet sees the pod may come before it ("no relationship found"), and the
-    // kubelet's volume manager retries the mount with backoff. Only that refusal is retried.
+    // Retried with backoff for up to a minute, as the kubelet's volume manager retries a
+    // mount; only the last outcome is kept, so a record says what the pod ended up with.
     let mut backoff = Duration::from_millis(100);
+    let deadline = Instant::now() + Duration::from_secs(60);
     let answer = loop {
         let a = api
             .create_subresource::<Value, Value>("token", &sa, &PostParams::default(), &body)
             .await;
         match &a {
-            Err(kube::Error::Api(e))
-                if e.code == 403
-                    && e.message.contains("no relationship found")
-                    && backoff < Duration::from_secs(10) =>
-            {
+            Err(e) if retried(e) && Instant::now() < deadline => {
                 tokio::time::sleep(backoff).await;
-                backoff *= 2;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
             }
             _ => break a,
         }

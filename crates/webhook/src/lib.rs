@@ -5,5 +5,6 @@
 //! The `webhook` command that runs it is `hcp_fleet_cli::webhook`.
 
 pub mod decision;
+pub mod own_denials;
 pub mod server;
 pub mod tls;

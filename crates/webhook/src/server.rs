@@ -230,6 +230,8 @@ pub struct AppState {
     /// path → webhook name and series, fixed at start.
     hooks: HashMap<String, Hook>,
     pub(crate) metrics: AdmissionMetrics,
+    /// The cluster's own requests denied lately, which the probe's answer reports.
+    pub(crate) own_denials: crate::own_denials::OwnDenials,
     pub(crate) limits: Limits,
     pub draining: AtomicBool,
     /// Where the probe key is (`<cert-dir>/probe.key`), read at each probe: it arrives with
@@ -267,6 +269,7 @@ impl AppState {
             settings,
             hooks,
             metrics: AdmissionMetrics::new(),
+            own_denials: Default::default(),
             limits,
             draining: AtomicBool::new(false),
             probe_key_file,
@@ -341,26 +344,7 @@ async fn admit(State(st): State<Arc<AppState>>, req: Request) -> Response {
                 format!("no webhook is served on {path}"),
             )
         })?;
-        // Who was denied: a denial of the cluster's own machinery is an alarm. The probe's
-        // denials are its answers, not denials.
-        if (!d.allowed || d.audit_annotations.contains_key("would-deny"))
-            && hcp_fleet_guards::scope_of(&path) != hcp_fleet_guards::Scope::Everyone
-        {
-            let sender = hcp_fleet_guards::identities::sender_of(
-                &r.user_info.username,
-                &r.user_info.groups,
-                &st.settings,
-            );
-            st.metrics.count_denial(&name, sender);
-        }
-        // The agent's probe and canaries carry a nonce: a denial proves it came from here.
-        if !d.allowed
-            && let Some(nonce) = hcp_fleet_guards::probe::nonce_of(&r)
-            && let Some(key) = st.probe_key().await
-            && let Some(msg) = d.message.as_deref()
-        {
-            d.message = Some(hcp_fleet_guards::probe::signed(msg, &key, nonce));
-        }
+        account(&st, &path, &name, &r, &mut d).await;
         Ok((r.uid, d))
     };
     let out = tokio::time::timeout(st.limits.deadline, work).await;
@@ -390,6 +374,42 @@ async fn admit(State(st): State<Arc<AppState>>, req: Request) -> Response {
     };
     hook.observe(&st.metrics, started.elapsed().as_secs_f64());
     resp
+}
+
+/// What a decision leaves behind besides its answer: who was denied (a denial of the
+/// cluster's own machinery is an alarm: the metric, and the probe's report), and, for the
+/// agent's probe and canaries, which carry a nonce, the proof that the denial came from here.
+/// The probe's answer also reports the cluster's own requests denied lately, under the same
+/// proof. The probe's denials are its answers, not denials.
+async fn account(st: &AppState, path: &str, name: &str, r: &review::Request, d: &mut Decision) {
+    let probed = hcp_fleet_guards::scope_of(path) == hcp_fleet_guards::Scope::Everyone;
+    if (!d.allowed || d.audit_annotations.contains_key("would-deny")) && !probed {
+        let sender = hcp_fleet_guards::identities::sender_of(
+            &r.user_info.username,
+            &r.user_info.groups,
+            &st.settings,
+        );
+        st.metrics.count_denial(name, sender);
+        st.own_denials.note(name, sender, Instant::now());
+    }
+    if d.allowed {
+        return;
+    }
+    let nonce = hcp_fleet_guards::probe::nonce_of(r);
+    if probed {
+        let key = st.probe_key().await;
+        let denied = st.own_denials.report(Instant::now());
+        d.message = Some(hcp_fleet_guards::probe::answer(
+            key.as_ref(),
+            nonce,
+            &denied,
+        ));
+    } else if let Some(nonce) = nonce
+        && let Some(key) = st.probe_key().await
+        && let Some(msg) = d.message.as_deref()
+    {
+        d.message = Some(hcp_fleet_guards::probe::signed(msg, &key, nonce));
+    }
 }
 
 /// A POST to a guard's route this service does not serve (a guard the settings leave out):

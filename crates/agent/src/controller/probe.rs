@@ -103,13 +103,15 @@ pub(crate) struct Probed {
 /// (answered by the hosted kube-apiserver itself). `Ok` when it answered; otherwise what
 /// happened instead. An allowed request means nothing at that revision saw it: the service's
 /// call failed (failurePolicy Ignore let it through), or the server does not run it yet.
+/// With the answer, the admission service's proven report of the hosted cluster's own
+/// requests it denied lately (`probe::REPORT_MARK`), if it made one.
 pub(crate) async fn probe_path(
     hosted: &Client,
     timeout: Duration,
     engine: Engine,
     revision: &str,
     proof: &Proof,
-) -> Result<Answer, ProbeFailure> {
+) -> Result<(Answer, Option<String>), ProbeFailure> {
     let value = match engine {
         Engine::Webhook => "true",
         Engine::Policy | Engine::Static => POLICY_PROBE_VALUE,
@@ -149,7 +151,11 @@ pub(crate) async fn probe_path(
                     ?answer,
                     "probe answered"
                 );
-                Ok(answer)
+                let report = match (answer, &proof.key) {
+                    (Answer::Proven, Some(k)) => k.report(&nonce, &s.message).map(str::to_string),
+                    _ => None,
+                };
+                Ok((answer, report))
             }
         },
         Ok(Ok(_)) => Err(match engine {
@@ -183,6 +189,7 @@ pub(crate) async fn probe(hosted: &Client, timeout: Duration, targets: &ProbeTar
     let mut failed = Vec::new();
     let mut unanswered = None;
     let mut unproven = false;
+    let mut reported = None;
     for (engine, rev, who) in [
         (Engine::Webhook, &targets.webhook, "the admission service"),
         (Engine::Policy, &targets.policy, "the admission policies"),
@@ -190,9 +197,10 @@ pub(crate) async fn probe(hosted: &Client, timeout: Duration, targets: &ProbeTar
     ] {
         let Some(rev) = rev else { continue };
         match probe_path(hosted, timeout, engine, rev, &targets.proof).await {
-            Ok(a) => {
+            Ok((a, report)) => {
                 unproven |= a == Answer::Unproven;
                 answered.push(who);
+                reported = reported.or(report);
             }
             Err(e) => {
                 failed.push(e.to_string());
@@ -202,14 +210,31 @@ pub(crate) async fn probe(hosted: &Client, timeout: Duration, targets: &ProbeTar
             }
         }
     }
-    let verdict = verdict(&answered, &failed, unproven);
+    let verdict = verdict(&answered, &failed, unproven, reported.as_deref());
     Probed {
         verdict,
         unanswered,
     }
 }
 
-fn verdict(answered: &[&str], failed: &[String], unproven: bool) -> Observation {
+/// In the probe's verdict: the admission service answered, and reported that a guard denies
+/// the hosted cluster's own requests (`runbook.md`, HcpFleetGuardBreaksTheCluster).
+pub(crate) const BREAKS_THE_CLUSTER: &str = "a guard is breaking the hosted cluster: the admission service denied the cluster's own requests in the last 10 minutes";
+
+fn verdict(
+    answered: &[&str],
+    failed: &[String],
+    unproven: bool,
+    reported: Option<&str>,
+) -> Observation {
+    let mut failed = failed.to_vec();
+    if let Some(r) = reported {
+        // The service's own words, proven by its key; cut as any text on the record is.
+        failed.push(format!(
+            "{BREAKS_THE_CLUSTER} ({}); see the runbook's HcpFleetGuardBreaksTheCluster",
+            hcp_fleet_render::reporting::untrusted(r, 600)
+        ));
+    }
     if !failed.is_empty() {
         return Observation::violation(failed.join("; "));
     }
@@ -349,6 +374,34 @@ mod tests {
         for (failure, unanswered) in cases {
             assert_eq!(failure.unanswered(), unanswered, "{failure}");
         }
+    }
+
+    #[test]
+    fn a_report_of_the_clusters_own_requests_denied_fails_the_probe() {
+        let ok = verdict(&["the admission service"], &[], false, None);
+        assert_eq!(ok.state, ComplianceState::Compliant);
+        let report = "identity-namespaces.hcp-fleet.openshift.io denied node";
+        let broken = verdict(&["the admission service"], &[], false, Some(report));
+        assert_eq!(broken.state, ComplianceState::NonCompliant);
+        assert!(
+            broken.message.contains(BREAKS_THE_CLUSTER),
+            "{}",
+            broken.message
+        );
+        assert!(broken.message.contains(report), "{}", broken.message);
+        // With another path failing as well, both are said.
+        let both = verdict(
+            &[],
+            &["the policy probe failed".into()],
+            false,
+            Some(report),
+        );
+        assert!(
+            both.message.starts_with("the policy probe failed; "),
+            "{}",
+            both.message
+        );
+        assert!(both.message.contains(report));
     }
 
     #[test]
