@@ -20,7 +20,7 @@ K8S_VERSION="v1.20.2"
 K8S_MAJOR="1"
 K8S_MINOR="20"
 # Bump when the build recipe changes, so caches built by an older recipe are rebuilt.
-RECIPE="6"
+RECIPE="7"
 CACHE_ROOT="${HCP_FLEET_ASSETS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hcp-fleet-agent}"
 OUT="$CACHE_ROOT/assets/$K8S_VERSION"
 BINARIES=(kube-apiserver kube-controller-manager etcd kubectl)
@@ -183,9 +183,13 @@ done
 
 STAGE="$WORK/out"
 mkdir -p "$STAGE"
+# providerless: without the in-tree cloud providers (AWS, Azure, GCE, OpenStack, vSphere),
+# which no test bed uses and HyperShift's hosted control planes do not run in-tree: on two
+# cores the cold build takes 4 min 17 s instead of 5 min 56 s (7.4 CPU-minutes instead of
+# 10.6, beside cargo's compile in `make test`), and each binary is about half the size.
 for cmd in kube-apiserver kube-controller-manager; do
   say "building $cmd (a few minutes on two cores)"
-  go build -ldflags "$LDFLAGS" -o "$STAGE/$cmd" "./cmd/$cmd" >"$WORK/build-$cmd.log" 2>&1 || {
+  go build -tags providerless -ldflags "$LDFLAGS" -o "$STAGE/$cmd" "./cmd/$cmd" >"$WORK/build-$cmd.log" 2>&1 || {
     tail -n 30 "$WORK/build-$cmd.log" >&2
     die "go build ./cmd/$cmd failed (log: $WORK/build-$cmd.log)"
   }
