@@ -51,6 +51,15 @@ fn expected_pods(nodes: usize) -> BTreeMap<String, usize> {
         .collect()
 }
 
+/// The fixture's writes some guard (or anything else) refused, one line each.
+fn refused_writes(report: &platform::Report) -> Vec<String> {
+    report
+        .refused()
+        .iter()
+        .map(|w| format!("{} by {}: {:?}", w.what, w.by, w.outcome))
+        .collect()
+}
+
 async fn running(hosted: &Client) -> BTreeMap<String, usize> {
     data_plane::running_pods(hosted).await.unwrap_or_default()
 }
@@ -104,11 +113,7 @@ async fn the_cluster_runs_under_every_guard(engine: GuardEngine) {
     let report = platform::install(fleet, HOSTED)
         .await
         .expect("the platform fixture");
-    let refused: Vec<String> = report
-        .refused()
-        .iter()
-        .map(|w| format!("{} by {}: {:?}", w.what, w.by, w.outcome))
-        .collect();
+    let refused = refused_writes(&report);
     assert!(
         refused.is_empty(),
         "the guards refused the cluster's own or the customer's work ({} of {} writes):\n{}",
@@ -304,11 +309,7 @@ async fn a_guard_that_denies_the_clusters_own_requests_shows_on_the_health_recor
         .await
         .expect("the platform fixture");
     // The guard refuses exactly the control plane's ingress config write.
-    let refused: Vec<String> = report
-        .refused()
-        .iter()
-        .map(|w| format!("{} by {}: {:?}", w.what, w.by, w.outcome))
-        .collect();
+    let refused = refused_writes(&report);
     assert!(
         !refused.is_empty()
             && refused.iter().all(|r| {

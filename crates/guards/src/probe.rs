@@ -101,8 +101,13 @@ impl ProbeKey {
     /// Whether `message` (a denial as the API server relays it) carries the proof for
     /// `nonce`: of the nonce alone, or of the nonce and the probe's report (`report`).
     pub fn proven(&self, nonce: &str, message: &str) -> bool {
-        message.ends_with(&format!("{PROOF_MARK}{})", self.prove(nonce, "")))
-            || self.report(nonce, message).is_some()
+        message.ends_with(&self.suffix(nonce, "")) || self.report(nonce, message).is_some()
+    }
+
+    /// What ends a message this key vouches for: `PROOF_MARK`, the proof of `nonce` and
+    /// `covered`, and the closing parenthesis.
+    fn suffix(&self, nonce: &str, covered: &str) -> String {
+        format!("{PROOF_MARK}{})", self.prove(nonce, covered))
     }
 
     /// The report of the cluster's own requests denied that a probe's answer carries, where
@@ -111,8 +116,7 @@ impl ProbeKey {
         let at = message.find(REPORT_MARK)?;
         let end = message.rfind(PROOF_MARK)?;
         let covered = message.get(at..end)?;
-        let want = format!("{PROOF_MARK}{})", self.prove(nonce, covered));
-        (message.get(end..)? == want).then(|| &covered[REPORT_MARK.len()..])
+        (message.get(end..)? == self.suffix(nonce, covered)).then(|| &covered[REPORT_MARK.len()..])
     }
 }
 
@@ -144,7 +148,7 @@ pub fn nonce_of(req: &Request) -> Option<&str> {
 
 /// A denial's message with the proof of `nonce` under `key` after it.
 pub fn signed(message: &str, key: &ProbeKey, nonce: &str) -> String {
-    format!("{message}{PROOF_MARK}{})", key.prove(nonce, ""))
+    format!("{message}{}", key.suffix(nonce, ""))
 }
 
 /// What precedes, in the probe's answer, the guards and senders of the hosted cluster's own
@@ -168,10 +172,7 @@ pub fn answer(key: Option<&ProbeKey>, nonce: Option<&str>, denied: &[String]) ->
         format!("{REPORT_MARK}{}", denied.join(", "))
     };
     match (key, nonce) {
-        (Some(k), Some(n)) => format!(
-            "{PROBE_ANSWER}{covered}{PROOF_MARK}{})",
-            k.prove(n, &covered)
-        ),
+        (Some(k), Some(n)) => format!("{PROBE_ANSWER}{covered}{}", k.suffix(n, &covered)),
         _ => format!("{PROBE_ANSWER}{covered}"),
     }
 }

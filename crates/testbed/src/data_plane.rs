@@ -258,24 +258,11 @@ async fn schedule(client: Client, nodes: Vec<String>) {
         });
         // A pod gone or bound meanwhile needs nothing more; a server that did not answer is
         // asked again (the watch would not bring this pod back by itself).
-        let mut backoff = Duration::from_millis(200);
-        for _ in 0..8 {
-            let bound = api
-                .create_subresource::<Value, Value>(
-                    "binding",
-                    &name,
-                    &PostParams::default(),
-                    &binding,
-                )
-                .await;
-            match bound {
-                Err(e) if retried(&e) => {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
-                _ => break,
-            }
-        }
+        let pp = PostParams::default();
+        let _ = retrying(Duration::from_millis(200), Duration::from_secs(16), || {
+            api.create_subresource::<Value, Value>("binding", &name, &pp, &binding)
+        })
+        .await;
     }
 }
 
@@ -476,6 +463,26 @@ fn retried(e: &kube::Error) -> bool {
     }
 }
 
+/// `call`, again after each failure `retried` takes (backoff from `first`, doubling, at most
+/// 5 s) until it succeeds, fails otherwise, or `within` has passed: its last outcome.
+async fn retrying<T, F, Fut>(first: Duration, within: Duration, mut call: F) -> kube::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = kube::Result<T>>,
+{
+    let deadline = Instant::now() + within;
+    let mut backoff = first;
+    loop {
+        match call().await {
+            Err(e) if retried(&e) && Instant::now() < deadline => {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+            out => return out,
+        }
+    }
+}
+
 async fn request_token(
     client: &Client,
     node: &str,
@@ -492,22 +499,13 @@ async fn request_token(
         .unwrap_or_else(|| "default".into());
     let api: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), &ns);
     let body = token_request(pod, audience, seconds);
-    // Retried with backoff for up to a minute, as the kubelet's volume manager retries a
-    // mount; only the last outcome is kept, so a record says what the pod ended up with.
-    let mut backoff = Duration::from_millis(100);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let answer = loop {
-        let a = api
-            .create_subresource::<Value, Value>("token", &sa, &PostParams::default(), &body)
-            .await;
-        match &a {
-            Err(e) if retried(e) && Instant::now() < deadline => {
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-            }
-            _ => break a,
-        }
-    };
+    // Retried for up to a minute, as the kubelet's volume manager retries a mount; only the
+    // last outcome is kept, so a record says what the pod ended up with.
+    let pp = PostParams::default();
+    let answer = retrying(Duration::from_millis(100), Duration::from_secs(60), || {
+        api.create_subresource::<Value, Value>("token", &sa, &pp, &body)
+    })
+    .await;
     let token = answer
         .as_ref()
         .ok()
