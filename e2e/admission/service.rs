@@ -182,7 +182,7 @@ async fn an_idle_connection_is_closed() {
 // Sends signals to child processes (libc::kill).
 #[allow(unsafe_code)]
 async fn malformed_requests_get_clear_client_errors() {
-    let (mut child, port, ca_pem, _dir) = standalone_service().await;
+    let (mut child, port, ca_pem, dir) = standalone_service().await;
     let path = "/validate/protected-rbac";
     let json = "application/json";
     let cases: Vec<(&str, String, Vec<u8>, u16, &str)> = vec![
@@ -219,6 +219,35 @@ async fn malformed_requests_get_clear_client_errors() {
         .expect("metrics");
     assert!(metrics.contains("outcome=\"bad_request\""), "{metrics}");
     assert!(metrics.contains("decision=\"denied\""), "{metrics}");
+
+    // The agent's question to each replica (`probe::OWN_DENIALS_PATH`): a nonce it could have
+    // made, or a clear refusal; no report without the probe key, which makes the proof.
+    use hcp_fleet_guards::probe::{KEY_FILE, OWN_DENIALS_PATH, ProbeKey};
+    let own = |q: &str| format!("{OWN_DENIALS_PATH}{q}");
+    let nonce = hcp_fleet_guards::probe::nonce().expect("random");
+    for (q, want, needle) in [
+        ("", 400, "want ?nonce="),
+        ("?nonce=", 400, "want ?nonce="),
+        ("?nonce=not-hex", 400, "want ?nonce="),
+        (&format!("?nonce={}", "a".repeat(65)), 400, "want ?nonce="),
+        (&format!("?nonce={nonce}"), 503, "no probe key yet"),
+    ] {
+        let (code, text) = kubelet::https_get(port, &ca_pem, &own(q))
+            .await
+            .expect("own denials");
+        assert_eq!((code, text.contains(needle)), (want, true), "{q}: {text}");
+    }
+    let key = ProbeKey::generate().expect("random");
+    std::fs::write(dir.path().join(KEY_FILE), key.to_hex()).expect("key");
+    let (code, text) = kubelet::https_get(port, &ca_pem, &own(&format!("?nonce={nonce}")))
+        .await
+        .expect("own denials");
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(
+        key.report(&nonce, &text),
+        Some(""),
+        "a proven report of nothing (alice is no sender of the cluster's): {text}"
+    );
 
     // SIGTERM: drain and exit 0.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);

@@ -815,7 +815,7 @@ impl SimCluster {
                         &format!(
                             "admission webhook \"{}\" denied the request: {}",
                             w["name"].as_str().unwrap_or_default(),
-                            answer(key.as_ref(), nonce, &[])
+                            answer(key.as_ref(), nonce)
                         ),
                     );
                 }

@@ -44,6 +44,95 @@ pub(crate) async fn served_certificate(
     der.ok_or(HandshakeError::NoCertificate(addr))
 }
 
+/// One HTTP/1.1 `GET path` to `addr` over a fresh TLS connection: the status and the body
+/// (at most `limit` bytes). The certificate is not judged: what the answer says must carry
+/// its own proof (`probe::own_denials`).
+pub(crate) async fn get(
+    addr: SocketAddr,
+    server_name: &str,
+    path: &str,
+    timeout: std::time::Duration,
+    limit: usize,
+) -> Result<(u16, String), FetchError> {
+    use http_body_util::BodyExt;
+    use std::sync::Arc;
+    let mut cfg = accept_any_server().map_err(HandshakeError::Client)?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let name =
+        rustls::pki_types::ServerName::try_from(server_name.to_string()).map_err(|source| {
+            HandshakeError::Name {
+                name: server_name.to_string(),
+                source,
+            }
+        })?;
+    let exchange = async {
+        let tcp = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|source| HandshakeError::Connect { addr, source })?;
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+            .connect(name, tcp)
+            .await
+            .map_err(|source| HandshakeError::Tls { addr, source })?;
+        let (mut send, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+                .await
+                .map_err(|source| FetchError::Http { addr, source })?;
+        // The connection is driven beside the request, and dropped with it.
+        let conn = async move {
+            let _ = conn.await;
+        };
+        let req = http::Request::get(path)
+            .header(http::header::HOST, server_name)
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .map_err(|e| FetchError::Request(e.to_string()))?;
+        let answer = async {
+            let resp = send
+                .send_request(req)
+                .await
+                .map_err(|source| FetchError::Http { addr, source })?;
+            let status = resp.status().as_u16();
+            let body = http_body_util::Limited::new(resp.into_body(), limit)
+                .collect()
+                .await
+                .map_err(|e| FetchError::Body {
+                    addr,
+                    why: e.to_string(),
+                })?
+                .to_bytes();
+            Ok::<_, FetchError>((status, String::from_utf8_lossy(&body).into_owned()))
+        };
+        tokio::select! {
+            a = answer => a,
+            () = conn => Err(FetchError::Body { addr, why: "the connection closed".into() }),
+        }
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| FetchError::Timeout { addr, timeout })?
+}
+
+/// Why a GET over TLS got no answer.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FetchError {
+    #[error(transparent)]
+    Handshake(#[from] HandshakeError),
+    #[error("{addr}: HTTP: {source}")]
+    Http {
+        addr: SocketAddr,
+        #[source]
+        source: hyper::Error,
+    },
+    #[error("not a request: {0}")]
+    Request(String),
+    #[error("{addr}: the answer's body: {why}")]
+    Body { addr: SocketAddr, why: String },
+    #[error("{addr}: no answer within {timeout:?}")]
+    Timeout {
+        addr: SocketAddr,
+        timeout: std::time::Duration,
+    },
+}
+
 /// Why no certificate was read from a TLS server.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum HandshakeError {

@@ -86,8 +86,9 @@ impl ProbeKey {
     }
 
     /// The proof for `nonce` and the text it vouches for (`covered`, empty for none):
-    /// HMAC-SHA256, hex. With nothing covered it is the proof of the nonce alone, as replicas
-    /// from before the report make it.
+    /// HMAC-SHA256, hex. With nothing covered it is the proof of the nonce alone (a probe's
+    /// answer, a canary's denial); a report covers its own words too, so neither passes for
+    /// the other.
     pub(crate) fn prove(&self, nonce: &str, covered: &str) -> String {
         let k = hmac::Key::new(hmac::HMAC_SHA256, &self.0);
         let tag = if covered.is_empty() {
@@ -98,10 +99,10 @@ impl ProbeKey {
         hex(tag.as_ref())
     }
 
-    /// Whether `message` (a denial as the API server relays it) carries the proof for
-    /// `nonce`: of the nonce alone, or of the nonce and the probe's report (`report`).
+    /// Whether `message` (a denial as the API server relays it) ends with the proof of
+    /// `nonce`.
     pub fn proven(&self, nonce: &str, message: &str) -> bool {
-        message.ends_with(&self.suffix(nonce, "")) || self.report(nonce, message).is_some()
+        message.ends_with(&self.suffix(nonce, ""))
     }
 
     /// What ends a message this key vouches for: `PROOF_MARK`, the proof of `nonce` and
@@ -110,13 +111,14 @@ impl ProbeKey {
         format!("{PROOF_MARK}{})", self.prove(nonce, covered))
     }
 
-    /// The report of the cluster's own requests denied that a probe's answer carries, where
-    /// the proof vouches for it: the pairs of `REPORT_MARK`'s list, as the service wrote them.
-    pub fn report<'m>(&self, nonce: &str, message: &'m str) -> Option<&'m str> {
-        let at = message.find(REPORT_MARK)?;
-        let end = message.rfind(PROOF_MARK)?;
-        let covered = message.get(at..end)?;
-        (message.get(end..)? == self.suffix(nonce, covered)).then(|| &covered[REPORT_MARK.len()..])
+    /// A replica's report of the cluster's own requests it denied lately (`own_denials`),
+    /// where its proof vouches for it under `nonce`: the pairs as the replica wrote them
+    /// ("" for none). `None`: not a report this key made for this nonce.
+    pub fn report<'m>(&self, nonce: &str, text: &'m str) -> Option<&'m str> {
+        let end = text.rfind(PROOF_MARK)?;
+        let covered = text.get(..end)?;
+        let pairs = covered.strip_prefix(REPORT_MARK)?;
+        (text.get(end..)? == self.suffix(nonce, covered)).then_some(pairs)
     }
 }
 
@@ -126,7 +128,8 @@ pub fn nonce() -> Option<String> {
     random_bytes::<16>().map(|b| hex(&b))
 }
 
-fn a_nonce(n: &str) -> Option<&str> {
+/// `n`, if it is a nonce the agent could have made.
+pub fn a_nonce(n: &str) -> Option<&str> {
     // Hex, at most 64 characters: a tenant gets no proof for text of their choosing.
     (!n.is_empty() && n.len() <= 64 && n.bytes().all(|b| b.is_ascii_hexdigit())).then_some(n)
 }
@@ -151,30 +154,35 @@ pub fn signed(message: &str, key: &ProbeKey, nonce: &str) -> String {
     format!("{message}{}", key.suffix(nonce, ""))
 }
 
-/// What precedes, in the probe's answer, the guards and senders of the hosted cluster's own
-/// requests the service denied lately (`OwnDenials` in the admission service). The proof
-/// covers it, so the agent can put it on the health record: a tenant cannot write it, nor
-/// strip it from the service's answer.
-pub const REPORT_MARK: &str =
-    "; it denied the hosted cluster's own requests in the last 10 minutes: ";
-/// How long a denial of the cluster's own requests stays in the probe's report: the alert's
-/// window (`increase(...[10m])`), the same 10 minutes `REPORT_MARK` names.
+/// Where each admission replica answers, to the agent and to no API server, which of the
+/// hosted cluster's own requests it denied lately (`OwnDenials` in the admission service):
+/// `GET /own-denials?nonce=<hex>`. Asked of every replica, since each knows only what it
+/// denied, and the hosted kube-apiserver's calls (the probe's among them) may all go to one.
+pub const OWN_DENIALS_PATH: &str = "/own-denials";
+
+/// What begins a replica's report: the guards and senders of the hosted cluster's own
+/// requests it denied lately, then the proof, which covers them, so the agent can put them on
+/// the health record: only a holder of the HCP's probe key can write a report.
+pub const REPORT_MARK: &str = "denied the hosted cluster's own requests in the last 10 minutes: ";
+/// How long a denial of the cluster's own requests stays in the report: the alert's window
+/// (`increase(...[10m])`), the same 10 minutes `REPORT_MARK` names.
 pub const REPORT_WINDOW: std::time::Duration = std::time::Duration::from_secs(600);
 
-/// The service's answer to a probe: `PROBE_ANSWER`, then the report of the cluster's own
-/// requests it denied lately (`denied`: "<webhook> denied <sender>" each; none, nothing),
-/// then the proof of the nonce and report where the request carries a nonce and the service
-/// holds the key.
-pub fn answer(key: Option<&ProbeKey>, nonce: Option<&str>, denied: &[String]) -> String {
-    let covered = if denied.is_empty() {
-        String::new()
-    } else {
-        format!("{REPORT_MARK}{}", denied.join(", "))
-    };
+/// The service's answer to a probe: `PROBE_ANSWER`, with the proof of the nonce where the
+/// request carries a nonce and the service holds the key.
+pub fn answer(key: Option<&ProbeKey>, nonce: Option<&str>) -> String {
     match (key, nonce) {
-        (Some(k), Some(n)) => format!("{PROBE_ANSWER}{covered}{}", k.suffix(n, &covered)),
-        _ => format!("{PROBE_ANSWER}{covered}"),
+        (Some(k), Some(n)) => format!("{PROBE_ANSWER}{}", k.suffix(n, "")),
+        _ => PROBE_ANSWER.to_string(),
     }
+}
+
+/// A replica's report (`OWN_DENIALS_PATH`): `REPORT_MARK`, the pairs it denied lately
+/// ("<webhook> denied <sender>" each; none, nothing), and the proof of `nonce` and all that.
+pub fn own_denials(key: &ProbeKey, nonce: &str, denied: &[String]) -> String {
+    let covered = format!("{REPORT_MARK}{}", denied.join(", "));
+    let proof = key.suffix(nonce, &covered);
+    format!("{covered}{proof}")
 }
 
 pub(crate) fn is_probe(req: &Request) -> bool {
@@ -257,16 +265,16 @@ mod tests {
         assert_eq!(n.len(), 32);
         let said =
             |a: String| format!("admission webhook \"{}\" denied the request: {a}", ROW.name);
-        assert!(key.proven(&n, &said(answer(Some(&key), Some(&n), &[]))));
+        assert!(key.proven(&n, &said(answer(Some(&key), Some(&n)))));
         // The words alone, another key's proof, another nonce's proof: none of them.
-        assert!(!key.proven(&n, &said(answer(None, Some(&n), &[]))));
-        assert!(!key.proven(&n, &said(answer(Some(&other), Some(&n), &[]))));
+        assert!(!key.proven(&n, &said(answer(None, Some(&n)))));
+        assert!(!key.proven(&n, &said(answer(Some(&other), Some(&n)))));
         let m = nonce().expect("random");
-        assert!(!key.proven(&n, &said(answer(Some(&key), Some(&m), &[]))));
+        assert!(!key.proven(&n, &said(answer(Some(&key), Some(&m)))));
         // A proof followed by anything else is not the service's answer.
         assert!(!key.proven(
             &n,
-            &format!("{} and more", said(answer(Some(&key), Some(&n), &[])))
+            &format!("{} and more", said(answer(Some(&key), Some(&n))))
         ));
         assert_eq!(format!("{key:?}"), "ProbeKey(<redacted>)");
     }
@@ -275,32 +283,31 @@ mod tests {
     fn a_report_is_taken_only_under_the_proof_of_its_own_words() {
         let key = ProbeKey::generate().expect("random");
         let n = nonce().expect("random");
-        let said =
-            |a: String| format!("admission webhook \"{}\" denied the request: {a}", ROW.name);
         let denied = vec![
             "identity-namespaces.hcp-fleet.openshift.io denied node".to_string(),
             "scc.hcp-fleet.openshift.io denied platformOperators".to_string(),
         ];
-        let answered = said(answer(Some(&key), Some(&n), &denied));
-        assert!(key.proven(&n, &answered));
-        assert_eq!(key.report(&n, &answered), Some(denied.join(", ").as_str()));
-        // No report: the proof of the nonce alone, as before the report.
-        let plain = said(answer(Some(&key), Some(&n), &[]));
-        assert!(key.proven(&n, &plain));
-        assert_eq!(key.report(&n, &plain), None);
-        // A report edited, added under the nonce's own proof, or moved to another nonce: no.
-        let edited = answered.replace("denied node", "denied tenant");
-        assert!(!key.proven(&n, &edited));
-        let added = said(format!(
-            "{PROBE_ANSWER}{REPORT_MARK}x denied node{PROOF_MARK}{})",
-            key.prove(&n, "")
-        ));
-        assert_eq!(key.report(&n, &added), None);
+        let report = own_denials(&key, &n, &denied);
+        assert_eq!(key.report(&n, &report), Some(denied.join(", ").as_str()));
+        // Nothing denied is a report too, proven as any other.
+        assert_eq!(key.report(&n, &own_denials(&key, &n, &[])), Some(""));
+        // Edited, shortened, under another nonce or key: no report.
+        let edited = report.replace("denied node", "denied tenant");
+        assert_eq!(key.report(&n, &edited), None);
+        let stripped = report.replacen(&denied[1], "", 1);
+        assert_eq!(key.report(&n, &stripped), None);
         let m = nonce().expect("random");
-        assert!(!key.proven(&m, &answered));
-        // Stripped of its report, the answer no longer carries a valid proof.
-        let stripped = answered.replacen(&format!("{REPORT_MARK}{}", denied.join(", ")), "", 1);
-        assert!(!key.proven(&n, &stripped));
+        assert_eq!(key.report(&m, &report), None);
+        let other = ProbeKey::generate().expect("random");
+        assert_eq!(other.report(&n, &report), None);
+        // A probe's answer is no report, and a report no probe's answer: their proofs differ.
+        let answered = answer(Some(&key), Some(&n));
+        assert_eq!(key.report(&n, &answered), None);
+        assert_eq!(
+            key.report(&n, &format!("{REPORT_MARK}{}", key.suffix(&n, ""))),
+            None
+        );
+        assert!(!key.proven(&n, &report));
     }
 
     #[test]

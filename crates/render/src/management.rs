@@ -164,7 +164,8 @@ pub struct ManagementObjects {
 pub struct HcpInputs<'a> {
     pub namespace: &'a str,
     /// Where the agent runs: its handshake with each replica (which proves what they serve
-    /// before an old CA leaves the hosted trust) must pass the NetworkPolicy.
+    /// before an old CA leaves the hosted trust) and its question of what each denied of the
+    /// cluster's own requests must pass the NetworkPolicy.
     pub agent_namespace: &'a str,
     pub owner: Option<OwnerReference>,
     pub certs: &'a CertBundle,
@@ -561,7 +562,8 @@ pub fn render(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<ManagementObject
             policy_types: Some(strings(&["Ingress"])),
             ingress: Some(vec![NetworkPolicyIngressRule {
                 // The hosted kube-apiserver calls the webhooks; monitoring scrapes /metrics;
-                // the agent shakes hands with each replica to see what it serves.
+                // the agent shakes hands with each replica to see what it serves, and asks
+                // each for its report of the cluster's own requests denied.
                 from: Some(vec![
                     NetworkPolicyPeer {
                         pod_selector: Some(match_labels(BTreeMap::from([(

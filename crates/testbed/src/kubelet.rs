@@ -62,7 +62,7 @@ impl AdmissionEndpoints for LocalEndpoints {
         Box::pin(async move {
             let published = published(
                 management,
-                cfg,
+                &cfg.admission.service_name,
                 namespace,
                 service,
                 LOCAL_ENDPOINT_ANNOTATION,
@@ -80,22 +80,27 @@ impl AdmissionEndpoints for LocalEndpoints {
     fn replicas<'a>(
         &'a self,
         management: &'a Client,
-        cfg: &'a AgentConfig,
+        service: &'a str,
+        _port: i32,
         namespace: &'a str,
     ) -> BoxFuture<'a, Result<Vec<std::net::SocketAddr>, ReplicasUnknown>> {
         Box::pin(async move {
-            Ok(
-                published(management, cfg, namespace, None, LOCAL_REPLICAS_ANNOTATION)
-                    .await
-                    .map_err(|source| ReplicasUnknown {
-                        namespace: namespace.to_string(),
-                        source,
-                    })?
-                    .unwrap_or_default()
-                    .split(',')
-                    .filter_map(|a| a.parse().ok())
-                    .collect(),
+            Ok(published(
+                management,
+                service,
+                namespace,
+                None,
+                LOCAL_REPLICAS_ANNOTATION,
             )
+            .await
+            .map_err(|source| ReplicasUnknown {
+                namespace: namespace.to_string(),
+                source,
+            })?
+            .unwrap_or_default()
+            .split(',')
+            .filter_map(|a| a.parse().ok())
+            .collect())
         })
     }
 }
@@ -105,7 +110,7 @@ impl AdmissionEndpoints for LocalEndpoints {
 /// (the watch may not have brought the kubelet's annotation yet).
 async fn published(
     management: &Client,
-    cfg: &AgentConfig,
+    service_name: &str,
     namespace: &str,
     service: Option<&Service>,
     annotation: &str,
@@ -114,7 +119,7 @@ async fn published(
         return Ok(Some(v.clone()));
     }
     let svc = Api::<Service>::namespaced(management.clone(), namespace)
-        .get_opt(&cfg.admission.service_name)
+        .get_opt(service_name)
         .await?;
     Ok(svc.and_then(|s| s.annotations().get(annotation).cloned()))
 }

@@ -1,8 +1,9 @@
 //! The hosted cluster's own requests this replica denied lately (its nodes, machinery,
-//! HyperShift's control plane, its platform operators: `identities::CLUSTER_SENDERS`), for
-//! the probe's answer. The agent probes every HCP once an interval and puts what the answer
-//! reports on the health record, so a guard breaking the cluster shows there without the
-//! agent reading any replica's metrics (docs/admission.md, "When a guard denies the cluster").
+//! HyperShift's control plane, its platform operators: `identities::CLUSTER_SENDERS`), which
+//! it reports to the agent (`probe::OWN_DENIALS_PATH`). The agent asks every replica: each
+//! knows only its own denials, and the hosted kube-apiserver may send all of one webhook's
+//! calls to one replica and the probe's to another. So a guard breaking the cluster shows on
+//! the health record (docs/admission.md, "When a guard denies the cluster").
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;

@@ -230,7 +230,7 @@ pub struct AppState {
     /// path → webhook name and series, fixed at start.
     hooks: HashMap<String, Hook>,
     pub(crate) metrics: AdmissionMetrics,
-    /// The cluster's own requests denied lately, which the probe's answer reports.
+    /// The cluster's own requests denied lately, reported at `probe::OWN_DENIALS_PATH`.
     pub(crate) own_denials: crate::own_denials::OwnDenials,
     pub(crate) limits: Limits,
     pub draining: AtomicBool,
@@ -379,8 +379,7 @@ async fn admit(State(st): State<Arc<AppState>>, req: Request) -> Response {
 /// What a decision leaves behind besides its answer: who was denied (a denial of the
 /// cluster's own machinery is an alarm: the metric, and the probe's report), and, for the
 /// agent's probe and canaries, which carry a nonce, the proof that the denial came from here.
-/// The probe's answer also reports the cluster's own requests denied lately, under the same
-/// proof. The probe's denials are its answers, not denials.
+/// The probe's denials are its answers, not denials.
 async fn account(st: &AppState, path: &str, name: &str, r: &review::Request, d: &mut Decision) {
     let probed = hcp_fleet_guards::scope_of(path) == hcp_fleet_guards::Scope::Everyone;
     if (!d.allowed || d.audit_annotations.contains_key("would-deny")) && !probed {
@@ -398,12 +397,7 @@ async fn account(st: &AppState, path: &str, name: &str, r: &review::Request, d: 
     let nonce = hcp_fleet_guards::probe::nonce_of(r);
     if probed {
         let key = st.probe_key().await;
-        let denied = st.own_denials.report(Instant::now());
-        d.message = Some(hcp_fleet_guards::probe::answer(
-            key.as_ref(),
-            nonce,
-            &denied,
-        ));
+        d.message = Some(hcp_fleet_guards::probe::answer(key.as_ref(), nonce));
     } else if let Some(nonce) = nonce
         && let Some(key) = st.probe_key().await
         && let Some(msg) = d.message.as_deref()
@@ -482,6 +476,7 @@ pub fn router(st: Arc<AppState>) -> axum::Router {
                 }
             }),
         )
+        .route(hcp_fleet_guards::probe::OWN_DENIALS_PATH, get(own_denials))
         .route(
             "/metrics",
             get(|State(st): State<Arc<AppState>>| async move {
@@ -499,6 +494,30 @@ pub fn router(st: Arc<AppState>) -> axum::Router {
             close_while_draining,
         ))
         .with_state(st)
+}
+
+/// `GET /own-denials?nonce=<hex>`: the hosted cluster's own requests this replica denied
+/// lately, proven under the HCP's probe key (`probe::own_denials`), for the agent, which asks
+/// every replica (docs/admission.md, "When a guard denies the cluster"). Not a secret: guard
+/// names and sender classes; the proof is what makes it the agent's to believe.
+async fn own_denials(
+    State(st): State<Arc<AppState>>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> Response {
+    let nonce = query
+        .as_deref()
+        .unwrap_or("")
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("nonce="))
+        .and_then(hcp_fleet_guards::probe::a_nonce);
+    let Some(nonce) = nonce else {
+        return (StatusCode::BAD_REQUEST, "want ?nonce=<hex, at most 64>").into_response();
+    };
+    let Some(key) = st.probe_key().await else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "no probe key yet").into_response();
+    };
+    let denied = st.own_denials.report(Instant::now());
+    hcp_fleet_guards::probe::own_denials(&key, nonce, &denied).into_response()
 }
 
 /// While draining, an HTTP/1.1 answer carries `Connection: close`: the client learns with the

@@ -62,6 +62,9 @@ pub(super) struct WatchShared {
     pub(crate) canary_results: std::collections::BTreeMap<String, super::canary::Shown>,
     /// Which canary goes next.
     pub(crate) canary_next: usize,
+    /// The hosted cluster's own requests the admission replicas last reported denied
+    /// (`probe::own_denials`; `None`: none did), read every few probe rounds.
+    pub(crate) own_denials: Option<String>,
     /// Why the connection to the hosted cluster is down, while it is (set and cleared by the
     /// drift watch: a dropped watch, then an answer again).
     pub(crate) lost: Option<String>,

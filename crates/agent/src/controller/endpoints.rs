@@ -33,10 +33,13 @@ pub trait AdmissionEndpoints: Send + Sync {
     /// Where each ready replica of the admission service in `namespace` listens, to shake
     /// hands with it and see which certificate it serves (asked of the server: it changes
     /// during the rollouts it is asked about, faster than a watch is sure to show).
+    /// `service`, `port`: the admission Service's name and port (`admission.serviceName`,
+    /// `admission.port`).
     fn replicas<'a>(
         &'a self,
         management: &'a Client,
-        cfg: &'a AgentConfig,
+        service: &'a str,
+        port: i32,
         namespace: &'a str,
     ) -> BoxFuture<'a, Result<Vec<SocketAddr>, ReplicasUnknown>>;
 }
@@ -71,15 +74,15 @@ impl AdmissionEndpoints for InCluster {
     fn replicas<'a>(
         &'a self,
         management: &'a Client,
-        cfg: &'a AgentConfig,
+        service: &'a str,
+        port: i32,
         namespace: &'a str,
     ) -> BoxFuture<'a, Result<Vec<SocketAddr>, ReplicasUnknown>> {
         Box::pin(async move {
             let slices = Api::<EndpointSlice>::namespaced(management.clone(), namespace)
-                .list(&ListParams::default().labels(&format!(
-                    "kubernetes.io/service-name={}",
-                    cfg.admission.service_name
-                )))
+                .list(
+                    &ListParams::default().labels(&format!("kubernetes.io/service-name={service}")),
+                )
                 .await
                 .map_err(|source| ReplicasUnknown {
                     namespace: namespace.to_string(),
@@ -88,7 +91,7 @@ impl AdmissionEndpoints for InCluster {
             Ok(slices
                 .items
                 .iter()
-                .flat_map(|s| ready_addresses(s, cfg.admission.port))
+                .flat_map(|s| ready_addresses(s, port))
                 .collect())
         })
     }

@@ -4,7 +4,7 @@
 //! reconciles, the agent's only periodic request.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -12,13 +12,16 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client};
 use tracing::{Instrument, info};
 
+use super::AdmissionEndpoints;
 use super::canary;
-use super::context::{AbortOnDrop, lock};
+use super::context::{AbortOnDrop, WatchShared, lock};
 use super::proof::{Answer, Asked, Proof, authentic};
 use super::scope::Scope;
 use crate::hosted::clients::HostedClient;
 use hcp_fleet_guards::catalogue::{POLICY_PROBE_VALUE, PROBE_LABEL, PROBE_REVISION_LABEL};
-use hcp_fleet_guards::probe::{FOREIGN_ANSWER, FOREIGN_POLICY_ANSWER, NO_ANSWER, NONCE_ANNOTATION};
+use hcp_fleet_guards::probe::{
+    FOREIGN_ANSWER, FOREIGN_POLICY_ANSWER, NO_ANSWER, NONCE_ANNOTATION, OWN_DENIALS_PATH, ProbeKey,
+};
 use hcp_fleet_model::crd::{ComplianceState, HostedControlPlane};
 use hcp_fleet_render::hosted::admission_policies::Engine;
 use hcp_fleet_render::hosted::wanted::Wanted;
@@ -103,15 +106,13 @@ pub(crate) struct Probed {
 /// (answered by the hosted kube-apiserver itself). `Ok` when it answered; otherwise what
 /// happened instead. An allowed request means nothing at that revision saw it: the service's
 /// call failed (failurePolicy Ignore let it through), or the server does not run it yet.
-/// With the answer, the admission service's proven report of the hosted cluster's own
-/// requests it denied lately (`probe::REPORT_MARK`), if it made one.
 pub(crate) async fn probe_path(
     hosted: &Client,
     timeout: Duration,
     engine: Engine,
     revision: &str,
     proof: &Proof,
-) -> Result<(Answer, Option<String>), ProbeFailure> {
+) -> Result<Answer, ProbeFailure> {
     let value = match engine {
         Engine::Webhook => "true",
         Engine::Policy | Engine::Static => POLICY_PROBE_VALUE,
@@ -151,11 +152,7 @@ pub(crate) async fn probe_path(
                     ?answer,
                     "probe answered"
                 );
-                let report = match (answer, &proof.key) {
-                    (Answer::Proven, Some(k)) => k.report(&nonce, &s.message).map(str::to_string),
-                    _ => None,
-                };
-                Ok((answer, report))
+                Ok(answer)
             }
         },
         Ok(Ok(_)) => Err(match engine {
@@ -184,12 +181,18 @@ fn asked(name: &str) -> Asked<'_> {
 }
 
 /// The end-to-end probe of every path installed, through the hosted kube-apiserver.
-pub(crate) async fn probe(hosted: &Client, timeout: Duration, targets: &ProbeTargets) -> Probed {
+/// `reported`: the cluster's own requests the admission replicas last said they denied
+/// (`own_denials`), which fail the verdict.
+pub(crate) async fn probe(
+    hosted: &Client,
+    timeout: Duration,
+    targets: &ProbeTargets,
+    reported: Option<&str>,
+) -> Probed {
     let mut answered = Vec::new();
     let mut failed = Vec::new();
     let mut unanswered = None;
     let mut unproven = false;
-    let mut reported = None;
     for (engine, rev, who) in [
         (Engine::Webhook, &targets.webhook, "the admission service"),
         (Engine::Policy, &targets.policy, "the admission policies"),
@@ -197,10 +200,9 @@ pub(crate) async fn probe(hosted: &Client, timeout: Duration, targets: &ProbeTar
     ] {
         let Some(rev) = rev else { continue };
         match probe_path(hosted, timeout, engine, rev, &targets.proof).await {
-            Ok((a, report)) => {
+            Ok(a) => {
                 unproven |= a == Answer::Unproven;
                 answered.push(who);
-                reported = reported.or(report);
             }
             Err(e) => {
                 failed.push(e.to_string());
@@ -210,7 +212,7 @@ pub(crate) async fn probe(hosted: &Client, timeout: Duration, targets: &ProbeTar
             }
         }
     }
-    let verdict = verdict(&answered, &failed, unproven, reported.as_deref());
+    let verdict = verdict(&answered, &failed, unproven, reported);
     Probed {
         verdict,
         unanswered,
@@ -252,6 +254,86 @@ fn verdict(
     ))
 }
 
+/// Every how many probe rounds the agent asks each admission replica what it denied of the
+/// cluster's own requests: once in five minutes at the default interval, well within the
+/// report's ten, and at a thousand HCPs a request per replica every five rounds, not every
+/// round.
+const REPORT_ROUNDS: u64 = 5;
+/// The longest report the agent reads: guards × senders pairs are a few hundred bytes.
+const REPORT_LIMIT: usize = 16 * 1024;
+
+/// Where an HCP's admission replicas are found, to ask each for its report.
+pub(crate) struct Replicas {
+    pub(crate) management: Client,
+    pub(crate) endpoints: Arc<dyn AdmissionEndpoints>,
+    pub(crate) service: String,
+    pub(crate) port: i32,
+    pub(crate) namespace: String,
+}
+
+/// What the admission replicas report of the hosted cluster's own requests they denied in the
+/// last 10 minutes ("<webhook> denied <sender>", each pair once, in order), each replica's
+/// report proven under the probe key. `Ok(None)`: none reported one. A replica that does not
+/// answer, answers without the proof, or predates the report adds nothing: only a proven
+/// report is put on the record. `Err`: where the replicas are is not known.
+pub(crate) async fn own_denials(
+    at: &Replicas,
+    key: &ProbeKey,
+    timeout: Duration,
+) -> Result<Option<String>, super::ReplicasUnknown> {
+    let addrs = at
+        .endpoints
+        .replicas(&at.management, &at.service, at.port, &at.namespace)
+        .await?;
+    let name = format!("{}.{}.svc", at.service, at.namespace);
+    let mut pairs = std::collections::BTreeSet::new();
+    for addr in addrs {
+        let Some(nonce) = hcp_fleet_guards::probe::nonce() else {
+            continue;
+        };
+        let path = format!("{OWN_DENIALS_PATH}?nonce={nonce}");
+        match crate::tls::get(addr, &name, &path, timeout, REPORT_LIMIT).await {
+            Ok((200, text)) => match key.report(&nonce, &text) {
+                Some(r) => {
+                    pairs.extend(r.split(", ").filter(|p| !p.is_empty()).map(str::to_string))
+                }
+                None => info!(%addr, "a replica's report carries no proof; ignored"),
+            },
+            Ok((status, _)) => tracing::debug!(%addr, status, "a replica made no report"),
+            Err(e) => tracing::debug!(%addr, error = %e, "a replica was not asked"),
+        }
+    }
+    Ok((!pairs.is_empty()).then(|| pairs.into_iter().collect::<Vec<_>>().join(", ")))
+}
+
+/// Asks the replicas for their report (`own_denials`) and keeps it in `shared` for the
+/// verdicts; whether it changed. Where the replicas cannot be found the last report stands;
+/// with no webhook installed there is nothing to report.
+async fn refresh_report(
+    at: &Replicas,
+    targets: &ProbeTargets,
+    shared: &Mutex<WatchShared>,
+    timeout: Duration,
+) -> bool {
+    let read = match (&targets.webhook, &targets.proof.key) {
+        (Some(_), Some(key)) => match own_denials(at, key, timeout).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(error = %e, "the replicas' report not read");
+                return false;
+            }
+        },
+        _ => None,
+    };
+    let mut s = lock(shared);
+    if s.own_denials == read {
+        return false;
+    }
+    info!(reported = ?read, "the admission replicas' report of the cluster's own requests denied changed");
+    s.own_denials = read;
+    true
+}
+
 /// When an HCP's first periodic probe goes: between half and one and a half intervals,
 /// placed by a hash of its namespace. A restarted agent converges a thousand HCPs within
 /// seconds; without the spread their probes would all go in the same second of every minute.
@@ -264,11 +346,13 @@ pub(crate) fn first_probe(ns: &str, every: Duration) -> Duration {
 
 /// Records this reconcile's verdict and makes sure the periodic probe runs. The task queues a
 /// full reconcile (which reports) only when the verdict changes, so a steady fleet costs one
-/// hosted request per cluster per interval and nothing on the management cluster.
+/// hosted request per cluster per interval and, every `REPORT_ROUNDS` rounds, a look at the
+/// admission replicas (`own_denials`).
 pub(crate) fn ensure_task(s: &Scope<'_>, hosted: &HostedClient, verdict: ComplianceState) {
     let (ctx, ns, cluster) = (s.ctx, s.ns, s.cluster);
     let timeout = s.cfg.hosted_access.request_timeout();
     let every = Duration::from_secs(u64::from(s.cfg.probe_interval_seconds));
+    let (service, port) = (&s.cfg.admission.service_name, s.cfg.admission.port);
     ctx.with_hcp(ns, |s| {
         let Some(w) = s.watch.as_mut() else {
             return;
@@ -282,12 +366,19 @@ pub(crate) fn ensure_task(s: &Scope<'_>, hosted: &HostedClient, verdict: Complia
         let tx = ctx.requeue.clone();
         let hcp_ref = ObjectRef::<HostedControlPlane>::new(cluster).within(ns);
         let ns = ns.to_string();
+        let replicas = Replicas {
+            management: ctx.client.clone(),
+            endpoints: Arc::clone(&ctx.endpoints),
+            service: service.clone(),
+            port,
+            namespace: ns.clone(),
+        };
         let first = first_probe(&ns, every);
         let span = tracing::info_span!(parent: None, "probe", hcp_namespace = %ns, hosted_cluster = %cluster);
         w.probe = Some(AbortOnDrop(tokio::spawn(
             async move {
                 let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + first, every);
-                loop {
+                for round in 0_u64.. {
                     tick.tick().await;
                     // The revisions the last reconcile installed, and the canary whose turn it is.
                     let (targets, canaries, next) = {
@@ -303,7 +394,14 @@ pub(crate) fn ensure_task(s: &Scope<'_>, hosted: &HostedClient, verdict: Complia
                     // futures are boxed: held inline they would size the task for its whole
                     // life, a thousand of them asleep between rounds.
                     let client = hosted.client();
-                    let probed = Box::pin(probe(&client, timeout, &targets))
+                    let report_changed = if round % REPORT_ROUNDS == 0 {
+                        Box::pin(refresh_report(&replicas, &targets, &shared, timeout)).await
+                    } else {
+                        false
+                    };
+                    // The path's own verdict gates the canaries; the replicas' report is the
+                    // guards' doing, not the path's.
+                    let probed = Box::pin(probe(&client, timeout, &targets, None))
                         .await
                         .verdict
                         .state;
@@ -330,12 +428,18 @@ pub(crate) fn ensure_task(s: &Scope<'_>, hosted: &HostedClient, verdict: Complia
                     }
                     let (now, last) = {
                         let s = lock(&shared);
-                        (canary::combined(probed, &s.canary_results), s.probe)
+                        let now = match s.own_denials {
+                            Some(_) => ComplianceState::NonCompliant,
+                            None => canary::combined(probed, &s.canary_results),
+                        };
+                        (now, s.probe)
                     };
                     if last != Some(now) {
                         info!(verdict = now.as_str(), "end-to-end probe changed");
                         let _ = tx.send(hcp_ref.clone());
-                    } else if canary_changed && now == ComplianceState::NonCompliant {
+                    } else if (canary_changed || report_changed)
+                        && now == ComplianceState::NonCompliant
+                    {
                         // Another guard failing, or failing otherwise: the report names it.
                         let _ = tx.send(hcp_ref.clone());
                     }

@@ -186,10 +186,10 @@ mod tests {
             rolling_out,
         };
         let asked = probe_asked(PROBE_NAME);
-        let proven = hook(answer(Some(&key), Some(&n), &[]));
-        let words = hook(answer(None, None, &[]));
+        let proven = hook(answer(Some(&key), Some(&n)));
+        let words = hook(answer(None, None));
         let other = ProbeKey::generate().expect("random");
-        let forged = hook(answer(Some(&other), Some(&n), &[]));
+        let forged = hook(answer(Some(&other), Some(&n)));
         let w = Engine::Webhook;
         let judged = |s: &Status, rolling| authentic(w, s, &asked, &proof(rolling), &n);
         assert_eq!(judged(&proven, false), Answer::Proven);

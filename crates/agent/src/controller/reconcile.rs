@@ -439,7 +439,12 @@ async fn prove(
     targets: &probe::ProbeTargets,
 ) -> Result<Observation, Failure> {
     let timeout = s.cfg.hosted_access.request_timeout();
-    let probed = probe::probe(&hosted.client(), timeout, targets).await;
+    let reported = s.ctx.with_hcp(s.ns, |h| {
+        h.watch
+            .as_ref()
+            .and_then(|w| lock(&w.shared).own_denials.clone())
+    });
+    let probed = probe::probe(&hosted.client(), timeout, targets, reported.as_deref()).await;
     let mut verdict = probed.verdict;
     let silent = match probed.unanswered {
         Some(why) if !hosted.answers(SILENCE_CHECK).await => Some(why),

@@ -185,7 +185,16 @@ async fn replicas_serve(ctx: &Context, cfg: &AgentConfig, ns: &str, serving_pem:
     let Some(expected) = bundle_ders(serving_pem).into_iter().next() else {
         return served;
     };
-    let replicas = match ctx.endpoints.replicas(&ctx.client, cfg, ns).await {
+    let replicas = match ctx
+        .endpoints
+        .replicas(
+            &ctx.client,
+            &cfg.admission.service_name,
+            cfg.admission.port,
+            ns,
+        )
+        .await
+    {
         Ok(r) => r,
         Err(e) => {
             info!(error = %e, "replicas unknown; keeping the old CA trusted");
