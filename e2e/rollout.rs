@@ -187,6 +187,26 @@ async fn agent_event(mgmt: &Client, reason: &str, needle: &str) -> bool {
         })
 }
 
+/// Every Event in the agent's namespace, as "<reason>: <note>", for a failure's message.
+async fn agent_events(mgmt: &Client) -> Vec<String> {
+    Api::<k8s_openapi::api::events::v1::Event>::namespaced(mgmt.clone(), AGENT_NS)
+        .list(&Default::default())
+        .await
+        .map(|l| {
+            l.items
+                .iter()
+                .map(|e| {
+                    format!(
+                        "{}: {}",
+                        e.reason.as_deref().unwrap_or(""),
+                        e.note.as_deref().unwrap_or("")
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 async fn revision_of(mgmt: &Client, ns: &str) -> Option<String> {
     let h = Api::<AdmissionHealth>::namespaced(mgmt.clone(), ns)
         .get(support::record_of(ns))
@@ -564,7 +584,7 @@ async fn an_override_is_checked_pins_its_hcp_and_its_removal_rejoins_the_fleet()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_failing_its_own_probe_does_not_halt_the_rollout() {
     use hcp_fleet_guards::catalogue::PROBE_LABEL;
-    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
     let (fleet, mgmt, _pods) = support::fleet_with_pods(3).await;
     let nss: Vec<String> = ["hc-1", "hc-2", "hc-3"]
         .iter()
@@ -580,15 +600,18 @@ async fn a_tenant_failing_its_own_probe_does_not_halt_the_rollout() {
     }
     support::wait_compliant(&mgmt, &["hc-1", "hc-2", "hc-3"]).await;
     // hc-2's admins: every probe ConfigMap now fails at a webhook of theirs that answers nothing.
+    // A mutating one: those run before any validating webhook, so the probe always fails at
+    // it. A validating one would race the agent's own probe webhook (the API server returns
+    // the first denial to come back), and the probe would pass whenever the agent's won.
     let hosted = fleet
         .hosted("hc-2")
         .expect("hc-2")
         .client()
         .await
         .expect("hc-2 client");
-    let vwc: ValidatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
+    let mwc: MutatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration",
+        "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": "tenant-breaks-the-probe"},
         "webhooks": [{
             "name": "breaker.tenant.example.com",
@@ -602,8 +625,8 @@ async fn a_tenant_failing_its_own_probe_does_not_halt_the_rollout() {
         }],
     }))
     .expect("configuration");
-    Api::<ValidatingWebhookConfiguration>::all(hosted)
-        .create(&PostParams::default(), &vwc)
+    Api::<MutatingWebhookConfiguration>::all(hosted)
+        .create(&PostParams::default(), &mwc)
         .await
         .expect("the tenant's webhook");
     eventually("hc-2's probe fails", Duration::from_secs(30), || async {
@@ -648,12 +671,15 @@ async fn a_tenant_failing_its_own_probe_does_not_halt_the_rollout() {
     // The Events follow the status write the phase was read from.
     eventually(
         "an Event says why hc-2 was not held against the revision",
-        Duration::from_secs(15),
+        Duration::from_secs(60),
         || async {
             if agent_event(&mgmt, "RolloutNotHeldAgainst", "clusters-hc-2").await {
                 Ok(())
             } else {
-                Err("no such Event yet".to_string())
+                Err(format!(
+                    "no such Event yet; the agent's: {:#?}",
+                    agent_events(&mgmt).await
+                ))
             }
         },
     )

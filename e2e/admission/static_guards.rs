@@ -249,8 +249,23 @@ async fn static_guards_hold_against_every_api_request_and_switch_without_a_gap()
         .expect("delete");
     configmap_back(&cms, &rendered, "the deletion undone").await;
     assert!(counted() >= before + 2.0, "{before} -> {}", counted());
-    let (ok, out) = kubectl(&bed, DELETE_AS_ALICE);
-    assert!(!ok && out.contains(&static_name(RBAC)), "{out}");
+    // Denied throughout: while the files were gone the API-side policies stood in, and they
+    // stay until the static guards are proven in force again (a reload of the restored files).
+    eventually(
+        "the static guard answering again",
+        Duration::from_secs(60),
+        || {
+            let r = kubectl(&bed, DELETE_AS_ALICE);
+            async move {
+                match r {
+                    (true, out) => panic!("let through while the files came back: {out}"),
+                    (false, out) if out.contains(&static_name(RBAC)) => Ok(()),
+                    (false, out) => Err(out),
+                }
+            }
+        },
+    )
+    .await;
 
     // With the admission service stopped (the webhook guards fail open), the static guards
     // keep denying, and their files are still put back: they are written beside the admission

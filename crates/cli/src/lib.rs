@@ -111,10 +111,20 @@ pub fn main_with<E: Extra>(local: Option<LocalEndpoints>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let command = match cli.command {
-        Commands::Base(c) => c,
-        Commands::Extra(e) => return e.run(&runtime),
-    };
+    match cli.command {
+        Commands::Base(c) => run(c, local, &runtime),
+        Commands::Extra(e) => e.run(&runtime),
+    }
+}
+
+/// The commands of every build, out of `main_with`: not generic, so the agent's and the
+/// service's code is compiled once, in this crate, rather than again into each binary that
+/// instantiates `main_with` (the image's release build spent 100 s of two cores on that).
+fn run(
+    command: Command,
+    local: Option<LocalEndpoints>,
+    runtime: &tokio::runtime::Runtime,
+) -> ExitCode {
     match command {
         Command::Agent(args) => {
             // The composition root: the only place that picks the test bed's seam.
