@@ -19,6 +19,20 @@ pub(crate) async fn served_certificate(
     use std::sync::{Arc, Mutex};
     let seen = Arc::new(Mutex::new(None));
     let cfg = capturing_client(seen.clone()).map_err(HandshakeError::Client)?;
+    let _stream = tokio::time::timeout(timeout, connect(addr, server_name, cfg))
+        .await
+        .map_err(|_| HandshakeError::Timeout { addr, timeout })??;
+    // A verifier that panicked while holding the lock saw no certificate worth trusting.
+    let der = seen.lock().ok().and_then(|mut s| s.take());
+    der.ok_or(HandshakeError::NoCertificate(addr))
+}
+
+/// A TLS connection to `addr`, for `server_name`, as `cfg` says.
+async fn connect(
+    addr: SocketAddr,
+    server_name: &str,
+    cfg: rustls::ClientConfig,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, HandshakeError> {
     let name =
         rustls::pki_types::ServerName::try_from(server_name.to_string()).map_err(|source| {
             HandshakeError::Name {
@@ -26,22 +40,13 @@ pub(crate) async fn served_certificate(
                 source,
             }
         })?;
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
-    let handshake = async {
-        let tcp = tokio::net::TcpStream::connect(addr)
-            .await
-            .map_err(|source| HandshakeError::Connect { addr, source })?;
-        connector
-            .connect(name, tcp)
-            .await
-            .map_err(|source| HandshakeError::Tls { addr, source })
-    };
-    let _stream = tokio::time::timeout(timeout, handshake)
+    let tcp = tokio::net::TcpStream::connect(addr)
         .await
-        .map_err(|_| HandshakeError::Timeout { addr, timeout })??;
-    // A verifier that panicked while holding the lock saw no certificate worth trusting.
-    let der = seen.lock().ok().and_then(|mut s| s.take());
-    der.ok_or(HandshakeError::NoCertificate(addr))
+        .map_err(|source| HandshakeError::Connect { addr, source })?;
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg))
+        .connect(name, tcp)
+        .await
+        .map_err(|source| HandshakeError::Tls { addr, source })
 }
 
 /// One HTTP/1.1 `GET path` to `addr` over a fresh TLS connection: the status and the body
@@ -55,24 +60,10 @@ pub(crate) async fn get(
     limit: usize,
 ) -> Result<(u16, String), FetchError> {
     use http_body_util::BodyExt;
-    use std::sync::Arc;
     let mut cfg = accept_any_server().map_err(HandshakeError::Client)?;
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let name =
-        rustls::pki_types::ServerName::try_from(server_name.to_string()).map_err(|source| {
-            HandshakeError::Name {
-                name: server_name.to_string(),
-                source,
-            }
-        })?;
     let exchange = async {
-        let tcp = tokio::net::TcpStream::connect(addr)
-            .await
-            .map_err(|source| HandshakeError::Connect { addr, source })?;
-        let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
-            .connect(name, tcp)
-            .await
-            .map_err(|source| HandshakeError::Tls { addr, source })?;
+        let tls = connect(addr, server_name, cfg).await?;
         let (mut send, conn) =
             hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
                 .await
