@@ -173,38 +173,29 @@ async fn label_canary(mgmt: &Client, name: &str) {
         .expect("label the canary");
 }
 
-/// Whether an Event in the agent's namespace has `reason` and mentions `needle`.
-async fn agent_event(mgmt: &Client, reason: &str, needle: &str) -> bool {
+/// Every Event in the agent's namespace.
+async fn agent_events(mgmt: &Client) -> Vec<k8s_openapi::api::events::v1::Event> {
     Api::<k8s_openapi::api::events::v1::Event>::namespaced(mgmt.clone(), AGENT_NS)
         .list(&Default::default())
         .await
         .expect("events")
         .items
-        .iter()
-        .any(|e| {
-            e.reason.as_deref() == Some(reason)
-                && e.note.as_deref().is_some_and(|n| n.contains(needle))
-        })
 }
 
-/// Every Event in the agent's namespace, as "<reason>: <note>", for a failure's message.
-async fn agent_events(mgmt: &Client) -> Vec<String> {
-    Api::<k8s_openapi::api::events::v1::Event>::namespaced(mgmt.clone(), AGENT_NS)
-        .list(&Default::default())
-        .await
-        .map(|l| {
-            l.items
-                .iter()
-                .map(|e| {
-                    format!(
-                        "{}: {}",
-                        e.reason.as_deref().unwrap_or(""),
-                        e.note.as_deref().unwrap_or("")
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default()
+/// The Event among `events` with `reason` that mentions `needle`, if any.
+fn event_of<'e>(
+    events: &'e [k8s_openapi::api::events::v1::Event],
+    reason: &str,
+    needle: &str,
+) -> Option<&'e k8s_openapi::api::events::v1::Event> {
+    events.iter().find(|e| {
+        e.reason.as_deref() == Some(reason) && e.note.as_deref().is_some_and(|n| n.contains(needle))
+    })
+}
+
+/// Whether an Event in the agent's namespace has `reason` and mentions `needle`.
+async fn agent_event(mgmt: &Client, reason: &str, needle: &str) -> bool {
+    event_of(&agent_events(mgmt).await, reason, needle).is_some()
 }
 
 async fn revision_of(mgmt: &Client, ns: &str) -> Option<String> {
@@ -673,13 +664,20 @@ async fn a_tenant_failing_its_own_probe_does_not_halt_the_rollout() {
         "an Event says why hc-2 was not held against the revision",
         Duration::from_secs(60),
         || async {
-            if agent_event(&mgmt, "RolloutNotHeldAgainst", "clusters-hc-2").await {
-                Ok(())
-            } else {
-                Err(format!(
+            let events = agent_events(&mgmt).await;
+            match event_of(&events, "RolloutNotHeldAgainst", "clusters-hc-2") {
+                Some(_) => Ok(()),
+                None => Err(format!(
                     "no such Event yet; the agent's: {:#?}",
-                    agent_events(&mgmt).await
-                ))
+                    events
+                        .iter()
+                        .map(|e| format!(
+                            "{}: {}",
+                            e.reason.as_deref().unwrap_or(""),
+                            e.note.as_deref().unwrap_or("")
+                        ))
+                        .collect::<Vec<_>>()
+                )),
             }
         },
     )

@@ -377,8 +377,9 @@ async fn admit(State(st): State<Arc<AppState>>, req: Request) -> Response {
 }
 
 /// What a decision leaves behind besides its answer: who was denied (a denial of the
-/// cluster's own machinery is an alarm: the metric, and the probe's report), and, for the
-/// agent's probe and canaries, which carry a nonce, the proof that the denial came from here.
+/// cluster's own machinery is an alarm: the metric, and the report at
+/// `probe::OWN_DENIALS_PATH`), and, for the agent's probe and canaries, which carry a nonce,
+/// the proof that the denial came from here.
 /// The probe's denials are its answers, not denials.
 async fn account(st: &AppState, path: &str, name: &str, r: &review::Request, d: &mut Decision) {
     let probed = hcp_fleet_guards::scope_of(path) == hcp_fleet_guards::Scope::Everyone;
