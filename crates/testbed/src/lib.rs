@@ -750,6 +750,7 @@ fn new_apiserver(
         // Off where the flag exists (before 1.24 it defaulted to an open local port).
         args.push("--insecure-port=0".into());
     }
+    args.extend(assets.version.removed_betas());
     args.extend(opts.extra_apiserver_args.iter().cloned());
     let kubeconfig_yaml = pki.admin_kubeconfig(name, &format!("https://127.0.0.1:{port}"))?;
     let kubeconfig_path = dir.join(format!("{name}.kubeconfig"));
