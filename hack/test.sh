@@ -60,9 +60,9 @@ tb_pid=""
 mapfile -t versions <"$work/versions"
 [ "${#versions[@]}" -gt 0 ] || { echo "[test] no test-bed version" >&2; exit 1; }
 
-# Two lanes of about equal length (measured on 1.20.2 with the hosted clusters' data planes in
-# a cold `.ci/run` of 0629e66, 2026-11-28: admission 603 s + data_plane 95 + packaging 102 +
-# testbed 79 = 879; acm 92 + agent 436 + monitoring 46 + rollout 199 + tenant 101 = 874).
+# Two lanes of about equal length (measured on 1.20.2 with the hosted clusters' data planes,
+# the two lanes alone, 2026-11-28: admission 491 s + data_plane 38 + packaging 84 + testbed 40
+# = 653; acm 65 + agent 332 + monitoring 35 + rollout 150 + tenant 66 = 648).
 lanes=("--test admission --test packaging --test testbed --test data_plane" "--test agent --test rollout --test acm --test monitoring --test tenant")
 # Every [[test]] of e2e/Cargo.toml runs in one lane: a new e2e binary left out fails here.
 for t in $(awk '/^\[\[test\]\]/{t=1} t && /^name *=/{gsub(/[" ]/,"",$0); sub(/name=/,""); print; t=0}' e2e/Cargo.toml); do

@@ -66,6 +66,11 @@ impl Case {
         self.sub_resource = Some(sub_resource);
         self
     }
+    /// The same request as one object of a collection delete: the API server sends no name.
+    pub(crate) fn collection(mut self) -> Self {
+        self.name = "";
+        self
+    }
     pub(crate) fn objects(mut self, object: Value, old: Value) -> Self {
         self.object = object;
         self.old = old;

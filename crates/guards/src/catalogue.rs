@@ -165,6 +165,7 @@ pub mod denial {
     pub(crate) const IDENTITY_GROUP: &str = "hcp-fleet: {verb} the Group \"{name}\" is not allowed on a managed cluster: its members are exempt from the guards; ask SRE";
     pub(crate) const IDENTITY_NAMESPACE: &str = "hcp-fleet: creating the namespace \"{name}\" is not allowed on a managed cluster: the name is reserved for the platform, whose identities are exempt from the guards";
     pub(crate) const IDENTITY_TOKEN: &str = "hcp-fleet: {what} in the namespace \"{namespace}\" is not allowed on a managed cluster: service accounts there are exempt from the guards";
+    pub(crate) const SERVICE_ACCOUNT: &str = "hcp-fleet: deleting the service account \"{name}\" in the namespace \"{namespace}\" is not allowed on a managed cluster: the platform's components run as it; ask SRE";
     /// Warn mode: what the guard would have denied.
     pub(crate) const IDENTITY_WORKLOAD: &str = "hcp-fleet: running a pod as the service account \"{sa}\" in the namespace \"{namespace}\" is not allowed on a managed cluster: it is exempt from the guards";
     pub const WARN: &str = "{guard} (warn mode) would deny: {message}";

@@ -35,6 +35,7 @@ pub mod probe;
 pub mod protected_rbac;
 pub mod review;
 pub mod scc;
+pub mod service_accounts;
 pub mod service_annotation;
 pub mod settings;
 pub mod traffic;
@@ -115,6 +116,7 @@ pub static ALL: &[&dyn Guard] = &[
     &identity_groups::IdentityGroups,
     &identity_namespaces::IdentityNamespaces,
     &identity_workloads::IdentityWorkloads,
+    &service_accounts::ServiceAccounts,
     &probe::Probe,
     &service_annotation::ServiceAnnotation,
 ];

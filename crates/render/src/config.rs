@@ -453,7 +453,16 @@ impl Default for IdentityClasses {
             },
             sre: Members {
                 users: Vec::new(),
-                groups: v(&["osd-sre-admins", "osd-sre-cluster-admins"]),
+                // Backplane's SRE sessions carry the group of their service accounts'
+                // namespace (MCVW lets it through on every webhook). A tenant cannot wear it:
+                // the API server gives `system:serviceaccounts:` groups to service accounts'
+                // tokens, and the identity-groups guard keeps a Group object of that name from
+                // being made.
+                groups: v(&[
+                    "osd-sre-admins",
+                    "osd-sre-cluster-admins",
+                    "system:serviceaccounts:openshift-backplane-srep",
+                ]),
             },
             customer_admins: Members {
                 users: Vec::new(),
