@@ -562,7 +562,7 @@ async fn each_guard_answers_through(engine: GuardEngine) {
 
     // warn: the same request is allowed, with a Warning naming what would have been denied.
     // The same words through either engine; the policy's warning has the API server's prefix.
-    bed.agent.set_config(with_mode(cfg.clone(), Mode::Warn));
+    bed.set_config(with_mode(cfg.clone(), Mode::Warn));
     let warned = format!("{rbac} (warn mode) would deny: {PROTECTED}");
     let prefix = if by_static {
         let name = format!("{rbac}{}", hcp_fleet_render::hosted::static_guards::SUFFIX);
@@ -589,7 +589,7 @@ async fn each_guard_answers_through(engine: GuardEngine) {
     .await;
 
     // off: allowed, and nothing said.
-    bed.agent.set_config(with_mode(cfg, Mode::Off));
+    bed.set_config(with_mode(cfg, Mode::Off));
     eventually("off mode in force", Duration::from_secs(60), || {
         let r = kubectl(&bed, DELETE_AS_ALICE);
         async move {

@@ -117,7 +117,7 @@ async fn static_guards_hold_against_every_api_request_and_switch_without_a_gap()
     let load = GuardLoad::start(alice(&bed).await);
     tokio::time::sleep(Duration::from_secs(3)).await;
     let asked = Instant::now();
-    bed.agent.set_config(with_engine(GuardEngine::Static));
+    bed.set_config(with_engine(GuardEngine::Static));
     wait_paths(
         &bed,
         &hosted,
@@ -320,14 +320,14 @@ async fn static_guards_hold_against_every_api_request_and_switch_without_a_gap()
         "static guards: warn mode in force {:?} after the configuration changed",
         asked.elapsed()
     );
-    bed.agent.set_config(with_engine(GuardEngine::Static));
+    bed.set_config(with_engine(GuardEngine::Static));
     alice_denied_again(&bed, "enforce again").await;
 
     // A changed exemption (alice exempt), the same way.
     let asked = Instant::now();
     let mut exempt = with_engine(GuardEngine::Static);
     exempt.admission.exempt_users.push("alice".into());
-    bed.agent.set_config(exempt);
+    bed.set_config(exempt);
     eventually("alice exempt", Duration::from_secs(30), || {
         let r = kubectl(&bed, DELETE_AS_ALICE);
         async move {
@@ -342,14 +342,14 @@ async fn static_guards_hold_against_every_api_request_and_switch_without_a_gap()
         "static guards: an exemption in force {:?} after the configuration changed",
         asked.elapsed()
     );
-    bed.agent.set_config(with_engine(GuardEngine::Static));
+    bed.set_config(with_engine(GuardEngine::Static));
     alice_denied_again(&bed, "alice guarded again").await;
 
     // And back to the API-side policies, under load: the files go only after the policies
     // are proven.
     let load = GuardLoad::start(alice(&bed).await);
     tokio::time::sleep(Duration::from_secs(3)).await;
-    bed.agent.set_config(with_engine(GuardEngine::Policy));
+    bed.set_config(with_engine(GuardEngine::Policy));
     wait_paths(
         &bed,
         &hosted,

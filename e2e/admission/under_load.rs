@@ -247,7 +247,7 @@ async fn switching_engines_under_load_lets_nothing_through() {
     let started = Instant::now();
     tokio::time::sleep(Duration::from_secs(5)).await;
 
-    bed.agent.set_config(with_engine(GuardEngine::Policy));
+    bed.set_config(with_engine(GuardEngine::Policy));
     if served {
         eventually(
             "the guards moved to policies",
@@ -273,7 +273,7 @@ async fn switching_engines_under_load_lets_nothing_through() {
     }
     tokio::time::sleep(Duration::from_secs(5)).await;
 
-    bed.agent.set_config(through_the_service());
+    bed.set_config(through_the_service());
     eventually(
         "the guards back on webhooks",
         Duration::from_secs(30),

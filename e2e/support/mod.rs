@@ -635,6 +635,23 @@ pub struct AgentBed {
     pub kubelet: tokio::task::JoinHandle<()>,
 }
 
+impl AgentBed {
+    /// The agent's configuration replaced as `agent_bed` gives it: the test bed's loopback API
+    /// servers allowed and rollout waves off. A bed's tests change guards, not rollouts: with
+    /// waves on, a guard the test takes down on purpose fails the new revision, and the agent
+    /// puts the HCP back on the revision before (e2e/rollout.rs tests that).
+    pub fn set_config(&self, cfg: hcp_fleet_render::config::AgentConfig) {
+        self.agent.set_config(bed_config(cfg));
+    }
+}
+
+fn bed_config(
+    mut cfg: hcp_fleet_render::config::AgentConfig,
+) -> hcp_fleet_render::config::AgentConfig {
+    cfg.rollout.enabled = false;
+    hcp_fleet_testbed::allow_loopback(cfg)
+}
+
 pub async fn agent_bed(cfg: hcp_fleet_render::config::AgentConfig) -> Result<AgentBed, String> {
     use hcp_fleet_testbed::kubelet;
     let fleet =
@@ -650,11 +667,9 @@ pub async fn agent_bed(cfg: hcp_fleet_render::config::AgentConfig) -> Result<Age
             dir: pods.path().to_path_buf(),
         },
     );
-    let mut cfg = cfg;
-    cfg.rollout.enabled = false;
     let agent = hcp_fleet_cli::agent::start(
         mgmt.clone(),
-        hcp_fleet_testbed::allow_loopback(cfg),
+        bed_config(cfg),
         hcp_fleet_cli::agent::StartOptions {
             agent_namespace: "hcp-fleet-agent".into(),
             endpoints: kubelet::endpoints(),
