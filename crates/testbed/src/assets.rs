@@ -81,8 +81,9 @@ impl KubeVersion {
     /// none of them, and each one costs a 1.20 server CPU at start-up and again at every CRD
     /// change (the OpenAPI document it rebuilds is that much larger). Measured on 1.20.2 here:
     /// 4.8 CPU-s to ready instead of about 5.3, and 0.8 CPU-s per CRD created instead of 1.2
-    /// (docs/testbed.md, "What a run costs"). `policy/v1beta1`, `discovery.k8s.io/v1beta1` and
-    /// `events.k8s.io/v1beta1` stay: a 1.20 server has no v1 of the first two.
+    /// (docs/testbed.md, "What a run costs"). `policy/v1beta1` and `discovery.k8s.io/v1beta1`
+    /// went later (1.25) and stay: a 1.20 server has no v1 of either (the agent writes its
+    /// PodDisruptionBudget as `policy/v1beta1` there).
     pub(crate) fn removed_betas(&self) -> Option<String> {
         const REMOVED_IN_1_22: &[&str] = &[
             "admissionregistration.k8s.io/v1beta1",
