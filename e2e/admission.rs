@@ -5,6 +5,8 @@
 // seven-argument limits hold the shipped code in src/ (clippy.toml).
 #![allow(clippy::too_many_lines, clippy::too_many_arguments)]
 
+#[path = "admission/minting.rs"]
+mod minting;
 #[path = "admission/service.rs"]
 mod service;
 #[path = "admission/static_guards.rs"]
@@ -16,6 +18,7 @@ mod tenant;
 mod under_load;
 // Helpers one concern defines and another uses.
 #[allow(unused_imports)]
+use minting::*;
 use service::*;
 #[allow(unused_imports)]
 use tenant::*;
@@ -108,6 +111,10 @@ async fn grant_alice(bed: &Bed) {
         "metadata": {"name": "test-alice"},
         "rules": [
             {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles", "clusterrolebindings"], "verbs": ["get", "list", "delete", "deletecollection"]},
+            // Changing a binding's subjects takes `bind` on its role (RBAC's escalation check
+            // comes before admission).
+            {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterrolebindings"], "verbs": ["update", "patch"]},
+            {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "verbs": ["bind"], "resourceNames": ["view"]},
             {"apiGroups": ["config.openshift.io"], "resources": ["featuregates"], "verbs": ["get", "create", "update", "patch"]},
             {"apiGroups": ["security.openshift.io"], "resources": ["securitycontextconstraints"], "verbs": ["get", "update", "patch", "delete"]},
             {"apiGroups": ["config.openshift.io"], "resources": ["ingresses"], "verbs": ["get", "update", "patch", "delete"]},
@@ -116,6 +123,8 @@ async fn grant_alice(bed: &Bed) {
             // What a tenant would mint an exempt identity with.
             {"apiGroups": ["user.openshift.io"], "resources": ["groups"], "verbs": ["get", "list", "create", "update", "patch", "delete", "deletecollection"]},
             {"apiGroups": [""], "resources": ["namespaces", "serviceaccounts", "serviceaccounts/token", "secrets"], "verbs": ["get", "create"]},
+            {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["delete"]},
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
             // kubectl's server-side dry-run reads the CRD when the new type is not yet in the
             // published OpenAPI; without this the checks below race the API server.
             {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["get", "list"]},
@@ -533,6 +542,7 @@ async fn each_guard_answers_through(engine: GuardEngine) {
     assert!(ok, "{out}");
 
     identities_cannot_be_minted(&bed, &hosted, &answered_by).await;
+    platform_accounts_and_bindings(&bed, &hosted, &answered_by).await;
 
     if by_policy || by_static {
         // Denied and exempt alike, no request of these guards reached the admission service.
@@ -600,158 +610,6 @@ async fn each_guard_answers_through(engine: GuardEngine) {
         }
     })
     .await;
-}
-
-/// A non-exempt user cannot make themself exempt: not by joining an exempt Group, not by
-/// creating a namespace whose name is reserved (`openshift-x`, even labelled as a control-plane
-/// namespace), not by minting a service account, a token or a token Secret in one
-/// (`kube-system` here; its service accounts are exempt). Harmless neighbours pass.
-async fn identities_cannot_be_minted(
-    bed: &Bed,
-    hosted: &Client,
-    answered_by: &dyn Fn(&str) -> String,
-) {
-    use k8s_openapi::api::core::v1::ServiceAccount;
-    let groups_ar = kube::core::ApiResource::from_gvk_with_plural(
-        &kube::core::GroupVersionKind::gvk("user.openshift.io", "v1", "Group"),
-        "groups",
-    );
-    let sre: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
-        "apiVersion": "user.openshift.io/v1", "kind": "Group",
-        "metadata": {"name": "osd-sre-admins"}, "users": ["sre"],
-    }))
-    .expect("group");
-    Api::<kube::api::DynamicObject>::all_with(hosted.clone(), &groups_ar)
-        .create(&PostParams::default(), &sre)
-        .await
-        .expect("the exempt admin creates the SRE group");
-    let groups = "identity-groups.hcp-fleet.openshift.io";
-    let (ok, out) = kubectl(
-        bed,
-        &[
-            "--as=alice",
-            "patch",
-            "groups.user.openshift.io",
-            "osd-sre-admins",
-            "--type=merge",
-            "-p",
-            r#"{"users":["sre","alice"]}"#,
-            "--dry-run=server",
-        ],
-    );
-    assert!(
-        !ok && out.contains(&answered_by(groups))
-            && out.contains("changing the Group \"osd-sre-admins\" is not allowed"),
-        "joining an exempt Group: {out}"
-    );
-    let (ok, out) = kubectl_stdin(
-        bed,
-        &["--as=alice", "create", "-f", "-", "--dry-run=server"],
-        r#"{"apiVersion": "user.openshift.io/v1", "kind": "Group", "metadata": {"name": "team-a"}, "users": ["alice"]}"#,
-    );
-    assert!(ok, "a Group of one's own: {out}");
-
-    let namespaces = "identity-namespaces.hcp-fleet.openshift.io";
-    for labels in ["{}", r#"{"openshift.io/run-level": "0"}"#] {
-        let (ok, out) = kubectl_stdin(
-            bed,
-            &["--as=alice", "create", "-f", "-", "--dry-run=server"],
-            &format!(
-                r#"{{"apiVersion": "v1", "kind": "Namespace", "metadata": {{"name": "openshift-x", "labels": {labels}}}}}"#
-            ),
-        );
-        assert!(
-            !ok && out.contains(&answered_by(namespaces))
-                && out.contains("creating the namespace \"openshift-x\" is not allowed"),
-            "openshift-x labelled {labels}: {out}"
-        );
-    }
-    let (ok, out) = kubectl(
-        bed,
-        &[
-            "--as=alice",
-            "create",
-            "namespace",
-            "team-b",
-            "--dry-run=server",
-        ],
-    );
-    assert!(ok, "a team namespace: {out}");
-
-    let sa: ServiceAccount =
-        serde_json::from_value(serde_json::json!({"metadata": {"name": "builder"}})).expect("sa");
-    Api::<ServiceAccount>::namespaced(hosted.clone(), "kube-system")
-        .create(&PostParams::default(), &sa)
-        .await
-        .expect("the exempt admin creates a service account");
-    let (ok, out) = kubectl(
-        bed,
-        &[
-            "--as=alice",
-            "-n",
-            "kube-system",
-            "create",
-            "serviceaccount",
-            "bot",
-            "--dry-run=server",
-        ],
-    );
-    assert!(
-        !ok && out.contains(&answered_by(namespaces))
-            && out.contains("creating a service account in the namespace \"kube-system\""),
-        "a service account in kube-system: {out}"
-    );
-    // TokenRequest has no dry run in kubectl 1.20; a guard that let it through would hand
-    // alice a token, which the assertion would show.
-    let (ok, out) = kubectl_stdin(
-        bed,
-        &[
-            "--as=alice",
-            "create",
-            "--raw",
-            "/api/v1/namespaces/kube-system/serviceaccounts/builder/token",
-            "-f",
-            "-",
-        ],
-        r#"{"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"audiences": ["https://kubernetes.default.svc"]}}"#,
-    );
-    assert!(
-        !ok && out.contains("requesting a service account token in the namespace \"kube-system\""),
-        "a token for kube-system's builder: {out}"
-    );
-    let (ok, out) = kubectl_stdin(
-        bed,
-        &[
-            "--as=alice",
-            "-n",
-            "kube-system",
-            "create",
-            "-f",
-            "-",
-            "--dry-run=server",
-        ],
-        r#"{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "builder-token", "annotations": {"kubernetes.io/service-account.name": "builder"}}, "type": "kubernetes.io/service-account-token"}"#,
-    );
-    assert!(
-        !ok && out.contains(&answered_by(namespaces))
-            && out.contains(
-                "creating a service account token Secret in the namespace \"kube-system\""
-            ),
-        "a token Secret in kube-system: {out}"
-    );
-    let (ok, out) = kubectl(
-        bed,
-        &[
-            "--as=alice",
-            "-n",
-            "team-a",
-            "create",
-            "serviceaccount",
-            "bot",
-            "--dry-run=server",
-        ],
-    );
-    assert!(ok, "a service account in a team namespace: {out}");
 }
 
 /// A guard's policy edited and its binding deleted by someone else are put back (and counted

@@ -121,6 +121,22 @@ async fn the_cluster_runs_under_every_guard(engine: GuardEngine) {
         report.writes.len(),
         refused.join("\n")
     );
+    // The customer's LoadBalancer carries the service's AWS tag beside their own (MCVW's
+    // service mutation), whichever engine judges the rest: a mutation is the service's.
+    let web = Api::<k8s_openapi::api::core::v1::Service>::namespaced(admin.clone(), "team-a")
+        .get("web")
+        .await
+        .expect("the customer's Service");
+    let tags = web
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .remove(hcp_fleet_guards::service_tags::TAGS_ANNOTATION);
+    assert_eq!(
+        tags.as_deref(),
+        Some("red-hat-managed=true,team=a"),
+        "the LoadBalancer's tags"
+    );
     let want = expected_pods(nodes);
     eventually(
         "every pod of the platform fixture Running",

@@ -289,11 +289,33 @@ async fn static_guards_hold_against_every_api_request_and_switch_without_a_gap()
         "the deletion undone while the service is down",
     )
     .await;
-    let (ok, out) = kubectl(&bed, DELETE_AS_ALICE);
+    // Denied throughout, the service still stopped: by the API-side policy that stands in
+    // while the server has not yet reloaded the restored files (how long the files were gone
+    // for it depends on the volume's sync and the server's reload), then by the static guard.
+    let stood_in = std::cell::Cell::new(0);
+    eventually(
+        "the static guard denying with the admission service stopped",
+        Duration::from_secs(60),
+        || {
+            let r = kubectl(&bed, DELETE_AS_ALICE);
+            let stood_in = &stood_in;
+            async move {
+                match r {
+                    (true, out) => panic!("let through with the service stopped: {out}"),
+                    (false, out) if out.contains(&static_name(RBAC)) => Ok(()),
+                    (false, out) => {
+                        stood_in.set(stood_in.get() + 1);
+                        Err(out)
+                    }
+                }
+            }
+        },
+    )
+    .await;
     signal_all(&pids, libc::SIGCONT);
-    assert!(
-        !ok && out.contains(&static_name(RBAC)),
-        "the static guard denies with the admission service stopped: {out}"
+    eprintln!(
+        "[static guards] service stopped: {} answers by the API-side stand-in before the static guard's",
+        stood_in.get()
     );
     wait_concern(&bed.mgmt, "admission-service", "Compliant").await;
 

@@ -166,6 +166,8 @@ pub mod denial {
     pub(crate) const IDENTITY_NAMESPACE: &str = "hcp-fleet: creating the namespace \"{name}\" is not allowed on a managed cluster: the name is reserved for the platform, whose identities are exempt from the guards";
     pub(crate) const IDENTITY_TOKEN: &str = "hcp-fleet: {what} in the namespace \"{namespace}\" is not allowed on a managed cluster: service accounts there are exempt from the guards";
     pub(crate) const SERVICE_ACCOUNT: &str = "hcp-fleet: deleting the service account \"{name}\" in the namespace \"{namespace}\" is not allowed on a managed cluster: the platform's components run as it; ask SRE";
+    pub(crate) const PLATFORM_BINDING: &str = "hcp-fleet: {verb} the ClusterRoleBinding \"{name}\" is not allowed on a managed cluster: it grants {subject} of the platform its rights; ask SRE";
+    pub(crate) const PLATFORM_CONFIG: &str = "hcp-fleet: {resource} \"{name}\" in API group {group} is managed by the service on a managed cluster; regular users may not {operation} it; ask SRE";
     /// Warn mode: what the guard would have denied.
     pub(crate) const IDENTITY_WORKLOAD: &str = "hcp-fleet: running a pod as the service account \"{sa}\" in the namespace \"{namespace}\" is not allowed on a managed cluster: it is exempt from the guards";
     pub const WARN: &str = "{guard} (warn mode) would deny: {message}";

@@ -81,7 +81,7 @@ impl Guard for FeatureGate {
         let fg = |op| (op, "config.openshift.io", "featuregates", "cluster");
         let tpnu = |set: &str| spec_obj(json!({"featureSet": set}), json!({}));
         let none = || spec_obj(Value::Null, json!({}));
-        vec![
+        let mut cases = vec![
             Case::new("create with TechPreviewNoUpgrade", Deny, fg("CREATE"))
                 .objects(tpnu("TechPreviewNoUpgrade"), Value::Null),
             Case::new("switch on TechPreviewNoUpgrade", Deny, fg("UPDATE"))
@@ -101,6 +101,32 @@ impl Guard for FeatureGate {
             Case::new("an exempt group", Allow, fg("CREATE"))
                 .objects(tpnu("TechPreviewNoUpgrade"), Value::Null)
                 .by("sre", &["osd-sre-admins"]),
-        ]
+        ];
+        cases.extend(mcvw_cases());
+        cases
     }
+}
+
+/// MCVW's cases (pkg/webhooks/techpreviewnoupgrade/techpreviewnoupgrade_test.go), MCVW's
+/// verdicts all: a FeatureGate named `test-subject`, with no old object on the update.
+fn mcvw_cases() -> Vec<Case> {
+    use Want::*;
+    let fg = |op| (op, "config.openshift.io", "featuregates", "test-subject");
+    let obj = |set: &str| json!({"apiVersion": "config.openshift.io/v1", "kind": "FeatureGate", "metadata": {"name": "test-subject", "labels": {}}, "spec": {"featureSet": set}});
+    let mut cases = Vec::new();
+    for op in ["CREATE", "UPDATE"] {
+        cases.push(
+            Case::new(
+                "MCVW: a feature set other than TechPreviewNoUpgrade",
+                Allow,
+                fg(op),
+            )
+            .objects(obj("AnythingOtherThanTechPreviewNoUpgrade"), Value::Null),
+        );
+        cases.push(
+            Case::new("MCVW: TechPreviewNoUpgrade", Deny, fg(op))
+                .objects(obj("TechPreviewNoUpgrade"), Value::Null),
+        );
+    }
+    cases
 }

@@ -41,6 +41,8 @@ pub enum IdentityClass {
     Sre,
     /// The customer's own administrators (`dedicated-admins`, `cluster-admins`): exempt from no
     /// built-in guard, for guards that let customers manage something (a definition opts in).
+    /// Two guards let them make one kind of change, as MCVW does: `managed-api-groups` their
+    /// CustomDomains, `platform-config` MachineConfigs and their namespaces' NetNamespaces.
     CustomerAdmins,
 }
 
@@ -176,6 +178,45 @@ pub fn sender_of(user: &str, groups: &[String], s: &crate::Settings) -> &'static
         .iter()
         .find(|c| is_member(&c.users, &c.groups, user, groups, &s.customer_namespaces))
         .map_or("tenant", |c| c.class.name())
+}
+
+/// `user` (with `groups`) is a member of `class` as the configuration fills it: for a guard
+/// that lets one class make one kind of change (the customer's admins their CustomDomains).
+pub fn in_class(s: &crate::Settings, class: IdentityClass, user: &str, groups: &[String]) -> bool {
+    s.classes
+        .iter()
+        .filter(|c| c.class == class)
+        .any(|c| is_member(&c.users, &c.groups, user, groups, &s.customer_namespaces))
+}
+
+/// `in_class` in CEL, over the request's user; `false` for a class without members.
+pub fn in_class_cel(s: &crate::Settings, class: IdentityClass) -> String {
+    let mut terms = Vec::new();
+    for c in s.classes.iter().filter(|c| c.class == class) {
+        if let Some(u) = user_matches_cel(
+            "request.userInfo.username",
+            &c.users,
+            &s.customer_namespaces,
+        ) {
+            terms.push(format!("({u})"));
+        }
+        if !c.groups.is_empty() {
+            terms.push(in_groups_cel(&c.groups));
+        }
+    }
+    if terms.is_empty() {
+        "false".into()
+    } else {
+        format!("({})", terms.join(" || "))
+    }
+}
+
+/// The request's user is in one of `groups`, in CEL.
+pub fn in_groups_cel<S: AsRef<str>>(groups: &[S]) -> String {
+    format!(
+        "(has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {}))",
+        cel::list(groups)
+    )
 }
 
 /// The namespaces whose service accounts are members by `users` and `groups`

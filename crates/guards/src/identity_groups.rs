@@ -1,7 +1,8 @@
 //! The exempt Groups are exempt by name, and OpenShift's Group objects (`user.openshift.io`)
 //! are what puts a user in one: a hosted cluster-admin who may write them could add themself
 //! to `osd-sre-admins` and pass every guard. Only an exempt identity may create, change or
-//! delete a Group named in `admission.exemptGroups`.
+//! delete a Group named in `admission.exemptGroups`, or named as a service-account namespace's
+//! group (`system:serviceaccounts:<ns>`), which only the API server gives.
 
 use serde_json::{Value, json};
 
@@ -28,6 +29,16 @@ pub(crate) static ROW: BuiltinRow = BuiltinRow {
     only_labelled: None,
 };
 
+/// The names only the API server may put a user in: a service-account namespace's group
+/// (`system:serviceaccounts:<ns>`), which some guards trust (SRE's and CEE's backplane
+/// sessions), whether or not an exemption names it.
+const SA_GROUPS: &str = "system:serviceaccounts:";
+
+/// A Group object of this name would put its members in an exempt or trusted group.
+fn is_protected(s: &Settings, name: &str) -> bool {
+    s.exempt_groups.iter().any(|g| g == name) || name.starts_with(SA_GROUPS)
+}
+
 fn verb(op: &str) -> &'static str {
     match op {
         "CREATE" => "creating",
@@ -51,7 +62,7 @@ impl Guard for IdentityGroups {
         }
         // The Group as it will be stored: a tenant's mutation may rename it after the name
         // in the request was chosen, and a collection delete names none.
-        let Some(name) = req.names().find(|n| s.exempt_groups.iter().any(|g| g == n)) else {
+        let Some(name) = req.names().find(|n| is_protected(s, n)) else {
             return Decision::allow();
         };
         Decision::deny(denial::fill(
@@ -63,11 +74,12 @@ impl Guard for IdentityGroups {
     fn cel(&self, a: &Settings) -> Option<CelForm> {
         Some(CelForm {
             expression: format!(
-                "!({} && {}) || !({}.exists(n, n in {}))",
+                "!({} && {}) || !({}.exists(n, n in {} || n.startsWith({})))",
                 cel::group_is("user.openshift.io"),
                 cel::resource_is("groups"),
                 cel::NAMES,
-                cel::list(&a.exempt_groups)
+                cel::list(&a.exempt_groups),
+                cel::string(SA_GROUPS),
             ),
             message: cel::message(
                 denial::IDENTITY_GROUP,
@@ -115,6 +127,15 @@ impl Guard for IdentityGroups {
                 group("CREATE", "osd-sre-cluster-admins"),
             )
             .objects(obj("osd-sre-cluster-admins", &["alice"]), Value::Null),
+            Case::new(
+                "create a Group named as CEE's backplane sessions' group",
+                Deny,
+                group("CREATE", "system:serviceaccounts:openshift-backplane-cee"),
+            )
+            .objects(
+                obj("system:serviceaccounts:openshift-backplane-cee", &["alice"]),
+                Value::Null,
+            ),
             Case::new(
                 "create an exempt Group by generateName",
                 Deny,

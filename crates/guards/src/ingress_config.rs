@@ -103,6 +103,17 @@ impl Guard for IngressConfig {
             Case::new("an exempt user by prefix", Allow, ing("DELETE"))
                 .objects(Value::Null, domain("a"))
                 .by("system:serviceaccount:openshift-ingress:router", &[]),
+            // MCVW's cases (pkg/webhooks/ingressconfig/ingressconfig_test.go judge the user
+            // alone, MCVW denying any write by the unprivileged): a change of the domain here.
+            Case::new("MCVW: SRE's backplane group", Allow, ing("UPDATE"))
+                .objects(domain("b"), domain("a"))
+                .by("", &["system:serviceaccounts:openshift-backplane-srep"]),
+            Case::new("MCVW: system:admin", Allow, ing("UPDATE"))
+                .objects(domain("b"), domain("a"))
+                .by("system:admin", &[]),
+            Case::new("MCVW: an unprivileged user", Deny, ing("UPDATE"))
+                .objects(domain("b"), domain("a"))
+                .by("", &[]),
         ]
     }
 }

@@ -31,12 +31,15 @@ pub mod identity_workloads;
 pub mod ingress_config;
 pub mod managed_groups;
 pub mod network_migration;
+pub mod platform_bindings;
+pub mod platform_config;
 pub mod probe;
 pub mod protected_rbac;
 pub mod review;
 pub mod scc;
 pub mod service_accounts;
 pub mod service_annotation;
+pub mod service_tags;
 pub mod settings;
 pub mod traffic;
 
@@ -113,12 +116,15 @@ pub static ALL: &[&dyn Guard] = &[
     &ingress_config::IngressConfig,
     &network_migration::NetworkMigration,
     &managed_groups::ManagedGroups,
+    &platform_config::PlatformConfig,
     &identity_groups::IdentityGroups,
     &identity_namespaces::IdentityNamespaces,
     &identity_workloads::IdentityWorkloads,
     &service_accounts::ServiceAccounts,
+    &platform_bindings::PlatformBindings,
     &probe::Probe,
     &service_annotation::ServiceAnnotation,
+    &service_tags::ServiceTags,
 ];
 
 /// The guard served on `path`, if any.

@@ -1,11 +1,18 @@
 //! The API groups of the managed service's own operators are theirs: regular users may not
 //! create, change or delete anything in them, wherever it lives (most of it lives in
 //! `openshift-*` namespaces, so no namespace is exempt: its writers are, by class).
+//!
+//! Two kinds are others' too, as MCVW's `regular-user-validation` has them: the customer's
+//! admins (`admission.identityClasses.customerAdmins`) manage their CustomDomains, the
+//! service's way to give their ingress a domain of their own, and Red Hat's support engineers
+//! (CEE, through backplane: the group `system:serviceaccounts:openshift-backplane-cee`, which
+//! only the API server gives) run MustGathers.
 
 use serde_json::{Value, json};
 
 use super::Settings;
 use super::case::{Case, Want};
+use super::identities::{IdentityClass, in_class, in_class_cel, in_groups_cel};
 use super::{CelForm, Guard, Scope, cel};
 use crate::catalogue::{BuiltinRow, MANAGED_API_GROUPS, WebhookKind, denial, rule};
 use crate::review::{Decision, Request};
@@ -26,6 +33,32 @@ pub static ROW: BuiltinRow = BuiltinRow {
     only_labelled: None,
 };
 
+/// The API group of the kinds below.
+const MANAGED: &str = "managed.openshift.io";
+/// CEE's backplane sessions' group.
+pub(crate) const CEE_GROUP: &str = "system:serviceaccounts:openshift-backplane-cee";
+
+/// The request is one of the two kinds others may write, by them.
+fn others_may(req: &Request, s: &Settings) -> bool {
+    let u = &req.user_info;
+    req.resource.group == MANAGED
+        && match req.resource.resource.as_str() {
+            "customdomains" => in_class(s, IdentityClass::CustomerAdmins, &u.username, &u.groups),
+            "mustgathers" => u.groups.iter().any(|g| g == CEE_GROUP),
+            _ => false,
+        }
+}
+
+/// `others_may` in CEL.
+fn others_may_cel(s: &Settings) -> String {
+    format!(
+        "({} && ((request.resource.resource == 'customdomains' && {}) || (request.resource.resource == 'mustgathers' && {})))",
+        cel::group_is(MANAGED),
+        in_class_cel(s, IdentityClass::CustomerAdmins),
+        in_groups_cel(&[CEE_GROUP]),
+    )
+}
+
 impl Guard for ManagedGroups {
     fn row(&self) -> &'static BuiltinRow {
         &ROW
@@ -35,8 +68,8 @@ impl Guard for ManagedGroups {
         Scope::Identities
     }
 
-    fn decide(&self, req: &Request, _: &Settings) -> Decision {
-        if !MANAGED_API_GROUPS.contains(&req.resource.group.as_str()) {
+    fn decide(&self, req: &Request, s: &Settings) -> Decision {
+        if !MANAGED_API_GROUPS.contains(&req.resource.group.as_str()) || others_may(req, s) {
             return Decision::allow();
         }
         Decision::deny(denial::fill(
@@ -49,11 +82,12 @@ impl Guard for ManagedGroups {
         ))
     }
 
-    fn cel(&self, _: &Settings) -> Option<CelForm> {
+    fn cel(&self, s: &Settings) -> Option<CelForm> {
         Some(CelForm {
             expression: format!(
-                "!(request.resource.group in {})",
-                cel::list(MANAGED_API_GROUPS)
+                "!(request.resource.group in {}) || {}",
+                cel::list(MANAGED_API_GROUPS),
+                others_may_cel(s),
             ),
             message: cel::message(
                 denial::MANAGED_GROUPS,
@@ -69,7 +103,7 @@ impl Guard for ManagedGroups {
     fn cases(&self) -> Vec<Case> {
         use Want::*;
         let managed = MANAGED_API_GROUPS[0];
-        vec![
+        let mut cases = vec![
             Case::new(
                 "create in a managed group",
                 Deny,
@@ -140,6 +174,161 @@ impl Guard for ManagedGroups {
             )
             .namespaced("my-openshift-x"),
             Case::new("cluster-scoped", Deny, ("CREATE", managed, "things", "x")),
-        ]
+        ];
+        cases.extend(mcvw_cases());
+        cases.extend(mcvw_must_gather_cases());
+        cases
     }
+}
+
+// MCVW's users (pkg/webhooks/regularuser/common/regularuser_test.go, TestCustomDomains and
+// TestMustGathers).
+const OAUTH: &[&str] = &["system:authenticated", "system:authenticated:oauth"];
+const DEDICATED_ADMINS: &[&str] = &[
+    "system:authenticated",
+    "system:authenticated:oauth",
+    "dedicated-admins",
+];
+const CLUSTER_ADMINS: &[&str] = &[
+    "system:authenticated",
+    "system:authenticated:oauth",
+    "cluster-admins",
+];
+const UNAUTHENTICATED: &[&str] = &["system:unauthenticated"];
+const CEE: &[&str] = &[
+    "system:serviceaccounts:openshift-backplane-cee",
+    "system:authenticated",
+    "system:authenticated:oauth",
+];
+const SRE: &[&str] = &[
+    "system:serviceaccounts:openshift-backplane-srep",
+    "system:authenticated",
+    "system:authenticated:oauth",
+];
+
+/// MCVW's CustomDomain and MustGather cases, MCVW's verdicts all.
+fn mcvw_cases() -> Vec<Case> {
+    use Want::*;
+    let domain = |op| (op, MANAGED, "customdomains", "apps2");
+    let obj = json!({"apiVersion": "managed.openshift.io/v1alpha1", "kind": "CustomDomain", "metadata": {"name": "apps2"}, "spec": {"domain": "apps2.example.com"}});
+    let with = |c: Case, op: &str| match op {
+        "DELETE" => c.objects(Value::Null, obj.clone()),
+        "UPDATE" => c.objects(obj.clone(), obj.clone()),
+        _ => c.objects(obj.clone(), Value::Null),
+    };
+    let mut cases = vec![with(
+        Case::new(
+            "MCVW: an unauthenticated user creates a CustomDomain",
+            Deny,
+            domain("CREATE"),
+        )
+        .by("system:unauthenticated", UNAUTHENTICATED),
+        "CREATE",
+    )];
+    for op in ["CREATE", "UPDATE", "DELETE"] {
+        cases.push(with(
+            Case::new(
+                "MCVW: dedicated-admins write a CustomDomain",
+                Allow,
+                domain(op),
+            )
+            .by("dedi-admin", DEDICATED_ADMINS),
+            op,
+        ));
+        cases.push(with(
+            Case::new(
+                "MCVW: cluster-admins write a CustomDomain",
+                Allow,
+                domain(op),
+            )
+            .by("clstr-admin", CLUSTER_ADMINS),
+            op,
+        ));
+    }
+    cases.extend([with(
+        Case::new(
+            "a regular user creates a CustomDomain",
+            Deny,
+            domain("CREATE"),
+        )
+        .by("my-name", OAUTH),
+        "CREATE",
+    )]);
+    cases
+}
+
+/// MCVW's MustGather and SubjectPermission cases (TestMustGathers,
+/// TestSubjectPermissionsClusterVersions), and the limits of the two exceptions.
+fn mcvw_must_gather_cases() -> Vec<Case> {
+    use Want::*;
+    let gather = ("CREATE", MANAGED, "mustgathers", "mg");
+    let permission = |op| (op, MANAGED, "subjectpermissions", "x");
+    vec![
+        Case::new(
+            "MCVW: an unauthenticated user creates a MustGather",
+            Deny,
+            gather,
+        )
+        .namespaced("openshift-must-gather-operator")
+        .by("system:unauthenticated", UNAUTHENTICATED),
+        Case::new("MCVW: a regular user creates a MustGather", Deny, gather)
+            .namespaced("openshift-must-gather-operator")
+            .by("my-name", OAUTH),
+        Case::new("MCVW: SRE creates a MustGather", Allow, gather)
+            .namespaced("openshift-must-gather-operator")
+            .by("my-name", SRE),
+        Case::new("MCVW: CEE creates a MustGather", Allow, gather)
+            .namespaced("openshift-must-gather-operator")
+            .by("my-name", CEE),
+        Case::new(
+            "CEE creates anything else in a managed group",
+            Deny,
+            permission("CREATE"),
+        )
+        .namespaced("openshift-rbac-permissions")
+        .by("my-name", CEE),
+        Case::new(
+            "the customer's admins create anything else in a managed group",
+            Deny,
+            permission("CREATE"),
+        )
+        .namespaced("openshift-rbac-permissions")
+        .by("clstr-admin", CLUSTER_ADMINS),
+        Case::new(
+            "a user named kube:admin creates a SubjectPermission (MCVW: allowed)",
+            Deny,
+            permission("CREATE"),
+        )
+        .namespaced("openshift-rbac-permissions")
+        .by("kube:admin", OAUTH),
+        Case::new(
+            "MCVW: SRE creates a SubjectPermission",
+            Allow,
+            permission("CREATE"),
+        )
+        .namespaced("openshift-rbac-permissions")
+        .by("my-user", SRE),
+        Case::new(
+            "a user named backplane-cluster-admin creates a SubjectPermission (MCVW: allowed)",
+            Deny,
+            permission("CREATE"),
+        )
+        .namespaced("openshift-rbac-permissions")
+        .by("backplane-cluster-admin", OAUTH),
+        Case::new(
+            "MCVW: a regular user creates a SubjectPermission",
+            Deny,
+            permission("CREATE"),
+        )
+        .namespaced("openshift-rbac-permissions")
+        .by("my-user", OAUTH),
+        Case::new(
+            "MCVW: SRE updates a SubjectPermission's status",
+            Allow,
+            permission("UPDATE"),
+        )
+        .namespaced("openshift-rbac-permissions")
+        .subresource("status")
+        .by("my-user", SRE),
+    ]
 }

@@ -93,7 +93,7 @@ impl Guard for ProtectedRbac {
     fn cases(&self) -> Vec<Case> {
         use Want::*;
         let rbac = |op, res, name| (op, "rbac.authorization.k8s.io", res, name);
-        vec![
+        let mut cases = vec![
             Case::new(
                 "delete a protected ClusterRole",
                 Deny,
@@ -169,6 +169,82 @@ impl Guard for ProtectedRbac {
                 rbac("DELETE", "clusterroles", "cluster-admin"),
             )
             .by("carol", &[]),
-        ]
+        ];
+        cases.extend(mcvw_cases());
+        cases
     }
+}
+
+/// MCVW's cases (pkg/webhooks/clusterrole/clusterrole_test.go) with MCVW's verdicts, but one:
+/// MCVW lets the user `backplane-cluster-admin` through by name, which a customer's identity
+/// provider can mint.
+fn mcvw_cases() -> Vec<Case> {
+    use Want::*;
+    let delete = |what, want, role: &'static str| {
+        Case::new(what, want, ("DELETE", "rbac.authorization.k8s.io", "clusterroles", role))
+            .objects(Value::Null, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": role}}))
+    };
+    let authenticated: &'static [&'static str] = &["system:authenticated"];
+    vec![
+        delete(
+            "MCVW: a regular user deletes cluster-admin",
+            Deny,
+            "cluster-admin",
+        )
+        .by("test-user", authenticated),
+        delete(
+            "MCVW: a user named cluster-admin deletes cluster-admin",
+            Deny,
+            "cluster-admin",
+        )
+        .by("cluster-admin", authenticated),
+        delete(
+            "MCVW: a customer's admin deletes cluster-admin",
+            Deny,
+            "cluster-admin",
+        )
+        .by("customer-user", &["system:authenticated", "customer-admin"]),
+        delete(
+            "a user named backplane-cluster-admin deletes cluster-admin (MCVW: allowed)",
+            Deny,
+            "cluster-admin",
+        )
+        .by("backplane-cluster-admin", authenticated),
+        delete(
+            "MCVW: SRE's backplane group deletes cluster-admin",
+            Allow,
+            "cluster-admin",
+        )
+        .by(
+            "test-user",
+            &[
+                "system:authenticated",
+                "system:serviceaccounts:openshift-backplane-srep",
+            ],
+        ),
+        delete(
+            "MCVW: a regular user deletes a role of their own",
+            Allow,
+            "some-custom-role",
+        )
+        .by("regular-user", authenticated),
+        delete(
+            "MCVW: the controller manager deletes cluster-admin",
+            Allow,
+            "cluster-admin",
+        )
+        .by("system:kube-controller-manager", authenticated),
+        delete(
+            "MCVW: system:admin deletes a backplane role",
+            Allow,
+            "backplane-lpsre-admins-project",
+        )
+        .by("system:admin", &["system:authenticated", "system:masters"]),
+        delete(
+            "MCVW: system:admin deletes cluster-admin",
+            Allow,
+            "cluster-admin",
+        )
+        .by("system:admin", &["system:authenticated", "system:masters"]),
+    ]
 }

@@ -111,7 +111,7 @@ impl Guard for Scc {
             })
         };
         let d = DEFAULT_SCCS[0];
-        vec![
+        let mut cases = vec![
             Case::new("delete a default SCC", Deny, sccr("DELETE", d))
                 .objects(Value::Null, scc(d, false, json!({}))),
             Case::new("weaken a default SCC", Deny, sccr("UPDATE", d))
@@ -152,6 +152,137 @@ impl Guard for Scc {
                 sccr("DELETE", ""),
             )
             .objects(Value::Null, scc("custom", false, json!({}))),
-        ]
+        ];
+        cases.extend(mcvw_cases());
+        cases
+    }
+}
+
+/// MCVW's cases (pkg/webhooks/scc/scc_test.go) with MCVW's verdicts, but two: MCVW sends the
+/// same SCC as object and old object, and refuses an update of a default SCC even where
+/// nothing changes; this guard judges what changes (metadata alone, or nothing, passes).
+fn mcvw_cases() -> Vec<Case> {
+    use Want::*;
+    let cmo = "system:serviceaccount:openshift-monitoring:cluster-monitoring-operator";
+    let mut cases = vec![
+        mcvw(
+            "MCVW: a user deletes hostnetwork",
+            Deny,
+            "DELETE",
+            "hostnetwork",
+        )
+        .by("user1", OAUTH),
+        mcvw(
+            "MCVW: a user deletes hostaccess",
+            Deny,
+            "DELETE",
+            "hostaccess",
+        )
+        .by("user2", OAUTH),
+        mcvw("MCVW: a user deletes anyuid", Deny, "DELETE", "anyuid").by("user3", OAUTH),
+        mcvw(
+            "MCVW: a user deletes hostnetwork-v2",
+            Deny,
+            "DELETE",
+            "hostnetwork-v2",
+        )
+        .by("user1", OAUTH),
+        mcvw(
+            "MCVW: a user deletes an SCC of their own",
+            Allow,
+            "DELETE",
+            "testscc",
+        )
+        .by("user1", OAUTH),
+        mcvw(
+            "MCVW: the monitoring operator deletes hostaccess",
+            Allow,
+            "DELETE",
+            "hostaccess",
+        )
+        .by(cmo, OAUTH),
+    ];
+    cases.extend(mcvw_updates());
+    cases
+}
+
+const OAUTH: &[&str] = &["system:authenticated", "system:authenticated:oauth"];
+
+/// MCVW's updates: its object and old object are one.
+fn mcvw_updates() -> Vec<Case> {
+    use Want::*;
+    let cmo = "system:serviceaccount:openshift-monitoring:cluster-monitoring-operator";
+    vec![
+        mcvw(
+            "a user updates anyuid, nothing changed (MCVW: denied)",
+            Allow,
+            "UPDATE",
+            "anyuid",
+        )
+        .by("user4", OAUTH),
+        mcvw(
+            "MCVW: a user updates an SCC of their own",
+            Allow,
+            "UPDATE",
+            "testscc",
+        )
+        .by("user1", OAUTH),
+        mcvw(
+            "MCVW: the monitoring operator updates hostaccess",
+            Allow,
+            "UPDATE",
+            "hostaccess",
+        )
+        .by(cmo, OAUTH),
+        mcvw(
+            "MCVW: system:admin updates hostaccess",
+            Allow,
+            "UPDATE",
+            "hostaccess",
+        )
+        .by("system:admin", OAUTH),
+        mcvw(
+            "a tenant's service account updates privileged, nothing changed (MCVW: denied)",
+            Allow,
+            "UPDATE",
+            "privileged",
+        )
+        .by(
+            "system:serviceaccount:osde2e-abcde:osde2e-runner",
+            &[
+                "system:authenticated",
+                "system:serviceaccounts:osde2e-abcde",
+            ],
+        ),
+        mcvw(
+            "MCVW: the kube-apiserver operator updates anyuid",
+            Allow,
+            "UPDATE",
+            "anyuid",
+        )
+        .by(
+            "system:serviceaccount:openshift-kube-apiserver-operator:kube-apiserver-operator",
+            &[],
+        ),
+    ]
+}
+
+/// One of MCVW's requests: `op` on the SCC `name`, the same SCC as object and old object.
+fn mcvw(what: &'static str, want: Want, op: &'static str, name: &'static str) -> Case {
+    let obj = json!({"apiVersion": "security.openshift.io/v1", "kind": "SecurityContextConstraints", "metadata": {"name": name, "uid": "1234"}, "allowPrivilegedContainer": false});
+    let c = Case::new(
+        what,
+        want,
+        (
+            op,
+            "security.openshift.io",
+            "securitycontextconstraints",
+            name,
+        ),
+    );
+    if op == "DELETE" {
+        c.objects(Value::Null, obj)
+    } else {
+        c.objects(obj.clone(), obj)
     }
 }

@@ -54,7 +54,7 @@ pub(crate) const RECREATED_ACCOUNTS: &[&str] = &["builder", "default", "deployer
 
 /// Namespaces that are not protected although their names are reserved: the customer
 /// namespaces and `CUSTOMER_WORK_NAMESPACES`.
-fn unprotected(s: &Settings) -> Vec<String> {
+pub(crate) fn unprotected(s: &Settings) -> Vec<String> {
     let mut out = s.customer_namespaces.clone();
     out.extend(CUSTOMER_WORK_NAMESPACES.iter().map(|n| n.to_string()));
     out

@@ -1374,6 +1374,19 @@ impl AgentConfig {
                         "{at}: rule {i}: operations, apiGroups, apiVersions and resources must all be non-empty"
                     ));
                 }
+                // The API server's own rule (admissionregistration validation): `*/*` stands
+                // alone, and beside `*` only subresources may be named.
+                let whole = |x: &str| r.resources.iter().any(|res| res == x);
+                if (whole("*/*") && r.resources.len() > 1)
+                    || (whole("*")
+                        && r.resources
+                            .iter()
+                            .any(|res| res != "*" && !res.contains('/')))
+                {
+                    p.push(format!(
+                        "{at}: rule {i}: `*/*` must be the only resource, and beside `*` only subresources may be named"
+                    ));
+                }
                 for op in &r.operations {
                     if !OPERATIONS.contains(&op.as_str()) {
                         p.push(format!("{at}: rule {i}: unknown operation {op:?}"));
@@ -1589,6 +1602,26 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         assert_eq!(AgentConfig::default().problems(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn wildcard_resources_are_held_to_the_api_servers_rule() {
+        for (resources, refused) in [
+            (vec!["*", "*/*"], true),
+            (vec!["*/*", "pods"], true),
+            (vec!["*", "pods"], true),
+            (vec!["*/*"], false),
+            (vec!["*", "*/status"], false),
+            (vec!["pods", "pods/status"], false),
+        ] {
+            let mut cfg = AgentConfig::default();
+            cfg.webhooks[0].rules[0].resources = resources.iter().map(|r| r.to_string()).collect();
+            let said = cfg
+                .problems()
+                .iter()
+                .any(|p| p.contains("`*/*` must be the only resource"));
+            assert_eq!(said, refused, "{resources:?}");
+        }
     }
 
     #[test]

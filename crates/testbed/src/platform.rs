@@ -16,14 +16,17 @@
 //! - The customer: a user in `cluster-admins` (bound to `cluster-admin`), installing Red Hat's
 //!   Logging and Loki operators where OpenShift's documentation says (the namespace, an
 //!   OperatorGroup, a Subscription; then OLM, as `system:admin` in HyperShift, writes the
-//!   operator's service account, RBAC and Deployment), and everyday work in a namespace of
-//!   their own (RBAC, a Deployment, a LoadBalancer Service).
+//!   operator's service account, RBAC and Deployment), everyday work in a namespace of
+//!   their own (RBAC, a Deployment, a LoadBalancer Service), and `oc adm must-gather` (its
+//!   namespace and ClusterRoleBinding, made and deleted).
+//! - The kube-controller-manager's garbage collector, with its own service account, deleting a
+//!   platform ClusterRoleBinding whose owner went.
 //!
 //! Every write's outcome is returned; a refusal by any guard is a failure of the guards.
 
 use std::time::{Duration, Instant};
 
-use kube::api::{DynamicObject, PostParams};
+use kube::api::{DeleteParams, DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Api, Client};
 use serde_json::{Value, json};
@@ -298,6 +301,8 @@ pub async fn install(fleet: &LocalFleet, hosted: &str) -> Result<Report, LocalCp
     }
     customer_work(&mut r, &customer).await;
     olm_installs(&mut r, &admin).await;
+    must_gather(&mut r, &customer).await;
+    garbage_collected_binding(&mut r, &admin).await;
     Ok(r)
 }
 
@@ -533,6 +538,126 @@ async fn olm_installs(r: &mut Report, admin: &Client) {
             create(r, by, admin, o).await;
         }
     }
+}
+
+/// Deletes the cluster-scoped `kind` named `name` as `client`'s identity, recorded as a write
+/// (one already gone counts as deleted).
+async fn delete(
+    r: &mut Report,
+    by: &str,
+    client: &Client,
+    (api_version, kind): (&str, &str),
+    name: &str,
+) {
+    let (ar, _) = resource(api_version, kind);
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+    let outcome = match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e.to_string()),
+    };
+    r.writes.push(Write {
+        by: by.to_string(),
+        what: format!("{kind} {name} deleted"),
+        outcome,
+    });
+}
+
+/// `oc adm must-gather` as the customer runs it (oc's pkg/cli/admin/mustgather; the binding's
+/// shape as MCVW's clusterrolebinding tests have it): a namespace by `generateName`
+/// `openshift-must-gather-`, a ClusterRoleBinding of `cluster-admin` to its `default` account,
+/// annotated with the command, both deleted when the gathering ends.
+async fn must_gather(r: &mut Report, c: &Client) {
+    let by = "customer-admin (cluster-admins), running oc adm must-gather";
+    let ns = "openshift-must-gather-k2x9q";
+    let name = "must-gather-k2x9q";
+    create(
+        r,
+        by,
+        c,
+        namespace(ns, json!({"openshift.io/run-level": "0"})),
+    )
+    .await;
+    create(
+        r,
+        by,
+        c,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": name, "annotations": {"oc.openshift.io/command": "oc adm must-gather"}},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+               "subjects": [sa_subject(ns, "default")]}),
+    )
+    .await;
+    delete(
+        r,
+        by,
+        c,
+        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
+        name,
+    )
+    .await;
+    delete(r, by, c, ("v1", "Namespace"), ns).await;
+}
+
+/// The garbage collector deleting a platform binding whose owner went, with its own
+/// credentials (`generic-garbage-collector` in `kube-system`): as when an operator's
+/// ClusterRole that owns its binding is removed. The binding must be gone within a minute.
+async fn garbage_collected_binding(r: &mut Report, admin: &Client) {
+    let by = "system:serviceaccount:kube-system:generic-garbage-collector (the owner deleted by system:admin)";
+    let name = "hcp-fleet-fixture-owned-binding";
+    let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(admin.clone());
+    let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(admin.clone());
+    let owner = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                       "metadata": {"name": name}, "rules": []});
+    let outcome = async {
+        // What an earlier run of the fixture left (it may run twice on one cluster).
+        for gone in [
+            roles.delete(name, &DeleteParams::default()).await.map(|_| ()),
+            bindings.delete(name, &DeleteParams::default()).await.map(|_| ()),
+        ] {
+            match gone {
+                Ok(()) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(format!("removing an earlier run's objects: {e}")),
+            }
+        }
+        let owner = match serde_json::from_value(owner) {
+            Ok(o) => roles.create(&PostParams::default(), &o).await,
+            Err(e) => return Err(format!("not a ClusterRole: {e}")),
+        }
+        .map_err(|e| format!("creating the owner: {e}"))?;
+        let uid = owner.metadata.uid.unwrap_or_default();
+        let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": name, "ownerReferences": [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "name": name, "uid": uid}]},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [sa_subject("openshift-dns-operator", "dns-operator")]});
+        let binding = serde_json::from_value(binding).map_err(|e| format!("not a binding: {e}"))?;
+        bindings
+            .create(&PostParams::default(), &binding)
+            .await
+            .map_err(|e| format!("creating the binding: {e}"))?;
+        roles
+            .delete(name, &DeleteParams::default())
+            .await
+            .map_err(|e| format!("deleting the owner: {e}"))?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match bindings.get_opt(name).await {
+                Ok(None) => return Ok(()),
+                Ok(Some(_)) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Ok(Some(_)) => return Err("still there a minute after its owner went".to_string()),
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
+    .await;
+    r.writes.push(Write {
+        by: by.to_string(),
+        what: format!("ClusterRoleBinding {name} deleted (its owner gone)"),
+        outcome,
+    });
 }
 
 /// The token the kubelet obtained for a pod of `sa` in `ns`, once it has.

@@ -53,6 +53,8 @@ const COVERED: &[&str] = &[
     "startsWith",
     "lowerAscii",
     "size",
+    "filter",
+    "map",
 ];
 
 fn env() -> Arc<Env> {

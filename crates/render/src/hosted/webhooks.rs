@@ -290,13 +290,19 @@ mod tests {
                 );
             } else {
                 let names: Vec<&str> = conditions.iter().map(|c| c.name.as_str()).collect();
-                let mut want = vec!["not-an-exempt-user", "not-in-an-exempt-group"];
+                let guard = hcp_fleet_guards::ALL
+                    .iter()
+                    .find(|g| g.row().name == h.name);
+                // A guard that exempts no identity class (the LoadBalancer tag) has no
+                // identity to leave out, by default.
+                let mut want = if guard.is_some_and(|g| g.exempt_classes().is_empty()) {
+                    vec![]
+                } else {
+                    vec!["not-an-exempt-user", "not-in-an-exempt-group"]
+                };
                 // Only the workload guards skip the exempt namespaces: the identity guards and
                 // the guards of objects that live there judge every namespace.
-                let scope = hcp_fleet_guards::ALL
-                    .iter()
-                    .find(|g| g.row().name == h.name)
-                    .map(|g| g.scope());
+                let scope = guard.map(|g| g.scope());
                 if scope == Some(hcp_fleet_guards::Scope::Workloads) {
                     want.push("not-in-an-exempt-namespace");
                 }
