@@ -124,3 +124,33 @@ pub(crate) fn spec_obj(spec: Value, labels: Value) -> Value {
     }
     o
 }
+
+/// The groups MCVW's tests give their users (its pkg/testutils requests), for the guards'
+/// cases taken from MCVW's tests.
+pub(crate) mod mcvw {
+    /// A user of the OAuth server.
+    pub(crate) const OAUTH: &[&str] = &["system:authenticated", "system:authenticated:oauth"];
+    pub(crate) const DEDICATED_ADMINS: &[&str] = &[
+        "system:authenticated",
+        "system:authenticated:oauth",
+        "dedicated-admins",
+    ];
+    pub(crate) const CLUSTER_ADMINS: &[&str] = &[
+        "system:authenticated",
+        "system:authenticated:oauth",
+        "cluster-admins",
+    ];
+    pub(crate) const UNAUTHENTICATED: &[&str] = &["system:unauthenticated"];
+    /// SRE's backplane sessions.
+    pub(crate) const SRE: &[&str] = &[
+        "system:serviceaccounts:openshift-backplane-srep",
+        "system:authenticated",
+        "system:authenticated:oauth",
+    ];
+    /// CEE's backplane sessions.
+    pub(crate) const CEE: &[&str] = &[
+        "system:serviceaccounts:openshift-backplane-cee",
+        "system:authenticated",
+        "system:authenticated:oauth",
+    ];
+}

@@ -11,6 +11,7 @@
 use serde_json::{Value, json};
 
 use super::Settings;
+use super::case::mcvw::{CEE, CLUSTER_ADMINS, DEDICATED_ADMINS, OAUTH, SRE, UNAUTHENTICATED};
 use super::case::{Case, Want};
 use super::identities::{IdentityClass, in_class, in_class_cel, in_groups_cel};
 use super::{CelForm, Guard, Scope, cel};
@@ -181,32 +182,8 @@ impl Guard for ManagedGroups {
     }
 }
 
-// MCVW's users (pkg/webhooks/regularuser/common/regularuser_test.go, TestCustomDomains and
-// TestMustGathers).
-const OAUTH: &[&str] = &["system:authenticated", "system:authenticated:oauth"];
-const DEDICATED_ADMINS: &[&str] = &[
-    "system:authenticated",
-    "system:authenticated:oauth",
-    "dedicated-admins",
-];
-const CLUSTER_ADMINS: &[&str] = &[
-    "system:authenticated",
-    "system:authenticated:oauth",
-    "cluster-admins",
-];
-const UNAUTHENTICATED: &[&str] = &["system:unauthenticated"];
-const CEE: &[&str] = &[
-    "system:serviceaccounts:openshift-backplane-cee",
-    "system:authenticated",
-    "system:authenticated:oauth",
-];
-const SRE: &[&str] = &[
-    "system:serviceaccounts:openshift-backplane-srep",
-    "system:authenticated",
-    "system:authenticated:oauth",
-];
-
-/// MCVW's CustomDomain and MustGather cases, MCVW's verdicts all.
+/// MCVW's CustomDomain cases (pkg/webhooks/regularuser/common/regularuser_test.go,
+/// TestCustomDomains), MCVW's verdicts all.
 fn mcvw_cases() -> Vec<Case> {
     use Want::*;
     let domain = |op| (op, MANAGED, "customdomains", "apps2");

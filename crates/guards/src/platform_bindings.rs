@@ -27,6 +27,7 @@
 use serde_json::{Value, json};
 
 use super::Settings;
+use super::case::mcvw::OAUTH;
 use super::case::{Case, Want};
 use super::identity_namespaces::reserved_namespaces;
 use super::service_accounts::unprotected as unprotected_accounts;
@@ -235,7 +236,6 @@ impl Guard for PlatformBindings {
 // MCVW's test users (pkg/webhooks/clusterrolebinding/clusterrolebinding_test.go): a regular
 // user of the OAuth server, `cluster-admin` running must-gather, SRE, `kube:admin`.
 const USER: &str = "user1";
-const OAUTH: &[&str] = &["system:authenticated", "system:authenticated:oauth"];
 const AUTHENTICATED: &[&str] = &["system:authenticated"];
 const SA_GROUPS: &[&str] = &["system:serviceaccounts", "system:authenticated"];
 /// `oc adm must-gather`'s namespace in MCVW's test (`generateName: openshift-must-gather-`).

@@ -28,6 +28,7 @@
 use serde_json::{Value, json};
 
 use super::Settings;
+use super::case::mcvw::{CLUSTER_ADMINS, DEDICATED_ADMINS, OAUTH, SRE, UNAUTHENTICATED};
 use super::case::{Case, Want};
 use super::identities::{IdentityClass, in_class, in_class_cel};
 use super::identity_namespaces::reserved_namespaces;
@@ -234,25 +235,6 @@ impl Guard for PlatformConfig {
         cases
     }
 }
-
-// MCVW's users (pkg/webhooks/regularuser/common/regularuser_test.go).
-const OAUTH: &[&str] = &["system:authenticated", "system:authenticated:oauth"];
-const CLUSTER_ADMINS: &[&str] = &[
-    "system:authenticated",
-    "system:authenticated:oauth",
-    "cluster-admins",
-];
-const DEDICATED_ADMINS: &[&str] = &[
-    "system:authenticated",
-    "system:authenticated:oauth",
-    "dedicated-admins",
-];
-const SRE: &[&str] = &[
-    "system:serviceaccounts:openshift-backplane-srep",
-    "system:authenticated",
-    "system:authenticated:oauth",
-];
-const UNAUTHENTICATED: &[&str] = &["system:unauthenticated"];
 
 /// `op` of the cluster-scoped `group`/`resource` named `name`, with its object where the API
 /// server sends one.

@@ -5,6 +5,7 @@ use serde_json::{Value, json};
 
 use super::Settings;
 use super::canary::Canary;
+use super::case::mcvw::OAUTH;
 use super::case::{Case, Want};
 use super::{CelForm, Guard, cel, unchanged};
 use crate::catalogue::{BuiltinRow, DEFAULT_SCCS, WebhookKind, denial, rule};
@@ -205,8 +206,6 @@ fn mcvw_cases() -> Vec<Case> {
     cases.extend(mcvw_updates());
     cases
 }
-
-const OAUTH: &[&str] = &["system:authenticated", "system:authenticated:oauth"];
 
 /// MCVW's updates: its object and old object are one.
 fn mcvw_updates() -> Vec<Case> {

@@ -19,6 +19,7 @@
 use serde_json::{Value, json};
 
 use super::Settings;
+use super::case::mcvw::OAUTH;
 use super::case::{Case, Want};
 use super::identity_namespaces::reserved_namespaces;
 use super::{CelForm, Guard, Scope, cel, matches};
@@ -134,7 +135,6 @@ impl Guard for ServiceAccounts {
 // MCVW's test users (pkg/webhooks/serviceaccount/serviceaccount_test.go): a regular user of the
 // OAuth server, SRE through backplane.
 const USER: &str = "user1";
-const OAUTH: &[&str] = &["system:authenticated", "system:authenticated:oauth"];
 const SA_GROUPS: &[&str] = &["system:serviceaccounts", "system:authenticated"];
 const INGRESS: &str = "openshift-ingress-operator";
 
