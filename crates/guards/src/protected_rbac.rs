@@ -175,7 +175,8 @@ impl Guard for ProtectedRbac {
     }
 }
 
-/// MCVW's cases (pkg/webhooks/clusterrole/clusterrole_test.go) with MCVW's verdicts, but one:
+/// MCVW's cases (pkg/webhooks/clusterrole/clusterrole_test.go) with MCVW's verdicts, and a
+/// regular user on a backplane role (MCVW's rule, which its tests do not try), but one:
 /// MCVW lets the user `backplane-cluster-admin` through by name, which a customer's identity
 /// provider can mint.
 fn mcvw_cases() -> Vec<Case> {
@@ -240,6 +241,14 @@ fn mcvw_cases() -> Vec<Case> {
             "backplane-lpsre-admins-project",
         )
         .by("system:admin", &["system:authenticated", "system:masters"]),
+        // MCVW protects backplane's roles by their prefix; its tests try no one but
+        // system:admin on one.
+        delete(
+            "a regular user deletes a backplane role",
+            Deny,
+            "backplane-lpsre-admins-project",
+        )
+        .by("test-user", authenticated),
         delete(
             "MCVW: system:admin deletes cluster-admin",
             Allow,

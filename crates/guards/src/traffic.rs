@@ -18,6 +18,8 @@ pub enum Sender {
     HyperShift,
     PlatformOperator,
     Olm,
+    /// ACM's policy controllers in hosted mode, writing SRE's policies into the hosted cluster.
+    Acm,
     Customer,
 }
 
@@ -30,6 +32,7 @@ impl Sender {
             Sender::HyperShift => "hypershift",
             Sender::PlatformOperator => "platform-operator",
             Sender::Olm => "olm",
+            Sender::Acm => "acm",
             Sender::Customer => "customer",
         }
     }
@@ -176,6 +179,7 @@ pub fn corpus() -> Vec<Traffic> {
         t(Olm, hs_src, Case::new("OLM creates the Logging operator's Deployment", Allow, ("CREATE", "apps", "deployments", "cluster-logging-operator")).namespaced("openshift-logging").objects(workload("Deployment", "cluster-logging-operator", "cluster-logging-operator"), Value::Null).by(ADMIN.0, ADMIN.1)),
         t(Olm, hs_src, Case::new("OLM binds the Logging operator's ClusterRole", Allow, ("CREATE", "rbac.authorization.k8s.io", "clusterrolebindings", "cluster-logging-operator")).objects(json!({"metadata": {"name": "cluster-logging-operator"}, "roleRef": {"kind": "ClusterRole", "name": "cluster-logging-operator"}}), Value::Null).by(ADMIN.0, ADMIN.1)),
         t(Olm, hs_src, Case::new("OLM replaces the Logging operator's ClusterRoleBinding on an upgrade", Allow, ("DELETE", "rbac.authorization.k8s.io", "clusterrolebindings", "cluster-logging-operator")).objects(Value::Null, json!({"metadata": {"name": "cluster-logging-operator"}, "roleRef": {"kind": "ClusterRole", "name": "cluster-logging-operator"}, "subjects": [{"kind": "ServiceAccount", "name": "cluster-logging-operator", "namespace": "openshift-logging"}]})).by(ADMIN.0, ADMIN.1)),
+        t(Acm, "stolostron/hypershift-addon-operator (external-managed-kubeconfig from the HostedCluster's admin kubeconfig) and the governance addons' hosted mode, which write with it", Case::new("ACM's policy controller prunes a backplane ClusterRole", Allow, ("DELETE", "rbac.authorization.k8s.io", "clusterroles", "backplane-srep-admins-project")).objects(Value::Null, json!({"metadata": {"name": "backplane-srep-admins-project"}})).by(ADMIN.0, ADMIN.1)),
         // The customer.
         t(Customer, "OpenShift's documentation: installing the Logging operator (create openshift-logging, an OperatorGroup, a Subscription)", Case::new("the customer creates openshift-logging", Allow, ("CREATE", "", "namespaces", "openshift-logging")).objects(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "openshift-logging", "labels": {"openshift.io/cluster-monitoring": "true"}}}), Value::Null).by(CUSTOMER.0, CUSTOMER.1)),
         t(Customer, "OpenShift's documentation: installing the Logging operator", Case::new("the customer subscribes to cluster-logging", Allow, ("CREATE", "operators.coreos.com", "subscriptions", "cluster-logging")).namespaced("openshift-logging").objects(json!({"metadata": {"name": "cluster-logging"}, "spec": {"name": "cluster-logging", "channel": "stable-6.2"}}), Value::Null).by(CUSTOMER.0, CUSTOMER.1)),
@@ -209,6 +213,7 @@ mod tests {
             Sender::HyperShift,
             Sender::PlatformOperator,
             Sender::Olm,
+            Sender::Acm,
             Sender::Customer,
         ] {
             assert!(c.iter().any(|t| t.sender == s), "{s:?}");

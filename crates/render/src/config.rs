@@ -522,6 +522,11 @@ impl Default for AdmissionConfig {
                 "view",
                 "system:*",
                 "dedicated-admins*",
+                // SRE's backplane roles and bindings (MCVW's clusterroles-validation). ACM's
+                // policies put them there and prune them as `system:admin`: hosted-mode addons
+                // write with `klusterlet-X/external-managed-kubeconfig`, which hypershift-addon
+                // makes from the HostedCluster's admin kubeconfig.
+                "backplane-*",
             ]),
             service_annotation: Annotation {
                 key: "hcp-fleet.openshift.io/managed".into(),
