@@ -76,7 +76,9 @@ pub const DEFAULT_CLASSES: &[IdentityClass] = &[
 ];
 
 const SA_PREFIX: &str = "system:serviceaccount:";
-const SA_GROUP_PREFIX: &str = "system:serviceaccounts:";
+/// The group of a namespace's service accounts is this and the namespace; only the API server
+/// gives it.
+pub(crate) const SA_GROUP_PREFIX: &str = "system:serviceaccounts:";
 
 /// The user-name prefix and group of a kubelet's client certificate (`system:node:<name>` in
 /// `system:nodes`).
@@ -108,6 +110,18 @@ pub fn user_matches(patterns: &[String], user: &str, customer_namespaces: &[Stri
     })
 }
 
+/// Namespace patterns as patterns of the user names of their service accounts: `x` is
+/// `system:serviceaccount:x:*`, `p*` is `system:serviceaccount:p*`.
+pub(crate) fn sa_user_patterns(namespaces: &[String]) -> Vec<String> {
+    namespaces
+        .iter()
+        .map(|ns| match ns.strip_suffix('*') {
+            Some(prefix) => format!("{SA_PREFIX}{prefix}*"),
+            None => format!("{SA_PREFIX}{ns}:*"),
+        })
+        .collect()
+}
+
 /// `user_matches` in CEL, over `value`; `None` when there is no pattern.
 pub fn user_matches_cel(
     value: &str,
@@ -124,13 +138,7 @@ pub fn user_matches_cel(
         .filter(|p| p.ends_with('*'))
         .cloned()
         .collect();
-    let customer: Vec<String> = customer_namespaces
-        .iter()
-        .map(|ns| match ns.strip_suffix('*') {
-            Some(prefix) => format!("{SA_PREFIX}{prefix}*"),
-            None => format!("{SA_PREFIX}{ns}:*"),
-        })
-        .collect();
+    let customer = sa_user_patterns(customer_namespaces);
     let exact = cel::matches_any(value, &exact);
     let prefixed = cel::matches_any_except(value, &prefixes, &customer);
     match (exact, prefixed) {

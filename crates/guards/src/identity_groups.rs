@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use super::Settings;
 use super::canary::Canary;
 use super::case::{Case, Want};
+use super::identities::SA_GROUP_PREFIX;
 use super::{CelForm, Guard, Scope, cel};
 use crate::catalogue::{BuiltinRow, WebhookKind, denial, rule};
 use crate::review::{Decision, Request};
@@ -29,14 +30,11 @@ pub(crate) static ROW: BuiltinRow = BuiltinRow {
     only_labelled: None,
 };
 
-/// The names only the API server may put a user in: a service-account namespace's group
-/// (`system:serviceaccounts:<ns>`), which some guards trust (SRE's and CEE's backplane
-/// sessions), whether or not an exemption names it.
-const SA_GROUPS: &str = "system:serviceaccounts:";
-
-/// A Group object of this name would put its members in an exempt or trusted group.
+/// A Group object of this name would put its members in an exempt group, or in a
+/// service-account namespace's group (`identities::SA_GROUP_PREFIX`), which some guards trust
+/// whether or not an exemption names it (SRE's and CEE's backplane sessions).
 fn is_protected(s: &Settings, name: &str) -> bool {
-    s.exempt_groups.iter().any(|g| g == name) || name.starts_with(SA_GROUPS)
+    s.exempt_groups.iter().any(|g| g == name) || name.starts_with(SA_GROUP_PREFIX)
 }
 
 fn verb(op: &str) -> &'static str {
@@ -79,7 +77,7 @@ impl Guard for IdentityGroups {
                 cel::resource_is("groups"),
                 cel::NAMES,
                 cel::list(&a.exempt_groups),
-                cel::string(SA_GROUPS),
+                cel::string(SA_GROUP_PREFIX),
             ),
             message: cel::message(
                 denial::IDENTITY_GROUP,

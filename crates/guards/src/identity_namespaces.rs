@@ -60,12 +60,12 @@ pub(crate) fn reserved_namespaces(s: &Settings) -> Vec<String> {
     out
 }
 
-fn is_reserved(s: &Settings, reserved: &[String], ns: &str) -> bool {
+pub(crate) fn is_reserved(s: &Settings, reserved: &[String], ns: &str) -> bool {
     matches(reserved, ns) && !matches(&s.customer_namespaces, ns)
 }
 
 /// `is_reserved` in CEL over `value`; `None` when nothing is reserved.
-fn is_reserved_cel(s: &Settings, reserved: &[String], value: &str) -> Option<String> {
+pub(crate) fn is_reserved_cel(s: &Settings, reserved: &[String], value: &str) -> Option<String> {
     cel::matches_any_except(value, reserved, &s.customer_namespaces)
 }
 

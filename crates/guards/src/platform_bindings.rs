@@ -29,6 +29,7 @@ use serde_json::{Value, json};
 use super::Settings;
 use super::case::mcvw::OAUTH;
 use super::case::{Case, Want};
+use super::identities::{SA_GROUP_PREFIX, sa_user_patterns};
 use super::identity_namespaces::reserved_namespaces;
 use super::service_accounts::unprotected as unprotected_accounts;
 use super::{CelForm, Guard, Scope, cel, matches};
@@ -56,9 +57,6 @@ pub(crate) static ROW: BuiltinRow = BuiltinRow {
 pub(crate) const BINDING_EXCEPTIONS: &[&str] =
     &["openshift-backplane-managed-scripts", "openshift-gitops"];
 
-const SA_USER: &str = "system:serviceaccount:";
-const SA_GROUP: &str = "system:serviceaccounts:";
-
 /// The namespace patterns whose service accounts a binding protects, and those it does not:
 /// (reserved, excepted), exact names or prefixes ending in '*'.
 fn namespaces(s: &Settings) -> (Vec<String>, Vec<String>) {
@@ -67,22 +65,13 @@ fn namespaces(s: &Settings) -> (Vec<String>, Vec<String>) {
     (reserved_namespaces(s), except)
 }
 
-/// Namespace patterns as patterns of the user names of their service accounts: `x` is
-/// `system:serviceaccount:x:*`, `p*` is `system:serviceaccount:p*`.
-fn as_users(patterns: &[String]) -> Vec<String> {
-    patterns
-        .iter()
-        .map(|p| match p.strip_suffix('*') {
-            Some(prefix) => format!("{SA_USER}{prefix}*"),
-            None => format!("{SA_USER}{p}:*"),
-        })
-        .collect()
-}
-
 /// Namespace patterns as patterns of their service-account groups: `x` is
 /// `system:serviceaccounts:x`, `p*` is `system:serviceaccounts:p*`.
 fn as_groups(patterns: &[String]) -> Vec<String> {
-    patterns.iter().map(|p| format!("{SA_GROUP}{p}")).collect()
+    patterns
+        .iter()
+        .map(|p| format!("{SA_GROUP_PREFIX}{p}"))
+        .collect()
 }
 
 /// The three spellings' patterns: (namespaces, users, groups), each (protected, excepted).
@@ -96,7 +85,7 @@ impl Patterns {
     fn new(s: &Settings) -> Self {
         let (reserved, except) = namespaces(s);
         Self {
-            users: (as_users(&reserved), as_users(&except)),
+            users: (sa_user_patterns(&reserved), sa_user_patterns(&except)),
             groups: (as_groups(&reserved), as_groups(&except)),
             namespaces: (reserved, except),
         }

@@ -31,8 +31,8 @@ use super::Settings;
 use super::case::mcvw::{CLUSTER_ADMINS, DEDICATED_ADMINS, OAUTH, SRE, UNAUTHENTICATED};
 use super::case::{Case, Want};
 use super::identities::{IdentityClass, in_class, in_class_cel};
-use super::identity_namespaces::reserved_namespaces;
-use super::{CelForm, Guard, Scope, cel, matches};
+use super::identity_namespaces::{is_reserved, is_reserved_cel, reserved_namespaces};
+use super::{CelForm, Guard, Scope, cel};
 use crate::catalogue::{BuiltinRow, WebhookKind, denial, rule};
 use crate::review::{Decision, Request};
 use hcp_fleet_model::Mode;
@@ -124,10 +124,11 @@ fn kind_of(req: &Request) -> Option<Others> {
     }
 }
 
-/// A namespace name the customer's admins may not give a NetNamespace.
-fn is_reserved_name(s: &Settings, n: &str) -> bool {
-    (matches(&reserved_namespaces(s), n) && !matches(&s.customer_namespaces, n))
-        || BAD_NAMES.contains(&n)
+/// Some name of the request is one the customer's admins may not give a NetNamespace.
+fn names_a_reserved_namespace(s: &Settings, req: &Request) -> bool {
+    let reserved = reserved_namespaces(s);
+    req.names()
+        .any(|n| is_reserved(s, &reserved, n) || BAD_NAMES.contains(&n))
 }
 
 impl Guard for PlatformConfig {
@@ -151,9 +152,7 @@ impl Guard for PlatformConfig {
             Others::NoOne => false,
             Others::CustomerAdmins => customer_admin(),
             Others::CustomerAdminsForTheirNamespaces => {
-                req.operation != "DELETE"
-                    && customer_admin()
-                    && !req.names().any(|n| is_reserved_name(s, n))
+                req.operation != "DELETE" && customer_admin() && !names_a_reserved_namespace(s, req)
             }
         };
         if allowed {
@@ -179,8 +178,7 @@ impl Guard for PlatformConfig {
         let (group, resource) = ("request.resource.group", "request.resource.resource");
         let customer = in_class_cel(s, IdentityClass::CustomerAdmins);
         let reserved =
-            cel::matches_any_except("n", &reserved_namespaces(s), &s.customer_namespaces)
-                .unwrap_or_else(|| "false".into());
+            is_reserved_cel(s, &reserved_namespaces(s), "n").unwrap_or_else(|| "false".into());
         let of = |g: &str, rs: &[&str]| {
             format!(
                 "({group} == {} && {resource} in {})",

@@ -22,7 +22,7 @@ pub static ROW: BuiltinRow = BuiltinRow {
 };
 
 /// JSON Pointer escaping (RFC 6901).
-fn pointer_escape(s: &str) -> String {
+pub(crate) fn pointer_escape(s: &str) -> String {
     s.replace('~', "~0").replace('/', "~1")
 }
 

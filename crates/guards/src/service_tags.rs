@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 use super::Settings;
 use super::case::{Case, Want};
 use super::identities::IdentityClass;
+use super::service_annotation::pointer_escape;
 use super::{CelForm, Guard, Scope};
 use crate::catalogue::{BuiltinRow, WebhookKind, rule};
 use crate::review::{Decision, Request};
@@ -55,11 +56,6 @@ pub fn merged(value: Option<&str>) -> Option<String> {
             .filter(|t| !t.is_empty() && !t.starts_with(KEY)),
     );
     Some(out.join(","))
-}
-
-/// JSON Pointer escaping (RFC 6901).
-fn pointer_escape(s: &str) -> String {
-    s.replace('~', "~0").replace('/', "~1")
 }
 
 impl Guard for ServiceTags {

@@ -4,10 +4,8 @@
 
 use serde_json::{Value, json};
 
-use hcp_fleet_guards::cel::list;
-
 use hcp_fleet_guards::cel::matches_any;
-use hcp_fleet_guards::identities::user_matches_cel;
+use hcp_fleet_guards::identities::{in_groups_cel, user_matches_cel};
 use hcp_fleet_guards::{Scope, Settings};
 
 /// The exemptions of the guard served on `path` (its identity classes resolved into its
@@ -34,10 +32,7 @@ pub(crate) fn conditions(a: &Settings, path: &str, scope: Scope) -> Vec<Value> {
     if !groups.is_empty() {
         out.push(json!({
             "name": "not-in-an-exempt-group",
-            "expression": format!(
-                "!(has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {}))",
-                list(groups)
-            ),
+            "expression": format!("!{}", in_groups_cel(groups)),
         }));
     }
     if scope == Scope::Identities {
