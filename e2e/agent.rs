@@ -12,6 +12,8 @@ mod access;
 mod leadership;
 #[path = "agent/lifecycle.rs"]
 mod lifecycle;
+#[path = "agent/switch_over.rs"]
+mod switch_over;
 // Helpers one concern defines and another uses.
 #[allow(unused_imports)]
 use access::*;

@@ -83,6 +83,23 @@ pub struct AgentConfig {
     /// docs/static-guards.md).
     #[serde(default)]
     pub(crate) static_guards: StaticGuardsConfig,
+    /// Taking over from OpenShift's managed webhooks (MCVW) (docs/operations.md, "Switching
+    /// over from MCVW").
+    #[serde(default)]
+    pub switch_over: SwitchOverConfig,
+}
+
+/// The agent's part of a switch-over from MCVW's package: it says where its guards are proven
+/// in force, for the fleet's MCVW Policy to stop selecting those HCP namespaces.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct SwitchOverConfig {
+    /// Label an HCP's namespace `hcp-fleet.openshift.io/guards-proven: "true"` once its probe
+    /// is proven and the last canary of every enforced guard that has one was denied. The
+    /// agent never takes the label away: a guard failing later is an alert, not a reason to
+    /// bring MCVW back by itself. The chart grants the agent `get` and `patch` on namespaces
+    /// only while this is on.
+    pub label_proven_namespaces: bool,
 }
 
 /// Where the hosted kube-apiserver finds the static guards, and whether the API-side guards
@@ -142,6 +159,7 @@ impl Default for AgentConfig {
             reporting: ReportingConfig::default(),
             max_pause_hours: 0,
             static_guards: StaticGuardsConfig::default(),
+            switch_over: SwitchOverConfig::default(),
         }
     }
 }

@@ -7,7 +7,9 @@
 //! - `hosted`: what goes into each hosted cluster (webhook configurations, admission
 //!   policies, static manifests, canaries' RBAC), and how a live object is compared with it;
 //! - `rollout` and `overrides`: which configuration an HCP gets while a rollout moves;
-//! - `reporting`: the health record and its ACM Policy status from what a reconcile saw.
+//! - `reporting`: the health record and its ACM Policy status from what a reconcile saw;
+//! - `switch_over`: when an HCP's guards are proven in force for MCVW's package to go, and
+//!   the label that says so.
 //!
 //! The controllers that apply these live in `hcp-fleet-agent`.
 
@@ -18,3 +20,4 @@ pub mod management;
 pub mod overrides;
 pub mod reporting;
 pub mod rollout;
+pub mod switch_over;

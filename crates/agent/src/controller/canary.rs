@@ -39,6 +39,9 @@ pub(crate) enum Shown {
     /// Not tried this round, and why (the cluster lacks the kind or the object; no answer).
     /// Neither evidence for the guard nor against it.
     NotTried(String),
+    /// The cluster has nothing for it to act on (its kind not served, its object absent):
+    /// the guard has nothing to keep there, and neither has MCVW's (`switch_over`).
+    Absent(String),
     /// The guard did not deny it: what happened instead.
     Failed(String),
 }
@@ -177,7 +180,7 @@ pub(crate) async fn send(
             continue;
         }
         if status.code == 404 {
-            return Shown::NotTried(format!("{what}: not found in this cluster"));
+            return Shown::Absent(format!("{what}: not found in this cluster"));
         }
         let asked = Asked {
             group: p.canary.group,
@@ -193,6 +196,13 @@ pub(crate) async fn send(
             _ => p.guard.clone(),
         };
         let answer = judge(p.engine, &name, "", &status, &asked, proof, &nonce);
+        if answer == Answer::Imitation
+            && let Some(incumbent) = mcvw_answered(&status.message)
+        {
+            return Shown::NotTried(format!(
+                "{what}: answered first by {incumbent}, MCVW's, which runs beside the guard until a switch-over ends"
+            ));
+        }
         if answer == Answer::Imitation {
             tracing::debug!(guard = %p.guard, code = status.code, message = %status.message, "canary refused by something other than its guard");
         }
@@ -225,6 +235,40 @@ pub(crate) fn combined(
     }
 }
 
+/// The MCVW webhook whose denial `message` is, if it is one (`<webhook>.managed.openshift.io`,
+/// as MCVW's build names them). While MCVW's package and the agent's guards run side by side
+/// (docs/operations.md, "Switching over from MCVW") MCVW denies many canaries too, and on the
+/// webhook engine the API server reports whichever webhook answers first: that is neither
+/// evidence for the guard nor against it, and no alarm. A tenant's webhook named so gains
+/// nothing by it: it can keep a canary from proving its guard, as any webhook denying it can,
+/// and lets nothing through.
+fn mcvw_answered(message: &str) -> Option<&str> {
+    let rest = message.strip_prefix("admission webhook \"")?;
+    let name = &rest[..rest.find('"')?];
+    name.ends_with(".managed.openshift.io").then_some(name)
+}
+
+/// How far `plan`'s guards are proven by their canaries' last `results`, with the probe's
+/// verdict (`render::switch_over`).
+pub(crate) fn evidence(
+    probe_proven: bool,
+    plan: &[Planned],
+    results: &BTreeMap<String, Shown>,
+) -> hcp_fleet_render::switch_over::Evidence {
+    hcp_fleet_render::switch_over::Evidence {
+        probe_proven,
+        canaries: plan.len(),
+        denied: plan
+            .iter()
+            .filter(|p| results.get(&p.guard) == Some(&Shown::Denied))
+            .count(),
+        absent: plan
+            .iter()
+            .filter(|p| matches!(results.get(&p.guard), Some(Shown::Absent(_))))
+            .count(),
+    }
+}
+
 /// The failures among the canaries' last results, to name in the report.
 pub(crate) fn failures(results: &BTreeMap<String, Shown>) -> Vec<String> {
     results
@@ -239,6 +283,49 @@ pub(crate) fn failures(results: &BTreeMap<String, Shown>) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mcvw_answering_first_is_told_apart() {
+        let m = "admission webhook \"clusterroles-validation.managed.openshift.io\" denied the request: Deleting ClusterRole cluster-admin is not allowed";
+        assert_eq!(
+            mcvw_answered(m),
+            Some("clusterroles-validation.managed.openshift.io")
+        );
+        for other in [
+            "admission webhook \"tenant.example.com\" denied the request: no",
+            "clusterroles.rbac.authorization.k8s.io \"x\" is forbidden: managed.openshift.io",
+            "admission webhook \"unterminated.managed.openshift.io",
+        ] {
+            assert_eq!(mcvw_answered(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn only_denials_and_absences_count_as_evidence() {
+        let plan: Vec<Planned> = ["a", "b", "c"]
+            .iter()
+            .map(|g| Planned {
+                guard: (*g).to_string(),
+                engine: Engine::Policy,
+                canary: hcp_fleet_guards::for_path("/validate/protected-rbac")
+                    .and_then(|g| g.canary(&Settings::from(&AgentConfig::default())))
+                    .expect("a canary"),
+            })
+            .collect();
+        let mut r = BTreeMap::new();
+        r.insert("a".to_string(), Shown::Denied);
+        r.insert("b".to_string(), Shown::Absent("no SCCs here".into()));
+        r.insert(
+            "c".to_string(),
+            Shown::NotTried("answered first by MCVW".into()),
+        );
+        assert!(!evidence(true, &plan, &r).proven());
+        r.insert("c".to_string(), Shown::Denied);
+        let e = evidence(true, &plan, &r);
+        assert_eq!((e.denied, e.absent), (2, 1));
+        assert!(e.proven());
+        assert!(!evidence(false, &plan, &r).proven());
+    }
     use hcp_fleet_render::hosted::objects::HostedFeatures;
     use hcp_fleet_render::hosted::webhooks::render;
 

@@ -62,6 +62,9 @@ pub(super) struct WatchShared {
     pub(crate) canary_results: std::collections::BTreeMap<String, super::canary::Shown>,
     /// Which canary goes next.
     pub(crate) canary_next: usize,
+    /// `switchOver.labelProvenNamespaces` as the last reconcile read it: the probe task asks
+    /// for a reconcile when the last canary proves the guards, for it to label the namespace.
+    pub(crate) label_proven: bool,
     /// The hosted cluster's own requests the admission replicas last reported denied
     /// (`probe::own_denials`; `None`: none did), read every few probe rounds.
     pub(crate) own_denials: Option<String>,
@@ -115,6 +118,8 @@ pub struct HcpState {
     /// Reconciles in a row that wanted static guards not yet proven in force; paces the next
     /// look (`reconcile::static_wait`).
     pub(super) static_waits: u32,
+    /// The namespace was seen to carry the switch-over's label (`switch_over::mark`).
+    pub(super) proven_labelled: bool,
 }
 
 /// How to run the controller.

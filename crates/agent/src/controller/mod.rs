@@ -44,6 +44,7 @@ mod report;
 mod rollout;
 mod scope;
 mod static_guards;
+mod switch_over;
 pub mod template_access;
 mod text_store;
 mod trust;

@@ -344,6 +344,23 @@ pub(crate) fn first_probe(ns: &str, every: Duration) -> Duration {
     every.mul_f64(0.5 + (h % 1000) as f64 / 1000.0)
 }
 
+/// Keeps a canary's result and moves the turn on: whether the result changed, and whether it
+/// completed the proof the switch-over waits for (when that is on).
+fn record_canary(
+    shared: &Mutex<WatchShared>,
+    next: usize,
+    guard: &str,
+    shown: canary::Shown,
+    plan: &[canary::Planned],
+) -> (bool, bool) {
+    let mut s = lock(shared);
+    s.canary_next = next.wrapping_add(1);
+    let before = s.canary_results.insert(guard.to_string(), shown.clone());
+    let all_proven = s.label_proven
+        && super::switch_over::newly_all_denied(plan, before.as_ref(), &shown, &s.canary_results);
+    (before != Some(shown), all_proven)
+}
+
 /// Records this reconcile's verdict and makes sure the periodic probe runs. The task queues a
 /// full reconcile (which reports) only when the verdict changes, so a steady fleet costs one
 /// hosted request per cluster per interval and, every `REPORT_ROUNDS` rounds, a look at the
@@ -353,11 +370,16 @@ pub(crate) fn ensure_task(s: &Scope<'_>, hosted: &HostedClient, verdict: Complia
     let timeout = s.cfg.hosted_access.request_timeout();
     let every = Duration::from_secs(u64::from(s.cfg.probe_interval_seconds));
     let (service, port) = (&s.cfg.admission.service_name, s.cfg.admission.port);
+    let label_proven = s.cfg.switch_over.label_proven_namespaces;
     ctx.with_hcp(ns, |s| {
         let Some(w) = s.watch.as_mut() else {
             return;
         };
-        lock(&w.shared).probe = Some(verdict);
+        {
+            let mut shared = lock(&w.shared);
+            shared.probe = Some(verdict);
+            shared.label_proven = label_proven;
+        }
         if w.probe.as_ref().is_some_and(AbortOnDrop::is_running) {
             return;
         }
@@ -406,6 +428,7 @@ pub(crate) fn ensure_task(s: &Scope<'_>, hosted: &HostedClient, verdict: Complia
                         .verdict
                         .state;
                     let mut canary_changed = false;
+                    let mut all_proven = false;
                     // A path that fails its probe fails every canary on it: they wait for it.
                     let turn = canaries.get(next % canaries.len().max(1));
                     if let Some(p) = turn.filter(|_| probed == ComplianceState::Compliant) {
@@ -418,13 +441,11 @@ pub(crate) fn ensure_task(s: &Scope<'_>, hosted: &HostedClient, verdict: Complia
                             timeout,
                         ))
                         .await;
-                        if let canary::Shown::NotTried(why) = &shown {
+                        if let canary::Shown::NotTried(why) | canary::Shown::Absent(why) = &shown {
                             tracing::debug!(guard = %p.guard, %why, "canary not tried");
                         }
-                        let mut s = lock(&shared);
-                        s.canary_next = next.wrapping_add(1);
-                        let before = s.canary_results.insert(p.guard.clone(), shown.clone());
-                        canary_changed = before != Some(shown);
+                        (canary_changed, all_proven) =
+                            record_canary(&shared, next, &p.guard, shown, &canaries);
                     }
                     let (now, last) = {
                         let s = lock(&shared);
@@ -437,10 +458,13 @@ pub(crate) fn ensure_task(s: &Scope<'_>, hosted: &HostedClient, verdict: Complia
                     if last != Some(now) {
                         info!(verdict = now.as_str(), "end-to-end probe changed");
                         let _ = tx.send(hcp_ref.clone());
-                    } else if (canary_changed || report_changed)
-                        && now == ComplianceState::NonCompliant
+                    } else if ((canary_changed || report_changed)
+                        && now == ComplianceState::NonCompliant)
+                        || (all_proven && now == ComplianceState::Compliant)
                     {
                         // Another guard failing, or failing otherwise: the report names it.
+                        // Or the last canary has just proven every guard: the reconcile
+                        // labels the namespace for the switch-over.
                         let _ = tx.send(hcp_ref.clone());
                     }
                 }

@@ -466,6 +466,9 @@ async fn prove(
         .set(i64::from(ok));
     probe::ensure_task(s, hosted, verdict.state);
     let Some(why) = silent else {
+        if let Some(note) = super::switch_over::mark(s, ok).await {
+            verdict.message = format!("{}; {note}", verdict.message);
+        }
         return Ok(verdict);
     };
     m.hosted_errors.get_or_create(&s.labels()).inc();
