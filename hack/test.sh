@@ -61,8 +61,8 @@ mapfile -t versions <"$work/versions"
 [ "${#versions[@]}" -gt 0 ] || { echo "[test] no test-bed version" >&2; exit 1; }
 
 # Two lanes of about equal length (measured on 1.20.2 with the hosted clusters' data planes,
-# the two lanes alone, 2026-11-28: admission 498 s + data_plane 25 + packaging 83 + testbed 29
-# = 635; acm 69 + agent 282 + monitoring 32 + rollout 160 + tenant 54 = 597).
+# the two lanes alone, 2026-11-28: admission 464 s + data_plane 70 + packaging 85 + testbed 45
+# = 664; acm 69 + agent 344 + monitoring 34 + rollout 154 + tenant 61 = 662).
 lanes=("--test admission --test packaging --test testbed --test data_plane" "--test agent --test rollout --test acm --test monitoring --test tenant")
 # Every [[test]] of e2e/Cargo.toml runs in one lane: a new e2e binary left out fails here.
 for t in $(awk '/^\[\[test\]\]/{t=1} t && /^name *=/{gsub(/[" ]/,"",$0); sub(/name=/,""); print; t=0}' e2e/Cargo.toml); do
