@@ -21,16 +21,7 @@ pub(crate) async fn https_post(
 /// `ca_name` (returned, for the client's trust).
 pub(crate) fn loopback_serving_files(ca_name: &str) -> (KeyedCert, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tmp");
-    let ca = certificates::generate_ca(ca_name, time::Duration::days(1)).expect("ca");
-    let srv = certificates::issue(
-        &ca,
-        "127.0.0.1",
-        &Usage::Server {
-            sans: vec!["127.0.0.1".into()],
-        },
-        time::Duration::days(1),
-    )
-    .expect("srv");
+    let (ca, srv) = support::loopback_serving_pair(ca_name);
     std::fs::write(dir.path().join("tls.crt"), &srv.cert_pem).expect("crt");
     std::fs::write(dir.path().join("tls.key"), &srv.key_pem).expect("key");
     (ca, dir)

@@ -252,6 +252,28 @@ pub async fn fleet_with_pods(n: usize) -> (hcp_fleet_testbed::LocalFleet, kube::
     )
 }
 
+/// A CA named `ca_name` and a serving certificate for 127.0.0.1 it signs (a day each): what a
+/// loopback admission service, the agent's own or a stand-in, serves.
+pub fn loopback_serving_pair(
+    ca_name: &str,
+) -> (
+    hcp_fleet_render::certificates::KeyedCert,
+    hcp_fleet_render::certificates::KeyedCert,
+) {
+    use hcp_fleet_render::certificates::{Usage, generate_ca, issue};
+    let ca = generate_ca(ca_name, time::Duration::days(1)).expect("ca");
+    let srv = issue(
+        &ca,
+        "127.0.0.1",
+        &Usage::Server {
+            sans: vec!["127.0.0.1".into()],
+        },
+        time::Duration::days(1),
+    )
+    .expect("serving certificate");
+    (ca, srv)
+}
+
 /// A client of hosted cluster `hosted` acting as `user`, impersonated through its admin
 /// kubeconfig (so RBAC and the guards judge `user`).
 pub async fn hosted_client_as(

@@ -15,7 +15,7 @@ pub const FIELD_MANAGER: &str = "hcp-fleet-agent-switch-over";
 
 /// How far an HCP's guards are proven: the probe's verdict, and per guard with a canary
 /// whether its last canary was denied by it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Evidence {
     /// The probe found every path (webhook, policy, static) answering as the agent's own.
     pub probe_proven: bool,

@@ -283,6 +283,8 @@ pub(crate) fn failures(results: &BTreeMap<String, Shown>) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hcp_fleet_render::hosted::objects::HostedFeatures;
+    use hcp_fleet_render::hosted::webhooks::render;
 
     #[test]
     fn mcvw_answering_first_is_told_apart() {
@@ -326,8 +328,6 @@ mod tests {
         assert!(e.proven());
         assert!(!evidence(false, &plan, &r).proven());
     }
-    use hcp_fleet_render::hosted::objects::HostedFeatures;
-    use hcp_fleet_render::hosted::webhooks::render;
 
     fn rendered(cfg: &AgentConfig, policies: bool) -> HostedWebhooks {
         let features = HostedFeatures {

@@ -357,7 +357,7 @@ fn record_canary(
     s.canary_next = next.wrapping_add(1);
     let before = s.canary_results.insert(guard.to_string(), shown.clone());
     let all_proven = s.label_proven
-        && super::switch_over::newly_all_denied(plan, before.as_ref(), &shown, &s.canary_results);
+        && super::switch_over::completes_proof(plan, before.as_ref(), &shown, &s.canary_results);
     (before != Some(shown), all_proven)
 }
 

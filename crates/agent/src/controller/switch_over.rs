@@ -65,9 +65,7 @@ fn evidence(s: &Scope<'_>, probe_proven: bool) -> Evidence {
         let Some(w) = h.watch.as_ref() else {
             return Evidence {
                 probe_proven,
-                canaries: 0,
-                denied: 0,
-                absent: 0,
+                ..Evidence::default()
             };
         };
         let shared = lock(&w.shared);
@@ -78,7 +76,7 @@ fn evidence(s: &Scope<'_>, probe_proven: bool) -> Evidence {
 /// Whether the canary result that just replaced `before` completes the proof of `plan`'s
 /// guards (the probe task asks for a reconcile then, which labels the namespace: nothing else
 /// would, the probe's verdict being unchanged).
-pub(super) fn newly_all_denied(
+pub(super) fn completes_proof(
     plan: &[canary::Planned],
     before: Option<&Shown>,
     now: &Shown,
