@@ -5,7 +5,7 @@
 //! its webhooks as MCVW's source does (clusterroles-validation, service-mutation).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use base64::Engine as _;
 use http::{Request, Response, StatusCode};
@@ -97,7 +97,9 @@ fn service_mutation(req: &Value) -> Value {
     json!({"uid": req["uid"], "allowed": true, "patchType": "JSONPatch", "patch": patch})
 }
 
-async fn answer(req: Request<Incoming>) -> Response<Full<Bytes>> {
+/// `delay_ms` holds clusterroles-validation's answer back: on webhooks alone the API server
+/// reports whichever denial arrives first, so the test chooses who that is.
+async fn answer(req: Request<Incoming>, delay_ms: u64) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_string();
     let Ok(body) = req.into_body().collect().await else {
         return Response::builder()
@@ -108,7 +110,10 @@ async fn answer(req: Request<Incoming>) -> Response<Full<Bytes>> {
     let review: Value = serde_json::from_slice(&body.to_bytes()).unwrap_or_default();
     let request = &review["request"];
     let response = match path.as_str() {
-        "/clusterroles-validation" => clusterroles_validation(request),
+        "/clusterroles-validation" => {
+            tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+            clusterroles_validation(request)
+        }
         "/service-mutation" => service_mutation(request),
         _ => json!({"uid": request["uid"], "allowed": true}),
     };
@@ -120,6 +125,8 @@ async fn answer(req: Request<Incoming>) -> Response<Full<Bytes>> {
 struct StandIn {
     port: u16,
     ca_pem: String,
+    /// How long clusterroles-validation waits before it answers, in milliseconds.
+    delay_ms: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -141,18 +148,22 @@ impl StandIn {
             .await
             .expect("listen");
         let port = listener.local_addr().expect("addr").port();
+        let delay_ms = Arc::new(AtomicU64::new(0));
+        let delay = delay_ms.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((tcp, _)) = listener.accept().await else {
                     continue;
                 };
                 let acceptor = acceptor.clone();
+                let delay = delay.clone();
                 tokio::spawn(async move {
                     let Ok(tls) = acceptor.accept(tcp).await else {
                         return;
                     };
-                    let svc = hyper::service::service_fn(|req| async move {
-                        Ok::<_, std::convert::Infallible>(answer(req).await)
+                    let svc = hyper::service::service_fn(|req| {
+                        let delay_ms = delay.load(Ordering::Relaxed);
+                        async move { Ok::<_, std::convert::Infallible>(answer(req, delay_ms).await) }
                     });
                     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                         .serve_connection(TokioIo::new(tls), svc)
@@ -163,6 +174,7 @@ impl StandIn {
         StandIn {
             port,
             ca_pem: ca.cert_pem,
+            delay_ms,
             task,
         }
     }
@@ -350,29 +362,27 @@ async fn mcvw_hands_over_to_the_agent_without_a_gap() {
         None,
         "labelled before every canary was tried"
     );
-    let policies = support::serves(
-        &fleet.version,
-        Feature::AdmissionPolicies,
-        "proves its guards beside MCVW's webhooks (on webhooks alone, MCVW answers first)",
-    );
-    if !policies {
-        // Webhooks only (1.20): the API server reports whichever webhook denies first, and
-        // MCVW's in-process stand-in always beats the admission service to it. The canaries it
-        // answers prove nothing, so the namespace stays unlabelled, and they are no alarm
-        // either: two rounds of every canary later, still Compliant.
-        tokio::time::sleep(Duration::from_secs(2 * 6 * 5 + 5)).await;
-        assert_eq!(
-            label_of(namespaces.get(&ns).await.expect("namespace")),
-            None,
-            "labelled while MCVW answered the canaries"
-        );
-        let record = health(&mgmt, &ns).await.expect("record");
-        assert_eq!(compliant(&record), Some("Compliant"), "{:?}", record.status);
-        stop.store(true, Ordering::Relaxed);
-        let tally = load.await.expect("load");
-        assert_eq!((tally.allowed, tally.other.len()), (0, 0), "{tally:?}");
-        assert!(tally.by_mcvw > 0, "{tally:?}");
-        return;
+    if !fleet.version.serves(Feature::AdmissionPolicies) {
+        // Webhooks only (1.20): the API server calls both validating webhooks at once and
+        // reports whichever denial arrives first. While MCVW's answers first (its stand-in is in
+        // this process, usually quicker than the admission service), the canaries it answers
+        // prove nothing and are no alarm either: two rounds of every canary, Compliant
+        // throughout. Whether the agent's answer ever wins that race is the machine's to say, so
+        // the label is not asserted either way here.
+        let until = tokio::time::Instant::now() + Duration::from_secs(2 * 6 * 5 + 5);
+        while tokio::time::Instant::now() < until {
+            let record = health(&mgmt, &ns).await.expect("record");
+            assert_eq!(
+                compliant(&record),
+                Some("Compliant"),
+                "a canary MCVW answered first raised an alarm: {:?}",
+                record.status
+            );
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        // Then MCVW's pod slows (it sits a network hop away in a real management cluster):
+        // the agent's denial arrives first, and its canaries prove its guards.
+        mcvw.delay_ms.store(1_500, Ordering::Relaxed);
     }
     eventually(
         "the namespace labelled guards-proven",
