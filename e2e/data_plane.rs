@@ -29,9 +29,12 @@ use support::eventually;
 
 const HOSTED: &str = "hc-1";
 
-/// Every guard enforced (the Service mutation too), each with a CEL form on `engine`.
+/// Every guard enforced (the Service mutation too), each with a CEL form on `engine`; the
+/// probe every 3 s, so the agent looks at the internal registry again (every fifth round)
+/// within a test's patience.
 fn enforced_on(engine: GuardEngine) -> AgentConfig {
     let mut cfg = AgentConfig::default();
+    cfg.probe_interval_seconds = 3;
     for w in &mut cfg.webhooks {
         w.mode = Mode::Enforce;
         if engine == GuardEngine::Webhook || has_cel_form(&w.path) {
@@ -137,6 +140,7 @@ async fn the_cluster_runs_under_every_guard(engine: GuardEngine) {
         Some("red-hat-managed=true,team=a"),
         "the LoadBalancer's tags"
     );
+    pod_images_follow_the_registry(fleet).await;
     let want = expected_pods(nodes);
     eventually(
         "every pod of the platform fixture Running",
@@ -368,4 +372,102 @@ async fn a_guard_that_denies_the_clusters_own_requests_shows_on_the_health_recor
         },
     )
     .await;
+}
+
+/// MCVW's pod image spec mutation on the fixture's cluster: while its image registry is
+/// Managed, a customer's pod naming the internal registry's `openshift/cli:latest` is left as
+/// written; once the customer removes the registry, the agent reads the change from the hosted
+/// cluster and writes it to the admission service's ConfigMap, and the same pod (and its init
+/// container's must-gather) gets the release's images that the `openshift` ImageStreams name.
+/// A tag no ImageStream has leaves the pod as written.
+async fn pod_images_follow_the_registry(fleet: &hcp_fleet_testbed::LocalFleet) {
+    use kube::api::{DynamicObject, Patch, PatchParams};
+    use kube::core::{ApiResource, GroupVersionKind};
+    let customer = fleet
+        .hosted_client_for(HOSTED, platform::CUSTOMER.0, platform::CUSTOMER.1)
+        .await
+        .expect("customer");
+    let internal =
+        |image: &str| format!("image-registry.openshift-image-registry.svc:5000/openshift/{image}");
+    let pod = |name: &str, image: &str, init: &str| -> Pod {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "team-a"},
+            "spec": {"containers": [{"name": "c", "image": image}],
+                     "initContainers": [{"name": "i", "image": init}]},
+        }))
+        .expect("pod")
+    };
+    let images = |p: &Pod| -> (String, String) {
+        let spec = p.spec.clone().unwrap_or_default();
+        let first = |c: Option<&k8s_openapi::api::core::v1::Container>| {
+            c.and_then(|c| c.image.clone()).unwrap_or_default()
+        };
+        (
+            first(spec.containers.first()),
+            first(spec.init_containers.as_ref().and_then(|i| i.first())),
+        )
+    };
+    let pods = Api::<Pod>::namespaced(customer.clone(), "team-a");
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let written = (internal("cli:latest"), internal("must-gather:latest"));
+    let debug = pod("debug", &written.0, &written.1);
+    let kept = pods
+        .create(&dry, &debug)
+        .await
+        .expect("a pod, registry Managed");
+    assert_eq!(
+        images(&kept),
+        written,
+        "changed while the registry is Managed"
+    );
+
+    // The customer removes the registry, as OpenShift's documentation lets them.
+    let config = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("imageregistry.operator.openshift.io", "v1", "Config"),
+        "configs",
+    );
+    Api::<DynamicObject>::all_with(customer.clone(), &config)
+        .patch(
+            "cluster",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"managementState": "Removed"}})),
+        )
+        .await
+        .expect("the customer removes the image registry");
+    let release = |name: &str| {
+        platform::RELEASE_IMAGE_STREAMS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, d)| platform::release_image(d))
+            .expect("a release image")
+    };
+    let want = (release("cli"), release("must-gather"));
+    eventually(
+        "a pod's internal-registry images replaced by the release's",
+        Duration::from_secs(90),
+        || {
+            let (pods, debug, want, dry) = (pods.clone(), debug.clone(), want.clone(), dry.clone());
+            async move {
+                let got = pods.create(&dry, &debug).await.map_err(|e| e.to_string())?;
+                (images(&got) == want)
+                    .then_some(())
+                    .ok_or_else(|| format!("{:?}", images(&got)))
+            }
+        },
+    )
+    .await;
+    let unknown = pod("unknown", &internal("cli:4.99"), &written.1);
+    let got = pods
+        .create(&dry, &unknown)
+        .await
+        .expect("a pod with an unknown tag");
+    assert_eq!(
+        images(&got),
+        (internal("cli:4.99"), written.1.clone()),
+        "a tag no ImageStream has leaves the pod as written"
+    );
 }

@@ -54,9 +54,12 @@ image_pid=$!
 # tests turn on), so they reuse the unit build's crates instead of compiling the workspace
 # again (`-p hcp-fleet-e2e` resolves them without those: about two minutes of a cold run).
 "$cargo" test --workspace --lib --bins
+unit_done=$SECONDS
 "$cargo" test --workspace --no-run --tests
+built=$SECONDS
 wait "$tb_pid" || { echo "[test] the test bed could not be built (above)" >&2; exit 1; }
 tb_pid=""
+bed_ready=$SECONDS
 mapfile -t versions <"$work/versions"
 [ "${#versions[@]}" -gt 0 ] || { echo "[test] no test-bed version" >&2; exit 1; }
 
@@ -86,7 +89,7 @@ for assets in "${versions[@]}"; do
   done
   echo "== e2e on $(label "$assets"): $result =="
 done
-echo "[test] unit and e2e tests took $(( (SECONDS - start) / 60 )) min $(( (SECONDS - start) % 60 )) s"
+echo "[test] unit and e2e tests took $(( (SECONDS - start) / 60 )) min $(( (SECONDS - start) % 60 )) s: unit tests built and run $(( unit_done - start )) s, e2e built $(( built - unit_done )) s, $(( bed_ready - built )) s more waiting for the test bed, the e2e lanes $(( SECONDS - bed_ready )) s"
 [ "$rc" = 0 ] || exit "$rc"
 echo "== the container image =="
 waited=$SECONDS

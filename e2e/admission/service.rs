@@ -260,7 +260,19 @@ async fn malformed_requests_get_clear_client_errors() {
 #[tokio::test]
 async fn every_guards_cases_through_the_admission_service_over_tls() {
     use hcp_fleet_guards::{ALL, Want};
-    let (mut child, port, ca_pem, _dir) = standalone_service().await;
+    // The registry the pod image spec mutation's cases are decided under, as the agent's
+    // ConfigMap would be mounted.
+    let registry = tempfile::tempdir().expect("dir");
+    let file = registry
+        .path()
+        .join(hcp_fleet_render::internal_registry::KEY);
+    std::fs::write(
+        &file,
+        serde_json::to_vec(&hcp_fleet_guards::pod_image_spec::case_registry()).expect("json"),
+    )
+    .expect("write");
+    let (mut child, port, ca_pem, _dir) =
+        standalone_service_with(&["--internal-registry", &file.to_string_lossy()]).await;
     let mut checked = 0;
     for g in ALL {
         for c in g.cases() {

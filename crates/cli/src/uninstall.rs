@@ -214,19 +214,21 @@ async fn remove_management_side(
             .await
             .map_err(del(format!("NetworkPolicy {svc}")))?,
     );
-    // The static guards' files: the hosted kube-apiserver drops them when its kubelet empties
-    // the (optional) volume.
-    n += usize::from(
-        delete_named(
-            &Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(c(), ns),
-            hcp_fleet_render::hosted::static_guards::CONFIG_MAP,
-        )
-        .await
-        .map_err(del(format!(
-            "ConfigMap {}",
-            hcp_fleet_render::hosted::static_guards::CONFIG_MAP
-        )))?,
-    );
+    // The static guards' files (the hosted kube-apiserver drops them when its kubelet empties
+    // the optional volume), and the pod image spec mutation's input.
+    for name in [
+        hcp_fleet_render::hosted::static_guards::CONFIG_MAP,
+        hcp_fleet_render::internal_registry::CONFIG_MAP,
+    ] {
+        n += usize::from(
+            delete_named(
+                &Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(c(), ns),
+                name,
+            )
+            .await
+            .map_err(del(format!("ConfigMap {name}")))?,
+        );
+    }
     // The agent wrote the PDB as policy/v1 or, on servers without it, policy/v1beta1.
     for pdb in [PdbApi::V1, PdbApi::V1Beta1]
         .map(PdbApi::api_resource)

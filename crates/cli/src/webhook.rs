@@ -24,6 +24,13 @@ pub struct WebhookArgs {
     /// Webhook modes and exemptions (JSON), as the agent renders them into the Deployment.
     #[arg(long, env = SETTINGS_ENV)]
     pub(crate) settings: Option<String>,
+    /// The internal registry's file (the agent's ConfigMap, mounted): what the pod image spec
+    /// mutation rewrites images with. Absent: nothing is rewritten.
+    #[arg(long)]
+    pub(crate) internal_registry: Option<PathBuf>,
+    /// How often the internal registry's file is checked for a change.
+    #[arg(long, default_value_t = 2000)]
+    pub(crate) internal_registry_check_ms: u64,
     /// How often the certificate files are checked for a change.
     #[arg(long, default_value_t = 1000)]
     pub(crate) cert_check_ms: u64,
@@ -95,6 +102,22 @@ pub async fn run(args: WebhookArgs, default: Settings) -> ExitCode {
         limits.clone(),
         Some(args.cert_dir.join(hcp_fleet_guards::probe::KEY_FILE)),
     );
+    // Read before the first request, so a replica never answers without what the file says.
+    if let Some(path) = &args.internal_registry {
+        match hcp_fleet_webhook::internal_registry::load(path) {
+            Ok(reg) => {
+                state.set_internal_registry(reg);
+            }
+            Err(e) => tracing::warn!(error = %e, "internal registry file unusable"),
+        }
+    }
+    let _registry = args.internal_registry.clone().map(|path| {
+        hcp_fleet_webhook::internal_registry::watch(
+            path,
+            state.clone(),
+            Duration::from_millis(args.internal_registry_check_ms.max(50)),
+        )
+    });
     let app = if args.baseline {
         server::baseline_router(state.clone())
     } else {

@@ -33,6 +33,7 @@ pub mod managed_groups;
 pub mod network_migration;
 pub mod platform_bindings;
 pub mod platform_config;
+pub mod pod_image_spec;
 pub mod probe;
 pub mod protected_rbac;
 pub mod review;
@@ -125,6 +126,7 @@ pub static ALL: &[&dyn Guard] = &[
     &probe::Probe,
     &service_annotation::ServiceAnnotation,
     &service_tags::ServiceTags,
+    &pod_image_spec::PodImageSpec,
 ];
 
 /// The guard served on `path`, if any.

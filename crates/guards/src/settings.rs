@@ -50,6 +50,11 @@ pub struct Settings {
     pub exempt_namespaces: Vec<String>,
     pub service_annotation_key: String,
     pub service_annotation_value: String,
+    /// The hosted cluster's internal registry as the agent last wrote it
+    /// (`pod_image_spec::InternalRegistry`): never in the configuration, read by the admission
+    /// service from the file the agent's ConfigMap is mounted as; `None` until it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub internal_registry: Option<crate::pod_image_spec::InternalRegistry>,
 }
 
 /// The members of one identity class.

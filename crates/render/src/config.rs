@@ -1073,6 +1073,9 @@ impl From<&AgentConfig> for Settings {
                 .collect(),
             service_annotation_key: a.service_annotation.key.clone(),
             service_annotation_value: a.service_annotation.value.clone(),
+            // The hosted cluster's, not the configuration's: the service reads it from the
+            // agent's ConfigMap.
+            internal_registry: None,
         }
     }
 }

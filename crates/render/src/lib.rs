@@ -8,6 +8,8 @@
 //!   policies, static manifests, canaries' RBAC), and how a live object is compared with it;
 //! - `rollout` and `overrides`: which configuration an HCP gets while a rollout moves;
 //! - `reporting`: the health record and its ACM Policy status from what a reconcile saw;
+//! - `internal_registry`: what the pod image spec mutation knows of a hosted cluster's
+//!   internal registry, and the ConfigMap that carries it to the admission service;
 //! - `switch_over`: when an HCP's guards are proven in force for MCVW's package to go, and
 //!   the label that says so.
 //!
@@ -16,6 +18,7 @@
 pub mod certificates;
 pub mod config;
 pub mod hosted;
+pub mod internal_registry;
 pub mod management;
 pub mod overrides;
 pub mod reporting;

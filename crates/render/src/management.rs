@@ -13,9 +13,9 @@ use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Affinity, Capabilities, Container, ContainerPort, EnvVar, HTTPGetAction, NodeAffinity,
-    NodeSelectorRequirement, NodeSelectorTerm, PodAffinity, PodAffinityTerm, PodAntiAffinity,
-    PodSecurityContext, PodSpec, PodTemplateSpec, PreferredSchedulingTerm, Probe,
+    Affinity, Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, HTTPGetAction,
+    NodeAffinity, NodeSelectorRequirement, NodeSelectorTerm, PodAffinity, PodAffinityTerm,
+    PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, PreferredSchedulingTerm, Probe,
     ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Service,
     ServiceAccount, ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
     WeightedPodAffinityTerm,
@@ -339,6 +339,12 @@ fn webhook_container(a: &crate::config::AdmissionConfig, settings: String) -> Co
             CERT_DIR.into(),
             "--port".into(),
             a.port.to_string(),
+            "--internal-registry".into(),
+            format!(
+                "{}/{}",
+                crate::internal_registry::MOUNT_DIR,
+                crate::internal_registry::KEY
+            ),
         ]),
         // Modes and exemptions: a change rolls out like any Deployment change.
         env: Some(vec![EnvVar {
@@ -379,12 +385,20 @@ fn webhook_container(a: &crate::config::AdmissionConfig, settings: String) -> Co
             }),
             ..Default::default()
         }),
-        volume_mounts: Some(vec![VolumeMount {
-            name: "tls".into(),
-            mount_path: CERT_DIR.into(),
-            read_only: Some(true),
-            ..Default::default()
-        }]),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                name: "tls".into(),
+                mount_path: CERT_DIR.into(),
+                read_only: Some(true),
+                ..Default::default()
+            },
+            VolumeMount {
+                name: "internal-registry".into(),
+                mount_path: crate::internal_registry::MOUNT_DIR.into(),
+                read_only: Some(true),
+                ..Default::default()
+            },
+        ]),
         ..Default::default()
     }
 }
@@ -464,14 +478,27 @@ fn deployment(cfg: &AgentConfig, inp: &HcpInputs<'_>) -> Result<Deployment, Rend
             ..Default::default()
         }),
         containers: vec![container],
-        volumes: Some(vec![Volume {
-            name: "tls".into(),
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(tls_secret_name(cfg)),
+        volumes: Some(vec![
+            Volume {
+                name: "tls".into(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(tls_secret_name(cfg)),
+                    ..Default::default()
+                }),
                 ..Default::default()
-            }),
-            ..Default::default()
-        }]),
+            },
+            // The pod image spec mutation's input, which the agent writes once it has read
+            // the hosted cluster: optional, so the pods start before it does.
+            Volume {
+                name: "internal-registry".into(),
+                config_map: Some(ConfigMapVolumeSource {
+                    name: crate::internal_registry::CONFIG_MAP.into(),
+                    optional: Some(true),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        ]),
         ..Default::default()
     };
     let mut metadata = meta(cfg, &a.service_name, inp);
@@ -1055,9 +1082,17 @@ mod tests {
         let o = objects(PdbApi::V1);
         let pod = o.deployment.spec.expect("spec").template.spec.expect("pod");
         let vols = pod.volumes.expect("volumes");
-        assert_eq!(vols.len(), 1);
-        let mounted = vols[0].secret.as_ref().and_then(|s| s.secret_name.clone());
-        assert_eq!(mounted.as_deref(), Some("hcp-fleet-admission-tls"));
+        let secrets: Vec<_> = vols
+            .iter()
+            .filter_map(|v| v.secret.as_ref().and_then(|s| s.secret_name.clone()))
+            .collect();
+        assert_eq!(secrets, ["hcp-fleet-admission-tls"]);
+        // The one other volume: the internal registry's ConfigMap, optional.
+        let others: Vec<_> = vols.iter().filter(|v| v.secret.is_none()).collect();
+        assert_eq!(others.len(), 1);
+        let cm = others[0].config_map.as_ref().expect("a ConfigMap volume");
+        assert_eq!(cm.name, crate::internal_registry::CONFIG_MAP);
+        assert_eq!(cm.optional, Some(true));
         let tls = o.tls_secret.data.expect("data");
         assert!(!tls.contains_key("ca.key"));
         assert!(tls.contains_key("tls.key") && tls.contains_key("ca.crt"));

@@ -9,7 +9,9 @@
 //! generation rolls out as a Deployment with maxSurge 1 and maxUnavailable 0 does: one new
 //! replica, ready, in the routes, then one old one out of the routes and stopped with SIGTERM
 //! (it drains). A changed certificate Secret is written to the pods' directory, where the
-//! service reloads it. There is no registry: an image other than the agent's own cannot be
+//! service reloads it; each ConfigMap volume (optional ones too) is written to a directory of
+//! its own as a kubelet's atomic writer does, kept current, and the args naming its mount path
+//! are mapped to it. There is no registry: an image other than the agent's own cannot be
 //! pulled, so its replicas never start and the old ones keep serving (`pullable`).
 
 use std::collections::HashMap;
@@ -19,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
@@ -140,6 +142,8 @@ struct Workload {
     /// The pods' certificate directory (one Secret, the same files for every replica).
     dir: PathBuf,
     secret: String,
+    /// Its ConfigMap volumes: (ConfigMap, where the container mounts it, its directory here).
+    config_maps: Vec<(String, String, PathBuf)>,
     deployment: Deployment,
     /// The readiness probe: (period, timeout, failure threshold).
     readiness: (Duration, Duration, u32),
@@ -177,30 +181,7 @@ pub fn spawn_for(
     runs: impl Fn(&str) -> bool + Send + 'static,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let label = format!("{MANAGED_BY}={MANAGED_BY_VALUE}");
-        let deployments = watcher(
-            Api::<Deployment>::all(client.clone()),
-            watcher::Config::default().labels(&label),
-        )
-        .default_backoff()
-        .map(|e| e.map(|ev| Either::Deployment(Box::new(ev))));
-        let secrets = watcher(
-            Api::<Secret>::all(client.clone()),
-            watcher::Config::default().labels(&label),
-        )
-        .default_backoff()
-        .map(|e| e.map(|ev| Either::Secret(Box::new(ev))));
-        // A recreated Service gets its address again, as kube-proxy would route it again.
-        let services = watcher(
-            Api::<Service>::all(client.clone()),
-            watcher::Config::default().labels(&label),
-        )
-        .default_backoff()
-        .map(|e| e.map(|ev| Either::Service(Box::new(ev))));
-        let mut events = std::pin::pin!(futures::stream::select(
-            futures::stream::select(deployments, secrets),
-            services
-        ));
+        let mut events = std::pin::pin!(watched(&client));
         let mut pods: HashMap<String, Workload> = HashMap::new();
         // Deployments whose pod could not start (its Secret missing, say), by namespace. A
         // real kubelet keeps retrying such a pod; so does this one: when a Secret appears in
@@ -264,6 +245,7 @@ pub fn spawn_for(
                         }
                     }
                 }
+                Either::ConfigMap(ev) => config_map_changed(&pods, *ev),
                 Either::Secret(ev) => {
                     if let watcher::Event::Apply(s) | watcher::Event::InitApply(s) = *ev {
                         let ns = s.namespace().unwrap_or_default();
@@ -419,6 +401,7 @@ enum Either {
     Deployment(Box<watcher::Event<Deployment>>),
     Secret(Box<watcher::Event<Secret>>),
     Service(Box<watcher::Event<Service>>),
+    ConfigMap(Box<watcher::Event<ConfigMap>>),
 }
 
 impl Either {
@@ -436,6 +419,7 @@ impl Either {
             Either::Deployment(ev) => of(ev),
             Either::Secret(ev) => of(ev),
             Either::Service(ev) => of(ev),
+            Either::ConfigMap(ev) => of(ev),
         }
     }
 }
@@ -480,6 +464,101 @@ fn write_certs(dir: &Path, s: &Secret) -> Result<(), String> {
     Ok(())
 }
 
+/// The agent's Deployments, Secrets, Services and ConfigMaps (by its label), in one stream.
+fn watched(
+    client: &Client,
+) -> impl futures::Stream<Item = Result<Either, watcher::Error>> + Send + use<> {
+    fn of<K>(
+        client: &Client,
+        wrap: fn(Box<watcher::Event<K>>) -> Either,
+    ) -> impl futures::Stream<Item = Result<Either, watcher::Error>> + Send + use<K>
+    where
+        K: kube::Resource<DynamicType = ()>
+            + Clone
+            + k8s_openapi::serde::de::DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + 'static,
+    {
+        let label = format!("{MANAGED_BY}={MANAGED_BY_VALUE}");
+        watcher(
+            Api::<K>::all(client.clone()),
+            watcher::Config::default().labels(&label),
+        )
+        .default_backoff()
+        .map(move |e| e.map(|ev| wrap(Box::new(ev))))
+    }
+    // A recreated Service gets its address again, as kube-proxy would route it again.
+    futures::stream::select(
+        futures::stream::select(of(client, Either::Deployment), of(client, Either::Secret)),
+        futures::stream::select(of(client, Either::Service), of(client, Either::ConfigMap)),
+    )
+}
+
+/// A ConfigMap changed or went: the volumes of the pods that mount it follow.
+fn config_map_changed(pods: &HashMap<String, Workload>, ev: watcher::Event<ConfigMap>) {
+    let (cm, present) = match ev {
+        watcher::Event::Apply(cm) | watcher::Event::InitApply(cm) => (cm, true),
+        watcher::Event::Delete(cm) => (cm, false),
+        _ => return,
+    };
+    let Some(w) = pods.get(&cm.namespace().unwrap_or_default()) else {
+        return;
+    };
+    let name = cm.name_any();
+    for (_, _, dir) in w.config_maps.iter().filter(|(n, _, _)| *n == name) {
+        let _ = write_config_map(dir, present.then_some(&cm));
+    }
+}
+
+/// Writes a ConfigMap volume's files (`None`: the ConfigMap is gone, and the optional volume
+/// is emptied), each as a kubelet's atomic writer leaves it: a reader never sees half a file.
+fn write_config_map(dir: &Path, cm: Option<&ConfigMap>) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    let data = cm.and_then(|c| c.data.clone()).unwrap_or_default();
+    for entry in std::fs::read_dir(dir).map_err(|e| e.to_string())?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with('.') && !data.contains_key(&name) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    for (key, v) in &data {
+        if key.starts_with('.') || key.contains('/') {
+            continue;
+        }
+        let tmp = dir.join(format!(".{key}.tmp"));
+        std::fs::write(&tmp, v).map_err(|e| e.to_string())?;
+        std::fs::rename(&tmp, dir.join(key)).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// The pod's ConfigMap volumes its first container mounts: (ConfigMap, mount path, the
+/// directory here under `dir`).
+fn config_map_volumes(
+    pod: &k8s_openapi::api::core::v1::PodSpec,
+    dir: &Path,
+) -> Vec<(String, String, PathBuf)> {
+    let mounts = pod
+        .containers
+        .first()
+        .and_then(|c| c.volume_mounts.clone())
+        .unwrap_or_default();
+    pod.volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| {
+            let cm = v.config_map.as_ref()?;
+            let mount = mounts.iter().find(|m| m.name == v.name)?;
+            Some((
+                cm.name.clone(),
+                mount.mount_path.clone(),
+                dir.join("volumes").join(&v.name),
+            ))
+        })
+        .collect()
+}
+
 /// Brings the Deployment's replicas to its spec: the first start, a rolling update of a new
 /// generation (one replica at a time: start one, wait until ready, route to it, then take an
 /// old one out of the routes and stop it), or just its status.
@@ -517,6 +596,14 @@ async fn sync(
         let dir = opts.dir.join(&ns);
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         write_certs(&dir, &secret)?;
+        let config_maps = config_map_volumes(&pod_spec, &dir);
+        for (name, _, local) in &config_maps {
+            let cm = Api::<ConfigMap>::namespaced(client.clone(), &ns)
+                .get_opt(name)
+                .await
+                .map_err(|e| e.to_string())?;
+            write_config_map(local, cm.as_ref())?;
+        }
         let proxy = ServiceProxy::start().await.map_err(|e| e.to_string())?;
         pods.insert(
             ns.clone(),
@@ -524,6 +611,7 @@ async fn sync(
                 proxy,
                 dir,
                 secret: secret_name,
+                config_maps,
                 deployment: d.clone(),
                 readiness: readiness_of(d),
                 replicas: Vec::new(),
@@ -606,7 +694,17 @@ async fn start_replica(binary: &Path, w: &Workload, d: &Deployment) -> Result<Re
             "--cert-dir" | "--port" | "--bind" => {
                 it.next();
             }
-            _ => args.push(a),
+            // A path in a ConfigMap volume: the same file in its directory here.
+            _ => args.push(
+                w.config_maps
+                    .iter()
+                    .find_map(|(_, mount, local)| {
+                        a.strip_prefix(mount.as_str())
+                            .filter(|rest| rest.is_empty() || rest.starts_with('/'))
+                            .map(|rest| format!("{}{rest}", local.display()))
+                    })
+                    .unwrap_or(a),
+            ),
         }
     }
     args.extend([

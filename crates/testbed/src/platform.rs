@@ -96,6 +96,7 @@ fn resource(api_version: &str, kind: &str) -> (ApiResource, bool) {
             | "FeatureGate"
             | "Ingress"
             | "Network"
+            | "Config"
     );
     (
         ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), &plural),
@@ -364,9 +365,45 @@ async fn control_plane(r: &mut Report, admin: &Client) {
         "registry",
     ));
     objs.push(namespace("openshift-operator-lifecycle-manager", json!({})));
+    // The image registry operator's config (cluster-image-registry-operator, in the HCP
+    // namespace with the admin kubeconfig) and the release's ImageStreams the cluster-version
+    // operator applies to `openshift` (the release payload's image-references: cli, tools,
+    // must-gather, each a tag by digest).
+    objs.push(
+        json!({"apiVersion": "imageregistry.operator.openshift.io/v1", "kind": "Config",
+        "metadata": {"name": "cluster"}, "spec": {"managementState": "Managed"}}),
+    );
+    objs.push(namespace("openshift", json!({})));
+    for (name, digest) in RELEASE_IMAGE_STREAMS {
+        objs.push(json!({"apiVersion": "image.openshift.io/v1", "kind": "ImageStream",
+            "metadata": {"name": name, "namespace": "openshift"},
+            "spec": {"tags": [{"name": "latest", "from": {"kind": "DockerImage", "name": release_image(digest)}}]}}));
+    }
     for o in objs {
         create(r, by, admin, o).await;
     }
+}
+
+/// The `openshift` namespace's ImageStreams the fixture's release carries, and their images'
+/// digests (`release_image`).
+pub const RELEASE_IMAGE_STREAMS: &[(&str, &str)] = &[
+    (
+        "cli",
+        "1f0b1c7e0b2f3b6f3c4a6c0c5e9f1f7a2b3c4d5e6f708192a3b4c5d6e7f80912",
+    ),
+    (
+        "tools",
+        "2a1b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f809",
+    ),
+    (
+        "must-gather",
+        "3b2c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a",
+    ),
+];
+
+/// A release image by digest, as a release's ImageStream tag names it.
+pub fn release_image(digest: &str) -> String {
+    format!("quay.io/openshift-release-dev/ocp-v4.0-art-dev@sha256:{digest}")
 }
 
 /// HyperShift's writes of the cluster's configuration, each by the component that makes it:

@@ -535,7 +535,9 @@ mod tests {
     #[test]
     fn every_guard_decides_its_own_cases() {
         let cfg = hcp_fleet_render::config::AgentConfig::default();
-        let s = Settings::from(&cfg);
+        let mut s = Settings::from(&cfg);
+        // What the pod image spec mutation's cases are decided under.
+        s.internal_registry = Some(hcp_fleet_guards::pod_image_spec::case_registry());
         for g in hcp_fleet_guards::ALL {
             for c in g.cases().into_iter().chain(g.canary(&s).map(|c| c.case())) {
                 let req = hcp_fleet_guards::review::decode(&c.review()).expect("decodes");

@@ -226,7 +226,9 @@ impl Hook {
 }
 
 pub struct AppState {
-    pub(crate) settings: Settings,
+    /// Fixed at start but for the internal registry, which `internal_registry::watch`
+    /// replaces when the agent's file changes; a request takes the whole value as it stands.
+    settings: std::sync::RwLock<Arc<Settings>>,
     /// path → webhook name and series, fixed at start.
     hooks: HashMap<String, Hook>,
     pub(crate) metrics: AdmissionMetrics,
@@ -266,7 +268,7 @@ impl AppState {
             })
             .collect();
         Arc::new(Self {
-            settings,
+            settings: std::sync::RwLock::new(Arc::new(settings)),
             hooks,
             metrics: AdmissionMetrics::new(),
             own_denials: Default::default(),
@@ -274,6 +276,34 @@ impl AppState {
             draining: AtomicBool::new(false),
             probe_key_file,
         })
+    }
+
+    /// The settings as they stand now.
+    pub(crate) fn settings(&self) -> Arc<Settings> {
+        // A writer cannot panic while it holds the lock (it only swaps an Arc), so a poisoned
+        // lock still holds a whole value.
+        match self.settings.read() {
+            Ok(s) => Arc::clone(&s),
+            Err(p) => Arc::clone(&p.into_inner()),
+        }
+    }
+
+    /// Replaces what the service knows of the internal registry; whether it changed.
+    pub fn set_internal_registry(
+        &self,
+        reg: Option<hcp_fleet_guards::pod_image_spec::InternalRegistry>,
+    ) -> bool {
+        let mut guard = match self.settings.write() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        if guard.internal_registry == reg {
+            return false;
+        }
+        let mut next = Settings::clone(&guard);
+        next.internal_registry = reg;
+        *guard = Arc::new(next);
+        true
     }
 
     /// The probe key, if its file is there and holds one.
@@ -338,7 +368,7 @@ async fn admit(State(st): State<Arc<AppState>>, req: Request) -> Response {
             }
         };
         let r = review::decode(&body).map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
-        let (name, mut d) = decision::decide(&path, &r, &st.settings).ok_or_else(|| {
+        let (name, mut d) = decision::decide(&path, &r, &st.settings()).ok_or_else(|| {
             (
                 StatusCode::NOT_FOUND,
                 format!("no webhook is served on {path}"),
@@ -387,7 +417,7 @@ async fn account(st: &AppState, path: &str, name: &str, r: &review::Request, d: 
         let sender = hcp_fleet_guards::identities::sender_of(
             &r.user_info.username,
             &r.user_info.groups,
-            &st.settings,
+            &st.settings(),
         );
         st.metrics.count_denial(name, sender);
         st.own_denials.note(name, sender, Instant::now());

@@ -71,6 +71,10 @@ pub(super) struct WatchShared {
     /// Why the connection to the hosted cluster is down, while it is (set and cleared by the
     /// drift watch: a dropped watch, then an answer again).
     pub(crate) lost: Option<String>,
+    /// The internal registry the last reconcile wrote for the admission replicas: the probe
+    /// task reads the hosted cluster's every few rounds and asks for a reconcile where it
+    /// differs (`internal_registry`).
+    pub(crate) internal_registry: Option<hcp_fleet_guards::pod_image_spec::InternalRegistry>,
 }
 
 /// The tasks that run between reconciles for one hosted cluster.

@@ -36,6 +36,7 @@ mod error;
 mod guest_services;
 mod hosted_access;
 mod hosted_webhooks;
+mod internal_registry;
 mod ownership;
 mod probe;
 mod proof;

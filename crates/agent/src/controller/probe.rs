@@ -371,6 +371,8 @@ pub(crate) fn ensure_task(s: &Scope<'_>, hosted: &HostedClient, verdict: Complia
     let every = Duration::from_secs(u64::from(s.cfg.probe_interval_seconds));
     let (service, port) = (&s.cfg.admission.service_name, s.cfg.admission.port);
     let label_proven = s.cfg.switch_over.label_proven_namespaces;
+    let registry = super::internal_registry::wanted(s);
+    let registry_changed = super::internal_registry::changed;
     ctx.with_hcp(ns, |s| {
         let Some(w) = s.watch.as_mut() else {
             return;
@@ -416,11 +418,15 @@ pub(crate) fn ensure_task(s: &Scope<'_>, hosted: &HostedClient, verdict: Complia
                     // futures are boxed: held inline they would size the task for its whole
                     // life, a thousand of them asleep between rounds.
                     let client = hosted.client();
-                    let report_changed = if round % REPORT_ROUNDS == 0 {
-                        Box::pin(refresh_report(&replicas, &targets, &shared, timeout)).await
-                    } else {
-                        false
-                    };
+                    // Every few rounds: the replicas' report, and the registry (where it
+                    // changed since the reconcile wrote it, that reconcile writes it again).
+                    let few = round % REPORT_ROUNDS == 0;
+                    let report_changed = few
+                        && Box::pin(refresh_report(&replicas, &targets, &shared, timeout)).await;
+                    let registry = registry && few;
+                    if registry && Box::pin(registry_changed(&client, timeout, &shared)).await {
+                        let _ = tx.send(hcp_ref.clone());
+                    }
                     // The path's own verdict gates the canaries; the replicas' report is the
                     // guards' doing, not the path's.
                     let probed = Box::pin(probe(&client, timeout, &targets, None))

@@ -15,8 +15,8 @@ use super::error::{Failure, ReconcileError};
 use super::proof::Proof;
 use super::scope::Scope;
 use super::{
-    admission_service, canary, certificates, hosted_access, hosted_webhooks, probe, report,
-    rollout, static_guards, trust,
+    admission_service, canary, certificates, hosted_access, hosted_webhooks, internal_registry,
+    probe, report, rollout, static_guards, trust,
 };
 use crate::hosted::clients::HostedClient;
 use crate::metrics::PhaseLabels;
@@ -264,6 +264,9 @@ async fn phases(s: &Scope<'_>, found: &mut Found) -> Result<Action, Failure> {
     };
     let mut installed = hosted_webhooks::ensure(s, &hosted, want).await?;
     hosted_drift.append(&mut installed.drift);
+    // The pod image spec mutation's input, once the drift watch (and the probe task that
+    // looks again later) is there to hold what was written.
+    internal_registry::ensure(s, &hosted).await?;
     found.drift_repaired += hosted_drift.len() as u64;
     let unsettled = s
         .ctx

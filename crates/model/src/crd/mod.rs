@@ -55,6 +55,14 @@ pub const HOSTED_CRD_MANIFESTS: &[(&str, &str)] = &[
         "groups.user.openshift.io",
         include_str!("groups.user.openshift.io.yaml"),
     ),
+    (
+        "configs.imageregistry.operator.openshift.io",
+        include_str!("configs.imageregistry.operator.openshift.io.yaml"),
+    ),
+    (
+        "imagestreams.image.openshift.io",
+        include_str!("imagestreams.image.openshift.io.yaml"),
+    ),
 ];
 
 /// The CRD manifests of the types above (YAML), in install order.
