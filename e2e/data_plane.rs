@@ -141,6 +141,7 @@ async fn the_cluster_runs_under_every_guard(engine: GuardEngine) {
         "the LoadBalancer's tags"
     );
     pod_images_follow_the_registry(fleet).await;
+    the_cluster_version_canary_is_denied_by_its_guard(fleet).await;
     let want = expected_pods(nodes);
     eventually(
         "every pod of the platform fixture Running",
@@ -470,4 +471,47 @@ async fn pod_images_follow_the_registry(fleet: &hcp_fleet_testbed::LocalFleet) {
         (internal("cli:4.99"), written.1.clone()),
         "a tag no ImageStream has leaves the pod as written"
     );
+}
+
+/// platform-config's canary on a cluster that has its object: the canary user's dry-run delete
+/// of the ClusterVersion `version` (which the cluster-version operator made) is denied by
+/// platform-config, on whichever engine carries it, once the agent has granted the canary user
+/// its RBAC (at its first canary refused by RBAC).
+async fn the_cluster_version_canary_is_denied_by_its_guard(fleet: &hcp_fleet_testbed::LocalFleet) {
+    use hcp_fleet_guards::canary::{CANARY_GROUP, CANARY_USER};
+    use kube::api::{DeleteParams, DynamicObject};
+    use kube::core::{ApiResource, GroupVersionKind};
+    let canary = fleet
+        .hosted_client_for(HOSTED, CANARY_USER, &[CANARY_GROUP])
+        .await
+        .expect("the canary user");
+    let versions = Api::<DynamicObject>::all_with(
+        canary,
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("config.openshift.io", "v1", "ClusterVersion"),
+            "clusterversions",
+        ),
+    );
+    let dp = DeleteParams {
+        dry_run: true,
+        ..DeleteParams::default()
+    };
+    eventually(
+        "the ClusterVersion canary denied by platform-config",
+        Duration::from_secs(90),
+        || {
+            let (versions, dp) = (versions.clone(), dp.clone());
+            async move {
+                match versions.delete("version", &dp).await {
+                    Err(kube::Error::Api(s))
+                        if s.code == 403 && s.message.contains("platform-config") =>
+                    {
+                        Ok(())
+                    }
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await;
 }

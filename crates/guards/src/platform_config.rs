@@ -222,6 +222,15 @@ impl Guard for PlatformConfig {
         })
     }
 
+    /// Deleting the ClusterVersion `version`, which every OpenShift cluster has (its
+    /// cluster-version operator makes it; on HyperShift in the hosted cluster too).
+    fn canary(&self, _: &Settings) -> Option<crate::canary::Canary> {
+        Some(crate::canary::Canary::delete(
+            ("config.openshift.io", "v1", "clusterversions"),
+            "version",
+        ))
+    }
+
     fn cases(&self) -> Vec<Case> {
         let mut cases = mcvw_machines();
         cases.extend(mcvw_cluster_config());

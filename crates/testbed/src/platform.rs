@@ -97,6 +97,7 @@ fn resource(api_version: &str, kind: &str) -> (ApiResource, bool) {
             | "Ingress"
             | "Network"
             | "Config"
+            | "ClusterVersion"
     );
     (
         ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), &plural),
@@ -374,6 +375,9 @@ async fn control_plane(r: &mut Report, admin: &Client) {
         "metadata": {"name": "cluster"}, "spec": {"managementState": "Managed"}}),
     );
     objs.push(namespace("openshift", json!({})));
+    // The cluster-version operator's own object, which every OpenShift cluster has.
+    objs.push(json!({"apiVersion": "config.openshift.io/v1", "kind": "ClusterVersion",
+        "metadata": {"name": "version"}, "spec": {"clusterID": "00000000-0000-0000-0000-000000000001"}}));
     for (name, digest) in RELEASE_IMAGE_STREAMS {
         objs.push(json!({"apiVersion": "image.openshift.io/v1", "kind": "ImageStream",
             "metadata": {"name": name, "namespace": "openshift"},

@@ -368,7 +368,7 @@ mod tests {
         for policies in [false, true] {
             let p = plan(&cfg, &rendered(&cfg, policies));
             let names: Vec<&str> = p.iter().map(|p| p.guard.as_str()).collect();
-            assert_eq!(names.len(), 6, "{names:?}");
+            assert_eq!(names.len(), 7, "{names:?}");
             let want = if policies {
                 Engine::Policy
             } else {
@@ -391,7 +391,7 @@ mod tests {
             p.iter()
                 .all(|p| !p.guard.starts_with("protected-rbac") && !p.guard.starts_with("scc"))
         );
-        assert_eq!(p.len(), 4);
+        assert_eq!(p.len(), 5);
     }
 
     #[test]

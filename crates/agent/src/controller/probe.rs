@@ -15,6 +15,7 @@ use tracing::{Instrument, info};
 use super::AdmissionEndpoints;
 use super::canary;
 use super::context::{AbortOnDrop, WatchShared, lock};
+use super::internal_registry::changed as registry_changed;
 use super::proof::{Answer, Asked, Proof, authentic};
 use super::scope::Scope;
 use crate::hosted::clients::HostedClient;
@@ -372,7 +373,6 @@ pub(crate) fn ensure_task(s: &Scope<'_>, hosted: &HostedClient, verdict: Complia
     let (service, port) = (&s.cfg.admission.service_name, s.cfg.admission.port);
     let label_proven = s.cfg.switch_over.label_proven_namespaces;
     let registry = super::internal_registry::wanted(s);
-    let registry_changed = super::internal_registry::changed;
     ctx.with_hcp(ns, |s| {
         let Some(w) = s.watch.as_mut() else {
             return;
@@ -418,21 +418,21 @@ pub(crate) fn ensure_task(s: &Scope<'_>, hosted: &HostedClient, verdict: Complia
                     // futures are boxed: held inline they would size the task for its whole
                     // life, a thousand of them asleep between rounds.
                     let client = hosted.client();
-                    // Every few rounds: the replicas' report, and the registry (where it
-                    // changed since the reconcile wrote it, that reconcile writes it again).
+                    // Every few rounds: the replicas' report, and the registry (below).
                     let few = round % REPORT_ROUNDS == 0;
                     let report_changed = few
                         && Box::pin(refresh_report(&replicas, &targets, &shared, timeout)).await;
-                    let registry = registry && few;
-                    if registry && Box::pin(registry_changed(&client, timeout, &shared)).await {
-                        let _ = tx.send(hcp_ref.clone());
-                    }
-                    // The path's own verdict gates the canaries; the replicas' report is the
-                    // guards' doing, not the path's.
+                    // The path's own verdict gates the canaries and the registry's look (a
+                    // cluster that does not answer is not asked more); the replicas' report is
+                    // the guards' doing, not the path's.
                     let probed = Box::pin(probe(&client, timeout, &targets, None))
                         .await
                         .verdict
                         .state;
+                    let look = registry && few && probed == ComplianceState::Compliant;
+                    if look && Box::pin(registry_changed(&client, timeout, &shared)).await {
+                        let _ = tx.send(hcp_ref.clone());
+                    }
                     let mut canary_changed = false;
                     let mut all_proven = false;
                     // A path that fails its probe fails every canary on it: they wait for it.

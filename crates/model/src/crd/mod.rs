@@ -60,6 +60,10 @@ pub const HOSTED_CRD_MANIFESTS: &[(&str, &str)] = &[
         include_str!("configs.imageregistry.operator.openshift.io.yaml"),
     ),
     (
+        "clusterversions.config.openshift.io",
+        include_str!("clusterversions.config.openshift.io.yaml"),
+    ),
+    (
         "imagestreams.image.openshift.io",
         include_str!("imagestreams.image.openshift.io.yaml"),
     ),

@@ -169,6 +169,7 @@ mod guard_canaries {
                 "featuregate.hcp-fleet.openshift.io",
                 "scc.hcp-fleet.openshift.io",
                 "ingress-config.hcp-fleet.openshift.io",
+                "platform-config.hcp-fleet.openshift.io",
                 "identity-groups.hcp-fleet.openshift.io",
                 "identity-namespaces.hcp-fleet.openshift.io",
             ]
