@@ -382,16 +382,20 @@ async fn management_objects_deleted_or_edited_come_back() {
     let ns = "clusters-hc-1";
     let svc = "hcp-fleet-admission";
     let caps = hcp_fleet_agent::controller::discover(&mgmt).await;
+    // The serving Secret before the CA's: a new CA means a new serving certificate, which the
+    // pass that repairs the CA writes just after it. Deleted next, the serving Secret could be
+    // put back by that write as the new certificate (a change the agent asked for, not drift)
+    // before the pass that would count its deletion: under load it was, and nothing counted.
     let mut objects: Vec<(&str, ApiResource, String)> = vec![
         (
             "Secret",
             ApiResource::erase::<Secret>(&()),
-            format!("{svc}-ca"),
+            format!("{svc}-tls"),
         ),
         (
             "Secret",
             ApiResource::erase::<Secret>(&()),
-            format!("{svc}-tls"),
+            format!("{svc}-ca"),
         ),
         ("Service", ApiResource::erase::<Service>(&()), svc.into()),
         (

@@ -26,7 +26,7 @@ pub struct WebhookArgs {
     pub(crate) settings: Option<String>,
     /// The internal registry's file (the agent's ConfigMap, mounted): what the pod image spec
     /// mutation rewrites images with. Absent: nothing is rewritten.
-    #[arg(long)]
+    #[arg(long, env = hcp_fleet_guards::pod_image_spec::FILE_ENV)]
     pub(crate) internal_registry: Option<PathBuf>,
     /// How often the internal registry's file is checked for a change.
     #[arg(long, default_value_t = 2000)]

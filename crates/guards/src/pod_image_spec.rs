@@ -49,6 +49,8 @@ pub static ROW: BuiltinRow = BuiltinRow {
 pub const REGISTRY: &str = "image-registry.openshift-image-registry.svc:5000/";
 /// The namespace whose images are rewritten: the platform's ImageStreams.
 pub const NAMESPACE: &str = "openshift";
+/// The environment variable that names the admission service's internal registry file.
+pub const FILE_ENV: &str = "HCP_FLEET_INTERNAL_REGISTRY";
 /// The registry operator's state that means the registry serves.
 pub const MANAGED: &str = "Managed";
 

@@ -20,6 +20,9 @@ pub const CONFIG_MAP: &str = "hcp-fleet-internal-registry";
 pub const KEY: &str = "internal-registry.json";
 /// Where the replicas mount it.
 pub const MOUNT_DIR: &str = "/etc/hcp-fleet/internal-registry";
+/// The environment variable that tells the admission service the file's path
+/// (`webhook --internal-registry`).
+pub const FILE_ENV: &str = hcp_fleet_guards::pod_image_spec::FILE_ENV;
 
 /// The image registry operator's config: `configs.imageregistry.operator.openshift.io/cluster`.
 pub const CONFIG_PATH: &str = "/apis/imageregistry.operator.openshift.io/v1/configs/cluster";

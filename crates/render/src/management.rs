@@ -339,19 +339,26 @@ fn webhook_container(a: &crate::config::AdmissionConfig, settings: String) -> Co
             CERT_DIR.into(),
             "--port".into(),
             a.port.to_string(),
-            "--internal-registry".into(),
-            format!(
-                "{}/{}",
-                crate::internal_registry::MOUNT_DIR,
-                crate::internal_registry::KEY
-            ),
         ]),
         // Modes and exemptions: a change rolls out like any Deployment change.
-        env: Some(vec![EnvVar {
-            name: hcp_fleet_guards::settings::SETTINGS_ENV.into(),
-            value: Some(settings),
-            ..Default::default()
-        }]),
+        env: Some(vec![
+            EnvVar {
+                name: hcp_fleet_guards::settings::SETTINGS_ENV.into(),
+                value: Some(settings),
+                ..Default::default()
+            },
+            // An environment variable, not an argument: an admission image from before the
+            // pod image spec mutation ignores it instead of refusing to start.
+            EnvVar {
+                name: crate::internal_registry::FILE_ENV.into(),
+                value: Some(format!(
+                    "{}/{}",
+                    crate::internal_registry::MOUNT_DIR,
+                    crate::internal_registry::KEY
+                )),
+                ..Default::default()
+            },
+        ]),
         ports: Some(vec![ContainerPort {
             name: Some("https".into()),
             container_port: a.port,
@@ -1093,6 +1100,29 @@ mod tests {
         let cm = others[0].config_map.as_ref().expect("a ConfigMap volume");
         assert_eq!(cm.name, crate::internal_registry::CONFIG_MAP);
         assert_eq!(cm.optional, Some(true));
+        // The service finds the file where the volume is mounted, named by an environment
+        // variable (an older image ignores it).
+        let c = &pod.containers[0];
+        let mount = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == others[0].name)
+            .expect("mounted");
+        let file = c
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == crate::internal_registry::FILE_ENV)
+            .and_then(|e| e.value.clone());
+        assert_eq!(
+            file,
+            Some(format!(
+                "{}/{}",
+                mount.mount_path,
+                crate::internal_registry::KEY
+            ))
+        );
         let tls = o.tls_secret.data.expect("data");
         assert!(!tls.contains_key("ca.key"));
         assert!(tls.contains_key("tls.key") && tls.contains_key("ca.crt"));

@@ -10,9 +10,10 @@
 //! replica, ready, in the routes, then one old one out of the routes and stopped with SIGTERM
 //! (it drains). A changed certificate Secret is written to the pods' directory, where the
 //! service reloads it; each ConfigMap volume (optional ones too) is written to a directory of
-//! its own as a kubelet's atomic writer does, kept current, and the args naming its mount path
-//! are mapped to it. There is no registry: an image other than the agent's own cannot be
-//! pulled, so its replicas never start and the old ones keep serving (`pullable`).
+//! its own as a kubelet's atomic writer does, kept current, and the args and environment
+//! values naming its mount path are mapped to it. There is no registry: an image other than
+//! the agent's own cannot be pulled, so its replicas never start and the old ones keep serving
+//! (`pullable`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -676,6 +677,19 @@ pub(crate) fn pullable(image: &str) -> bool {
     name.split([':', '@']).next() == Some("hcp-fleet-agent")
 }
 
+/// An argument or environment value naming a path in a ConfigMap volume: the same file in
+/// its directory here; anything else as it is.
+fn mapped(w: &Workload, a: String) -> String {
+    w.config_maps
+        .iter()
+        .find_map(|(_, mount, local)| {
+            a.strip_prefix(mount.as_str())
+                .filter(|rest| rest.is_empty() || rest.starts_with('/'))
+                .map(|rest| format!("{}{rest}", local.display()))
+        })
+        .unwrap_or(a)
+}
+
 /// Starts one replica of `d` and waits until it answers `/readyz` over TLS.
 async fn start_replica(binary: &Path, w: &Workload, d: &Deployment) -> Result<Replica, String> {
     let ns = d.namespace().unwrap_or_default();
@@ -694,17 +708,7 @@ async fn start_replica(binary: &Path, w: &Workload, d: &Deployment) -> Result<Re
             "--cert-dir" | "--port" | "--bind" => {
                 it.next();
             }
-            // A path in a ConfigMap volume: the same file in its directory here.
-            _ => args.push(
-                w.config_maps
-                    .iter()
-                    .find_map(|(_, mount, local)| {
-                        a.strip_prefix(mount.as_str())
-                            .filter(|rest| rest.is_empty() || rest.starts_with('/'))
-                            .map(|rest| format!("{}{rest}", local.display()))
-                    })
-                    .unwrap_or(a),
-            ),
+            _ => args.push(mapped(w, a)),
         }
     }
     args.extend([
@@ -719,7 +723,7 @@ async fn start_replica(binary: &Path, w: &Workload, d: &Deployment) -> Result<Re
         .env
         .iter()
         .flatten()
-        .filter_map(|e| e.value.clone().map(|v| (e.name.clone(), v)))
+        .filter_map(|e| e.value.clone().map(|v| (e.name.clone(), mapped(w, v))))
         .collect();
     cmd_env.push(("RUST_LOG".into(), "info".into()));
     let process = ManagedProcess::spawn_with_env(
