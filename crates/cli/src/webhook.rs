@@ -102,15 +102,6 @@ pub async fn run(args: WebhookArgs, default: Settings) -> ExitCode {
         limits.clone(),
         Some(args.cert_dir.join(hcp_fleet_guards::probe::KEY_FILE)),
     );
-    // Read before the first request, so a replica never answers without what the file says.
-    if let Some(path) = &args.internal_registry {
-        match hcp_fleet_webhook::internal_registry::load(path) {
-            Ok(reg) => {
-                state.set_internal_registry(reg);
-            }
-            Err(e) => tracing::warn!(error = %e, "internal registry file unusable"),
-        }
-    }
     let _registry = args.internal_registry.clone().map(|path| {
         hcp_fleet_webhook::internal_registry::watch(
             path,

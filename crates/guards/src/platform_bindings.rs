@@ -155,11 +155,11 @@ impl Guard for PlatformBindings {
 
     fn decide(&self, req: &Request, s: &Settings) -> Decision {
         let update = req.operation == "UPDATE";
-        if !(update || req.operation == "DELETE")
-            || req.resource.group != "rbac.authorization.k8s.io"
-            || req.resource.resource != "clusterrolebindings"
-            || req.sub_resource.as_deref().is_some_and(|r| !r.is_empty())
-        {
+        if !req.is_one_of(
+            &["UPDATE", "DELETE"],
+            "rbac.authorization.k8s.io",
+            "clusterrolebindings",
+        ) {
             return Decision::allow();
         }
         let patterns = Patterns::new(s);

@@ -172,11 +172,7 @@ impl Guard for PodImageSpec {
     }
 
     fn decide(&self, req: &Request, s: &Settings) -> Decision {
-        if req.operation != "CREATE"
-            || req.resource.resource != "pods"
-            || !req.resource.group.is_empty()
-            || req.sub_resource.as_deref().is_some_and(|r| !r.is_empty())
-        {
+        if !req.is_one_of(&["CREATE"], "", "pods") {
             return Decision::allow();
         }
         let Some(pod) = req.object.as_ref() else {

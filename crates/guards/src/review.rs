@@ -100,6 +100,15 @@ impl Request {
         .filter(|n| !n.is_empty())
     }
 
+    /// Whether this is one of `operations` on the resource `group`/`resource` itself (no
+    /// subresource): the requests a guard of one kind judges.
+    pub(crate) fn is_one_of(&self, operations: &[&str], group: &str, resource: &str) -> bool {
+        operations.contains(&self.operation.as_str())
+            && self.resource.group == group
+            && self.resource.resource == resource
+            && self.sub_resource.as_deref().is_none_or(str::is_empty)
+    }
+
     /// The name to show for this request: the stored object's (the new one, else the old
     /// one), else the name asked for.
     pub(crate) fn stored_name(&self) -> &str {

@@ -76,11 +76,7 @@ impl Guard for ServiceAccounts {
     }
 
     fn decide(&self, req: &Request, s: &Settings) -> Decision {
-        if req.operation != "DELETE"
-            || !req.resource.group.is_empty()
-            || req.resource.resource != "serviceaccounts"
-            || req.sub_resource.as_deref().is_some_and(|r| !r.is_empty())
-        {
+        if !req.is_one_of(&["DELETE"], "", "serviceaccounts") {
             return Decision::allow();
         }
         let ns = req.namespace.as_deref().unwrap_or_default();

@@ -74,11 +74,7 @@ impl Guard for ServiceTags {
     }
 
     fn decide(&self, req: &Request, _: &Settings) -> Decision {
-        if !(req.operation == "CREATE" || req.operation == "UPDATE")
-            || req.resource.resource != "services"
-            || !req.resource.group.is_empty()
-            || req.sub_resource.as_deref().is_some_and(|r| !r.is_empty())
-        {
+        if !req.is_one_of(&["CREATE", "UPDATE"], "", "services") {
             return Decision::allow();
         }
         let Some(obj) = req.object.as_ref() else {

@@ -10,7 +10,6 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::core::ObjectMeta;
 use serde_json::Value;
 
-use crate::config::AgentConfig;
 use hcp_fleet_guards::pod_image_spec::{InternalRegistry, MANAGED, NAMESPACE};
 use hcp_fleet_model::names::{MANAGED_BY, MANAGED_BY_VALUE};
 
@@ -40,7 +39,11 @@ const MAX_HOPS: usize = 5;
 /// Whether the agent reads the ImageStreams for `config`: only where the registry is known and
 /// not Managed (the usual cluster reads one object, not a namespace of them).
 pub fn wants_image_streams(config: Option<&Value>) -> bool {
-    state_of(config).is_some_and(|s| s != MANAGED)
+    InternalRegistry {
+        management_state: state_of(config),
+        tags: BTreeMap::new(),
+    }
+    .rewrites()
 }
 
 fn state_of(config: Option<&Value>) -> Option<String> {
@@ -61,12 +64,12 @@ fn state_of(config: Option<&Value>) -> Option<String> {
 /// another tag followed to its image. Tags whose image cannot be told are left out: the
 /// mutation then leaves a pod naming them as written.
 pub fn observed(config: Option<&Value>, streams: &[Value]) -> InternalRegistry {
-    let management_state = state_of(config);
-    if management_state.as_deref().is_none_or(|s| s == MANAGED) {
-        return InternalRegistry {
-            management_state,
-            tags: BTreeMap::new(),
-        };
+    let mut reg = InternalRegistry {
+        management_state: state_of(config),
+        tags: BTreeMap::new(),
+    };
+    if !reg.rewrites() {
+        return reg;
     }
     // Every spec tag's reference: (stream, tag) -> (kind, name).
     let mut refs: BTreeMap<(String, String), (String, String)> = BTreeMap::new();
@@ -101,7 +104,7 @@ pub fn observed(config: Option<&Value>, streams: &[Value]) -> InternalRegistry {
             );
         }
     }
-    let tags = refs
+    reg.tags = refs
         .keys()
         .filter_map(|(stream, tag)| {
             let spec = resolve(&refs, stream, tag)?;
@@ -109,10 +112,7 @@ pub fn observed(config: Option<&Value>, streams: &[Value]) -> InternalRegistry {
         })
         .take(MAX_TAGS)
         .collect();
-    InternalRegistry {
-        management_state,
-        tags,
-    }
+    reg
 }
 
 /// The image `stream:tag` names: a DockerImage's name, or where it names another tag
@@ -142,11 +142,9 @@ fn resolve(
 
 /// The ConfigMap carrying `reg` to the admission service in `hcp_namespace`.
 pub fn config_map(
-    cfg: &AgentConfig,
     hcp_namespace: &str,
     reg: &InternalRegistry,
 ) -> Result<ConfigMap, serde_json::Error> {
-    let _ = cfg;
     Ok(ConfigMap {
         metadata: ObjectMeta {
             name: Some(CONFIG_MAP.into()),
@@ -258,7 +256,7 @@ mod tests {
         let reg = observed(Some(&config), &streams);
         assert_eq!(reg.tags.len(), MAX_TAGS);
         assert!(reg.tags.values().all(|v| v.len() <= MAX_SPEC));
-        let cm = config_map(&AgentConfig::default(), "clusters-a", &reg).expect("render");
+        let cm = config_map("clusters-a", &reg).expect("render");
         let size: usize = cm
             .data
             .iter()

@@ -60,35 +60,41 @@ pub fn load(path: &Path) -> Result<Option<InternalRegistry>, String> {
     })
 }
 
-/// Reads `path` into `state` now and after every change, checking every `every`.
+/// Reads `path` into `state`: a new table is taken, a file that cannot be read as the agent
+/// writes it leaves the last good one.
+fn refresh(path: &Path, state: &AppState) {
+    match load(path) {
+        Ok(reg) => {
+            let state_now = reg.as_ref().and_then(|r| r.management_state.clone());
+            let tags = reg.as_ref().map_or(0, |r| r.tags.len());
+            if state.set_internal_registry(reg) {
+                tracing::info!(
+                    management_state = state_now.as_deref().unwrap_or("unknown"),
+                    tags,
+                    "internal registry read"
+                );
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "internal registry file unusable; keeping what was read before");
+        }
+    }
+}
+
+/// Reads `path` into `state` now, before the first request (so a replica never answers
+/// without what the file says), then after every change, checking every `every`.
 pub fn watch(path: PathBuf, state: Arc<AppState>, every: Duration) -> tokio::task::JoinHandle<()> {
+    let mut seen = version(&path);
+    refresh(&path, &state);
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(every);
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // `Some(None)`: looked, and no file.
-        let mut seen: Option<Option<Version>> = None;
         loop {
             tick.tick().await;
             let now = version(&path);
-            if seen == Some(now) {
-                continue;
-            }
-            seen = Some(now);
-            match load(&path) {
-                Ok(reg) => {
-                    let state_now = reg.as_ref().and_then(|r| r.management_state.clone());
-                    let tags = reg.as_ref().map_or(0, |r| r.tags.len());
-                    if state.set_internal_registry(reg) {
-                        tracing::info!(
-                            management_state = state_now.as_deref().unwrap_or("unknown"),
-                            tags,
-                            "internal registry read"
-                        );
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "internal registry file unusable; keeping what was read before");
-                }
+            if now != seen {
+                seen = now;
+                refresh(&path, &state);
             }
         }
     })

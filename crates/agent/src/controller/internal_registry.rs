@@ -99,7 +99,7 @@ pub(super) async fn ensure(s: &Scope<'_>, hosted: &HostedClient) -> Result<(), F
             return Ok(());
         }
     };
-    let cm = config_map(s.cfg, s.ns, &reg).map_err(|e| Failure::ApplyAdmission {
+    let cm = config_map(s.ns, &reg).map_err(|e| Failure::ApplyAdmission {
         kind: "ConfigMap",
         name: CONFIG_MAP.into(),
         source: kube::Error::SerdeError(e),
