@@ -301,6 +301,17 @@ async fn the_cluster_runs_under_every_guard(engine: GuardEngine) {
         },
     )
     .await;
+    // All along, one canary every 3 s (the mutations' too: a LoadBalancer Service and, with
+    // the registry removed, a pod naming the `openshift` cli in `default`, beside the data
+    // plane's own traffic): none failed, and the record says so.
+    let ns = hcp_fleet_testbed::fixtures::hcp_namespace(HOSTED);
+    let record = support::health(&bed.mgmt, &ns).await.expect("record");
+    assert_eq!(
+        support::compliant(&record),
+        Some("Compliant"),
+        "{engine:?}: {:?}",
+        record.status
+    );
 }
 
 /// A guard that denies the cluster's own requests shows on the HCP's health record (#59, item

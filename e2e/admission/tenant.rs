@@ -549,6 +549,126 @@ async fn a_guard_that_stops_denying_its_canary_is_named_noncompliant() {
     );
 }
 
+/// A mutation's canary (`guards::canary`, a dry-run create in `default`) counts only with the
+/// admission service's proof of its nonce and the guard's change on the object the server
+/// returns. A tenant's mutating webhook, called after the agent's, that strips the Service tag
+/// from every Service gets the Service-tag guard named NonCompliant ("came back without its
+/// change": the proof was there, through the real server); one that strips the proof from
+/// pods gets the pod image spec guard named ("without the admission service's proof"). Each
+/// is Compliant again once the tenant's webhook goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mutation_undone_on_its_canary_is_named_noncompliant() {
+    use hcp_fleet_guards::canary::PROOF_ANNOTATION;
+    use hcp_fleet_guards::service_tags::TAGS_ANNOTATION;
+    let mut cfg = through_the_service();
+    cfg.probe_interval_seconds = 5;
+    // The validating guards warn (they have no canary then), so a round is the mutations'
+    // two canaries and the probe's: 15 s, not 50.
+    for w in &mut cfg.webhooks {
+        let kind = hcp_fleet_guards::for_path(&w.path).map(|g| g.row().definition().kind);
+        if kind == Some(hcp_fleet_guards::catalogue::WebhookKind::Validating) {
+            w.mode = Mode::Warn;
+        }
+    }
+    let settings = hcp_fleet_guards::Settings::from(&cfg);
+    let planned = cfg
+        .webhooks
+        .iter()
+        .filter(|w| w.mode == Mode::Enforce)
+        .filter(|w| {
+            hcp_fleet_guards::for_path(&w.path)
+                .and_then(|g| g.canary(&settings))
+                .is_some()
+        })
+        .count();
+    assert_eq!(planned, 2, "the mutations' canaries alone");
+    let round = Duration::from_secs(5 * (planned as u64 + 1));
+    let bed = bed(cfg).await;
+    let hosted = hc1_admin(&bed).await;
+    let mutations = [
+        "service-tags.hcp-fleet.openshift.io",
+        "pod-image-spec.hcp-fleet.openshift.io",
+    ];
+    let before: Vec<f64> =
+        futures::future::join_all(mutations.iter().map(|w| service_requests(&bed, w))).await;
+    eventually("the mutations' canaries sent", round * 2, || async {
+        let now: Vec<f64> =
+            futures::future::join_all(mutations.iter().map(|w| service_requests(&bed, w))).await;
+        if now.iter().zip(&before).all(|(n, b)| n > b) {
+            Ok(())
+        } else {
+            Err(format!("{now:?}"))
+        }
+    })
+    .await;
+    // Both canaries proven: Compliant.
+    let (c, m) = newest(&bed.mgmt, "e2e-probe").await;
+    assert_eq!(c.as_deref(), Some("Compliant"), "{m}");
+
+    fn strip(object: &serde_json::Value, key: &str) -> serde_json::Value {
+        let escaped = key.replace('~', "~0").replace('/', "~1");
+        match object["metadata"]["annotations"].get(key) {
+            Some(_) => {
+                serde_json::json!([{"op": "remove", "path": format!("/metadata/annotations/{escaped}")}])
+            }
+            None => serde_json::json!([]),
+        }
+    }
+    /// The tenant's configuration name, the resource it mutates, its patch, and how the
+    /// record names the guard it undoes.
+    type Undoing = (&'static str, &'static str, Patcher, &'static str);
+    type Patcher = fn(&serde_json::Value) -> serde_json::Value;
+    let cases: [Undoing; 2] = [
+        (
+            "tenant-untag",
+            "services",
+            |o| strip(o, TAGS_ANNOTATION),
+            "guard service-tags.hcp-fleet.openshift.io ran on its canary",
+        ),
+        (
+            "tenant-unprove",
+            "pods",
+            |o| strip(o, PROOF_ANNOTATION),
+            "guard pod-image-spec.hcp-fleet.openshift.io did not act on its canary",
+        ),
+    ];
+    for (name, resource, patch, named) in cases {
+        let rules = serde_json::json!([{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": [resource]}]);
+        let (mutator, _dir, mapi) = install_tenant_mutator(&hosted, name, rules, patch).await;
+        let t0 = Instant::now();
+        eventually(
+            &format!("e2e-probe NonCompliant: {named}"),
+            round * 2,
+            || async {
+                match newest(&bed.mgmt, "e2e-probe").await {
+                    (Some(c), m) if c == "NonCompliant" && m.contains(named) => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        )
+        .await;
+        let took = t0.elapsed();
+        assert!(
+            took <= round + Duration::from_secs(5),
+            "{name}: named after {took:?} (a round: {round:?})"
+        );
+        mapi.delete(name, &DeleteParams::default())
+            .await
+            .expect("delete the mutation");
+        mutator.abort();
+        eventually("e2e-probe Compliant again", round * 2, || async {
+            match newest(&bed.mgmt, "e2e-probe").await {
+                (Some(c), _) if c == "Compliant" => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+        eprintln!(
+            "{name}: the mutation's guard named NonCompliant after {took:?} (round {round:?})"
+        );
+    }
+}
+
 /// The annotation the tenant's renaming mutation reads the new name from.
 const RENAME_TO: &str = "tenant.example.com/rename-to";
 

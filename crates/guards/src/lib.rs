@@ -100,9 +100,10 @@ pub trait Guard: Sync {
         identities::DEFAULT_CLASSES
     }
 
-    /// A dry-run request this guard must deny from `canary::CANARY_USER` under `s` (the
-    /// agent's canary for it); `None` where none can be sent without side effects or without
-    /// a namespace the cluster may lack, or the guard denies nothing (the probe, a mutation).
+    /// A dry-run request this guard must deny (a mutation: change, `canary::Effect`) from
+    /// `canary::CANARY_USER` under `s` (the agent's canary for it); `None` where none can be
+    /// sent without side effects or without a namespace the cluster may lack, or the guard
+    /// acts on nothing (the probe).
     fn canary(&self, s: &Settings) -> Option<canary::Canary> {
         let _ = s;
         None

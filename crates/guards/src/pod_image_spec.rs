@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::Settings;
+use super::canary::{Canary, Effect};
 use super::case::{Case, Want};
 use super::identities::IdentityClass;
 use super::{CelForm, Guard, Scope};
@@ -51,6 +52,8 @@ pub const REGISTRY: &str = "image-registry.openshift-image-registry.svc:5000/";
 pub const NAMESPACE: &str = "openshift";
 /// The environment variable that names the admission service's internal registry file.
 pub const FILE_ENV: &str = "HCP_FLEET_INTERNAL_REGISTRY";
+/// The tag a canary names where the table knows none: no ImageStream has it.
+const CANARY_TAG: &str = "hcp-fleet-canary:latest";
 /// The registry operator's state that means the registry serves.
 pub const MANAGED: &str = "Managed";
 
@@ -191,6 +194,39 @@ impl Guard for PodImageSpec {
 
     fn cel(&self, _: &Settings) -> Option<CelForm> {
         None
+    }
+
+    /// A pod naming the first `openshift` tag the registry table resolves, which must come back
+    /// naming what the tag names; where the registry serves (or no tag is known) a pod naming
+    /// a tag no cluster has, which must come back unchanged, with the proof that the guard ran.
+    fn canary(&self, s: &Settings) -> Option<Canary> {
+        let known = s
+            .internal_registry
+            .as_ref()
+            .filter(|r| r.rewrites())
+            .and_then(|r| r.tags.iter().next());
+        let (image, effect) = match known {
+            Some((tag, to)) => (
+                format!("{REGISTRY}{NAMESPACE}/{tag}"),
+                Some(Effect {
+                    pointer: "/spec/containers/0/image".into(),
+                    value: to.clone(),
+                }),
+            ),
+            None => (format!("{REGISTRY}{NAMESPACE}/{CANARY_TAG}"), None),
+        };
+        // Within the restricted Pod Security profile, with no token to mount: a dry run that
+        // nothing but a guard has reason to refuse.
+        Some(Canary::mutation(
+            ("", "v1", "Pod", "pods"),
+            json!({"metadata": {}, "spec": {
+                "automountServiceAccountToken": false,
+                "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [{"name": "canary", "image": image,
+                    "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}}],
+            }}),
+            effect,
+        ))
     }
 
     fn cases(&self) -> Vec<Case> {

@@ -105,6 +105,12 @@ impl ProbeKey {
         message.ends_with(&self.suffix(nonce, ""))
     }
 
+    /// Whether `value` (a mutation canary's `canary::PROOF_ANNOTATION`) is the proof of
+    /// `nonce`.
+    pub fn proves(&self, nonce: &str, value: &str) -> bool {
+        value == self.prove(nonce, "")
+    }
+
     /// What ends a message this key vouches for: `PROOF_MARK`, the proof of `nonce` and
     /// `covered`, and the closing parenthesis.
     fn suffix(&self, nonce: &str, covered: &str) -> String {

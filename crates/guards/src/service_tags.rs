@@ -16,6 +16,7 @@
 use serde_json::{Value, json};
 
 use super::Settings;
+use super::canary::{Canary, Effect};
 use super::case::{Case, Want};
 use super::identities::IdentityClass;
 use super::service_annotation::pointer_escape;
@@ -26,7 +27,7 @@ use hcp_fleet_model::Mode;
 
 pub(crate) struct ServiceTags;
 
-pub(crate) static ROW: BuiltinRow = BuiltinRow {
+pub static ROW: BuiltinRow = BuiltinRow {
     name: "service-tags.hcp-fleet.openshift.io",
     kind: WebhookKind::Mutating,
     path: "/mutate/service-tags",
@@ -103,6 +104,18 @@ impl Guard for ServiceTags {
 
     fn cel(&self, _: &Settings) -> Option<CelForm> {
         None
+    }
+
+    /// A LoadBalancer Service without tags: it must come back with the tag alone.
+    fn canary(&self, _: &Settings) -> Option<Canary> {
+        Some(Canary::mutation(
+            ("", "v1", "Service", "services"),
+            json!({"metadata": {}, "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]}}),
+            Some(Effect {
+                pointer: format!("/metadata/annotations/{}", pointer_escape(TAGS_ANNOTATION)),
+                value: TAG.into(),
+            }),
+        ))
     }
 
     fn cases(&self) -> Vec<Case> {

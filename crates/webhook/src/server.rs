@@ -422,10 +422,13 @@ async fn account(st: &AppState, path: &str, name: &str, r: &review::Request, d: 
         st.metrics.count_denial(name, sender);
         st.own_denials.note(name, sender, Instant::now());
     }
+    let nonce = hcp_fleet_guards::probe::nonce_of(r);
     if d.allowed {
+        if let Some(nonce) = nonce {
+            prove_mutation(st, path, r, d, nonce).await;
+        }
         return;
     }
-    let nonce = hcp_fleet_guards::probe::nonce_of(r);
     if probed {
         let key = st.probe_key().await;
         d.message = Some(hcp_fleet_guards::probe::answer(key.as_ref(), nonce));
@@ -434,6 +437,26 @@ async fn account(st: &AppState, path: &str, name: &str, r: &review::Request, d: 
         && let Some(msg) = d.message.as_deref()
     {
         d.message = Some(hcp_fleet_guards::probe::signed(msg, &key, nonce));
+    }
+}
+
+/// A mutating guard's answer to the agent's canary (`guards::canary`), enforced: the proof of
+/// its nonce added to the object, so the agent can tell the guard ran here from a tenant's
+/// webhook making the same change. Only the canary user's requests get it, and only where the
+/// guard enforces (in warn mode it changes nothing, and an exempt request is never decided).
+async fn prove_mutation(
+    st: &AppState,
+    path: &str,
+    r: &review::Request,
+    d: &mut Decision,
+    nonce: &str,
+) {
+    let Some(key) = st.probe_key().await else {
+        return;
+    };
+    if let Some(op) = hcp_fleet_guards::canary::mutation_proof(path, r, &st.settings(), &key, nonce)
+    {
+        d.patch.push(op);
     }
 }
 

@@ -14,7 +14,8 @@ use kube::{Api, Client};
 
 use super::proof::{Answer, Asked, Proof, judge};
 use hcp_fleet_guards::Settings;
-use hcp_fleet_guards::canary::{CANARY_USER, Canary};
+use hcp_fleet_guards::canary::{CANARY_USER, Canary, PROOF_ANNOTATION};
+use hcp_fleet_guards::pod_image_spec::{self, InternalRegistry};
 use hcp_fleet_model::Mode;
 use hcp_fleet_model::crd::ComplianceState;
 use hcp_fleet_render::config::AgentConfig;
@@ -22,6 +23,7 @@ use hcp_fleet_render::hosted::admission_policies::Engine;
 use hcp_fleet_render::hosted::canary::{RBAC_NAME, rbac, refused_by_rbac, request};
 use hcp_fleet_render::hosted::webhooks::HostedWebhooks;
 use hcp_fleet_render::management::FIELD_MANAGER;
+use serde_json::Value;
 
 /// One enforced guard's canary, and the engine that carries the guard in this cluster.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,12 +31,15 @@ pub(crate) struct Planned {
     pub(crate) guard: String,
     pub(crate) engine: Engine,
     pub(crate) canary: Canary,
+    /// The pod image spec mutation's: its canary is made at each turn from the registry the
+    /// agent last wrote for the admission replicas (`canary_now`).
+    pub(crate) by_registry: bool,
 }
 
 /// What one canary showed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Shown {
-    /// The guard denied it (proven).
+    /// The guard denied it, or a mutation changed it as it should (proven).
     Denied,
     /// Not tried this round, and why (the cluster lacks the kind or the object; no answer).
     /// Neither evidence for the guard nor against it.
@@ -73,6 +78,12 @@ pub(crate) fn plan(cfg: &AgentConfig, desired: &HostedWebhooks) -> Vec<Planned> 
         .validating
         .iter()
         .flat_map(|v| v.webhooks.iter().flatten().map(|w| w.name.as_str()))
+        .chain(
+            desired
+                .mutating
+                .iter()
+                .flat_map(|m| m.webhooks.iter().flatten().map(|w| w.name.as_str())),
+        )
         .collect();
     let policies: BTreeSet<&str> = desired.policies.guards().collect();
     let settings = Settings::from(cfg);
@@ -95,18 +106,90 @@ pub(crate) fn plan(cfg: &AgentConfig, desired: &HostedWebhooks) -> Vec<Planned> 
                 guard: w.name.clone(),
                 engine,
                 canary,
+                by_registry: w.path == pod_image_spec::ROW.path,
             })
         })
         .collect()
 }
 
 fn what(c: &Canary) -> String {
-    format!(
-        "a dry-run {} of {} {:?} by {CANARY_USER}",
-        c.verb.as_str(),
-        c.resource,
-        c.name
-    )
+    match c.namespace {
+        Some(ns) => format!(
+            "a dry-run {} of {} {}… in {ns} by {CANARY_USER}",
+            c.verb.as_str(),
+            c.resource,
+            c.name
+        ),
+        None => format!(
+            "a dry-run {} of {} {:?} by {CANARY_USER}",
+            c.verb.as_str(),
+            c.resource,
+            c.name
+        ),
+    }
+}
+
+/// `p`'s canary for this turn: the pod image spec mutation's names what the registry the
+/// agent last wrote for the replicas resolves (`registry`), the others are as planned.
+pub(crate) fn canary_now(p: &Planned, registry: Option<&InternalRegistry>) -> Canary {
+    if !p.by_registry {
+        return p.canary.clone();
+    }
+    let settings = Settings {
+        internal_registry: registry.cloned(),
+        ..Settings::default()
+    };
+    hcp_fleet_guards::for_path(pod_image_spec::ROW.path)
+        .and_then(|g| g.canary(&settings))
+        .unwrap_or_else(|| p.canary.clone())
+}
+
+/// How a mutation's canary came back from its dry run (`body`, the object as it would have
+/// been stored): proven when it carries the admission service's proof of `nonce` and the
+/// change the guard makes (`Effect`).
+fn judged_mutation(p: &Planned, body: &str, seen: &Seen<'_>) -> Shown {
+    let Seen {
+        canary,
+        proof,
+        nonce,
+        what,
+    } = *seen;
+    let (guard, by_registry) = (&p.guard, p.by_registry);
+    let Ok(object) = serde_json::from_str::<Value>(body) else {
+        return Shown::NotTried(format!("{what}: the answer was not an object"));
+    };
+    let carried = object["metadata"]["annotations"][PROOF_ANNOTATION].as_str();
+    let proven = match (&proof.key, carried) {
+        (Some(k), Some(v)) => k.proves(nonce, v),
+        // Only in tests: no key, so the annotation is all there is to check.
+        (None, Some(_)) => true,
+        (_, None) => false,
+    };
+    if !proven && proof.rolling_out && carried.is_none() {
+        return Shown::NotTried(format!(
+            "{what}: came back without the proof while the admission Deployment rolls out (replicas from before mutation canaries add none)"
+        ));
+    }
+    if !proven {
+        return Shown::Failed(format!(
+            "guard {guard} did not act on its canary ({what}): it came back without the admission service's {}",
+            if carried.is_some() {
+                "proof (a wrong one in its place)"
+            } else {
+                "proof: the hosted kube-apiserver did not call the service for it (its failurePolicy Ignore let it through), or the webhook is not in force"
+            }
+        ));
+    }
+    match &canary.effect {
+        Some(e) if !e.shown_by(&object) && by_registry => Shown::NotTried(format!(
+            "{what}: the guard ran but did not name the image the registry's tag names: the admission replicas have not read the registry the agent last wrote yet"
+        )),
+        Some(e) if !e.shown_by(&object) => Shown::Failed(format!(
+            "guard {guard} ran on its canary ({what}) but it came back without its change ({} is not {:?}): undone by a later mutation, or the guard is wrong",
+            e.pointer, e.value
+        )),
+        _ => Shown::Denied,
+    }
 }
 
 /// Writes the canaries' RBAC (forced: the agent's whole), for all of `plan` at once.
@@ -133,13 +216,15 @@ pub(crate) async fn send(
     proof: &Proof,
     ns: &str,
     timeout: Duration,
+    registry: Option<&InternalRegistry>,
 ) -> Shown {
     let Some(nonce) = hcp_fleet_guards::probe::nonce() else {
         return Shown::NotTried("the system's random source failed".into());
     };
-    let what = what(&p.canary);
+    let canary = canary_now(p, registry);
+    let what = what(&canary);
     for attempt in 0..2 {
-        let req = match request(&p.canary, &nonce) {
+        let req = match request(&canary, &nonce) {
             Ok(r) => r,
             Err(e) => return Shown::NotTried(format!("{what} could not be made: {e}")),
         };
@@ -149,7 +234,14 @@ pub(crate) async fn send(
             }
             Ok(a) => a,
         };
+        let seen = Seen {
+            canary: &canary,
+            proof,
+            nonce: &nonce,
+            what: &what,
+        };
         let status = match answer {
+            Ok(body) if canary.mutates() => return judged_mutation(p, &body, &seen),
             Ok(_) => {
                 return Shown::Failed(format!(
                     "guard {} did not deny its canary ({what}): it was let through",
@@ -179,48 +271,78 @@ pub(crate) async fn send(
             }
             continue;
         }
-        if status.code == 404 {
-            return Shown::Absent(format!("{what}: not found in this cluster"));
-        }
-        let asked = Asked {
-            group: p.canary.group,
-            resource: p.canary.resource,
-            name: &p.canary.name,
-        };
-        let name = match p.engine {
-            Engine::Static => format!(
-                "{}{}",
-                p.guard,
-                hcp_fleet_render::hosted::static_guards::SUFFIX
-            ),
-            _ => p.guard.clone(),
-        };
-        let answer = judge(p.engine, &name, "", &status, &asked, proof, &nonce);
-        if answer == Answer::Imitation
-            && let Some(incumbent) = mcvw_answered(&status.message)
-        {
-            return Shown::NotTried(format!(
-                "{what}: answered first by {incumbent}, MCVW's, which runs beside the guard until a switch-over ends"
-            ));
-        }
-        if answer == Answer::Imitation {
-            tracing::debug!(guard = %p.guard, code = status.code, message = %status.message, "canary refused by something other than its guard");
-        }
-        return match answer {
-            Answer::Proven | Answer::Unproven => Shown::Denied,
-            // The text is left out: it is the tenant's to choose.
-            Answer::Imitation => Shown::Failed(format!(
-                "guard {} did not deny its canary ({what}): something else refused it (HTTP {}), without the guard's {}",
-                p.guard,
-                status.code,
-                match p.engine {
-                    Engine::Webhook => "name and proof",
-                    Engine::Policy | Engine::Static => "policy and binding names",
-                }
-            )),
-        };
+        return refused(p, &status, &seen);
     }
     Shown::NotTried(format!("{what}: refused by RBAC"))
+}
+
+/// One canary as sent this turn, and what its answer is judged with.
+struct Seen<'a> {
+    canary: &'a Canary,
+    proof: &'a Proof,
+    nonce: &'a str,
+    what: &'a str,
+}
+
+/// What a canary's refusal (other than RBAC's) shows: the object absent, the guard's own
+/// denial, MCVW's, or something else's.
+fn refused(p: &Planned, status: &kube::core::Status, seen: &Seen<'_>) -> Shown {
+    let Seen {
+        canary,
+        proof,
+        nonce,
+        what,
+    } = *seen;
+    if status.code == 404 {
+        return Shown::Absent(format!("{what}: not found in this cluster"));
+    }
+    if canary.mutates() {
+        if let Some(incumbent) = mcvw_answered(&status.message) {
+            return Shown::NotTried(format!("{what}: refused by {incumbent}, MCVW's"));
+        }
+        // The text is left out: it is the tenant's to choose.
+        return Shown::Failed(format!(
+            "guard {} could not show its change: its canary ({what}) was refused (HTTP {} {})",
+            p.guard, status.code, status.reason
+        ));
+    }
+    let asked = Asked {
+        group: canary.group,
+        resource: canary.resource,
+        name: &canary.name,
+    };
+    let name = match p.engine {
+        Engine::Static => format!(
+            "{}{}",
+            p.guard,
+            hcp_fleet_render::hosted::static_guards::SUFFIX
+        ),
+        _ => p.guard.clone(),
+    };
+    let answer = judge(p.engine, &name, "", status, &asked, proof, nonce);
+    if answer == Answer::Imitation
+        && let Some(incumbent) = mcvw_answered(&status.message)
+    {
+        return Shown::NotTried(format!(
+            "{what}: answered first by {incumbent}, MCVW's, which runs beside the guard until a switch-over ends"
+        ));
+    }
+    if answer == Answer::Imitation {
+        tracing::debug!(guard = %p.guard, code = status.code, message = %status.message, "canary refused by something other than its guard");
+    }
+    match answer {
+        Answer::Proven | Answer::Unproven => Shown::Denied,
+        // The text is left out: it is the tenant's to choose.
+        Answer::Imitation => Shown::Failed(format!(
+            "guard {} did not deny its canary ({what}): something else refused it (HTTP {}), without the guard's {}",
+            p.guard,
+            status.code,
+            match p.engine {
+                Engine::Webhook => "name and proof",
+                Engine::Policy | Engine::Static => "policy and binding names",
+            }
+        )),
+    }
 }
 
 /// The verdict of the probe and the canaries' last results together.
@@ -312,6 +434,7 @@ mod tests {
                 canary: hcp_fleet_guards::for_path("/validate/protected-rbac")
                     .and_then(|g| g.canary(&Settings::from(&AgentConfig::default())))
                     .expect("a canary"),
+                by_registry: false,
             })
             .collect();
         let mut r = BTreeMap::new();
@@ -368,13 +491,31 @@ mod tests {
         for policies in [false, true] {
             let p = plan(&cfg, &rendered(&cfg, policies));
             let names: Vec<&str> = p.iter().map(|p| p.guard.as_str()).collect();
-            assert_eq!(names.len(), 7, "{names:?}");
+            assert_eq!(names.len(), 9, "{names:?}");
             let want = if policies {
                 Engine::Policy
             } else {
                 Engine::Webhook
             };
-            assert!(p.iter().all(|p| p.engine == want), "{p:?}");
+            // The mutations are webhooks on every server (a MutatingAdmissionPolicy is #61's).
+            for p in &p {
+                let mutation = p.canary.mutates();
+                assert_eq!(
+                    mutation,
+                    p.guard.starts_with("service-tags") || p.guard.starts_with("pod-image-spec"),
+                    "{p:?}"
+                );
+                assert_eq!(
+                    p.engine,
+                    if mutation { Engine::Webhook } else { want },
+                    "{p:?}"
+                );
+                assert_eq!(
+                    p.by_registry,
+                    p.guard.starts_with("pod-image-spec"),
+                    "{p:?}"
+                );
+            }
         }
         // A guard in warn mode, or off, has no canary: it denies nothing.
         let mut cfg = AgentConfig::default();
@@ -391,7 +532,164 @@ mod tests {
             p.iter()
                 .all(|p| !p.guard.starts_with("protected-rbac") && !p.guard.starts_with("scc"))
         );
-        assert_eq!(p.len(), 5);
+        assert_eq!(p.len(), 7);
+    }
+
+    fn mutation_planned(path: &str) -> Planned {
+        let canary = hcp_fleet_guards::for_path(path)
+            .and_then(|g| g.canary(&Settings::default()))
+            .expect("a canary");
+        Planned {
+            guard: hcp_fleet_guards::for_path(path)
+                .map(|g| g.row().name.to_string())
+                .unwrap_or_default(),
+            engine: Engine::Webhook,
+            canary,
+            by_registry: path == pod_image_spec::ROW.path,
+        }
+    }
+
+    /// What the dry run of `c` would return with `annotations` added and the Service's tags
+    /// (or the pod's first image) set to `changed`.
+    fn returned(c: &Canary, proof: Option<&str>, changed: Option<&str>) -> String {
+        let mut o = c.object.clone().expect("an object");
+        o["metadata"]["name"] = serde_json::json!("hcp-fleet-canary-x7k2p");
+        if let Some(p) = proof {
+            o["metadata"]["annotations"][PROOF_ANNOTATION] = serde_json::json!(p);
+        }
+        if let (Some(v), Some(e)) = (changed, c.effect.as_ref()) {
+            if let Some(slot) = o.pointer_mut(&e.pointer) {
+                *slot = serde_json::json!(v);
+            } else {
+                o["metadata"]["annotations"][hcp_fleet_guards::service_tags::TAGS_ANNOTATION] =
+                    serde_json::json!(v);
+            }
+        }
+        o.to_string()
+    }
+
+    const NONCE: &str = "00aa11bb";
+
+    /// A key, the proof it gives `NONCE` and the proof of another nonce.
+    fn proofs() -> (Proof, String, String) {
+        let key = hcp_fleet_guards::probe::ProbeKey::generate().expect("key");
+        let of = |nonce: &str| {
+            hcp_fleet_guards::canary::proof_patch(
+                &serde_json::json!({"metadata": {"annotations": {}}}),
+                &key,
+                nonce,
+            )
+            .and_then(|op| op["value"].as_str().map(str::to_string))
+            .expect("a proof")
+        };
+        let (good, other) = (of(NONCE), of("00aa11bc"));
+        assert!(key.proves(NONCE, &good));
+        let proof = Proof {
+            key: Some(key),
+            rolling_out: false,
+        };
+        (proof, good, other)
+    }
+
+    /// A mutation's canary is proven by the service's proof of its nonce and the change
+    /// together; anything less is a failure, but for replicas from before the proof while
+    /// they roll out.
+    #[test]
+    fn a_mutation_canary_needs_the_proof_and_the_change() {
+        let (proof, good, other) = proofs();
+        let tags = mutation_planned(hcp_fleet_guards::service_tags::ROW.path);
+        let c = &tags.canary;
+        let judge = |body: &str, proof: &Proof| {
+            let seen = Seen {
+                canary: c,
+                proof,
+                nonce: NONCE,
+                what: "w",
+            };
+            judged_mutation(&tags, body, &seen)
+        };
+        let tag = Some(hcp_fleet_guards::service_tags::TAG);
+        assert_eq!(judge(&returned(c, Some(&good), tag), &proof), Shown::Denied);
+        // No proof: the service was not called (a tenant's webhook may have tagged it).
+        assert!(matches!(
+            judge(&returned(c, None, tag), &proof),
+            Shown::Failed(_)
+        ));
+        // Another nonce's proof, or none while replicas of an older agent roll out.
+        assert!(matches!(
+            judge(&returned(c, Some(&other), tag), &proof),
+            Shown::Failed(_)
+        ));
+        let rolling = Proof {
+            rolling_out: true,
+            ..proof.clone()
+        };
+        assert!(matches!(
+            judge(&returned(c, None, tag), &rolling),
+            Shown::NotTried(_)
+        ));
+        assert!(matches!(
+            judge(&returned(c, Some(&other), tag), &rolling),
+            Shown::Failed(_)
+        ));
+        // Proven, but the tag undone (or never made).
+        assert!(matches!(
+            judge(&returned(c, Some(&good), Some("team=a")), &proof),
+            Shown::Failed(_)
+        ));
+        assert!(matches!(
+            judge(&returned(c, Some(&good), None), &proof),
+            Shown::Failed(_)
+        ));
+        assert!(matches!(judge("not json", &proof), Shown::NotTried(_)));
+    }
+
+    /// The pod image spec mutation's canary: where the registry serves, the proof alone;
+    /// where it does not, the image the tag names, and a table the replicas have not read yet
+    /// is no failure.
+    #[test]
+    fn the_pod_image_canary_follows_the_registry_written() {
+        let (proof, good, _) = proofs();
+        let pods = mutation_planned(pod_image_spec::ROW.path);
+        let judge_pod = |c: &Canary, body: &str| {
+            let seen = Seen {
+                canary: c,
+                proof: &proof,
+                nonce: NONCE,
+                what: "w",
+            };
+            judged_mutation(&pods, body, &seen)
+        };
+        let served = canary_now(&pods, None);
+        assert_eq!(served.effect, None);
+        assert_eq!(
+            judge_pod(&served, &returned(&served, Some(&good), None)),
+            Shown::Denied
+        );
+        assert!(matches!(
+            judge_pod(&served, &returned(&served, None, None)),
+            Shown::Failed(_)
+        ));
+        let reg = pod_image_spec::case_registry();
+        let removed = canary_now(&pods, Some(&reg));
+        let to = removed
+            .effect
+            .as_ref()
+            .map(|e| e.value.clone())
+            .expect("an effect");
+        assert!(reg.tags.values().any(|v| *v == to));
+        assert_eq!(
+            judge_pod(&removed, &returned(&removed, Some(&good), Some(&to))),
+            Shown::Denied
+        );
+        assert!(matches!(
+            judge_pod(&removed, &returned(&removed, Some(&good), None)),
+            Shown::NotTried(_)
+        ));
+        assert!(matches!(
+            judge_pod(&removed, &returned(&removed, None, Some(&to))),
+            Shown::Failed(_)
+        ));
     }
 
     #[test]

@@ -345,6 +345,30 @@ pub(crate) fn first_probe(ns: &str, every: Duration) -> Duration {
     every.mul_f64(0.5 + (h % 1000) as f64 / 1000.0)
 }
 
+/// What one probe round works from: the revisions the last reconcile installed, the canaries
+/// and whose turn it is, and the internal registry the last reconcile wrote for the replicas.
+struct Turn {
+    targets: ProbeTargets,
+    canaries: Arc<Vec<canary::Planned>>,
+    next: usize,
+    written: Option<hcp_fleet_guards::pod_image_spec::InternalRegistry>,
+}
+
+impl Turn {
+    fn of(s: &WatchShared) -> Self {
+        Self {
+            targets: s
+                .desired
+                .as_ref()
+                .map(|d| ProbeTargets::of(d, s.proof.clone()))
+                .unwrap_or_default(),
+            canaries: Arc::clone(&s.canaries),
+            next: s.canary_next,
+            written: s.internal_registry.clone(),
+        }
+    }
+}
+
 /// Keeps a canary's result and moves the turn on: whether the result changed, and whether it
 /// completed the proof the switch-over waits for (when that is on).
 fn record_canary(
@@ -404,16 +428,12 @@ pub(crate) fn ensure_task(s: &Scope<'_>, hosted: &HostedClient, verdict: Complia
                 let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + first, every);
                 for round in 0_u64.. {
                     tick.tick().await;
-                    // The revisions the last reconcile installed, and the canary whose turn it is.
-                    let (targets, canaries, next) = {
-                        let s = lock(&shared);
-                        let targets = s
-                            .desired
-                            .as_ref()
-                            .map(|d| ProbeTargets::of(d, s.proof.clone()))
-                            .unwrap_or_default();
-                        (targets, Arc::clone(&s.canaries), s.canary_next)
-                    };
+                    let Turn {
+                        targets,
+                        canaries,
+                        next,
+                        written,
+                    } = Turn::of(&lock(&shared));
                     // A kube client for this round only (see `HostedClient`). The round's
                     // futures are boxed: held inline they would size the task for its whole
                     // life, a thousand of them asleep between rounds.
@@ -445,6 +465,7 @@ pub(crate) fn ensure_task(s: &Scope<'_>, hosted: &HostedClient, verdict: Complia
                             &targets.proof,
                             &ns,
                             timeout,
+                            written.as_ref(),
                         ))
                         .await;
                         if let canary::Shown::NotTried(why) | canary::Shown::Absent(why) = &shown {

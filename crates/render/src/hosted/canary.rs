@@ -84,6 +84,7 @@ pub fn refused_by_rbac(status: &kube::core::Status) -> bool {
 mod tests {
     use super::*;
     use crate::config::AgentConfig;
+    use hcp_fleet_guards::canary::GENERATED_NAME;
     use hcp_fleet_guards::{ALL, Settings};
 
     #[test]
@@ -138,6 +139,12 @@ mod tests {
             assert!(r.uri().to_string().ends_with("?dryRun=All"));
             let body: Value = serde_json::from_slice(r.body()).expect("json body");
             match c.verb {
+                // A mutation's canary is named by the server (`generateName`), in `default`.
+                Verb::Create if c.mutates() => {
+                    assert_eq!(body["metadata"]["generateName"], json!(GENERATED_NAME));
+                    assert_eq!(body["metadata"].get("name"), None);
+                    assert!(r.uri().path().starts_with("/api/v1/namespaces/default/"));
+                }
                 Verb::Create => assert_eq!(body["metadata"]["name"], json!(c.name)),
                 Verb::Delete => assert_eq!(body["dryRun"], json!(["All"])),
             }
@@ -172,6 +179,8 @@ mod guard_canaries {
                 "platform-config.hcp-fleet.openshift.io",
                 "identity-groups.hcp-fleet.openshift.io",
                 "identity-namespaces.hcp-fleet.openshift.io",
+                "service-tags.hcp-fleet.openshift.io",
+                "pod-image-spec.hcp-fleet.openshift.io",
             ]
         );
         let paths: Vec<String> = ALL
@@ -187,6 +196,8 @@ mod guard_canaries {
             &"/apis/rbac.authorization.k8s.io/v1/clusterroles/cluster-admin?dryRun=All".to_string()
         ));
         assert!(paths.contains(&"/api/v1/namespaces?dryRun=All".to_string()));
+        assert!(paths.contains(&"/api/v1/namespaces/default/services?dryRun=All".to_string()));
+        assert!(paths.contains(&"/api/v1/namespaces/default/pods?dryRun=All".to_string()));
     }
 
     /// A configuration whose exemptions leave no name to try gives no canary, not a wrong one.
