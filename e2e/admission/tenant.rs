@@ -446,6 +446,29 @@ pub(crate) async fn install_tenant_mutator(
     (task, dir, api)
 }
 
+/// How many canaries `cfg` plans (its enforced guards with one), and how long a round of them
+/// and the probe takes at `cfg`'s probe interval.
+fn canary_round(cfg: &AgentConfig) -> (usize, Duration) {
+    let settings = hcp_fleet_guards::Settings::from(cfg);
+    let planned = cfg
+        .webhooks
+        .iter()
+        .filter(|w| w.mode == Mode::Enforce)
+        .filter(|w| {
+            hcp_fleet_guards::for_path(&w.path)
+                .and_then(|g| g.canary(&settings))
+                .is_some()
+        })
+        .count();
+    let every = u64::from(cfg.probe_interval_seconds);
+    (planned, Duration::from_secs(every * (planned as u64 + 1)))
+}
+
+/// The admission service's request counts for each of `webhooks`, in order.
+async fn requests_of(bed: &Bed, webhooks: &[&str]) -> Vec<f64> {
+    futures::future::join_all(webhooks.iter().map(|w| service_requests(bed, w))).await
+}
+
 /// Each enforced guard is tried by its canary, one per probe round: a dry-run request it must
 /// deny, sent as a non-exempt user the agent grants just those requests. A guard that stops
 /// denying its canary (here a tenant's mutating webhook rewrites what the featuregate guard
@@ -457,17 +480,7 @@ async fn a_guard_that_stops_denying_its_canary_is_named_noncompliant() {
     use hcp_fleet_render::hosted::canary::RBAC_NAME;
     let mut cfg = through_the_service();
     cfg.probe_interval_seconds = 5;
-    let planned = cfg
-        .webhooks
-        .iter()
-        .filter(|w| w.mode == Mode::Enforce)
-        .filter(|w| {
-            hcp_fleet_guards::for_path(&w.path)
-                .and_then(|g| g.canary(&hcp_fleet_guards::Settings::from(&cfg)))
-                .is_some()
-        })
-        .count();
-    let round = Duration::from_secs(5 * (planned as u64 + 1));
+    let (_, round) = canary_round(&cfg);
     let bed = bed(cfg).await;
     let hosted = hc1_admin(&bed).await;
     // A round in, every guard has been tried: the canaries' RBAC is there, and the service
@@ -479,11 +492,9 @@ async fn a_guard_that_stops_denying_its_canary_is_named_noncompliant() {
         "identity-groups.hcp-fleet.openshift.io",
         "identity-namespaces.hcp-fleet.openshift.io",
     ];
-    let before: Vec<f64> =
-        futures::future::join_all(tried.iter().map(|w| service_requests(&bed, w))).await;
+    let before: Vec<f64> = requests_of(&bed, &tried).await;
     eventually("every canary sent", round * 2, || async {
-        let now: Vec<f64> =
-            futures::future::join_all(tried.iter().map(|w| service_requests(&bed, w))).await;
+        let now: Vec<f64> = requests_of(&bed, &tried).await;
         let rbac = Api::<ClusterRole>::all(hosted.clone())
             .get_opt(RBAC_NAME)
             .await;
@@ -570,30 +581,17 @@ async fn a_mutation_undone_on_its_canary_is_named_noncompliant() {
             w.mode = Mode::Warn;
         }
     }
-    let settings = hcp_fleet_guards::Settings::from(&cfg);
-    let planned = cfg
-        .webhooks
-        .iter()
-        .filter(|w| w.mode == Mode::Enforce)
-        .filter(|w| {
-            hcp_fleet_guards::for_path(&w.path)
-                .and_then(|g| g.canary(&settings))
-                .is_some()
-        })
-        .count();
+    let (planned, round) = canary_round(&cfg);
     assert_eq!(planned, 2, "the mutations' canaries alone");
-    let round = Duration::from_secs(5 * (planned as u64 + 1));
     let bed = bed(cfg).await;
     let hosted = hc1_admin(&bed).await;
     let mutations = [
         "service-tags.hcp-fleet.openshift.io",
         "pod-image-spec.hcp-fleet.openshift.io",
     ];
-    let before: Vec<f64> =
-        futures::future::join_all(mutations.iter().map(|w| service_requests(&bed, w))).await;
+    let before: Vec<f64> = requests_of(&bed, &mutations).await;
     eventually("the mutations' canaries sent", round * 2, || async {
-        let now: Vec<f64> =
-            futures::future::join_all(mutations.iter().map(|w| service_requests(&bed, w))).await;
+        let now: Vec<f64> = requests_of(&bed, &mutations).await;
         if now.iter().zip(&before).all(|(n, b)| n > b) {
             Ok(())
         } else {

@@ -591,57 +591,85 @@ mod tests {
         (proof, good, other)
     }
 
+    /// How a result reads, for the tables below.
+    fn read(s: &Shown) -> &'static str {
+        match s {
+            Shown::Denied => "proven",
+            Shown::NotTried(_) => "not tried",
+            Shown::Absent(_) => "absent",
+            Shown::Failed(_) => "failed",
+        }
+    }
+
+    /// `p`'s canary `c` judged as coming back as `body`.
+    fn judged(p: &Planned, c: &Canary, proof: &Proof, body: &str) -> &'static str {
+        let seen = Seen {
+            canary: c,
+            proof,
+            nonce: NONCE,
+            what: "w",
+        };
+        read(&judged_mutation(p, body, &seen))
+    }
+
     /// A mutation's canary is proven by the service's proof of its nonce and the change
     /// together; anything less is a failure, but for replicas from before the proof while
     /// they roll out.
     #[test]
     fn a_mutation_canary_needs_the_proof_and_the_change() {
         let (proof, good, other) = proofs();
-        let tags = mutation_planned(hcp_fleet_guards::service_tags::ROW.path);
-        let c = &tags.canary;
-        let judge = |body: &str, proof: &Proof| {
-            let seen = Seen {
-                canary: c,
-                proof,
-                nonce: NONCE,
-                what: "w",
-            };
-            judged_mutation(&tags, body, &seen)
-        };
-        let tag = Some(hcp_fleet_guards::service_tags::TAG);
-        assert_eq!(judge(&returned(c, Some(&good), tag), &proof), Shown::Denied);
-        // No proof: the service was not called (a tenant's webhook may have tagged it).
-        assert!(matches!(
-            judge(&returned(c, None, tag), &proof),
-            Shown::Failed(_)
-        ));
-        // Another nonce's proof, or none while replicas of an older agent roll out.
-        assert!(matches!(
-            judge(&returned(c, Some(&other), tag), &proof),
-            Shown::Failed(_)
-        ));
         let rolling = Proof {
             rolling_out: true,
             ..proof.clone()
         };
-        assert!(matches!(
-            judge(&returned(c, None, tag), &rolling),
-            Shown::NotTried(_)
-        ));
-        assert!(matches!(
-            judge(&returned(c, Some(&other), tag), &rolling),
-            Shown::Failed(_)
-        ));
-        // Proven, but the tag undone (or never made).
-        assert!(matches!(
-            judge(&returned(c, Some(&good), Some("team=a")), &proof),
-            Shown::Failed(_)
-        ));
-        assert!(matches!(
-            judge(&returned(c, Some(&good), None), &proof),
-            Shown::Failed(_)
-        ));
-        assert!(matches!(judge("not json", &proof), Shown::NotTried(_)));
+        let tags = mutation_planned(hcp_fleet_guards::service_tags::ROW.path);
+        let c = &tags.canary;
+        let tag = Some(hcp_fleet_guards::service_tags::TAG);
+        for (why, body, proof, want) in [
+            (
+                "tagged, proven",
+                returned(c, Some(&good), tag),
+                &proof,
+                "proven",
+            ),
+            // The service was not called (a tenant's webhook may have tagged it).
+            ("tagged, no proof", returned(c, None, tag), &proof, "failed"),
+            (
+                "another nonce's proof",
+                returned(c, Some(&other), tag),
+                &proof,
+                "failed",
+            ),
+            // Replicas of an agent from before the proof, while they roll out.
+            (
+                "no proof, rolling out",
+                returned(c, None, tag),
+                &rolling,
+                "not tried",
+            ),
+            (
+                "a wrong proof, rolling out",
+                returned(c, Some(&other), tag),
+                &rolling,
+                "failed",
+            ),
+            // The guard ran, and its tag was undone (or never made).
+            (
+                "proven, tag replaced",
+                returned(c, Some(&good), Some("team=a")),
+                &proof,
+                "failed",
+            ),
+            (
+                "proven, untagged",
+                returned(c, Some(&good), None),
+                &proof,
+                "failed",
+            ),
+            ("not an object", "not json".to_string(), &proof, "not tried"),
+        ] {
+            assert_eq!(judged(&tags, c, proof, &body), want, "{why}");
+        }
     }
 
     /// The pod image spec mutation's canary: where the registry serves, the proof alone;
@@ -651,25 +679,8 @@ mod tests {
     fn the_pod_image_canary_follows_the_registry_written() {
         let (proof, good, _) = proofs();
         let pods = mutation_planned(pod_image_spec::ROW.path);
-        let judge_pod = |c: &Canary, body: &str| {
-            let seen = Seen {
-                canary: c,
-                proof: &proof,
-                nonce: NONCE,
-                what: "w",
-            };
-            judged_mutation(&pods, body, &seen)
-        };
         let served = canary_now(&pods, None);
         assert_eq!(served.effect, None);
-        assert_eq!(
-            judge_pod(&served, &returned(&served, Some(&good), None)),
-            Shown::Denied
-        );
-        assert!(matches!(
-            judge_pod(&served, &returned(&served, None, None)),
-            Shown::Failed(_)
-        ));
         let reg = pod_image_spec::case_registry();
         let removed = canary_now(&pods, Some(&reg));
         let to = removed
@@ -678,18 +689,41 @@ mod tests {
             .map(|e| e.value.clone())
             .expect("an effect");
         assert!(reg.tags.values().any(|v| *v == to));
-        assert_eq!(
-            judge_pod(&removed, &returned(&removed, Some(&good), Some(&to))),
-            Shown::Denied
-        );
-        assert!(matches!(
-            judge_pod(&removed, &returned(&removed, Some(&good), None)),
-            Shown::NotTried(_)
-        ));
-        assert!(matches!(
-            judge_pod(&removed, &returned(&removed, None, Some(&to))),
-            Shown::Failed(_)
-        ));
+        for (why, c, body, want) in [
+            (
+                "served, proven",
+                &served,
+                returned(&served, Some(&good), None),
+                "proven",
+            ),
+            (
+                "served, no proof",
+                &served,
+                returned(&served, None, None),
+                "failed",
+            ),
+            (
+                "removed, rewritten",
+                &removed,
+                returned(&removed, Some(&good), Some(&to)),
+                "proven",
+            ),
+            // The replicas have not read the table yet.
+            (
+                "removed, not rewritten",
+                &removed,
+                returned(&removed, Some(&good), None),
+                "not tried",
+            ),
+            (
+                "removed, rewritten without proof",
+                &removed,
+                returned(&removed, None, Some(&to)),
+                "failed",
+            ),
+        ] {
+            assert_eq!(judged(&pods, c, &proof, &body), want, "{why}");
+        }
     }
 
     #[test]
