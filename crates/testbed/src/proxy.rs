@@ -33,11 +33,27 @@ impl ServiceProxy {
                 };
                 // No ready replica: the connection is refused, as a Service without endpoints.
                 let Some(backend) = backend else { continue };
+                // Said aloud: a replica in the routes that does not answer, or a connection cut
+                // under a request, is how a guarded request reaches failurePolicy Ignore, and a
+                // test that sees one let through needs to know which it was.
                 tokio::spawn(async move {
-                    if let Ok(mut server) = TcpStream::connect(("127.0.0.1", backend)).await {
-                        let _ = client.set_nodelay(true);
-                        let _ = server.set_nodelay(true);
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    match TcpStream::connect(("127.0.0.1", backend)).await {
+                        Ok(mut server) => {
+                            let _ = client.set_nodelay(true);
+                            let _ = server.set_nodelay(true);
+                            if let Err(e) =
+                                tokio::io::copy_bidirectional(&mut client, &mut server).await
+                            {
+                                eprintln!(
+                                    "[service proxy] the connection to the replica on port {backend} ended in an error: {e}"
+                                );
+                            }
+                        }
+                        Err(e) => {
+                            eprintln!(
+                                "[service proxy] the replica on port {backend}, in the routes, refused the connection ({e}): dropped"
+                            );
+                        }
                     }
                 });
             }
