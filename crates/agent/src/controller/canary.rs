@@ -113,20 +113,16 @@ pub(crate) fn plan(cfg: &AgentConfig, desired: &HostedWebhooks) -> Vec<Planned> 
 }
 
 fn what(c: &Canary) -> String {
-    match c.namespace {
-        Some(ns) => format!(
-            "a dry-run {} of {} {}… in {ns} by {CANARY_USER}",
-            c.verb.as_str(),
-            c.resource,
-            c.name
-        ),
-        None => format!(
-            "a dry-run {} of {} {:?} by {CANARY_USER}",
-            c.verb.as_str(),
-            c.resource,
-            c.name
-        ),
-    }
+    // A mutation's canary is named by the server: only the prefix is known.
+    let object = match c.namespace {
+        Some(ns) => format!("{}… in {ns}", c.name),
+        None => format!("{:?}", c.name),
+    };
+    format!(
+        "a dry-run {} of {} {object} by {CANARY_USER}",
+        c.verb.as_str(),
+        c.resource
+    )
 }
 
 /// `p`'s canary for this turn: the pod image spec mutation's names what the registry the
@@ -148,19 +144,13 @@ pub(crate) fn canary_now(p: &Planned, registry: Option<&InternalRegistry>) -> Ca
 /// been stored): proven when it carries the admission service's proof of `nonce` and the
 /// change the guard makes (`Effect`).
 fn judged_mutation(p: &Planned, body: &str, seen: &Seen<'_>) -> Shown {
-    let Seen {
-        canary,
-        proof,
-        nonce,
-        what,
-    } = *seen;
-    let (guard, by_registry) = (&p.guard, p.by_registry);
+    let (guard, what, proof) = (&p.guard, seen.what, seen.proof);
     let Ok(object) = serde_json::from_str::<Value>(body) else {
         return Shown::NotTried(format!("{what}: the answer was not an object"));
     };
     let carried = object["metadata"]["annotations"][PROOF_ANNOTATION].as_str();
     let proven = match (&proof.key, carried) {
-        (Some(k), Some(v)) => k.proves(nonce, v),
+        (Some(k), Some(v)) => k.proves(seen.nonce, v),
         // Only in tests: no key, so the annotation is all there is to check.
         (None, Some(_)) => true,
         (_, None) => false,
@@ -180,8 +170,8 @@ fn judged_mutation(p: &Planned, body: &str, seen: &Seen<'_>) -> Shown {
             }
         ));
     }
-    match &canary.effect {
-        Some(e) if !e.shown_by(&object) && by_registry => Shown::NotTried(format!(
+    match &seen.canary.effect {
+        Some(e) if !e.shown_by(&object) && p.by_registry => Shown::NotTried(format!(
             "{what}: the guard ran but did not name the image the registry's tag names: the admission replicas have not read the registry the agent last wrote yet"
         )),
         Some(e) if !e.shown_by(&object) => Shown::Failed(format!(
@@ -287,12 +277,7 @@ struct Seen<'a> {
 /// What a canary's refusal (other than RBAC's) shows: the object absent, the guard's own
 /// denial, MCVW's, or something else's.
 fn refused(p: &Planned, status: &kube::core::Status, seen: &Seen<'_>) -> Shown {
-    let Seen {
-        canary,
-        proof,
-        nonce,
-        what,
-    } = *seen;
+    let (canary, what) = (seen.canary, seen.what);
     if status.code == 404 {
         return Shown::Absent(format!("{what}: not found in this cluster"));
     }
@@ -319,7 +304,7 @@ fn refused(p: &Planned, status: &kube::core::Status, seen: &Seen<'_>) -> Shown {
         ),
         _ => p.guard.clone(),
     };
-    let answer = judge(p.engine, &name, "", status, &asked, proof, nonce);
+    let answer = judge(p.engine, &name, "", status, &asked, seen.proof, seen.nonce);
     if answer == Answer::Imitation
         && let Some(incumbent) = mcvw_answered(&status.message)
     {
