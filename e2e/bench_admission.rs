@@ -75,7 +75,11 @@ fn start(dir: &Path, baseline: bool) -> Result<Server, String> {
 fn start_on(dir: &Path, baseline: bool, port: u16) -> Result<Server, String> {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-dev"));
     cmd.args([
-        "webhook",
+        if baseline {
+            "webhook-baseline"
+        } else {
+            "webhook"
+        },
         "--bind",
         "127.0.0.1",
         "--port",
@@ -87,9 +91,6 @@ fn start_on(dir: &Path, baseline: bool, port: u16) -> Result<Server, String> {
     .env("RUST_LOG", "warn,rustls=error")
     .stdout(Stdio::null())
     .stderr(Stdio::inherit());
-    if baseline {
-        cmd.arg("--baseline");
-    }
     let child = cmd.spawn().map_err(|e| e.to_string())?;
     Ok(Server { child, port })
 }

@@ -11,7 +11,8 @@
 #   with the in-cluster configuration pointing at a name from /etc/hosts on a closed port it
 #   gets as far as connecting (name resolved, CA loaded), which a static glibc binary without
 #   NSS files or a CA bundle would not;
-# - it was built without the test bed: no `dev` or `package` command, `--local-mode` refused.
+# - it was built without the test bed: no `dev`, `package` or `webhook-baseline` command (the
+#   admission bench's fixed-response server), `webhook --baseline` and `--local-mode` refused.
 # chroot needs root; as another user it runs under `unshare -r`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -86,14 +87,17 @@ out="$(CHECK_LOG=hyper_util::client::legacy::connect::http=debug run uninstall -
 grep -q "connecting to 127.0.0.1:1" <<<"$out" \
   || die "in-cluster access does not get as far as connecting:"$'\n'"$out"
 say "in-cluster configuration loaded, kube-apiserver.image-check.svc resolved from /etc/hosts"
-# Built without the test bed: no `dev` or `package` command, and --local-mode refused.
-for cmd in dev package; do
+# Built without the test bed: no `dev`, `package` or `webhook-baseline` command, and neither
+# --local-mode nor the bench's fixed-response server (which allows every review) accepted.
+for cmd in dev package webhook-baseline; do
   out="$(run "$cmd" --help 2>&1)" && die "the image's binary has the test bed's '$cmd' command"
   grep -q "unrecognized subcommand" <<<"$out" || die "'$cmd': $out"
 done
 out="$(run agent --local-mode 2>&1)" && die "the image's binary accepted --local-mode"
 grep -q "needs the test bed, which this build leaves out" <<<"$out" || die "--local-mode: $out"
-say "built without the test bed: no dev or package command, --local-mode refused"
+out="$(run webhook --baseline 2>&1)" && die "the image's binary accepted webhook --baseline"
+grep -q "unexpected argument '--baseline'" <<<"$out" || die "webhook --baseline: $out"
+say "built without the test bed: no dev, package or webhook-baseline command, --local-mode and webhook --baseline refused"
 # The SBOMs beside the archive describe this image and this binary.
 dir="$(dirname "$archive")"
 python3 - "$work/layout" "$dir" "$work/rootfs$entrypoint" <<'PY' || die "the SBOMs do not describe this image"

@@ -400,7 +400,7 @@ pub(crate) async fn tenant_mutator(
         server::tls_config(cert as Arc<dyn rustls::server::ResolvesServerCert>),
         app,
         server::Limits::default(),
-        std::future::pending(),
+        Box::pin(std::future::pending()),
     ));
     (task, port, ca.cert_pem, dir)
 }

@@ -17,6 +17,9 @@ enum DevCommand {
     Dev(dev::DevArgs),
     /// Fleet packaging: the chart's values schema, the ACM Policy and SelectorSyncSet.
     Package(hcp_fleet_cli::packaging::PackageArgs),
+    /// The admission bench's baseline: `webhook`'s server stack answering every review with a
+    /// fixed response (`make bench`). Only this binary has it, never the image's.
+    WebhookBaseline(hcp_fleet_cli::webhook::WebhookArgs),
 }
 
 impl hcp_fleet_cli::Extra for DevCommand {
@@ -24,6 +27,16 @@ impl hcp_fleet_cli::Extra for DevCommand {
         match self {
             DevCommand::Dev(args) => runtime.block_on(dev::run(args)),
             DevCommand::Package(args) => hcp_fleet_cli::packaging::run(args),
+            DevCommand::WebhookBaseline(args) => {
+                let default = hcp_fleet_guards::Settings::from(
+                    &hcp_fleet_render::config::AgentConfig::default(),
+                );
+                runtime.block_on(hcp_fleet_cli::webhook::run_with(
+                    args,
+                    default,
+                    hcp_fleet_webhook::server::baseline_router,
+                ))
+            }
         }
     }
 }

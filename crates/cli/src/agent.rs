@@ -277,7 +277,13 @@ pub async fn start_with_metrics(
     let c2 = ctx.clone();
     let (reload_tx, reload_rx) = tokio::sync::mpsc::unbounded_channel();
     let run = tokio::spawn(async move {
-        controller::run(c2, rx, reload_rx, futures::future::pending::<()>()).await;
+        controller::run(
+            c2,
+            rx,
+            reload_rx,
+            Box::pin(futures::future::pending::<()>()),
+        )
+        .await;
     });
     let controller = run.abort_handle();
     let c3 = ctx.clone();

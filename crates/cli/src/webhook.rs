@@ -49,15 +49,23 @@ pub struct WebhookArgs {
     /// docs/admission.md "Performance").
     #[arg(long, env = "HCP_FLEET_SPIN_MICROS", default_value_t = server::DEFAULT_SPIN_MICROS)]
     pub(crate) spin_micros: u64,
-    /// Benchmark baseline: answer every review with a fixed response (`make bench`).
-    #[arg(long, hide = true)]
-    pub(crate) baseline: bool,
 }
 
 /// Serves until SIGTERM or SIGINT, then drains. `default` is what the service decides with when
 /// no settings are given (the agent's default configuration's, made by the caller: the service
 /// knows the guards, not the agent's configuration).
 pub async fn run(args: WebhookArgs, default: Settings) -> ExitCode {
+    run_with(args, default, server::router).await
+}
+
+/// `run` with another router on the same server stack: the admission bench's baseline, which
+/// answers every review with a fixed response, is `hcp-fleet-dev webhook-baseline` (never in the
+/// image's binary, which has only `run`).
+pub async fn run_with(
+    args: WebhookArgs,
+    default: Settings,
+    router: fn(Arc<server::AppState>) -> axum::Router,
+) -> ExitCode {
     let settings = match &args.settings {
         Some(json) => match serde_json::from_str::<Settings>(json) {
             Ok(s) => s,
@@ -109,11 +117,7 @@ pub async fn run(args: WebhookArgs, default: Settings) -> ExitCode {
             Duration::from_millis(args.internal_registry_check_ms.max(50)),
         )
     });
-    let app = if args.baseline {
-        server::baseline_router(state.clone())
-    } else {
-        server::router(state.clone())
-    };
+    let app = router(state.clone());
     tracing::info!(%addr, crypto = hcp_fleet_guards::crypto::LIBRARY, fips = hcp_fleet_guards::crypto::fips_mode(), "admission service listening");
     let drain_state = state.clone();
     let delay = Duration::from_secs(args.shutdown_delay_seconds);
@@ -141,7 +145,7 @@ pub async fn run(args: WebhookArgs, default: Settings) -> ExitCode {
         server::tls_config(cert as Arc<dyn rustls::server::ResolvesServerCert>),
         app,
         limits,
-        shutdown,
+        Box::pin(shutdown),
     )
     .await;
     ExitCode::SUCCESS

@@ -784,14 +784,31 @@ fn worker_count() -> usize {
     std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
 }
 
+/// A future boxed at this crate's boundary: `serve`'s `shutdown`, and what it returns.
+pub type Boxed = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
 /// Serves `app` over TLS on `listener` until `shutdown` resolves, then drains. Connections
 /// are accepted here and served on `Workers`' threads.
-pub async fn serve(
+///
+/// Boxed, and `shutdown` a box, so that nothing here is generic and the server is compiled in
+/// this crate only (rustc compiles an `async fn`'s body in every crate that polls its future;
+/// see `hcp_fleet_agent::controller::run`).
+pub fn serve(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     app: axum::Router,
     limits: Limits,
-    shutdown: impl std::future::Future<Output = ()>,
+    shutdown: Boxed,
+) -> Boxed {
+    Box::pin(serving(listener, tls, app, limits, shutdown))
+}
+
+async fn serving(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    app: axum::Router,
+    limits: Limits,
+    shutdown: Boxed,
 ) {
     let mut workers = match Workers::start(worker_count(), limits.spin) {
         Ok(w) => w,
@@ -815,7 +832,7 @@ pub async fn serve(
         .keep_alive_timeout(limits.h2_keep_alive / 2);
     let builder = Arc::new(builder);
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
-    let mut shutdown = std::pin::pin!(shutdown);
+    let mut shutdown = shutdown;
     loop {
         tokio::select! {
             conn = listener.accept() => {

@@ -75,13 +75,31 @@ use hcp_fleet_model::crd::HostedControlPlane;
 use hcp_fleet_render::config::MonitoringApi;
 use hcp_fleet_render::management;
 
+/// What stops the controller: `run`'s `shutdown`.
+pub type Shutdown = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + Sync>>;
+
 /// Runs the controller until `shutdown` resolves. Each item of `reload` (a new configuration)
 /// reconciles every HCP.
-pub async fn run(
+///
+/// The future is boxed here, and `shutdown` is a box, so that nothing of the controller is
+/// generic: rustc compiles a generic `async fn`'s body, and everything it awaits, in each crate
+/// that instantiates it. When this took `impl Future`, the release build compiled the whole
+/// controller again in the cli crate: half of that crate's LLVM IR, and 43 of the 514 CPU-s
+/// the image's second compile of the project's crates took (docs/testbed.md).
+pub fn run(
     ctx: Arc<Context>,
     requeue: mpsc::UnboundedReceiver<ObjectRef<HostedControlPlane>>,
     reload: mpsc::UnboundedReceiver<()>,
-    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+    shutdown: Shutdown,
+) -> futures::future::BoxFuture<'static, ()> {
+    Box::pin(running(ctx, requeue, reload, shutdown))
+}
+
+async fn running(
+    ctx: Arc<Context>,
+    requeue: mpsc::UnboundedReceiver<ObjectRef<HostedControlPlane>>,
+    reload: mpsc::UnboundedReceiver<()>,
+    shutdown: Shutdown,
 ) {
     say_what_is_missing(&ctx.caps);
     report::remove_legacy_policies(&ctx).await;
@@ -652,7 +670,12 @@ mod tests {
         let (_tx, rx) = mpsc::unbounded_channel();
         let (_rtx, rrx) = mpsc::unbounded_channel();
         let weak = Arc::downgrade(&ctx);
-        let run = tokio::spawn(run(ctx, rx, rrx, futures::future::pending::<()>()));
+        let run = tokio::spawn(run(
+            ctx,
+            rx,
+            rrx,
+            Box::pin(futures::future::pending::<()>()),
+        ));
         tokio::time::sleep(Duration::from_millis(100)).await;
         run.abort();
         let _ = run.await;
