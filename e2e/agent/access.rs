@@ -405,8 +405,9 @@ async fn the_management_cluster_a_claimed_cluster_and_a_foreign_server_are_refus
 
 /// A hosted kube-apiserver that hangs (SIGSTOP: connections stay open, nothing answers) is
 /// reported NonCompliant within 20 s, from the HTTP/2 keepalive on the connection the agent
-/// already holds, while another cluster's drift is still repaired at its usual speed; after
-/// SIGCONT it is Compliant again within seconds.
+/// already holds, while another cluster's drift is still repaired at its usual speed; once
+/// reported, the silent server is asked nothing but the recovery look; after SIGCONT it is
+/// Compliant again within seconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_hosted_api_server_is_reported_within_twenty_seconds() {
     let (fleet, mgmt, _pods) = support::fleet_with_pods(2).await;
@@ -480,6 +481,7 @@ async fn a_hung_hosted_api_server_is_reported_within_twenty_seconds() {
         "{h:?} {}",
         serde_json::to_string_pretty(&p.status).unwrap_or_default()
     );
+    let hang = stopped.elapsed();
     let requests_during = metric(
         &agent.context.metrics.encode(),
         "hcp_fleet_hosted_api_requests_total{hcp_namespace=\"clusters-hc-2\",hosted_cluster=\"hc-2\"}",
@@ -498,12 +500,37 @@ async fn a_hung_hosted_api_server_is_reported_within_twenty_seconds() {
         "configurations installed while hung"
     );
 
-    // Seen from the connection the agent already held: at most the watch's own retry and a
-    // recovery check went out meanwhile, not a poll.
+    // Up to the report: what was already on its way when the server stopped (the watch's own
+    // retry, a reconcile or a canary round begun before the drop was seen, each request
+    // waiting for its timeout). That grows with how long the drop took to be seen, which a
+    // loaded machine stretches (6 and 8 requests seen in loaded runs, 0 to 3 in idle ones).
     let (Some(before), Some(during)) = (requests_before, requests_during) else {
         panic!("hc-2's request counter: {requests_before:?} {requests_during:?}");
     };
-    assert!(during - before <= 3.0, "{before} -> {during} requests");
+    let bound = 3.0 + (hang.as_secs_f64() / 2.0).ceil();
+    assert!(
+        during - before <= bound,
+        "{before} -> {during} requests in {hang:?} of the hang, before the report"
+    );
+    // Once reported, nothing asks the silent server anything but the recovery look, one every
+    // 2 s ("it is asked again every 2s", the message says), and the watch's reconnect: ten more
+    // seconds of the hang add at most eight requests, whatever the machine's load (seen: 7 in
+    // the first ten seconds, then 5 or 6 in each ten after, on 1.20.2 and 1.36.2, idle or not).
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let later = metric(
+        &agent.context.metrics.encode(),
+        "hcp_fleet_hosted_api_requests_total{hcp_namespace=\"clusters-hc-2\",hosted_cluster=\"hc-2\"}",
+    )
+    .unwrap_or(during);
+    assert!(
+        later - during <= 8.0,
+        "{during} -> {later} requests in the 10 s after the report"
+    );
+    eprintln!(
+        "hc-2: {} requests in {hang:?} of the hang up to the report (at most {bound}), {} in the 10 s after",
+        during - before,
+        later - during
+    );
 
     signal("-CONT");
     let resumed = Instant::now();
