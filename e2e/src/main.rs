@@ -28,12 +28,9 @@ impl hcp_fleet_cli::Extra for DevCommand {
             DevCommand::Dev(args) => runtime.block_on(dev::run(args)),
             DevCommand::Package(args) => hcp_fleet_cli::packaging::run(args),
             DevCommand::WebhookBaseline(args) => {
-                let default = hcp_fleet_guards::Settings::from(
-                    &hcp_fleet_render::config::AgentConfig::default(),
-                );
                 runtime.block_on(hcp_fleet_cli::webhook::run_with(
                     args,
-                    default,
+                    hcp_fleet_cli::webhook::default_settings(),
                     hcp_fleet_webhook::server::baseline_router,
                 ))
             }

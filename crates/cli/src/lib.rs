@@ -141,12 +141,7 @@ fn run(
         Command::Render(args) => render::run(args),
         Command::Uninstall(args) => runtime.block_on(uninstall::run(args)),
         Command::Ready(args) => runtime.block_on(ready::ready(args)),
-        Command::Webhook(args) => {
-            // Without settings the service decides as the agent's default configuration says.
-            let default =
-                hcp_fleet_guards::Settings::from(&hcp_fleet_render::config::AgentConfig::default());
-            runtime.block_on(webhook::run(args, default))
-        }
+        Command::Webhook(args) => runtime.block_on(webhook::run(args, webhook::default_settings())),
         Command::Version => {
             println!("hcp-fleet-agent {}", env!("CARGO_PKG_VERSION"));
             println!("crypto: {}", hcp_fleet_guards::crypto::LIBRARY);

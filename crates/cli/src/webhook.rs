@@ -51,6 +51,12 @@ pub struct WebhookArgs {
     pub(crate) spin_micros: u64,
 }
 
+/// What the service decides with when no settings are given: the agent's default
+/// configuration's (the service knows the guards, not the agent's configuration).
+pub fn default_settings() -> Settings {
+    Settings::from(&hcp_fleet_render::config::AgentConfig::default())
+}
+
 /// Serves until SIGTERM or SIGINT, then drains. `default` is what the service decides with when
 /// no settings are given (the agent's default configuration's, made by the caller: the service
 /// knows the guards, not the agent's configuration).

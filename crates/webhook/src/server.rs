@@ -808,7 +808,7 @@ async fn serving(
     tls: Arc<rustls::ServerConfig>,
     app: axum::Router,
     limits: Limits,
-    shutdown: Boxed,
+    mut shutdown: Boxed,
 ) {
     let mut workers = match Workers::start(worker_count(), limits.spin) {
         Ok(w) => w,
@@ -832,7 +832,6 @@ async fn serving(
         .keep_alive_timeout(limits.h2_keep_alive / 2);
     let builder = Arc::new(builder);
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
-    let mut shutdown = shutdown;
     loop {
         tokio::select! {
             conn = listener.accept() => {
