@@ -58,8 +58,7 @@ pub fn default_settings() -> Settings {
 }
 
 /// Serves until SIGTERM or SIGINT, then drains. `default` is what the service decides with when
-/// no settings are given (the agent's default configuration's, made by the caller: the service
-/// knows the guards, not the agent's configuration).
+/// no settings are given ([`default_settings`] for the image's command).
 pub async fn run(args: WebhookArgs, default: Settings) -> ExitCode {
     run_with(args, default, server::router).await
 }
