@@ -543,6 +543,7 @@ async fn each_guard_answers_through(engine: GuardEngine) {
 
     identities_cannot_be_minted(&bed, &hosted, &answered_by).await;
     platform_accounts_and_bindings(&bed, &hosted, &answered_by).await;
+    service_tags_through_its_engine(&bed, &hosted, engine).await;
 
     if by_policy || by_static {
         // Denied and exempt alike, no request of these guards reached the admission service.
@@ -610,6 +611,61 @@ async fn each_guard_answers_through(engine: GuardEngine) {
         }
     })
     .await;
+}
+
+/// The Service tag on the engine `engine` gives it (it has no validating CEL form, so `policy`
+/// and `static` leave it on `auto`): a LoadBalancer Service comes back with the tag merged into
+/// the tags it was written with, by its MutatingAdmissionPolicy where the hosted kube-apiserver
+/// serves them (1.36: no request reaches the service, and the mutating webhook configuration
+/// holds no entry for it) and by the webhook elsewhere.
+async fn service_tags_through_its_engine(bed: &Bed, hosted: &Client, engine: GuardEngine) {
+    use hcp_fleet_guards::service_tags::{ROW, TAGS_ANNOTATION};
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    use k8s_openapi::api::core::v1::Service;
+    let by_policy =
+        engine != GuardEngine::Webhook && bed.fleet.version.serves(Feature::MutatingPolicies);
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "lb", "annotations": {TAGS_ANNOTATION: "a=b, red-hat-managed=false", "team": "a"}},
+        "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]},
+    }))
+    .expect("service");
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let services = Api::<Service>::namespaced(hosted.clone(), "team-a");
+    let created = services.create(&dry, &svc).await.expect("dry-run create");
+    let annotations = created.metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        annotations.get(TAGS_ANNOTATION).map(String::as_str),
+        Some("red-hat-managed=true,a=b"),
+        "{annotations:?}"
+    );
+    assert_eq!(annotations.get("team").map(String::as_str), Some("a"));
+    let hooked = Api::<MutatingWebhookConfiguration>::all(hosted.clone())
+        .get_opt(hcp_fleet_render::hosted::webhooks::MUTATING_NAME)
+        .await
+        .expect("mutating configuration")
+        .and_then(|m| m.webhooks)
+        .unwrap_or_default()
+        .iter()
+        .any(|w| w.name == ROW.name);
+    let called = service_requests(bed, ROW.name).await;
+    if by_policy {
+        assert!(!hooked, "the mutation is a policy: no webhook entry");
+        assert_eq!(
+            called, 0.0,
+            "the mutating policy tagged it, not the service"
+        );
+        let maps = Api::<kube::api::DynamicObject>::all_with(
+            hosted.clone(),
+            &hcp_fleet_render::hosted::admission_policies::mutating_resource(),
+        );
+        assert!(maps.get_opt(ROW.name).await.expect("get").is_some());
+    } else {
+        assert!(hooked, "the mutation is a webhook");
+        assert!(called > 0.0, "the service tagged it");
+    }
 }
 
 /// A guard's policy edited and its binding deleted by someone else are put back (and counted

@@ -1,10 +1,13 @@
 //! `make bench` (engines part): guarded requests through a real hosted kube-apiserver, with the
 //! guards on webhooks (the API server calls the real admission service over TLS, run by the
 //! test bed's kubelet) and then on ValidatingAdmissionPolicies (evaluated by the API server
-//! itself), side by side in one run on the newest test-bed version. Two requests:
+//! itself), side by side in one run on the newest test-bed version. Three requests:
 //! - a regular user's denied delete of a protected ClusterRole (the protected-RBAC guard);
 //! - an exempt identity's (`system:admin`) allowed update of the ingress config's spec (the
-//!   ingress-config guard, which exempts it).
+//!   ingress-config guard, which exempts it);
+//! - a LoadBalancer Service created (dry run) without the AWS tag, which comes back tagged:
+//!   the Service tag mutation, through its webhook and (where the server serves
+//!   MutatingAdmissionPolicy, 1.36) through its mutating policy.
 //!
 //! For each: requests per second and client-side p50/p99 latency of a closed loop of
 //! BENCH_CLIENTS clients (default 8) for BENCH_SECONDS (default 5), and how many of them
@@ -26,7 +29,7 @@ use hcp_fleet_cli::agent;
 
 use hcp_fleet_cli::agent::StartOptions;
 use hcp_fleet_guards::catalogue::GuardEngine;
-use hcp_fleet_guards::has_cel_form;
+use hcp_fleet_guards::{has_cel_form, has_mutation_form};
 use hcp_fleet_render::config::AgentConfig;
 use hcp_fleet_testbed::{LocalFleet, kubelet};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
@@ -37,12 +40,13 @@ use kube::{Api, Client};
 const NS: &str = "clusters-hc-1";
 const RBAC: &str = "protected-rbac.hcp-fleet.openshift.io";
 const INGRESS: &str = "ingress-config.hcp-fleet.openshift.io";
+const TAGS: &str = "service-tags.hcp-fleet.openshift.io";
 const PROTECTED: &str = "hcp-fleet: deleting the protected ClusterRole \"cluster-admin\"";
 
 fn with_engine(engine: GuardEngine) -> AgentConfig {
     let mut cfg = hcp_fleet_testbed::allow_loopback(AgentConfig::default());
     for w in &mut cfg.webhooks {
-        if has_cel_form(&w.path) {
+        if has_cel_form(&w.path) || has_mutation_form(&w.path) {
             w.engine = engine;
         }
     }
@@ -107,6 +111,7 @@ async fn prepare(fleet: &LocalFleet) -> Result<(), String> {
 enum Request {
     DeniedDelete,
     ExemptUpdate,
+    TaggedService,
 }
 
 /// One request; `Ok` when it ended as the guard must end it (denied with the guard's text, or
@@ -143,7 +148,63 @@ async fn once(what: Request, alice: &Client, admin: &Client, n: u64) -> Result<b
                 .map(|_| false)
                 .map_err(|e| format!("system:admin's update was refused: {e}"))
         }
+        Request::TaggedService => {
+            use hcp_fleet_guards::service_tags::{TAG, TAGS_ANNOTATION};
+            use k8s_openapi::api::core::v1::Service;
+            let svc: Service = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("lb-{n}")},
+                "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]},
+            }))
+            .map_err(|e| e.to_string())?;
+            let pp = PostParams {
+                dry_run: true,
+                ..PostParams::default()
+            };
+            let created = Api::<Service>::namespaced(admin.clone(), "default")
+                .create(&pp, &svc)
+                .await
+                .map_err(|e| format!("the Service create was refused: {e}"))?;
+            let tagged = created
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(TAGS_ANNOTATION))
+                .is_some_and(|v| v == TAG);
+            if tagged {
+                Ok(false)
+            } else {
+                Err(format!(
+                    "the Service came back untagged: {:?}",
+                    created.metadata.annotations
+                ))
+            }
+        }
     }
+}
+
+/// Until three tagged Services in a row leave the admission service's count for the Service
+/// tag as `by_policy` says (still: its mutating policy tags them; growing: its webhook does).
+async fn mutation_in_force(mgmt: &Client, admin: &Client, by_policy: bool) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut streak = 0;
+    while streak < 3 {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the Service tag did not move to its {} within 60s",
+                if by_policy { "policy" } else { "webhook" }
+            ));
+        }
+        let before = support::service_requests(mgmt, NS, TAGS).await;
+        once(Request::TaggedService, admin, admin, 0).await?;
+        let after = support::service_requests(mgmt, NS, TAGS).await;
+        if (after == before) == by_policy {
+            streak += 1;
+        } else {
+            streak = 0;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    Ok(())
 }
 
 struct Row {
@@ -174,6 +235,7 @@ async fn measure(
     let hook = match what {
         Request::DeniedDelete => RBAC,
         Request::ExemptUpdate => INGRESS,
+        Request::TaggedService => TAGS,
     };
     // Warm-up: connections and the API server's caches.
     for n in 0..20 {
@@ -279,18 +341,39 @@ async fn run() -> Result<(), String> {
             }
         }
         let name = if want_policy { "policy" } else { "webhook" };
-        for (what, label) in [
+        let mutating = fleet
+            .version
+            .serves(hcp_fleet_testbed::assets::Feature::MutatingPolicies);
+        if mutating {
+            mutation_in_force(&mgmt, &admin, want_policy).await?;
+        }
+        let rows = [
             (Request::DeniedDelete, "denied ClusterRole delete (alice)"),
             (
                 Request::ExemptUpdate,
                 "exempt ingress update (system:admin)",
             ),
-        ] {
+            (
+                Request::TaggedService,
+                "LoadBalancer Service tagged (admin)",
+            ),
+        ];
+        // The Service tag is a mutating policy only where MutatingAdmissionPolicy is served.
+        for (what, label) in rows
+            .into_iter()
+            .filter(|(w, _)| mutating || !matches!(w, Request::TaggedService))
+        {
             let r = measure(&mgmt, what, &alice, &admin, clients, secs).await?;
             if matches!(what, Request::DeniedDelete) && (r.by_policy == r.total) != want_policy {
                 return Err(format!(
                     "{name}: {} of {} denials came from a policy",
                     r.by_policy, r.total
+                ));
+            }
+            if matches!(what, Request::TaggedService) && (r.service_calls == 0.0) != want_policy {
+                return Err(format!(
+                    "{name}: {} of {} tagged Services were tagged by the service",
+                    r.service_calls, r.total
                 ));
             }
             println!(

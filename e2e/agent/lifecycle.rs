@@ -324,7 +324,7 @@ async fn uninstall_removes_webhooks_first_and_keeps_what_it_cannot_reach() {
     assert!(
         stdout.contains(&format!(
             "clusters-hc-1: removed {} hosted object(s)",
-            support::default_hosted_objects(fleet.version.serves(Feature::AdmissionPolicies))
+            support::default_hosted_objects(&fleet.version)
         )),
         "{stdout}"
     );

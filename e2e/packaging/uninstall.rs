@@ -173,7 +173,7 @@ async fn the_uninstall_hook_stops_the_agent_then_removes_webhooks_and_admission_
     assert!(
         stdout.contains(&format!(
             "{ns}: removed {} hosted object(s)",
-            support::default_hosted_objects(fleet.version.serves(Feature::AdmissionPolicies))
+            support::default_hosted_objects(&fleet.version)
         )),
         "{stdout}"
     );

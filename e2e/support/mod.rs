@@ -478,7 +478,24 @@ pub async fn owned_hosted_objects(hosted: &kube::Client) -> usize {
             Err(e) => panic!("listing: {e}"),
         }
     }
-    count::<ValidatingWebhookConfiguration>(hosted).await
+    let owned = kube::api::ListParams::default()
+        .labels(&hcp_fleet_render::hosted::objects::owned_selector());
+    let mut dynamic = 0;
+    for ar in [
+        hcp_fleet_render::hosted::admission_policies::mutating_resource(),
+        hcp_fleet_render::hosted::admission_policies::mutating_binding_resource(),
+    ] {
+        dynamic += match kube::Api::<kube::api::DynamicObject>::all_with(hosted.clone(), &ar)
+            .list_metadata(&owned)
+            .await
+        {
+            Ok(l) => l.items.len(),
+            Err(kube::Error::Api(s)) if s.code == 404 => 0,
+            Err(e) => panic!("listing: {e}"),
+        };
+    }
+    dynamic
+        + count::<ValidatingWebhookConfiguration>(hosted).await
         + count::<MutatingWebhookConfiguration>(hosted).await
         + count::<ValidatingAdmissionPolicy>(hosted).await
         + count::<ValidatingAdmissionPolicyBinding>(hosted).await
@@ -487,13 +504,23 @@ pub async fn owned_hosted_objects(hosted: &kube::Client) -> usize {
 }
 
 /// What the agent installs in a hosted cluster with the default configuration: the two
-/// webhook configurations, and where admission policies are served (`policies`) a policy and
-/// a binding for each guard with a CEL form and for the probe.
-pub fn default_hosted_objects(policies: bool) -> usize {
-    let guards = hcp_fleet_guards::paths()
-        .filter(|p| hcp_fleet_guards::has_cel_form(p))
-        .count();
-    2 + if policies { 2 * (guards + 1) } else { 0 }
+/// webhook configurations; where admission policies are served a policy and a binding for
+/// each guard with a CEL form and for the probe; where mutating ones are, the same for each
+/// mutation with a CEL form and for the mutating probe.
+pub fn default_hosted_objects(version: &hcp_fleet_testbed::assets::KubeVersion) -> usize {
+    use hcp_fleet_testbed::assets::Feature;
+    let count = |form: fn(&str) -> bool| hcp_fleet_guards::paths().filter(|p| form(p)).count();
+    let validating = if version.serves(Feature::AdmissionPolicies) {
+        2 * (count(hcp_fleet_guards::has_cel_form) + 1)
+    } else {
+        0
+    };
+    let mutating = if version.serves(Feature::MutatingPolicies) {
+        2 * (count(hcp_fleet_guards::has_mutation_form) + 1)
+    } else {
+        0
+    };
+    2 + validating + mutating
 }
 
 /// How many AdmissionReviews for `webhook` the admission service in `ns` has answered, summed

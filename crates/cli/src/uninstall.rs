@@ -110,6 +110,19 @@ async fn remove_hosted(hosted: &Client, cfg: &AgentConfig) -> Result<usize, kube
     for name in &names {
         n += usize::from(delete_named(&papi, name).await?);
     }
+    // The mutating ones likewise (Kubernetes 1.36; 404 elsewhere).
+    use hcp_fleet_render::hosted::admission_policies::{
+        mutating_binding_resource, mutating_resource,
+    };
+    let mbapi: Api<kube::api::DynamicObject> =
+        Api::all_with(hosted.clone(), &mutating_binding_resource());
+    let mpapi: Api<kube::api::DynamicObject> = Api::all_with(hosted.clone(), &mutating_resource());
+    for name in &names {
+        n += usize::from(delete_named(&mbapi, name).await?);
+    }
+    for name in &names {
+        n += usize::from(delete_named(&mpapi, name).await?);
+    }
     // The canaries' RBAC (`hosted::canary`), once the guards it served are gone; not counted
     // (it exists only once a canary has run, and the count names the guards' objects).
     let rbapi: Api<ClusterRoleBinding> = Api::all(hosted.clone());

@@ -123,6 +123,11 @@ pub const PROBE_ANSWER: &str = "hcp-fleet-admission answered the end-to-end prob
 /// of the probe webhook (`hosted::admission_policies`).
 pub const POLICY_PROBE_VALUE: &str = "policy";
 pub const POLICY_PROBE_ANSWER: &str = "hcp-fleet admission policies answered the end-to-end probe";
+/// `PROBE_LABEL` with this value reaches the agent's probe MutatingAdmissionPolicy, which
+/// answers by writing the revision its binding selects into `MUTATING_PROBE_ANSWER` (the
+/// request is a dry run: nothing is stored).
+pub const MUTATING_PROBE_VALUE: &str = "mutating-policy";
+pub const MUTATING_PROBE_ANSWER: &str = "hcp-fleet.openshift.io/probe-mutated";
 /// The revision of the path a probe request must reach: the probe webhook and the probe
 /// policy binding select it, so an answer proves the API server runs that revision.
 pub const PROBE_REVISION_LABEL: &str = "hcp-fleet.openshift.io/probe-revision";

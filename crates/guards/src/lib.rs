@@ -72,6 +72,17 @@ pub struct CelForm {
     pub message: String,
 }
 
+/// A mutation in CEL, for the MutatingAdmissionPolicy engine: `applies` is true where the
+/// request needs the change (the policy's last matchCondition), `apply_configuration` the
+/// change as an apply configuration (`Object{…}`, merged by the API server as server-side apply
+/// merges). The Rust handler's JSON patch and this change leave the object alike: every
+/// case of the guard's table, through both (`hosted::cel_cases` in render).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MutationForm {
+    pub applies: String,
+    pub apply_configuration: String,
+}
+
 /// One guard. `decide` and `cel` see only requests that the rules, selectors and exemptions
 /// let through; `hcp_fleet_webhook::decision::decide` and
 /// `hcp_fleet_render::hosted::admission_policies` apply those and the mode.
@@ -85,6 +96,13 @@ pub trait Guard: Sync {
     /// The same decision in CEL, for the ValidatingAdmissionPolicy engine. `None`, whatever
     /// the settings, for a guard CEL cannot carry (it stays a webhook).
     fn cel(&self, s: &Settings) -> Option<CelForm>;
+
+    /// A mutating guard's change in CEL, for the MutatingAdmissionPolicy engine. `None` for a
+    /// validating guard and for a mutation CEL cannot carry (it stays a webhook).
+    fn mutation(&self, s: &Settings) -> Option<MutationForm> {
+        let _ = s;
+        None
+    }
 
     /// Requests this guard must deny and requests it must allow, under the default
     /// configuration. Every engine is held to the same table.
@@ -138,6 +156,12 @@ pub fn for_path(path: &str) -> Option<&'static dyn Guard> {
 /// Does the guard served on `path` have a CEL form (so it can run as an admission policy)?
 pub fn has_cel_form(path: &str) -> bool {
     for_path(path).is_some_and(|g| g.cel(&Settings::default()).is_some())
+}
+
+/// Does the guard served on `path` have a mutation in CEL (so it can run as a mutating
+/// admission policy)?
+pub fn has_mutation_form(path: &str) -> bool {
+    for_path(path).is_some_and(|g| g.mutation(&Settings::default()).is_some())
 }
 
 /// Whom the guard served on `path` leaves alone (a path no guard serves: the default).

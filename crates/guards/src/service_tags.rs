@@ -11,16 +11,19 @@
 //! - Whose Services: everyone's, the platform's router among them (MCVW exempts no one, and the
 //!   tag is for every load balancer the cluster's account pays for); it exempts no identity
 //!   class and no namespace.
-//! - A mutation of the admission service only: a MutatingAdmissionPolicy is #61's.
+//! - Two engines: the admission service's JSON patch, and where the hosted kube-apiserver
+//!   serves `admissionregistration.k8s.io/v1` MutatingAdmissionPolicy (Kubernetes 1.36), the
+//!   same merge in CEL (`mutation`), held to the same table of cases.
 
 use serde_json::{Value, json};
 
 use super::Settings;
 use super::canary::{Canary, Effect};
 use super::case::{Case, Want};
+use super::cel;
 use super::identities::IdentityClass;
 use super::service_annotation::pointer_escape;
-use super::{CelForm, Guard, Scope};
+use super::{CelForm, Guard, MutationForm, Scope};
 use crate::catalogue::{BuiltinRow, WebhookKind, rule};
 use crate::review::{Decision, Request};
 use hcp_fleet_model::Mode;
@@ -104,6 +107,30 @@ impl Guard for ServiceTags {
 
     fn cel(&self, _: &Settings) -> Option<CelForm> {
         None
+    }
+
+    /// `merged` in CEL: the tags split at commas and trimmed (cel-go's `trim` and Rust's both
+    /// take Unicode's white space), the tag first and every other `red-hat-managed=` tag and
+    /// empty one dropped. The annotation is one key of the granular `annotations` map, so the
+    /// apply configuration sets it alone and leaves the others as written.
+    fn mutation(&self, _: &Settings) -> Option<MutationForm> {
+        let key = cel::string(TAGS_ANNOTATION);
+        let tag = cel::string(TAG);
+        let tags = format!(
+            "((has(object.metadata.annotations) && {key} in object.metadata.annotations) ? object.metadata.annotations[{key}].split(',').map(t, t.trim()) : [])"
+        );
+        Some(MutationForm {
+            applies: format!(
+                "request.operation in ['CREATE', 'UPDATE'] \
+                 && (has(request.subResource) ? request.subResource : '') == '' \
+                 && has(object.spec.type) && object.spec.type == 'LoadBalancer' \
+                 && !({tag} in {tags})"
+            ),
+            apply_configuration: format!(
+                "Object{{metadata: Object.metadata{{annotations: {{{key}: ([{tag}] + {tags}.filter(t, t != '' && !t.startsWith({prefix}))).join(',')}}}}}}",
+                prefix = cel::string(KEY),
+            ),
+        })
     }
 
     /// A LoadBalancer Service without tags: it must come back with the tag alone.

@@ -1361,19 +1361,7 @@ impl AgentConfig {
                     w.path
                 ));
             }
-            if matches!(w.engine, GuardEngine::Policy | GuardEngine::Static)
-                && !hcp_fleet_guards::has_cel_form(&w.path)
-            {
-                p.push(format!(
-                    "{at}: engine {}: the handler on {:?} has no CEL form (only {} can run as a ValidatingAdmissionPolicy); use auto or webhook",
-                    if w.engine == GuardEngine::Static { "static" } else { "policy" },
-                    w.path,
-                    hcp_fleet_guards::paths()
-                        .filter(|p| hcp_fleet_guards::has_cel_form(p))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ));
-            }
+            engine_problems(w, &at, p);
             if hcp_fleet_guards::for_path(&w.path).is_none() {
                 p.push(format!(
                     "{at}: path {:?} has no handler in the admission service (one of {})",
@@ -1519,6 +1507,35 @@ impl AgentConfig {
     /// The webhooks that are installed (mode not `off`).
     pub fn active_webhooks(&self) -> impl Iterator<Item = &WebhookDefinition> {
         self.webhooks.iter().filter(|w| w.mode != Mode::Off)
+    }
+}
+
+/// `engine: policy` for a guard with no CEL form, or `static` for one with no validating form.
+fn engine_problems(w: &WebhookDefinition, at: &str, p: &mut Vec<String>) {
+    // A mutation with a CEL form runs as a MutatingAdmissionPolicy through the API;
+    // the static guards load validating policies only.
+    let policy_form =
+        |p: &str| hcp_fleet_guards::has_cel_form(p) || hcp_fleet_guards::has_mutation_form(p);
+    if w.engine == GuardEngine::Policy && !policy_form(&w.path) {
+        p.push(format!(
+            "{at}: engine policy: the handler on {:?} has no CEL form (only {} can run as an admission policy); use auto or webhook",
+            w.path,
+            hcp_fleet_guards::paths()
+                .filter(|p| policy_form(p))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    if w.engine == GuardEngine::Static && !hcp_fleet_guards::has_cel_form(&w.path) {
+        p.push(format!(
+            "{at}: engine static: the handler on {:?} has no validating CEL form (only {} can run as a static ValidatingAdmissionPolicy); use auto, webhook{}",
+            w.path,
+            hcp_fleet_guards::paths()
+                .filter(|p| hcp_fleet_guards::has_cel_form(p))
+                .collect::<Vec<_>>()
+                .join(", "),
+            if hcp_fleet_guards::has_mutation_form(&w.path) { " or policy" } else { "" },
+        ));
     }
 }
 

@@ -148,6 +148,8 @@ pub enum Feature {
     /// Admission policies loaded from files (1.36, alpha: the test bed turns the feature gate
     /// `ManifestBasedAdmissionControlConfig` on for its hosted servers).
     StaticManifests,
+    /// `admissionregistration.k8s.io/v1` MutatingAdmissionPolicy (GA, on by default, in 1.36).
+    MutatingPolicies,
 }
 
 impl Feature {
@@ -159,6 +161,7 @@ impl Feature {
             Feature::MatchConditions => (1, 28),
             Feature::AdmissionPolicies => (1, 30),
             Feature::StaticManifests => (1, 36),
+            Feature::MutatingPolicies => (1, 36),
         }
     }
 
@@ -171,6 +174,7 @@ impl Feature {
             Feature::StaticManifests => {
                 "admission policies loaded from files (ManifestBasedAdmissionControlConfig)"
             }
+            Feature::MutatingPolicies => "MutatingAdmissionPolicy",
         }
     }
 }

@@ -85,7 +85,11 @@ pub(crate) fn plan(cfg: &AgentConfig, desired: &HostedWebhooks) -> Vec<Planned> 
                 .flat_map(|m| m.webhooks.iter().flatten().map(|w| w.name.as_str())),
         )
         .collect();
-    let policies: BTreeSet<&str> = desired.policies.guards().collect();
+    let policies: BTreeSet<&str> = desired
+        .policies
+        .guards()
+        .chain(desired.policies.mutations())
+        .collect();
     let settings = Settings::from(cfg);
     cfg.active_webhooks()
         .filter(|w| w.mode == Mode::Enforce)
@@ -148,6 +152,18 @@ fn judged_mutation(p: &Planned, body: &str, seen: &Seen<'_>) -> Shown {
     let Ok(object) = serde_json::from_str::<Value>(body) else {
         return Shown::NotTried(format!("{what}: the answer was not an object"));
     };
+    // A mutating policy runs inside the API server, which names no one for a change: the change
+    // itself is what shows it in force, as a validating policy's denial in the server's words
+    // does (the drift watch keeps the policy and its binding as rendered).
+    if p.engine == Engine::Policy {
+        return match &seen.canary.effect {
+            Some(e) if !e.shown_by(&object) => Shown::Failed(format!(
+                "guard {guard} (a mutating admission policy) did not act on its canary ({what}): it came back without its change ({} is not {:?}): the policy or its binding is not in force, or a later mutation undid it",
+                e.pointer, e.value
+            )),
+            _ => Shown::Denied,
+        };
+    }
     let carried = object["metadata"]["annotations"][PROOF_ANNOTATION].as_str();
     let proven = match (&proof.key, carried) {
         (Some(k), Some(v)) => k.proves(seen.nonce, v),
@@ -440,6 +456,7 @@ mod tests {
     fn rendered(cfg: &AgentConfig, policies: bool) -> HostedWebhooks {
         let features = HostedFeatures {
             admission_policies: policies,
+            mutating_policies: policies,
             static_guards: false,
             match_conditions: policies,
         };
@@ -482,7 +499,8 @@ mod tests {
             } else {
                 Engine::Webhook
             };
-            // The mutations are webhooks on every server (a MutatingAdmissionPolicy is #61's).
+            // A mutation with a CEL form is a policy where served; the pod image spec
+            // mutation stays a webhook.
             for p in &p {
                 let mutation = p.canary.mutates();
                 assert_eq!(
@@ -490,9 +508,10 @@ mod tests {
                     p.guard.starts_with("service-tags") || p.guard.starts_with("pod-image-spec"),
                     "{p:?}"
                 );
+                let webhook_only = p.guard.starts_with("pod-image-spec");
                 assert_eq!(
                     p.engine,
-                    if mutation { Engine::Webhook } else { want },
+                    if webhook_only { Engine::Webhook } else { want },
                     "{p:?}"
                 );
                 assert_eq!(
@@ -654,6 +673,32 @@ mod tests {
             ("not an object", "not json".to_string(), &proof, "not tried"),
         ] {
             assert_eq!(judged(&tags, c, proof, &body), want, "{why}");
+        }
+    }
+
+    /// On a mutating policy the change is what shows the guard in force (the API server runs
+    /// it, and no service is called to add a proof): changed, shown; unchanged, a failure.
+    #[test]
+    fn a_mutating_policys_canary_needs_the_change_alone() {
+        let (proof, good, _) = proofs();
+        let tags = Planned {
+            engine: Engine::Policy,
+            ..mutation_planned(hcp_fleet_guards::service_tags::ROW.path)
+        };
+        let c = &tags.canary;
+        let tag = Some(hcp_fleet_guards::service_tags::TAG);
+        for (why, body, want) in [
+            ("tagged", returned(c, None, tag), "proven"),
+            (
+                "tagged, a proof too",
+                returned(c, Some(&good), tag),
+                "proven",
+            ),
+            ("untagged", returned(c, None, None), "failed"),
+            ("tag replaced", returned(c, None, Some("team=a")), "failed"),
+            ("not an object", "not json".to_string(), "not tried"),
+        ] {
+            assert_eq!(judged(&tags, c, &proof, &body), want, "{why}");
         }
     }
 

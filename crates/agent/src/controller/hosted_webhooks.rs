@@ -14,7 +14,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::core::v1::Service;
-use kube::api::ListParams;
+use kube::api::{DynamicObject, ListParams};
 use kube::{Api, Client, ResourceExt};
 
 use super::apply::{Applied, Repair, apply_against, apply_or_delete, delete_if_present};
@@ -477,6 +477,7 @@ pub(crate) async fn install(
             .await?;
         }
     }
+    let mutating_going = install_mutating(hosted, desired, ours, features, within).await?;
     apply_or_delete(
         &Api::<ValidatingWebhookConfiguration>::all(hosted.clone()),
         VALIDATING_NAME,
@@ -493,6 +494,7 @@ pub(crate) async fn install(
         Repair::Replace,
     )
     .await?;
+    prune_mutating(hosted, desired, mutating_going, within, proof).await?;
     if !features.admission_policies {
         return Ok(warnings);
     }
@@ -527,4 +529,137 @@ pub(crate) async fn install(
         delete_if_present(&papi, p).await?;
     }
     Ok(warnings)
+}
+
+/// The mutating policies and bindings wanted, written (the probe's last) and, if any was
+/// written or a mutation still has its webhook entry, proven in force by the mutating probe
+/// before the webhook configurations lose them. Returns the live ones no longer wanted
+/// (policies, bindings), for `prune_mutating` once the webhooks are written.
+async fn install_mutating(
+    hosted: &Client,
+    desired: &HostedWebhooks,
+    ours: &BTreeSet<String>,
+    features: HostedFeatures,
+    within: Duration,
+) -> Result<(Vec<String>, Vec<String>), InstallError> {
+    if !features.mutating_policies {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let papi =
+        Api::<DynamicObject>::all_with(hosted.clone(), &admission_policies::mutating_resource());
+    let bapi = Api::<DynamicObject>::all_with(
+        hosted.clone(),
+        &admission_policies::mutating_binding_resource(),
+    );
+    let wanted = &desired.policies;
+    // `ours` names the probe too (the probe guard's name).
+    let mut live_policies = read_ours(&papi, ours).await?;
+    let mut live_bindings = read_ours(&bapi, ours).await?;
+    let mut wrote = false;
+    for (api, wanted, live) in [
+        (&papi, &wanted.mutating, &mut live_policies),
+        (&bapi, &wanted.mutating_bindings, &mut live_bindings),
+    ] {
+        for o in wanted {
+            let name = o.name_any();
+            let have = take_named(live, &name);
+            let applied =
+                apply_against(api, &name, o, have, objects::matches, Repair::Replace).await?;
+            wrote |= !matches!(applied, Applied::Unchanged(_));
+        }
+    }
+    let moving: BTreeSet<&str> = wanted.mutations().collect();
+    let still_hooked = desired_hooked_mutations(hosted, &moving).await?;
+    if let Some(revision) = wanted.mutating_revision.as_deref()
+        && (wrote || still_hooked)
+    {
+        prove_mutating(hosted, revision, within).await?;
+    }
+    Ok((
+        live_policies.iter().map(|p| p.name_any()).collect(),
+        live_bindings.iter().map(|b| b.name_any()).collect(),
+    ))
+}
+
+/// Does the live mutating configuration still hold a webhook entry for a mutation in
+/// `moving` (now carried by a policy)?
+async fn desired_hooked_mutations(
+    hosted: &Client,
+    moving: &BTreeSet<&str>,
+) -> Result<bool, kube::Error> {
+    if moving.is_empty() {
+        return Ok(false);
+    }
+    Ok(Api::<MutatingWebhookConfiguration>::all(hosted.clone())
+        .get_opt(MUTATING_NAME)
+        .await?
+        .and_then(|m| m.webhooks)
+        .unwrap_or_default()
+        .iter()
+        .any(|w| moving.contains(w.name.as_str())))
+}
+
+/// Waits until the mutating probe of `revision` is answered, for at most `within`.
+async fn prove_mutating(
+    hosted: &Client,
+    revision: &str,
+    within: Duration,
+) -> Result<(), InstallError> {
+    let deadline = Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match probe::probe_mutating(hosted, left.max(Duration::from_secs(1)), revision).await {
+            Ok(()) => return Ok(()),
+            Err(why) if Instant::now() >= deadline => {
+                return Err(InstallError::Unproven {
+                    to: "mutating admission policies",
+                    why,
+                });
+            }
+            // The API server reloads admission policies about once a second.
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// The mutating policies and bindings no longer wanted go, once the webhooks are written: a
+/// mutation whose policy goes has its webhook entry again, proven first.
+async fn prune_mutating(
+    hosted: &Client,
+    desired: &HostedWebhooks,
+    (going, bindings_going): (Vec<String>, Vec<String>),
+    within: Duration,
+    proof: &Proof,
+) -> Result<(), InstallError> {
+    if going.is_empty() && bindings_going.is_empty() {
+        return Ok(());
+    }
+    let hooks: BTreeSet<String> = desired
+        .mutating
+        .iter()
+        .flat_map(|m| m.webhooks.iter().flatten().map(|w| w.name.clone()))
+        .collect();
+    if going.iter().any(|g| hooks.contains(g)) {
+        prove(
+            hosted,
+            Engine::Webhook,
+            desired.webhook_revision.as_deref(),
+            within,
+            proof,
+        )
+        .await?;
+    }
+    let papi =
+        Api::<DynamicObject>::all_with(hosted.clone(), &admission_policies::mutating_resource());
+    let bapi = Api::<DynamicObject>::all_with(
+        hosted.clone(),
+        &admission_policies::mutating_binding_resource(),
+    );
+    for b in &bindings_going {
+        delete_if_present(&bapi, b).await?;
+    }
+    for p in &going {
+        delete_if_present(&papi, p).await?;
+    }
+    Ok(())
 }

@@ -19,7 +19,10 @@ use super::internal_registry::changed as registry_changed;
 use super::proof::{Answer, Asked, Proof, authentic};
 use super::scope::Scope;
 use crate::hosted::clients::HostedClient;
-use hcp_fleet_guards::catalogue::{POLICY_PROBE_VALUE, PROBE_LABEL, PROBE_REVISION_LABEL};
+use hcp_fleet_guards::catalogue::{
+    MUTATING_PROBE_ANSWER, MUTATING_PROBE_VALUE, POLICY_PROBE_VALUE, PROBE_LABEL,
+    PROBE_REVISION_LABEL,
+};
 use hcp_fleet_guards::probe::{
     FOREIGN_ANSWER, FOREIGN_POLICY_ANSWER, NO_ANSWER, NONCE_ANNOTATION, OWN_DENIALS_PATH, ProbeKey,
 };
@@ -163,6 +166,50 @@ pub(crate) async fn probe_path(
         }),
         Ok(Err(e)) => Err(ProbeFailure::Failed(e)),
         Err(_) => Err(ProbeFailure::NoAnswer(timeout.as_secs())),
+    }
+}
+
+/// Does the hosted kube-apiserver run the mutating policies of `revision`? A dry-run create
+/// of a ConfigMap labelled for the mutating probe policy comes back with the revision written
+/// in where it does (`hosted::admission_policies`: the probe is written after every mutating
+/// policy and binding). `Err` says what came back instead.
+pub(crate) async fn probe_mutating(
+    hosted: &Client,
+    timeout: Duration,
+    revision: &str,
+) -> Result<(), String> {
+    let nonce = hcp_fleet_guards::probe::nonce().ok_or("the system's random source failed")?;
+    let api: Api<ConfigMap> = Api::namespaced(hosted.clone(), "default");
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some(probe_name(&nonce));
+    cm.metadata.labels = Some(BTreeMap::from([
+        (PROBE_LABEL.to_string(), MUTATING_PROBE_VALUE.to_string()),
+        (PROBE_REVISION_LABEL.to_string(), revision.to_string()),
+    ]));
+    let pp = kube::api::PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    match tokio::time::timeout(timeout, api.create(&pp, &cm)).await {
+        Ok(Ok(answer)) => {
+            let written = answer
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(MUTATING_PROBE_ANSWER))
+                .cloned();
+            match written {
+                Some(r) if r == revision => Ok(()),
+                Some(_) => Err(format!(
+                    "the mutating probe came back with another revision than {revision}"
+                )),
+                None => Err(format!(
+                    "the mutating admission policies of revision {revision} have not run yet"
+                )),
+            }
+        }
+        Ok(Err(e)) => Err(crate::human::KubeError(&e).to_string()),
+        Err(_) => Err(format!("no answer within {}s", timeout.as_secs())),
     }
 }
 

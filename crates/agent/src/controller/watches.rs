@@ -173,6 +173,12 @@ fn kind_path(kind: &str) -> &'static str {
         "MutatingWebhookConfiguration" => {
             "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
         }
+        "MutatingAdmissionPolicy" => {
+            "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicies"
+        }
+        "MutatingAdmissionPolicyBinding" => {
+            "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicybindings"
+        }
         _ => "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
     }
 }
@@ -536,6 +542,8 @@ async fn repair_now(hosted: &HostedClient, fix: Fix, timeout: std::time::Duratio
             ApiResource::erase::<ValidatingAdmissionPolicyBinding>(&())
         }
         "MutatingWebhookConfiguration" => ApiResource::erase::<MutatingWebhookConfiguration>(&()),
+        "MutatingAdmissionPolicy" => admission_policies::mutating_resource(),
+        "MutatingAdmissionPolicyBinding" => admission_policies::mutating_binding_resource(),
         _ => ApiResource::erase::<ValidatingWebhookConfiguration>(&()),
     };
     let mut object = want;

@@ -45,9 +45,12 @@ pub(crate) async fn discover_features(
     let listed = |name: &str| resources.resources.iter().any(|r| r.name == name);
     let admission_policies =
         listed("validatingadmissionpolicies") && listed("validatingadmissionpolicybindings");
+    let mutating_policies =
+        listed("mutatingadmissionpolicies") && listed("mutatingadmissionpolicybindings");
     Ok(HostedFeatures {
         match_conditions,
         admission_policies,
+        mutating_policies,
         // Found per reconcile by the static probe, not by discovery.
         static_guards: false,
     })

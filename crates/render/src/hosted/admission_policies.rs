@@ -9,14 +9,20 @@
 //! template). The mode is the binding's `validationActions`: enforce denies, warn warns and
 //! audits, off installs nothing.
 //!
-//! Two guards stay webhooks: the probe (it proves the admission service is reachable, which
-//! only a call to it can) and the Service mutation (a MutatingAdmissionPolicy is beta and off
-//! by default up to Kubernetes 1.34, and the service already answers the probe, so moving the
-//! mutation would keep the service in the path while adding a second engine to watch).
+//! A mutation with a CEL form (the Service tag) becomes a MutatingAdmissionPolicy and its
+//! binding where the hosted cluster serves `admissionregistration.k8s.io/v1`
+//! MutatingAdmissionPolicy (GA, and on by default, in Kubernetes 1.36; beta and off before): its
+//! exemptions and whether the object needs the change as `matchConditions`, the change as an
+//! apply configuration. In enforce mode only: a policy cannot warn that it would have mutated,
+//! as the service does in warn mode, so a mutation in warn mode stays a webhook.
+//!
+//! The probe stays a webhook: it proves the admission service is reachable, which only a call
+//! to it can.
 
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::{Value, json};
 
 use super::exemptions;
@@ -28,9 +34,10 @@ use crate::config::AgentConfig;
 use hcp_fleet_guards as guards;
 use hcp_fleet_guards::catalogue::{GuardEngine, WebhookDefinition};
 use hcp_fleet_guards::catalogue::{
-    POLICY_PROBE_ANSWER, POLICY_PROBE_VALUE, PROBE_LABEL, PROBE_REVISION_LABEL, denial,
+    MUTATING_PROBE_ANSWER, MUTATING_PROBE_VALUE, POLICY_PROBE_ANSWER, POLICY_PROBE_VALUE,
+    PROBE_LABEL, PROBE_REVISION_LABEL, denial,
 };
-use hcp_fleet_guards::{CelForm, Settings};
+use hcp_fleet_guards::{CelForm, MutationForm, Settings};
 use hcp_fleet_model::Mode;
 
 /// The path a guard takes in one hosted cluster.
@@ -54,6 +61,9 @@ impl Engine {
 
 /// Which engine carries `w` on a server offering `features`, and why not the one asked for.
 pub fn engine_of(w: &WebhookDefinition, features: HostedFeatures) -> (Engine, Option<String>) {
+    if guards::has_mutation_form(&w.path) {
+        return mutation_engine_of(w, features);
+    }
     let cel = guards::has_cel_form(&w.path);
     let auto = if cel && features.admission_policies {
         Engine::Policy
@@ -91,6 +101,44 @@ pub fn engine_of(w: &WebhookDefinition, features: HostedFeatures) -> (Engine, Op
     }
 }
 
+/// `engine_of` for a mutation with a CEL form: a MutatingAdmissionPolicy where served and in
+/// enforce mode, else the webhook (the configuration refuses `static` for it).
+fn mutation_engine_of(w: &WebhookDefinition, features: HostedFeatures) -> (Engine, Option<String>) {
+    let why_not = if !features.mutating_policies {
+        Some(
+            "this hosted kube-apiserver does not serve admissionregistration.k8s.io/v1 MutatingAdmissionPolicy",
+        )
+    } else if w.mode == Mode::Warn {
+        Some(
+            "a mutating policy cannot warn that it would have mutated, as the webhook does in warn mode",
+        )
+    } else {
+        None
+    };
+    match (w.engine, why_not) {
+        (GuardEngine::Auto | GuardEngine::Policy, None) => (Engine::Policy, None),
+        (GuardEngine::Policy, Some(why)) => (
+            Engine::Webhook,
+            Some(format!(
+                "{} asks for engine policy, but {why}; its webhook guards instead",
+                w.name
+            )),
+        ),
+        (GuardEngine::Static, why) => (
+            if why.is_none() {
+                Engine::Policy
+            } else {
+                Engine::Webhook
+            },
+            Some(format!(
+                "{} asks for engine static, which loads validating policies only; what auto chooses guards instead",
+                w.name
+            )),
+        ),
+        (GuardEngine::Auto | GuardEngine::Webhook, _) => (Engine::Webhook, None),
+    }
+}
+
 /// The engine that carries `w` through the hosted cluster's API: where it is, `None` for a
 /// guard the static guards carry alone; the engine `auto` would choose for one they carry
 /// with `staticGuards.secondLayer`.
@@ -117,12 +165,51 @@ pub struct AdmissionPolicies {
     pub policies: Vec<ValidatingAdmissionPolicy>,
     pub bindings: Vec<ValidatingAdmissionPolicyBinding>,
     pub revision: Option<String>,
+    /// The mutating policies and their bindings, in the same order. k8s-openapi's types are of
+    /// Kubernetes 1.33, which has no v1 MutatingAdmissionPolicy: they are kept dynamic
+    /// (`mutating_resource`, `mutating_binding_resource`).
+    pub mutating: Vec<DynamicObject>,
+    pub mutating_bindings: Vec<DynamicObject>,
+    /// The revision the mutating probe asks for (`None`: no mutating policy at all).
+    pub mutating_revision: Option<String>,
+}
+
+/// `admissionregistration.k8s.io/v1` MutatingAdmissionPolicy, for a dynamic API.
+pub fn mutating_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(
+            "admissionregistration.k8s.io",
+            "v1",
+            "MutatingAdmissionPolicy",
+        ),
+        "mutatingadmissionpolicies",
+    )
+}
+
+/// `admissionregistration.k8s.io/v1` MutatingAdmissionPolicyBinding, for a dynamic API.
+pub fn mutating_binding_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(
+            "admissionregistration.k8s.io",
+            "v1",
+            "MutatingAdmissionPolicyBinding",
+        ),
+        "mutatingadmissionpolicybindings",
+    )
 }
 
 impl AdmissionPolicies {
     /// The guard policies' names (the probe's left out).
     pub fn guards(&self) -> impl Iterator<Item = &str> {
         self.policies
+            .iter()
+            .filter_map(|p| p.metadata.name.as_deref())
+            .filter(|n| *n != probe_name())
+    }
+
+    /// The mutating policies' names: the mutations carried by policies.
+    pub fn mutations(&self) -> impl Iterator<Item = &str> {
+        self.mutating
             .iter()
             .filter_map(|p| p.metadata.name.as_deref())
             .filter(|n| *n != probe_name())
@@ -180,6 +267,53 @@ fn guard_policy(
     })
 }
 
+/// A mutation's policy: the exemptions, then whether the object needs the change, as
+/// `matchConditions`; the change as an apply configuration. Reinvoked if a later mutation
+/// changes the object, so a webhook or policy that runs after it cannot take the change back.
+fn mutating_policy(
+    w: &WebhookDefinition,
+    name: &str,
+    form: &MutationForm,
+    conditions: &[Value],
+    hcp_namespace: &str,
+) -> Value {
+    let scope = guards::scope_of(&w.path);
+    let mut conditions = conditions.to_vec();
+    conditions.push(json!({"name": NEEDS_CHANGE, "expression": form.applies}));
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingAdmissionPolicy",
+        "metadata": owned_metadata(name, hcp_namespace),
+        "spec": {
+            "failurePolicy": failure_policy(w.failure_policy),
+            "matchConstraints": {
+                "resourceRules": rules_json(&w.rules),
+                "matchPolicy": "Equivalent",
+                "namespaceSelector": guarded_namespace_selector(w.namespace_selector.as_ref(), scope),
+                "objectSelector": guarded_object_selector(w.object_selector.as_ref()),
+            },
+            "matchConditions": conditions,
+            "mutations": [{
+                "patchType": "ApplyConfiguration",
+                "applyConfiguration": {"expression": form.apply_configuration},
+            }],
+            "reinvocationPolicy": "IfNeeded",
+        },
+    })
+}
+
+/// The name of a mutating policy's last matchCondition: the object needs the change.
+pub const NEEDS_CHANGE: &str = "needs-change";
+
+fn mutating_binding(name: &str, hcp_namespace: &str) -> Value {
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingAdmissionPolicyBinding",
+        "metadata": owned_metadata(name, hcp_namespace),
+        "spec": {"policyName": name},
+    })
+}
+
 fn binding(name: &str, actions: &[&str], hcp_namespace: &str, revision: Option<&str>) -> Value {
     let mut spec = json!({"policyName": name, "validationActions": actions});
     if let Some(rev) = revision {
@@ -228,10 +362,105 @@ pub(crate) fn render(
     hcp_namespace: &str,
     features: HostedFeatures,
 ) -> Result<AdmissionPolicies, WebhookRenderError> {
-    typed(
+    let mut set = typed(
         render_json(cfg, settings, hcp_namespace, features),
         hcp_namespace,
-    )
+    )?;
+    let err = |e: serde_json::Error| WebhookRenderError {
+        namespace: hcp_namespace.to_string(),
+        reason: e.to_string(),
+    };
+    let (mutating, revision) = render_mutating(cfg, settings, hcp_namespace, features);
+    for (policy, binding) in mutating {
+        set.mutating
+            .push(serde_json::from_value(policy).map_err(err)?);
+        set.mutating_bindings
+            .push(serde_json::from_value(binding).map_err(err)?);
+    }
+    set.mutating_revision = revision;
+    Ok(set)
+}
+
+/// The mutating policies and bindings of the mutations `engine_of` gives to policies, then (if
+/// there is any) the mutating probe's of their revision, and that revision.
+fn render_mutating(
+    cfg: &AgentConfig,
+    settings: &Settings,
+    hcp_namespace: &str,
+    features: HostedFeatures,
+) -> (Vec<(Value, Value)>, Option<String>) {
+    let mut set = guard_mutations(cfg, settings, hcp_namespace, features);
+    let revision = (!set.is_empty()).then(|| {
+        let all = Value::Array(
+            set.iter()
+                .flat_map(|(p, b)| [p.clone(), b.clone()])
+                .collect(),
+        );
+        hcp_fleet_model::compare::stable_hash(&[all.to_string().as_bytes()])
+    });
+    if let Some(rev) = &revision {
+        let name = probe_name();
+        set.push((
+            mutating_probe_policy(name, hcp_namespace, rev),
+            mutating_binding(name, hcp_namespace),
+        ));
+    }
+    (set, revision)
+}
+
+/// The mutating probe: writes its revision into `MUTATING_PROBE_ANSWER` of a labelled
+/// ConfigMap carrying that revision. Written after every mutating policy and binding, and the
+/// API server reads each kind in the order it was written, so the answer proves it runs all of
+/// them, as the validating probe does for the validating ones.
+fn mutating_probe_policy(name: &str, hcp_namespace: &str, revision: &str) -> Value {
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingAdmissionPolicy",
+        "metadata": owned_metadata(name, hcp_namespace),
+        "spec": {
+            // A probe that cannot be evaluated must not pass for an answer.
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [{
+                    "operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                    "resources": ["configmaps"],
+                }],
+                "objectSelector": {"matchLabels": {
+                    PROBE_LABEL: MUTATING_PROBE_VALUE,
+                    PROBE_REVISION_LABEL: revision,
+                }},
+            },
+            "mutations": [{
+                "patchType": "ApplyConfiguration",
+                "applyConfiguration": {"expression": format!(
+                    "Object{{metadata: Object.metadata{{annotations: {{{}: {}}}}}}}",
+                    guards::cel::string(MUTATING_PROBE_ANSWER),
+                    guards::cel::string(revision),
+                )},
+            }],
+            "reinvocationPolicy": "Never",
+        },
+    })
+}
+
+fn guard_mutations(
+    cfg: &AgentConfig,
+    settings: &Settings,
+    hcp_namespace: &str,
+    features: HostedFeatures,
+) -> Vec<(Value, Value)> {
+    cfg.active_webhooks()
+        .filter(|w| w.mode == Mode::Enforce && engine_of(w, features).0 == Engine::Policy)
+        .filter_map(|w| {
+            let guard = guards::for_path(&w.path)?;
+            let form = guard.mutation(settings)?;
+            let conditions = exemptions::conditions(settings, &w.path, guard.scope());
+            Some((
+                mutating_policy(w, &w.name, &form, &conditions, hcp_namespace),
+                mutating_binding(&w.name, hcp_namespace),
+            ))
+        })
+        .collect()
 }
 
 /// A rendered set (`render_set`) in k8s-openapi's typed structs.
@@ -255,6 +484,9 @@ pub(crate) fn typed(
             .collect::<Result<_, _>>()
             .map_err(err)?,
         revision,
+        mutating: Vec::new(),
+        mutating_bindings: Vec::new(),
+        mutating_revision: None,
     })
 }
 
@@ -359,6 +591,7 @@ mod tests {
         HostedFeatures {
             match_conditions: true,
             admission_policies: true,
+            mutating_policies: true,
             static_guards: false,
         }
     }

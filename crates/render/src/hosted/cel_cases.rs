@@ -18,8 +18,8 @@
 //!
 //! Kubernetes' CEL environment is cel-go's standard library plus its extensions. The
 //! expressions here use the standard library, `dyn`, `has`, `all`, `exists`, `exists_one`,
-//! `in`, `startsWith` and the strings extension's `lowerAscii`: cel-rust has each of them
-//! (`lowerAscii` through `extensions::strings`, registered below as Kubernetes registers
+//! `in`, `startsWith` and the strings extension's `lowerAscii`, `split`, `trim` and `join`:
+//! cel-rust has each of them (the strings extension's through `extensions::strings`, registered below as Kubernetes registers
 //! cel-go's `ext.Strings`). Kubernetes' own libraries (`authorizer`, `quantity`, `url`, `ip`,
 //! `cidr`, `format`, regex `matches` over its RE2 dialect) are not in the interpreter and not
 //! used by any expression the project ships; `every_shipped_expression_uses_only_covered_functions`
@@ -55,9 +55,12 @@ const COVERED: &[&str] = &[
     "size",
     "filter",
     "map",
+    "split",
+    "trim",
+    "join",
 ];
 
-fn env() -> Arc<Env> {
+pub(super) fn env() -> Arc<Env> {
     let mut env = Env::stdlib();
     env.add_extension(::cel::extensions::strings)
         .expect("the strings extension registers");
@@ -65,7 +68,7 @@ fn env() -> Arc<Env> {
 }
 
 /// Evaluates `expr` with `vars` (JSON) bound, as the API server binds them.
-fn eval(env: &Arc<Env>, expr: &str, vars: &[(&str, &Value)]) -> Result<Cel, String> {
+pub(super) fn eval(env: &Arc<Env>, expr: &str, vars: &[(&str, &Value)]) -> Result<Cel, String> {
     let program = env
         .compile(expr)
         .map_err(|e| format!("{expr}: does not parse: {e:?}"))?;
@@ -171,10 +174,11 @@ fn by_policy(env: &Arc<Env>, rendered: &AdmissionPolicies, guard: &str, req: &Ca
     }
 }
 
-fn served() -> HostedFeatures {
+pub(super) fn served() -> HostedFeatures {
     HostedFeatures {
         match_conditions: true,
         admission_policies: true,
+        mutating_policies: true,
         static_guards: false,
     }
 }
@@ -241,6 +245,7 @@ fn each_guards_static_policy_decides_as_its_handler_case_by_case() {
             policies,
             bindings,
             revision: g.revision,
+            ..Default::default()
         }
     });
 }
@@ -331,6 +336,7 @@ fn webhook_match_conditions_leave_out_exactly_whom_the_service_exempts() {
         HostedFeatures {
             match_conditions: true,
             admission_policies: false,
+            mutating_policies: false,
             static_guards: false,
         },
     )
@@ -622,6 +628,27 @@ fn every_shipped_expression_uses_only_covered_functions() {
                 expressions.push(v.expression.clone());
                 expressions.extend(v.message_expression.clone());
             }
+        }
+    }
+    // The mutating policies', their typed constructions written as maps (cel-rust has none).
+    let rendered = admission_policies::render(
+        &with_mode(Mode::Enforce),
+        &Settings::from(&with_mode(Mode::Enforce)),
+        "ns",
+        served(),
+    )
+    .expect("render");
+    for p in &rendered.mutating {
+        let spec = &p.data["spec"];
+        for c in spec["matchConditions"].as_array().into_iter().flatten() {
+            expressions.extend(c["expression"].as_str().map(String::from));
+        }
+        for m in spec["mutations"].as_array().into_iter().flatten() {
+            expressions.extend(
+                m["applyConfiguration"]["expression"]
+                    .as_str()
+                    .map(super::cel_mutation_cases::as_maps),
+            );
         }
     }
     expressions.extend(crd_rules().into_iter().map(|(_, r, _)| r));

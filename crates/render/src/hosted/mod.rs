@@ -7,6 +7,8 @@ pub mod admission_policies;
 pub mod canary;
 #[cfg(test)]
 mod cel_cases;
+#[cfg(test)]
+mod cel_mutation_cases;
 pub mod exemptions;
 pub mod objects;
 pub mod static_guards;

@@ -48,6 +48,9 @@ pub struct HostedFeatures {
     /// It serves `admissionregistration.k8s.io/v1` ValidatingAdmissionPolicy and its binding
     /// (GA in 1.30): the guards with a CEL form then run inside it (`hosted::admission_policies`).
     pub admission_policies: bool,
+    /// It serves `admissionregistration.k8s.io/v1` MutatingAdmissionPolicy and its binding
+    /// (GA, and on by default, in 1.36): the mutations with a CEL form then run inside it.
+    pub mutating_policies: bool,
     /// The static guards (`hosted::static_guards`, loaded from files) of the revision wanted
     /// now are in force: their probe was answered by the `.static.k8s.io` probe policy, and
     /// no object of that name exists through the API. Not a property of the server's version:

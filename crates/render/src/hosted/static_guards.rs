@@ -319,6 +319,7 @@ mod tests {
         let features = crate::hosted::objects::HostedFeatures {
             match_conditions: true,
             admission_policies: true,
+            mutating_policies: true,
             static_guards: false,
         };
         let api = super::super::admission_policies::render(&api_cfg, &settings, "ns", features)

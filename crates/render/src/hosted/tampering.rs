@@ -143,6 +143,69 @@ fn binding_tamperings() -> Vec<Tampering> {
     ]
 }
 
+/// Tamperings of a MutatingAdmissionPolicy's spec.
+fn mutating_policy_tamperings() -> Vec<Tampering> {
+    vec![
+        t(
+            "objectSelector in matchConstraints",
+            &["matchConstraints", "objectSelector"],
+            selector(),
+        ),
+        t(
+            "resourceRules narrowed",
+            &["matchConstraints", "resourceRules"],
+            json!([{"operations": ["CREATE"], "apiGroups": ["none.example.com"], "apiVersions": ["v1"], "resources": ["nothing"]}]),
+        ),
+        t(
+            "a matchCondition that never holds",
+            &["matchConditions"],
+            json!([{"name": "tenant", "expression": "false"}]),
+        ),
+        t(
+            "mutations made a no-op",
+            &["mutations"],
+            json!([{"patchType": "ApplyConfiguration", "applyConfiguration": {"expression": "Object{}"}}]),
+        ),
+        t("failurePolicy changed", &["failurePolicy"], json!("Fail")),
+        t(
+            "reinvocationPolicy changed",
+            &["reinvocationPolicy"],
+            json!("Never"),
+        ),
+        t(
+            "a variable added",
+            &["variables"],
+            json!([{"name": "x", "expression": "true"}]),
+        ),
+        t(
+            "a paramKind added",
+            &["paramKind"],
+            json!({"apiVersion": "v1", "kind": "ConfigMap"}),
+        ),
+    ]
+}
+
+/// Tamperings of a MutatingAdmissionPolicyBinding's spec.
+fn mutating_binding_tamperings() -> Vec<Tampering> {
+    vec![
+        t(
+            "matchResources added",
+            &["matchResources"],
+            json!({"objectSelector": selector()}),
+        ),
+        t(
+            "policyName pointed elsewhere",
+            &["policyName"],
+            json!("tenant-policy"),
+        ),
+        t(
+            "a paramRef added",
+            &["paramRef"],
+            json!({"name": "x", "parameterNotFoundAction": "Allow"}),
+        ),
+    ]
+}
+
 /// `fieldsV1` for `path` under `prefix` (a managedFields entry's tree).
 fn fields(prefix: Vec<String>, path: &[&str]) -> Value {
     let mut tree = json!({});
@@ -204,6 +267,7 @@ fn every_tampering_of_every_guards_webhook_is_drift() {
         HostedFeatures {
             match_conditions: true,
             admission_policies: false,
+            mutating_policies: false,
             static_guards: false,
         },
     ] {
@@ -256,12 +320,17 @@ fn every_tampering_of_every_guards_policy_and_binding_is_drift() {
     let features = HostedFeatures {
         match_conditions: true,
         admission_policies: true,
+        mutating_policies: true,
         static_guards: false,
     };
     let r = rendered(features).policies;
     assert!(
         r.policies.len() >= 8,
         "every guard with a CEL form, and the probe"
+    );
+    assert!(
+        r.mutating.len() >= 2,
+        "every mutation with a CEL form, and the mutating probe"
     );
     for (objects, tamperings) in [
         (
@@ -277,6 +346,20 @@ fn every_tampering_of_every_guards_policy_and_binding_is_drift() {
                 .map(|b| serde_json::to_value(b).expect("json"))
                 .collect(),
             binding_tamperings(),
+        ),
+        (
+            r.mutating
+                .iter()
+                .map(|p| serde_json::to_value(p).expect("json"))
+                .collect(),
+            mutating_policy_tamperings(),
+        ),
+        (
+            r.mutating_bindings
+                .iter()
+                .map(|b| serde_json::to_value(b).expect("json"))
+                .collect(),
+            mutating_binding_tamperings(),
         ),
     ] {
         for desired in objects {

@@ -136,6 +136,12 @@ impl Wanted {
         for b in &d.policies.bindings {
             add("ValidatingAdmissionPolicyBinding", "spec", b);
         }
+        for p in &d.policies.mutating {
+            add("MutatingAdmissionPolicy", "spec", p);
+        }
+        for b in &d.policies.mutating_bindings {
+            add("MutatingAdmissionPolicyBinding", "spec", b);
+        }
         Wanted {
             objects,
             webhook_revision: d.webhook_revision.clone(),
@@ -266,6 +272,7 @@ mod tests {
         let features = HostedFeatures {
             match_conditions: true,
             admission_policies,
+            mutating_policies: admission_policies,
             static_guards: false,
         };
         let url = format!("https://hcp-fleet-admission.{ns}.svc:443");

@@ -68,6 +68,14 @@ impl HostedWebhooks {
         for b in &mut self.policies.bindings {
             mark(&mut b.metadata);
         }
+        for o in self
+            .policies
+            .mutating
+            .iter_mut()
+            .chain(&mut self.policies.mutating_bindings)
+        {
+            mark(&mut o.metadata);
+        }
         self
     }
 
@@ -260,6 +268,7 @@ mod tests {
         let served = rendered_with(HostedFeatures {
             match_conditions: true,
             admission_policies: false,
+            mutating_policies: false,
             static_guards: false,
         });
         let mut hooks = served.validating.expect("v").webhooks.expect("hooks");
