@@ -198,11 +198,83 @@ impl GuardLoad {
     }
 }
 
+/// LoadBalancer Services created (dry run) at a steady 10 per second through the hosted
+/// kube-apiserver by its admin, each checked for the AWS tag the Service-tag mutation adds,
+/// until stopped: (sent, tagged, samples of the others).
+pub(crate) struct TagLoad {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<(usize, usize, Vec<String>)>,
+}
+
+impl TagLoad {
+    pub(crate) fn start(hosted: Client) -> Self {
+        use hcp_fleet_guards::service_tags::{TAG, TAGS_ANNOTATION};
+        use k8s_openapi::api::core::v1::Service;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let services = Api::<Service>::namespaced(hosted, "default");
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            let mut sent = Vec::new();
+            while !flag.load(Ordering::Relaxed) {
+                tick.tick().await;
+                let services = services.clone();
+                let n = sent.len();
+                sent.push(tokio::spawn(async move {
+                    let svc: Service = serde_json::from_value(serde_json::json!({
+                        "metadata": {"name": format!("lb-{n}")},
+                        "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]},
+                    }))
+                    .map_err(|e| e.to_string())?;
+                    let dry = PostParams {
+                        dry_run: true,
+                        ..Default::default()
+                    };
+                    let created = services
+                        .create(&dry, &svc)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let tags = created
+                        .metadata
+                        .annotations
+                        .and_then(|a| a.get(TAGS_ANNOTATION).cloned());
+                    if tags.as_deref() == Some(TAG) {
+                        Ok(())
+                    } else {
+                        Err(format!("untagged: {tags:?}"))
+                    }
+                }));
+            }
+            let total = sent.len();
+            let (mut tagged, mut samples) = (0, Vec::new());
+            for t in sent {
+                match t.await {
+                    Ok(Ok(())) => tagged += 1,
+                    other => {
+                        if samples.len() < 5 {
+                            samples.push(format!("{other:?}"));
+                        }
+                    }
+                }
+            }
+            (total, tagged, samples)
+        });
+        Self { stop, task }
+    }
+
+    pub(crate) async fn stop(self) -> (usize, usize, Vec<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.expect("tag load")
+    }
+}
+
 /// The guards moved from webhooks to admission policies and back under 50 guarded requests per
 /// second: each move writes the new path, waits until the API server answers its probe, and
 /// only then removes the old one, so every request is denied with the guard's text, by one
-/// path or the other. On a server without admission policies (1.20) the move is refused by
-/// the server's discovery: the webhooks keep guarding, and nothing is let through either.
+/// path or the other. Where mutating policies are served (1.36) the Service tag moves with
+/// them, under 10 LoadBalancer Services a second, every one of which comes back tagged. On a
+/// server without admission policies (1.20) the move is refused by the server's discovery: the
+/// webhooks keep guarding (the tag's too), and nothing is let through either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn switching_engines_under_load_lets_nothing_through() {
     use hcp_fleet_render::hosted::webhooks::VALIDATING_NAME;
@@ -243,6 +315,37 @@ async fn switching_engines_under_load_lets_nothing_through() {
         }
     };
     assert_eq!(paths().await, Ok((true, false)));
+    // The Service tag moves with them where mutating policies are served (engine auto puts it
+    // on its policy there): (webhook entry, mutating policy).
+    let mutating = bed.fleet.version.serves(Feature::MutatingPolicies);
+    let tag = hcp_fleet_guards::service_tags::ROW.name;
+    let tag_paths = || {
+        let hosted = hosted.clone();
+        async move {
+            use hcp_fleet_render::hosted::admission_policies::mutating_resource;
+            use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+            let hook = Api::<MutatingWebhookConfiguration>::all(hosted.clone())
+                .get_opt(hcp_fleet_render::hosted::webhooks::MUTATING_NAME)
+                .await
+                .map_err(|e| e.to_string())?
+                .and_then(|m| m.webhooks)
+                .unwrap_or_default()
+                .iter()
+                .any(|w| w.name == tag);
+            let policy = if mutating {
+                Api::<kube::api::DynamicObject>::all_with(hosted, &mutating_resource())
+                    .get_opt(tag)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .is_some()
+            } else {
+                false
+            };
+            Ok::<_, String>((hook, policy))
+        }
+    };
+    assert_eq!(tag_paths().await, Ok((true, false)));
+    let tags = TagLoad::start(hosted.clone());
     let load = GuardLoad::start(alice(&bed).await);
     let started = Instant::now();
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -271,6 +374,25 @@ async fn switching_engines_under_load_lets_nothing_through() {
             "the webhook keeps guarding"
         );
     }
+    let tag_moved = if mutating {
+        (false, true)
+    } else {
+        (true, false)
+    };
+    eventually(
+        "the Service tag on its path",
+        Duration::from_secs(30),
+        || {
+            let p = tag_paths();
+            async move {
+                match p.await? {
+                    now if now == tag_moved => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
 
     bed.set_config(through_the_service());
@@ -288,11 +410,33 @@ async fn switching_engines_under_load_lets_nothing_through() {
         },
     )
     .await;
+    eventually(
+        "the Service tag back on its webhook",
+        Duration::from_secs(30),
+        || {
+            let p = tag_paths();
+            async move {
+                match p.await? {
+                    (true, false) => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        },
+    )
+    .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let counts = load.stop().await;
+    let (sent, tagged, untagged) = tags.stop().await;
     let secs = started.elapsed().as_secs_f64();
-    eprintln!("engine switches under load: {counts:?} in {secs:.1}s");
+    eprintln!(
+        "engine switches under load: {counts:?}; Services {tagged} of {sent} tagged in {secs:.1}s"
+    );
     assert_nothing_let_through(&counts, 500);
+    assert!(sent >= 100, "{sent}");
+    assert_eq!(
+        tagged, sent,
+        "Services left untagged while the tag moved: {untagged:?}"
+    );
     if served {
         assert!(
             counts.by_policy > 0 && counts.by_policy < counts.denied,
