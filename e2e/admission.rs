@@ -662,6 +662,19 @@ async fn service_tags_through_its_engine(bed: &Bed, hosted: &Client, engine: Gua
             &hcp_fleet_render::hosted::admission_policies::mutating_resource(),
         );
         assert!(maps.get_opt(ROW.name).await.expect("get").is_some());
+        eventually(
+            "the record names the mutating policy",
+            Duration::from_secs(60),
+            || async {
+                let text = last_message(&bed.mgmt, "hosted-webhooks").await;
+                if text.contains("1 mutation(s) run as MutatingAdmissionPolicy") {
+                    Ok(())
+                } else {
+                    Err(text)
+                }
+            },
+        )
+        .await;
     } else {
         assert!(hooked, "the mutation is a webhook");
         assert!(called > 0.0, "the service tagged it");

@@ -46,6 +46,8 @@ pub(crate) struct Installed {
     pub(crate) exemptions_in_api_server: bool,
     /// Guards carried by webhooks and by admission policies.
     pub(crate) guards: (usize, usize),
+    /// Mutations carried by MutatingAdmissionPolicies (the rest are webhooks).
+    pub(crate) mutating_policies: usize,
     /// Guards not on the engine asked for, and why.
     pub(crate) notes: Vec<String>,
     /// What the API server's type check says is wrong in the agent's policies.
@@ -224,6 +226,7 @@ pub(crate) async fn ensure(
         drift,
         exemptions_in_api_server: features.match_conditions,
         guards,
+        mutating_policies: desired.policies.mutations().count(),
         notes,
         type_warnings,
         targets: probe::ProbeTargets {

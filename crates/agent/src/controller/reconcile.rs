@@ -390,6 +390,12 @@ fn webhooks_observation(
                 "; {by_policy} guard(s) run as ValidatingAdmissionPolicy in the hosted kube-apiserver (exemptions as matchConditions), {by_webhook} as webhooks"
             ));
         }
+        if installed.mutating_policies > 0 {
+            text.push_str(&format!(
+                "; {} mutation(s) run as MutatingAdmissionPolicy",
+                installed.mutating_policies
+            ));
+        }
         text
     } else {
         format!("drift repaired: {}", drift.join("; "))
