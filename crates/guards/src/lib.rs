@@ -80,6 +80,9 @@ pub struct CelForm {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MutationForm {
     pub applies: String,
+    /// The policy's `variables` (name, expression), in order: what `apply_configuration` reads
+    /// as `variables.<name>` (matchConditions cannot read them).
+    pub variables: Vec<(String, String)>,
     pub apply_configuration: String,
 }
 

@@ -19,7 +19,10 @@
 //!   unbounded, and an image of theirs cannot be pulled with the registry gone either way).
 //! - Whose pods: everyone's, in every namespace (MCVW exempts no one); it only ever replaces an
 //!   image that cannot be pulled with the one the cluster's own ImageStream names.
-//! - A mutation of the admission service only: a MutatingAdmissionPolicy is #61's.
+//! - A mutation of the admission service for now. Its CEL form (`mutation`: the tag table
+//!   written into the policy) is held to the table of cases, but no engine chooses it yet: the
+//!   hosted rendering has no registry table to write into it, so `has_mutation_form` says no
+//!   and the webhook guards (#61).
 
 use std::collections::BTreeMap;
 
@@ -29,8 +32,9 @@ use serde_json::{Value, json};
 use super::Settings;
 use super::canary::{Canary, Effect};
 use super::case::{Case, Want};
+use super::cel;
 use super::identities::IdentityClass;
-use super::{CelForm, Guard, Scope};
+use super::{CelForm, Guard, MutationForm, Scope};
 use crate::catalogue::{BuiltinRow, WebhookKind, rule};
 use crate::review::{Decision, Request};
 use hcp_fleet_model::Mode;
@@ -194,6 +198,85 @@ impl Guard for PodImageSpec {
 
     fn cel(&self, _: &Settings) -> Option<CelForm> {
         None
+    }
+
+    /// `rewrite` in CEL, for the registry `s` knows (none known, or Managed: no form, the
+    /// webhook keeps the guard). The tag table is written into the policy (a variable, and
+    /// the last matchCondition), so the policy changes when the table does. Where `registry_ref` reads an image (`IS_REF`: the
+    /// registry, then some `/` followed by `name_char*:` before any white space), the pod is
+    /// rewritten only if every such image is `openshift/<known tag>` exactly (up to white
+    /// space, where MCVW's `\S*` stops): an ImageStream tag holds no `/`, `:` or white space,
+    /// so for a known tag that is `registry_ref`'s reading too.
+    fn mutation(&self, s: &Settings) -> Option<MutationForm> {
+        let reg = s.internal_registry.as_ref().filter(|r| r.rewrites())?;
+        let table = format!(
+            "{{{}}}",
+            reg.tags
+                .iter()
+                .map(|(k, v)| format!("{}: {}", cel::string(k), cel::string(v)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let prefix = cel::string(&format!("{REGISTRY}{NAMESPACE}/"));
+        // `img` is the tag `k` of the platform's namespace, up to Go's white space.
+        let is_tag = |img: &str, k: &str| {
+            format!(
+                "({img} == {prefix} + {k} || ({img}.startsWith({prefix} + {k}) && {img}.substring(size({prefix} + {k}), size({prefix} + {k}) + 1) in ['\\t', '\\n', '\\f', '\\r', ' ']))"
+            )
+        };
+        let resolved_in = |tags: &str, img: &str| format!("{tags}.exists(k, {})", is_tag(img, "k"));
+        let is_ref = |img: &str| {
+            format!(
+                "{img}.matches({})",
+                cel::string(&format!(
+                    "^{}[^\\t\\n\\f\\r ]*/[A-Za-z0-9_.-]*:",
+                    REGISTRY.replace('.', "\\.")
+                ))
+            )
+        };
+        let lists = ["containers", "initContainers"];
+        let images = lists
+            .iter()
+            .map(|l| format!("(has(object.spec.{l}) ? object.spec.{l}.map(c, c.image) : [])"))
+            .collect::<Vec<_>>()
+            .join(" + ");
+        let applies = format!(
+            "request.operation == 'CREATE' \
+             && (has(request.subResource) ? request.subResource : '') == '' \
+             && ({images}).exists(i, {}) \
+             && ({images}).all(i, !{} || {})",
+            is_ref("i"),
+            is_ref("i"),
+            resolved_in(&table, "i")
+        );
+        // Each list of named containers, the rewritten ones alone: merged by name.
+        let rewritten = |l: &str| {
+            format!(
+                "object.spec.{l}.filter(c, {}).map(c, Object.spec.{l}{{name: c.name, image: variables.tags[variables.tags.filter(k, {})[0]]}})",
+                resolved_in("variables.tags", "c.image"),
+                is_tag("c.image", "k")
+            )
+        };
+        let spec = |with: &[&str]| {
+            format!(
+                "Object{{spec: Object.spec{{{}}}}}",
+                with.iter()
+                    .map(|l| format!("{l}: {}", rewritten(l)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        let apply_configuration = format!(
+            "has(object.spec.initContainers) ? (has(object.spec.containers) ? {} : {}) : {}",
+            spec(&lists),
+            spec(&["initContainers"]),
+            spec(&["containers"])
+        );
+        Some(MutationForm {
+            applies,
+            variables: vec![("tags".into(), table)],
+            apply_configuration,
+        })
     }
 
     /// A pod naming the first `openshift` tag the registry table resolves, which must come back

@@ -126,6 +126,7 @@ impl Guard for ServiceTags {
                  && has(object.spec.type) && object.spec.type == 'LoadBalancer' \
                  && !({tag} in {tags})"
             ),
+            variables: Vec::new(),
             apply_configuration: format!(
                 "Object{{metadata: Object.metadata{{annotations: {{{key}: ([{tag}] + {tags}.filter(t, t != '' && !t.startsWith({prefix}))).join(',')}}}}}}",
                 prefix = cel::string(KEY),

@@ -280,7 +280,7 @@ fn mutating_policy(
     let scope = guards::scope_of(&w.path);
     let mut conditions = conditions.to_vec();
     conditions.push(json!({"name": NEEDS_CHANGE, "expression": form.applies}));
-    json!({
+    let mut policy = json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingAdmissionPolicy",
         "metadata": owned_metadata(name, hcp_namespace),
@@ -299,7 +299,17 @@ fn mutating_policy(
             }],
             "reinvocationPolicy": "IfNeeded",
         },
-    })
+    });
+    // Left out when empty: the API server keeps no empty list, and one rendered would read as
+    // drift.
+    if !form.variables.is_empty() {
+        policy["spec"]["variables"] = form
+            .variables
+            .iter()
+            .map(|(name, expression)| json!({"name": name, "expression": expression}))
+            .collect();
+    }
+    policy
 }
 
 /// The name of a mutating policy's last matchCondition: the object needs the change.
@@ -451,16 +461,24 @@ fn guard_mutations(
 ) -> Vec<(Value, Value)> {
     cfg.active_webhooks()
         .filter(|w| w.mode == Mode::Enforce && engine_of(w, features).0 == Engine::Policy)
-        .filter_map(|w| {
-            let guard = guards::for_path(&w.path)?;
-            let form = guard.mutation(settings)?;
-            let conditions = exemptions::conditions(settings, &w.path, guard.scope());
-            Some((
-                mutating_policy(w, &w.name, &form, &conditions, hcp_namespace),
-                mutating_binding(&w.name, hcp_namespace),
-            ))
-        })
+        .filter_map(|w| guard_mutation(w, settings, hcp_namespace))
         .collect()
+}
+
+/// The mutating policy and binding of the mutation `w` under `settings`, if it has a CEL form
+/// there.
+pub(crate) fn guard_mutation(
+    w: &WebhookDefinition,
+    settings: &Settings,
+    hcp_namespace: &str,
+) -> Option<(Value, Value)> {
+    let guard = guards::for_path(&w.path)?;
+    let form = guard.mutation(settings)?;
+    let conditions = exemptions::conditions(settings, &w.path, guard.scope());
+    Some((
+        mutating_policy(w, &w.name, &form, &conditions, hcp_namespace),
+        mutating_binding(&w.name, hcp_namespace),
+    ))
 }
 
 /// A rendered set (`render_set`) in k8s-openapi's typed structs.

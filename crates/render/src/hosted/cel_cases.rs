@@ -21,9 +21,11 @@
 //! `in`, `startsWith` and the strings extension's `lowerAscii`, `split`, `trim` and `join`:
 //! cel-rust has each of them (the strings extension's through `extensions::strings`, registered below as Kubernetes registers
 //! cel-go's `ext.Strings`). Kubernetes' own libraries (`authorizer`, `quantity`, `url`, `ip`,
-//! `cidr`, `format`, regex `matches` over its RE2 dialect) are not in the interpreter and not
-//! used by any expression the project ships; `every_shipped_expression_uses_only_covered_functions`
-//! keeps it so.
+//! `cidr`, `format`) are not in the interpreter and not used by any expression the project
+//! ships; `every_shipped_expression_uses_only_covered_functions` keeps it so. The standard
+//! `matches` is RE2 in cel-go and Rust's `regex` in cel-rust: the one pattern shipped (the pod
+//! image spec mutation's) uses anchors, literals and explicit character classes only, where
+//! the two agree (`\s` would not: Rust's is Unicode's).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -58,6 +60,8 @@ const COVERED: &[&str] = &[
     "split",
     "trim",
     "join",
+    "substring",
+    "matches",
 ];
 
 pub(super) fn env() -> Arc<Env> {
@@ -649,6 +653,19 @@ fn every_shipped_expression_uses_only_covered_functions() {
                     .as_str()
                     .map(super::cel_mutation_cases::as_maps),
             );
+        }
+    }
+    // Every mutation's form where its guard has one under the cases' registry (the pod image
+    // spec's is not rendered yet).
+    let with_registry = Settings {
+        internal_registry: Some(guards::pod_image_spec::case_registry()),
+        ..Settings::from(&with_mode(Mode::Enforce))
+    };
+    for g in guards::ALL {
+        if let Some(f) = g.mutation(&with_registry) {
+            expressions.push(f.applies);
+            expressions.extend(f.variables.into_iter().map(|(_, e)| e));
+            expressions.push(super::cel_mutation_cases::as_maps(&f.apply_configuration));
         }
     }
     expressions.extend(crd_rules().into_iter().map(|(_, r, _)| r));

@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use ::cel::{Env, Value as Cel};
+use ::cel::Env;
 use serde_json::{Map, Value};
 
 use super::admission_policies::{self, AdmissionPolicies};
@@ -165,7 +165,22 @@ fn by_policy(env: &Arc<Env>, rendered: &AdmissionPolicies, guard: &str, c: &Case
         .iter()
         .find(|p| p.metadata.name.as_deref() == Some(guard))
         .unwrap_or_else(|| panic!("{guard}: no mutating policy"));
-    let spec = &policy.data["spec"];
+    by_spec(env, &policy.data["spec"], guard, c)
+}
+
+/// Evaluates `e` to JSON, or fails the test naming the guard.
+fn json_of(env: &Arc<Env>, guard: &str, e: &str, vars: &[(&str, &Value)]) -> Value {
+    match eval(env, e, vars) {
+        Ok(v) => v
+            .json()
+            .unwrap_or_else(|err| panic!("{guard}: {e}: {err:?}")),
+        Err(err) => panic!("{guard}: {err}"),
+    }
+}
+
+/// `by_policy` on a policy's spec: the matchConditions, then the variables in order (bound as
+/// `variables`, as the API server binds them), then each mutation merged in.
+fn by_spec(env: &Arc<Env>, spec: &Value, guard: &str, c: &Case) -> Option<Value> {
     let request = c.request();
     let vars: [(&str, &Value); 3] = [
         ("request", &request),
@@ -177,15 +192,33 @@ fn by_policy(env: &Arc<Env>, rendered: &AdmissionPolicies, guard: &str, c: &Case
         .into_iter()
         .flatten()
         .all(|m| {
-            let e = m["expression"].as_str().unwrap_or_default();
-            match eval(env, e, &vars) {
-                Ok(Cel::Bool(b)) => b,
-                other => panic!("{guard}: {e}: not a bool: {other:?}"),
+            match json_of(
+                env,
+                guard,
+                m["expression"].as_str().unwrap_or_default(),
+                &vars,
+            ) {
+                Value::Bool(b) => b,
+                other => panic!("{guard}: a matchCondition gave {other}"),
             }
         });
     if !applies {
         return None;
     }
+    let mut variables = Map::new();
+    for v in spec["variables"].as_array().into_iter().flatten() {
+        let bound = Value::Object(variables.clone());
+        let with: [(&str, &Value); 4] = [vars[0], vars[1], vars[2], ("variables", &bound)];
+        let value = json_of(
+            env,
+            guard,
+            v["expression"].as_str().unwrap_or_default(),
+            &with,
+        );
+        variables.insert(v["name"].as_str().unwrap_or_default().to_string(), value);
+    }
+    let variables = Value::Object(variables);
+    let with: [(&str, &Value); 4] = [vars[0], vars[1], vars[2], ("variables", &variables)];
     let mut object = c.object.clone();
     for m in spec["mutations"].as_array().into_iter().flatten() {
         assert_eq!(m["patchType"], "ApplyConfiguration", "{guard}");
@@ -194,13 +227,7 @@ fn by_policy(env: &Arc<Env>, rendered: &AdmissionPolicies, guard: &str, c: &Case
                 .as_str()
                 .unwrap_or_default(),
         );
-        let config = match eval(env, &e, &vars) {
-            Ok(v) => v
-                .json()
-                .unwrap_or_else(|err| panic!("{guard}: {e}: {err:?}")),
-            Err(err) => panic!("{guard}: {err}"),
-        };
-        object = merged(&object, &config);
+        object = merged(&object, &json_of(env, guard, &e, &with));
     }
     Some(object)
 }
@@ -352,5 +379,65 @@ fn the_mutating_probe_writes_its_revision() {
     assert_eq!(
         config["metadata"]["annotations"][guards::catalogue::MUTATING_PROBE_ANSWER],
         revision.as_str()
+    );
+}
+
+/// The pod image spec mutation's CEL form, under the registry its cases are decided under
+/// (removed, `cli` and `must-gather` known), on every case of its table and its canary: the
+/// policy rewrites what the service's patch rewrites. Not yet rendered for a hosted cluster
+/// (the agent's rendering has no registry table to write into it; its webhook guards
+/// meanwhile), so the policy is built here as the renderer builds any mutation's.
+#[test]
+fn the_pod_image_spec_policy_rewrites_as_its_handler_case_by_case() {
+    use hcp_fleet_guards::pod_image_spec::{self, ROW, case_registry};
+    let env = env();
+    let cfg = AgentConfig::default();
+    let s = Settings {
+        internal_registry: Some(case_registry()),
+        ..Settings::from(&cfg)
+    };
+    let w = cfg
+        .webhooks
+        .iter()
+        .find(|w| w.path == ROW.path)
+        .expect("the guard's definition");
+    let (policy, _) = admission_policies::guard_mutation(w, &s, "ns").expect("a CEL form");
+    let g = guards::for_path(ROW.path).expect("guard");
+    let cases: Vec<Case> = g
+        .cases()
+        .into_iter()
+        .chain(g.canary(&s).map(|c| c.case()))
+        .collect();
+    assert!(cases.len() > 15, "{}", cases.len());
+    for c in cases {
+        let r = decode(&c.review()).expect("decodes");
+        let (_, d) = decide(ROW.path, &r, &s).expect("a guard");
+        let by_service = if d.patch.is_empty() {
+            c.object.clone()
+        } else {
+            patched(&c.object, &d.patch)
+        };
+        let by_cel =
+            by_spec(&env, &policy["spec"], ROW.name, &c).unwrap_or_else(|| c.object.clone());
+        assert_eq!(
+            by_cel, by_service,
+            "{}: the policy and the service differ",
+            c.what
+        );
+        assert_eq!(by_service != c.object, c.want == Want::Deny, "{}", c.what);
+    }
+    // Managed, or nothing known: no form (the webhook keeps the guard).
+    let managed = Settings {
+        internal_registry: Some(pod_image_spec::InternalRegistry {
+            management_state: Some(pod_image_spec::MANAGED.into()),
+            ..case_registry()
+        }),
+        ..Settings::from(&cfg)
+    };
+    assert!(g.mutation(&managed).is_none());
+    assert!(g.mutation(&Settings::from(&cfg)).is_none());
+    assert!(
+        !guards::has_mutation_form(ROW.path),
+        "no engine chooses it yet"
     );
 }
