@@ -507,13 +507,41 @@ pub(crate) async fn install(
     if going.is_empty() && bindings_going.is_empty() {
         return Ok(warnings);
     }
-    // A guard whose policy goes now has a webhook: proven first (every time: an earlier
-    // reconcile may have written the webhook and stopped before its proof).
     let hooks: BTreeSet<String> = desired
         .validating
         .iter()
         .flat_map(|v| v.webhooks.iter().flatten().map(|w| w.name.clone()))
         .collect();
+    prune_policies(
+        hosted,
+        desired,
+        &hooks,
+        (&papi, &going),
+        (&bapi, &bindings_going),
+        within,
+        proof,
+    )
+    .await?;
+    Ok(warnings)
+}
+
+/// Policies and bindings no longer wanted go, once the webhook configurations are written: a
+/// guard whose policy goes has its webhook entry (in `hooks`) again, proven first (every time:
+/// an earlier reconcile may have written the webhook and stopped before its proof). Bindings
+/// first: a binding without its policy is an error the server reports.
+async fn prune_policies<P, B>(
+    hosted: &Client,
+    desired: &HostedWebhooks,
+    hooks: &BTreeSet<String>,
+    (papi, going): (&Api<P>, &[String]),
+    (bapi, bindings_going): (&Api<B>, &[String]),
+    within: Duration,
+    proof: &Proof,
+) -> Result<(), InstallError>
+where
+    P: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    B: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     if going.iter().any(|g| hooks.contains(g)) {
         prove(
             hosted,
@@ -524,14 +552,13 @@ pub(crate) async fn install(
         )
         .await?;
     }
-    // Bindings first: a binding without its policy is an error the server reports.
-    for b in &bindings_going {
-        delete_if_present(&bapi, b).await?;
+    for b in bindings_going {
+        delete_if_present(bapi, b).await?;
     }
-    for p in &going {
-        delete_if_present(&papi, p).await?;
+    for p in going {
+        delete_if_present(papi, p).await?;
     }
-    Ok(warnings)
+    Ok(())
 }
 
 /// The mutating policies and bindings wanted, written (the probe's last) and, if any was
@@ -642,27 +669,20 @@ async fn prune_mutating(
         .iter()
         .flat_map(|m| m.webhooks.iter().flatten().map(|w| w.name.clone()))
         .collect();
-    if going.iter().any(|g| hooks.contains(g)) {
-        prove(
-            hosted,
-            Engine::Webhook,
-            desired.webhook_revision.as_deref(),
-            within,
-            proof,
-        )
-        .await?;
-    }
     let papi =
         Api::<DynamicObject>::all_with(hosted.clone(), &admission_policies::mutating_resource());
     let bapi = Api::<DynamicObject>::all_with(
         hosted.clone(),
         &admission_policies::mutating_binding_resource(),
     );
-    for b in &bindings_going {
-        delete_if_present(&bapi, b).await?;
-    }
-    for p in &going {
-        delete_if_present(&papi, p).await?;
-    }
-    Ok(())
+    prune_policies(
+        hosted,
+        desired,
+        &hooks,
+        (&papi, &going),
+        (&bapi, &bindings_going),
+        within,
+        proof,
+    )
+    .await
 }

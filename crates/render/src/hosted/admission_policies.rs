@@ -339,6 +339,21 @@ fn binding(name: &str, actions: &[&str], hcp_namespace: &str, revision: Option<&
     })
 }
 
+/// What a probe policy matches: a ConfigMap created with `PROBE_LABEL: value` and the
+/// revision it asks for.
+fn probe_constraints(value: &str, revision: &str) -> Value {
+    json!({
+        "resourceRules": [{
+            "operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+            "resources": ["configmaps"],
+        }],
+        "objectSelector": {"matchLabels": {
+            PROBE_LABEL: value,
+            PROBE_REVISION_LABEL: revision,
+        }},
+    })
+}
+
 /// The probe policy: denies only a labelled ConfigMap carrying `revision`, with
 /// `POLICY_PROBE_ANSWER`. Its binding selects the same revision. Both are written after every
 /// guard policy and binding, and the API server reads each kind in the order it was written, so
@@ -351,16 +366,7 @@ fn probe_policy(name: &str, hcp_namespace: &str, revision: &str) -> Value {
         "spec": {
             // A probe that cannot be evaluated must not pass for an answer.
             "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [{
-                    "operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
-                    "resources": ["configmaps"],
-                }],
-                "objectSelector": {"matchLabels": {
-                    PROBE_LABEL: POLICY_PROBE_VALUE,
-                    PROBE_REVISION_LABEL: revision,
-                }},
-            },
+            "matchConstraints": probe_constraints(POLICY_PROBE_VALUE, revision),
             "validations": [{"expression": "false", "message": POLICY_PROBE_ANSWER, "reason": "Forbidden"}],
         },
     })
@@ -430,16 +436,7 @@ fn mutating_probe_policy(name: &str, hcp_namespace: &str, revision: &str) -> Val
         "spec": {
             // A probe that cannot be evaluated must not pass for an answer.
             "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [{
-                    "operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
-                    "resources": ["configmaps"],
-                }],
-                "objectSelector": {"matchLabels": {
-                    PROBE_LABEL: MUTATING_PROBE_VALUE,
-                    PROBE_REVISION_LABEL: revision,
-                }},
-            },
+            "matchConstraints": probe_constraints(MUTATING_PROBE_VALUE, revision),
             "mutations": [{
                 "patchType": "ApplyConfiguration",
                 "applyConfiguration": {"expression": format!(
