@@ -799,3 +799,80 @@ async fn collection_deletes_and_a_tenants_renaming_are_judged_as_stored() {
         mutator.abort();
     }
 }
+
+/// Where the Service tag is a mutating policy (1.36), a tenant's mutating webhook that strips
+/// the tag from every Service does not keep it off: the policy's `reinvocationPolicy: IfNeeded`
+/// has the API server run it again once the webhook changed the object, and the Service comes
+/// back tagged. (On a webhook, `reinvocationPolicy: Never` as MCVW's, the tenant's webhook
+/// wins, and the canary names the guard: `a_mutation_undone_on_its_canary_is_named_noncompliant`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_webhook_cannot_untag_a_service_its_mutating_policy_tags() {
+    use hcp_fleet_guards::service_tags::{ROW, TAG, TAGS_ANNOTATION};
+    use k8s_openapi::api::core::v1::Service;
+    let assets = hcp_fleet_testbed::Assets::resolve(None).expect("assets");
+    if !support::serves(
+        &assets.version,
+        Feature::MutatingPolicies,
+        "a tenant's webhook against the Service tag's mutating policy",
+    ) {
+        return;
+    }
+    let bed = bed(AgentConfig::default()).await;
+    let hosted = hc1_admin(&bed).await;
+    let policies = Api::<kube::api::DynamicObject>::all_with(
+        hosted.clone(),
+        &hcp_fleet_render::hosted::admission_policies::mutating_resource(),
+    );
+    assert!(policies.get_opt(ROW.name).await.expect("get").is_some());
+    // Strips the tag, and marks what it saw, so the test knows the webhook ran.
+    fn untag(object: &serde_json::Value) -> serde_json::Value {
+        let escaped = TAGS_ANNOTATION.replace('~', "~0").replace('/', "~1");
+        let annotations = &object["metadata"]["annotations"];
+        if !annotations.is_object() {
+            return serde_json::json!([{"op": "add", "path": "/metadata/annotations", "value": {SEEN: "yes"}}]);
+        }
+        let mut ops = vec![
+            serde_json::json!({"op": "add", "path": "/metadata/annotations/tenant.example.com~1seen", "value": "yes"}),
+        ];
+        if annotations.get(TAGS_ANNOTATION).is_some() {
+            ops.push(serde_json::json!({"op": "remove", "path": format!("/metadata/annotations/{escaped}")}));
+        }
+        serde_json::Value::Array(ops)
+    }
+    const SEEN: &str = "tenant.example.com/seen";
+    let rules = serde_json::json!([{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["services"]}]);
+    let (mutator, _dir, mapi) = install_tenant_mutator(&hosted, "tenant-untag", rules, untag).await;
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "lb"},
+        "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]},
+    }))
+    .expect("service");
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let services = Api::<Service>::namespaced(hosted.clone(), "default");
+    // Once the tenant's webhook is in force (its mark on the answer), the answer is tagged
+    // all the same: the policy ran again after it.
+    let mut seen = 0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen < 3 {
+        assert!(Instant::now() < deadline, "the tenant's webhook never ran");
+        let created = services.create(&dry, &svc).await.expect("dry-run create");
+        let a = created.metadata.annotations.unwrap_or_default();
+        if a.contains_key(SEEN) {
+            seen += 1;
+            assert_eq!(
+                a.get(TAGS_ANNOTATION).map(String::as_str),
+                Some(TAG),
+                "the tenant's webhook stripped the tag for good: {a:?}"
+            );
+        } else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    mapi.delete("tenant-untag", &DeleteParams::default())
+        .await
+        .expect("delete the tenant's webhook");
+    mutator.abort();
+}
