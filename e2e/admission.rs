@@ -620,15 +620,13 @@ async fn each_guard_answers_through(engine: GuardEngine) {
 /// holds no entry for it) and by the webhook elsewhere.
 async fn service_tags_through_its_engine(bed: &Bed, hosted: &Client, engine: GuardEngine) {
     use hcp_fleet_guards::service_tags::{ROW, TAGS_ANNOTATION};
-    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
     use k8s_openapi::api::core::v1::Service;
     let by_policy =
         engine != GuardEngine::Webhook && bed.fleet.version.serves(Feature::MutatingPolicies);
-    let svc: Service = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "lb", "annotations": {TAGS_ANNOTATION: "a=b, red-hat-managed=false", "team": "a"}},
-        "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]},
-    }))
-    .expect("service");
+    let svc = support::load_balancer(
+        "lb",
+        serde_json::json!({TAGS_ANNOTATION: "a=b, red-hat-managed=false", "team": "a"}),
+    );
     let dry = PostParams {
         dry_run: true,
         ..Default::default()
@@ -642,14 +640,9 @@ async fn service_tags_through_its_engine(bed: &Bed, hosted: &Client, engine: Gua
         "{annotations:?}"
     );
     assert_eq!(annotations.get("team").map(String::as_str), Some("a"));
-    let hooked = Api::<MutatingWebhookConfiguration>::all(hosted.clone())
-        .get_opt(hcp_fleet_render::hosted::webhooks::MUTATING_NAME)
+    let hooked = support::mutating_webhook_entry(hosted, ROW.name)
         .await
-        .expect("mutating configuration")
-        .and_then(|m| m.webhooks)
-        .unwrap_or_default()
-        .iter()
-        .any(|w| w.name == ROW.name);
+        .expect("mutating configuration");
     let called = service_requests(bed, ROW.name).await;
     if by_policy {
         assert!(!hooked, "the mutation is a policy: no webhook entry");
@@ -657,11 +650,11 @@ async fn service_tags_through_its_engine(bed: &Bed, hosted: &Client, engine: Gua
             called, 0.0,
             "the mutating policy tagged it, not the service"
         );
-        let maps = Api::<kube::api::DynamicObject>::all_with(
-            hosted.clone(),
-            &hcp_fleet_render::hosted::admission_policies::mutating_resource(),
+        assert!(
+            support::mutating_policy_exists(hosted, ROW.name)
+                .await
+                .expect("get")
         );
-        assert!(maps.get_opt(ROW.name).await.expect("get").is_some());
         eventually(
             "the record names the mutating policy",
             Duration::from_secs(60),

@@ -151,11 +151,7 @@ async fn once(what: Request, alice: &Client, admin: &Client, n: u64) -> Result<b
         Request::TaggedService => {
             use hcp_fleet_guards::service_tags::{TAG, TAGS_ANNOTATION};
             use k8s_openapi::api::core::v1::Service;
-            let svc: Service = serde_json::from_value(serde_json::json!({
-                "metadata": {"name": format!("lb-{n}")},
-                "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]},
-            }))
-            .map_err(|e| e.to_string())?;
+            let svc = support::load_balancer(&format!("lb-{n}"), serde_json::Value::Null);
             let pp = PostParams {
                 dry_run: true,
                 ..PostParams::default()

@@ -819,11 +819,11 @@ async fn a_tenants_webhook_cannot_untag_a_service_its_mutating_policy_tags() {
     }
     let bed = bed(AgentConfig::default()).await;
     let hosted = hc1_admin(&bed).await;
-    let policies = Api::<kube::api::DynamicObject>::all_with(
-        hosted.clone(),
-        &hcp_fleet_render::hosted::admission_policies::mutating_resource(),
+    assert!(
+        support::mutating_policy_exists(&hosted, ROW.name)
+            .await
+            .expect("get")
     );
-    assert!(policies.get_opt(ROW.name).await.expect("get").is_some());
     // Strips the tag, and marks what it saw, so the test knows the webhook ran.
     fn untag(object: &serde_json::Value) -> serde_json::Value {
         let escaped = TAGS_ANNOTATION.replace('~', "~0").replace('/', "~1");
@@ -842,11 +842,7 @@ async fn a_tenants_webhook_cannot_untag_a_service_its_mutating_policy_tags() {
     const SEEN: &str = "tenant.example.com/seen";
     let rules = serde_json::json!([{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["services"]}]);
     let (mutator, _dir, mapi) = install_tenant_mutator(&hosted, "tenant-untag", rules, untag).await;
-    let svc: Service = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "lb"},
-        "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]},
-    }))
-    .expect("service");
+    let svc = support::load_balancer("lb", serde_json::Value::Null);
     let dry = PostParams {
         dry_run: true,
         ..Default::default()

@@ -221,11 +221,7 @@ impl TagLoad {
                 let services = services.clone();
                 let n = sent.len();
                 sent.push(tokio::spawn(async move {
-                    let svc: Service = serde_json::from_value(serde_json::json!({
-                        "metadata": {"name": format!("lb-{n}")},
-                        "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]},
-                    }))
-                    .map_err(|e| e.to_string())?;
+                    let svc = support::load_balancer(&format!("lb-{n}"), serde_json::Value::Null);
                     let dry = PostParams {
                         dry_run: true,
                         ..Default::default()
@@ -266,6 +262,24 @@ impl TagLoad {
         self.stop.store(true, Ordering::Relaxed);
         self.task.await.expect("tag load")
     }
+}
+
+/// Until `paths()` reads `want` (webhook entry, policy), for at most 30 s.
+async fn until_paths<F, Fut>(what: &str, want: (bool, bool), paths: &F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<(bool, bool), String>>,
+{
+    eventually(what, Duration::from_secs(30), || {
+        let p = paths();
+        async move {
+            match p.await? {
+                now if now == want => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
 }
 
 /// The guards moved from webhooks to admission policies and back under 50 guarded requests per
@@ -322,25 +336,8 @@ async fn switching_engines_under_load_lets_nothing_through() {
     let tag_paths = || {
         let hosted = hosted.clone();
         async move {
-            use hcp_fleet_render::hosted::admission_policies::mutating_resource;
-            use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-            let hook = Api::<MutatingWebhookConfiguration>::all(hosted.clone())
-                .get_opt(hcp_fleet_render::hosted::webhooks::MUTATING_NAME)
-                .await
-                .map_err(|e| e.to_string())?
-                .and_then(|m| m.webhooks)
-                .unwrap_or_default()
-                .iter()
-                .any(|w| w.name == tag);
-            let policy = if mutating {
-                Api::<kube::api::DynamicObject>::all_with(hosted, &mutating_resource())
-                    .get_opt(tag)
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .is_some()
-            } else {
-                false
-            };
+            let hook = support::mutating_webhook_entry(&hosted, tag).await?;
+            let policy = mutating && support::mutating_policy_exists(&hosted, tag).await?;
             Ok::<_, String>((hook, policy))
         }
     };
@@ -352,20 +349,7 @@ async fn switching_engines_under_load_lets_nothing_through() {
 
     bed.set_config(with_engine(GuardEngine::Policy));
     if served {
-        eventually(
-            "the guards moved to policies",
-            Duration::from_secs(30),
-            || {
-                let p = paths();
-                async move {
-                    match p.await? {
-                        (false, true) => Ok(()),
-                        other => Err(format!("{other:?}")),
-                    }
-                }
-            },
-        )
-        .await;
+        until_paths("the guards moved to policies", (false, true), &paths).await;
     } else {
         wait_concern(&bed.mgmt, "hosted-webhooks", "NonCompliant").await;
         assert_eq!(
@@ -379,49 +363,15 @@ async fn switching_engines_under_load_lets_nothing_through() {
     } else {
         (true, false)
     };
-    eventually(
-        "the Service tag on its path",
-        Duration::from_secs(30),
-        || {
-            let p = tag_paths();
-            async move {
-                match p.await? {
-                    now if now == tag_moved => Ok(()),
-                    other => Err(format!("{other:?}")),
-                }
-            }
-        },
-    )
-    .await;
+    until_paths("the Service tag on its path", tag_moved, &tag_paths).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
 
     bed.set_config(through_the_service());
-    eventually(
-        "the guards back on webhooks",
-        Duration::from_secs(30),
-        || {
-            let p = paths();
-            async move {
-                match p.await? {
-                    (true, false) => Ok(()),
-                    other => Err(format!("{other:?}")),
-                }
-            }
-        },
-    )
-    .await;
-    eventually(
+    until_paths("the guards back on webhooks", (true, false), &paths).await;
+    until_paths(
         "the Service tag back on its webhook",
-        Duration::from_secs(30),
-        || {
-            let p = tag_paths();
-            async move {
-                match p.await? {
-                    (true, false) => Ok(()),
-                    other => Err(format!("{other:?}")),
-                }
-            }
-        },
+        (true, false),
+        &tag_paths,
     )
     .await;
     tokio::time::sleep(Duration::from_secs(5)).await;

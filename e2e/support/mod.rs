@@ -523,6 +523,49 @@ pub fn default_hosted_objects(version: &hcp_fleet_testbed::assets::KubeVersion) 
     2 + validating + mutating
 }
 
+/// Does the agent's MutatingWebhookConfiguration in a hosted cluster hold an entry `name`?
+pub async fn mutating_webhook_entry(hosted: &kube::Client, name: &str) -> Result<bool, String> {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    Ok(
+        kube::Api::<MutatingWebhookConfiguration>::all(hosted.clone())
+            .get_opt(hcp_fleet_render::hosted::webhooks::MUTATING_NAME)
+            .await
+            .map_err(|e| e.to_string())?
+            .and_then(|m| m.webhooks)
+            .unwrap_or_default()
+            .iter()
+            .any(|w| w.name == name),
+    )
+}
+
+/// Is there a MutatingAdmissionPolicy `name` in a hosted cluster?
+pub async fn mutating_policy_exists(hosted: &kube::Client, name: &str) -> Result<bool, String> {
+    kube::Api::<kube::api::DynamicObject>::all_with(
+        hosted.clone(),
+        &hcp_fleet_render::hosted::admission_policies::mutating_resource(),
+    )
+    .get_opt(name)
+    .await
+    .map(|p| p.is_some())
+    .map_err(|e| e.to_string())
+}
+
+/// A LoadBalancer Service named `name` with these annotations: what the Service tag acts on.
+pub fn load_balancer(
+    name: &str,
+    annotations: serde_json::Value,
+) -> k8s_openapi::api::core::v1::Service {
+    let mut metadata = serde_json::json!({"name": name});
+    if !annotations.is_null() {
+        metadata["annotations"] = annotations;
+    }
+    serde_json::from_value(serde_json::json!({
+        "metadata": metadata,
+        "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]},
+    }))
+    .expect("a Service")
+}
+
 /// How many AdmissionReviews for `webhook` the admission service in `ns` has answered, summed
 /// over its replicas (their `/metrics`, as a Prometheus would scrape them).
 pub async fn service_requests(mgmt: &kube::Client, ns: &str, webhook: &str) -> f64 {

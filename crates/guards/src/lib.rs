@@ -76,7 +76,7 @@ pub struct CelForm {
 /// request needs the change (the policy's last matchCondition), `apply_configuration` the
 /// change as an apply configuration (`Object{…}`, merged by the API server as server-side apply
 /// merges). The Rust handler's JSON patch and this change leave the object alike: every
-/// case of the guard's table, through both (`hosted::cel_cases` in render).
+/// case of the guard's table, through both (`hosted::cel_mutation_cases` in render).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MutationForm {
     pub applies: String,

@@ -202,11 +202,12 @@ impl Guard for PodImageSpec {
 
     /// `rewrite` in CEL, for the registry `s` knows (none known, or Managed: no form, the
     /// webhook keeps the guard). The tag table is written into the policy (a variable, and
-    /// the last matchCondition), so the policy changes when the table does. Where `registry_ref` reads an image (`IS_REF`: the
-    /// registry, then some `/` followed by `name_char*:` before any white space), the pod is
-    /// rewritten only if every such image is `openshift/<known tag>` exactly (up to white
-    /// space, where MCVW's `\S*` stops): an ImageStream tag holds no `/`, `:` or white space,
-    /// so for a known tag that is `registry_ref`'s reading too.
+    /// the last matchCondition), so the policy changes when the table does. Where
+    /// `registry_ref` reads an image (`is_ref`: the registry, then some `/` followed by
+    /// `name_char*:` before any white space), the pod is rewritten only if every such image is
+    /// `openshift/<known tag>` exactly (up to white space, where MCVW's `\S*` stops): an
+    /// ImageStream tag holds no `/`, `:` or white space, so for a known tag that is
+    /// `registry_ref`'s reading too.
     fn mutation(&self, s: &Settings) -> Option<MutationForm> {
         let reg = s.internal_registry.as_ref().filter(|r| r.rewrites())?;
         let table = format!(

@@ -323,23 +323,30 @@ impl From<kube::Error> for InstallError {
     }
 }
 
-/// Does the live validating configuration still hold a webhook entry for a guard that now
-/// runs as a policy?
-async fn guards_still_on_webhooks(
+/// Does the live webhook configuration `name` of kind `K` still hold an entry for one of
+/// `guards` (guards that now run as policies)?
+async fn still_on_webhooks<K>(
     hosted: &Client,
-    wanted: &admission_policies::AdmissionPolicies,
-) -> Result<bool, kube::Error> {
-    let guards: BTreeSet<&str> = wanted.guards().collect();
+    name: &str,
+    guards: &BTreeSet<&str>,
+) -> Result<bool, kube::Error>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + serde::Serialize,
+    K: std::fmt::Debug,
+{
     if guards.is_empty() {
         return Ok(false);
     }
-    Ok(Api::<ValidatingWebhookConfiguration>::all(hosted.clone())
-        .get_opt(VALIDATING_NAME)
-        .await?
-        .and_then(|v| v.webhooks)
-        .unwrap_or_default()
-        .iter()
-        .any(|w| guards.contains(w.name.as_str())))
+    let Some(live) = Api::<K>::all(hosted.clone()).get_opt(name).await? else {
+        return Ok(false);
+    };
+    let live = serde_json::to_value(live).map_err(kube::Error::SerdeError)?;
+    Ok(live["webhooks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|w| w["name"].as_str())
+        .any(|n| guards.contains(n)))
 }
 
 /// The object named `name`, taken out of `live` (what remains is not wanted).
@@ -367,24 +374,33 @@ async fn prove(
             why: "no probe is installed on that path".into(),
         });
     };
+    let answered = |left| async move {
+        probe::probe_path(hosted, left, engine, revision, proof)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    until_answered(to, within, answered).await
+}
+
+/// Asks `probe` (given the time left, at least a second) until it answers, for at most
+/// `within`; `to` names the path for the error.
+async fn until_answered<F, Fut>(
+    to: &'static str,
+    within: Duration,
+    probe: F,
+) -> Result<(), InstallError>
+where
+    F: Fn(Duration) -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
     let deadline = Instant::now() + within;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        match probe::probe_path(
-            hosted,
-            left.max(Duration::from_secs(1)),
-            engine,
-            revision,
-            proof,
-        )
-        .await
-        {
-            Ok(_) => return Ok(()),
+        match probe(left.max(Duration::from_secs(1))).await {
+            Ok(()) => return Ok(()),
             Err(why) if Instant::now() >= deadline => {
-                return Err(InstallError::Unproven {
-                    to,
-                    why: why.to_string(),
-                });
+                return Err(InstallError::Unproven { to, why });
             }
             // The API server reloads admission policies about once a second.
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
@@ -469,7 +485,11 @@ pub(crate) async fn install(
         // revision, no guard leaves its webhook, and the probe would only report the delay.
         // Also when nothing was written but a guard still has its webhook entry: an earlier
         // reconcile wrote the policies and stopped before its proof.
-        if wrote || guards_still_on_webhooks(hosted, wanted).await? {
+        let moving: BTreeSet<&str> = wanted.guards().collect();
+        if wrote
+            || still_on_webhooks::<ValidatingWebhookConfiguration>(hosted, VALIDATING_NAME, &moving)
+                .await?
+        {
             prove(
                 hosted,
                 Engine::Policy,
@@ -599,57 +619,18 @@ async fn install_mutating(
         }
     }
     let moving: BTreeSet<&str> = wanted.mutations().collect();
-    let still_hooked = desired_hooked_mutations(hosted, &moving).await?;
+    let still_hooked =
+        still_on_webhooks::<MutatingWebhookConfiguration>(hosted, MUTATING_NAME, &moving).await?;
     if let Some(revision) = wanted.mutating_revision.as_deref()
         && (wrote || still_hooked)
     {
-        prove_mutating(hosted, revision, within).await?;
+        let answered = |left| probe::probe_mutating(hosted, left, revision);
+        until_answered("mutating admission policies", within, answered).await?;
     }
     Ok((
         live_policies.iter().map(|p| p.name_any()).collect(),
         live_bindings.iter().map(|b| b.name_any()).collect(),
     ))
-}
-
-/// Does the live mutating configuration still hold a webhook entry for a mutation in
-/// `moving` (now carried by a policy)?
-async fn desired_hooked_mutations(
-    hosted: &Client,
-    moving: &BTreeSet<&str>,
-) -> Result<bool, kube::Error> {
-    if moving.is_empty() {
-        return Ok(false);
-    }
-    Ok(Api::<MutatingWebhookConfiguration>::all(hosted.clone())
-        .get_opt(MUTATING_NAME)
-        .await?
-        .and_then(|m| m.webhooks)
-        .unwrap_or_default()
-        .iter()
-        .any(|w| moving.contains(w.name.as_str())))
-}
-
-/// Waits until the mutating probe of `revision` is answered, for at most `within`.
-async fn prove_mutating(
-    hosted: &Client,
-    revision: &str,
-    within: Duration,
-) -> Result<(), InstallError> {
-    let deadline = Instant::now() + within;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match probe::probe_mutating(hosted, left.max(Duration::from_secs(1)), revision).await {
-            Ok(()) => return Ok(()),
-            Err(why) if Instant::now() >= deadline => {
-                return Err(InstallError::Unproven {
-                    to: "mutating admission policies",
-                    why,
-                });
-            }
-            // The API server reloads admission policies about once a second.
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
 }
 
 /// The mutating policies and bindings no longer wanted go, once the webhooks are written: a

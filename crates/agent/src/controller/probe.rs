@@ -122,26 +122,10 @@ pub(crate) async fn probe_path(
         Engine::Policy | Engine::Static => POLICY_PROBE_VALUE,
     };
     let nonce = hcp_fleet_guards::probe::nonce().ok_or(ProbeFailure::NoNonce)?;
-    let api: Api<ConfigMap> = Api::namespaced(hosted.clone(), "default");
-    let mut cm = ConfigMap::default();
-    // Named by the client, not generated: a policy's denial names the object, and the judge
-    // takes it only for the object this probe asked about. Dry run, so nothing is stored.
+    let cm = probe_object(value, revision, &nonce);
     let name = probe_name(&nonce);
-    cm.metadata.name = Some(name.clone());
-    cm.metadata.labels = Some(BTreeMap::from([
-        (PROBE_LABEL.to_string(), value.to_string()),
-        (PROBE_REVISION_LABEL.to_string(), revision.to_string()),
-    ]));
-    cm.metadata.annotations = Some(BTreeMap::from([(
-        NONCE_ANNOTATION.to_string(),
-        nonce.clone(),
-    )]));
-    let pp = kube::api::PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
     let t0 = Instant::now();
-    match tokio::time::timeout(timeout, api.create(&pp, &cm)).await {
+    match tokio::time::timeout(timeout, dry_run_create(hosted, &cm)).await {
         Ok(Err(kube::Error::Api(s))) => match authentic(engine, &s, &asked(&name), proof, &nonce) {
             Answer::Imitation => Err(match engine {
                 Engine::Webhook => ProbeFailure::ImitatedService,
@@ -179,18 +163,8 @@ pub(crate) async fn probe_mutating(
     revision: &str,
 ) -> Result<(), String> {
     let nonce = hcp_fleet_guards::probe::nonce().ok_or("the system's random source failed")?;
-    let api: Api<ConfigMap> = Api::namespaced(hosted.clone(), "default");
-    let mut cm = ConfigMap::default();
-    cm.metadata.name = Some(probe_name(&nonce));
-    cm.metadata.labels = Some(BTreeMap::from([
-        (PROBE_LABEL.to_string(), MUTATING_PROBE_VALUE.to_string()),
-        (PROBE_REVISION_LABEL.to_string(), revision.to_string()),
-    ]));
-    let pp = kube::api::PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
-    match tokio::time::timeout(timeout, api.create(&pp, &cm)).await {
+    let cm = probe_object(MUTATING_PROBE_VALUE, revision, &nonce);
+    match tokio::time::timeout(timeout, dry_run_create(hosted, &cm)).await {
         Ok(Ok(answer)) => {
             let written = answer
                 .metadata
@@ -211,6 +185,34 @@ pub(crate) async fn probe_mutating(
         Ok(Err(e)) => Err(crate::human::KubeError(&e).to_string()),
         Err(_) => Err(format!("no answer within {}s", timeout.as_secs())),
     }
+}
+
+/// A probe request's ConfigMap: labelled for the path `value` names at `revision`, carrying
+/// `nonce`. Named by the client, not generated: a policy's denial names the object, and the
+/// judge takes it only for the object this probe asked about.
+fn probe_object(value: &str, revision: &str, nonce: &str) -> ConfigMap {
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some(probe_name(nonce));
+    cm.metadata.labels = Some(BTreeMap::from([
+        (PROBE_LABEL.to_string(), value.to_string()),
+        (PROBE_REVISION_LABEL.to_string(), revision.to_string()),
+    ]));
+    cm.metadata.annotations = Some(BTreeMap::from([(
+        NONCE_ANNOTATION.to_string(),
+        nonce.to_string(),
+    )]));
+    cm
+}
+
+/// Sends a probe request as a dry run in `default`, so nothing is stored.
+async fn dry_run_create(hosted: &Client, cm: &ConfigMap) -> Result<ConfigMap, kube::Error> {
+    let pp = kube::api::PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    Api::<ConfigMap>::namespaced(hosted.clone(), "default")
+        .create(&pp, cm)
+        .await
 }
 
 /// The probe ConfigMap's name for `nonce` (hex): fresh per request, so no stored ConfigMap

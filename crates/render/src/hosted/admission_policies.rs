@@ -238,16 +238,9 @@ fn guard_policy(
         ),
         Mode::Enforce | Mode::Off => form.message.clone(),
     };
-    let scope = guards::scope_of(&w.path);
-    let rules = rules_json(&w.rules);
     let mut spec = json!({
         "failurePolicy": failure_policy(w.failure_policy),
-        "matchConstraints": {
-            "resourceRules": rules,
-            "matchPolicy": "Equivalent",
-            "namespaceSelector": guarded_namespace_selector(w.namespace_selector.as_ref(), scope),
-            "objectSelector": guarded_object_selector(w.object_selector.as_ref()),
-        },
+        "matchConstraints": guard_constraints(w),
         "validations": [{
             "expression": form.expression,
             "messageExpression": message,
@@ -267,31 +260,35 @@ fn guard_policy(
     })
 }
 
-/// A mutation's policy: the exemptions, then whether the object needs the change, as
-/// `matchConditions`; the change as an apply configuration. Reinvoked if a later mutation
-/// changes the object, so a webhook or policy that runs after it cannot take the change back.
+/// What a guard's policy, validating or mutating, matches: its rules and its guarded
+/// selectors, as its webhook entry does.
+fn guard_constraints(w: &WebhookDefinition) -> Value {
+    json!({
+        "resourceRules": rules_json(&w.rules),
+        "matchPolicy": "Equivalent",
+        "namespaceSelector": guarded_namespace_selector(w.namespace_selector.as_ref(), guards::scope_of(&w.path)),
+        "objectSelector": guarded_object_selector(w.object_selector.as_ref()),
+    })
+}
+
+/// A mutation's policy, named after its guard: the exemptions, then whether the object needs
+/// the change, as `matchConditions`; the change as an apply configuration. Reinvoked if a
+/// later mutation changes the object, so a webhook or policy that runs after it cannot take
+/// the change back.
 fn mutating_policy(
     w: &WebhookDefinition,
-    name: &str,
     form: &MutationForm,
-    conditions: &[Value],
+    mut conditions: Vec<Value>,
     hcp_namespace: &str,
 ) -> Value {
-    let scope = guards::scope_of(&w.path);
-    let mut conditions = conditions.to_vec();
     conditions.push(json!({"name": NEEDS_CHANGE, "expression": form.applies}));
     let mut policy = json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingAdmissionPolicy",
-        "metadata": owned_metadata(name, hcp_namespace),
+        "metadata": owned_metadata(&w.name, hcp_namespace),
         "spec": {
             "failurePolicy": failure_policy(w.failure_policy),
-            "matchConstraints": {
-                "resourceRules": rules_json(&w.rules),
-                "matchPolicy": "Equivalent",
-                "namespaceSelector": guarded_namespace_selector(w.namespace_selector.as_ref(), scope),
-                "objectSelector": guarded_object_selector(w.object_selector.as_ref()),
-            },
+            "matchConstraints": guard_constraints(w),
             "matchConditions": conditions,
             "mutations": [{
                 "patchType": "ApplyConfiguration",
@@ -406,14 +403,7 @@ fn render_mutating(
     features: HostedFeatures,
 ) -> (Vec<(Value, Value)>, Option<String>) {
     let mut set = guard_mutations(cfg, settings, hcp_namespace, features);
-    let revision = (!set.is_empty()).then(|| {
-        let all = Value::Array(
-            set.iter()
-                .flat_map(|(p, b)| [p.clone(), b.clone()])
-                .collect(),
-        );
-        hcp_fleet_model::compare::stable_hash(&[all.to_string().as_bytes()])
-    });
+    let revision = revision_of(set.iter().flat_map(|(p, b)| [p, b]));
     if let Some(rev) = &revision {
         let name = probe_name();
         set.push((
@@ -422,6 +412,14 @@ fn render_mutating(
         ));
     }
     (set, revision)
+}
+
+/// A content hash of a set of guard policies and bindings, the revision its probe selects
+/// (`None`: an empty set, nothing to probe).
+fn revision_of<'a>(objects: impl Iterator<Item = &'a Value>) -> Option<String> {
+    let all: Vec<Value> = objects.cloned().collect();
+    (!all.is_empty())
+        .then(|| hcp_fleet_model::compare::stable_hash(&[Value::Array(all).to_string().as_bytes()]))
 }
 
 /// The mutating probe: writes its revision into `MUTATING_PROBE_ANSWER` of a labelled
@@ -456,8 +454,9 @@ fn guard_mutations(
     hcp_namespace: &str,
     features: HostedFeatures,
 ) -> Vec<(Value, Value)> {
+    // `engine_of` keeps a mutation in warn mode on its webhook; off is not active.
     cfg.active_webhooks()
-        .filter(|w| w.mode == Mode::Enforce && engine_of(w, features).0 == Engine::Policy)
+        .filter(|w| engine_of(w, features).0 == Engine::Policy)
         .filter_map(|w| guard_mutation(w, settings, hcp_namespace))
         .collect()
 }
@@ -473,7 +472,7 @@ pub(crate) fn guard_mutation(
     let form = guard.mutation(settings)?;
     let conditions = exemptions::conditions(settings, &w.path, guard.scope());
     Some((
-        mutating_policy(w, &w.name, &form, &conditions, hcp_namespace),
+        mutating_policy(w, &form, conditions, hcp_namespace),
         mutating_binding(&w.name, hcp_namespace),
     ))
 }
@@ -554,10 +553,7 @@ pub(crate) fn render_set(
         policies.push(guard_policy(w, &name, &form, &conditions, hcp_namespace));
         bindings.push(binding(&name, actions, hcp_namespace, None));
     }
-    let revision = (!policies.is_empty()).then(|| {
-        let guards = Value::Array(policies.iter().chain(&bindings).cloned().collect());
-        hcp_fleet_model::compare::stable_hash(&[guards.to_string().as_bytes()])
-    });
+    let revision = revision_of(policies.iter().chain(&bindings));
     if let Some(rev) = &revision {
         let name = format!("{}{suffix}", probe_name());
         policies.push(probe_policy(&name, hcp_namespace, rev));

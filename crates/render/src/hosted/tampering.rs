@@ -143,23 +143,25 @@ fn binding_tamperings() -> Vec<Tampering> {
     ]
 }
 
-/// Tamperings of a MutatingAdmissionPolicy's spec.
+/// Tamperings of a MutatingAdmissionPolicy's spec: those of a validating policy's that its
+/// spec has too (a mutating policy has no validations, audit annotations or exclusions), and
+/// its own.
 fn mutating_policy_tamperings() -> Vec<Tampering> {
-    vec![
-        t(
-            "objectSelector in matchConstraints",
-            &["matchConstraints", "objectSelector"],
-            selector(),
-        ),
+    const SHARED: &[&str] = &[
+        "objectSelector in matchConstraints",
+        "a matchCondition that never holds",
+        "a variable added",
+        "a paramKind added",
+    ];
+    let mut ts: Vec<Tampering> = policy_tamperings()
+        .into_iter()
+        .filter(|t| SHARED.contains(&t.what))
+        .collect();
+    ts.extend([
         t(
             "resourceRules narrowed",
             &["matchConstraints", "resourceRules"],
             json!([{"operations": ["CREATE"], "apiGroups": ["none.example.com"], "apiVersions": ["v1"], "resources": ["nothing"]}]),
-        ),
-        t(
-            "a matchCondition that never holds",
-            &["matchConditions"],
-            json!([{"name": "tenant", "expression": "false"}]),
         ),
         t(
             "mutations made a no-op",
@@ -172,38 +174,18 @@ fn mutating_policy_tamperings() -> Vec<Tampering> {
             &["reinvocationPolicy"],
             json!("Never"),
         ),
-        t(
-            "a variable added",
-            &["variables"],
-            json!([{"name": "x", "expression": "true"}]),
-        ),
-        t(
-            "a paramKind added",
-            &["paramKind"],
-            json!({"apiVersion": "v1", "kind": "ConfigMap"}),
-        ),
-    ]
+    ]);
+    assert_eq!(ts.len(), 8, "every shared tampering found by name");
+    ts
 }
 
-/// Tamperings of a MutatingAdmissionPolicyBinding's spec.
+/// Tamperings of a MutatingAdmissionPolicyBinding's spec: a validating binding's, but for
+/// its validationActions, which a mutating binding has not.
 fn mutating_binding_tamperings() -> Vec<Tampering> {
-    vec![
-        t(
-            "matchResources added",
-            &["matchResources"],
-            json!({"objectSelector": selector()}),
-        ),
-        t(
-            "policyName pointed elsewhere",
-            &["policyName"],
-            json!("tenant-policy"),
-        ),
-        t(
-            "a paramRef added",
-            &["paramRef"],
-            json!({"name": "x", "parameterNotFoundAction": "Allow"}),
-        ),
-    ]
+    binding_tamperings()
+        .into_iter()
+        .filter(|t| t.path != ["validationActions"])
+        .collect()
 }
 
 /// `fieldsV1` for `path` under `prefix` (a managedFields entry's tree).
