@@ -18,7 +18,7 @@ helm:
 
 # Unit tests once, then the e2e suite against the test bed's version (hack/testbed-versions.sh:
 # Debian's 1.20.2, or the KUBEBUILDER_ASSETS directory), in two lanes side by side, and the
-# container image built twice to one digest with its SBOMs (hack/image.sh reproduce, at idle
+# container image checked to be reproducible with its SBOMs (hack/image.sh reproduce, at idle
 # priority beside the tests) and run alone (hack/image-check.sh): all in hack/test.sh.
 test:
 	@helm="$$(bash hack/helm.sh)" && eval "$$(bash hack/prometheus.sh)" && \

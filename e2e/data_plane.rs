@@ -427,6 +427,23 @@ async fn pod_images_follow_the_registry(fleet: &hcp_fleet_testbed::LocalFleet) {
     };
     let written = (internal("cli:latest"), internal("must-gather:latest"));
     let debug = pod("debug", &written.0, &written.1);
+    // The ServiceAccount plugin wants team-a's default account and, on 1.20, its token Secret,
+    // which the controller manager makes a moment after the namespace: until then every pod
+    // there is refused ("No API token found"), whatever the guards say.
+    eventually(
+        "a pod admitted in team-a (its default service account's token made)",
+        Duration::from_secs(60),
+        || {
+            let (pods, dry, debug) = (pods.clone(), dry.clone(), debug.clone());
+            async move {
+                pods.create(&dry, &debug)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }
+        },
+    )
+    .await;
     let kept = pods
         .create(&dry, &debug)
         .await

@@ -9,7 +9,7 @@
 #                         - the smoke test through a real kube-apiserver: the agent (FIPS)
 #                           installs every guard, and the hosted kube-apiserver calls the
 #                           FIPS admission service over TLS for each;
-#                         - the image variant, built twice to one digest, with its SBOMs, run
+#                         - the image variant, checked reproducible (hack/image.sh reproduce), with its SBOMs, run
 #                           alone (hack/image-check.sh), reporting FIPS mode.
 #   hack/fips.sh image    the image variant only (`make image-fips`)
 #

@@ -4,8 +4,10 @@
 #   hack/image.sh            the static release binary, then target/image/hcp-fleet-agent.oci.tar
 #   hack/image.sh binary     only the static binary (for buildah/podman/docker with Containerfile)
 #   hack/image.sh name       only the image's name (hack/image-check.sh reads it here)
-#   hack/image.sh reproduce  the image, then the binary compiled again and the image written
-#                            again: the two digests must be one (`make test` runs this)
+#   hack/image.sh reproduce  the image, written twice to one digest, and its binary held to
+#                            hack/image-reproduced.txt: the recorded binary of the same inputs,
+#                            or, where none is recorded, compiled again to the same bytes and
+#                            recorded (`make test` runs this)
 #
 # The binary is linked statically against glibc (-C target-feature=+crt-static); since glibc
 # 2.34 its DNS and files name lookups live in libc itself, so a scratch image resolves Service
@@ -45,10 +47,7 @@ build() {
   RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static --remap-path-prefix=$cargo_home=/cargo --remap-path-prefix=$PWD=/src" \
     cargo build --release --locked --no-default-features --features "$features" --target "$target" -p hcp-fleet-cli --bin hcp-fleet-agent >&2
 }
-before="$(stat -c %Y "$binary" 2>/dev/null || echo none)"
 build
-recompiled=yes
-[ "$before" != none ] && [ "$(stat -c %Y "$binary")" = "$before" ] && recompiled=no
 interp="$(readelf -l "$binary" 2>/dev/null | grep -c 'Requesting program interpreter' || true)"
 [ "$interp" = 0 ] || die "$binary is dynamically linked"
 say "static binary: $binary ($(du -h "$binary" | cut -f1))"
@@ -65,24 +64,48 @@ digest="$(write)" || die "cannot write the image"
 echo "$digest" >"$work/hcp-fleet-agent.oci.digest"
 say "$repository:$tag@$digest -> $archive ($(du -h "$archive" | cut -f1))"
 if [ "${1:-}" = reproduce ]; then
-  # The project's own crates compiled again from scratch (its dependencies are cargo's cached
-  # builds of the same locked sources), and the image written again. A binary cargo did not
-  # compile this time, whose bytes are the ones an earlier run compiled twice to one image, has
-  # shown it already: it is not compiled a third time (`make test` with nothing changed).
+  # Two builds of one source must give one image. The image is written again from the binary
+  # (the writer's half). The binary's half: hack/image-reproduced.txt records, per variant, the
+  # fingerprint of everything a compile read (hack/image-inputs.py: the toolchain, the system's
+  # C and link inputs, Cargo.lock, the manifests, every source file) and the binary it gave.
+  # - A record of this build's inputs: the binary compiled here must be the recorded one, byte
+  #   for byte. That is a second build on another machine, in another checkout and CARGO_HOME,
+  #   without compiling twice here (a cold CI run saves the second release compile).
+  # - No record of them (the sources changed since it was written): the project's crates are
+  #   compiled again from scratch here (their dependencies are cargo's cached builds of the same
+  #   locked sources), the two binaries must be one, and the record is rewritten: commit it with
+  #   the change, and the next build of these sources elsewhere is checked against it.
   first="$digest"
-  verified="$work/hcp-fleet-agent.reproduced"
+  digest="$(write)" || die "cannot write the image"
+  [ "$digest" = "$first" ] || die "one binary written twice gave two images: $first, then $digest"
+  record="hack/image-reproduced.txt"
+  variant="${IMAGE_VARIANT:-default}"
+  description="--release --locked --no-default-features --features $features --target $target -p hcp-fleet-cli --bin hcp-fleet-agent RUSTFLAGS=${RUSTFLAGS:-} -C target-feature=+crt-static --remap-path-prefix=/cargo --remap-path-prefix=/src"
+  inputs="$(python3 hack/image-inputs.py "$binary.d" "$cargo_home" "$description" "$work/hcp-fleet-agent.inputs")" \
+    || die "cannot fingerprint the binary's inputs"
   sum="$(sha256sum "$binary" | cut -d' ' -f1)"
-  if [ "$recompiled" = no ] && [ "$(cat "$verified" 2>/dev/null)" = "$sum" ]; then
-    say "reproduced earlier: this binary (sha256:$sum) is the second of two compiles that gave one image; not compiled again"
+  recorded="$(awk -v v="$variant" -v i="$inputs" '$1 == v && $2 == i { print $3 }' "$record" 2>/dev/null || true)"
+  if [ -n "$recorded" ]; then
+    [ "$recorded" = "$sum" ] || die "not reproducible: the inputs $inputs gave sha256:$recorded where $record was written and sha256:$sum here ($work/hcp-fleet-agent.inputs lists them)"
+    say "reproduced: compiled from the inputs $record names ($inputs), the binary is the recorded one, sha256:$sum, and the image $digest"
   else
-    rm -f "$verified"
+    say "no record of these inputs ($inputs) in $record: compiling the project's crates again"
     cargo clean --release --target "$target" -p hcp-fleet-model -p hcp-fleet-guards -p hcp-fleet-render \
       -p hcp-fleet-webhook -p hcp-fleet-agent -p hcp-fleet-cli >&2
     build
     digest="$(write)" || die "cannot write the image"
     [ "$digest" = "$first" ] || die "two builds of one source gave two images: $first, then $digest"
-    sha256sum "$binary" | cut -d' ' -f1 >"$verified"
-    say "reproduced: the binary compiled again gives the same image, $digest"
+    again="$(sha256sum "$binary" | cut -d' ' -f1)"
+    [ "$again" = "$sum" ] || die "two builds of one source gave two binaries: sha256:$sum, then sha256:$again"
+    {
+      echo "# hack/image.sh reproduce: per image variant, the fingerprint of everything its binary's"
+      echo "# compile read (hack/image-inputs.py) and the binary's SHA-256, written after two"
+      echo "# compiles gave one binary. A build of the same inputs elsewhere must give this binary."
+      grep -v '^#' "$record" 2>/dev/null | awk -v v="$variant" '$1 != v' || true
+      echo "$variant $inputs $sum"
+    } >"$record.tmp"
+    mv "$record.tmp" "$record"
+    say "reproduced: the binary compiled again gives the same image, $digest; recorded in $record (commit it with the change)"
   fi
 fi
 SBOM_FEATURES="$features" bash hack/sbom.sh "$binary" "$repository:$tag" "$digest" "$epoch" "$work" >&2

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make test`: the unit tests once, then the e2e suite once per test-bed version
 # (hack/testbed-versions.sh: v1.20.2 from Debian's packages, or the KUBEBUILDER_ASSETS
-# directory alone), then the container image: built twice to one digest with its SBOMs
-# (hack/image.sh reproduce) and run alone (hack/image-check.sh).
+# directory alone), then the container image: built to one digest twice, its binary held to
+# the recorded build of the same inputs or compiled twice (hack/image.sh reproduce), with its
+# SBOMs, and run alone (hack/image-check.sh).
 #
 # Three overlaps keep a cold run short on two cores:
 # - the test-bed binaries build (minutes, when not cached) while cargo compiles the tests;
@@ -64,10 +65,9 @@ mapfile -t versions <"$work/versions"
 [ "${#versions[@]}" -gt 0 ] || { echo "[test] no test-bed version" >&2; exit 1; }
 
 # Two lanes of about equal length (measured on 1.20.2 with the hosted clusters' data planes,
-# the OpenAPI patch of hack/testbed-patches and the dependencies at opt-level 0 but for the
-# request path (Cargo.toml), the two lanes alone, 2026-11-29: admission 569 s + data_plane 58 +
-# packaging 98 + testbed 52 = 777; acm 65 + agent 389 + monitoring 50 + rollout 162 +
-# tenant 114 = 780).
+# the patches of hack/testbed-patches and the servers' GOGC of crates/testbed, the two lanes
+# alone, 2026-12-02: admission 340 s + data_plane 25 + packaging 73 + testbed 18 = 456; acm 31 +
+# agent 233 + monitoring 28 + rollout 112 + tenant 37 = 441).
 lanes=("--test admission --test packaging --test testbed --test data_plane" "--test agent --test rollout --test acm --test monitoring --test tenant")
 # Every [[test]] of e2e/Cargo.toml runs in one lane: a new e2e binary left out fails here.
 for t in $(awk '/^\[\[test\]\]/{t=1} t && /^name *=/{gsub(/[" ]/,"",$0); sub(/name=/,""); print; t=0}' e2e/Cargo.toml); do

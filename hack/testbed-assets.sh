@@ -20,7 +20,7 @@ K8S_VERSION="v1.20.2"
 K8S_MAJOR="1"
 K8S_MINOR="20"
 # Bump when the build recipe changes, so caches built by an older recipe are rebuilt.
-RECIPE="8"
+RECIPE="9"
 CACHE_ROOT="${HCP_FLEET_ASSETS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hcp-fleet-agent}"
 OUT="$CACHE_ROOT/assets/$K8S_VERSION"
 BINARIES=(kube-apiserver kube-controller-manager etcd kubectl)
