@@ -65,9 +65,9 @@ mapfile -t versions <"$work/versions"
 [ "${#versions[@]}" -gt 0 ] || { echo "[test] no test-bed version" >&2; exit 1; }
 
 # Two lanes of about equal length (measured on 1.20.2 with the hosted clusters' data planes,
-# the patches of hack/testbed-patches and the servers' GOGC of crates/testbed, the two lanes
-# alone, 2026-12-02: admission 340 s + data_plane 25 + packaging 73 + testbed 18 = 456; acm 31 +
-# agent 233 + monitoring 28 + rollout 112 + tenant 37 = 441).
+# the patches of hack/testbed-patches and the servers' Go runtime settings of crates/testbed,
+# the two lanes alone, 2026-12-02: admission 281 s + data_plane 25 + packaging 71 + testbed 24
+# = 401; acm 24 + agent 222 + monitoring 20 + rollout 106 + tenant 42 = 414).
 lanes=("--test admission --test packaging --test testbed --test data_plane" "--test agent --test rollout --test acm --test monitoring --test tenant")
 # Every [[test]] of e2e/Cargo.toml runs in one lane: a new e2e binary left out fails here.
 for t in $(awk '/^\[\[test\]\]/{t=1} t && /^name *=/{gsub(/[" ]/,"",$0); sub(/name=/,""); print; t=0}' e2e/Cargo.toml); do

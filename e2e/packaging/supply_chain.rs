@@ -97,18 +97,14 @@ fn fingerprinted_checkout(root: &Path, cargo_home: &Path, source: &str) -> PathB
     std::fs::write(root.join("Cargo.toml"), "[package]\nname = \"probe\"\n").expect("manifest");
     std::fs::write(root.join("Cargo.lock"), "version = 4\n").expect("lock");
     std::fs::write(root.join("src/main.rs"), source).expect("source");
-    let ok = Command::new("git")
-        .args(["init", "-q"])
-        .current_dir(root)
-        .status()
-        .expect("git runs");
-    assert!(ok.success(), "git init");
-    let ok = Command::new("git")
-        .args(["add", "Cargo.toml"])
-        .current_dir(root)
-        .status()
-        .expect("git runs");
-    assert!(ok.success(), "git add");
+    for step in [&["init", "-q"][..], &["add", "Cargo.toml"]] {
+        let ok = Command::new("git")
+            .args(step)
+            .current_dir(root)
+            .status()
+            .expect("git runs");
+        assert!(ok.success(), "git {step:?}");
+    }
     let registry = cargo_home.join("registry/src/index/serde-1.0.0/src/lib.rs");
     let depinfo = root.join("probe.d");
     std::fs::write(
