@@ -265,22 +265,11 @@ async fn the_cluster_runs_under_every_guard(engine: GuardEngine) {
             .expect("volume"),
         ]);
     }
-    // The ServiceAccount plugin wants team-a's default account, which the controller
-    // manager's service-account controller makes.
-    eventually(
+    until_admitted(
         "the customer's own pod created",
-        Duration::from_secs(30),
-        || {
-            let customer = customer.clone();
-            let own = own.clone();
-            async move {
-                Api::<Pod>::namespaced(customer, "team-a")
-                    .create(&PostParams::default(), &own)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            }
-        },
+        &Api::<Pod>::namespaced(customer.clone(), "team-a"),
+        &PostParams::default(),
+        &own,
     )
     .await;
     eventually(
@@ -392,6 +381,23 @@ async fn a_guard_that_denies_the_clusters_own_requests_shows_on_the_health_recor
 /// cluster and writes it to the admission service's ConfigMap, and the same pod (and its init
 /// container's must-gather) gets the release's images that the `openshift` ImageStreams name.
 /// A tag no ImageStream has leaves the pod as written.
+/// Creates `pod` once the ServiceAccount plugin admits it. The plugin wants the namespace's
+/// default account and, on 1.20, its token Secret, which the controller manager makes a moment
+/// after the namespace: until then every pod there is refused ("No API token found"), whatever
+/// the guards say.
+async fn until_admitted(what: &str, pods: &Api<Pod>, params: &PostParams, pod: &Pod) {
+    eventually(what, Duration::from_secs(60), || {
+        let (pods, params, pod) = (pods.clone(), params.clone(), pod.clone());
+        async move {
+            pods.create(&params, &pod)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        }
+    })
+    .await;
+}
+
 async fn pod_images_follow_the_registry(fleet: &hcp_fleet_testbed::LocalFleet) {
     use kube::api::{DynamicObject, Patch, PatchParams};
     use kube::core::{ApiResource, GroupVersionKind};
@@ -427,23 +433,7 @@ async fn pod_images_follow_the_registry(fleet: &hcp_fleet_testbed::LocalFleet) {
     };
     let written = (internal("cli:latest"), internal("must-gather:latest"));
     let debug = pod("debug", &written.0, &written.1);
-    // The ServiceAccount plugin wants team-a's default account and, on 1.20, its token Secret,
-    // which the controller manager makes a moment after the namespace: until then every pod
-    // there is refused ("No API token found"), whatever the guards say.
-    eventually(
-        "a pod admitted in team-a (its default service account's token made)",
-        Duration::from_secs(60),
-        || {
-            let (pods, dry, debug) = (pods.clone(), dry.clone(), debug.clone());
-            async move {
-                pods.create(&dry, &debug)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            }
-        },
-    )
-    .await;
+    until_admitted("a pod admitted in team-a", &pods, &dry, &debug).await;
     let kept = pods
         .create(&dry, &debug)
         .await

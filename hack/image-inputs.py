@@ -7,7 +7,8 @@ its record (hack/image-reproduced.txt) by.
 DEPINFO is the dep-info file cargo wrote beside the binary (`<binary>.d`): every source file
 the compile read, the workspace's and the registry's. The fingerprint covers
 
-- DESCRIPTION: the build's command line as hack/image.sh runs it (target, features, flags);
+- DESCRIPTION: the build's command line as hack/image.sh runs it (target, features, flags),
+  the checkout's and CARGO_HOME's paths in it written as below;
 - the toolchain: `rustc -vV`, and what the C parts and the static link read from the system
   (ring's C and assembly through gcc, glibc's static archives, the linker): the Debian
   packages' versions, or the tools' own `--version` where dpkg is absent;
@@ -95,17 +96,8 @@ def depinfo_entries(text):
         if not line.strip() or line.startswith("#") or ":" not in line:
             continue
         _, deps = line.split(":", 1)
-        # Split on spaces that are not escaped.
-        part = ""
-        for token in deps.strip().split(" "):
-            if part.endswith("\\"):
-                part += " " + token
-            else:
-                if part:
-                    files.append(unescape(part))
-                part = token
-        if part:
-            files.append(unescape(part))
+        # Paths are separated by spaces that are not escaped.
+        files += [unescape(p) for p in re.split(r"(?<!\\) ", deps.strip()) if p]
     return files, envs
 
 
@@ -123,7 +115,11 @@ def main(argv):
         sys.stderr.write(f"image-inputs: {depinfo} names no source file\n")
         return 1
 
-    items = [f"build {description}"] + [f"toolchain {line}" for line in toolchain()]
+    def portable(text):
+        # As the build's --remap-path-prefix writes them.
+        return text.replace(str(root), "/src").replace(str(cargo_home), "/cargo")
+
+    items = [f"build {portable(description)}"] + [f"toolchain {line}" for line in toolchain()]
     manifests = sorted(tracked_manifests(root))
     fixed = [root / "Cargo.lock", root / "rust-toolchain.toml", *manifests]
     seen = set()
@@ -165,7 +161,7 @@ def main(argv):
         if settings.match(name):
             envs.append(f"{name}={os.environ[name]} (environment)")
     for env in sorted(envs):
-        items.append("env " + env.replace(str(root), "/src").replace(str(cargo_home), "/cargo"))
+        items.append("env " + portable(env))
 
     text = "\n".join(items)
     if len(argv) == 5:

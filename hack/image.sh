@@ -43,10 +43,9 @@ binary="${CARGO_TARGET_DIR:-target}/$target/release/hcp-fleet-agent"
 # The cli crate's binary, whose dependency graph has no test bed (etcd and kube-apiserver
 # supervision, the stand-in kubelet, `dev`, `package`: crates/testbed and e2e/'s hcp-fleet-dev).
 cargo_home="${CARGO_HOME:-$HOME/.cargo}"
-build() {
-  RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static --remap-path-prefix=$cargo_home=/cargo --remap-path-prefix=$PWD=/src" \
-    cargo build --release --locked --no-default-features --features "$features" --target "$target" -p hcp-fleet-cli --bin hcp-fleet-agent >&2
-}
+rustflags="${RUSTFLAGS:-} -C target-feature=+crt-static --remap-path-prefix=$cargo_home=/cargo --remap-path-prefix=$PWD=/src"
+cargo_args=(--release --locked --no-default-features --features "$features" --target "$target" -p hcp-fleet-cli --bin hcp-fleet-agent)
+build() { RUSTFLAGS="$rustflags" cargo build "${cargo_args[@]}" >&2; }
 build
 interp="$(readelf -l "$binary" 2>/dev/null | grep -c 'Requesting program interpreter' || true)"
 [ "$interp" = 0 ] || die "$binary is dynamically linked"
@@ -80,8 +79,7 @@ if [ "${1:-}" = reproduce ]; then
   [ "$digest" = "$first" ] || die "one binary written twice gave two images: $first, then $digest"
   record="hack/image-reproduced.txt"
   variant="${IMAGE_VARIANT:-default}"
-  description="--release --locked --no-default-features --features $features --target $target -p hcp-fleet-cli --bin hcp-fleet-agent RUSTFLAGS=${RUSTFLAGS:-} -C target-feature=+crt-static --remap-path-prefix=/cargo --remap-path-prefix=/src"
-  inputs="$(python3 hack/image-inputs.py "$binary.d" "$cargo_home" "$description" "$work/hcp-fleet-agent.inputs")" \
+  inputs="$(python3 hack/image-inputs.py "$binary.d" "$cargo_home" "${cargo_args[*]} RUSTFLAGS=$rustflags" "$work/hcp-fleet-agent.inputs")" \
     || die "cannot fingerprint the binary's inputs"
   sum="$(sha256sum "$binary" | cut -d' ' -f1)"
   recorded="$(awk -v v="$variant" -v i="$inputs" '$1 == v && $2 == i { print $3 }' "$record" 2>/dev/null || true)"
