@@ -140,7 +140,9 @@ async fn the_cluster_runs_under_every_guard(engine: GuardEngine) {
         Some("red-hat-managed=true,team=a"),
         "the LoadBalancer's tags"
     );
-    pod_images_follow_the_registry(fleet).await;
+    let by_policy =
+        engine != GuardEngine::Webhook && assets.version.serves(Feature::MutatingPolicies);
+    pod_images_follow_the_registry(fleet, by_policy).await;
     the_cluster_version_canary_is_denied_by_its_guard(fleet).await;
     let want = expected_pods(nodes);
     eventually(
@@ -380,7 +382,10 @@ async fn a_guard_that_denies_the_clusters_own_requests_shows_on_the_health_recor
 /// written; once the customer removes the registry, the agent reads the change from the hosted
 /// cluster and writes it to the admission service's ConfigMap, and the same pod (and its init
 /// container's must-gather) gets the release's images that the `openshift` ImageStreams name.
-/// A tag no ImageStream has leaves the pod as written.
+/// A tag no ImageStream has leaves the pod as written. Where the server serves mutating
+/// policies and the guards are not all asked onto webhooks (`by_policy`), the rewrite is a
+/// MutatingAdmissionPolicy carrying the tags the agent read, none while the registry is
+/// Managed, and no webhook ever; elsewhere the admission service's webhook.
 /// Creates `pod` once the ServiceAccount plugin admits it. The plugin wants the namespace's
 /// default account and, on 1.20, its token Secret, which the controller manager makes a moment
 /// after the namespace: until then every pod there is refused ("No API token found"), whatever
@@ -398,9 +403,56 @@ async fn until_admitted(what: &str, pods: &Api<Pod>, params: &PostParams, pod: &
     .await;
 }
 
-async fn pod_images_follow_the_registry(fleet: &hcp_fleet_testbed::LocalFleet) {
+async fn pod_images_follow_the_registry(fleet: &hcp_fleet_testbed::LocalFleet, by_policy: bool) {
+    use hcp_fleet_guards::pod_image_spec::ROW;
     use kube::api::{DynamicObject, Patch, PatchParams};
     use kube::core::{ApiResource, GroupVersionKind};
+    let admin = fleet
+        .hosted(HOSTED)
+        .expect("hc-1")
+        .client()
+        .await
+        .expect("admin");
+    // (a mutating policy named for the guard, a mutating webhook named for it)
+    let carriers = || {
+        let admin = admin.clone();
+        async move {
+            use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+            let hooks = Api::<MutatingWebhookConfiguration>::all(admin.clone())
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let hooked = hooks
+                .items
+                .iter()
+                .flat_map(|m| m.webhooks.iter().flatten())
+                .any(|w| w.name == ROW.name);
+            let policy = if by_policy {
+                let maps = ApiResource::from_gvk_with_plural(
+                    &GroupVersionKind::gvk(
+                        "admissionregistration.k8s.io",
+                        "v1",
+                        "MutatingAdmissionPolicy",
+                    ),
+                    "mutatingadmissionpolicies",
+                );
+                Api::<DynamicObject>::all_with(admin, &maps)
+                    .get_opt(ROW.name)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .is_some()
+            } else {
+                false
+            };
+            Ok::<_, String>((policy, hooked))
+        }
+    };
+    let wanted_while_managed = (false, !by_policy);
+    assert_eq!(
+        carriers().await.expect("the hosted mutations"),
+        wanted_while_managed,
+        "(policy, webhook) for the pod image spec mutation while the registry is Managed"
+    );
     let customer = fleet
         .hosted_client_for(HOSTED, platform::CUSTOMER.0, platform::CUSTOMER.1)
         .await
@@ -479,6 +531,11 @@ async fn pod_images_follow_the_registry(fleet: &hcp_fleet_testbed::LocalFleet) {
         },
     )
     .await;
+    assert_eq!(
+        carriers().await.expect("the hosted mutations"),
+        (by_policy, !by_policy),
+        "(policy, webhook) for the pod image spec mutation once the registry is Removed"
+    );
     let unknown = pod("unknown", &internal("cli:4.99"), &written.1);
     let got = pods
         .create(&dry, &unknown)

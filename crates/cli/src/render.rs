@@ -131,6 +131,9 @@ pub(crate) fn render_all(
             // elsewhere their guards are the API-side ones `auto` would choose.
             static_guards: servers.admission_policies,
         },
+        // The hosted cluster's registry is not known here: the pod image spec mutation's
+        // policy, which carries its tags, is rendered by the agent once it has read them.
+        None,
     )?
     .annotated(REVISION_ANNOTATION, &revision);
     let statics = static_guards::render(cfg, &Settings::from(cfg), namespace)?;

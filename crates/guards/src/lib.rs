@@ -107,6 +107,13 @@ pub trait Guard: Sync {
         None
     }
 
+    /// Whether an engine may give this mutation to a MutatingAdmissionPolicy: its change has a
+    /// CEL form, though under some settings there is nothing to change (`mutation` is `None`
+    /// there, and no policy is rendered: nothing needs one).
+    fn mutates_in_cel(&self) -> bool {
+        self.mutation(&Settings::default()).is_some()
+    }
+
     /// Requests this guard must deny and requests it must allow, under the default
     /// configuration. Every engine is held to the same table.
     fn cases(&self) -> Vec<Case>;
@@ -162,9 +169,9 @@ pub fn has_cel_form(path: &str) -> bool {
 }
 
 /// Does the guard served on `path` have a mutation in CEL (so it can run as a mutating
-/// admission policy)?
+/// admission policy)? `Guard::mutates_in_cel`.
 pub fn has_mutation_form(path: &str) -> bool {
-    for_path(path).is_some_and(|g| g.mutation(&Settings::default()).is_some())
+    for_path(path).is_some_and(|g| g.mutates_in_cel())
 }
 
 /// Whom the guard served on `path` leaves alone (a path no guard serves: the default).

@@ -19,10 +19,10 @@
 //!   unbounded, and an image of theirs cannot be pulled with the registry gone either way).
 //! - Whose pods: everyone's, in every namespace (MCVW exempts no one); it only ever replaces an
 //!   image that cannot be pulled with the one the cluster's own ImageStream names.
-//! - A mutation of the admission service for now. Its CEL form (`mutation`: the tag table
-//!   written into the policy) is held to the table of cases, but no engine chooses it yet: the
-//!   hosted rendering has no registry table to write into it, so `has_mutation_form` says no
-//!   and the webhook guards (#61).
+//! - Either engine: the admission service reads the table from a ConfigMap; a
+//!   MutatingAdmissionPolicy has it written into its CEL (`mutation`), so the policy is
+//!   rendered anew when the table changes, and not at all where there is nothing to rewrite
+//!   (the registry Managed, or nothing read yet): no engine has work to do then.
 
 use std::collections::BTreeMap;
 
@@ -200,8 +200,12 @@ impl Guard for PodImageSpec {
         None
     }
 
-    /// `rewrite` in CEL, for the registry `s` knows (none known, or Managed: no form, the
-    /// webhook keeps the guard). The tag table is written into the policy (a variable, and
+    fn mutates_in_cel(&self) -> bool {
+        true
+    }
+
+    /// `rewrite` in CEL, for the registry `s` knows (none known, or Managed: no form, and no
+    /// policy: there is nothing to rewrite). The tag table is written into the policy (a variable, and
     /// the last matchCondition), so the policy changes when the table does. Where
     /// `registry_ref` reads an image (`is_ref`: the registry, then some `/` followed by
     /// `name_char*:` before any white space), the pod is rewritten only if every such image is

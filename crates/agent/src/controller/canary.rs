@@ -466,6 +466,7 @@ mod tests {
             "https://svc.clusters-a.svc:443",
             "CA",
             features,
+            None,
         )
         .expect("render")
     }
@@ -490,17 +491,34 @@ mod tests {
     #[test]
     fn every_enforced_guard_with_a_canary_is_planned_on_its_engine() {
         let cfg = AgentConfig::default();
-        for policies in [false, true] {
-            let p = plan(&cfg, &rendered(&cfg, policies));
+        let removed = hcp_fleet_guards::pod_image_spec::case_registry();
+        for (policies, registry) in [(false, None), (true, None), (true, Some(&removed))] {
+            let desired = render(
+                &cfg,
+                "clusters-a",
+                "https://svc.clusters-a.svc:443",
+                "CA",
+                HostedFeatures {
+                    admission_policies: policies,
+                    mutating_policies: policies,
+                    static_guards: false,
+                    match_conditions: policies,
+                },
+                registry,
+            )
+            .expect("render");
+            let p = plan(&cfg, &desired);
             let names: Vec<&str> = p.iter().map(|p| p.guard.as_str()).collect();
-            assert_eq!(names.len(), 9, "{names:?}");
+            // The pod image spec mutation as a policy where the registry has nothing to
+            // rewrite: no policy, nothing to prove.
+            let want_len = if policies && registry.is_none() { 8 } else { 9 };
+            assert_eq!(names.len(), want_len, "{names:?}");
             let want = if policies {
                 Engine::Policy
             } else {
                 Engine::Webhook
             };
-            // A mutation with a CEL form is a policy where served; the pod image spec
-            // mutation stays a webhook.
+            // A mutation with a CEL form is a policy where served.
             for p in &p {
                 let mutation = p.canary.mutates();
                 assert_eq!(
@@ -508,12 +526,7 @@ mod tests {
                     p.guard.starts_with("service-tags") || p.guard.starts_with("pod-image-spec"),
                     "{p:?}"
                 );
-                let webhook_only = p.guard.starts_with("pod-image-spec");
-                assert_eq!(
-                    p.engine,
-                    if webhook_only { Engine::Webhook } else { want },
-                    "{p:?}"
-                );
+                assert_eq!(p.engine, want, "{p:?}");
                 assert_eq!(
                     p.by_registry,
                     p.guard.starts_with("pod-image-spec"),

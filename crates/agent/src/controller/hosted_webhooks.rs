@@ -74,6 +74,9 @@ pub(crate) struct Want<'a> {
     pub(crate) proof: &'a Proof,
     /// The static guards, their ConfigMap put in place where that only adds guards (phase 3).
     pub(crate) statics: &'a Statics,
+    /// The hosted cluster's internal registry, which the pod image spec mutation's policy
+    /// carries (`internal_registry::current`).
+    pub(crate) registry: Option<&'a hcp_fleet_guards::pod_image_spec::InternalRegistry>,
 }
 
 /// Fails when a Service in the HCP namespace would make HyperShift delete the guest webhooks
@@ -146,13 +149,14 @@ pub(crate) async fn ensure(
         revision,
         proof,
         statics,
+        registry,
     } = want;
     let url_base = url_base(s).await?;
     let mut features = hosted.features().await;
     let timeout = cfg.hosted_access.request_timeout();
     let in_force = statics.in_force(hosted, features, timeout, proof).await;
     features.static_guards = in_force == StaticState::InForce;
-    let mut desired = webhooks::render(cfg, ns, &url_base, ca_bundle, features)
+    let mut desired = webhooks::render(cfg, ns, &url_base, ca_bundle, features, registry)
         .map_err(Failure::RenderWebhooks)?
         .annotated(hcp_fleet_render::rollout::REVISION_ANNOTATION, revision);
     if in_force == StaticState::InForce {

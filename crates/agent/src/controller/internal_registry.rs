@@ -1,9 +1,9 @@
-//! Phase 6's input for the pod image spec mutation (`render::internal_registry`): the hosted
+//! Phase 5's input for the pod image spec mutation (`render::internal_registry`): the hosted
 //! cluster's image registry config, and the `openshift` namespace's ImageStreams where the
-//! registry is not Managed, read at each reconcile and every few probe rounds; the ConfigMap
-//! the admission replicas mount, written where what they would read differs. A hosted cluster
-//! that does not answer leaves the ConfigMap as it was: the replicas go on with what they
-//! read last.
+//! registry is not Managed, read at each reconcile and every few probe rounds. The mutation's
+//! policy carries what was read in its CEL; the ConfigMap the admission replicas mount is
+//! written where what they would read differs. A hosted cluster that does not answer leaves
+//! both as they were: the policy and the replicas go on with what was read last.
 
 use std::time::Duration;
 
@@ -85,21 +85,56 @@ pub(super) async fn changed(
     differs
 }
 
-/// Reads the hosted cluster's registry and writes the ConfigMap where it differs; the probe
-/// task compares later reads with what was written (`WatchShared::internal_registry`).
-pub(super) async fn ensure(s: &Scope<'_>, hosted: &HostedClient) -> Result<(), Failure> {
+/// The registry this pass renders and writes: read from the hosted cluster now, else (it did
+/// not answer) what was read last, which the replicas and the policy keep; `None` where the
+/// mutation is off or nothing was ever read.
+pub(super) struct Current {
+    pub(super) registry: Option<InternalRegistry>,
+    /// Read now: what the ConfigMap and the probe task's comparison are brought up to.
+    fresh: bool,
+}
+
+/// Phase 5's input: the registry, read before the hosted objects are rendered, since the pod
+/// image spec mutation's policy carries its tags.
+pub(super) async fn current(s: &Scope<'_>, hosted: &HostedClient) -> Current {
     if !wanted(s) {
-        return Ok(());
+        return Current {
+            registry: None,
+            fresh: false,
+        };
     }
-    let timeout = s.cfg.hosted_access.request_timeout();
-    let reg = match read(&hosted.client(), timeout).await {
-        Ok(r) => r,
+    match read(&hosted.client(), s.cfg.hosted_access.request_timeout()).await {
+        Ok(r) => Current {
+            registry: Some(r),
+            fresh: true,
+        },
         Err(why) => {
-            warn!(namespace = %s.ns, error = %why, "could not read the hosted cluster's internal registry; the admission service keeps what it read last");
-            return Ok(());
+            warn!(namespace = %s.ns, error = %why, "could not read the hosted cluster's internal registry; the pod image spec mutation keeps what it read last");
+            Current {
+                registry: last(s),
+                fresh: false,
+            }
         }
+    }
+}
+
+/// The registry last written for the replicas and rendered into the policy.
+pub(super) fn last(s: &Scope<'_>) -> Option<InternalRegistry> {
+    s.ctx.with_hcp(s.ns, |h| {
+        h.watch
+            .as_ref()
+            .and_then(|w| lock(&w.shared).internal_registry.clone())
+    })
+}
+
+/// Writes the registry read now to the ConfigMap the replicas mount, where it differs, and
+/// keeps it for the probe task, which compares later reads with it
+/// (`WatchShared::internal_registry`) and the canary, which names what it resolves.
+pub(super) async fn ensure(s: &Scope<'_>, current: &Current) -> Result<(), Failure> {
+    let (true, Some(reg)) = (current.fresh, &current.registry) else {
+        return Ok(());
     };
-    let cm = config_map(s.ns, &reg).map_err(|e| Failure::ApplyAdmission {
+    let cm = config_map(s.ns, reg).map_err(|e| Failure::ApplyAdmission {
         kind: "ConfigMap",
         name: CONFIG_MAP.into(),
         source: kube::Error::SerdeError(e),
@@ -118,7 +153,7 @@ pub(super) async fn ensure(s: &Scope<'_>, hosted: &HostedClient) -> Result<(), F
     .await?;
     s.ctx.with_hcp(s.ns, |h| {
         if let Some(w) = &h.watch {
-            lock(&w.shared).internal_registry = Some(reg);
+            lock(&w.shared).internal_registry = Some(reg.clone());
         }
     });
     Ok(())

@@ -256,17 +256,19 @@ async fn phases(s: &Scope<'_>, found: &mut Found) -> Result<Action, Failure> {
         key: certs.bundle.probe_key.clone(),
         rolling_out: !found.rolled_out,
     };
+    let registry = internal_registry::current(s, &hosted).await;
     let want = hosted_webhooks::Want {
         ca_bundle: &ca_bundle,
         revision: s.revision,
         proof: &proof,
         statics: &statics,
+        registry: registry.registry.as_ref(),
     };
     let mut installed = hosted_webhooks::ensure(s, &hosted, want).await?;
     hosted_drift.append(&mut installed.drift);
-    // The pod image spec mutation's input, once the drift watch (and the probe task that
-    // looks again later) is there to hold what was written.
-    internal_registry::ensure(s, &hosted).await?;
+    // Kept once the drift watch (and the probe task that looks again later) is there to hold
+    // what was written.
+    internal_registry::ensure(s, &registry).await?;
     found.drift_repaired += hosted_drift.len() as u64;
     let unsettled = s
         .ctx

@@ -106,11 +106,15 @@ pub(crate) async fn pre_trust(
         key: certs.probe_key.clone(),
         rolling_out: true,
     };
+    // Only the caBundle changes here: the pod image spec mutation's policy stays as last
+    // rendered.
+    let registry = super::internal_registry::last(s);
     let want = hosted_webhooks::Want {
         ca_bundle: &widened,
         revision: s.revision,
         proof: &proof,
         statics,
+        registry: registry.as_ref(),
     };
     let done = hosted_webhooks::ensure(s, &hosted, want)
         .await

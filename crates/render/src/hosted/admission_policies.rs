@@ -687,8 +687,8 @@ mod tests {
         // A server without admission policies: the webhook.
         let old = HostedFeatures::default();
         assert_eq!(engine_of(&w, old).0, Engine::Webhook);
-        let hooks =
-            crate::hosted::webhooks::render(&cfg, "ns", "https://x", "ca", old).expect("render");
+        let hooks = crate::hosted::webhooks::render(&cfg, "ns", "https://x", "ca", old, None)
+            .expect("render");
         assert!(
             hooks
                 .validating

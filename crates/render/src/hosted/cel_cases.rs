@@ -343,6 +343,7 @@ fn webhook_match_conditions_leave_out_exactly_whom_the_service_exempts() {
             mutating_policies: false,
             static_guards: false,
         },
+        None,
     )
     .expect("render");
     let validating = hooks.validating.expect("validating");
@@ -399,6 +400,7 @@ fn without_match_conditions_the_webhooks_carry_no_cel() {
         "https://svc.clusters-a.svc.cluster.local",
         "ca",
         HostedFeatures::default(),
+        None,
     )
     .expect("render");
     for w in hooks

@@ -384,9 +384,7 @@ fn the_mutating_probe_writes_its_revision() {
 
 /// The pod image spec mutation's CEL form, under the registry its cases are decided under
 /// (removed, `cli` and `must-gather` known), on every case of its table and its canary: the
-/// policy rewrites what the service's patch rewrites. Not yet rendered for a hosted cluster
-/// (the agent's rendering has no registry table to write into it; its webhook guards
-/// meanwhile), so the policy is built here as the renderer builds any mutation's.
+/// policy rewrites what the service's patch rewrites.
 #[test]
 fn the_pod_image_spec_policy_rewrites_as_its_handler_case_by_case() {
     use hcp_fleet_guards::pod_image_spec::{self, ROW, case_registry};
@@ -436,8 +434,70 @@ fn the_pod_image_spec_policy_rewrites_as_its_handler_case_by_case() {
     };
     assert!(g.mutation(&managed).is_none());
     assert!(g.mutation(&Settings::from(&cfg)).is_none());
-    assert!(
-        !guards::has_mutation_form(ROW.path),
-        "no engine chooses it yet"
+    assert!(guards::has_mutation_form(ROW.path));
+}
+
+/// The hosted rendering gives the pod image spec mutation to a MutatingAdmissionPolicy where
+/// the server serves them, carrying the registry the agent read: rendered with the table where
+/// the registry rewrites, not at all where it has nothing to rewrite (Managed, or nothing
+/// read), and never as a webhook then; on a server without mutating policies the webhook,
+/// whatever the registry.
+#[test]
+fn the_hosted_rendering_gives_the_pod_image_spec_to_a_policy_with_the_registry_read() {
+    use crate::hosted::objects::HostedFeatures;
+    use crate::hosted::webhooks;
+    use hcp_fleet_guards::pod_image_spec::{self, ROW, case_registry};
+    let cfg = AgentConfig::default();
+    let served = HostedFeatures {
+        match_conditions: true,
+        admission_policies: true,
+        mutating_policies: true,
+        static_guards: false,
+    };
+    let render = |features, reg: Option<&pod_image_spec::InternalRegistry>| {
+        webhooks::render(&cfg, "ns", "https://x", "CA", features, reg).expect("render")
+    };
+    let hooked = |h: &webhooks::HostedWebhooks| {
+        h.mutating
+            .iter()
+            .flat_map(|m| m.webhooks.iter().flatten())
+            .any(|w| w.name == ROW.name)
+    };
+    let policy = |h: &webhooks::HostedWebhooks| {
+        h.policies
+            .mutating
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some(ROW.name))
+            .map(|p| p.data["spec"].to_string())
+    };
+    let removed = case_registry();
+    let with_table = render(served, Some(&removed));
+    let carried = policy(&with_table).expect("a policy where the registry rewrites");
+    assert!(carried.contains(pod_image_spec::CASE_CLI), "{carried}");
+    assert!(!hooked(&with_table));
+    let managed = pod_image_spec::InternalRegistry {
+        management_state: Some(pod_image_spec::MANAGED.into()),
+        ..case_registry()
+    };
+    for reg in [Some(&managed), None] {
+        let h = render(served, reg);
+        assert!(policy(&h).is_none() && !hooked(&h), "{reg:?}");
+    }
+    // The table changes: so does the policy, and with it the mutating probe's revision.
+    let mut fewer = case_registry();
+    fewer.tags.retain(|k, _| k.starts_with("cli"));
+    let changed = render(served, Some(&fewer));
+    assert_ne!(policy(&changed), Some(carried));
+    assert_ne!(
+        changed.policies.mutating_revision,
+        with_table.policies.mutating_revision
     );
+    let old = HostedFeatures {
+        mutating_policies: false,
+        ..served
+    };
+    for reg in [Some(&removed), None] {
+        let h = render(old, reg);
+        assert!(policy(&h).is_none() && hooked(&h), "{reg:?}");
+    }
 }

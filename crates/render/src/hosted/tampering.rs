@@ -238,6 +238,7 @@ fn rendered(features: HostedFeatures) -> HostedWebhooks {
         &webhooks::default_url_base(&cfg, "clusters-a"),
         "CA-PEM",
         features,
+        None,
     )
     .expect("render")
 }

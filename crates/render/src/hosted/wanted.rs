@@ -276,7 +276,7 @@ mod tests {
             static_guards: false,
         };
         let url = format!("https://hcp-fleet-admission.{ns}.svc:443");
-        render(&AgentConfig::default(), ns, &url, CA, features)
+        render(&AgentConfig::default(), ns, &url, CA, features, None)
             .expect("render")
             .claimed(&format!("mgmt/{ns}"))
     }

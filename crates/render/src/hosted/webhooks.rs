@@ -144,15 +144,22 @@ fn webhook_json(
     v
 }
 
+/// What one hosted cluster should hold under `cfg`. `registry` is the hosted cluster's internal
+/// registry as last read (`None`: not read), which the pod image spec mutation's policy
+/// carries in its CEL.
 pub fn render(
     cfg: &AgentConfig,
     hcp_namespace: &str,
     url_base: &str,
     ca_bundle_pem: &str,
     features: HostedFeatures,
+    registry: Option<&guards::pod_image_spec::InternalRegistry>,
 ) -> Result<HostedWebhooks, WebhookRenderError> {
     let ca = ByteString(ca_bundle_pem.as_bytes().to_vec());
-    let settings = guards::Settings::from(cfg);
+    let settings = guards::Settings {
+        internal_registry: registry.cloned(),
+        ..guards::Settings::from(cfg)
+    };
     let policies = super::admission_policies::render(cfg, &settings, hcp_namespace, features)?;
     let hooks: Vec<&WebhookDefinition> = cfg
         .active_webhooks()
@@ -258,6 +265,7 @@ mod tests {
             &default_url_base(&cfg, "clusters-hc-1"),
             "CA-PEM",
             features,
+            None,
         )
         .expect("render")
     }
@@ -401,7 +409,15 @@ mod tests {
                 w.mode = Mode::Off;
             }
         }
-        let r = render(&cfg, "ns", "https://x", "CA", HostedFeatures::default()).expect("render");
+        let r = render(
+            &cfg,
+            "ns",
+            "https://x",
+            "CA",
+            HostedFeatures::default(),
+            None,
+        )
+        .expect("render");
         assert!(r.mutating.is_none());
         assert!(r.validating.is_some());
     }
