@@ -173,9 +173,11 @@ pub mod denial {
     pub(crate) const SERVICE_ACCOUNT: &str = "hcp-fleet: deleting the service account \"{name}\" in the namespace \"{namespace}\" is not allowed on a managed cluster: the platform's components run as it; ask SRE";
     pub(crate) const PLATFORM_BINDING: &str = "hcp-fleet: {verb} the ClusterRoleBinding \"{name}\" is not allowed on a managed cluster: it grants {subject} of the platform its rights; ask SRE";
     pub(crate) const PLATFORM_CONFIG: &str = "hcp-fleet: {resource} \"{name}\" in API group {group} is managed by the service on a managed cluster; regular users may not {operation} it; ask SRE";
-    /// Warn mode: what the guard would have denied.
     pub(crate) const IDENTITY_WORKLOAD: &str = "hcp-fleet: running a pod as the service account \"{sa}\" in the namespace \"{namespace}\" is not allowed on a managed cluster: it is exempt from the guards";
+    /// Warn mode: what the guard would have denied.
     pub const WARN: &str = "{guard} (warn mode) would deny: {message}";
+    /// Warn mode: a mutation that would have changed the object.
+    pub const WOULD_MUTATE: &str = "{guard} (warn mode) would have mutated this object";
 
     /// The template with each `{key}` replaced by its value (a placeholder without one
     /// stays as written). One pass, so a value that itself holds `{key}` is never replaced.

@@ -1,11 +1,14 @@
 //! New Services get the managed annotation (a mutation; warn mode by default, where it only
-//! says what it would add).
+//! says what it would add). As a MutatingAdmissionPolicy in enforce mode; in warn mode, where
+//! no mutating policy can warn, as a ValidatingAdmissionPolicy that warns where the Service
+//! lacks it (`hosted::admission_policies` in render).
 
 use serde_json::{Value, json};
 
 use super::Settings;
 use super::case::{Case, Want};
-use super::{CelForm, Guard};
+use super::cel;
+use super::{CelForm, Guard, MutationForm};
 use crate::catalogue::{BuiltinRow, WebhookKind, rule};
 use crate::review::{Decision, Request};
 use hcp_fleet_model::Mode;
@@ -64,11 +67,27 @@ impl Guard for ServiceAnnotation {
         d
     }
 
-    /// A MutatingAdmissionPolicy is beta and off by default up to Kubernetes 1.34, and the
-    /// service already answers the probe: moving the mutation would add an engine to watch
-    /// while keeping the service in the path.
+    /// Not a validating guard: its change is `mutation`.
     fn cel(&self, _: &Settings) -> Option<CelForm> {
         None
+    }
+
+    /// The annotation set to the configured value where it is missing or differs (the
+    /// patch's `add` replaces a different value too), on CREATE of a core Service.
+    fn mutation(&self, s: &Settings) -> Option<MutationForm> {
+        let key = cel::string(&s.service_annotation_key);
+        let value = cel::string(&s.service_annotation_value);
+        Some(MutationForm {
+            applies: format!(
+                "request.operation == 'CREATE' \
+                 && !(has(object.metadata.annotations) && {key} in object.metadata.annotations \
+                 && object.metadata.annotations[{key}] == {value})"
+            ),
+            variables: Vec::new(),
+            apply_configuration: format!(
+                "Object{{metadata: Object.metadata{{annotations: {{{key}: {value}}}}}}}"
+            ),
+        })
     }
 
     fn cases(&self) -> Vec<Case> {

@@ -61,7 +61,7 @@ pub(crate) fn apply_mode(hook: &str, mode: Mode, d: Decision) -> Decision {
             }
             if !d.patch.is_empty() {
                 out.warnings
-                    .push(format!("{hook} (warn mode) would have mutated this object"));
+                    .push(denial::fill(denial::WOULD_MUTATE, &[("guard", hook)]));
                 out.audit_annotations.insert(
                     "would-mutate".into(),
                     serde_json::to_string(&d.patch).unwrap_or_default(),

@@ -9,15 +9,17 @@
 //! template). The mode is the binding's `validationActions`: enforce denies, warn warns and
 //! audits, off installs nothing.
 //!
-//! A mutation with a CEL form (the Service tag) becomes a MutatingAdmissionPolicy and its
-//! binding where the hosted cluster serves `admissionregistration.k8s.io/v1`
-//! MutatingAdmissionPolicy (GA, and on by default, in Kubernetes 1.36; beta and off before): its
-//! exemptions and whether the object needs the change as `matchConditions`, the change as an
-//! apply configuration. In enforce mode only: a policy cannot warn that it would have mutated,
-//! as the service does in warn mode, so a mutation in warn mode stays a webhook.
+//! A mutation with a CEL form (the Service tag and annotation, the pod image spec) becomes a
+//! MutatingAdmissionPolicy and its binding in enforce mode where the hosted cluster serves
+//! `admissionregistration.k8s.io/v1` MutatingAdmissionPolicy (GA, and on by default, in
+//! Kubernetes 1.36; beta and off before): its exemptions and whether the object needs the
+//! change as `matchConditions`, the change as an apply configuration. A mutating policy cannot
+//! warn that it would have mutated, as the service does in warn mode: in warn mode the mutation
+//! is a ValidatingAdmissionPolicy (1.30) whose validation fails where the object needs the
+//! change, bound to warn and audit with the service's words.
 //!
-//! The probe stays a webhook: it proves the admission service is reachable, which only a call
-//! to it can.
+//! The probe webhook proves the admission service is reachable, which only a call to it can:
+//! it is rendered only while a guard uses the service (`webhooks::needs_admission_service`).
 
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
@@ -101,19 +103,19 @@ pub fn engine_of(w: &WebhookDefinition, features: HostedFeatures) -> (Engine, Op
     }
 }
 
-/// `engine_of` for a mutation with a CEL form: a MutatingAdmissionPolicy where served and in
-/// enforce mode, else the webhook (the configuration refuses `static` for it).
+/// `engine_of` for a mutation with a CEL form: in enforce mode a MutatingAdmissionPolicy where
+/// served, in warn mode a ValidatingAdmissionPolicy that warns where served, else the webhook
+/// (the configuration refuses `static` for it).
 fn mutation_engine_of(w: &WebhookDefinition, features: HostedFeatures) -> (Engine, Option<String>) {
-    let why_not = if !features.mutating_policies {
-        Some(
+    let why_not = match w.mode {
+        Mode::Warn if !features.admission_policies => Some(
+            "this hosted kube-apiserver does not serve admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy, which warns for a mutation in warn mode",
+        ),
+        Mode::Warn => None,
+        _ if !features.mutating_policies => Some(
             "this hosted kube-apiserver does not serve admissionregistration.k8s.io/v1 MutatingAdmissionPolicy",
-        )
-    } else if w.mode == Mode::Warn {
-        Some(
-            "a mutating policy cannot warn that it would have mutated, as the webhook does in warn mode",
-        )
-    } else {
-        None
+        ),
+        _ => None,
     };
     match (w.engine, why_not) {
         (GuardEngine::Auto | GuardEngine::Policy, None) => (Engine::Policy, None),
@@ -221,6 +223,24 @@ pub(crate) fn probe_name() -> &'static str {
     guards::probe::ROW.name
 }
 
+/// A mutation in warn mode as a validating guard: its validation fails where the object needs
+/// the change, with the words the service warns in (`message` in `guard_policy`). `None`
+/// for a validating guard, a mutation in another mode, and one without a change in CEL here.
+fn warned_mutation(
+    w: &WebhookDefinition,
+    guard: &dyn guards::Guard,
+    settings: &Settings,
+) -> Option<CelForm> {
+    if w.mode != Mode::Warn || !guard.mutates_in_cel() {
+        return None;
+    }
+    let form = guard.mutation(settings)?;
+    Some(CelForm {
+        expression: format!("!({})", form.applies),
+        message: guards::cel::string(&denial::fill(denial::WOULD_MUTATE, &[("guard", &w.name)])),
+    })
+}
+
 fn guard_policy(
     w: &WebhookDefinition,
     name: &str,
@@ -228,7 +248,10 @@ fn guard_policy(
     conditions: &[Value],
     hcp_namespace: &str,
 ) -> Value {
+    let mutation = guards::for_path(&w.path).is_some_and(|g| g.mutates_in_cel());
     let message = match w.mode {
+        // Its message is already the service's warning.
+        Mode::Warn if mutation => form.message.clone(),
         Mode::Warn => guards::cel::message(
             denial::WARN,
             &[
@@ -454,9 +477,9 @@ fn guard_mutations(
     hcp_namespace: &str,
     features: HostedFeatures,
 ) -> Vec<(Value, Value)> {
-    // `engine_of` keeps a mutation in warn mode on its webhook; off is not active.
+    // A mutation in warn mode is a validating policy (`render_set`); off is not active.
     cfg.active_webhooks()
-        .filter(|w| engine_of(w, features).0 == Engine::Policy)
+        .filter(|w| w.mode == Mode::Enforce && engine_of(w, features).0 == Engine::Policy)
         .filter_map(|w| guard_mutation(w, settings, hcp_namespace))
         .collect()
 }
@@ -540,7 +563,10 @@ pub(crate) fn render_set(
         let Some(guard) = guards::for_path(&w.path) else {
             continue;
         };
-        let Some(form) = guard.cel(settings) else {
+        let Some(form) = guard
+            .cel(settings)
+            .or_else(|| warned_mutation(w, guard, settings))
+        else {
             continue;
         };
         let actions: &[&str] = match w.mode {
@@ -618,9 +644,15 @@ mod tests {
     fn every_guard_with_a_cel_form_becomes_a_policy_where_served() {
         let cfg = AgentConfig::default();
         let p = render(&cfg, &Settings::from(&cfg), "clusters-a", served()).expect("render");
+        // And each mutation in warn mode (the Service annotation's default), as a policy that
+        // warns.
+        let s = Settings::from(&cfg);
         let want: Vec<String> = guards::ALL
             .iter()
-            .filter(|g| g.cel(&Settings::from(&cfg)).is_some())
+            .filter(|g| {
+                g.cel(&s).is_some()
+                    || (g.row().definition().mode == Mode::Warn && g.mutation(&s).is_some())
+            })
             .map(|g| g.row().name.to_string())
             .chain([probe_name().to_string()])
             .collect();
@@ -743,10 +775,23 @@ mod tests {
         let (e, note) = engine_of(&w, HostedFeatures::default());
         assert_eq!(e, Engine::Webhook);
         assert!(note.expect("note").contains("does not serve"));
-        // The probe and the Service mutation are webhooks, whatever auto finds.
-        for row in [&guards::probe::ROW, &guards::service_annotation::ROW] {
-            assert_eq!(engine_of(&row.definition(), served()).0, Engine::Webhook);
-        }
+        // The probe is a webhook, whatever auto finds; a mutation in warn mode (the Service
+        // annotation's default) a validating policy wherever those are served, mutating
+        // policies or not.
+        assert_eq!(
+            engine_of(&guards::probe::ROW.definition(), served()).0,
+            Engine::Webhook
+        );
+        let annotation = guards::service_annotation::ROW.definition();
+        assert_eq!(annotation.mode, Mode::Warn);
+        let no_mutating = HostedFeatures {
+            mutating_policies: false,
+            ..served()
+        };
+        assert_eq!(engine_of(&annotation, no_mutating), (Engine::Policy, None));
+        let (e, note) = engine_of(&annotation, HostedFeatures::default());
+        assert_eq!(e, Engine::Webhook);
+        assert!(note.is_none(), "auto asked for nothing: {note:?}");
     }
 
     #[test]

@@ -102,12 +102,22 @@ fn eval_string(env: &Arc<Env>, expr: &str, vars: &[(&str, &Value)]) -> String {
 
 /// What one engine made of a request: allowed, and the text it said (denial or warning).
 #[derive(Debug, PartialEq, Eq)]
-struct Outcome {
-    allowed: bool,
-    said: Option<String>,
+pub(super) struct Outcome {
+    pub(super) allowed: bool,
+    pub(super) said: Option<String>,
 }
 
-fn by_rust(guard: &dyn Guard, req: &Case, s: &Settings, mode: Mode) -> Outcome {
+impl Outcome {
+    /// Allowed, with nothing said.
+    pub(super) fn silent() -> Self {
+        Outcome {
+            allowed: true,
+            said: None,
+        }
+    }
+}
+
+pub(super) fn by_rust(guard: &dyn Guard, req: &Case, s: &Settings, mode: Mode) -> Outcome {
     let r = decode(&req.review()).expect("the case decodes");
     let (_, d) = decide(guard.row().path, &r, s).expect("a guard");
     let said = match mode {
@@ -126,7 +136,12 @@ fn by_rust(guard: &dyn Guard, req: &Case, s: &Settings, mode: Mode) -> Outcome {
 
 /// As the API server evaluates a policy: every matchCondition must hold, else the policy
 /// does not apply; a false validation denies (Deny) or warns (Warn) with the message.
-fn by_policy(env: &Arc<Env>, rendered: &AdmissionPolicies, guard: &str, req: &Case) -> Outcome {
+pub(super) fn by_policy(
+    env: &Arc<Env>,
+    rendered: &AdmissionPolicies,
+    guard: &str,
+    req: &Case,
+) -> Outcome {
     let policy = rendered
         .policies
         .iter()

@@ -232,9 +232,21 @@ fn by_spec(env: &Arc<Env>, spec: &Value, guard: &str, c: &Case) -> Option<Value>
     Some(object)
 }
 
+/// The default configuration with every mutation in enforce mode (the Service annotation is
+/// in warn mode by default).
+fn enforcing() -> AgentConfig {
+    let mut cfg = AgentConfig::default();
+    for w in &mut cfg.webhooks {
+        if guards::has_mutation_form(&w.path) {
+            w.mode = hcp_fleet_model::Mode::Enforce;
+        }
+    }
+    cfg
+}
+
 /// Every mutation with a CEL form, with its table of cases and its canary.
 fn cases() -> Vec<(&'static dyn Guard, Case)> {
-    let s = Settings::from(&AgentConfig::default());
+    let s = Settings::from(&enforcing());
     guards::ALL
         .iter()
         .filter(|g| g.mutation(&s).is_some())
@@ -250,7 +262,7 @@ fn cases() -> Vec<(&'static dyn Guard, Case)> {
 #[test]
 fn each_mutations_policy_changes_the_object_as_its_handler_case_by_case() {
     let env = env();
-    let cfg = AgentConfig::default();
+    let cfg = enforcing();
     let s = Settings::from(&cfg);
     let rendered = admission_policies::render(&cfg, &s, "clusters-a", served()).expect("render");
     let cases = cases();
@@ -286,7 +298,8 @@ fn each_mutations_policy_changes_the_object_as_its_handler_case_by_case() {
 /// Each mutation with a CEL form is a mutating policy where served, in enforce mode only.
 #[test]
 fn mutations_are_policies_where_served_and_in_enforce_mode_only() {
-    let s = Settings::from(&AgentConfig::default());
+    let cfg = enforcing();
+    let s = Settings::from(&cfg);
     let names =
         |r: &AdmissionPolicies| -> Vec<String> { r.mutations().map(String::from).collect() };
     let want: Vec<String> = guards::ALL
@@ -294,8 +307,7 @@ fn mutations_are_policies_where_served_and_in_enforce_mode_only() {
         .filter(|g| g.mutation(&s).is_some())
         .map(|g| g.row().name.to_string())
         .collect();
-    assert!(!want.is_empty());
-    let cfg = AgentConfig::default();
+    assert!(want.len() >= 2, "{want:?}");
     let served_set = admission_policies::render(&cfg, &s, "ns", served()).expect("render");
     assert_eq!(names(&served_set), want);
     // Each with its binding, the probe's last.
@@ -319,7 +331,59 @@ fn mutations_are_policies_where_served_and_in_enforce_mode_only() {
     }
     let warned =
         admission_policies::render(&warn, &Settings::from(&warn), "ns", served()).expect("render");
-    assert!(warned.mutating.is_empty(), "a policy cannot warn");
+    assert!(warned.mutating.is_empty(), "a mutating policy cannot warn");
+    // In warn mode each is a validating policy instead, bound to warn and audit.
+    let validating: Vec<&str> = warned.guards().collect();
+    for name in &want {
+        assert!(
+            validating.contains(&name.as_str()),
+            "{name}: {validating:?}"
+        );
+        let binding = warned
+            .bindings
+            .iter()
+            .find(|b| b.metadata.name.as_deref() == Some(name.as_str()))
+            .and_then(|b| b.spec.clone())
+            .and_then(|s| s.validation_actions)
+            .expect("its binding's actions");
+        assert_eq!(binding, ["Warn", "Audit"], "{name}");
+    }
+}
+
+/// A mutation in warn mode, as its validating policy: on every case of its table the policy
+/// warns exactly where the service warns that it would have mutated, in the same words, and
+/// lets every request through, as the service does.
+#[test]
+fn a_mutation_in_warn_mode_warns_through_its_policy_as_through_the_service() {
+    use super::cel_cases::{Outcome, by_policy as validated, by_rust};
+    use hcp_fleet_model::Mode;
+    let env = env();
+    let mut cfg = enforcing();
+    for w in &mut cfg.webhooks {
+        if guards::has_mutation_form(&w.path) {
+            w.mode = Mode::Warn;
+        }
+    }
+    let s = Settings::from(&cfg);
+    let rendered = admission_policies::render(&cfg, &s, "clusters-a", served()).expect("render");
+    let (mut warned, mut checked) = (0, 0);
+    for (g, c) in cases() {
+        let by_service = by_rust(g, &c, &s, Mode::Warn);
+        let by_cel = validated(&env, &rendered, g.row().name, &c);
+        assert_eq!(by_cel, by_service, "{}, {}", g.row().name, c.what);
+        assert!(
+            by_cel.allowed,
+            "{}, {}: warn mode lets it through",
+            g.row().name,
+            c.what
+        );
+        warned += usize::from(by_cel != Outcome::silent());
+        checked += 1;
+    }
+    assert!(
+        warned > 5 && warned < checked,
+        "{warned} of {checked} warned"
+    );
 }
 
 #[test]

@@ -267,7 +267,8 @@ mod tests {
         rendered_with(ns, true)
     }
 
-    /// Without admission policies served, every guard is a webhook.
+    /// Without admission policies served, every guard is a webhook; with them, all but the
+    /// first.
     fn rendered_with(ns: &str, admission_policies: bool) -> HostedWebhooks {
         let features = HostedFeatures {
             match_conditions: true,
@@ -276,7 +277,12 @@ mod tests {
             static_guards: false,
         };
         let url = format!("https://hcp-fleet-admission.{ns}.svc:443");
-        render(&AgentConfig::default(), ns, &url, CA, features, None)
+        // One guard kept on its webhook, so both kinds are rendered where policies are served.
+        let mut cfg = AgentConfig::default();
+        if let Some(w) = cfg.webhooks.first_mut() {
+            w.engine = hcp_fleet_guards::catalogue::GuardEngine::Webhook;
+        }
+        render(&cfg, ns, &url, CA, features, None)
             .expect("render")
             .claimed(&format!("mgmt/{ns}"))
     }
