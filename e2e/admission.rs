@@ -223,11 +223,9 @@ fn with_engine(engine: GuardEngine) -> AgentConfig {
     cfg
 }
 
-/// The tests of the admission service's own path (exemptions, certificates, restarts) keep
-/// every guard a webhook, so each guarded request calls the service.
-fn through_the_service() -> AgentConfig {
-    with_engine(GuardEngine::Webhook)
-}
+// The tests of the admission service's own path (exemptions, certificates, restarts) keep
+// every guard a webhook, so each guarded request calls the service.
+use support::through_the_service;
 
 fn with_mode(mut cfg: AgentConfig, mode: Mode) -> AgentConfig {
     for w in &mut cfg.webhooks {
@@ -545,6 +543,11 @@ async fn each_guard_answers_through(engine: GuardEngine) {
     platform_accounts_and_bindings(&bed, &hosted, &answered_by).await;
     service_tags_through_its_engine(&bed, &hosted, engine).await;
 
+    if (by_policy || by_static) && v.serves(Feature::MutatingPolicies) {
+        // Every guard inside the hosted kube-apiserver: the HCP has no admission service.
+        let there = support::admission_objects(&bed.mgmt, NS).await;
+        assert!(there.is_empty(), "{there:?}");
+    }
     if by_policy || by_static {
         // Denied and exempt alike, no request of these guards reached the admission service.
         for guard in [

@@ -177,7 +177,8 @@ async fn versions(mgmt: &Client, hosted: &Client, ns: &str) -> BTreeMap<String, 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
     let (fleet, mgmt, _pods) = support::fleet_with_pods(3).await;
-    let agent = start_agent(&mgmt, AgentConfig::default()).await;
+    // Every guard through the service: its Service, CA and URL are what this test follows.
+    let agent = start_agent(&mgmt, support::through_the_service()).await;
     let names = ["hc-1", "hc-2", "hc-3"];
     wait_compliant(&mgmt, &names).await;
 
@@ -370,7 +371,7 @@ async fn three_hosted_clusters_converge_stay_put_and_repair_drift() {
         .expect("client");
     let before = versions(&mgmt, &hc1, "clusters-hc-1").await;
     drop(agent);
-    let agent = start_agent(&mgmt, AgentConfig::default()).await;
+    let agent = start_agent(&mgmt, support::through_the_service()).await;
     eventually(
         "the new agent reconciled every HCP",
         Duration::from_secs(30),

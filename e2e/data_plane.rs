@@ -63,6 +63,36 @@ fn refused_writes(report: &platform::Report) -> Vec<String> {
         .collect()
 }
 
+/// The HCP namespace holds none of the admission service's objects, and its record says why.
+async fn no_admission_service(mgmt: &Client) {
+    let ns = hcp_fleet_testbed::fixtures::hcp_namespace(HOSTED);
+    let there = support::admission_objects(mgmt, &ns).await;
+    assert!(
+        there.is_empty(),
+        "admission objects of an HCP that needs none: {there:?}"
+    );
+    let record = support::health(mgmt, &ns).await.expect("the record");
+    let said: Vec<String> = record
+        .status
+        .iter()
+        .flat_map(|s| s.concerns.iter())
+        .filter(|c| c.name == "admission-service")
+        .flat_map(|c| c.history.iter().map(|h| h.message.clone()))
+        .collect();
+    assert!(
+        said.first().is_some_and(
+            |m| m.contains("not deployed: every guard runs inside the hosted kube-apiserver")
+        ),
+        "{said:?}"
+    );
+    // The record names each guard's path: none is a webhook.
+    let guards = record.status.map(|s| s.guards).unwrap_or_default();
+    assert!(
+        !guards.is_empty() && guards.iter().all(|g| g.path != "webhook"),
+        "{guards:?}"
+    );
+}
+
 async fn running(hosted: &Client) -> BTreeMap<String, usize> {
     data_plane::running_pods(hosted).await.unwrap_or_default()
 }
@@ -102,6 +132,13 @@ async fn the_cluster_runs_under_every_guard(engine: GuardEngine) {
     }
     let bed = support::agent_bed(enforced_on(engine)).await.expect("bed");
     support::wait_compliant(&bed.mgmt, &[HOSTED]).await;
+    // Every guard inside the hosted kube-apiserver where it serves mutating policies too
+    // (1.36): the HCP needs no admission service, and none was ever made (#61).
+    let in_process =
+        engine != GuardEngine::Webhook && assets.version.serves(Feature::MutatingPolicies);
+    if in_process {
+        no_admission_service(&bed.mgmt).await;
+    }
     let fleet = &bed.fleet;
     let admin = fleet
         .hosted(HOSTED)
@@ -142,7 +179,7 @@ async fn the_cluster_runs_under_every_guard(engine: GuardEngine) {
     );
     let by_policy =
         engine != GuardEngine::Webhook && assets.version.serves(Feature::MutatingPolicies);
-    pod_images_follow_the_registry(fleet, by_policy).await;
+    pod_images_follow_the_registry(fleet, &admin, by_policy).await;
     the_cluster_version_canary_is_denied_by_its_guard(fleet).await;
     let want = expected_pods(nodes);
     eventually(
@@ -303,6 +340,10 @@ async fn the_cluster_runs_under_every_guard(engine: GuardEngine) {
         "{engine:?}: {:?}",
         record.status
     );
+    // Proven by the canaries and the probe alone, still without a service.
+    if in_process {
+        no_admission_service(&bed.mgmt).await;
+    }
 }
 
 /// A guard that denies the cluster's own requests shows on the HCP's health record (#59, item
@@ -403,49 +444,19 @@ async fn until_admitted(what: &str, pods: &Api<Pod>, params: &PostParams, pod: &
     .await;
 }
 
-async fn pod_images_follow_the_registry(fleet: &hcp_fleet_testbed::LocalFleet, by_policy: bool) {
+async fn pod_images_follow_the_registry(
+    fleet: &hcp_fleet_testbed::LocalFleet,
+    admin: &Client,
+    by_policy: bool,
+) {
     use hcp_fleet_guards::pod_image_spec::ROW;
     use kube::api::{DynamicObject, Patch, PatchParams};
     use kube::core::{ApiResource, GroupVersionKind};
-    let admin = fleet
-        .hosted(HOSTED)
-        .expect("hc-1")
-        .client()
-        .await
-        .expect("admin");
-    // (a mutating policy named for the guard, a mutating webhook named for it)
-    let carriers = || {
-        let admin = admin.clone();
-        async move {
-            use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-            let hooks = Api::<MutatingWebhookConfiguration>::all(admin.clone())
-                .list(&ListParams::default())
-                .await
-                .map_err(|e| e.to_string())?;
-            let hooked = hooks
-                .items
-                .iter()
-                .flat_map(|m| m.webhooks.iter().flatten())
-                .any(|w| w.name == ROW.name);
-            let policy = if by_policy {
-                let maps = ApiResource::from_gvk_with_plural(
-                    &GroupVersionKind::gvk(
-                        "admissionregistration.k8s.io",
-                        "v1",
-                        "MutatingAdmissionPolicy",
-                    ),
-                    "mutatingadmissionpolicies",
-                );
-                Api::<DynamicObject>::all_with(admin, &maps)
-                    .get_opt(ROW.name)
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .is_some()
-            } else {
-                false
-            };
-            Ok::<_, String>((policy, hooked))
-        }
+    // (a mutating policy named for the guard, a mutating webhook entry named for it)
+    let carriers = || async {
+        let policy = by_policy && support::mutating_policy_exists(admin, ROW.name).await?;
+        let hooked = support::mutating_webhook_entry(admin, ROW.name).await?;
+        Ok::<_, String>((policy, hooked))
     };
     let wanted_while_managed = (false, !by_policy);
     assert_eq!(

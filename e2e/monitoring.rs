@@ -18,7 +18,6 @@ use std::process::Command;
 use std::time::Duration;
 
 use hcp_fleet_cli::agent;
-use hcp_fleet_render::config::AgentConfig;
 use hcp_fleet_testbed::fixtures::{
     AGENT_NAMESPACE, SERVICE_NETWORK_KUBECONFIG, put_kubeconfig_secret,
 };
@@ -352,7 +351,9 @@ async fn a_real_prometheus_evaluates_every_rule_and_dashboard_query_on_a_fleet()
     };
     let (fleet, mgmt, _pods) = support::fleet_with_pods(2).await;
     support::install_monitoring_crds(&mgmt).await;
-    let agent = start_agent(&mgmt, AgentConfig::default()).await;
+    // Every guard through the service, so that every rule over the admission replicas'
+    // series has some to read.
+    let agent = start_agent(&mgmt, support::through_the_service()).await;
     wait_compliant(&mgmt, &["hc-1", "hc-2"]).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -473,13 +474,7 @@ async fn a_real_prometheus_evaluates_every_rule_and_dashboard_query_on_a_fleet()
     )
     .await;
     let vapi = support::delete_validating(&fleet, "hc-1").await;
-    eventually("the repair", Duration::from_secs(20), || async {
-        vapi.get(hcp_fleet_render::hosted::webhooks::VALIDATING_NAME)
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    })
-    .await;
+    eventually("the repair", Duration::from_secs(20), || vapi.present()).await;
     // Rates need two samples within their window.
     tokio::time::sleep(Duration::from_secs(5)).await;
 

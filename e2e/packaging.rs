@@ -506,8 +506,16 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
     for ns in ["klusterlet-hc-a", "klusterlet-hc-b"] {
         addon_account(&admin, ns).await;
     }
-    let (_agent, metrics_addr) =
-        support::spawn_elected_agent_env("agent-rbac", &kubeconfig, AGENT_NAMESPACE, None, &env);
+    // Every guard on its webhook: the admission service's objects are among what the chart's
+    // RBAC must let the agent write, on every server.
+    let (_agent, metrics_addr) = support::spawn_elected_agent_yaml(
+        "agent-rbac",
+        &kubeconfig,
+        AGENT_NAMESPACE,
+        None,
+        &env,
+        &support::through_the_service_yaml(),
+    );
     let as_addon = |ns: &str| {
         let user = format!("system:serviceaccount:{ns}:{ADDON_ACCOUNT}");
         let yaml = fleet.management.kubeconfig_yaml.clone();

@@ -38,9 +38,10 @@ const AGENT_NS: &str = "hcp-fleet-agent";
 const CANARY: (&str, &str) = ("hcp-fleet.openshift.io/wave", "canary");
 
 /// The test bed's configuration with a quick rollout: the canary label, one HCP at a time,
-/// 3 s of soak, 40 s to be done.
+/// 3 s of soak, 40 s to be done. Every guard on its webhook: what rolls out here is the
+/// admission Deployment, which a 1.36 hosted cluster needs no longer with the defaults.
 fn config() -> AgentConfig {
-    let mut cfg = hcp_fleet_testbed::allow_loopback(AgentConfig::default());
+    let mut cfg = hcp_fleet_testbed::allow_loopback(support::through_the_service());
     cfg.rollout.canary_selector = LabelSelector {
         match_labels: BTreeMap::from([(CANARY.0.to_string(), CANARY.1.to_string())]),
         ..Default::default()

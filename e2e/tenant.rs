@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use hcp_fleet_render::hosted::objects::OWNED_LABEL;
-use hcp_fleet_render::hosted::webhooks::VALIDATING_NAME;
 use hcp_fleet_testbed::fixtures::{SERVICE_NETWORK_KUBECONFIG, put_kubeconfig_secret};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
@@ -81,7 +80,7 @@ async fn repair_time(fleet: &hcp_fleet_testbed::LocalFleet, cluster: &str) -> Du
     let vapi = support::delete_validating(fleet, cluster).await;
     let t0 = Instant::now();
     // Looked at every 10 ms: `eventually`'s pace would be what is measured.
-    while vapi.get_opt(VALIDATING_NAME).await.ok().flatten().is_none() {
+    while !vapi.is_present().await {
         assert!(
             t0.elapsed() < Duration::from_secs(10),
             "{cluster}'s guard not back within 10 s"

@@ -382,6 +382,29 @@ async fn dev_runs_until_ctrl_c_and_leaves_no_orphans() {
         .filter_map(|p| p.parse().ok())
         .collect();
     assert_eq!(pids.len(), 3, "etcd, management, one hosted: {lines:?}");
+    // The admission services, as the fleet's table is followed by: none on a server where every
+    // guard runs inside the hosted kube-apiserver (1.36 with the defaults), pods elsewhere.
+    let admission = lines
+        .iter()
+        .skip_while(|l| !l.starts_with("Admission services"))
+        .nth(1)
+        .expect("the admission services' lines")
+        .trim_start();
+    assert!(admission.starts_with("hc-1 "), "{admission}");
+    if assets
+        .version
+        .serves(hcp_fleet_testbed::assets::Feature::MutatingPolicies)
+    {
+        assert!(
+            admission.contains("no admission pods") && !admission.contains("webhook="),
+            "{admission}"
+        );
+    } else {
+        assert!(
+            admission.contains("2 admission pod(s)") && admission.contains("webhook="),
+            "{admission}"
+        );
+    }
 
     // A user's kubectl (the one built with the servers) talks to the hosted cluster.
     let hosted_kc = lines

@@ -285,7 +285,9 @@ where
 /// The guards moved from webhooks to admission policies and back under 50 guarded requests per
 /// second: each move writes the new path, waits until the API server answers its probe, and
 /// only then removes the old one, so every request is denied with the guard's text, by one
-/// path or the other. Where mutating policies are served (1.36) the Service tag moves with
+/// path or the other. Where every guard can run inside the hosted kube-apiserver (1.36) the
+/// move makes the HCP need no admission service: it is retired once no webhook calls it, and
+/// made again, available, before the move back puts a guard on it. Where mutating policies are served (1.36) the Service tag moves with
 /// them, under 10 LoadBalancer Services a second, every one of which comes back tagged. On a
 /// server without admission policies (1.20) the move is refused by the server's discovery: the
 /// webhooks keep guarding (the tag's too), and nothing is let through either.
@@ -364,10 +366,32 @@ async fn switching_engines_under_load_lets_nothing_through() {
         (true, false)
     };
     until_paths("the Service tag on its path", tag_moved, &tag_paths).await;
+    // Where mutating policies are served every guard now runs inside the hosted
+    // kube-apiserver (the pod image spec mutation has no registry to rewrite for): the
+    // admission service goes, once no webhook calls it (#61).
+    let ns = hcp_fleet_testbed::fixtures::hcp_namespace("hc-1");
+    if mutating {
+        eventually(
+            "the admission service retired",
+            Duration::from_secs(30),
+            || async {
+                let there = support::admission_objects(&bed.mgmt, &ns).await;
+                there.is_empty().then_some(()).ok_or(format!("{there:?}"))
+            },
+        )
+        .await;
+    }
     tokio::time::sleep(Duration::from_secs(5)).await;
 
     bed.set_config(through_the_service());
     until_paths("the guards back on webhooks", (true, false), &paths).await;
+    // Back before any guard depended on it: a webhook is proven through it before its
+    // policy goes.
+    let there = support::admission_objects(&bed.mgmt, &ns).await;
+    assert!(
+        there.iter().any(|o| o.starts_with("Deployment ")),
+        "the admission service back: {there:?}"
+    );
     until_paths(
         "the Service tag back on its webhook",
         (true, false),

@@ -101,7 +101,7 @@ async fn two_replicas_one_leader_and_a_takeover() {
     eventually(
         "the standby took over and repaired the drift",
         bound,
-        || present(&vapi),
+        || vapi.present(),
     )
     .await;
     let takeover = killed.elapsed();
@@ -371,7 +371,7 @@ async fn a_partitioned_leader_stops_before_the_standby_takes_over() {
     eventually(
         "agent-b repaired the drift",
         Duration::from_secs(20),
-        || present(&vapi),
+        || vapi.present(),
     )
     .await;
     relay.heal();
@@ -500,7 +500,7 @@ async fn two_installations_one_owner_per_hcp_and_a_takeover() {
     .await;
     let vapi = delete_validating(&fleet, "hc-1").await;
     eventually("the new owner repairs", Duration::from_secs(20), || {
-        present(&vapi)
+        vapi.present()
     })
     .await;
     let (_, metrics) = support::http_get(addr, "/metrics").await.expect("metrics");

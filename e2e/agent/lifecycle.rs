@@ -86,14 +86,14 @@ async fn a_paused_hcp_is_left_alone_and_resumes() {
         // ten times that and see nothing come back.
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert!(
-            vapi.get_opt(VALIDATING_NAME).await.expect("get").is_none(),
+            vapi.is_gone().await,
             "{reason}: a paused HCP's drift is left alone"
         );
         patch(resume).await;
         eventually(
             "resumed: the webhook is back",
             Duration::from_secs(30),
-            || present(&vapi),
+            || vapi.present(),
         )
         .await;
         wait_compliant(&mgmt, &["hc-1"]).await;
@@ -148,7 +148,7 @@ async fn a_paused_hcp_is_left_alone_and_resumes() {
         "a pause past its maximum: drift repaired",
         Duration::from_secs(20),
         || async {
-            let found = present(&vapi).await;
+            let found = vapi.present().await;
             if found.is_err() {
                 let n = nudges.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if n % 10 == 9 {
@@ -264,7 +264,9 @@ async fn uninstall_removes_webhooks_first_and_keeps_what_it_cannot_reach() {
     use k8s_openapi::api::coordination::v1::Lease;
     use kube::api::PostParams;
     let (mut fleet, mgmt, _pods) = support::fleet_with_pods(2).await;
-    let agent = start_agent(&mgmt, AgentConfig::default()).await;
+    // Every guard through the service: what an unreachable cluster keeps is the service its
+    // webhooks call.
+    let agent = start_agent(&mgmt, support::through_the_service()).await;
     wait_compliant(&mgmt, &["hc-1", "hc-2"]).await;
     let kubeconfig = fleet.management.kubeconfig_path.clone();
     // The test bed's configuration: uninstall talks only to the API servers it allows.
@@ -324,7 +326,7 @@ async fn uninstall_removes_webhooks_first_and_keeps_what_it_cannot_reach() {
     assert!(
         stdout.contains(&format!(
             "clusters-hc-1: removed {} hosted object(s)",
-            support::default_hosted_objects(&fleet.version)
+            support::hosted_objects(&support::through_the_service(), &fleet.version)
         )),
         "{stdout}"
     );
@@ -377,7 +379,8 @@ async fn management_objects_deleted_or_edited_come_back() {
     use k8s_openapi::api::networking::v1::NetworkPolicy;
     use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
     let (_fleet, mgmt, _pods) = support::fleet_with_pods(1).await;
-    let agent = start_agent(&mgmt, AgentConfig::default()).await;
+    // Every guard through the service, so that there is one on every server.
+    let agent = start_agent(&mgmt, support::through_the_service()).await;
     wait_compliant(&mgmt, &["hc-1"]).await;
     let ns = "clusters-hc-1";
     let svc = "hcp-fleet-admission";

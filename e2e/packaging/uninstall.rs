@@ -67,11 +67,15 @@ async fn the_uninstall_hook_stops_the_agent_then_removes_webhooks_and_admission_
 
     // The agent, leading, until the fleet is Compliant.
     let dir = tempfile::tempdir().expect("tmp");
-    let (mut agent, _) = support::spawn_elected_agent(
+    // Every guard on its webhook, so that the hosted cluster calls an admission service for
+    // the hook to remove, on every server.
+    let (mut agent, _) = support::spawn_elected_agent_yaml(
         "agent-hook",
         &fleet.management.kubeconfig_path,
         AGENT_NAMESPACE,
         None,
+        &[],
+        &support::through_the_service_yaml(),
     );
     let ns = hcp_namespace("hc-1");
     let records: Api<hcp_fleet_model::crd::AdmissionHealth> = Api::namespaced(admin.clone(), &ns);
@@ -173,7 +177,7 @@ async fn the_uninstall_hook_stops_the_agent_then_removes_webhooks_and_admission_
     assert!(
         stdout.contains(&format!(
             "{ns}: removed {} hosted object(s)",
-            support::default_hosted_objects(&fleet.version)
+            support::hosted_objects(&support::through_the_service(), &fleet.version)
         )),
         "{stdout}"
     );

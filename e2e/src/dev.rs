@@ -93,6 +93,13 @@ pub async fn run(args: DevArgs) -> ExitCode {
         Ok(table) => {
             println!("Fleet health (from the AdmissionHealth records):");
             println!("{table}");
+            println!(
+                "Admission services (their pods on the management cluster; each guard's path, from the record):"
+            );
+            for line in admission_lines(&fleet, &names).await {
+                println!("  {line}");
+            }
+            println!();
         }
         Err(e) => eprintln!("warning: the fleet did not converge: {e}"),
     }
@@ -175,6 +182,58 @@ fn print_summary(
     println!();
     println!("pids: {}", pids.join(" "));
     println!("Press Ctrl-C to stop; every process is stopped and the state directory removed.");
+}
+
+/// One line per hosted cluster: how many admission pods its HCP namespace runs (the
+/// Deployment's ready replicas, as the stand-in kubelet reports them), and how many of its
+/// guards take each path. A cluster whose every guard runs inside its hosted kube-apiserver
+/// (1.36 with the defaults) has none.
+async fn admission_lines(fleet: &LocalFleet, names: &[String]) -> Vec<String> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use kube::Api;
+    let Ok(mgmt) = fleet.management.client().await else {
+        return vec!["(the management cluster did not answer)".into()];
+    };
+    let cfg = hcp_fleet_render::config::AgentConfig::default();
+    let mut lines = Vec::new();
+    for name in names {
+        let ns = localcp::fixtures::hcp_namespace(name);
+        let deployment = Api::<Deployment>::namespaced(mgmt.clone(), &ns)
+            .get_opt(&cfg.admission.service_name)
+            .await
+            .ok()
+            .flatten();
+        let record = Api::<hcp_fleet_model::crd::AdmissionHealth>::namespaced(mgmt.clone(), &ns)
+            .get_opt(hcp_fleet_render::reporting::health_name(name))
+            .await
+            .ok()
+            .flatten();
+        let guards = record
+            .and_then(|r| r.status)
+            .map(|s| s.guards)
+            .unwrap_or_default();
+        let mut paths: std::collections::BTreeMap<&str, usize> = Default::default();
+        for g in &guards {
+            *paths.entry(g.path.as_str()).or_default() += 1;
+        }
+        let paths = paths
+            .iter()
+            .map(|(p, n)| format!("{p}={n}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let pods = match deployment {
+            None => {
+                "no admission pods: every guard runs inside the hosted kube-apiserver".to_string()
+            }
+            Some(d) => format!(
+                "{} admission pod(s): {} guard(s) call the service",
+                d.status.and_then(|s| s.ready_replicas).unwrap_or(0),
+                guards.iter().filter(|g| g.path == "webhook").count()
+            ),
+        };
+        lines.push(format!("{name:<12} {pods} ({paths})"));
+    }
+    lines
 }
 
 /// Why `dev` has no agent or no fleet table.

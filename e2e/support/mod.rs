@@ -3,6 +3,11 @@
 
 pub mod acm;
 pub mod chart;
+pub mod paths;
+
+// Each test binary uses some of them.
+#[allow(unused_imports)]
+pub use paths::*;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -315,10 +320,24 @@ pub fn spawn_elected_agent_env(
     lease_seconds: Option<u64>,
     env: &[(String, String)],
 ) -> (KillOnDrop, std::net::SocketAddr) {
+    let yaml = hcp_fleet_testbed::agent_config_yaml();
+    spawn_elected_agent_yaml(name, kubeconfig, namespace, lease_seconds, env, &yaml)
+}
+
+/// `spawn_elected_agent_env` with the configuration file `yaml` (the test bed's, as
+/// `hcp_fleet_testbed::agent_config_yaml` writes it, and more).
+pub fn spawn_elected_agent_yaml(
+    name: &str,
+    kubeconfig: &Path,
+    namespace: &str,
+    lease_seconds: Option<u64>,
+    env: &[(String, String)],
+    yaml: &str,
+) -> (KillOnDrop, std::net::SocketAddr) {
     let port = hcp_fleet_testbed::free_port().expect("port");
-    // The test bed's configuration, beside the kubeconfig (which outlives the agent).
+    // Beside the kubeconfig (which outlives the agent).
     let config = kubeconfig.with_file_name(format!("agent-{name}-{port}.yaml"));
-    std::fs::write(&config, hcp_fleet_testbed::agent_config_yaml()).expect("config");
+    std::fs::write(&config, yaml).expect("config");
     spawn_elected_agent_with(
         name,
         kubeconfig,
@@ -503,26 +522,6 @@ pub async fn owned_hosted_objects(hosted: &kube::Client) -> usize {
         + count::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>(hosted).await
 }
 
-/// What the agent installs in a hosted cluster with the default configuration: the two
-/// webhook configurations; where admission policies are served a policy and a binding for
-/// each guard with a CEL form and for the probe; where mutating ones are, the same for each
-/// mutation with a CEL form and for the mutating probe.
-pub fn default_hosted_objects(version: &hcp_fleet_testbed::assets::KubeVersion) -> usize {
-    use hcp_fleet_testbed::assets::Feature;
-    let count = |form: fn(&str) -> bool| hcp_fleet_guards::paths().filter(|p| form(p)).count();
-    let validating = if version.serves(Feature::AdmissionPolicies) {
-        2 * (count(hcp_fleet_guards::has_cel_form) + 1)
-    } else {
-        0
-    };
-    let mutating = if version.serves(Feature::MutatingPolicies) {
-        2 * (count(hcp_fleet_guards::has_mutation_form) + 1)
-    } else {
-        0
-    };
-    2 + validating + mutating
-}
-
 /// Does the agent's MutatingWebhookConfiguration in a hosted cluster hold an entry `name`?
 pub async fn mutating_webhook_entry(hosted: &kube::Client, name: &str) -> Result<bool, String> {
     use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
@@ -567,14 +566,18 @@ pub fn load_balancer(
 }
 
 /// How many AdmissionReviews for `webhook` the admission service in `ns` has answered, summed
-/// over its replicas (their `/metrics`, as a Prometheus would scrape them).
+/// over its replicas (their `/metrics`, as a Prometheus would scrape them); none where the HCP
+/// has no admission service.
 pub async fn service_requests(mgmt: &kube::Client, ns: &str, webhook: &str) -> f64 {
     use hcp_fleet_testbed::kubelet::LOCAL_REPLICAS_ANNOTATION;
     use kube::ResourceExt;
-    let svc = kube::Api::<k8s_openapi::api::core::v1::Service>::namespaced(mgmt.clone(), ns)
-        .get("hcp-fleet-admission")
+    let Some(svc) = kube::Api::<k8s_openapi::api::core::v1::Service>::namespaced(mgmt.clone(), ns)
+        .get_opt("hcp-fleet-admission")
         .await
-        .expect("service");
+        .expect("service")
+    else {
+        return 0.0;
+    };
     let ca = kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(mgmt.clone(), ns)
         .get("hcp-fleet-admission-tls")
         .await
@@ -916,28 +919,6 @@ pub fn sum_by_label(
         *m.entry(by).or_insert(0.0) += v;
     }
     m
-}
-
-/// Drift, as someone in the hosted cluster makes it: deletes the agent's validating
-/// configuration in `cluster`, and returns the API to see whether it comes back.
-pub async fn delete_validating(
-    fleet: &hcp_fleet_testbed::LocalFleet,
-    cluster: &str,
-) -> kube::Api<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration> {
-    use hcp_fleet_render::hosted::webhooks::VALIDATING_NAME;
-    let hosted = fleet
-        .hosted(cluster)
-        .expect("hosted cluster")
-        .client()
-        .await
-        .expect("client");
-    let vapi = kube::Api::<
-        k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration,
-    >::all(hosted);
-    vapi.delete(VALIDATING_NAME, &Default::default())
-        .await
-        .expect("delete");
-    vapi
 }
 
 /// Runs `cmd` to its end: whether it succeeded, and what it printed (stdout, then stderr).

@@ -35,6 +35,48 @@ pub struct FleetRow {
     pub(crate) owner: String,
     /// Why it is not Compliant (its `Ready` condition's message); empty when it is.
     pub(crate) reason: String,
+    /// How many guards take each path in the hosted cluster (`paths`); empty before any was
+    /// installed.
+    #[serde(serialize_with = "paths_by_name")]
+    pub(crate) paths: Vec<(String, usize)>,
+}
+
+/// The paths as `{"policy": 13, "none": 1}` in JSON and YAML.
+fn paths_by_name<S: serde::Serializer>(v: &[(String, usize)], s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut m = s.serialize_map(Some(v.len()))?;
+    for (path, n) in v {
+        m.serialize_entry(path, n)?;
+    }
+    m.end()
+}
+
+/// How many of `guards` take each path, in a fixed order: `webhook` (which needs the admission
+/// service), `policy`, `static`, `none`, then any other a newer agent writes.
+pub(crate) fn paths(guards: &[hcp_fleet_model::crd::GuardPath]) -> Vec<(String, usize)> {
+    const ORDER: [&str; 4] = ["webhook", "policy", "static", "none"];
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for g in guards {
+        *counts.entry(g.path.as_str()).or_default() += 1;
+    }
+    let rank = |p: &str| ORDER.iter().position(|o| *o == p).unwrap_or(ORDER.len());
+    let mut v: Vec<(String, usize)> = counts
+        .into_iter()
+        .map(|(p, n)| (p.to_string(), n))
+        .collect();
+    v.sort_by_key(|(p, _)| rank(p));
+    v
+}
+
+/// The `PATHS` cell: `policy=13,none=1`; `-` before any guard was installed.
+fn paths_cell(v: &[(String, usize)]) -> String {
+    if v.is_empty() {
+        return "-".into();
+    }
+    v.iter()
+        .map(|(p, n)| format!("{p}={n}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// The concerns as `{"admission-service": "Compliant", …}` in JSON and YAML.
@@ -95,6 +137,7 @@ pub(crate) fn row(h: &AdmissionHealth) -> FleetRow {
         revision: st.revision.clone().unwrap_or_else(|| "-".into()),
         owner: h.spec.owner.clone().unwrap_or_else(|| "-".into()),
         reason: hcp_fleet_render::reporting::untrusted(&reason, 2048),
+        paths: paths(&st.guards),
     }
 }
 
@@ -163,8 +206,9 @@ const HEADERS: [&str; 8] = [
     "LAST-CHANGE",
 ];
 
-/// `-o wide` adds these after `HEADERS`.
-const WIDE_HEADERS: [&str; 4] = ["NAMESPACE", "OWNER", "REVISION", "REASON"];
+/// `-o wide` adds these after `HEADERS`. `PATHS`: how many guards take each path in the hosted
+/// cluster; one with no `webhook` needs no admission service, and has none.
+const WIDE_HEADERS: [&str; 5] = ["NAMESPACE", "OWNER", "REVISION", "PATHS", "REASON"];
 
 /// A table's layout: each column as wide as its widest cell (a hosted cluster name of any
 /// length keeps the rows in line), two spaces between columns, no trailing padding. `--watch`
@@ -212,6 +256,7 @@ impl Table {
             cells.push(r.namespace.clone());
             cells.push(r.owner.clone());
             cells.push(r.revision.clone());
+            cells.push(paths_cell(&r.paths));
             cells.push(if r.reason.is_empty() {
                 "-".into()
             } else {
@@ -750,6 +795,16 @@ mod tests {
             revision: if compliant == "Compliant" { "r1" } else { "r0" }.into(),
             owner: "hcp-fleet-agent".into(),
             reason: String::new(),
+            // As the record of an HCP with every guard inside its hosted kube-apiserver.
+            paths: paths(
+                &std::iter::repeat_n("policy", 13)
+                    .chain(["none"])
+                    .map(|p| hcp_fleet_model::crd::GuardPath {
+                        name: format!("g-{p}"),
+                        path: p.into(),
+                    })
+                    .collect::<Vec<_>>(),
+            ),
         }
     }
 
@@ -833,6 +888,10 @@ mod tests {
             "hosted-webhooks: 401 Unauthorized"
         );
         assert_eq!(
+            doc["clusters"][1]["paths"],
+            serde_json::json!({"policy": 13, "none": 1})
+        );
+        assert_eq!(
             doc["summary"],
             serde_json::json!({"total": 2, "compliant": 1, "nonCompliant": 1, "pending": 0, "notReported": 0})
         );
@@ -846,12 +905,17 @@ mod tests {
         assert_eq!(doc["summary"]["total"], 2, "the summary counts all");
         let wide = print(&args(Output::Wide, false), rows.clone(), vec![]).expect("wide");
         let header = wide.lines().next().unwrap_or_default();
-        let last: Vec<&str> = header.split_whitespace().rev().take(4).collect();
-        assert_eq!(last, ["REASON", "REVISION", "OWNER", "NAMESPACE"], "{wide}");
+        let last: Vec<&str> = header.split_whitespace().rev().take(5).collect();
+        assert_eq!(
+            last,
+            ["REASON", "PATHS", "REVISION", "OWNER", "NAMESPACE"],
+            "{wide}"
+        );
         assert!(
             wide.lines()
                 .nth(2)
                 .is_some_and(|l| l.contains("clusters-b  hcp-fleet-agent  r0 ")
+                    && l.contains("  policy=13,none=1  ")
                     && l.ends_with("  hosted-webhooks: 401 Unauthorized")),
             "{wide}"
         );

@@ -362,6 +362,8 @@ pub fn next_status(
         revision: Some(revision.to_string()),
         revision_ready_since,
         paused_since: None,
+        // The agent's report sets what this pass installed, or keeps what the record said.
+        guards: prev.map(|p| p.guards.clone()).unwrap_or_default(),
     }
 }
 
@@ -383,14 +385,19 @@ fn concern_condition(c: Concern, o: &Observation) -> conditions::Want<'static> {
     }
 }
 
-/// `Ready`: why not names each concern that is not, the first one in the reason
-/// (`HostedWebhooksNotReady`), so `kubectl get` shows what to look at.
+/// `Ready`: why not names each concern that is not, the first NonCompliant one (else the first)
+/// in the reason (`HostedWebhooksNotReady`), so `kubectl get` shows what to look at, not a
+/// concern left unchecked because of it.
 fn ready_condition(
     compliant: ComplianceState,
     failing: &[(Concern, String, ConditionStatus)],
     revision: &str,
 ) -> conditions::Want<'static> {
-    let reason = match (compliant, failing.first()) {
+    let first = failing
+        .iter()
+        .find(|(_, _, s)| *s == ConditionStatus::False)
+        .or(failing.first());
+    let reason = match (compliant, first) {
         (ComplianceState::Compliant, _) => "Compliant",
         (ComplianceState::NonCompliant, Some((c, ..))) => c.not_ready_reason(),
         (ComplianceState::NonCompliant, None) => "NonCompliant",
@@ -497,12 +504,17 @@ pub struct RollupRow {
     pub(crate) reason: String,
 }
 
-/// The row of one hosted cluster from its observations.
+/// The row of one hosted cluster from its observations: NonCompliant concerns first (the row's
+/// reason is cut at a length, and they are why), then the others not Compliant.
 pub fn rollup_row(cluster: &str, obs: &Observations) -> RollupRow {
     let state = aggregate(obs.values().map(|o| &o.state));
-    let reason = obs
+    let mut failing: Vec<_> = obs
         .iter()
         .filter(|(_, o)| o.state != ComplianceState::Compliant)
+        .collect();
+    failing.sort_by_key(|(_, o)| o.state != ComplianceState::NonCompliant);
+    let reason = failing
+        .iter()
         .map(|(c, o)| format!("{}: {}", c.template_name(), o.message))
         .collect::<Vec<_>>()
         .join("; ");
@@ -997,6 +1009,8 @@ mod tests {
         }
         let mut broken = ok.clone();
         broken.insert(Concern::EndToEndProbe, Observation::pending("probing"));
+        // Pending before it in the order: the reason still names what is NonCompliant.
+        broken.insert(Concern::AdmissionService, Observation::pending("waiting"));
         broken.insert(
             Concern::HostedWebhooks,
             Observation::violation("webhook missing"),
@@ -1007,7 +1021,7 @@ mod tests {
         assert_eq!(ready.reason, "HostedWebhooksNotReady");
         assert_eq!(
             ready.message,
-            "hosted-webhooks: webhook missing; e2e-probe: probing"
+            "hosted-webhooks: webhook missing; admission-service: waiting; e2e-probe: probing"
         );
         assert_eq!(ready.last_transition_time, "t2");
         let probe = conditions::find(&s2.conditions, "EndToEndProbeReady").expect("probe");
@@ -1353,6 +1367,12 @@ mod tests {
         assert_eq!(
             rollup_row("hc-1", &all(ComplianceState::Compliant, "ok")).reason,
             ""
+        );
+        // What is NonCompliant leads, before a concern left unchecked because of it.
+        o.insert(Concern::AdmissionService, Observation::pending("waiting"));
+        assert_eq!(
+            rollup_row("hc-1", &o).reason,
+            "hosted-webhooks: down; admission-service: waiting; e2e-probe: not checked"
         );
     }
 

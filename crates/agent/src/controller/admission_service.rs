@@ -1,9 +1,11 @@
-//! Phase 3: the admission service in the HCP namespace. Renders every management-side object
+//! Phase 4: the admission service in the HCP namespace. Renders every management-side object
 //! (pure, `hcp_fleet_render::management`), applies them in dependency order (certificates before the pods
-//! that mount them), and reports whether the Deployment is available.
+//! that mount them), and reports whether the Deployment is available. Where no guard calls
+//! the service (`webhooks::needs_admission_service`), `retire` removes all of it once the
+//! hosted side no longer calls it.
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -401,4 +403,156 @@ where
         s.absent.insert(key);
     });
     Ok(())
+}
+
+/// Whether the admission Deployment is there (from its watch's store where it may be
+/// believed). A read that fails says yes: what may be running is kept.
+pub(crate) async fn exists(s: &Scope<'_>) -> bool {
+    let (ctx, ns) = (s.ctx, s.ns);
+    let api = Api::<Deployment>::namespaced(ctx.client.clone(), ns);
+    let store = ctx.caches().deployments;
+    cache::read(ctx, ns, &api, store.as_ref(), &s.cfg.admission.service_name)
+        .await
+        .map_or(true, |d| d.is_some())
+}
+
+/// Everything phase 4 keeps in the HCP namespace, removed: called once no guard needs the
+/// service and the hosted cluster's install has removed the last webhook that called it. The
+/// pods first, then what served, watched and secured them. Each object is read first (from
+/// its watch's store where there is one), so a restart over HCPs that need no service writes
+/// nothing. Returns the kinds it deleted.
+pub(crate) async fn retire(s: &Scope<'_>) -> Result<Vec<&'static str>, Failure> {
+    let (ctx, cfg, ns) = (s.ctx, s.cfg, s.ns);
+    let c = || ctx.client.clone();
+    let caches = ctx.caches();
+    let name = cfg.admission.service_name.as_str();
+    let mut gone = Vec::new();
+    let mut note = |deleted: bool, kind: &'static str| {
+        if deleted && !gone.contains(&kind) {
+            gone.push(kind);
+        }
+    };
+    let deployments = caches.deployments.as_ref().map(|s| s as _);
+    let api = Api::<Deployment>::namespaced(c(), ns);
+    note(
+        retire_one(ctx, ns, target(api, "Deployment", name, deployments)).await?,
+        "Deployment",
+    );
+    if let Some(ar) = ctx.caps.pdb_api.api_resource() {
+        let api = Api::<DynamicObject>::namespaced_with(c(), ns, &ar);
+        let pdbs = caches.pdbs.as_ref().map(|s| s as _);
+        let t = target(api, "PodDisruptionBudget", name, pdbs);
+        note(retire_one(ctx, ns, t).await?, "PodDisruptionBudget");
+    }
+    let services = caches.services.as_ref().map(|s| s as _);
+    let api = Api::<Service>::namespaced(c(), ns);
+    note(
+        retire_one(ctx, ns, target(api, "Service", name, services)).await?,
+        "Service",
+    );
+    let policies = caches.network_policies.as_ref().map(|s| s as _);
+    let api = Api::<NetworkPolicy>::namespaced(c(), ns);
+    let t = target(api, "NetworkPolicy", name, policies);
+    note(retire_one(ctx, ns, t).await?, "NetworkPolicy");
+    for api in ctx.caps.monitoring_apis() {
+        if let Some(ar) = management::service_monitor_resource(api) {
+            let api = Api::<DynamicObject>::namespaced_with(c(), ns, &ar);
+            let t = target(api, "ServiceMonitor", name, None);
+            note(retire_one(ctx, ns, t).await?, "ServiceMonitor");
+        }
+    }
+    if ctx.caps.monitoring(MonitoringApi::Coreos) == MonitoringApi::Coreos {
+        let rb = management::prometheus_binding_name(cfg);
+        let t = target(
+            Api::<RoleBinding>::namespaced(c(), ns),
+            "RoleBinding",
+            &rb,
+            None,
+        );
+        note(retire_one(ctx, ns, t).await?, "RoleBinding");
+    }
+    let accounts = caches.service_accounts.as_ref().map(|s| s as _);
+    let api = Api::<ServiceAccount>::namespaced(c(), ns);
+    let t = target(api, "ServiceAccount", name, accounts);
+    note(retire_one(ctx, ns, t).await?, "ServiceAccount");
+    let api = Api::<ConfigMap>::namespaced(c(), ns);
+    let t = target(
+        api,
+        "ConfigMap",
+        hcp_fleet_render::internal_registry::CONFIG_MAP,
+        None,
+    );
+    note(retire_one(ctx, ns, t).await?, "ConfigMap");
+    let tls = management::tls_secret_name(cfg);
+    let t = target(
+        Api::<Secret>::namespaced(c(), ns),
+        "Secret",
+        &tls,
+        caches.tls_secrets.as_ref().map(|s| s as _),
+    );
+    note(retire_one(ctx, ns, t).await?, "Secret");
+    let ca = management::ca_secret_name(cfg);
+    let t = target(
+        Api::<Secret>::namespaced(c(), ns),
+        "Secret",
+        &ca,
+        caches.ca_secrets.as_ref().map(|s| s as _),
+    );
+    note(retire_one(ctx, ns, t).await?, "Secret");
+    // A service started again later is a new one: its first unavailability is a start, not
+    // an outage, and its certificate must be seen served before it is settled.
+    ctx.with_hcp(ns, |h| {
+        h.served = false;
+        h.settled_for = None;
+    });
+    ctx.metrics.cert_expiry.remove(&s.labels());
+    Ok(gone)
+}
+
+fn target<'a, K: Resource + 'static>(
+    api: Api<K>,
+    kind: &'static str,
+    name: &'a str,
+    store: Option<&'a dyn cache::Cached<K>>,
+) -> Target<'a, K>
+where
+    K::DynamicType: Eq + std::hash::Hash,
+{
+    Target {
+        api,
+        kind,
+        name,
+        store,
+    }
+}
+
+/// One object `retire` removes: read, deleted where present, and noted absent (a later
+/// reconcile asks nothing of it until the agent writes it again). Whether it deleted.
+async fn retire_one<K>(ctx: &Context, ns: &str, t: Target<'_, K>) -> Result<bool, Failure>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + 'static,
+    K::DynamicType: Clone + Eq + std::hash::Hash,
+{
+    let key = object_key(&t.api, t.name);
+    if ctx.with_hcp(ns, |s| s.absent.contains(&key)) {
+        return Ok(false);
+    }
+    let failed = |source| Failure::ApplyAdmission {
+        kind: t.kind,
+        name: t.name.to_string(),
+        source,
+    };
+    let live = cache::read(ctx, ns, &t.api, t.store, t.name)
+        .await
+        .map_err(failed)?;
+    let deleted = match live {
+        Some(_) => delete_if_present(&t.api, t.name).await.map_err(failed)?,
+        None => false,
+    };
+    cache::wrote::<K, _>(ctx, ns, &t.api, t.name, None);
+    ctx.with_hcp(ns, |s| {
+        s.management.remove(&key);
+        s.absent.insert(key);
+    });
+    Ok(deleted)
 }

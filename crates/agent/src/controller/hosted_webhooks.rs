@@ -62,6 +62,8 @@ pub(crate) struct Installed {
     pub(crate) static_notes: Vec<String>,
     /// This hosted kube-apiserver cannot load them at all (NonCompliant at once).
     pub(crate) static_refused: bool,
+    /// The path each guard takes, for the record.
+    pub(crate) paths: Vec<hcp_fleet_model::crd::GuardPath>,
 }
 
 /// What the guards in a hosted cluster are to trust and run, and what their answers prove.
@@ -77,6 +79,9 @@ pub(crate) struct Want<'a> {
     /// The hosted cluster's internal registry, which the pod image spec mutation's policy
     /// carries (`internal_registry::current`).
     pub(crate) registry: Option<&'a hcp_fleet_guards::pod_image_spec::InternalRegistry>,
+    /// Whether a guard calls the admission service (`webhooks::needs_admission_service`): where
+    /// none does, no address is looked up for it.
+    pub(crate) service: bool,
 }
 
 /// Fails when a Service in the HCP namespace would make HyperShift delete the guest webhooks
@@ -150,8 +155,9 @@ pub(crate) async fn ensure(
         proof,
         statics,
         registry,
+        service,
     } = want;
-    let url_base = url_base(s).await?;
+    let url_base = url_base(s, service).await?;
     let mut features = hosted.features().await;
     let timeout = cfg.hosted_access.request_timeout();
     let in_force = statics.in_force(hosted, features, timeout, proof).await;
@@ -241,13 +247,18 @@ pub(crate) async fn ensure(
             && (in_force != StaticState::InForce || wrote_statics),
         static_refused: matches!(in_force, StaticState::Refused(_)),
         static_notes,
+        paths: desired.paths(cfg),
     })
 }
 
 /// Where the hosted kube-apiserver calls the admission service, once no Service in the HCP
-/// namespace would make HyperShift delete webhooks pointing there.
-async fn url_base(s: &Scope<'_>) -> Result<String, Failure> {
+/// namespace would make HyperShift delete webhooks pointing there. Where no guard calls it
+/// (`service` false), the default, which no webhook carries.
+async fn url_base(s: &Scope<'_>, service: bool) -> Result<String, Failure> {
     let (ctx, cfg, ns) = (s.ctx, s.cfg, s.ns);
+    if !service {
+        return Ok(webhooks::default_url_base(cfg, ns));
+    }
     let caches = ctx.caches();
     let service = caches
         .services

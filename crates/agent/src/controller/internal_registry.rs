@@ -127,13 +127,17 @@ pub(super) fn last(s: &Scope<'_>) -> Option<InternalRegistry> {
     })
 }
 
-/// Writes the registry read now to the ConfigMap the replicas mount, where it differs, and
-/// keeps it for the probe task, which compares later reads with it
-/// (`WatchShared::internal_registry`) and the canary, which names what it resolves.
-pub(super) async fn ensure(s: &Scope<'_>, current: &Current) -> Result<(), Failure> {
+/// Writes the registry read now to the ConfigMap the replicas mount (where `service` runs
+/// them), where it differs, and keeps it for the probe task, which compares later reads with
+/// it (`WatchShared::internal_registry`), and the canary, which names what it resolves.
+pub(super) async fn ensure(s: &Scope<'_>, current: &Current, service: bool) -> Result<(), Failure> {
     let (true, Some(reg)) = (current.fresh, &current.registry) else {
         return Ok(());
     };
+    if !service {
+        keep(s, reg);
+        return Ok(());
+    }
     let cm = config_map(s.ns, reg).map_err(|e| Failure::ApplyAdmission {
         kind: "ConfigMap",
         name: CONFIG_MAP.into(),
@@ -151,10 +155,14 @@ pub(super) async fn ensure(s: &Scope<'_>, current: &Current) -> Result<(), Failu
         &cm,
     )
     .await?;
+    keep(s, reg);
+    Ok(())
+}
+
+fn keep(s: &Scope<'_>, reg: &InternalRegistry) {
     s.ctx.with_hcp(s.ns, |h| {
         if let Some(w) = &h.watch {
             lock(&w.shared).internal_registry = Some(reg.clone());
         }
     });
-    Ok(())
 }

@@ -616,6 +616,7 @@ mod tests {
             revision: "r",
             rolled_out: true,
             paused: None,
+            paths: None,
         }
     }
 

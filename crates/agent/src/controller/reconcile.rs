@@ -22,6 +22,7 @@ use crate::hosted::clients::HostedClient;
 use crate::metrics::PhaseLabels;
 use hcp_fleet_model::crd::hostedcontrolplane::Pause;
 use hcp_fleet_model::crd::{ComplianceState, HostedControlPlane};
+use hcp_fleet_render::hosted::webhooks;
 use hcp_fleet_render::management::deployment_available;
 use hcp_fleet_render::reporting::{Concern, Observation, Observations, PauseReason};
 
@@ -34,6 +35,8 @@ struct Outcome {
     rolled_out: bool,
     /// Who paused the HCP, when it is paused.
     paused: Option<PauseReason>,
+    /// The path each guard takes, where the pass installed them.
+    paths: Option<Vec<hcp_fleet_model::crd::GuardPath>>,
     result: Result<Action, ReconcileError>,
 }
 
@@ -128,6 +131,7 @@ pub async fn reconcile(
             revision: &resolved.revision,
             rolled_out: outcome.rolled_out,
             paused: outcome.paused,
+            paths: outcome.paths.as_deref(),
         },
     )
     .await;
@@ -196,6 +200,7 @@ struct Found {
     observations: Observations,
     drift_repaired: u64,
     rolled_out: bool,
+    paths: Option<Vec<hcp_fleet_model::crd::GuardPath>>,
 }
 
 impl Found {
@@ -216,6 +221,7 @@ async fn run_phases(s: &Scope<'_>) -> Outcome {
         drift_repaired: found.drift_repaired,
         rolled_out: found.rolled_out,
         paused: None,
+        paths: found.paths,
         result,
     }
 }
@@ -231,29 +237,60 @@ async fn phases(s: &Scope<'_>, found: &mut Found) -> Result<Action, Failure> {
         }
         return Ok(Action::await_change());
     }
-    // 2. Certificates. Trust first: a new certificate reaches the replicas only once the
-    // hosted side trusts its CA.
-    let certs = certificates::ensure(s).await?;
+    // 2. Hosted access, and the path the guards take there, which decides whether this HCP
+    // needs the admission service at all. A hosted cluster that cannot be reached decides
+    // nothing: a service that runs is kept (phase 4 goes on repairing it), none is started,
+    // and the failure is reported once phase 4 is done.
+    let hosted = hosted_access::connect(s).await;
+    let (needed, known) = service_needed(s, &hosted).await;
     // The static guards' files: not gated on the admission service or the hosted cluster,
     // since they guard without either.
     let statics = static_guards::Statics::ensure_before(s).await?;
-    let mut hosted_drift = if certs.serving_changes {
-        trust::pre_trust(s, &certs.bundle, &statics).await?
+    // 3-4. Certificates and the admission service, where a guard needs it. Trust first: a new
+    // certificate reaches the replicas only once the hosted side trusts its CA. The service is
+    // gated on its Deployment.
+    let mut hosted_drift = Vec::new();
+    let service = if needed {
+        let certs = certificates::ensure(s).await?;
+        if certs.serving_changes {
+            hosted_drift = trust::pre_trust(s, &certs.bundle, &statics).await?;
+        }
+        let Some(drift) = admission(s, &certs, found).await? else {
+            // The Deployment watch (owns) brings us back when its status changes.
+            return Ok(Action::requeue(Duration::from_secs(300)));
+        };
+        Some((certs, drift))
     } else {
-        Vec::new()
+        // Nothing was rolled out, so nothing waits on a rollout.
+        found.rolled_out = true;
+        // Said now where none is left to retire, so that a hosted cluster that fails later in
+        // the pass is reported for what fails.
+        if known && !admission_service::exists(s).await {
+            not_needed(found, &[]);
+        }
+        None
     };
     hosted_drift.extend(statics.note.clone());
-    // 3. The admission service, gated on its Deployment.
-    let Some(management_drift) = admission(s, &certs, found).await? else {
-        // The Deployment watch (owns) brings us back when its status changes.
-        return Ok(Action::requeue(Duration::from_secs(300)));
+    let hosted = match hosted {
+        Ok(h) => h,
+        Err(f) if service.is_none() && !known => {
+            let waiting = "waiting for the hosted cluster: the path its guards take there decides whether the admission service is needed";
+            found.observe(Concern::AdmissionService, Observation::pending(waiting));
+            return Err(f);
+        }
+        Err(f) => return Err(f),
     };
-    // 4. Hosted access. 5-6. Webhook configurations there, kept from drifting. Retire last:
-    // the previous CA leaves the caBundle once every replica serves the new certificate.
-    let hosted = hosted_access::connect(s).await?;
-    let (ca_bundle, settled) = trust::hosted_bundle(s, &hosted, &certs.bundle).await?;
+    // 5-6. Webhook configurations and policies in the hosted cluster, kept from drifting.
+    // Retire last: the previous CA leaves the caBundle once every replica serves the new
+    // certificate.
+    let (ca_bundle, settled) = match &service {
+        Some((certs, _)) => trust::hosted_bundle(s, &hosted, &certs.bundle).await?,
+        None => (String::new(), true),
+    };
     let proof = Proof {
-        key: certs.bundle.probe_key.clone(),
+        key: service
+            .as_ref()
+            .and_then(|(certs, _)| certs.bundle.probe_key.clone()),
         rolling_out: !found.rolled_out,
     };
     let registry = internal_registry::current(s, &hosted).await;
@@ -263,12 +300,24 @@ async fn phases(s: &Scope<'_>, found: &mut Found) -> Result<Action, Failure> {
         proof: &proof,
         statics: &statics,
         registry: registry.registry.as_ref(),
+        service: needed,
     };
     let mut installed = hosted_webhooks::ensure(s, &hosted, want).await?;
     hosted_drift.append(&mut installed.drift);
+    found.paths = Some(std::mem::take(&mut installed.paths));
     // Kept once the drift watch (and the probe task that looks again later) is there to hold
     // what was written.
-    internal_registry::ensure(s, &registry).await?;
+    internal_registry::ensure(s, &registry, needed).await?;
+    let management_drift = match &service {
+        Some((_, drift)) => drift.clone(),
+        // No webhook calls the service any more, proven by the install that removed the
+        // last: what served it goes.
+        None if installed.configurations == 0 => {
+            retired(s, found).await?;
+            Vec::new()
+        }
+        None => Vec::new(),
+    };
     found.drift_repaired += hosted_drift.len() as u64;
     let unsettled = s
         .ctx
@@ -301,13 +350,59 @@ async fn phases(s: &Scope<'_>, found: &mut Found) -> Result<Action, Failure> {
     }
     // Between reconciles only the probe task runs; it queues one when its verdict changes.
     // And the certificates come due at a known time, which no event announces.
-    Ok(match certs.next_change {
+    let next_change = service.as_ref().and_then(|(certs, _)| certs.next_change);
+    Ok(match next_change {
         Some(at) => Action::requeue(at.min(MAX_WAIT)),
         None => Action::await_change(),
     })
 }
 
-/// Phase 3: the admission service applied where it differs from the rendering, then its
+/// Phase 2's verdict: whether a guard needs the admission service, and whether that is known
+/// (the hosted cluster answered now, or what it offered when it last did). Unknown, a service
+/// that exists is kept.
+async fn service_needed(s: &Scope<'_>, hosted: &Result<HostedClient, Failure>) -> (bool, bool) {
+    let features = match hosted {
+        Ok(h) => Some(h.features().await),
+        Err(_) => s.ctx.with_hcp(s.ns, |h| {
+            h.hosted_client.as_ref().and_then(|c| c.known_features())
+        }),
+    };
+    match (features, hosted.is_ok()) {
+        (Some(f), true) => (webhooks::needs_admission_service(s.cfg, f), true),
+        // Not reached now: a service that runs is kept, whatever it offered.
+        (Some(f), false) => (
+            webhooks::needs_admission_service(s.cfg, f) || admission_service::exists(s).await,
+            true,
+        ),
+        (None, _) => (admission_service::exists(s).await, false),
+    }
+}
+
+/// Where no guard needs the admission service: what served it retired (`admission_service::
+/// retire`), and the record says so.
+async fn retired(s: &Scope<'_>, found: &mut Found) -> Result<(), Failure> {
+    let gone = admission_service::retire(s).await?;
+    not_needed(found, &gone);
+    Ok(())
+}
+
+/// What the record says of an HCP that needs no admission service (`gone`: what was just
+/// removed of one it had).
+fn not_needed(found: &mut Found, gone: &[&str]) {
+    let mut text = String::from(
+        "not deployed: every guard runs inside the hosted kube-apiserver, and no webhook calls the admission service",
+    );
+    if !gone.is_empty() {
+        text.push_str(&format!("; removed: {}", gone.join(", ")));
+    }
+    found.observe(Concern::AdmissionService, Observation::compliant(text));
+    found.observe(
+        Concern::Certificate,
+        Observation::compliant("none needed: no webhook calls the admission service"),
+    );
+}
+
+/// Phase 4: the admission service applied where it differs from the rendering, then its
 /// Deployment's availability. The management drift it repaired once the Deployment serves;
 /// `None` while a first install waits for it.
 async fn admission(
@@ -531,6 +626,7 @@ fn paused(ctx: &Context, ns: &str, pause: &PauseAsked, wake: Option<jiff::Timest
         drift_repaired: 0,
         rolled_out: false,
         paused: Some(pause.reason),
+        paths: None,
         result: Ok(action),
     }
 }

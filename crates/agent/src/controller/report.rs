@@ -47,6 +47,9 @@ pub(crate) struct Pass<'a> {
     pub(crate) rolled_out: bool,
     /// Who paused the HCP, when it is paused.
     pub(crate) paused: Option<reporting::PauseReason>,
+    /// The path each guard takes, where this pass installed them; else the record keeps what
+    /// it said (what is installed does not change while the agent cannot look).
+    pub(crate) paths: Option<&'a [hcp_fleet_model::crd::GuardPath]>,
 }
 
 /// How long a new HCP's first "Pending" may go unwritten: at a fleet's cold start most
@@ -273,6 +276,9 @@ fn next_status(current: &AdmissionHealth, pass: &Pass<'_>, now: &str) -> Admissi
     );
     next.paused_since =
         reporting::paused_since(current.status.as_ref(), pass.paused.is_some(), now);
+    if let Some(p) = pass.paths {
+        next.guards = p.to_vec();
+    }
     next
 }
 
@@ -289,6 +295,9 @@ fn status_patch(
     }
     if next.paused_since.is_none() {
         patch["status"]["pausedSince"] = serde_json::Value::Null;
+    }
+    if next.guards.is_empty() {
+        patch["status"]["guards"] = serde_json::Value::Null;
     }
     if let Some(rv) = resource_version {
         patch["metadata"] = serde_json::json!({ "resourceVersion": rv });

@@ -115,6 +115,8 @@ pub(crate) async fn pre_trust(
         proof: &proof,
         statics,
         registry: registry.as_ref(),
+        // A new certificate is trusted only where the service runs.
+        service: true,
     };
     let done = hosted_webhooks::ensure(s, &hosted, want)
         .await

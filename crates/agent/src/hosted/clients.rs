@@ -165,6 +165,12 @@ impl HostedClient {
         }
     }
 
+    /// What the server offered when it was last asked (`features`), without asking again;
+    /// `None` where it never answered.
+    pub(crate) fn known_features(&self) -> Option<HostedFeatures> {
+        self.features.get().copied()
+    }
+
     /// Was this client built from exactly these kubeconfig bytes?
     pub(crate) fn is_from(&self, raw: &[u8]) -> bool {
         self.secret_hash == hcp_fleet_guards::crypto::sha256(raw)

@@ -122,6 +122,23 @@ pub struct AdmissionHealthStatus {
     /// from here, so it survives an agent restart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision_ready_since: Option<String>,
+    /// The path each guard that is on takes in the hosted cluster, as last installed there:
+    /// `webhook` (the hosted kube-apiserver calls the admission service), `policy` (an
+    /// admission policy it evaluates itself), `static` (a policy it loads from files), `none`
+    /// (a mutation with nothing to change there: the pod image spec's while the registry is
+    /// Managed). Where no guard takes `webhook`, the HCP has no admission service.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub guards: Vec<GuardPath>,
+}
+
+/// One guard's path in the hosted cluster (`AdmissionHealthStatus::guards`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GuardPath {
+    /// The guard's name (`protected-rbac.hcp-fleet.openshift.io`).
+    pub name: String,
+    /// `webhook`, `policy`, `static` or `none`.
+    pub path: String,
 }
 
 /// One concern's verdict and its recent history.

@@ -17,7 +17,7 @@ pub mod reference;
 pub use conditions::{Condition, ConditionStatus};
 pub use health::{
     AdmissionHealth, AdmissionHealthPolicy, AdmissionHealthPolicySpec, AdmissionHealthPolicyStatus,
-    AdmissionHealthSpec, AdmissionHealthStatus, ConcernStatus, HistoryEntry,
+    AdmissionHealthSpec, AdmissionHealthStatus, ConcernStatus, GuardPath, HistoryEntry,
 };
 pub use hostedcluster::HostedCluster;
 pub use hostedcontrolplane::{HostedControlPlane, HostedControlPlaneStatus, SecretKeyRef};

@@ -79,6 +79,47 @@ impl HostedWebhooks {
         self
     }
 
+    /// The path each guard `cfg` has on takes here, in the configuration's order (the probe
+    /// aside): `static` (carried by the static guards, in force), `policy` (an admission
+    /// policy, validating or mutating), `webhook`, or `none` (a mutation that has nothing to
+    /// change here, so no object carries it). Called once `static_guards` is set.
+    pub fn paths(&self, cfg: &AgentConfig) -> Vec<hcp_fleet_model::crd::GuardPath> {
+        let hooked: std::collections::BTreeSet<&str> = self
+            .validating
+            .iter()
+            .flat_map(|v| v.webhooks.iter().flatten().map(|w| w.name.as_str()))
+            .chain(
+                self.mutating
+                    .iter()
+                    .flat_map(|m| m.webhooks.iter().flatten().map(|w| w.name.as_str())),
+            )
+            .collect();
+        let policies: std::collections::BTreeSet<&str> = self
+            .policies
+            .guards()
+            .chain(self.policies.mutations())
+            .collect();
+        cfg.active_webhooks()
+            .filter(|w| !is_probe(w))
+            .map(|w| {
+                let n = w.name.as_str();
+                let path = if self.static_guards.contains(n) {
+                    "static"
+                } else if policies.contains(n) {
+                    "policy"
+                } else if hooked.contains(n) {
+                    "webhook"
+                } else {
+                    "none"
+                };
+                hcp_fleet_model::crd::GuardPath {
+                    name: w.name.clone(),
+                    path: path.into(),
+                }
+            })
+            .collect()
+    }
+
     /// How many guards (the probe and the mutation aside: every validating guard) each engine
     /// carries: (webhook, policy).
     pub fn guards(&self) -> (usize, usize) {
@@ -104,6 +145,26 @@ pub fn default_url_base(cfg: &AgentConfig, hcp_namespace: &str) -> String {
 
 fn is_probe(w: &WebhookDefinition) -> bool {
     w.path == guards::probe::ROW.path
+}
+
+/// Whether a hosted cluster offering `features` needs the admission service under `cfg`: some
+/// guard takes the webhook path, or no guard is carried inside the hosted kube-apiserver
+/// either, so that only the probe webhook is left to prove a path. Not otherwise: every
+/// guard runs as a policy (API-side or static), and an HCP needs no admission Deployment,
+/// Service or certificate. The static guards' state does not change the answer: a guard
+/// asking for `static` that is not in force runs where `auto` puts it, a policy wherever
+/// the files could be (`admission_policies::api_engine`).
+pub fn needs_admission_service(cfg: &AgentConfig, features: HostedFeatures) -> bool {
+    let second_layer = cfg.static_guards.second_layer;
+    let mut webhook = false;
+    let mut elsewhere = false;
+    for w in cfg.active_webhooks().filter(|w| !is_probe(w)) {
+        match super::admission_policies::api_engine(w, features, second_layer) {
+            Some(Engine::Webhook) => webhook = true,
+            _ => elsewhere = true,
+        }
+    }
+    webhook || !elsewhere
 }
 
 fn webhook_json(
@@ -170,7 +231,7 @@ pub fn render(
         .collect();
     // The probe webhook proves the admission service's path: wanted while a guard uses it, or
     // while nothing else would be probed.
-    let service_in_path = hooks.iter().any(|w| !is_probe(w)) || policies.revision.is_none();
+    let service_in_path = needs_admission_service(cfg, features);
     let hooks: Vec<&WebhookDefinition> = hooks
         .into_iter()
         .filter(|w| service_in_path || !is_probe(w))
@@ -268,6 +329,113 @@ mod tests {
             None,
         )
         .expect("render")
+    }
+
+    /// The service is needed exactly where the rendering calls it: across every server a
+    /// hosted cluster may be (none of the admission APIs, validating policies only, both, the
+    /// static guards in force) and configurations that move guards (one guard on its webhook,
+    /// a mutation in enforce mode, every guard static, every guard off but the probe). On 1.36
+    /// with the defaults it is not: every guard runs inside the hosted kube-apiserver.
+    #[test]
+    fn the_service_is_needed_exactly_where_a_webhook_is_rendered() {
+        use hcp_fleet_guards::catalogue::GuardEngine;
+        let all = HostedFeatures {
+            match_conditions: true,
+            admission_policies: true,
+            mutating_policies: true,
+            static_guards: true,
+        };
+        let servers = [
+            HostedFeatures::default(),
+            HostedFeatures {
+                mutating_policies: false,
+                static_guards: false,
+                ..all
+            },
+            HostedFeatures {
+                static_guards: false,
+                ..all
+            },
+            all,
+        ];
+        let mut configs = vec![("defaults", AgentConfig::default())];
+        let mut one_hook = AgentConfig::default();
+        one_hook.webhooks[0].engine = GuardEngine::Webhook;
+        configs.push(("one guard on its webhook", one_hook));
+        let mut enforce = AgentConfig::default();
+        for w in &mut enforce.webhooks {
+            w.mode = Mode::Enforce;
+        }
+        configs.push(("every guard enforced", enforce));
+        let mut statics = AgentConfig::default();
+        for w in &mut statics.webhooks {
+            if guards::has_cel_form(&w.path) {
+                w.engine = GuardEngine::Static;
+            }
+        }
+        configs.push(("every CEL guard static", statics.clone()));
+        statics.static_guards.second_layer = true;
+        configs.push(("static with a second layer", statics));
+        let mut off = AgentConfig::default();
+        for w in &mut off.webhooks {
+            if !is_probe(w) {
+                w.mode = Mode::Off;
+            }
+        }
+        configs.push(("every guard off", off));
+        for (what, cfg) in &configs {
+            for f in servers {
+                let r = render(cfg, "ns", "https://x", "CA", f, None).expect("render");
+                let rendered = r.validating.is_some() || r.mutating.is_some();
+                assert_eq!(needs_admission_service(cfg, f), rendered, "{what}, {f:?}");
+            }
+        }
+        let defaults = AgentConfig::default();
+        assert!(!needs_admission_service(&defaults, servers[2]));
+        assert!(
+            needs_admission_service(&defaults, servers[1]),
+            "the Service tag needs 1.36"
+        );
+        assert!(needs_admission_service(&defaults, servers[0]));
+    }
+
+    /// Each guard's path names the object that carries it: every guard a policy on 1.36 with the
+    /// defaults (the pod image spec's `none`: no registry to rewrite for), every one a webhook
+    /// where no policy is served, the static guards' where they are in force.
+    #[test]
+    fn each_guard_is_named_with_the_path_it_takes() {
+        let cfg = AgentConfig::default();
+        let all = HostedFeatures {
+            match_conditions: true,
+            admission_policies: true,
+            mutating_policies: true,
+            static_guards: false,
+        };
+        let path = |r: &HostedWebhooks, name: &str| {
+            r.paths(&cfg)
+                .into_iter()
+                .find(|p| p.name == name)
+                .map(|p| p.path)
+        };
+        let rbac = guards::protected_rbac::ROW.name;
+        let image = guards::pod_image_spec::ROW.name;
+        let r = rendered_with(all);
+        let paths = r.paths(&cfg);
+        assert_eq!(
+            paths.len(),
+            cfg.active_webhooks().count() - 1,
+            "the probe aside"
+        );
+        assert!(
+            paths.iter().all(|p| p.path == "policy" || p.name == image),
+            "{paths:?}"
+        );
+        assert_eq!(path(&r, image).as_deref(), Some("none"));
+        let hooks = rendered_with(HostedFeatures::default());
+        assert!(hooks.paths(&cfg).iter().all(|p| p.path == "webhook"));
+        let mut statics = rendered_with(all);
+        statics.static_guards.insert(rbac.to_string());
+        assert_eq!(path(&statics, rbac).as_deref(), Some("static"));
     }
 
     #[test]
