@@ -123,117 +123,60 @@ pub async fn delete_validating(fleet: &hcp_fleet_testbed::LocalFleet, cluster: &
 /// whose every guard runs inside its hosted kube-apiserver.
 pub async fn admission_objects(mgmt: &kube::Client, ns: &str) -> Vec<String> {
     use hcp_fleet_render::management;
-    use k8s_openapi::api::apps::v1::Deployment;
-    use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
-    use k8s_openapi::api::networking::v1::NetworkPolicy;
     use kube::api::DynamicObject;
     use kube::core::{ApiResource, GroupVersionKind};
     let cfg = hcp_fleet_render::config::AgentConfig::default();
     let svc = cfg.admission.service_name.clone();
-    async fn there<K>(api: kube::Api<K>, name: &str) -> bool
-    where
-        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-    {
-        match api.get_opt(name).await {
+    // (group, kind, plural, name), each at v1.
+    let objects = [
+        ("apps", "Deployment", "deployments", svc.clone()),
+        ("", "Service", "services", svc.clone()),
+        ("", "ServiceAccount", "serviceaccounts", svc.clone()),
+        (
+            "networking.k8s.io",
+            "NetworkPolicy",
+            "networkpolicies",
+            svc.clone(),
+        ),
+        (
+            "policy",
+            "PodDisruptionBudget",
+            "poddisruptionbudgets",
+            svc.clone(),
+        ),
+        (
+            "monitoring.coreos.com",
+            "ServiceMonitor",
+            "servicemonitors",
+            svc,
+        ),
+        ("", "Secret", "secrets", management::ca_secret_name(&cfg)),
+        ("", "Secret", "secrets", management::tls_secret_name(&cfg)),
+        (
+            "",
+            "ConfigMap",
+            "configmaps",
+            hcp_fleet_render::internal_registry::CONFIG_MAP.to_string(),
+        ),
+    ];
+    let mut there = Vec::new();
+    for (group, kind, plural, name) in objects {
+        let api = kube::Api::<DynamicObject>::namespaced_with(
+            mgmt.clone(),
+            ns,
+            &ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, "v1", kind), plural),
+        );
+        let found = match api.get_opt(&name).await {
             Ok(found) => found.is_some(),
             // A kind the server does not serve: a 404 that is no Status.
             Err(kube::Error::Api(e)) if e.code == 404 => false,
-            Err(e) => panic!("read {name}: {e}"),
+            Err(e) => panic!("read {kind} {name}: {e}"),
+        };
+        if found {
+            there.push(format!("{kind} {name}"));
         }
     }
-    let c = || mgmt.clone();
-    let dynamic = |group: &str, version: &str, kind: &str, plural: &str| {
-        kube::Api::<DynamicObject>::namespaced_with(
-            c(),
-            ns,
-            &ApiResource::from_gvk_with_plural(
-                &GroupVersionKind::gvk(group, version, kind),
-                plural,
-            ),
-        )
-    };
-    let found = [
-        (
-            "Deployment",
-            svc.clone(),
-            there(kube::Api::<Deployment>::namespaced(c(), ns), &svc).await,
-        ),
-        (
-            "Service",
-            svc.clone(),
-            there(kube::Api::<Service>::namespaced(c(), ns), &svc).await,
-        ),
-        (
-            "ServiceAccount",
-            svc.clone(),
-            there(kube::Api::<ServiceAccount>::namespaced(c(), ns), &svc).await,
-        ),
-        (
-            "NetworkPolicy",
-            svc.clone(),
-            there(kube::Api::<NetworkPolicy>::namespaced(c(), ns), &svc).await,
-        ),
-        (
-            "PodDisruptionBudget",
-            svc.clone(),
-            there(
-                dynamic(
-                    "policy",
-                    "v1",
-                    "PodDisruptionBudget",
-                    "poddisruptionbudgets",
-                ),
-                &svc,
-            )
-            .await,
-        ),
-        (
-            "ServiceMonitor",
-            svc.clone(),
-            there(
-                dynamic(
-                    "monitoring.coreos.com",
-                    "v1",
-                    "ServiceMonitor",
-                    "servicemonitors",
-                ),
-                &svc,
-            )
-            .await,
-        ),
-        (
-            "Secret",
-            management::ca_secret_name(&cfg),
-            there(
-                kube::Api::<Secret>::namespaced(c(), ns),
-                &management::ca_secret_name(&cfg),
-            )
-            .await,
-        ),
-        (
-            "Secret",
-            management::tls_secret_name(&cfg),
-            there(
-                kube::Api::<Secret>::namespaced(c(), ns),
-                &management::tls_secret_name(&cfg),
-            )
-            .await,
-        ),
-        (
-            "ConfigMap",
-            hcp_fleet_render::internal_registry::CONFIG_MAP.to_string(),
-            there(
-                kube::Api::<ConfigMap>::namespaced(c(), ns),
-                hcp_fleet_render::internal_registry::CONFIG_MAP,
-            )
-            .await,
-        ),
-    ];
-    found
-        .into_iter()
-        .filter(|(_, _, present)| *present)
-        .map(|(kind, name, _)| format!("{kind} {name}"))
-        .collect()
+    there
 }
 
 /// What the agent installs in a hosted cluster with the default configuration, as the renderer

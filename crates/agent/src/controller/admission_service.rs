@@ -345,7 +345,9 @@ async fn monitoring(
                 .await?;
                 note(n, "ServiceMonitor");
             }
-            _ => remove(ctx, ns, &monitors, "ServiceMonitor", name).await?,
+            _ => {
+                remove(ctx, ns, &monitors, "ServiceMonitor", name).await?;
+            }
         }
     }
     if ctx.caps.monitoring(MonitoringApi::Coreos) == MonitoringApi::Coreos {
@@ -367,7 +369,9 @@ async fn monitoring(
                 .await?;
                 note(n, "RoleBinding");
             }
-            None => remove(ctx, ns, &bindings, "RoleBinding", &rb_name).await?,
+            None => {
+                remove(ctx, ns, &bindings, "RoleBinding", &rb_name).await?;
+            }
         }
     }
     Ok(())
@@ -375,34 +379,45 @@ async fn monitoring(
 
 /// Deletes an object the configuration no longer asks for. Only one this agent has seen in
 /// place since it started is certain to exist; after a restart one DELETE per reconcile finds
-/// out (a 404 is what was wanted).
+/// out (a 404 is what was wanted). Whether it deleted one.
 pub(crate) async fn remove<K>(
     ctx: &Context,
     ns: &str,
     api: &Api<K>,
     kind: &'static str,
     name: &str,
-) -> Result<(), Failure>
+) -> Result<bool, Failure>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    let key = object_key(api, name);
-    if ctx.with_hcp(ns, |s| s.absent.contains(&key)) {
-        return Ok(());
+    if noted_absent(ctx, ns, api, name) {
+        return Ok(false);
     }
-    delete_if_present(api, name)
+    let deleted = delete_if_present(api, name)
         .await
         .map_err(|source| Failure::ApplyAdmission {
             kind,
             name: name.to_string(),
             source,
         })?;
+    note_absent(ctx, ns, api, name);
+    Ok(deleted)
+}
+
+/// Whether the agent knows `name` to be gone (it removed it, and has not written it since).
+fn noted_absent<K: Resource>(ctx: &Context, ns: &str, api: &Api<K>, name: &str) -> bool {
+    let key = object_key(api, name);
+    ctx.with_hcp(ns, |s| s.absent.contains(&key))
+}
+
+/// Records that `name` is gone: nothing asks for it again until the agent writes it.
+fn note_absent<K: Resource>(ctx: &Context, ns: &str, api: &Api<K>, name: &str) {
+    let key = object_key(api, name);
     cache::wrote::<K, _>(ctx, ns, api, name, None);
     ctx.with_hcp(ns, |s| {
         s.management.remove(&key);
         s.absent.insert(key);
     });
-    Ok(())
 }
 
 /// Whether the admission Deployment is there (from its watch's store where it may be
@@ -483,22 +498,15 @@ pub(crate) async fn retire(s: &Scope<'_>) -> Result<Vec<&'static str>, Failure> 
         None,
     );
     note(retire_one(ctx, ns, t).await?, "ConfigMap");
-    let tls = management::tls_secret_name(cfg);
-    let t = target(
-        Api::<Secret>::namespaced(c(), ns),
-        "Secret",
-        &tls,
-        caches.tls_secrets.as_ref().map(|s| s as _),
-    );
-    note(retire_one(ctx, ns, t).await?, "Secret");
-    let ca = management::ca_secret_name(cfg);
-    let t = target(
-        Api::<Secret>::namespaced(c(), ns),
-        "Secret",
-        &ca,
-        caches.ca_secrets.as_ref().map(|s| s as _),
-    );
-    note(retire_one(ctx, ns, t).await?, "Secret");
+    // The serving certificate, then its CA.
+    for (secret, store) in [
+        (management::tls_secret_name(cfg), &caches.tls_secrets),
+        (management::ca_secret_name(cfg), &caches.ca_secrets),
+    ] {
+        let api = Api::<Secret>::namespaced(c(), ns);
+        let t = target(api, "Secret", &secret, store.as_ref().map(|s| s as _));
+        note(retire_one(ctx, ns, t).await?, "Secret");
+    }
     // A service started again later is a new one: its first unavailability is a start, not
     // an outage, and its certificate must be seen served before it is settled.
     ctx.with_hcp(ns, |h| {
@@ -526,33 +534,26 @@ where
     }
 }
 
-/// One object `retire` removes: read, deleted where present, and noted absent (a later
-/// reconcile asks nothing of it until the agent writes it again). Whether it deleted.
+/// One object `retire` removes: read first (from its store where it has one), so that one
+/// already gone costs no DELETE, then `remove`d. Whether it deleted.
 async fn retire_one<K>(ctx: &Context, ns: &str, t: Target<'_, K>) -> Result<bool, Failure>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + 'static,
     K::DynamicType: Clone + Eq + std::hash::Hash,
 {
-    let key = object_key(&t.api, t.name);
-    if ctx.with_hcp(ns, |s| s.absent.contains(&key)) {
+    if noted_absent(ctx, ns, &t.api, t.name) {
         return Ok(false);
     }
-    let failed = |source| Failure::ApplyAdmission {
-        kind: t.kind,
-        name: t.name.to_string(),
-        source,
-    };
     let live = cache::read(ctx, ns, &t.api, t.store, t.name)
         .await
-        .map_err(failed)?;
-    let deleted = match live {
-        Some(_) => delete_if_present(&t.api, t.name).await.map_err(failed)?,
-        None => false,
-    };
-    cache::wrote::<K, _>(ctx, ns, &t.api, t.name, None);
-    ctx.with_hcp(ns, |s| {
-        s.management.remove(&key);
-        s.absent.insert(key);
-    });
-    Ok(deleted)
+        .map_err(|source| Failure::ApplyAdmission {
+            kind: t.kind,
+            name: t.name.to_string(),
+            source,
+        })?;
+    if live.is_none() {
+        note_absent(ctx, ns, &t.api, t.name);
+        return Ok(false);
+    }
+    remove(ctx, ns, &t.api, t.kind, t.name).await
 }

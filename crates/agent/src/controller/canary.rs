@@ -4,7 +4,7 @@
 //! canary through, or whose canary is denied by something else, makes the `e2e-probe` concern
 //! NonCompliant, naming the guard, until a later round sees it deny again.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -74,41 +74,14 @@ pub(crate) fn shared_plan(cfg: &AgentConfig, desired: &HostedWebhooks) -> Arc<Ve
 /// The canaries of the guards enforced in `desired` under `cfg` (the HCP's configuration, its
 /// override applied), in the order of the configuration.
 pub(crate) fn plan(cfg: &AgentConfig, desired: &HostedWebhooks) -> Vec<Planned> {
-    let hooks: BTreeSet<&str> = desired
-        .validating
-        .iter()
-        .flat_map(|v| v.webhooks.iter().flatten().map(|w| w.name.as_str()))
-        .chain(
-            desired
-                .mutating
-                .iter()
-                .flat_map(|m| m.webhooks.iter().flatten().map(|w| w.name.as_str())),
-        )
-        .collect();
-    let policies: BTreeSet<&str> = desired
-        .policies
-        .guards()
-        .chain(desired.policies.mutations())
-        .collect();
     let settings = Settings::from(cfg);
     cfg.active_webhooks()
         .filter(|w| w.mode == Mode::Enforce)
         .filter_map(|w| {
             let canary = hcp_fleet_guards::for_path(&w.path)?.canary(&settings)?;
-            // Static policies are evaluated before API-side ones (kube-apiserver 1.36), so a
-            // guard carried both ways is denied in the static one's name.
-            let engine = if desired.static_guards.contains(&w.name) {
-                Engine::Static
-            } else if policies.contains(w.name.as_str()) {
-                Engine::Policy
-            } else if hooks.contains(w.name.as_str()) {
-                Engine::Webhook
-            } else {
-                return None;
-            };
             Some(Planned {
                 guard: w.name.clone(),
-                engine,
+                engine: desired.carrier(&w.name)?,
                 canary,
                 by_registry: w.path == pod_image_spec::ROW.path,
             })

@@ -512,12 +512,7 @@ fn the_hosted_rendering_gives_the_pod_image_spec_to_a_policy_with_the_registry_r
     use crate::hosted::webhooks;
     use hcp_fleet_guards::pod_image_spec::{self, ROW, case_registry};
     let cfg = AgentConfig::default();
-    let served = HostedFeatures {
-        match_conditions: true,
-        admission_policies: true,
-        mutating_policies: true,
-        static_guards: false,
-    };
+    let served = served();
     let render = |features, reg: Option<&pod_image_spec::InternalRegistry>| {
         webhooks::render(&cfg, "ns", "https://x", "CA", features, reg).expect("render")
     };

@@ -79,43 +79,50 @@ impl HostedWebhooks {
         self
     }
 
-    /// The path each guard `cfg` has on takes here, in the configuration's order (the probe
-    /// aside): `static` (carried by the static guards, in force), `policy` (an admission
-    /// policy, validating or mutating), `webhook`, or `none` (a mutation that has nothing to
-    /// change here, so no object carries it). Called once `static_guards` is set.
-    pub fn paths(&self, cfg: &AgentConfig) -> Vec<hcp_fleet_model::crd::GuardPath> {
-        let hooked: std::collections::BTreeSet<&str> = self
-            .validating
-            .iter()
-            .flat_map(|v| v.webhooks.iter().flatten().map(|w| w.name.as_str()))
-            .chain(
-                self.mutating
-                    .iter()
-                    .flat_map(|m| m.webhooks.iter().flatten().map(|w| w.name.as_str())),
-            )
-            .collect();
-        let policies: std::collections::BTreeSet<&str> = self
+    /// The engine that carries the guard `name` here: `Static` where the static guards carry
+    /// it (evaluated before API-side policies by kube-apiserver 1.36, so a guard carried both
+    /// ways answers in the static one's name), else `Policy` (validating or mutating), else
+    /// `Webhook`; `None` where no object carries it (a mutation with nothing to change here).
+    /// Meaningful once `static_guards` is set.
+    pub fn carrier(&self, name: &str) -> Option<Engine> {
+        let hooked = || {
+            let validating = self
+                .validating
+                .iter()
+                .flat_map(|v| v.webhooks.iter().flatten());
+            let mutating = self
+                .mutating
+                .iter()
+                .flat_map(|m| m.webhooks.iter().flatten());
+            validating
+                .map(|w| w.name.as_str())
+                .chain(mutating.map(|w| w.name.as_str()))
+                .any(|n| n == name)
+        };
+        if self.static_guards.contains(name) {
+            Some(Engine::Static)
+        } else if self
             .policies
             .guards()
             .chain(self.policies.mutations())
-            .collect();
+            .any(|n| n == name)
+        {
+            Some(Engine::Policy)
+        } else if hooked() {
+            Some(Engine::Webhook)
+        } else {
+            None
+        }
+    }
+
+    /// The path each guard `cfg` has on takes here (`carrier`), in the configuration's order
+    /// (the probe aside): `static`, `policy`, `webhook`, or `none`.
+    pub fn paths(&self, cfg: &AgentConfig) -> Vec<hcp_fleet_model::crd::GuardPath> {
         cfg.active_webhooks()
             .filter(|w| !is_probe(w))
-            .map(|w| {
-                let n = w.name.as_str();
-                let path = if self.static_guards.contains(n) {
-                    "static"
-                } else if policies.contains(n) {
-                    "policy"
-                } else if hooked.contains(n) {
-                    "webhook"
-                } else {
-                    "none"
-                };
-                hcp_fleet_model::crd::GuardPath {
-                    name: w.name.clone(),
-                    path: path.into(),
-                }
+            .map(|w| hcp_fleet_model::crd::GuardPath {
+                name: w.name.clone(),
+                path: self.carrier(&w.name).map_or("none", Engine::as_str).into(),
             })
             .collect()
     }
@@ -405,12 +412,7 @@ mod tests {
     #[test]
     fn each_guard_is_named_with_the_path_it_takes() {
         let cfg = AgentConfig::default();
-        let all = HostedFeatures {
-            match_conditions: true,
-            admission_policies: true,
-            mutating_policies: true,
-            static_guards: false,
-        };
+        let all = crate::hosted::cel_cases::served();
         let path = |r: &HostedWebhooks, name: &str| {
             r.paths(&cfg)
                 .into_iter()
