@@ -212,11 +212,19 @@ const DELETE_AS_ALICE: &[&str] = &[
     "--dry-run=server",
 ];
 
-/// Every guard with a CEL form on `engine`; the probe and the Service mutation stay webhooks.
+/// Every guard with a CEL form on `engine`, the mutations with one included; the probe (and,
+/// for `policy`, the mutations, which `auto` already gives their policies) stays on `auto`.
 fn with_engine(engine: GuardEngine) -> AgentConfig {
     let mut cfg = AgentConfig::default();
     for w in &mut cfg.webhooks {
-        if !matches!(engine, GuardEngine::Policy | GuardEngine::Static) || has_cel_form(&w.path) {
+        let form = match engine {
+            GuardEngine::Policy => has_cel_form(&w.path),
+            GuardEngine::Static => {
+                has_cel_form(&w.path) || hcp_fleet_guards::has_mutation_form(&w.path)
+            }
+            _ => true,
+        };
+        if form {
             w.engine = engine;
         }
     }
@@ -616,16 +624,21 @@ async fn each_guard_answers_through(engine: GuardEngine) {
     .await;
 }
 
-/// The Service tag on the engine `engine` gives it (it has no validating CEL form, so `policy`
-/// and `static` leave it on `auto`): a LoadBalancer Service comes back with the tag merged into
-/// the tags it was written with, by its MutatingAdmissionPolicy where the hosted kube-apiserver
-/// serves them (1.36: no request reaches the service, and the mutating webhook configuration
-/// holds no entry for it) and by the webhook elsewhere.
+/// The Service tag on the engine `engine` gives it (`with_engine`: `static` asks for the
+/// files, `policy` leaves it on `auto`): a LoadBalancer Service comes back with the tag merged
+/// into the tags it was written with, by its MutatingAdmissionPolicy loaded from files where
+/// the hosted kube-apiserver loads them (the test bed's 1.36), through the API where it serves
+/// them (no request reaches the service either way, and the mutating webhook configuration
+/// holds no entry for it), and by the webhook elsewhere.
 async fn service_tags_through_its_engine(bed: &Bed, hosted: &Client, engine: GuardEngine) {
     use hcp_fleet_guards::service_tags::{ROW, TAGS_ANNOTATION};
     use k8s_openapi::api::core::v1::Service;
     let by_policy =
         engine != GuardEngine::Webhook && bed.fleet.version.serves(Feature::MutatingPolicies);
+    // The test bed's 1.36 servers load mutating policies from files too.
+    let by_static = by_policy
+        && engine == GuardEngine::Static
+        && bed.fleet.version.serves(Feature::StaticManifests);
     let svc = support::load_balancer(
         "lb",
         serde_json::json!({TAGS_ANNOTATION: "a=b, red-hat-managed=false", "team": "a"}),
@@ -647,7 +660,43 @@ async fn service_tags_through_its_engine(bed: &Bed, hosted: &Client, engine: Gua
         .await
         .expect("mutating configuration");
     let called = service_requests(bed, ROW.name).await;
-    if by_policy {
+    if by_static {
+        assert!(
+            !hooked,
+            "the mutation is loaded from files: no webhook entry"
+        );
+        assert_eq!(called, 0.0, "the static policy tagged it, not the service");
+        eventually(
+            "the API-side mutating policy gives way to the static one",
+            Duration::from_secs(60),
+            || async {
+                if support::mutating_policy_exists(hosted, ROW.name)
+                    .await
+                    .expect("get")
+                {
+                    Err(last_message(&bed.mgmt, "hosted-webhooks").await)
+                } else {
+                    Ok(())
+                }
+            },
+        )
+        .await;
+        eventually(
+            "the record counts the guards loaded from files",
+            Duration::from_secs(60),
+            || async {
+                let text = last_message(&bed.mgmt, "hosted-webhooks").await;
+                if text.contains("guard(s) loaded from files by the hosted kube-apiserver (static)")
+                    && !text.contains("mutation(s) run as MutatingAdmissionPolicy")
+                {
+                    Ok(())
+                } else {
+                    Err(text)
+                }
+            },
+        )
+        .await;
+    } else if by_policy {
         assert!(!hooked, "the mutation is a policy: no webhook entry");
         assert_eq!(
             called, 0.0,

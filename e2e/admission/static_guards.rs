@@ -91,6 +91,28 @@ fn guards_on(bed: &Bed, engine: &str) -> f64 {
     hc1.get(engine).copied().unwrap_or(0.0)
 }
 
+/// The guards hc-1's static guards' ConfigMap carries, validating and mutating.
+async fn carried_by_files(bed: &Bed) -> std::collections::BTreeSet<String> {
+    let cm = Api::<ConfigMap>::namespaced(bed.mgmt.clone(), NS)
+        .get(hcp_fleet_render::hosted::static_guards::CONFIG_MAP)
+        .await
+        .expect("the static guards' ConfigMap");
+    hcp_fleet_render::hosted::static_guards::guards_in(&cm).expect("the agent's files")
+}
+
+/// The path hc-1's record gives each guard.
+async fn recorded_paths(bed: &Bed) -> std::collections::BTreeMap<String, String> {
+    Api::<hcp_fleet_model::crd::AdmissionHealth>::namespaced(bed.mgmt.clone(), NS)
+        .list(&ListParams::default())
+        .await
+        .expect("records")
+        .items
+        .into_iter()
+        .flat_map(|r| r.status.map(|s| s.guards).unwrap_or_default())
+        .map(|g| (g.name, g.path))
+        .collect()
+}
+
 /// `with_engine(engine)` with the Service tag kept on its webhook: an admission service that
 /// some guard needs, to be stopped while the static guards hold (on 1.36 every other guard
 /// runs inside the hosted kube-apiserver, and the HCP would have none).
@@ -139,20 +161,21 @@ async fn static_guards_hold_against_every_api_request_and_switch_without_a_gap()
     )
     .await;
     let moved = asked.elapsed();
+    // Every guard with a CEL form, and the Service annotation (a mutation in warn mode, which
+    // warns from the validating file), is loaded from files; none is left on a policy.
+    let carried = carried_by_files(&bed).await;
     let with_cel = AgentConfig::default()
         .webhooks
         .iter()
         .filter(|w| has_cel_form(&w.path))
         .count();
-    assert_eq!(guards_on(&bed, "static"), with_cel as f64);
-    // The static guards load validating policies only: a mutation in warn mode (the Service
-    // annotation's default) stays the validating policy that warns for it.
-    let warned_mutations = AgentConfig::default()
-        .webhooks
-        .iter()
-        .filter(|w| w.mode == Mode::Warn && hcp_fleet_guards::has_mutation_form(&w.path))
-        .count();
-    assert_eq!(guards_on(&bed, "policy"), warned_mutations as f64);
+    assert!(
+        carried.len() > with_cel
+            && carried.contains(hcp_fleet_guards::service_annotation::ROW.name),
+        "{carried:?}"
+    );
+    assert_eq!(guards_on(&bed, "static"), carried.len() as f64);
+    assert_eq!(guards_on(&bed, "policy"), 0.0);
 
     // Nothing a hosted cluster's admin sends through the API reaches them.
     let policies = Api::<ValidatingAdmissionPolicy>::all(hosted.clone());
@@ -508,4 +531,151 @@ async fn a_forged_static_probe_keeps_the_api_side_guards() {
         !ok && out.contains(&format!("ValidatingAdmissionPolicy '{RBAC}'")),
         "{out}"
     );
+}
+
+/// HyperShift's kube-apiserver mounting the static guards' ConfigMap (as docs/static-guards.md
+/// asks of it) offers the files to engine `auto`: with the default configuration every guard
+/// with a CEL form and both Service mutations move from the hosted cluster's API into the
+/// files once proven in force, and back to the API when the mount goes, each way under 50
+/// guarded requests a second with none let through. The record's paths say which; auto asked
+/// for nothing it did not get, so neither move is a finding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_takes_the_files_the_kube_apiserver_mounts_and_leaves_them_without_a_gap() {
+    use hcp_fleet_guards::service_tags::{ROW as TAGS, TAGS_ANNOTATION};
+    let assets = support::assets_or_skip_reason().expect("test bed assets");
+    if !support::serves(
+        &assets.version,
+        Feature::StaticManifests,
+        "engine auto taking the static guards where the kube-apiserver mounts them",
+    ) {
+        return;
+    }
+    let _turn = LOAD_TURN.lock().await;
+    let bed = bed(AgentConfig::default()).await;
+    let hosted = hc1_admin(&bed).await;
+    let mount = "/etc/kubernetes/hcp-fleet-guards";
+    // HyperShift's Deployment as today: no such mount, so nothing is offered.
+    hcp_fleet_testbed::fixtures::put_kube_apiserver(&bed.mgmt, "hc-1", mount, false)
+        .await
+        .expect("kube-apiserver Deployment");
+    wait_concern(&bed.mgmt, "hosted-webhooks", "Compliant").await;
+    assert_eq!(paths(&bed, &hosted).await, Ok((true, false)));
+    assert_eq!(
+        recorded_paths(&bed).await.get(RBAC).map(String::as_str),
+        Some("policy")
+    );
+
+    // Mounted: into the files, under load.
+    let load = GuardLoad::start(alice(&bed).await);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let asked = Instant::now();
+    hcp_fleet_testbed::fixtures::put_kube_apiserver(&bed.mgmt, "hc-1", mount, true)
+        .await
+        .expect("mount");
+    wait_paths(
+        &bed,
+        &hosted,
+        (false, true),
+        "auto moved the guards into the files",
+    )
+    .await;
+    let moved = asked.elapsed();
+    eventually(
+        "the Service tag's API-side policy gives way to its file",
+        Duration::from_secs(60),
+        || async {
+            match support::mutating_policy_exists(&hosted, TAGS.name).await {
+                Ok(false) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let counts = load.stop().await;
+    eprintln!("auto: into the files in {moved:?}; load {counts:?}");
+    assert_nothing_let_through(&counts, 200);
+    assert!(
+        counts.by_static > 0,
+        "the static guards answered: {counts:?}"
+    );
+    let carried = carried_by_files(&bed).await;
+    for guard in [
+        RBAC,
+        TAGS.name,
+        hcp_fleet_guards::service_annotation::ROW.name,
+    ] {
+        assert!(carried.contains(guard), "{guard} in {carried:?}");
+    }
+    assert_eq!(guards_on(&bed, "static"), carried.len() as f64);
+    assert_eq!(guards_on(&bed, "policy"), 0.0);
+    // The tag is still made, by the policy loaded from files.
+    let svc = support::load_balancer("lb", serde_json::json!({"team": "a"}));
+    hcp_fleet_testbed::fixtures::ensure_namespace(&hosted, "team-a", Default::default())
+        .await
+        .expect("namespace");
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let created = Api::<k8s_openapi::api::core::v1::Service>::namespaced(hosted.clone(), "team-a")
+        .create(&dry, &svc)
+        .await
+        .expect("dry-run create");
+    assert_eq!(
+        created
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .get(TAGS_ANNOTATION)
+            .map(String::as_str),
+        Some("red-hat-managed=true")
+    );
+    eventually(
+        "the record gives each carried guard the files",
+        Duration::from_secs(60),
+        || async {
+            let paths = recorded_paths(&bed).await;
+            if carried
+                .iter()
+                .all(|g| paths.get(g).map(String::as_str) == Some("static"))
+            {
+                Ok(())
+            } else {
+                Err(format!("{paths:?}"))
+            }
+        },
+    )
+    .await;
+    wait_concern(&bed.mgmt, "hosted-webhooks", "Compliant").await;
+
+    // Unmounted: back to the API, under load, the files removed only after the policies are
+    // proven.
+    let load = GuardLoad::start(alice(&bed).await);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    hcp_fleet_testbed::fixtures::put_kube_apiserver(&bed.mgmt, "hc-1", mount, false)
+        .await
+        .expect("unmount");
+    wait_paths(
+        &bed,
+        &hosted,
+        (true, false),
+        "auto moved the guards back to the API",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let counts = load.stop().await;
+    eprintln!("auto: back to the API; load {counts:?}");
+    assert_nothing_let_through(&counts, 200);
+    assert!(
+        support::mutating_policy_exists(&hosted, TAGS.name)
+            .await
+            .expect("get"),
+        "the Service tag's policy is back"
+    );
+    assert_eq!(
+        recorded_paths(&bed).await.get(RBAC).map(String::as_str),
+        Some("policy")
+    );
+    wait_concern(&bed.mgmt, "hosted-webhooks", "Compliant").await;
 }

@@ -200,6 +200,8 @@ pub fn hosted_objects(
         admission_policies: version.serves(Feature::AdmissionPolicies),
         mutating_policies: version.serves(Feature::MutatingPolicies),
         static_guards: false,
+        static_mutating: false,
+        static_offered: false,
     };
     let r =
         hcp_fleet_render::hosted::webhooks::render(cfg, "ns", "https://x", "CA", features, None)

@@ -130,16 +130,21 @@ pub(crate) fn render_all(
             // As on a server that loads the static guards' files (docs/static-guards.md):
             // elsewhere their guards are the API-side ones `auto` would choose.
             static_guards: servers.admission_policies,
+            static_mutating: servers.mutating_policies,
+            // Whether HyperShift mounts the files is known to the agent alone: only the
+            // guards asking for static are in them here.
+            static_offered: false,
         },
         // The hosted cluster's registry is not known here: the pod image spec mutation's
         // policy, which carries its tags, is rendered by the agent once it has read them.
         None,
     )?
     .annotated(REVISION_ANNOTATION, &revision);
-    let statics = static_guards::render(cfg, &Settings::from(cfg), namespace)?;
-    let static_config_map = match &statics.revision {
-        Some(_) => Some(static_guards::config_map(cfg, namespace, &statics, None)?),
-        None => None,
+    let statics = static_guards::render(cfg, &Settings::from(cfg), namespace, false)?;
+    let static_config_map = if statics.is_empty() {
+        None
+    } else {
+        Some(static_guards::config_map(cfg, namespace, &statics, None)?)
     };
     let mut docs: Vec<(String, Value)> = Vec::new();
     let mut push = |target: &str, v: Result<Value, serde_json::Error>| -> Result<(), OutputError> {

@@ -22,8 +22,9 @@ pub enum WebhookKind {
 )]
 #[serde(rename_all = "lowercase")]
 pub enum GuardEngine {
-    /// A ValidatingAdmissionPolicy where the hosted cluster serves them and the guard has a
-    /// CEL form; the webhook elsewhere.
+    /// The best path the hosted cluster offers the guard: the static guards where its
+    /// kube-apiserver mounts their files and they are proven in force (docs/static-guards.md),
+    /// else an admission policy where served and the guard has a CEL form, else the webhook.
     #[default]
     Auto,
     /// Always the webhook (the admission service is called).
@@ -31,10 +32,10 @@ pub enum GuardEngine {
     /// A ValidatingAdmissionPolicy; only for guards with a CEL form. Where the hosted cluster
     /// does not serve them, the webhook guards instead and the health record says so.
     Policy,
-    /// A ValidatingAdmissionPolicy the hosted kube-apiserver loads from files
+    /// A Validating or MutatingAdmissionPolicy the hosted kube-apiserver loads from files
     /// (`.static.k8s.io`, docs/static-guards.md), which no API request can change; only for
     /// guards with a CEL form. Where the static guards are not in force, what `auto` chooses
-    /// guards instead and the health record says why.
+    /// through the API guards instead and the health record says why.
     Static,
 }
 
@@ -128,6 +129,11 @@ pub const POLICY_PROBE_ANSWER: &str = "hcp-fleet admission policies answered the
 /// request is a dry run: nothing is stored).
 pub const MUTATING_PROBE_VALUE: &str = "mutating-policy";
 pub const MUTATING_PROBE_ANSWER: &str = "hcp-fleet.openshift.io/probe-mutated";
+/// `PROBE_LABEL` with this value reaches the static mutating probe (`hosted::static_guards`):
+/// a MutatingAdmissionPolicy loaded from files whose patch fails on purpose, so the server
+/// denies in its own words, naming the policy, which no API object can be named
+/// (`controller::proof::judge_static_mutating`).
+pub const STATIC_MUTATING_PROBE_VALUE: &str = "static-mutating-policy";
 /// The revision of the path a probe request must reach: the probe webhook and the probe
 /// policy binding select it, so an answer proves the API server runs that revision.
 pub const PROBE_REVISION_LABEL: &str = "hcp-fleet.openshift.io/probe-revision";

@@ -1510,31 +1510,24 @@ impl AgentConfig {
     }
 }
 
-/// `engine: policy` for a guard with no CEL form, or `static` for one with no validating form.
+/// `engine: policy` or `static` for a guard with no CEL form: a mutation with one runs as a
+/// MutatingAdmissionPolicy, through the API or from files alike.
 fn engine_problems(w: &WebhookDefinition, at: &str, p: &mut Vec<String>) {
-    // A mutation with a CEL form runs as a MutatingAdmissionPolicy through the API;
-    // the static guards load validating policies only.
     let policy_form =
         |p: &str| hcp_fleet_guards::has_cel_form(p) || hcp_fleet_guards::has_mutation_form(p);
-    if w.engine == GuardEngine::Policy && !policy_form(&w.path) {
+    let engine = match w.engine {
+        GuardEngine::Policy => "policy",
+        GuardEngine::Static => "static",
+        GuardEngine::Auto | GuardEngine::Webhook => return,
+    };
+    if !policy_form(&w.path) {
         p.push(format!(
-            "{at}: engine policy: the handler on {:?} has no CEL form (only {} can run as an admission policy); use auto or webhook",
+            "{at}: engine {engine}: the handler on {:?} has no CEL form (only {} can run as an admission policy); use auto or webhook",
             w.path,
             hcp_fleet_guards::paths()
                 .filter(|p| policy_form(p))
                 .collect::<Vec<_>>()
                 .join(", ")
-        ));
-    }
-    if w.engine == GuardEngine::Static && !hcp_fleet_guards::has_cel_form(&w.path) {
-        p.push(format!(
-            "{at}: engine static: the handler on {:?} has no validating CEL form (only {} can run as a static ValidatingAdmissionPolicy); use auto, webhook{}",
-            w.path,
-            hcp_fleet_guards::paths()
-                .filter(|p| hcp_fleet_guards::has_cel_form(p))
-                .collect::<Vec<_>>()
-                .join(", "),
-            if hcp_fleet_guards::has_mutation_form(&w.path) { " or policy" } else { "" },
         ));
     }
 }

@@ -344,3 +344,80 @@ pub async fn put_kubeconfig_secret(
         .map_err(kube_err(format!("writing secret {ns}/{name}")))?;
     Ok(())
 }
+
+/// HyperShift's hosted kube-apiserver Deployment in the HCP namespace of `hcp`, with or without
+/// the static guards' ConfigMap mounted as HyperShift would mount it (docs/static-guards.md):
+/// one optional volume per key, each into the directory its admission plugin reads. The test
+/// bed's hosted servers are processes, not this Deployment's pods (its replicas are 0 and the
+/// management cluster runs no controller manager); the agent reads only whether its pod
+/// template mounts the ConfigMap, which is what `offered` says, and the test bed's kubelet
+/// (`static_volumes`) writes both keys either way, as a server started with the volumes
+/// would see them.
+pub async fn put_kube_apiserver(
+    client: &Client,
+    hcp: &str,
+    mount_path: &str,
+    offered: bool,
+) -> Result<(), LocalCpError> {
+    use hcp_fleet_render::hosted::static_guards::{
+        CONFIG_MAP, KUBE_APISERVER, MUTATING_POLICIES_DIR, MUTATING_POLICIES_KEY, POLICIES_DIR,
+        POLICIES_KEY,
+    };
+    let ns = hcp_namespace(hcp);
+    let volumes: Vec<serde_json::Value> = [
+        ("hcp-fleet-guards", POLICIES_KEY, POLICIES_DIR),
+        (
+            "hcp-fleet-mutating-guards",
+            MUTATING_POLICIES_KEY,
+            MUTATING_POLICIES_DIR,
+        ),
+    ]
+    .iter()
+    .map(|(name, key, _)| {
+        serde_json::json!({"name": name, "configMap": {
+            "name": CONFIG_MAP, "optional": true, "items": [{"key": key, "path": key}],
+        }})
+    })
+    .collect();
+    let mounts: Vec<serde_json::Value> = [
+        ("hcp-fleet-guards", POLICIES_DIR),
+        ("hcp-fleet-mutating-guards", MUTATING_POLICIES_DIR),
+    ]
+    .iter()
+    .map(|(name, dir)| {
+        serde_json::json!({"name": name, "mountPath": format!("{mount_path}/{dir}"), "readOnly": true})
+    })
+    .collect();
+    let (volumes, mounts) = if offered {
+        (volumes, mounts)
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let d = serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": KUBE_APISERVER, "namespace": ns},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": {"app": "kube-apiserver"}},
+            "template": {
+                "metadata": {"labels": {"app": "kube-apiserver"}},
+                "spec": {
+                    "containers": [{
+                        "name": "kube-apiserver",
+                        "image": "quay.io/openshift/origin-hyperkube:4.21",
+                        "volumeMounts": mounts,
+                    }],
+                    "volumes": volumes,
+                },
+            },
+        },
+    });
+    let pp = PatchParams::apply(FIELD_MANAGER).force();
+    Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client.clone(), &ns)
+        .patch(KUBE_APISERVER, &pp, &Patch::Apply(&d))
+        .await
+        .map_err(kube_err(format!(
+            "writing Deployment {ns}/{KUBE_APISERVER}"
+        )))?;
+    Ok(())
+}

@@ -687,7 +687,7 @@ fn new_hosted_apiserver(name: &str, shared: &Shared<'_>) -> Result<ApiServer, Lo
         .version
         .serves(assets::Feature::StaticManifests)
     {
-        let (config, policies) = static_volumes::prepare(&shared.dir.join(name))
+        let (config, root) = static_volumes::prepare(&shared.dir.join(name))
             .map_err(io(format!("preparing {name}'s static guards")))?;
         s.args
             .push("--feature-gates=ManifestBasedAdmissionControlConfig=true".into());
@@ -695,7 +695,7 @@ fn new_hosted_apiserver(name: &str, shared: &Shared<'_>) -> Result<ApiServer, Lo
             "--admission-control-config-file={}",
             config.display()
         ));
-        s.static_dir = Some(policies);
+        s.static_dir = Some(root);
     }
     Ok(s)
 }

@@ -1,8 +1,9 @@
 //! The test bed's kubelet for the hosted kube-apiservers' static guards (docs/static-guards.md):
 //! each hosted server of 1.36 and later runs with the feature gate
-//! `ManifestBasedAdmissionControlConfig` and an admission configuration whose policy directory
-//! is, as in a HyperShift pod, a ConfigMap volume: the policies key of the HCP namespace's
-//! `hcp-fleet-static-guards`, `optional: true` (empty until the agent writes it). This task
+//! `ManifestBasedAdmissionControlConfig` and an admission configuration whose two policy
+//! directories are, as in a HyperShift pod, ConfigMap volumes: the policies key and the
+//! mutating policies key of the HCP namespace's `hcp-fleet-static-guards`, each in its own
+//! directory, `optional: true` (empty until the agent writes it). This task
 //! keeps each directory as a kubelet's atomic writer does: the file under a fresh hidden
 //! directory, the `..data` link swapped to it by a rename, the file itself a link through
 //! `..data`; so the server sees one change, never half a file. Only the directory differs from
@@ -17,28 +18,30 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::task::JoinHandle;
 
-use hcp_fleet_render::hosted::static_guards::CONFIG_MAP;
+use hcp_fleet_render::hosted::static_guards::{
+    CONFIG_MAP, MUTATING_POLICIES_DIR, MUTATING_POLICIES_KEY, POLICIES_DIR, POLICIES_KEY,
+};
 
-use hcp_fleet_render::hosted::static_guards::POLICIES_KEY;
-
-/// The admission configuration file and the policy directory of one hosted server, created
-/// before it starts (the directory empty: the server requires it to exist).
+/// The admission configuration file of one hosted server and the root its policy
+/// directories are under, created before it starts (each directory empty: the server
+/// requires them to exist).
 pub(crate) fn prepare(server_dir: &Path) -> std::io::Result<(PathBuf, PathBuf)> {
     let root = server_dir.join("static-guards");
-    let policies = root.join(hcp_fleet_render::hosted::static_guards::POLICIES_DIR);
-    std::fs::create_dir_all(&policies)?;
+    for dir in [POLICIES_DIR, MUTATING_POLICIES_DIR] {
+        std::fs::create_dir_all(root.join(dir))?;
+    }
     let config = root.join("admission-config.yaml");
-    let dir = policies.to_string_lossy();
     std::fs::write(
         &config,
-        hcp_fleet_render::hosted::static_guards::admission_configuration(&dir),
+        hcp_fleet_render::hosted::static_guards::admission_configuration(&root.to_string_lossy()),
     )?;
-    Ok((config, policies))
+    Ok((config, root))
 }
 
-/// Watches the management cluster's static guard ConfigMaps and writes each into its hosted
-/// server's directory (`dirs`: HCP namespace to policy directory). Runs until aborted.
-pub(crate) fn spawn(management: Client, dirs: BTreeMap<String, PathBuf>) -> JoinHandle<()> {
+/// Watches the management cluster's static guard ConfigMaps and writes each key into its
+/// directory under its hosted server's root (`roots`: HCP namespace to root), as two volumes
+/// of the one ConfigMap would be. Runs until aborted.
+pub(crate) fn spawn(management: Client, roots: BTreeMap<String, PathBuf>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let cms = Api::<ConfigMap>::all(management);
         let config = watcher::Config::default().fields(&format!("metadata.name={CONFIG_MAP}"));
@@ -49,16 +52,23 @@ pub(crate) fn spawn(management: Client, dirs: BTreeMap<String, PathBuf>) -> Join
                 Ok(watcher::Event::Delete(cm)) => (cm, false),
                 _ => continue,
             };
-            let Some(dir) = cm.namespace().and_then(|ns| dirs.get(&ns)) else {
+            let Some(root) = cm.namespace().and_then(|ns| roots.get(&ns)) else {
                 continue;
             };
-            // A deleted ConfigMap of an optional volume: the kubelet empties the volume.
-            let text = present
-                .then(|| cm.data.as_ref().and_then(|d| d.get(POLICIES_KEY)).cloned())
-                .flatten()
-                .unwrap_or_default();
-            if let Err(e) = write_atomically(dir, POLICIES_KEY, &text) {
-                tracing::warn!(dir = %dir.display(), error = %e, "test bed: writing static guards");
+            for (key, dir) in [
+                (POLICIES_KEY, POLICIES_DIR),
+                (MUTATING_POLICIES_KEY, MUTATING_POLICIES_DIR),
+            ] {
+                // A deleted ConfigMap of an optional volume (or a missing key): the kubelet
+                // empties the volume.
+                let text = present
+                    .then(|| cm.data.as_ref().and_then(|d| d.get(key)).cloned())
+                    .flatten()
+                    .unwrap_or_default();
+                let dir = root.join(dir);
+                if let Err(e) = write_atomically(&dir, key, &text) {
+                    tracing::warn!(dir = %dir.display(), error = %e, "test bed: writing static guards");
+                }
             }
         }
     })

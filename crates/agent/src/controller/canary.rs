@@ -431,6 +431,8 @@ mod tests {
             admission_policies: policies,
             mutating_policies: policies,
             static_guards: false,
+            static_mutating: false,
+            static_offered: false,
             match_conditions: policies,
         };
         render(
@@ -475,6 +477,8 @@ mod tests {
                     admission_policies: policies,
                     mutating_policies: policies,
                     static_guards: false,
+                    static_mutating: false,
+                    static_offered: false,
                     match_conditions: policies,
                 },
                 registry,

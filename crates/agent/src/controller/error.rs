@@ -130,6 +130,13 @@ pub enum Failure {
     },
     #[error("listing the Services of the HCP namespace: {}", KubeError(.0))]
     ListServices(#[source] kube::Error),
+    /// Whether HyperShift's kube-apiserver mounts the static guards' files decides what they
+    /// carry: not known, nothing is changed.
+    #[error(
+        "reading the kube-apiserver Deployment of the HCP namespace (whether it mounts the static guards): {}",
+        KubeError(.0)
+    )]
+    ReadKubeApiserver(#[source] kube::Error),
     /// A new serving certificate is held back until the hosted cluster trusts its CA.
     #[error("certificate: the new certificate waits until the hosted cluster trusts its CA: {0}")]
     TrustFirst(#[source] Box<Failure>),
@@ -159,6 +166,7 @@ impl Failure {
             Failure::RenderWebhooks(_)
             | Failure::GuestWebhooksCondemned { .. }
             | Failure::ListServices(_)
+            | Failure::ReadKubeApiserver(_)
             | Failure::HostedApi { .. }
             | Failure::HostedTimeout { .. }
             | Failure::SwitchUnproven { .. }
@@ -278,6 +286,9 @@ mod tests {
         }
         for source in sources() {
             messages.push(Failure::ListServices(source).to_string());
+        }
+        for source in sources() {
+            messages.push(Failure::ReadKubeApiserver(source).to_string());
         }
         for source in sources() {
             messages.push(

@@ -23,7 +23,7 @@ use super::context::{Context, lock};
 use super::error::Failure;
 use super::proof::Proof;
 use super::scope::Scope;
-use super::static_guards::{StaticState, Statics};
+use super::static_guards::{StaticForce, StaticState, Statics};
 use super::{probe, watches};
 use crate::hosted::clients::HostedClient;
 use crate::metrics::EngineLabels;
@@ -48,6 +48,9 @@ pub(crate) struct Installed {
     pub(crate) guards: (usize, usize),
     /// Mutations carried by MutatingAdmissionPolicies (the rest are webhooks).
     pub(crate) mutating_policies: usize,
+    /// Guards (validating and mutating) the hosted kube-apiserver loads from files, proven in
+    /// force.
+    pub(crate) static_guards: usize,
     /// Guards not on the engine asked for, and why.
     pub(crate) notes: Vec<String>,
     /// What the API server's type check says is wrong in the agent's policies.
@@ -161,14 +164,11 @@ pub(crate) async fn ensure(
     let mut features = hosted.features().await;
     let timeout = cfg.hosted_access.request_timeout();
     let in_force = statics.in_force(hosted, features, timeout, proof).await;
-    features.static_guards = in_force == StaticState::InForce;
+    in_force.apply(&mut features, statics.offered);
     let mut desired = webhooks::render(cfg, ns, &url_base, ca_bundle, features, registry)
         .map_err(Failure::RenderWebhooks)?
         .annotated(hcp_fleet_render::rollout::REVISION_ANNOTATION, revision);
-    if in_force == StaticState::InForce {
-        desired.static_guards = statics.wanted.guards();
-        desired.static_revision = statics.wanted.revision.clone();
-    }
+    carried_by_files(&mut desired, statics, &in_force);
     // Hosted access has confirmed the claim (and read the management identity) first.
     if let Some(uid) = ctx.management_uid() {
         desired = desired.claimed(&webhooks::claim_value(&uid, ns));
@@ -237,18 +237,34 @@ pub(crate) async fn ensure(
         exemptions_in_api_server: features.match_conditions,
         guards,
         mutating_policies: desired.policies.mutations().count(),
+        static_guards: desired.static_guards.len(),
         notes,
         type_warnings,
         targets: probe::ProbeTargets {
             static_guards: desired.static_revision.clone(),
+            static_mutating: desired.static_mutating_revision.clone(),
             ..probe::ProbeTargets::of(&wanted, proof.clone())
         },
-        static_waiting: statics.wanted.revision.is_some()
-            && (in_force != StaticState::InForce || wrote_statics),
-        static_refused: matches!(in_force, StaticState::Refused(_)),
+        static_waiting: !statics.wanted.is_empty() && (wrote_statics || in_force.unsettled()),
+        static_refused: in_force.refused(),
         static_notes,
         paths: desired.paths(cfg),
     })
+}
+
+/// The guards of each static file proven in force, and its revision, on `desired` (which then
+/// writes nothing of them through the API, and probes them).
+fn carried_by_files(desired: &mut HostedWebhooks, statics: &Statics, in_force: &StaticForce) {
+    if in_force.validating == StaticState::InForce {
+        desired.static_guards = statics.wanted.validating_guards();
+        desired.static_revision = statics.wanted.revision.clone();
+    }
+    if in_force.mutating == StaticState::InForce {
+        desired
+            .static_guards
+            .extend(statics.wanted.mutating_guards());
+        desired.static_mutating_revision = statics.wanted.mutating_revision.clone();
+    }
 }
 
 /// Where the hosted kube-apiserver calls the admission service, once no Service in the HCP
@@ -296,20 +312,30 @@ fn installed_as(ctx: &super::context::Context, ns: &str, wanted: &Wanted) -> Vec
 fn engine_notes(
     cfg: &hcp_fleet_render::config::AgentConfig,
     features: HostedFeatures,
-    in_force: &StaticState,
+    in_force: &StaticForce,
 ) -> (Vec<String>, Vec<String>) {
     let (mut notes, mut waiting) = (Vec::new(), Vec::new());
+    // Why the first file a waiting guard needs is not in force.
+    let mut first = None;
     for w in cfg.active_webhooks() {
         if let Some(note) = admission_policies::engine_of(w, features).1 {
             if static_guards::is_static(w) {
                 waiting.push(w.name.as_str());
+                let file = if hcp_fleet_guards::has_mutation_form(&w.path)
+                    && w.mode == hcp_fleet_model::Mode::Enforce
+                {
+                    &in_force.mutating
+                } else {
+                    &in_force.validating
+                };
+                first = first.or(Some(file));
             } else {
                 notes.push(note);
             }
         }
     }
-    let static_notes = match in_force {
-        StaticState::Waiting(why) | StaticState::Refused(why) if !waiting.is_empty() => {
+    let static_notes = match first {
+        Some(StaticState::Waiting(why) | StaticState::Refused(why)) if !waiting.is_empty() => {
             vec![format!(
                 "the static guards are not in force in this hosted kube-apiserver: {why}; the {} guard(s) asking for engine static run where engine auto puts them meanwhile ({}; docs/static-guards.md)",
                 waiting.len(),

@@ -118,6 +118,16 @@ pub(super) async fn current(s: &Scope<'_>, hosted: &HostedClient) -> Current {
     }
 }
 
+impl Current {
+    /// What was read last, for a hosted cluster not reached now.
+    pub(super) fn last_read(s: &Scope<'_>) -> Self {
+        Current {
+            registry: if wanted(s) { last(s) } else { None },
+            fresh: false,
+        }
+    }
+}
+
 /// The registry last written for the replicas and rendered into the policy.
 pub(super) fn last(s: &Scope<'_>) -> Option<InternalRegistry> {
     s.ctx.with_hcp(s.ns, |h| {

@@ -182,7 +182,10 @@ async fn running(
         let in_namespace = in_namespace.clone();
         controller = controller.watches_stream(overrides, move |o| in_namespace(o.namespace()));
     }
+    let kube_apiservers = kube_apiservers(&ctx);
+    let in_namespace_too = in_namespace.clone();
     let running = controller
+        .watches_stream(kube_apiservers, move |d| in_namespace_too(d.namespace()))
         .watches_stream(kubeconfigs, move |s: Secret| in_namespace(s.namespace()))
         .reconcile_on(receiver_stream(requeue))
         .reconcile_all_on(receiver_stream(reload))
@@ -203,6 +206,36 @@ async fn running(
         () = running => {}
         () = heartbeat => {}
     }
+}
+
+/// HyperShift's kube-apiserver Deployments, by name and metadata only: a new spec (the static
+/// guards' ConfigMap mounted or unmounted) reaches its HCP's reconcile, which reads whether it
+/// mounts the files (`static_guards::offered`). Generations only: its status moves with every
+/// pod, and nothing of it is kept.
+fn kube_apiservers(
+    ctx: &Arc<Context>,
+) -> impl futures::Stream<
+    Item = Result<
+        kube::core::PartialObjectMeta<k8s_openapi::api::apps::v1::Deployment>,
+        watcher::Error,
+    >,
+> + Send
++ 'static {
+    watcher(
+        Api::<kube::core::PartialObjectMeta<k8s_openapi::api::apps::v1::Deployment>>::all(
+            ctx.client.clone(),
+        ),
+        watcher::Config::default().fields(&format!(
+            "metadata.name={}",
+            hcp_fleet_render::hosted::static_guards::KUBE_APISERVER
+        )),
+    )
+    .default_backoff()
+    .applied_objects()
+    .predicate_filter(
+        kube::runtime::predicates::generation,
+        kube::runtime::PredicateConfig::default(),
+    )
 }
 
 /// The Controller told of every object of the admission services (a deletion or an edit is

@@ -16,12 +16,12 @@ use super::AdmissionEndpoints;
 use super::canary;
 use super::context::{AbortOnDrop, WatchShared, lock};
 use super::internal_registry::changed as registry_changed;
-use super::proof::{Answer, Asked, Proof, authentic};
+use super::proof::{self, Answer, Asked, Proof, authentic};
 use super::scope::Scope;
 use crate::hosted::clients::HostedClient;
 use hcp_fleet_guards::catalogue::{
     MUTATING_PROBE_ANSWER, MUTATING_PROBE_VALUE, POLICY_PROBE_VALUE, PROBE_LABEL,
-    PROBE_REVISION_LABEL,
+    PROBE_REVISION_LABEL, STATIC_MUTATING_PROBE_VALUE,
 };
 use hcp_fleet_guards::probe::{
     FOREIGN_ANSWER, FOREIGN_POLICY_ANSWER, NO_ANSWER, NONCE_ANNOTATION, OWN_DENIALS_PATH, ProbeKey,
@@ -39,6 +39,8 @@ pub(crate) struct ProbeTargets {
     pub(crate) policy: Option<String>,
     /// The static guards' revision, where they are in force (`hosted::static_guards`).
     pub(crate) static_guards: Option<String>,
+    /// The static mutating policies' revision, likewise.
+    pub(crate) static_mutating: Option<String>,
     pub(crate) proof: Proof,
 }
 
@@ -48,6 +50,7 @@ impl ProbeTargets {
             webhook: wanted.webhook_revision.clone(),
             policy: wanted.policy_revision.clone(),
             static_guards: None,
+            static_mutating: None,
             proof,
         }
     }
@@ -80,6 +83,10 @@ pub(crate) enum ProbeFailure {
         "the hosted kube-apiserver does not run this revision of the static guards (the static probe was let through): the ConfigMap hcp-fleet-static-guards is not mounted, not loaded yet, or the feature gate ManifestBasedAdmissionControlConfig is off"
     )]
     StaticNotRun,
+    #[error(
+        "the hosted kube-apiserver does not run this revision of the static mutating policies (the static mutating probe was let through): the ConfigMap hcp-fleet-static-guards's mutating-policies.yaml is not mounted, not loaded yet, or the MutatingAdmissionPolicy plugin has no staticManifestsDir"
+    )]
+    StaticMutatingNotRun,
     #[error("probe failed: {}", crate::human::KubeError(.0))]
     Failed(#[source] kube::Error),
     #[error("probe {NO_ANSWER} {0}s")]
@@ -148,6 +155,31 @@ pub(crate) async fn probe_path(
             Engine::Policy => ProbeFailure::PoliciesNotRun,
             Engine::Static => ProbeFailure::StaticNotRun,
         }),
+        Ok(Err(e)) => Err(ProbeFailure::Failed(e)),
+        Err(_) => Err(ProbeFailure::NoAnswer(timeout.as_secs())),
+    }
+}
+
+/// Does the hosted kube-apiserver run the static mutating policies of `revision`
+/// (`hosted::static_guards`)? Their probe denies a dry-run create of a ConfigMap labelled for
+/// it in the server's own words, naming the probe policy loaded from files
+/// (`proof::judge_static_mutating`); anything else is not an answer.
+pub(crate) async fn probe_static_mutating(
+    hosted: &Client,
+    timeout: Duration,
+    revision: &str,
+) -> Result<(), ProbeFailure> {
+    let nonce = hcp_fleet_guards::probe::nonce().ok_or(ProbeFailure::NoNonce)?;
+    let cm = probe_object(STATIC_MUTATING_PROBE_VALUE, revision, &nonce);
+    let name = probe_name(&nonce);
+    match tokio::time::timeout(timeout, dry_run_create(hosted, &cm)).await {
+        Ok(Err(kube::Error::Api(s))) => match proof::judge_static_mutating(&s, &asked(&name)) {
+            Answer::Proven => Ok(()),
+            _ => Err(ProbeFailure::ImitatedPolicy(
+                hcp_fleet_render::reporting::untrusted(&s.message, 300),
+            )),
+        },
+        Ok(Ok(_)) => Err(ProbeFailure::StaticMutatingNotRun),
         Ok(Err(e)) => Err(ProbeFailure::Failed(e)),
         Err(_) => Err(ProbeFailure::NoAnswer(timeout.as_secs())),
     }
@@ -254,6 +286,17 @@ pub(crate) async fn probe(
                 unproven |= a == Answer::Unproven;
                 answered.push(who);
             }
+            Err(e) => {
+                failed.push(e.to_string());
+                if e.unanswered() && unanswered.is_none() {
+                    unanswered = Some(e);
+                }
+            }
+        }
+    }
+    if let Some(rev) = &targets.static_mutating {
+        match probe_static_mutating(hosted, timeout, rev).await {
+            Ok(()) => answered.push("the static mutating policies"),
             Err(e) => {
                 failed.push(e.to_string());
                 if e.unanswered() && unanswered.is_none() {

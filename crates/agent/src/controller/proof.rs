@@ -143,6 +143,30 @@ pub(crate) fn judge(
     }
 }
 
+/// Whether a denial of the static mutating probe (`hosted::static_guards`, a dry-run create of
+/// the ConfigMap `asked`) is the answer of the probe MutatingAdmissionPolicy loaded from files.
+/// Taken only in the exact form kube-apiserver 1.36.2 gives it (testdata): HTTP 403, reason
+/// Invalid (a policy that fails to apply, k8s.io/apiserver's `generic.PolicyError`), the
+/// message beginning `policy '<probe>' with binding '<probe>' denied request: ` (the
+/// dispatcher puts its own words in place of the Forbidden status's), and details, where
+/// present, naming that object. A tenant's webhook is quoted after `admission webhook`, a
+/// tenant's validating policy after the Forbidden prefix, and a tenant's mutating policy is
+/// named otherwise: with the feature gate on no API object can hold the reserved name, and
+/// where one does `Statics::in_force` refuses the answer.
+pub(crate) fn judge_static_mutating(status: &Status, asked: &Asked<'_>) -> Answer {
+    let name = hcp_fleet_render::hosted::static_guards::probe_name();
+    let said = format!("policy '{name}' with binding '{name}' denied request: ");
+    if status.code == 403
+        && status.reason == "Invalid"
+        && status.message.starts_with(&said)
+        && asked.named_by(status)
+    {
+        Answer::Proven
+    } else {
+        Answer::Imitation
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -461,6 +485,55 @@ mod tests {
 
         /// A canary denied by a guard loaded from files names the guard with the suffix; a
         /// collection delete is denied by it too (the name judged as stored).
+        /// The static mutating probe's denial, as 1.36.2 words it, is its answer; the same
+        /// words from a tenant's mutating policy of another name, for another object, quoted
+        /// by a webhook or with another code are not. With the gate off a policy created under
+        /// the reserved name answers in the same words (why `Statics::in_force` asks the API
+        /// whether one exists), and with it on the API refuses to create one.
+        #[test]
+        fn the_static_mutating_probes_denial_is_taken_in_the_servers_words_only() {
+            let texts = static_texts();
+            let asked = probe_asked(PROBE_NAME);
+            let real = status(&texts, "static_mutating_probe");
+            assert_eq!(judge_static_mutating(&real, &asked), Answer::Proven);
+            let tenant = status(&texts, "static_mutating_probe_by_a_tenant_policy");
+            assert_eq!(judge_static_mutating(&tenant, &asked), Answer::Imitation);
+            assert_eq!(
+                judge_static_mutating(&real, &probe_asked("hcp-fleet-probe-other")),
+                Answer::Imitation
+            );
+            let quoted = Status {
+                message: format!(
+                    "admission webhook \"x.tenant.example.com\" denied the request: {}",
+                    real.message
+                ),
+                ..real.clone()
+            };
+            assert_eq!(judge_static_mutating(&quoted, &asked), Answer::Imitation);
+            let other_code = Status {
+                code: 400,
+                ..real.clone()
+            };
+            assert_eq!(
+                judge_static_mutating(&other_code, &asked),
+                Answer::Imitation
+            );
+            let forged = status(
+                &texts,
+                "static_mutating_probe_forged_through_the_api_with_the_gate_off",
+            );
+            assert_eq!(judge_static_mutating(&forged, &asked), Answer::Proven);
+            let created = status(&texts, "static_mutating_name_created_through_the_api");
+            assert_eq!(created.code, 422);
+            assert!(
+                created
+                    .message
+                    .contains("are reserved for static manifest-based configurations"),
+                "{}",
+                created.message
+            );
+        }
+
         #[test]
         fn a_static_guards_canary_denial_names_the_guard_with_the_suffix() {
             let texts = static_texts();

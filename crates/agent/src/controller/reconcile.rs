@@ -245,7 +245,13 @@ async fn phases(s: &Scope<'_>, found: &mut Found) -> Result<Action, Failure> {
     let (needed, known) = service_needed(s, &hosted).await;
     // The static guards' files: not gated on the admission service or the hosted cluster,
     // since they guard without either.
-    let statics = static_guards::Statics::ensure_before(s).await?;
+    // The registry first: the pod image spec mutation carries its tags, in the files as
+    // through the API. A hosted cluster not reached leaves what was read last.
+    let registry = match &hosted {
+        Ok(h) => internal_registry::current(s, h).await,
+        Err(_) => internal_registry::Current::last_read(s),
+    };
+    let statics = static_guards::Statics::ensure_before(s, registry.registry.as_ref()).await?;
     // 3-4. Certificates and the admission service, where a guard needs it. Trust first: a new
     // certificate reaches the replicas only once the hosted side trusts its CA. The service is
     // gated on its Deployment.
@@ -293,7 +299,6 @@ async fn phases(s: &Scope<'_>, found: &mut Found) -> Result<Action, Failure> {
             .and_then(|(certs, _)| certs.bundle.probe_key.clone()),
         rolling_out: !found.rolled_out,
     };
-    let registry = internal_registry::current(s, &hosted).await;
     let want = hosted_webhooks::Want {
         ca_bundle: &ca_bundle,
         revision: s.revision,
@@ -491,6 +496,12 @@ fn webhooks_observation(
             text.push_str(&format!(
                 "; {} mutation(s) run as MutatingAdmissionPolicy",
                 installed.mutating_policies
+            ));
+        }
+        if installed.static_guards > 0 {
+            text.push_str(&format!(
+                "; {} guard(s) loaded from files by the hosted kube-apiserver (static)",
+                installed.static_guards
             ));
         }
         text

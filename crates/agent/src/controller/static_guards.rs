@@ -1,11 +1,15 @@
 //! Phase 5's static guards (`hosted::static_guards`, docs/static-guards.md): the ConfigMap the
-//! hosted kube-apiserver loads them from, written so that no guard is ever without a path, and
-//! whether they are in force there, proven through the hosted kube-apiserver itself.
+//! hosted kube-apiserver loads them from, written so that no guard is ever without a path;
+//! whether HyperShift's kube-apiserver mounts it (which offers them to engine `auto`); and
+//! whether each of its files is in force there, proven through the hosted kube-apiserver
+//! itself.
 
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{ApiResource, DynamicObject};
 use kube::{Api, Client};
 
 use super::error::Failure;
@@ -13,7 +17,8 @@ use super::probe;
 use super::proof::Proof;
 use super::scope::Scope;
 use crate::hosted::clients::HostedClient;
-use hcp_fleet_render::hosted::admission_policies::Engine;
+use hcp_fleet_guards::pod_image_spec::InternalRegistry;
+use hcp_fleet_render::hosted::admission_policies::{self, Engine};
 use hcp_fleet_render::hosted::objects::HostedFeatures;
 use hcp_fleet_render::hosted::static_guards;
 use hcp_fleet_render::hosted::static_guards::StaticGuards;
@@ -31,10 +36,10 @@ fn absent_by_watch(ctx: &super::context::Context, ns: &str) -> bool {
     })
 }
 
-/// Where the static guards of one hosted cluster stand.
+/// Where one file of the static guards of one hosted cluster stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum StaticState {
-    /// No guard asks for engine static.
+    /// The file carries no guard.
     Unwanted,
     /// Their probe of the wanted revision is answered by the files.
     InForce,
@@ -44,18 +49,50 @@ pub(super) enum StaticState {
     Refused(String),
 }
 
+/// Both files: the validating policies and the mutating ones (each its own admission plugin,
+/// directory and probe).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct StaticForce {
+    pub(super) validating: StaticState,
+    pub(super) mutating: StaticState,
+}
+
+impl StaticForce {
+    /// Where the static guards stand in `features`.
+    pub(super) fn apply(&self, features: &mut HostedFeatures, offered: bool) {
+        features.static_guards = self.validating == StaticState::InForce;
+        features.static_mutating = self.mutating == StaticState::InForce;
+        features.static_offered = offered;
+    }
+
+    /// A file wanted and not in force (yet).
+    pub(super) fn unsettled(&self) -> bool {
+        [&self.validating, &self.mutating]
+            .iter()
+            .any(|s| matches!(s, StaticState::Waiting(_) | StaticState::Refused(_)))
+    }
+
+    /// A file the server cannot load (or one imitated).
+    pub(super) fn refused(&self) -> bool {
+        [&self.validating, &self.mutating]
+            .iter()
+            .any(|s| matches!(s, StaticState::Refused(_)))
+    }
+}
+
 /// With the feature gate off the API accepts the reserved names (with a warning), so a hosted
-/// cluster's admin could create a policy that answers the static probe in its name, in the
-/// same words (testdata/server-texts-v1.36.2.json). Loaded from files, no such object exists
+/// cluster's admin could create a policy that answers a static probe in its name, in the same
+/// words (testdata/server-texts-v1.36.2.json). Loaded from files, no such object exists
 /// through the API; one that does (made before the gate was turned on, say) is a forgery.
-async fn forged(client: &Client) -> StaticState {
-    match Api::<ValidatingAdmissionPolicy>::all(client.clone())
+async fn forged(client: &Client, resource: &ApiResource) -> StaticState {
+    match Api::<DynamicObject>::all_with(client.clone(), resource)
         .get_opt(&static_guards::probe_name())
         .await
     {
         Ok(None) => StaticState::InForce,
         Ok(Some(_)) => StaticState::Refused(format!(
-            "a ValidatingAdmissionPolicy named {} exists through the API and answers the static probe in the files' name; the API-side guards stay until it is deleted",
+            "a {} named {} exists through the API and answers the static probe in the files' name; the API-side guards stay until it is deleted",
+            resource.kind,
             static_guards::probe_name()
         )),
         Err(e) => StaticState::Waiting(crate::human::KubeError(&e).to_string()),
@@ -93,6 +130,41 @@ async fn static_names_reserved(client: &Client) -> Result<bool, String> {
     }
 }
 
+/// A probe of a file not answered: Waiting where the server can load files (the reserved
+/// names are refused through the API), Refused where it cannot. `reserved` keeps the answer
+/// for the other file of the same pass.
+async fn unanswered(
+    client: &Client,
+    why: String,
+    reserved: &mut Option<Result<bool, String>>,
+) -> StaticState {
+    if reserved.is_none() {
+        *reserved = Some(static_names_reserved(client).await);
+    }
+    match reserved.as_ref() {
+        Some(Ok(true)) => StaticState::Waiting(why),
+        Some(Ok(false)) => StaticState::Refused(format!(
+            "this hosted kube-apiserver does not load admission files: it accepts the names {} reserves for them through the API (feature gate ManifestBasedAdmissionControlConfig off, or a release before 1.36)",
+            static_guards::SUFFIX
+        )),
+        Some(Err(e)) => StaticState::Waiting(format!("{why}; {e}")),
+        None => StaticState::Waiting(why),
+    }
+}
+
+/// Whether HyperShift's kube-apiserver Deployment in `ns` mounts the static guards'
+/// ConfigMap (`hosted::static_guards::offered`). Listed by name, which the agent's role
+/// allows in every namespace; none there (no HyperShift, or another layout) offers nothing.
+async fn offered(client: &Client, ns: &str) -> Result<bool, Failure> {
+    let lp = kube::api::ListParams::default()
+        .fields(&format!("metadata.name={}", static_guards::KUBE_APISERVER));
+    let listed = Api::<Deployment>::namespaced(client.clone(), ns)
+        .list(&lp)
+        .await
+        .map_err(Failure::ReadKubeApiserver)?;
+    Ok(listed.items.iter().any(static_guards::offered))
+}
+
 /// The static guards of one HCP (`hosted::static_guards`): the ConfigMap the hosted
 /// kube-apiserver loads them from, written so that no guard is ever without a path. A write
 /// that only adds guards (or changes nothing) goes first; one that takes a guard out of the
@@ -101,6 +173,8 @@ async fn static_names_reserved(client: &Client) -> Result<bool, String> {
 /// stateless like the rest of the reconcile.
 pub(super) struct Statics {
     pub(crate) wanted: StaticGuards,
+    /// HyperShift's kube-apiserver mounts the ConfigMap: the files carry the guards on `auto`.
+    pub(crate) offered: bool,
     /// The ConfigMap as rendered (`None`: no guard is static).
     config_map: Option<ConfigMap>,
     /// Whether `ensure_before` wrote it, where it put it in place (`None`: left for
@@ -115,19 +189,32 @@ impl Statics {
     /// the static guards are what keeps guarding while the admission service is down, so a
     /// deleted or edited ConfigMap is put back whatever the later phases find. Only a write
     /// that adds guards (or changes nothing of which guards) goes here.
-    pub(crate) async fn ensure_before(s: &Scope<'_>) -> Result<Self, Failure> {
+    ///
+    /// `registry`: the hosted cluster's internal registry as last read, which the pod image
+    /// spec mutation carries in its CEL (`None`: not read; that mutation is then in no file).
+    pub(crate) async fn ensure_before(
+        s: &Scope<'_>,
+        registry: Option<&InternalRegistry>,
+    ) -> Result<Self, Failure> {
         let (ctx, cfg, ns) = (s.ctx, s.cfg, s.ns);
-        let settings = hcp_fleet_guards::Settings::from(cfg);
-        let wanted = static_guards::render(cfg, &settings, ns).map_err(Failure::RenderWebhooks)?;
-        let config_map = match &wanted.revision {
-            Some(_) => Some(
+        let settings = hcp_fleet_guards::Settings {
+            internal_registry: registry.cloned(),
+            ..hcp_fleet_guards::Settings::from(cfg)
+        };
+        let offered = offered(&ctx.client, ns).await?;
+        let wanted =
+            static_guards::render(cfg, &settings, ns, offered).map_err(Failure::RenderWebhooks)?;
+        let config_map = if wanted.is_empty() {
+            None
+        } else {
+            Some(
                 static_guards::config_map(cfg, ns, &wanted, super::admission_service::owner(s.hcp))
                     .map_err(Failure::RenderWebhooks)?,
-            ),
-            None => None,
+            )
         };
         let mut me = Self {
             wanted,
+            offered,
             config_map,
             written_before: None,
             note: None,
@@ -155,35 +242,49 @@ impl Statics {
         Ok(me)
     }
 
-    /// Whether the static guards of the wanted revision are in force, and if not, why.
+    /// Whether each file of the static guards, at its wanted revision, is in force, and if
+    /// not, why.
     pub(crate) async fn in_force(
         &self,
         hosted: &HostedClient,
         features: HostedFeatures,
         timeout: Duration,
         proof: &Proof,
-    ) -> StaticState {
-        let Some(rev) = &self.wanted.revision else {
-            return StaticState::Unwanted;
-        };
-        if !features.admission_policies {
-            return StaticState::Refused(
-                "this hosted kube-apiserver does not serve ValidatingAdmissionPolicy".into(),
-            );
-        }
+    ) -> StaticForce {
         let client = hosted.client();
-        let unanswered = match probe::probe_path(&client, timeout, Engine::Static, rev, proof).await
-        {
-            Ok(_) => return forged(&client).await,
-            Err(e) => e.to_string(),
+        // Asked once a pass, and only where a probe was not answered.
+        let mut reserved = None;
+        let validating = match &self.wanted.revision {
+            None => StaticState::Unwanted,
+            Some(_) if !features.admission_policies => StaticState::Refused(
+                "this hosted kube-apiserver does not serve ValidatingAdmissionPolicy".into(),
+            ),
+            Some(rev) => {
+                match probe::probe_path(&client, timeout, Engine::Static, rev, proof).await {
+                    Ok(_) => {
+                        forged(
+                            &client,
+                            &ApiResource::erase::<ValidatingAdmissionPolicy>(&()),
+                        )
+                        .await
+                    }
+                    Err(e) => unanswered(&client, e.to_string(), &mut reserved).await,
+                }
+            }
         };
-        match static_names_reserved(&client).await {
-            Ok(true) => StaticState::Waiting(unanswered),
-            Ok(false) => StaticState::Refused(format!(
-                "this hosted kube-apiserver does not load admission files: it accepts the names {} reserves for them through the API (feature gate ManifestBasedAdmissionControlConfig off, or a release before 1.36)",
-                static_guards::SUFFIX
-            )),
-            Err(e) => StaticState::Waiting(format!("{unanswered}; {e}")),
+        let mutating = match &self.wanted.mutating_revision {
+            None => StaticState::Unwanted,
+            Some(_) if !features.mutating_policies => StaticState::Refused(
+                "this hosted kube-apiserver does not serve MutatingAdmissionPolicy".into(),
+            ),
+            Some(rev) => match probe::probe_static_mutating(&client, timeout, rev).await {
+                Ok(()) => forged(&client, &admission_policies::mutating_resource()).await,
+                Err(e) => unanswered(&client, e.to_string(), &mut reserved).await,
+            },
+        };
+        StaticForce {
+            validating,
+            mutating,
         }
     }
 

@@ -53,5 +53,7 @@ pub(crate) async fn discover_features(
         mutating_policies,
         // Found per reconcile by the static probe, not by discovery.
         static_guards: false,
+        static_mutating: false,
+        static_offered: false,
     })
 }

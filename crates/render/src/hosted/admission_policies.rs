@@ -62,34 +62,57 @@ impl Engine {
 }
 
 /// Which engine carries `w` on a server offering `features`, and why not the one asked for.
+///
+/// `auto` prefers the static guards where the hosted kube-apiserver offers them
+/// (`HostedFeatures::static_offered`) and they are proven in force, then admission policies,
+/// then the webhook; `static` asks for them whether offered or not.
 pub fn engine_of(w: &WebhookDefinition, features: HostedFeatures) -> (Engine, Option<String>) {
-    if guards::has_mutation_form(&w.path) {
-        return mutation_engine_of(w, features);
-    }
-    let cel = guards::has_cel_form(&w.path);
-    let auto = if cel && features.admission_policies {
-        Engine::Policy
+    let files = w.engine == GuardEngine::Static
+        || (w.engine == GuardEngine::Auto && features.static_offered);
+    // The files that would carry it: the mutating ones for a mutation in enforce mode, the
+    // validating ones for every other guard (a mutation in warn mode warns as a validating
+    // policy).
+    let in_force = if guards::has_mutation_form(&w.path) && w.mode != Mode::Warn {
+        features.static_mutating
     } else {
-        Engine::Webhook
+        features.static_guards
     };
+    let form = guards::has_cel_form(&w.path) || guards::has_mutation_form(&w.path);
+    if files && form && in_force {
+        return (Engine::Static, None);
+    }
+    let (engine, why) = engine_as(w, features);
     match w.engine {
-        GuardEngine::Static if cel && features.static_guards => (Engine::Static, None),
         // Refused by the configuration for a guard without a CEL form, like `policy`.
         GuardEngine::Static => (
-            auto,
+            engine,
             Some(format!(
                 "{} asks for engine static, but the static guards are not in force in this hosted kube-apiserver (docs/static-guards.md); its {} guards instead",
                 w.name,
-                if auto == Engine::Policy {
+                if engine == Engine::Policy {
                     "admission policy"
                 } else {
                     "webhook"
                 }
             )),
         ),
+        _ => (engine, why),
+    }
+}
+
+/// `engine_of` through the hosted cluster's API alone (the static guards left out): a policy
+/// where served for `auto`, `policy` and `static`, else the webhook.
+fn engine_as(w: &WebhookDefinition, features: HostedFeatures) -> (Engine, Option<String>) {
+    if guards::has_mutation_form(&w.path) {
+        return mutation_engine_of(w, features);
+    }
+    let cel = guards::has_cel_form(&w.path);
+    match w.engine {
         GuardEngine::Webhook => (Engine::Webhook, None),
-        GuardEngine::Auto if cel && features.admission_policies => (Engine::Policy, None),
-        GuardEngine::Auto => (Engine::Webhook, None),
+        GuardEngine::Auto | GuardEngine::Static if cel && features.admission_policies => {
+            (Engine::Policy, None)
+        }
+        GuardEngine::Auto | GuardEngine::Static => (Engine::Webhook, None),
         GuardEngine::Policy if cel && features.admission_policies => (Engine::Policy, None),
         // The configuration refuses `policy` for a guard without a CEL form, so this is a
         // server without admission policies: the webhook guards meanwhile.
@@ -103,9 +126,8 @@ pub fn engine_of(w: &WebhookDefinition, features: HostedFeatures) -> (Engine, Op
     }
 }
 
-/// `engine_of` for a mutation with a CEL form: in enforce mode a MutatingAdmissionPolicy where
-/// served, in warn mode a ValidatingAdmissionPolicy that warns where served, else the webhook
-/// (the configuration refuses `static` for it).
+/// `engine_as` for a mutation with a CEL form: in enforce mode a MutatingAdmissionPolicy where
+/// served, in warn mode a ValidatingAdmissionPolicy that warns where served, else the webhook.
 fn mutation_engine_of(w: &WebhookDefinition, features: HostedFeatures) -> (Engine, Option<String>) {
     let why_not = match w.mode {
         Mode::Warn if !features.admission_policies => Some(
@@ -118,7 +140,9 @@ fn mutation_engine_of(w: &WebhookDefinition, features: HostedFeatures) -> (Engin
         _ => None,
     };
     match (w.engine, why_not) {
-        (GuardEngine::Auto | GuardEngine::Policy, None) => (Engine::Policy, None),
+        (GuardEngine::Auto | GuardEngine::Policy | GuardEngine::Static, None) => {
+            (Engine::Policy, None)
+        }
         (GuardEngine::Policy, Some(why)) => (
             Engine::Webhook,
             Some(format!(
@@ -126,24 +150,13 @@ fn mutation_engine_of(w: &WebhookDefinition, features: HostedFeatures) -> (Engin
                 w.name
             )),
         ),
-        (GuardEngine::Static, why) => (
-            if why.is_none() {
-                Engine::Policy
-            } else {
-                Engine::Webhook
-            },
-            Some(format!(
-                "{} asks for engine static, which loads validating policies only; what auto chooses guards instead",
-                w.name
-            )),
-        ),
-        (GuardEngine::Auto | GuardEngine::Webhook, _) => (Engine::Webhook, None),
+        (_, _) => (Engine::Webhook, None),
     }
 }
 
 /// The engine that carries `w` through the hosted cluster's API: where it is, `None` for a
-/// guard the static guards carry alone; the engine `auto` would choose for one they carry
-/// with `staticGuards.secondLayer`.
+/// guard the static guards carry alone; the engine `auto` would choose through the API for one
+/// they carry with `staticGuards.secondLayer`.
 pub(crate) fn api_engine(
     w: &WebhookDefinition,
     features: HostedFeatures,
@@ -151,10 +164,7 @@ pub(crate) fn api_engine(
 ) -> Option<Engine> {
     match engine_of(w, features).0 {
         Engine::Static if !second_layer => None,
-        Engine::Static if guards::has_cel_form(&w.path) && features.admission_policies => {
-            Some(Engine::Policy)
-        }
-        Engine::Static => Some(Engine::Webhook),
+        Engine::Static => Some(engine_as(w, features).0),
         e => Some(e),
     }
 }
@@ -300,6 +310,7 @@ fn guard_constraints(w: &WebhookDefinition) -> Value {
 /// the change back.
 fn mutating_policy(
     w: &WebhookDefinition,
+    name: &str,
     form: &MutationForm,
     mut conditions: Vec<Value>,
     hcp_namespace: &str,
@@ -308,7 +319,7 @@ fn mutating_policy(
     let mut policy = json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingAdmissionPolicy",
-        "metadata": owned_metadata(&w.name, hcp_namespace),
+        "metadata": owned_metadata(name, hcp_namespace),
         "spec": {
             "failurePolicy": failure_policy(w.failure_policy),
             "matchConstraints": guard_constraints(w),
@@ -335,7 +346,7 @@ fn mutating_policy(
 /// The name of a mutating policy's last matchCondition: the object needs the change.
 pub const NEEDS_CHANGE: &str = "needs-change";
 
-fn mutating_binding(name: &str, hcp_namespace: &str) -> Value {
+pub(crate) fn mutating_binding(name: &str, hcp_namespace: &str) -> Value {
     json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingAdmissionPolicyBinding",
@@ -361,7 +372,7 @@ fn binding(name: &str, actions: &[&str], hcp_namespace: &str, revision: Option<&
 
 /// What a probe policy matches: a ConfigMap created with `PROBE_LABEL: value` and the
 /// revision it asks for.
-fn probe_constraints(value: &str, revision: &str) -> Value {
+pub(crate) fn probe_constraints(value: &str, revision: &str) -> Value {
     json!({
         "resourceRules": [{
             "operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
@@ -439,7 +450,7 @@ fn render_mutating(
 
 /// A content hash of a set of guard policies and bindings, the revision its probe selects
 /// (`None`: an empty set, nothing to probe).
-fn revision_of<'a>(objects: impl Iterator<Item = &'a Value>) -> Option<String> {
+pub(crate) fn revision_of<'a>(objects: impl Iterator<Item = &'a Value>) -> Option<String> {
     let all: Vec<Value> = objects.cloned().collect();
     (!all.is_empty())
         .then(|| hcp_fleet_model::compare::stable_hash(&[Value::Array(all).to_string().as_bytes()]))
@@ -479,15 +490,19 @@ fn guard_mutations(
 ) -> Vec<(Value, Value)> {
     // A mutation in warn mode is a validating policy (`render_set`); off is not active.
     cfg.active_webhooks()
-        .filter(|w| w.mode == Mode::Enforce && engine_of(w, features).0 == Engine::Policy)
-        .filter_map(|w| guard_mutation(w, settings, hcp_namespace))
+        .filter(|w| {
+            w.mode == Mode::Enforce
+                && api_engine(w, features, cfg.static_guards.second_layer) == Some(Engine::Policy)
+        })
+        .filter_map(|w| guard_mutation(w, &w.name, settings, hcp_namespace))
         .collect()
 }
 
-/// The mutating policy and binding of the mutation `w` under `settings`, if it has a CEL form
-/// there.
+/// The mutating policy and binding of the mutation `w` under `settings`, named `name` (the
+/// guard's, with the static suffix in the files), if it has a CEL form there.
 pub(crate) fn guard_mutation(
     w: &WebhookDefinition,
+    name: &str,
     settings: &Settings,
     hcp_namespace: &str,
 ) -> Option<(Value, Value)> {
@@ -495,8 +510,8 @@ pub(crate) fn guard_mutation(
     let form = guard.mutation(settings)?;
     let conditions = exemptions::conditions(settings, &w.path, guard.scope());
     Some((
-        mutating_policy(w, &form, conditions, hcp_namespace),
-        mutating_binding(&w.name, hcp_namespace),
+        mutating_policy(w, name, &form, conditions, hcp_namespace),
+        mutating_binding(name, hcp_namespace),
     ))
 }
 
@@ -630,6 +645,8 @@ mod tests {
             admission_policies: true,
             mutating_policies: true,
             static_guards: false,
+            static_mutating: false,
+            static_offered: false,
         }
     }
 
@@ -688,6 +705,8 @@ mod tests {
         }
         let in_force = HostedFeatures {
             static_guards: true,
+            static_mutating: true,
+            static_offered: false,
             ..served()
         };
         let has = |cfg: &AgentConfig, f: HostedFeatures| {
@@ -728,6 +747,103 @@ mod tests {
                 .flat_map(|v| v.webhooks.iter().flatten())
                 .any(|h| h.name == rbac)
         );
+    }
+
+    /// `auto` prefers the static guards where the hosted kube-apiserver mounts their files and
+    /// the file that would carry the guard is proven in force, then a policy, then the webhook:
+    /// a validating guard and a mutation in warn mode go by the validating file, a mutation in
+    /// enforce mode by the mutating one; never a guard without a CEL form, never without both
+    /// signs, and never a note (nothing was asked that is not done).
+    #[test]
+    fn auto_prefers_the_static_guards_where_offered_and_in_force() {
+        let rbac = guards::protected_rbac::ROW.definition();
+        let tags = guards::service_tags::ROW.definition();
+        let mut warned_tags = tags.clone();
+        warned_tags.mode = Mode::Warn;
+        let probe = guards::probe::ROW.definition();
+        assert_eq!(tags.mode, Mode::Enforce);
+        let offered = |validating: bool, mutating: bool| HostedFeatures {
+            static_guards: validating,
+            static_mutating: mutating,
+            static_offered: true,
+            ..served()
+        };
+        for (w, validating, mutating, want) in [
+            (&rbac, true, false, Engine::Static),
+            (&rbac, false, true, Engine::Policy),
+            (&tags, false, true, Engine::Static),
+            (&tags, true, false, Engine::Policy),
+            (&warned_tags, true, false, Engine::Static),
+            (&warned_tags, false, true, Engine::Policy),
+            (&probe, true, true, Engine::Webhook),
+        ] {
+            assert_eq!(
+                engine_of(w, offered(validating, mutating)),
+                (want, None),
+                "{} with validating {validating}, mutating {mutating}",
+                w.name
+            );
+        }
+        // In force (for the guards asking for static) but not offered: auto stays on policies.
+        let not_offered = HostedFeatures {
+            static_offered: false,
+            ..offered(true, true)
+        };
+        assert_eq!(engine_of(&rbac, not_offered), (Engine::Policy, None));
+        assert_eq!(engine_of(&tags, not_offered), (Engine::Policy, None));
+        // Offered and in force, a guard asking for policy or webhook keeps it.
+        for (engine, want) in [
+            (GuardEngine::Policy, Engine::Policy),
+            (GuardEngine::Webhook, Engine::Webhook),
+        ] {
+            let w = WebhookDefinition {
+                engine,
+                ..rbac.clone()
+            };
+            assert_eq!(engine_of(&w, offered(true, true)), (want, None));
+        }
+        // Carried by the files, a guard has no API-side object unless kept as a second layer,
+        // which is what auto chooses through the API.
+        assert_eq!(api_engine(&tags, offered(true, true), false), None);
+        assert_eq!(
+            api_engine(&tags, offered(true, true), true),
+            Some(Engine::Policy)
+        );
+        let mut cfg = AgentConfig::default();
+        let all = render(&cfg, &Settings::from(&cfg), "ns", offered(true, true)).expect("render");
+        assert!(
+            all.policies.is_empty() && all.mutating.is_empty(),
+            "{:?}",
+            names(&all)
+        );
+        cfg.static_guards.second_layer = true;
+        let layered =
+            render(&cfg, &Settings::from(&cfg), "ns", offered(true, true)).expect("render");
+        assert!(layered.mutations().any(|n| n == tags.name));
+        assert!(layered.guards().any(|n| n == rbac.name));
+    }
+
+    /// A mutation asking for engine static: loaded from files where its file is in force, else
+    /// what auto chooses through the API, with the note saying why.
+    #[test]
+    fn a_mutation_asking_for_static_falls_back_to_its_policy_with_a_note() {
+        let mut tags = guards::service_tags::ROW.definition();
+        tags.engine = GuardEngine::Static;
+        let mutating = HostedFeatures {
+            static_mutating: true,
+            ..served()
+        };
+        assert_eq!(engine_of(&tags, mutating), (Engine::Static, None));
+        let (e, note) = engine_of(&tags, served());
+        assert_eq!(e, Engine::Policy);
+        assert!(
+            note.as_deref()
+                .is_some_and(|n| n
+                    .contains("asks for engine static, but the static guards are not in force")),
+            "{note:?}"
+        );
+        let (e, _) = engine_of(&tags, HostedFeatures::default());
+        assert_eq!(e, Engine::Webhook);
     }
 
     #[test]

@@ -199,6 +199,8 @@ pub(super) fn served() -> HostedFeatures {
         admission_policies: true,
         mutating_policies: true,
         static_guards: false,
+        static_mutating: false,
+        static_offered: false,
     }
 }
 
@@ -245,7 +247,7 @@ fn each_guards_static_policy_decides_as_its_handler_case_by_case() {
                 w.engine = hcp_fleet_guards::catalogue::GuardEngine::Static;
             }
         }
-        let g = static_guards::render(&cfg, s, "clusters-a").expect("render");
+        let g = static_guards::render(&cfg, s, "clusters-a", false).expect("render");
         // Looked up by guard name below: the suffix taken off, nothing else changed.
         let unsuffixed = |m: &mut kube::core::ObjectMeta| {
             let name = m.name.take().unwrap_or_default();
@@ -357,6 +359,8 @@ fn webhook_match_conditions_leave_out_exactly_whom_the_service_exempts() {
             admission_policies: false,
             mutating_policies: false,
             static_guards: false,
+            static_mutating: false,
+            static_offered: false,
         },
         None,
     )

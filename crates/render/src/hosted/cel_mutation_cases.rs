@@ -463,7 +463,7 @@ fn the_pod_image_spec_policy_rewrites_as_its_handler_case_by_case() {
         .iter()
         .find(|w| w.path == ROW.path)
         .expect("the guard's definition");
-    let (policy, _) = admission_policies::guard_mutation(w, &s, "ns").expect("a CEL form");
+    let (policy, _) = admission_policies::guard_mutation(w, &w.name, &s, "ns").expect("a CEL form");
     let g = guards::for_path(ROW.path).expect("guard");
     let cases: Vec<Case> = g
         .cases()

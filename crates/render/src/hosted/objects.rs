@@ -56,6 +56,13 @@ pub struct HostedFeatures {
     /// no object of that name exists through the API. Not a property of the server's version:
     /// found by the probe at each reconcile.
     pub static_guards: bool,
+    /// The same for the mutating policies loaded from files (their own plugin, directory and
+    /// probe: a server may load one and not the other).
+    pub static_mutating: bool,
+    /// The hosted kube-apiserver's pod mounts the static guards' ConfigMap
+    /// (`static_guards::offered`): engine `auto` puts the guards it can there. Found on the
+    /// management cluster at each reconcile.
+    pub static_offered: bool,
 }
 
 /// The definition's selector with the agent's guard expressions added (never replaced).

@@ -252,6 +252,8 @@ fn every_tampering_of_every_guards_webhook_is_drift() {
             admission_policies: false,
             mutating_policies: false,
             static_guards: false,
+            static_mutating: false,
+            static_offered: false,
         },
     ] {
         let desired =
@@ -305,6 +307,8 @@ fn every_tampering_of_every_guards_policy_and_binding_is_drift() {
         admission_policies: true,
         mutating_policies: true,
         static_guards: false,
+        static_mutating: false,
+        static_offered: false,
     };
     let r = rendered(features).policies;
     assert!(

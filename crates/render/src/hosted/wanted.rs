@@ -275,6 +275,8 @@ mod tests {
             admission_policies,
             mutating_policies: admission_policies,
             static_guards: false,
+            static_mutating: false,
+            static_offered: false,
         };
         let url = format!("https://hcp-fleet-admission.{ns}.svc:443");
         // One guard kept on its webhook, so both kinds are rendered where policies are served.

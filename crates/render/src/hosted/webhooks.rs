@@ -36,6 +36,8 @@ pub struct HostedWebhooks {
     /// force, with their revision; empty where none is. Not written through the API.
     pub static_guards: std::collections::BTreeSet<String>,
     pub static_revision: Option<String>,
+    /// The static mutating policies' revision, where proven in force.
+    pub static_mutating_revision: Option<String>,
 }
 
 /// The claim value for `CLAIM_ANNOTATION`.
@@ -312,6 +314,7 @@ pub fn render(
         webhook_revision: revision,
         static_guards: Default::default(),
         static_revision: None,
+        static_mutating_revision: None,
     })
 }
 
@@ -351,16 +354,22 @@ mod tests {
             admission_policies: true,
             mutating_policies: true,
             static_guards: true,
+            static_mutating: true,
+            static_offered: false,
         };
         let servers = [
             HostedFeatures::default(),
             HostedFeatures {
                 mutating_policies: false,
                 static_guards: false,
+                static_mutating: false,
+                static_offered: false,
                 ..all
             },
             HostedFeatures {
                 static_guards: false,
+                static_mutating: false,
+                static_offered: false,
                 ..all
             },
             all,
@@ -448,6 +457,8 @@ mod tests {
             admission_policies: false,
             mutating_policies: false,
             static_guards: false,
+            static_mutating: false,
+            static_offered: false,
         });
         let mut hooks = served.validating.expect("v").webhooks.expect("hooks");
         hooks.extend(
