@@ -326,6 +326,16 @@ struct SizeFigures {
     converge_sim: Duration,
     rss_kib: u64,
     peak_rss_kib: u64,
+    /// The admission Deployments on the management cluster after convergence, and their
+    /// replicas (the admission pods: run by the test bed's kubelet for the real clusters,
+    /// simulated for the rest).
+    admission_deployments: usize,
+    admission_pods: i64,
+    /// The REAL admission pods (the test bed's kubelet runs them for the real clusters):
+    /// how many processes, their RSS after convergence and their CPU over the idle window.
+    real_pods: usize,
+    real_pods_rss_kib: u64,
+    real_pods_cpu_pct: f64,
     cpu_idle_pct: f64,
     mgmt_idle: BTreeMap<String, f64>,
     hosted_idle_real: f64,
@@ -373,6 +383,17 @@ fn agent_config(flip: bool) -> Result<String, String> {
     // The configuration flip measures how fast a change reaches every HCP at once, as before
     // progressive rollouts (a rollout's pace is its soak time and batch width, by design).
     cfg.rollout.enabled = false;
+    // BENCH_SCALE_SERVICE=1: the Service tag on its webhook, so every HCP needs an admission
+    // service (as before 1.36's MutatingAdmissionPolicy): the fleet with the service, to set
+    // beside the default, where every guard runs inside the hosted kube-apiservers (real 1.36
+    // ones and simulated ones alike) and no HCP has one.
+    if env_num("BENCH_SCALE_SERVICE", 0) == 1 {
+        for w in &mut cfg.webhooks {
+            if w.path == hcp_fleet_guards::service_tags::ROW.path {
+                w.engine = hcp_fleet_guards::catalogue::GuardEngine::Webhook;
+            }
+        }
+    }
     if let Some(rps) = std::env::var("BENCH_SCALE_RPS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -499,7 +520,7 @@ async fn run() -> Result<(), String> {
         is_real,
     );
     let service = AgentConfig::default().admission.service_name;
-    let _sim_pods = simhosted::kubelet::spawn(mgmt.clone(), service, probe_keys, |ns| {
+    let _sim_pods = simhosted::kubelet::spawn(mgmt.clone(), service.clone(), probe_keys, |ns| {
         ns.starts_with("clusters-sim-")
     })
     .await?;
@@ -578,10 +599,18 @@ async fn run() -> Result<(), String> {
         f.peak_writes = sampler.take().map_or(0.0, |s| s.take());
         let m0 = agent.metrics().await?;
         f.rss_kib = proc_status_kib(agent.pid, "VmRSS:");
+        (f.admission_deployments, f.admission_pods) = admission_pods(&mgmt, &service).await?;
+        let pod_pids = support::processes_mentioning(&fleet.state_dir().join("kubelet"));
+        f.real_pods = pod_pids.len();
+        f.real_pods_rss_kib = pod_pids.iter().map(|p| proc_status_kib(*p, "VmRSS:")).sum();
+        let pod_ticks0: u64 = pod_pids.iter().map(|p| cpu_ticks(*p)).sum();
         let sim0: Vec<u64> = sim.clusters().map(|c| c.requests.total()).collect();
         let ticks0 = cpu_ticks(agent.pid);
         tokio::time::sleep(idle).await;
         let ticks1 = cpu_ticks(agent.pid);
+        let pod_ticks1: u64 = pod_pids.iter().map(|p| cpu_ticks(*p)).sum();
+        f.real_pods_cpu_pct =
+            pod_ticks1.saturating_sub(pod_ticks0) as f64 / 100.0 / idle.as_secs_f64() * 100.0;
         let m1 = agent.metrics().await?;
         let sim1: Vec<u64> = sim.clusters().map(|c| c.requests.total()).collect();
         f.peak_rss_kib = proc_status_kib(agent.pid, "VmHWM:");
@@ -680,6 +709,21 @@ async fn run() -> Result<(), String> {
 }
 
 #[allow(clippy::too_many_arguments)]
+/// The admission Deployments in the HCP namespaces, and their replicas.
+async fn admission_pods(mgmt: &Client, service: &str) -> Result<(usize, i64), String> {
+    let lp = kube::api::ListParams::default().fields(&format!("metadata.name={service}"));
+    let listed = Api::<k8s_openapi::api::apps::v1::Deployment>::all(mgmt.clone())
+        .list(&lp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let pods = listed
+        .items
+        .iter()
+        .map(|d| i64::from(d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)))
+        .sum();
+    Ok((listed.items.len(), pods))
+}
+
 async fn measure_at_scale(
     mgmt: &Client,
     fleet: &LocalFleet,
@@ -716,10 +760,17 @@ async fn measure_at_scale(
                     .unwrap_or_default()
                     .to_string(),
             )
-        } else {
+        } else if c.object(Kind::Vwc, VALIDATING_NAME).is_some() {
             (Kind::Vwc, VALIDATING_NAME.to_string())
+        } else {
+            // No webhook where every guard runs inside the hosted kube-apiserver: the Service
+            // tag's mutating binding instead.
+            (
+                Kind::Mapb,
+                hcp_fleet_guards::service_tags::ROW.name.to_string(),
+            )
         };
-        let t0 = if kind == Kind::Vapb {
+        let t0 = if kind != Kind::Vwc {
             c.tamper(kind, &name, None)
         } else {
             c.tamper(
@@ -752,27 +803,42 @@ async fn measure_at_scale(
         let Some(s) = fleet.hosted(name) else {
             continue;
         };
-        // The validating webhook configuration: every server version has it (a 1.20 server
-        // serves no ValidatingAdmissionPolicy, so there every guard is a webhook in it).
+        // The validating webhook configuration where there is one (a 1.20 server serves no
+        // ValidatingAdmissionPolicy, so there every guard is a webhook in it), else (every
+        // guard inside a 1.36 server) protected RBAC's policy binding.
         let hosted = s.client().await.map_err(|e| e.to_string())?;
-        let api: Api<ValidatingWebhookConfiguration> = Api::all(hosted);
-        let t0 = Instant::now();
-        api.delete(VALIDATING_NAME, &Default::default())
+        let hooks: Api<ValidatingWebhookConfiguration> = Api::all(hosted.clone());
+        let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(hosted);
+        let rbac = hcp_fleet_guards::protected_rbac::ROW.name;
+        let hooked = hooks
+            .get_opt(VALIDATING_NAME)
             .await
-            .map_err(|e| format!("{ns}: deleting {VALIDATING_NAME}: {e}"))?;
+            .map_err(|e| e.to_string())?
+            .is_some();
+        let t0 = Instant::now();
+        if hooked {
+            hooks
+                .delete(VALIDATING_NAME, &Default::default())
+                .await
+                .map(|_| ())
+        } else {
+            bindings.delete(rbac, &Default::default()).await.map(|_| ())
+        }
+        .map_err(|e| format!("{ns}: deleting the agent's object: {e}"))?;
         let deadline = t0 + Duration::from_secs(10);
         loop {
-            if api
-                .get_opt(VALIDATING_NAME)
-                .await
-                .map_err(|e| e.to_string())?
-                .is_some()
-            {
+            let back = if hooked {
+                hooks.get_opt(VALIDATING_NAME).await.map(|o| o.is_some())
+            } else {
+                bindings.get_opt(rbac).await.map(|o| o.is_some())
+            }
+            .map_err(|e| e.to_string())?;
+            if back {
                 out.drift_real.push(t0.elapsed());
                 break;
             }
             if Instant::now() > deadline {
-                return Err(format!("{ns}: {VALIDATING_NAME} not repaired within 10s"));
+                return Err(format!("{ns}: the agent's object not repaired within 10s"));
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -918,11 +984,19 @@ fn print_report(
         fleet.version
     );
     println!(
-        "  hosted side: {real_n} REAL kube-apiservers {} with real admission services; the rest SIMULATED",
+        "  hosted side: {real_n} REAL kube-apiservers {} with real admission services where a guard needs one; the rest SIMULATED",
         fleet.version
     );
     println!(
-        "  (one HTTPS server in the bench: real TLS, a CA and SNI name per cluster, no policy compile delay)"
+        "  (one HTTPS server in the bench, serving what 1.36 serves: real TLS, a CA and SNI name per cluster, no policy compile delay)"
+    );
+    println!(
+        "  {}",
+        if env_num("BENCH_SCALE_SERVICE", 0) == 1 {
+            "BENCH_SCALE_SERVICE=1: the Service tag on its webhook, so every HCP has an admission service"
+        } else {
+            "default configuration: where the hosted kube-apiserver serves both admission policy kinds, no HCP has an admission service"
+        }
     );
     let limit = AgentConfig::default().management_api;
     let rps = std::env::var("BENCH_SCALE_RPS")
@@ -990,6 +1064,26 @@ fn print_report(
         "  {:<52}{}   < 1",
         "  management writes per HCP (the Lease's apart)",
         col(&|f| format!("{:.2}", f.restart_writes / f.n as f64))
+    );
+    println!(
+        "  {:<52}{}",
+        "admission Deployments, pods (per HCP)",
+        col(&|f| format!(
+            "{}, {} ({:.2})",
+            f.admission_deployments,
+            f.admission_pods,
+            f.admission_pods as f64 / f.n.max(1) as f64
+        ))
+    );
+    println!(
+        "  {:<52}{}",
+        "REAL admission pods: processes, RSS, idle CPU",
+        col(&|f| format!(
+            "{}, {:.1} MiB, {:.2} %",
+            f.real_pods,
+            f.real_pods_rss_kib as f64 / 1024.0,
+            f.real_pods_cpu_pct
+        ))
     );
     println!(
         "  {:<52}{}",

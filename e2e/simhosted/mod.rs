@@ -61,10 +61,21 @@ pub enum Kind {
     Mwc,
     Vap,
     Vapb,
+    Map,
+    Mapb,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 4] = [Kind::Vwc, Kind::Mwc, Kind::Vap, Kind::Vapb];
+    /// A simulated cluster serves what a 1.36 kube-apiserver does: the webhook
+    /// configurations and both kinds of admission policy (MutatingAdmissionPolicy GA).
+    pub const ALL: [Kind; 6] = [
+        Kind::Vwc,
+        Kind::Mwc,
+        Kind::Vap,
+        Kind::Vapb,
+        Kind::Map,
+        Kind::Mapb,
+    ];
 
     pub fn plural(self) -> &'static str {
         match self {
@@ -72,6 +83,8 @@ impl Kind {
             Kind::Mwc => "mutatingwebhookconfigurations",
             Kind::Vap => "validatingadmissionpolicies",
             Kind::Vapb => "validatingadmissionpolicybindings",
+            Kind::Map => "mutatingadmissionpolicies",
+            Kind::Mapb => "mutatingadmissionpolicybindings",
         }
     }
 
@@ -81,6 +94,8 @@ impl Kind {
             Kind::Mwc => "MutatingWebhookConfiguration",
             Kind::Vap => "ValidatingAdmissionPolicy",
             Kind::Vapb => "ValidatingAdmissionPolicyBinding",
+            Kind::Map => "MutatingAdmissionPolicy",
+            Kind::Mapb => "MutatingAdmissionPolicyBinding",
         }
     }
 
@@ -846,6 +861,25 @@ impl SimCluster {
                     "ValidatingAdmissionPolicy '{pname}' with binding '{bname}' denied request: {message}"
                 ),
             );
+        }
+        // The mutating probe policy (`hosted::admission_policies`) writes the revision its
+        // selector names into its answer annotation, as a real server applying it does; the
+        // simulation runs no other mutating policy (no request of the bench is one they
+        // change).
+        let probe = hcp_fleet_guards::probe::ROW.name;
+        let bound = s.objects.contains_key(&(Kind::Mapb, probe.to_string()));
+        if let Some(p) = s
+            .objects
+            .get(&(Kind::Map, probe.to_string()))
+            .filter(|_| bound)
+        {
+            let sel = &p["spec"]["matchConstraints"]["objectSelector"];
+            if selects(sel, &labels) {
+                let rev =
+                    sel["matchLabels"][hcp_fleet_guards::catalogue::PROBE_REVISION_LABEL].clone();
+                cm["metadata"]["annotations"][hcp_fleet_guards::catalogue::MUTATING_PROBE_ANSWER] =
+                    rev;
+            }
         }
         drop(s);
         cm["apiVersion"] = json!("v1");
