@@ -98,3 +98,18 @@ pub(crate) fn secs(d: Duration) -> String {
 pub(crate) fn is_real(ns: &str) -> bool {
     ns.starts_with("clusters-real-")
 }
+
+/// The admission Deployments in the HCP namespaces, and their replicas.
+pub(crate) async fn admission_pods(mgmt: &Client, service: &str) -> Result<(usize, i64), String> {
+    let lp = kube::api::ListParams::default().fields(&format!("metadata.name={service}"));
+    let listed = Api::<k8s_openapi::api::apps::v1::Deployment>::all(mgmt.clone())
+        .list(&lp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let pods = listed
+        .items
+        .iter()
+        .map(|d| i64::from(d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)))
+        .sum();
+    Ok((listed.items.len(), pods))
+}

@@ -657,6 +657,60 @@ mod tests {
         assert_eq!(file, api);
     }
 
+    /// Every mutation, the pod image spec with a registry read, is loaded from files as the
+    /// same MutatingAdmissionPolicy and binding the API side writes, but for the name: the
+    /// case tables the API-side policies are held to (`cel_mutation_cases`) hold for the files.
+    #[test]
+    fn each_mutation_in_the_files_is_its_api_side_policy_renamed() {
+        use hcp_fleet_guards::{has_mutation_form, pod_image_spec};
+        let mut cfg = AgentConfig::default();
+        for w in &mut cfg.webhooks {
+            if has_mutation_form(&w.path) {
+                w.engine = GuardEngine::Static;
+                w.mode = Mode::Enforce;
+            }
+        }
+        let settings = Settings {
+            internal_registry: Some(pod_image_spec::case_registry()),
+            ..Settings::from(&cfg)
+        };
+        let g = render(&cfg, &settings, "ns", false).expect("render");
+        let mutations: Vec<_> = cfg
+            .active_webhooks()
+            .filter(|w| has_mutation_form(&w.path))
+            .collect();
+        assert!(
+            mutations.len() >= 3,
+            "the Service tag and annotation, the pod image spec"
+        );
+        assert_eq!(
+            g.mutating_guards(),
+            mutations.iter().map(|w| w.name.clone()).collect()
+        );
+        for w in mutations {
+            let (api_policy, api_binding) =
+                super::super::admission_policies::guard_mutation(w, &w.name, &settings, "ns")
+                    .expect("a CEL form");
+            let named = |kind: &str| {
+                let mut v = g
+                    .mutating
+                    .iter()
+                    .find(|v| {
+                        v["kind"] == kind
+                            && v["metadata"]["name"] == format!("{}{SUFFIX}", w.name).as_str()
+                    })
+                    .unwrap_or_else(|| panic!("{} {kind} in the file", w.name))
+                    .clone();
+                v["metadata"]["name"] = Value::String(w.name.clone());
+                v
+            };
+            assert_eq!(named("MutatingAdmissionPolicy"), api_policy, "{}", w.name);
+            let mut binding = named("MutatingAdmissionPolicyBinding");
+            binding["spec"]["policyName"] = Value::String(w.name.clone());
+            assert_eq!(binding, api_binding, "{}", w.name);
+        }
+    }
+
     /// HyperShift's kube-apiserver offers the files where its pod template mounts the
     /// ConfigMap, by any volume name; not where it mounts others.
     #[test]
