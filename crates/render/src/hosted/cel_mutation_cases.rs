@@ -313,7 +313,7 @@ fn mutations_are_policies_where_served_and_in_enforce_mode_only() {
     // Each with its binding, the probe's last.
     assert_eq!(served_set.mutating.len(), want.len() + 1);
     assert_eq!(served_set.mutating_bindings.len(), want.len() + 1);
-    let last = |v: &[kube::api::DynamicObject]| v.last().and_then(|o| o.metadata.name.clone());
+    let last = |v: &[kube::core::DynamicObject]| v.last().and_then(|o| o.metadata.name.clone());
     let probe = Some(admission_policies::probe_name().to_string());
     assert_eq!(last(&served_set.mutating), probe);
     assert_eq!(last(&served_set.mutating_bindings), probe);
