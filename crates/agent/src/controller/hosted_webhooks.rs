@@ -321,9 +321,7 @@ fn engine_notes(
         if let Some(note) = admission_policies::engine_of(w, features).1 {
             if static_guards::is_static(w) {
                 waiting.push(w.name.as_str());
-                let file = if hcp_fleet_guards::has_mutation_form(&w.path)
-                    && w.mode == hcp_fleet_model::Mode::Enforce
-                {
+                let file = if static_guards::in_mutating_file(w) {
                     &in_force.mutating
                 } else {
                     &in_force.validating

@@ -271,32 +271,31 @@ pub(crate) async fn probe(
     targets: &ProbeTargets,
     reported: Option<&str>,
 ) -> Probed {
-    let mut answered = Vec::new();
-    let mut failed = Vec::new();
-    let mut unanswered = None;
-    let mut unproven = false;
+    let mut results = Vec::new();
     for (engine, rev, who) in [
         (Engine::Webhook, &targets.webhook, "the admission service"),
         (Engine::Policy, &targets.policy, "the admission policies"),
         (Engine::Static, &targets.static_guards, "the static guards"),
     ] {
-        let Some(rev) = rev else { continue };
-        match probe_path(hosted, timeout, engine, rev, &targets.proof).await {
+        if let Some(rev) = rev {
+            let r = probe_path(hosted, timeout, engine, rev, &targets.proof).await;
+            results.push((who, r));
+        }
+    }
+    if let Some(rev) = &targets.static_mutating {
+        let r = probe_static_mutating(hosted, timeout, rev).await;
+        results.push(("the static mutating policies", r.map(|()| Answer::Proven)));
+    }
+    let mut answered = Vec::new();
+    let mut failed = Vec::new();
+    let mut unanswered = None;
+    let mut unproven = false;
+    for (who, r) in results {
+        match r {
             Ok(a) => {
                 unproven |= a == Answer::Unproven;
                 answered.push(who);
             }
-            Err(e) => {
-                failed.push(e.to_string());
-                if e.unanswered() && unanswered.is_none() {
-                    unanswered = Some(e);
-                }
-            }
-        }
-    }
-    if let Some(rev) = &targets.static_mutating {
-        match probe_static_mutating(hosted, timeout, rev).await {
-            Ok(()) => answered.push("the static mutating policies"),
             Err(e) => {
                 failed.push(e.to_string());
                 if e.unanswered() && unanswered.is_none() {

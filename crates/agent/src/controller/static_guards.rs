@@ -152,6 +152,35 @@ async fn unanswered(
     }
 }
 
+/// Where one file stands: carrying nothing (`revision` `None`); refused where the server does
+/// not serve its policy kind (`served`, `resource`); else its probe at `revision`, taken only
+/// where no object of the probe's name and kind exists through the API (`forged`).
+async fn file_state<'a, F>(
+    client: &Client,
+    revision: Option<&'a str>,
+    served: bool,
+    resource: ApiResource,
+    probe: impl FnOnce(&'a str) -> F,
+    reserved: &mut Option<Result<bool, String>>,
+) -> StaticState
+where
+    F: std::future::Future<Output = Result<(), probe::ProbeFailure>>,
+{
+    let Some(rev) = revision else {
+        return StaticState::Unwanted;
+    };
+    if !served {
+        return StaticState::Refused(format!(
+            "this hosted kube-apiserver does not serve {}",
+            resource.kind
+        ));
+    }
+    match probe(rev).await {
+        Ok(()) => forged(client, &resource).await,
+        Err(e) => unanswered(client, e.to_string(), reserved).await,
+    }
+}
+
 /// Whether HyperShift's kube-apiserver Deployment in `ns` mounts the static guards'
 /// ConfigMap (`hosted::static_guards::offered`). Listed by name, which the agent's role
 /// allows in every namespace; none there (no HyperShift, or another layout) offers nothing.
@@ -252,36 +281,31 @@ impl Statics {
         proof: &Proof,
     ) -> StaticForce {
         let client = hosted.client();
+        let c = &client;
         // Asked once a pass, and only where a probe was not answered.
         let mut reserved = None;
-        let validating = match &self.wanted.revision {
-            None => StaticState::Unwanted,
-            Some(_) if !features.admission_policies => StaticState::Refused(
-                "this hosted kube-apiserver does not serve ValidatingAdmissionPolicy".into(),
-            ),
-            Some(rev) => {
-                match probe::probe_path(&client, timeout, Engine::Static, rev, proof).await {
-                    Ok(_) => {
-                        forged(
-                            &client,
-                            &ApiResource::erase::<ValidatingAdmissionPolicy>(&()),
-                        )
-                        .await
-                    }
-                    Err(e) => unanswered(&client, e.to_string(), &mut reserved).await,
-                }
-            }
-        };
-        let mutating = match &self.wanted.mutating_revision {
-            None => StaticState::Unwanted,
-            Some(_) if !features.mutating_policies => StaticState::Refused(
-                "this hosted kube-apiserver does not serve MutatingAdmissionPolicy".into(),
-            ),
-            Some(rev) => match probe::probe_static_mutating(&client, timeout, rev).await {
-                Ok(()) => forged(&client, &admission_policies::mutating_resource()).await,
-                Err(e) => unanswered(&client, e.to_string(), &mut reserved).await,
+        let validating = file_state(
+            &client,
+            self.wanted.revision.as_deref(),
+            features.admission_policies,
+            ApiResource::erase::<ValidatingAdmissionPolicy>(&()),
+            |rev| async move {
+                probe::probe_path(c, timeout, Engine::Static, rev, proof)
+                    .await
+                    .map(|_| ())
             },
-        };
+            &mut reserved,
+        )
+        .await;
+        let mutating = file_state(
+            &client,
+            self.wanted.mutating_revision.as_deref(),
+            features.mutating_policies,
+            admission_policies::mutating_resource(),
+            |rev| probe::probe_static_mutating(&client, timeout, rev),
+            &mut reserved,
+        )
+        .await;
         StaticForce {
             validating,
             mutating,

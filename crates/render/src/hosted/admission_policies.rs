@@ -72,7 +72,7 @@ pub fn engine_of(w: &WebhookDefinition, features: HostedFeatures) -> (Engine, Op
     // The files that would carry it: the mutating ones for a mutation in enforce mode, the
     // validating ones for every other guard (a mutation in warn mode warns as a validating
     // policy).
-    let in_force = if guards::has_mutation_form(&w.path) && w.mode != Mode::Warn {
+    let in_force = if super::static_guards::in_mutating_file(w) {
         features.static_mutating
     } else {
         features.static_guards
@@ -436,12 +436,23 @@ fn render_mutating(
     hcp_namespace: &str,
     features: HostedFeatures,
 ) -> (Vec<(Value, Value)>, Option<String>) {
-    let mut set = guard_mutations(cfg, settings, hcp_namespace, features);
+    let set = guard_mutations(cfg, settings, hcp_namespace, features);
+    with_mutating_probe(set, probe_name(), hcp_namespace, mutating_probe_policy)
+}
+
+/// A set of mutating policies and bindings, then (if there is any) the probe `probe` renders
+/// for its revision, named `name`, and bound; and that revision. The API-side set and the
+/// static one (`hosted::static_guards`) differ only in the probe.
+pub(crate) fn with_mutating_probe(
+    mut set: Vec<(Value, Value)>,
+    name: &str,
+    hcp_namespace: &str,
+    probe: fn(&str, &str, &str) -> Value,
+) -> (Vec<(Value, Value)>, Option<String>) {
     let revision = revision_of(set.iter().flat_map(|(p, b)| [p, b]));
     if let Some(rev) = &revision {
-        let name = probe_name();
         set.push((
-            mutating_probe_policy(name, hcp_namespace, rev),
+            probe(name, hcp_namespace, rev),
             mutating_binding(name, hcp_namespace),
         ));
     }
@@ -461,22 +472,37 @@ pub(crate) fn revision_of<'a>(objects: impl Iterator<Item = &'a Value>) -> Optio
 /// API server reads each kind in the order it was written, so the answer proves it runs all of
 /// them, as the validating probe does for the validating ones.
 fn mutating_probe_policy(name: &str, hcp_namespace: &str, revision: &str) -> Value {
+    probe_mutating_policy(
+        name,
+        hcp_namespace,
+        probe_constraints(MUTATING_PROBE_VALUE, revision),
+        json!({
+            "patchType": "ApplyConfiguration",
+            "applyConfiguration": {"expression": format!(
+                "Object{{metadata: Object.metadata{{annotations: {{{}: {}}}}}}}",
+                guards::cel::string(MUTATING_PROBE_ANSWER),
+                guards::cel::string(revision),
+            )},
+        }),
+    )
+}
+
+/// A probe MutatingAdmissionPolicy: `mutation` on what `constraints` match, never reinvoked.
+/// A probe that cannot be evaluated must not pass for an answer: `failurePolicy: Fail`.
+pub(crate) fn probe_mutating_policy(
+    name: &str,
+    hcp_namespace: &str,
+    constraints: Value,
+    mutation: Value,
+) -> Value {
     json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingAdmissionPolicy",
         "metadata": owned_metadata(name, hcp_namespace),
         "spec": {
-            // A probe that cannot be evaluated must not pass for an answer.
             "failurePolicy": "Fail",
-            "matchConstraints": probe_constraints(MUTATING_PROBE_VALUE, revision),
-            "mutations": [{
-                "patchType": "ApplyConfiguration",
-                "applyConfiguration": {"expression": format!(
-                    "Object{{metadata: Object.metadata{{annotations: {{{}: {}}}}}}}",
-                    guards::cel::string(MUTATING_PROBE_ANSWER),
-                    guards::cel::string(revision),
-                )},
-            }],
+            "matchConstraints": constraints,
+            "mutations": [mutation],
             "reinvocationPolicy": "Never",
         },
     })

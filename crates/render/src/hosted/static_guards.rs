@@ -24,10 +24,10 @@ use kube::core::ObjectMeta;
 use serde_json::{Value, json};
 
 use super::admission_policies::{
-    guard_mutation, mutating_binding, probe_constraints, probe_name as api_probe_name, render_set,
-    revision_of, typed,
+    guard_mutation, probe_constraints, probe_mutating_policy, probe_name as api_probe_name,
+    render_set, typed, with_mutating_probe,
 };
-use super::objects::{WebhookRenderError, owned_metadata};
+use super::objects::WebhookRenderError;
 use crate::config::AgentConfig;
 use hcp_fleet_guards::Settings;
 use hcp_fleet_guards::catalogue::{GuardEngine, STATIC_MUTATING_PROBE_VALUE, WebhookDefinition};
@@ -139,6 +139,13 @@ pub fn carried(w: &WebhookDefinition, offered: bool) -> bool {
     is_static(w) || (offered && w.engine == GuardEngine::Auto)
 }
 
+/// Which file would carry `w`: the mutating one for a mutation in enforce mode; the validating
+/// one for every other guard (a mutation in warn mode warns as a validating policy there, as
+/// through the API).
+pub fn in_mutating_file(w: &WebhookDefinition) -> bool {
+    w.mode == Mode::Enforce && hcp_fleet_guards::has_mutation_form(&w.path)
+}
+
 /// Whether the hosted kube-apiserver's Deployment mounts the static guards' ConfigMap, as
 /// HyperShift would once it wires the files (docs/static-guards.md): the sign that engine
 /// `auto` may put guards there. Only the proof through the server says they are in force.
@@ -185,18 +192,11 @@ fn render_mutating(
 ) -> (Vec<Value>, Option<String>) {
     let pairs: Vec<(Value, Value)> = cfg
         .active_webhooks()
-        .filter(|w| w.mode == Mode::Enforce && carried(w, offered))
+        .filter(|w| in_mutating_file(w) && carried(w, offered))
         .filter_map(|w| guard_mutation(w, &format!("{}{SUFFIX}", w.name), settings, hcp_namespace))
         .collect();
-    let revision = revision_of(pairs.iter().flat_map(|(p, b)| [p, b]));
-    let mut pairs = pairs;
-    if let Some(rev) = &revision {
-        let name = probe_name();
-        pairs.push((
-            mutating_probe_policy(&name, hcp_namespace, rev),
-            mutating_binding(&name, hcp_namespace),
-        ));
-    }
+    let (pairs, revision) =
+        with_mutating_probe(pairs, &probe_name(), hcp_namespace, mutating_probe_policy);
     let (policies, bindings): (Vec<Value>, Vec<Value>) = pairs.into_iter().unzip();
     (policies.into_iter().chain(bindings).collect(), revision)
 }
@@ -213,23 +213,18 @@ pub const STATIC_MUTATING_PROBE_LABEL: &str = "hcp-fleet-static-mutating-probe";
 /// can write too), but no object a tenant makes through the API can hold the reserved name.
 /// Written after every mutating policy and binding of the file.
 fn mutating_probe_policy(name: &str, hcp_namespace: &str, revision: &str) -> Value {
-    json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingAdmissionPolicy",
-        "metadata": owned_metadata(name, hcp_namespace),
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": probe_constraints(STATIC_MUTATING_PROBE_VALUE, revision),
-            "mutations": [{
-                "patchType": "JSONPatch",
-                "jsonPatch": {"expression": format!(
-                    "[JSONPatch{{op: \"remove\", path: {}}}]",
-                    hcp_fleet_guards::cel::string(&format!("/metadata/labels/{STATIC_MUTATING_PROBE_LABEL}"))
-                )},
-            }],
-            "reinvocationPolicy": "Never",
-        },
-    })
+    probe_mutating_policy(
+        name,
+        hcp_namespace,
+        probe_constraints(STATIC_MUTATING_PROBE_VALUE, revision),
+        json!({
+            "patchType": "JSONPatch",
+            "jsonPatch": {"expression": format!(
+                "[JSONPatch{{op: \"remove\", path: {}}}]",
+                hcp_fleet_guards::cel::string(&format!("/metadata/labels/{STATIC_MUTATING_PROBE_LABEL}"))
+            )},
+        }),
+    )
 }
 
 /// The admission configuration that has the ValidatingAdmissionPolicy and
