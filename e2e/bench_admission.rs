@@ -73,7 +73,20 @@ fn start(dir: &Path, baseline: bool) -> Result<Server, String> {
 }
 
 fn start_on(dir: &Path, baseline: bool, port: u16) -> Result<Server, String> {
+    start_spinning(dir, baseline, port, None)
+}
+
+/// The server with `--spin-micros` set (`None`: its default).
+fn start_spinning(
+    dir: &Path,
+    baseline: bool,
+    port: u16,
+    spin_micros: Option<u64>,
+) -> Result<Server, String> {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-dev"));
+    if let Some(us) = spin_micros {
+        cmd.env("HCP_FLEET_SPIN_MICROS", us.to_string());
+    }
     cmd.args([
         if baseline {
             "webhook-baseline"
@@ -110,6 +123,25 @@ async fn wait_ready(port: u16, ca: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A keep-alive HTTP/1.1 connection over TLS to `port`, its connection task spawned (an error
+/// that ends it reaches the next request on it).
+async fn connect(
+    port: u16,
+    tls: tokio_rustls::TlsConnector,
+) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, String> {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| e.to_string())?;
+    let _ = tcp.set_nodelay(true);
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
+    let stream = tls.connect(name, tcp).await.map_err(|e| e.to_string())?;
+    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    tokio::spawn(conn);
+    Ok(send)
+}
+
 /// One closed-loop client on one keep-alive connection; returns its latencies.
 async fn client(
     port: u16,
@@ -117,20 +149,7 @@ async fn client(
     body: Bytes,
     until: Instant,
 ) -> Result<Vec<Duration>, String> {
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .map_err(|e| e.to_string())?;
-    let _ = tcp.set_nodelay(true);
-    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
-    let stream = tls.connect(name, tcp).await.map_err(|e| e.to_string())?;
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| format!("handshake: {e}"))?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            eprintln!("bench: connection ended: {e}");
-        }
-    });
+    let mut send = connect(port, tls).await?;
     let mut lat = Vec::with_capacity(16_384);
     while Instant::now() < until {
         let req = hyper::Request::post("/validate/protected-rbac")
@@ -157,6 +176,65 @@ async fn client(
         lat.push(t0.elapsed());
     }
     Ok(lat)
+}
+
+/// A keep-alive connection to `port` that has carried one review, held open.
+async fn opened(
+    port: u16,
+    tls: tokio_rustls::TlsConnector,
+    body: Bytes,
+) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, String> {
+    let mut send = connect(port, tls).await?;
+    post(&mut send, body).await?;
+    Ok(send)
+}
+
+async fn post(
+    send: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    body: Bytes,
+) -> Result<(), String> {
+    let req = hyper::Request::post("/validate/protected-rbac")
+        .header("content-type", "application/json")
+        .header("host", "127.0.0.1")
+        .body(Full::new(body))
+        .map_err(|e| e.to_string())?;
+    send.ready().await.map_err(|e| e.to_string())?;
+    let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+    resp.into_body()
+        .collect()
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// The server's CPU (% of one core) over `secs`: at rest after 16 keep-alive connections each
+/// carried a review (the service closes an HTTP/1.1 connection quiet for 5 s), then with one
+/// review every 20 ms on a connection of its own (a kube-apiserver at a low rate: too slow for
+/// a spin to catch).
+async fn at_rest(server: &Server, ca: &str, secs: u64) -> Result<(f64, f64), String> {
+    let tls = hcp_fleet_testbed::kubelet::tls_connector(ca)?;
+    let body = Bytes::from(review_body());
+    let mut conns = Vec::new();
+    for _ in 0..16 {
+        conns.push(opened(server.port, tls.clone(), body.clone()).await?);
+    }
+    let pid = server.child.id();
+    let pct = |t0: u64, t1: u64, d: Duration| (t1 - t0) as f64 / 100.0 / d.as_secs_f64() * 100.0;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (t0, started) = (support::cpu_ticks(pid), Instant::now());
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    let rest = pct(t0, support::cpu_ticks(pid), started.elapsed());
+    let (t0, started) = (support::cpu_ticks(pid), Instant::now());
+    drop(conns);
+    let mut every = tokio::time::interval(Duration::from_millis(20));
+    let until = started + Duration::from_secs(secs);
+    let mut one = opened(server.port, tls, body.clone()).await?;
+    while Instant::now() < until {
+        every.tick().await;
+        post(&mut one, body.clone()).await?;
+    }
+    let trickle = pct(t0, support::cpu_ticks(pid), started.elapsed());
+    Ok((rest, trickle))
 }
 
 /// Server-side percentile (bucket upper bound, seconds) from a histogram delta.
@@ -263,15 +341,7 @@ async fn run_one(
 /// The body of one answer to `body` on the protected-RBAC path, over a fresh connection.
 async fn answer(port: u16, ca: &str, body: Bytes) -> Result<String, String> {
     let tls = hcp_fleet_testbed::kubelet::tls_connector(ca)?;
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .map_err(|e| e.to_string())?;
-    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
-    let stream = tls.connect(name, tcp).await.map_err(|e| e.to_string())?;
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| format!("handshake: {e}"))?;
-    tokio::spawn(conn);
+    let mut send = connect(port, tls).await?;
     let req = hyper::Request::post("/validate/protected-rbac")
         .header("content-type", "application/json")
         .header("host", "127.0.0.1")
@@ -516,6 +586,19 @@ async fn run() -> Result<(), String> {
             "ratio service/baseline at concurrency {conc:>2}: {:.2}",
             svc / base
         );
+    }
+    // What the spin costs where it cannot pay: nothing at rest, and at a low rate.
+    let rest_secs = env_secs("BENCH_REST_SECONDS", 10);
+    println!();
+    println!(
+        "the service's CPU, {rest_secs}s each: at rest with 16 keep-alive connections open, then one review every 20 ms"
+    );
+    for (label, spin) in [("spin (default)", None), ("spin off (0)", Some(0))] {
+        let port = hcp_fleet_testbed::free_port().map_err(|e| e.to_string())?;
+        let server = start_spinning(dir.path(), false, port, spin)?;
+        wait_ready(server.port, &ca.cert_pem).await?;
+        let (rest, trickle) = at_rest(&server, &ca.cert_pem, rest_secs).await?;
+        println!("  {label:<16} at rest {rest:.2} % of a core, at 50 reviews/s {trickle:.2} %");
     }
     against_go(dir.path(), &ca.cert_pem, env_secs("BENCH_WRK_SECONDS", 10)).await?;
     let _ = support::processes_mentioning(dir.path());

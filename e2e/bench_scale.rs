@@ -142,6 +142,13 @@ fn is_fleet_write(key: &str) -> bool {
     is_write(verb) && resource != "leases"
 }
 
+/// The requests the sampled simulated cluster has served, by call (`simhosted::Requests`).
+fn sampled_calls(sim: &SimFleet) -> BTreeMap<String, u64> {
+    sim.clusters()
+        .find_map(|c| c.requests.calls())
+        .unwrap_or_default()
+}
+
 /// A restarted agent over a converged fleet: how long until its own reconciles have found
 /// every HCP Compliant (its compliance gauge, 0 for each; the records already said so), and
 /// the management writes it made until then and for 5 s after (the Lease's apart), by verb
@@ -166,7 +173,10 @@ async fn restarted(
                 "restart: only {ok}/{n} Compliant within {within:?}"
             ));
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Once a second: each look encodes every HCP's series (megabytes at 3,000), work a
+        // Prometheus scraping every 30 s does not ask of the agent; five looks a second were
+        // a fifth of the restarted agent's CPU (perf).
+        tokio::time::sleep(Duration::from_secs(1)).await;
     };
     tokio::time::sleep(Duration::from_secs(5)).await;
     let by: BTreeMap<String, f64> = management_delta("", &agent.metrics().await?)
@@ -346,6 +356,13 @@ struct SizeFigures {
     sim_seen_idle: f64,
     hosted_converge_real: f64,
     hosted_converge_sim: f64,
+    /// The restart's requests: to the management cluster (all of them, the Lease's too), and
+    /// to each hosted cluster (the real ones' average, the simulated ones').
+    restart_mgmt: f64,
+    restart_hosted_real: f64,
+    restart_hosted_sim: f64,
+    /// One simulated cluster's requests during the restart, by call, most first.
+    restart_calls: Vec<(String, u64)>,
     mgmt_converge: f64,
     mgmt_writes_converge: f64,
     mgmt_converge_by: BTreeMap<String, f64>,
@@ -652,12 +669,26 @@ async fn run() -> Result<(), String> {
         f.mgmt_writes_converge = management_writes(&m0);
         f.mgmt_converge_by = management_delta("", &m0);
         eprintln!("bench: {n}: restarting the agent over the converged fleet…");
+        let calls_before = sampled_calls(&sim);
         agent.stop();
         agent = Agent::start(&config_path, &kubeconfig).await?;
         let restart = restarted(&agent, n, deadline).await?;
         f.restart = restart.0;
         f.restart_writes = restart.1;
         f.restart_by = restart.2;
+        let after_restart = agent.metrics().await?;
+        let mut calls: Vec<(String, u64)> = sampled_calls(&sim)
+            .into_iter()
+            .map(|(k, v)| (v - calls_before.get(&k).copied().unwrap_or(0), k))
+            .filter(|(n, _)| *n > 0)
+            .map(|(n, k)| (k, n))
+            .collect();
+        calls.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        f.restart_calls = calls;
+        f.restart_mgmt = samples(&after_restart, MGMT_REQUESTS).values().sum();
+        let hosted_restart = hosted_delta("", &after_restart);
+        f.restart_hosted_real = avg(&is_real, &hosted_restart);
+        f.restart_hosted_sim = avg(&|ns| !is_real(ns), &hosted_restart);
         eprintln!(
             "bench: {n} reported Compliant again {} after the restart ({:.0} writes)",
             secs(f.restart),

@@ -98,6 +98,33 @@ pub(crate) fn print_report(
     );
     println!(
         "  {:<52}{}",
+        "  management requests per HCP (all, until 5 s after)",
+        col(&|f| format!("{:.2}", f.restart_mgmt / f.n as f64))
+    );
+    println!(
+        "  {:<52}{}",
+        "  hosted requests / cluster: real",
+        col(&|f| format!("{:.1}", f.restart_hosted_real))
+    );
+    println!(
+        "  {:<52}{}",
+        "    simulated",
+        col(&|f| format!("{:.1}", f.restart_hosted_sim))
+    );
+    for f in figs {
+        let calls: Vec<String> = f
+            .restart_calls
+            .iter()
+            .map(|(call, n)| format!("{call}: {n}"))
+            .collect();
+        println!(
+            "    one simulated cluster's requests in the restart at {}: {}",
+            f.n,
+            calls.join(", ")
+        );
+    }
+    println!(
+        "  {:<52}{}",
         "admission Deployments, pods (per HCP)",
         col(&|f| format!(
             "{}, {} ({:.2})",

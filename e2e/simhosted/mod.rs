@@ -108,15 +108,30 @@ impl Kind {
 #[derive(Default)]
 pub struct Requests {
     total: AtomicU64,
+    /// Each request by method, path and whether it watches, for one cluster of the fleet (the
+    /// first): what the agent asks of a hosted cluster, at no cost to the others.
+    calls: Option<Mutex<BTreeMap<String, u64>>>,
 }
 
 impl Requests {
-    fn count(&self) {
+    fn count(&self, call: impl FnOnce() -> String) {
         self.total.fetch_add(1, Ordering::Relaxed);
+        if let Some(calls) = &self.calls
+            && let Ok(mut m) = calls.lock()
+        {
+            *m.entry(call()).or_default() += 1;
+        }
     }
 
     pub fn total(&self) -> u64 {
         self.total.load(Ordering::Relaxed)
+    }
+
+    /// The requests by call so far, where this cluster keeps them.
+    pub fn calls(&self) -> Option<BTreeMap<String, u64>> {
+        self.calls
+            .as_ref()
+            .and_then(|m| m.lock().ok().map(|m| m.clone()))
     }
 }
 
@@ -454,7 +469,18 @@ fn selects(sel: &Value, labels: &Value) -> bool {
 
 impl SimCluster {
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
-        self.requests.count();
+        self.requests.count(|| {
+            let watch = req
+                .uri()
+                .query()
+                .is_some_and(|q| q.contains("watch=true") || q.contains("watch=1"));
+            format!(
+                "{}{} {}",
+                req.method(),
+                if watch { " (watch)" } else { "" },
+                req.uri().path()
+            )
+        });
         let authorized = req
             .headers()
             .get(http::header::AUTHORIZATION)
@@ -1025,7 +1051,10 @@ impl SimFleet {
                 token,
                 uid: format!("00000000-0000-4000-8000-{i:012}"),
                 store: Mutex::default(),
-                requests: Requests::default(),
+                requests: Requests {
+                    calls: (i == 0).then(Mutex::default),
+                    ..Requests::default()
+                },
                 probe_keys: probe_keys.clone(),
             });
             by_sni.insert(sni, c.clone());

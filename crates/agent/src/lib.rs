@@ -5,13 +5,15 @@
 //!   watch, what its API server serves);
 //! - `metrics`, `secure_metrics`, `liveness`: what the agent says about itself;
 //! - `managed_clusters`: the ACM hub's view (a ManagedCluster per hosted cluster);
-//! - `human`, `tls`: errors as a person reads them; the TLS the agent speaks.
+//! - `human`, `tls`: errors as a person reads them; the TLS the agent speaks;
+//! - `grid`: the one grid the agent's late-tolerant timers share, so they wake it together.
 //!
 //! What it applies is rendered by `hcp-fleet-render`; the admission service it deploys is
 //! `hcp-fleet-webhook`; the `agent` process that runs it all (configuration, leader election,
 //! the health and metrics servers) is `hcp_fleet_cli::agent`.
 
 pub mod controller;
+mod grid;
 pub mod hosted;
 pub mod human;
 pub mod liveness;

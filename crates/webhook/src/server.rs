@@ -326,6 +326,7 @@ fn error(status: StatusCode, msg: String) -> Response {
 
 async fn admit(State(st): State<Arc<AppState>>, req: Request) -> Response {
     let started = Instant::now();
+    spin::began(st.limits.spin);
     let path = req.uri().path().to_string();
     let Some(hook) = st.hooks.get(&path) else {
         return unserved(&st, &path, started);
@@ -403,6 +404,7 @@ async fn admit(State(st): State<Arc<AppState>>, req: Request) -> Response {
         }
     };
     hook.observe(&st.metrics, started.elapsed().as_secs_f64());
+    spin::answered();
     resp
 }
 
@@ -485,6 +487,7 @@ fn outcome_of(d: &Decision) -> (&'static str, &'static str) {
 /// AdmissionResponse, so the benchmark's ratio isolates what decoding and deciding cost.
 async fn fixed(State(st): State<Arc<AppState>>, req: Request) -> Response {
     let started = Instant::now();
+    spin::began(st.limits.spin);
     let _ = axum::body::to_bytes(req.into_body(), MAX_BODY_BYTES).await;
     let resp = (
         StatusCode::OK,
@@ -498,6 +501,7 @@ async fn fixed(State(st): State<Arc<AppState>>, req: Request) -> Response {
             webhook: "baseline".into(),
         })
         .observe(started.elapsed().as_secs_f64());
+    spin::answered();
     resp
 }
 
@@ -664,7 +668,7 @@ impl Workers {
 /// their last request, then nothing; a thread with many connections never runs out of work
 /// long enough to spin, and does not look at more than `MAX_WATCHED` of them.
 mod spin {
-    use std::cell::RefCell;
+    use std::cell::{Cell, RefCell};
     use std::os::fd::{AsRawFd, RawFd};
     use std::time::{Duration, Instant};
 
@@ -673,6 +677,54 @@ mod spin {
 
     thread_local! {
         static WATCHED: RefCell<Vec<RawFd>> = const { RefCell::new(Vec::new()) };
+        /// When this thread last answered a review, and whether spinning pays here: off
+        /// once a spin ran its whole length for nothing, on again when a review follows its
+        /// answer closely (`began`).
+        static PACE: Cell<(Option<Instant>, bool)> = const { Cell::new((None, true)) };
+    }
+
+    /// How closely a review must follow the answer before it (as a multiple of the spin) to
+    /// turn the spin back on: a client that sends its next review at once, measured from
+    /// before the answer was written to after the next review was read (about 80 µs here
+    /// without a spin).
+    const CLOSE_FOLLOW: u32 = 4;
+
+    /// A review begins on this thread. One that follows its answer closely (a closed loop, a
+    /// burst) turns the spin on; a spin that then runs out for nothing turns it off
+    /// (`before_park`). So a client that sends a review now and then (a kube-apiserver at a
+    /// low rate) costs one spin at most, and an idle service never spins.
+    pub(crate) fn began(spin: Duration) {
+        PACE.with(|p| {
+            let (answered, pays) = p.get();
+            let close = answered.is_some_and(|at| at.elapsed() < spin * CLOSE_FOLLOW);
+            p.set((answered, pays || close));
+        });
+    }
+
+    /// A spin ran its whole length for nothing: no more until a review follows its answer
+    /// closely.
+    fn wasted() {
+        PACE.with(|p| {
+            let (answered, _) = p.get();
+            p.set((answered, false));
+        });
+    }
+
+    /// A review answered on this thread.
+    pub(crate) fn answered() {
+        PACE.with(|p| {
+            let (_, pays) = p.get();
+            p.set((Some(Instant::now()), pays));
+        });
+    }
+
+    /// Whether this thread, about to park, should spin: it answered a review within the last
+    /// `spin`, and spinning paid the last time (`began`).
+    fn worth_it(spin: Duration) -> bool {
+        PACE.with(|p| match p.get() {
+            (Some(at), pays) => pays && at.elapsed() < spin,
+            (None, _) => false,
+        })
     }
 
     /// One connection's socket watched by the spin of the thread that serves it, for as long
@@ -700,7 +752,7 @@ mod spin {
 
     /// Spins until one of this thread's sockets is readable (or closed), or `spin` passes.
     pub(crate) fn before_park(spin: Duration) {
-        if spin.is_zero() {
+        if spin.is_zero() || !worth_it(spin) {
             return;
         }
         // On the stack: this runs every time the thread is about to sleep.
@@ -739,6 +791,7 @@ mod spin {
             }
             std::hint::spin_loop();
         }
+        wasted();
     }
 
     #[cfg(test)]
@@ -761,6 +814,7 @@ mod spin {
             assert!(started.elapsed() < long, "nothing watched: no spin");
 
             let watched = Watched::new(&server);
+            answered();
             let started = Instant::now();
             before_park(Duration::from_millis(30));
             assert!(
@@ -769,12 +823,45 @@ mod spin {
             );
 
             client.write_all(b"x").expect("write");
+            // The quiet spin turned spinning off; a review right after its answer turns it on.
+            assert!(!worth_it(long));
+            began(long);
+            answered();
+            assert!(worth_it(long));
             let started = Instant::now();
             before_park(long);
             assert!(started.elapsed() < long, "a readable socket ends the spin");
 
             drop(watched);
             assert!(WATCHED.with(|w| w.borrow().is_empty()));
+        }
+
+        /// A thread spins only right after an answer, and only while reviews come within a
+        /// spin of the answer before them: not at rest, not for a client that sends now and
+        /// then.
+        #[test]
+        fn the_spin_goes_only_where_it_pays() {
+            let long = Duration::from_secs(10);
+            let short = Duration::from_millis(5);
+            assert!(!worth_it(long), "nothing answered yet");
+            answered();
+            assert!(worth_it(long), "just answered");
+            std::thread::sleep(short * 2);
+            assert!(!worth_it(short), "long after the answer: a wake-up at rest");
+            // A spin that runs out: off, and a review long after its answer leaves it off.
+            wasted();
+            answered();
+            assert!(!worth_it(long), "a spin that caught nothing");
+            std::thread::sleep(short * (CLOSE_FOLLOW + 1));
+            began(short);
+            answered();
+            assert!(!worth_it(long), "a slow client: no spin");
+            began(long);
+            answered();
+            assert!(
+                worth_it(long),
+                "a review right after the answer: spinning again"
+            );
         }
     }
 }

@@ -490,14 +490,13 @@ pub(crate) async fn retire(s: &Scope<'_>) -> Result<Vec<&'static str>, Failure> 
     let api = Api::<ServiceAccount>::namespaced(c(), ns);
     let t = target(api, "ServiceAccount", name, accounts);
     note(retire_one(ctx, ns, t).await?, "ServiceAccount");
-    let api = Api::<ConfigMap>::namespaced(c(), ns);
-    let t = target(
-        api,
-        "ConfigMap",
-        hcp_fleet_render::internal_registry::CONFIG_MAP,
-        None,
-    );
-    note(retire_one(ctx, ns, t).await?, "ConfigMap");
+    // Known to its watch to be absent (always, where no HCP ever had a service), no request.
+    let registry = hcp_fleet_render::internal_registry::CONFIG_MAP;
+    if !super::cache::config_map_absent(caches.registry_config_maps.as_ref(), registry, ns) {
+        let api = Api::<ConfigMap>::namespaced(c(), ns);
+        let t = target(api, "ConfigMap", registry, None);
+        note(retire_one(ctx, ns, t).await?, "ConfigMap");
+    }
     // The serving certificate, then its CA.
     for (secret, store) in [
         (management::tls_secret_name(cfg), &caches.tls_secrets),

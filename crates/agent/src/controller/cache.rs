@@ -49,6 +49,26 @@ pub(crate) struct Caches {
     /// remove, and the files of a thousand HCPs are not held.
     pub(crate) static_config_maps:
         Option<Store<kube::api::PartialObjectMeta<k8s_openapi::api::core::v1::ConfigMap>>>,
+    /// Which HCP namespaces hold the internal registry's ConfigMap (the admission replicas'),
+    /// metadata only: retiring an admission service needs no request where there is none.
+    pub(crate) registry_config_maps:
+        Option<Store<kube::api::PartialObjectMeta<k8s_openapi::api::core::v1::ConfigMap>>>,
+    /// Whether each HCP's kube-apiserver mounts the static guards' files.
+    pub(crate) kube_apiservers: Option<Arc<super::static_guards::Offered>>,
+}
+
+/// Whether a metadata-only watch of ConfigMaps by name (`store`) has listed them all once and
+/// holds none named `name` in `ns`: then there is nothing there to remove, and no request
+/// needs to ask.
+pub(crate) fn config_map_absent(
+    store: Option<&Store<kube::api::PartialObjectMeta<k8s_openapi::api::core::v1::ConfigMap>>>,
+    name: &str,
+    ns: &str,
+) -> bool {
+    store.is_some_and(|store| {
+        store.wait_until_ready().now_or_never().is_some()
+            && store.get(&ObjectRef::new(name).within(ns)).is_none()
+    })
 }
 
 /// What this agent last knew of one object, from its own reads and writes.

@@ -155,6 +155,8 @@ async fn running(
     let (guest_services, filler) = guest_services::GuestServices::watch(ctx.client.clone());
     caches.guest_services = Some(guest_services);
     let _guest_services = AbortOnDrop(tokio::spawn(filler));
+    let offered = Arc::new(static_guards::Offered::new());
+    caches.kube_apiservers = Some(Arc::clone(&offered));
     // An override changes what its HCP runs: reconcile that HCP.
     let overrides = ctx
         .caps
@@ -182,7 +184,7 @@ async fn running(
         let in_namespace = in_namespace.clone();
         controller = controller.watches_stream(overrides, move |o| in_namespace(o.namespace()));
     }
-    let kube_apiservers = kube_apiservers(&ctx);
+    let kube_apiservers = kube_apiservers(&ctx, offered);
     let in_namespace_too = in_namespace.clone();
     let running = controller
         .watches_stream(kube_apiservers, move |d| in_namespace_too(d.namespace()))
@@ -208,34 +210,60 @@ async fn running(
     }
 }
 
-/// HyperShift's kube-apiserver Deployments, by name and metadata only: a new spec (the static
-/// guards' ConfigMap mounted or unmounted) reaches its HCP's reconcile, which reads whether it
-/// mounts the files (`static_guards::offered`). Generations only: its status moves with every
-/// pod, and nothing of it is kept.
+/// HyperShift's kube-apiserver Deployments, by name: whether each mounts the static guards'
+/// ConfigMap is kept in `offered` (one answer per namespace, nothing else of them), which the
+/// reconciles read instead of the server, and each namespace whose answer changes is
+/// reconciled (a stand-in Deployment with its namespace and name, for the Controller's mapper:
+/// kube-runtime takes an object reference of every trigger, and one without a name panics).
 fn kube_apiservers(
     ctx: &Arc<Context>,
+    offered: Arc<static_guards::Offered>,
+) -> impl futures::Stream<Item = Result<k8s_openapi::api::apps::v1::Deployment, watcher::Error>>
++ Send
++ 'static {
+    watcher(
+        Api::<k8s_openapi::api::apps::v1::Deployment>::all(ctx.client.clone()),
+        by_name(hcp_fleet_render::hosted::static_guards::KUBE_APISERVER.into()),
+    )
+    .default_backoff()
+    .map_ok(move |event| {
+        let changed = offered.apply(event);
+        futures::stream::iter(changed.into_iter().map(|ns| {
+            Ok(k8s_openapi::api::apps::v1::Deployment {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(hcp_fleet_render::hosted::static_guards::KUBE_APISERVER.into()),
+                    namespace: Some(ns),
+                    ..Default::default()
+                },
+                ..Default::default()
+            })
+        }))
+    })
+    .try_flatten()
+}
+
+/// The agent's ConfigMaps named `name` in every namespace, metadata only, kept in `store`
+/// (which namespaces hold one): each touched one, for the Controller's owner mapping.
+fn config_maps_named(
+    ctx: &Arc<Context>,
+    name: &str,
+    store: &mut Option<Store<kube::api::PartialObjectMeta<k8s_openapi::api::core::v1::ConfigMap>>>,
 ) -> impl futures::Stream<
     Item = Result<
-        kube::core::PartialObjectMeta<k8s_openapi::api::apps::v1::Deployment>,
+        kube::api::PartialObjectMeta<k8s_openapi::api::core::v1::ConfigMap>,
         watcher::Error,
     >,
 > + Send
 + 'static {
-    watcher(
-        Api::<kube::core::PartialObjectMeta<k8s_openapi::api::apps::v1::Deployment>>::all(
+    let (held, writer) = kube::runtime::reflector::store();
+    *store = Some(held);
+    let configmaps =
+        Api::<kube::api::PartialObjectMeta<k8s_openapi::api::core::v1::ConfigMap>>::all(
             ctx.client.clone(),
-        ),
-        watcher::Config::default().fields(&format!(
-            "metadata.name={}",
-            hcp_fleet_render::hosted::static_guards::KUBE_APISERVER
-        )),
-    )
-    .default_backoff()
-    .applied_objects()
-    .predicate_filter(
-        kube::runtime::predicates::generation,
-        kube::runtime::PredicateConfig::default(),
-    )
+        );
+    kube::runtime::reflector(writer, watcher(configmaps, by_name(name.into())))
+        .default_backoff()
+        .touched_objects()
 }
 
 /// The Controller told of every object of the admission services (a deletion or an edit is
@@ -285,21 +313,19 @@ fn owning(
     // The static guards' ConfigMaps: an edit or a deletion is repaired at once. Their
     // metadata is kept (which namespaces hold one); their content is read by GET, once per
     // reconcile of an HCP with static guards.
-    let (held, writer) = kube::runtime::reflector::store();
-    caches.static_config_maps = Some(held);
-    let configmaps =
-        Api::<kube::api::PartialObjectMeta<k8s_openapi::api::core::v1::ConfigMap>>::all(
-            ctx.client.clone(),
-        );
-    let stream = kube::runtime::reflector(
-        writer,
-        watcher(
-            configmaps,
-            by_name(hcp_fleet_render::hosted::static_guards::CONFIG_MAP.into()),
-        ),
-    )
-    .default_backoff()
-    .touched_objects();
+    let stream = config_maps_named(
+        ctx,
+        hcp_fleet_render::hosted::static_guards::CONFIG_MAP,
+        &mut caches.static_config_maps,
+    );
+    controller = controller.owns_stream(stream);
+    // The internal registry's ConfigMaps (the admission replicas mount them), the same way:
+    // a deletion is repaired at once, and retiring a service reads none that is not there.
+    let stream = config_maps_named(
+        ctx,
+        hcp_fleet_render::internal_registry::CONFIG_MAP,
+        &mut caches.registry_config_maps,
+    );
     controller = controller.owns_stream(stream);
     if let Some(ar) = ctx.caps.pdb_api.api_resource() {
         let pdbs = Api::<DynamicObject>::all_with(ctx.client.clone(), &ar);

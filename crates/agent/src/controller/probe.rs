@@ -426,6 +426,10 @@ async fn refresh_report(
     true
 }
 
+/// The grid the probe rounds start on (`crate::grid`): the interval is whole seconds, so every
+/// round of an HCP stays on it.
+const PROBE_GRAIN: Duration = Duration::from_secs(1);
+
 /// When an HCP's first periodic probe goes: between half and one and a half intervals,
 /// placed by a hash of its namespace. A restarted agent converges a thousand HCPs within
 /// seconds; without the spread their probes would all go in the same second of every minute.
@@ -516,7 +520,10 @@ pub(crate) fn ensure_task(s: &Scope<'_>, hosted: &HostedClient, verdict: Complia
         let span = tracing::info_span!(parent: None, "probe", hcp_namespace = %ns, hosted_cluster = %cluster);
         w.probe = Some(AbortOnDrop(tokio::spawn(
             async move {
-                let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + first, every);
+                // On the agent's grid of whole seconds: the rounds of every HCP whose turn falls
+                // in the same second go with one wake-up (`crate::grid`).
+                let start = crate::grid::on_grid(std::time::Instant::now() + first, PROBE_GRAIN);
+                let mut tick = tokio::time::interval_at(tokio::time::Instant::from_std(start), every);
                 for round in 0_u64.. {
                     tick.tick().await;
                     let Turn {

@@ -25,15 +25,11 @@ use hcp_fleet_render::hosted::static_guards::StaticGuards;
 
 /// Whether the watch of the static guards' ConfigMaps has listed and holds none in `ns`.
 fn absent_by_watch(ctx: &super::context::Context, ns: &str) -> bool {
-    use futures::FutureExt;
-    ctx.caches().static_config_maps.is_some_and(|store| {
-        store.wait_until_ready().now_or_never().is_some()
-            && store
-                .get(
-                    &kube::runtime::reflector::ObjectRef::new(static_guards::CONFIG_MAP).within(ns),
-                )
-                .is_none()
-    })
+    super::cache::config_map_absent(
+        ctx.caches().static_config_maps.as_ref(),
+        static_guards::CONFIG_MAP,
+        ns,
+    )
 }
 
 /// Where one file of the static guards of one hosted cluster stands.
@@ -182,16 +178,139 @@ where
 }
 
 /// Whether HyperShift's kube-apiserver Deployment in `ns` mounts the static guards'
-/// ConfigMap (`hosted::static_guards::offered`). Listed by name, which the agent's role
-/// allows in every namespace; none there (no HyperShift, or another layout) offers nothing.
-async fn offered(client: &Client, ns: &str) -> Result<bool, Failure> {
+/// ConfigMap (`hosted::static_guards::offered`): as the agent's watch of those Deployments
+/// holds it (`Offered`), else, before the watch has listed them all once, listed by name,
+/// which the agent's role allows in every namespace. None there (no HyperShift, or another
+/// layout) offers nothing.
+async fn offered(ctx: &super::context::Context, ns: &str) -> Result<bool, Failure> {
+    if let Some(offered) = ctx.caches().kube_apiservers
+        && let Some(known) = offered.known(ns).await
+    {
+        return Ok(known);
+    }
     let lp = kube::api::ListParams::default()
         .fields(&format!("metadata.name={}", static_guards::KUBE_APISERVER));
-    let listed = Api::<Deployment>::namespaced(client.clone(), ns)
+    let listed = Api::<Deployment>::namespaced(ctx.client.clone(), ns)
         .list(&lp)
         .await
         .map_err(Failure::ReadKubeApiserver)?;
     Ok(listed.items.iter().any(static_guards::offered))
+}
+
+/// For how long after the controller starts a reconcile waits for the watch of the
+/// kube-apiserver Deployments to list them all once before it lists its own: that takes
+/// seconds at 3,000 HCPs, and a watch that cannot list (no RBAC for it) must not hold the
+/// reconciles for longer.
+const LISTING_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Which HCP namespaces' kube-apiserver Deployment mounts the static guards' ConfigMap, as the
+/// agent's watch of those Deployments (`controller::kube_apiservers`) saw them: one answer per
+/// namespace, nothing else of them. A reconcile reads it instead of listing the Deployment,
+/// which at 3,000 HCPs was a third of a restarted agent's requests to the management cluster
+/// (each under its request ceiling). Unknown until the watch has listed them all once.
+#[derive(Debug)]
+pub(crate) struct Offered {
+    state: std::sync::RwLock<OfferedState>,
+    /// Told when the first listing is done.
+    listed: tokio::sync::Notify,
+    /// Until when a reconcile waits for the first listing (`known`).
+    patience: tokio::time::Instant,
+}
+
+#[derive(Debug, Default)]
+struct OfferedState {
+    listed: bool,
+    by_ns: std::collections::HashMap<String, bool>,
+    /// A listing under way (a watch that starts, or starts again): it replaces `by_ns` whole
+    /// when done, so a Deployment deleted while the watch was down is not kept.
+    next: Option<std::collections::HashMap<String, bool>>,
+}
+
+impl Offered {
+    /// Held from the controller's start: reconciles wait for the first listing until
+    /// `LISTING_PATIENCE` after it, and not at all once that has passed.
+    pub(crate) fn new() -> Self {
+        Self {
+            state: Default::default(),
+            listed: Default::default(),
+            patience: tokio::time::Instant::now() + LISTING_PATIENCE,
+        }
+    }
+
+    /// Whether the files are offered in `ns`; `None` before the first complete listing.
+    pub(crate) fn get(&self, ns: &str) -> Option<bool> {
+        let s = self
+            .state
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        s.listed.then(|| s.by_ns.get(ns).copied().unwrap_or(false))
+    }
+
+    /// Whether the files are offered in `ns`, waiting for the first complete listing while the
+    /// controller is young (`LISTING_PATIENCE`): a starting agent's first reconciles would
+    /// otherwise each list a Deployment the watch is about to bring. `None` if it has not
+    /// come by then; a watch that cannot list delays no reconcile after that.
+    pub(crate) async fn known(&self, ns: &str) -> Option<bool> {
+        let listed = self.listed.notified();
+        if let Some(known) = self.get(ns) {
+            return Some(known);
+        }
+        let _ = tokio::time::timeout_at(self.patience, listed).await;
+        self.get(ns)
+    }
+
+    /// Takes one event of the watch; the namespaces whose answer it changed (a listing's
+    /// answer where it differs from what was held before it: none at the first).
+    pub(crate) fn apply(&self, event: kube::runtime::watcher::Event<Deployment>) -> Vec<String> {
+        use kube::ResourceExt;
+        use kube::runtime::watcher::Event;
+        let mut s = self
+            .state
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let one = |d: &Deployment| (d.namespace().unwrap_or_default(), static_guards::offered(d));
+        match event {
+            Event::Init => {
+                s.next = Some(Default::default());
+                Vec::new()
+            }
+            Event::InitApply(d) => {
+                let (ns, yes) = one(&d);
+                s.next.get_or_insert_with(Default::default).insert(ns, yes);
+                Vec::new()
+            }
+            Event::InitDone => {
+                let next = s.next.take().unwrap_or_default();
+                let changed = if s.listed {
+                    let all: std::collections::BTreeSet<&String> =
+                        s.by_ns.keys().chain(next.keys()).collect();
+                    all.into_iter()
+                        .filter(|ns| {
+                            s.by_ns.get(*ns).copied().unwrap_or(false)
+                                != next.get(*ns).copied().unwrap_or(false)
+                        })
+                        .cloned()
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                s.by_ns = next;
+                s.listed = true;
+                self.listed.notify_waiters();
+                changed
+            }
+            Event::Apply(d) => {
+                let (ns, yes) = one(&d);
+                let was = s.by_ns.insert(ns.clone(), yes).unwrap_or(false);
+                if was == yes { Vec::new() } else { vec![ns] }
+            }
+            Event::Delete(d) => {
+                let (ns, _) = one(&d);
+                let was = s.by_ns.remove(&ns).unwrap_or(false);
+                if was { vec![ns] } else { Vec::new() }
+            }
+        }
+    }
 }
 
 /// The static guards of one HCP (`hosted::static_guards`): the ConfigMap the hosted
@@ -230,7 +349,7 @@ impl Statics {
             internal_registry: registry.cloned(),
             ..hcp_fleet_guards::Settings::from(cfg)
         };
-        let offered = offered(&ctx.client, ns).await?;
+        let offered = offered(ctx, ns).await?;
         let wanted =
             static_guards::render(cfg, &settings, ns, offered).map_err(Failure::RenderWebhooks)?;
         let config_map = if wanted.is_empty() {
@@ -364,5 +483,92 @@ impl Statics {
             tracing::warn!(namespace = %ns, note = %n, "static guards' ConfigMap repaired");
         }
         Ok((wrote, note))
+    }
+}
+
+#[cfg(test)]
+mod offered_tests {
+    use super::*;
+    use k8s_openapi::api::apps::v1::DeploymentSpec;
+    use k8s_openapi::api::core::v1::{ConfigMapVolumeSource, PodSpec, PodTemplateSpec, Volume};
+    use kube::runtime::watcher::Event;
+
+    fn kube_apiserver(ns: &str, mounts: bool) -> Deployment {
+        let volumes = mounts.then(|| {
+            vec![Volume {
+                name: "any-name".into(),
+                config_map: Some(ConfigMapVolumeSource {
+                    name: static_guards::CONFIG_MAP.into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }]
+        });
+        Deployment {
+            metadata: kube::api::ObjectMeta {
+                name: Some(static_guards::KUBE_APISERVER.into()),
+                namespace: Some(ns.into()),
+                ..Default::default()
+            },
+            spec: Some(DeploymentSpec {
+                template: PodTemplateSpec {
+                    spec: Some(PodSpec {
+                        volumes,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// Unknown until the first listing is done, then each namespace's answer; a change is
+    /// told for its namespace only, a relist tells what it changed and drops what is gone.
+    #[test]
+    fn the_watch_keeps_one_answer_per_namespace_and_tells_what_changed() {
+        let o = Offered::new();
+        assert_eq!(o.apply(Event::Init), Vec::<String>::new());
+        assert!(
+            o.apply(Event::InitApply(kube_apiserver("a", true)))
+                .is_empty()
+        );
+        assert!(
+            o.apply(Event::InitApply(kube_apiserver("b", false)))
+                .is_empty()
+        );
+        assert_eq!(o.get("a"), None, "not listed yet: unknown");
+        assert!(
+            o.apply(Event::InitDone).is_empty(),
+            "the first listing changes nothing"
+        );
+        assert_eq!(
+            (o.get("a"), o.get("b"), o.get("c")),
+            (Some(true), Some(false), Some(false))
+        );
+
+        assert!(
+            o.apply(Event::Apply(kube_apiserver("a", true))).is_empty(),
+            "no change"
+        );
+        assert_eq!(o.apply(Event::Apply(kube_apiserver("b", true))), ["b"]);
+        assert_eq!(o.apply(Event::Delete(kube_apiserver("a", true))), ["a"]);
+        assert_eq!(o.get("a"), Some(false));
+        assert!(
+            o.apply(Event::Delete(kube_apiserver("c", false)))
+                .is_empty()
+        );
+
+        // A relist: b is gone while the watch was down, c appears offering.
+        o.apply(Event::Init);
+        assert_eq!(
+            o.get("b"),
+            Some(true),
+            "the old answers stand until the listing is done"
+        );
+        o.apply(Event::InitApply(kube_apiserver("c", true)));
+        assert_eq!(o.apply(Event::InitDone), ["b", "c"]);
+        assert_eq!((o.get("b"), o.get("c")), (Some(false), Some(true)));
     }
 }

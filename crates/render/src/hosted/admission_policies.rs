@@ -644,6 +644,28 @@ pub fn names_ours(webhooks: &[WebhookDefinition]) -> std::collections::BTreeSet<
         .collect()
 }
 
+/// The names the agent may have given mutating admission policies and bindings in a hosted
+/// cluster: the probe's, and each guard's (built in or configured) whose change has a CEL form,
+/// the only guards `guard_mutations` renders a mutating policy for. A restarted agent reads
+/// these by name, not all of `names_ours`: at 3,000 HCPs the mutating kinds' names of the
+/// validating guards were a fifth of its requests to each hosted cluster, always absent. A
+/// guard that loses its CEL change must keep its name here for as long as an older agent may
+/// have written its policy.
+pub fn mutating_names_ours(webhooks: &[WebhookDefinition]) -> std::collections::BTreeSet<String> {
+    guards::ALL
+        .iter()
+        .filter(|g| guards::has_mutation_form(g.row().path))
+        .map(|g| g.row().name.to_string())
+        .chain(
+            webhooks
+                .iter()
+                .filter(|w| guards::has_mutation_form(&w.path))
+                .map(|w| w.name.clone()),
+        )
+        .chain(std::iter::once(probe_name().to_string()))
+        .collect()
+}
+
 /// What the API server's type check (`status.typeChecking`, written by kube-controller-manager)
 /// found wrong in a policy's expressions, one line per warning.
 pub fn type_warnings(p: &ValidatingAdmissionPolicy) -> Vec<String> {
@@ -662,6 +684,48 @@ pub fn type_warnings(p: &ValidatingAdmissionPolicy) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The mutating names read by name are the probe's and the guards' with a CEL change, all
+    /// of them among the names the agent may use at all, and every name a mutating policy is
+    /// rendered under is among them.
+    #[test]
+    fn mutating_names_are_the_probe_and_the_guards_that_change_in_cel() {
+        let cfg = AgentConfig::default();
+        let all = names_ours(&cfg.webhooks);
+        let mutating = mutating_names_ours(&cfg.webhooks);
+        assert!(mutating.is_subset(&all));
+        assert!(mutating.contains(probe_name()));
+        for g in guards::ALL {
+            let row = g.row();
+            if row.name == probe_name() {
+                continue;
+            }
+            assert_eq!(
+                mutating.contains(row.name),
+                guards::has_mutation_form(row.path),
+                "{}",
+                row.name
+            );
+        }
+        assert!(
+            mutating.len() < all.len(),
+            "the validating guards are left out"
+        );
+        let features = HostedFeatures {
+            admission_policies: true,
+            mutating_policies: true,
+            match_conditions: true,
+            ..HostedFeatures::default()
+        };
+        let settings = Settings::from(&cfg);
+        let (rendered, _) = render_mutating(&cfg, &settings, "clusters-a", features);
+        for (p, b) in &rendered {
+            for o in [p, b] {
+                let name = o["metadata"]["name"].as_str().unwrap_or_default();
+                assert!(mutating.contains(name), "{name} is rendered but not read");
+            }
+        }
+    }
     use hcp_fleet_guards::review::decode;
     use hcp_fleet_webhook::decision::decide;
 
