@@ -679,9 +679,11 @@ async fn run() -> Result<(), String> {
         let after_restart = agent.metrics().await?;
         let mut calls: Vec<(String, u64)> = sampled_calls(&sim)
             .into_iter()
-            .map(|(k, v)| (v - calls_before.get(&k).copied().unwrap_or(0), k))
-            .filter(|(n, _)| *n > 0)
-            .map(|(n, k)| (k, n))
+            .map(|(k, v)| {
+                let n = v - calls_before.get(&k).copied().unwrap_or(0);
+                (k, n)
+            })
+            .filter(|(_, n)| *n > 0)
             .collect();
         calls.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         f.restart_calls = calls;

@@ -469,17 +469,13 @@ fn selects(sel: &Value, labels: &Value) -> bool {
 
 impl SimCluster {
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+        let method = req.method().clone();
+        let path = req.uri().path().to_string();
+        let query = query_map(req.uri().query().unwrap_or(""));
+        let watch = query.get("watch").is_some_and(|w| w == "true" || w == "1");
         self.requests.count(|| {
-            let watch = req
-                .uri()
-                .query()
-                .is_some_and(|q| q.contains("watch=true") || q.contains("watch=1"));
-            format!(
-                "{}{} {}",
-                req.method(),
-                if watch { " (watch)" } else { "" },
-                req.uri().path()
-            )
+            let shown = if watch { " (watch)" } else { "" };
+            format!("{method}{shown} {path}")
         });
         let authorized = req
             .headers()
@@ -489,9 +485,6 @@ impl SimCluster {
         if !authorized {
             return status(401, "Unauthorized", "Unauthorized");
         }
-        let method = req.method().clone();
-        let path = req.uri().path().to_string();
-        let query = query_map(req.uri().query().unwrap_or(""));
         let meta_only = req
             .headers()
             .get(http::header::ACCEPT)
@@ -548,11 +541,7 @@ impl SimCluster {
                     );
                 };
                 match (m, rest) {
-                    (Method::GET, [])
-                        if query.get("watch").is_some_and(|w| w == "true" || w == "1") =>
-                    {
-                        self.watch(kind, &query)
-                    }
+                    (Method::GET, []) if watch => self.watch(kind, &query),
                     (Method::GET, []) => self.list(kind, &query, meta_only),
                     (Method::GET, [name]) => match self.object(kind, name) {
                         Some(o) if meta_only => json_response(StatusCode::OK, &metadata_only(&o)),

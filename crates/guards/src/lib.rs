@@ -165,36 +165,31 @@ pub fn for_path(path: &str) -> Option<&'static dyn Guard> {
 
 /// Does the guard served on `path` have a CEL form (so it can run as an admission policy)?
 pub fn has_cel_form(path: &str) -> bool {
-    // Whether a guard has a CEL form does not depend on the settings, and writing its CEL out
-    // is most of what asking costs: answered once per guard for the process. Each HCP's
-    // render asks for every guard, and at 3,000 HCPs a restarted agent spent a twentieth of
-    // its CPU writing CEL only to throw it away (`cargo bench --bench scale`, perf).
-    static FORMS: std::sync::OnceLock<Vec<(&'static str, bool)>> = std::sync::OnceLock::new();
-    FORMS
-        .get_or_init(|| {
-            ALL.iter()
-                .map(|g| (g.row().path, g.cel(&Settings::default()).is_some()))
-                .collect()
-        })
+    static FORMS: Forms = std::sync::OnceLock::new();
+    per_guard(&FORMS, path, |g| g.cel(&Settings::default()).is_some())
+}
+
+/// One settings-free answer per guard, by path, worked out once for the process.
+type Forms = std::sync::OnceLock<Vec<(&'static str, bool)>>;
+
+/// The guard on `path`'s answer to `of`, from `forms` (filled at the first question; a path
+/// no guard serves: `false`). Whether a guard has a CEL form or a CEL change does not depend on
+/// the settings, and writing the CEL out is most of what asking costs. Each HCP's render asks
+/// for every guard, and at 3,000 HCPs a restarted agent spent a twentieth of its CPU writing
+/// CEL only to throw it away (`cargo bench --bench scale`, perf).
+fn per_guard(forms: &'static Forms, path: &str, of: fn(&dyn Guard) -> bool) -> bool {
+    forms
+        .get_or_init(|| ALL.iter().map(|g| (g.row().path, of(*g))).collect())
         .iter()
         .find(|(p, _)| *p == path)
-        .is_some_and(|(_, form)| *form)
+        .is_some_and(|(_, yes)| *yes)
 }
 
 /// Does the guard served on `path` have a mutation in CEL (so it can run as a mutating
 /// admission policy)? `Guard::mutates_in_cel`.
 pub fn has_mutation_form(path: &str) -> bool {
-    // As `has_cel_form`: settings-free, and asked by every HCP's render and install.
-    static FORMS: std::sync::OnceLock<Vec<(&'static str, bool)>> = std::sync::OnceLock::new();
-    FORMS
-        .get_or_init(|| {
-            ALL.iter()
-                .map(|g| (g.row().path, g.mutates_in_cel()))
-                .collect()
-        })
-        .iter()
-        .find(|(p, _)| *p == path)
-        .is_some_and(|(_, form)| *form)
+    static FORMS: Forms = std::sync::OnceLock::new();
+    per_guard(&FORMS, path, |g| g.mutates_in_cel())
 }
 
 /// Whom the guard served on `path` leaves alone (a path no guard serves: the default).

@@ -664,9 +664,11 @@ impl Workers {
 /// and the wake-up's lock at about half of a one-connection run's CPU (`make bench`). Spinning
 /// in `on_thread_park` leaves tokio's readiness untouched: the spin only returns early when a
 /// socket has bytes (a `poll` with no timeout, which reads nothing), and tokio's own
-/// `epoll_wait` then finds the event without sleeping. Idle connections cost one spin after
-/// their last request, then nothing; a thread with many connections never runs out of work
-/// long enough to spin, and does not look at more than `MAX_WATCHED` of them.
+/// `epoll_wait` then finds the event without sleeping. A thread spins only right after it
+/// answered a review, and not after a spin that caught nothing until reviews follow their
+/// answers closely again (`began`, `wasted`): idle connections and a slow client cost one spin
+/// at most; a thread with many connections never runs out of work long enough to spin, and
+/// does not look at more than `MAX_WATCHED` of them.
 mod spin {
     use std::cell::{Cell, RefCell};
     use std::os::fd::{AsRawFd, RawFd};
@@ -719,7 +721,7 @@ mod spin {
     }
 
     /// Whether this thread, about to park, should spin: it answered a review within the last
-    /// `spin`, and spinning paid the last time (`began`).
+    /// `spin`, and spinning is on (`began` turns it on, `wasted` off).
     fn worth_it(spin: Duration) -> bool {
         PACE.with(|p| match p.get() {
             (Some(at), pays) => pays && at.elapsed() < spin,
