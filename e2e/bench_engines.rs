@@ -31,17 +31,11 @@ use hcp_fleet_cli::agent::StartOptions;
 use hcp_fleet_guards::catalogue::GuardEngine;
 use hcp_fleet_guards::{has_cel_form, has_mutation_form};
 use hcp_fleet_render::config::AgentConfig;
-use hcp_fleet_testbed::{LocalFleet, kubelet};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
-use kube::core::{ApiResource, GroupVersionKind};
-use kube::{Api, Client};
+use hcp_fleet_testbed::kubelet;
+use kube::Client;
+use support::guarded::{Request, TAGS, measure, once, prepare};
 
 const NS: &str = "clusters-hc-1";
-const RBAC: &str = "protected-rbac.hcp-fleet.openshift.io";
-const INGRESS: &str = "ingress-config.hcp-fleet.openshift.io";
-const TAGS: &str = "service-tags.hcp-fleet.openshift.io";
-const PROTECTED: &str = "hcp-fleet: deleting the protected ClusterRole \"cluster-admin\"";
 
 fn with_engine(engine: GuardEngine) -> AgentConfig {
     let mut cfg = hcp_fleet_testbed::allow_loopback(AgentConfig::default());
@@ -51,131 +45,6 @@ fn with_engine(engine: GuardEngine) -> AgentConfig {
         }
     }
     cfg
-}
-
-fn ingress_api(client: Client) -> Api<DynamicObject> {
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("config.openshift.io", "v1", "Ingress"),
-        "ingresses",
-    );
-    Api::all_with(client, &ar)
-}
-
-/// The hosted cluster as the bench needs it: alice may delete cluster roles (only the guard
-/// stops her), system:admin may do anything (and is exempt), the ingress config exists.
-async fn prepare(fleet: &LocalFleet) -> Result<(), String> {
-    let admin = fleet
-        .hosted("hc-1")
-        .ok_or("no hc-1")?
-        .client()
-        .await
-        .map_err(|e| e.to_string())?;
-    let e = |e: kube::Error| e.to_string();
-    let role: ClusterRole = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "bench-alice"},
-        "rules": [{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "verbs": ["delete"]}],
-    }))
-    .map_err(|e| e.to_string())?;
-    Api::<ClusterRole>::all(admin.clone())
-        .create(&PostParams::default(), &role)
-        .await
-        .map_err(e)?;
-    for (name, role, user) in [
-        ("bench-alice", "bench-alice", "alice"),
-        ("bench-admin", "cluster-admin", "system:admin"),
-    ] {
-        let b: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-        }))
-        .map_err(|e| e.to_string())?;
-        Api::<ClusterRoleBinding>::all(admin.clone())
-            .create(&PostParams::default(), &b)
-            .await
-            .map_err(e)?;
-    }
-    let ingress = serde_json::json!({"apiVersion": "config.openshift.io/v1", "kind": "Ingress",
-        "metadata": {"name": "cluster"}, "spec": {"domain": "apps.hc-1.example.com"}});
-    ingress_api(admin)
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(ingress).map_err(|e| e.to_string())?,
-        )
-        .await
-        .map_err(e)?;
-    Ok(())
-}
-
-#[derive(Clone, Copy)]
-enum Request {
-    DeniedDelete,
-    ExemptUpdate,
-    TaggedService,
-}
-
-/// One request; `Ok` when it ended as the guard must end it (denied with the guard's text, or
-/// allowed), with who denied it (true: an admission policy).
-async fn once(what: Request, alice: &Client, admin: &Client, n: u64) -> Result<bool, String> {
-    match what {
-        Request::DeniedDelete => {
-            let dp = DeleteParams {
-                dry_run: true,
-                ..DeleteParams::default()
-            };
-            match Api::<ClusterRole>::all(alice.clone())
-                .delete("cluster-admin", &dp)
-                .await
-            {
-                Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains(PROTECTED) => {
-                    Ok(s.message.contains("ValidatingAdmissionPolicy"))
-                }
-                other => Err(format!(
-                    "alice's delete was not denied by the guard: {other:?}"
-                )),
-            }
-        }
-        Request::ExemptUpdate => {
-            let pp = PatchParams {
-                dry_run: true,
-                ..PatchParams::default()
-            };
-            let patch =
-                serde_json::json!({"spec": {"domain": format!("apps-{n}.hc-1.example.com")}});
-            ingress_api(admin.clone())
-                .patch("cluster", &pp, &Patch::Merge(&patch))
-                .await
-                .map(|_| false)
-                .map_err(|e| format!("system:admin's update was refused: {e}"))
-        }
-        Request::TaggedService => {
-            use hcp_fleet_guards::service_tags::{TAG, TAGS_ANNOTATION};
-            use k8s_openapi::api::core::v1::Service;
-            let svc = support::load_balancer(&format!("lb-{n}"), serde_json::Value::Null);
-            let pp = PostParams {
-                dry_run: true,
-                ..PostParams::default()
-            };
-            let created = Api::<Service>::namespaced(admin.clone(), "default")
-                .create(&pp, &svc)
-                .await
-                .map_err(|e| format!("the Service create was refused: {e}"))?;
-            let tagged = created
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(TAGS_ANNOTATION))
-                .is_some_and(|v| v == TAG);
-            if tagged {
-                Ok(false)
-            } else {
-                Err(format!(
-                    "the Service came back untagged: {:?}",
-                    created.metadata.annotations
-                ))
-            }
-        }
-    }
 }
 
 /// Until three tagged Services in a row leave the admission service's count for the Service
@@ -203,80 +72,6 @@ async fn mutation_in_force(mgmt: &Client, admin: &Client, by_policy: bool) -> Re
     Ok(())
 }
 
-struct Row {
-    rps: f64,
-    p50: f64,
-    p99: f64,
-    service_calls: f64,
-    by_policy: usize,
-    total: usize,
-}
-
-fn pct(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[i.min(sorted.len() - 1)].as_secs_f64() * 1000.0
-}
-
-async fn measure(
-    mgmt: &Client,
-    what: Request,
-    alice: &Client,
-    admin: &Client,
-    clients: u64,
-    secs: u64,
-) -> Result<Row, String> {
-    let hook = match what {
-        Request::DeniedDelete => RBAC,
-        Request::ExemptUpdate => INGRESS,
-        Request::TaggedService => TAGS,
-    };
-    // Warm-up: connections and the API server's caches.
-    for n in 0..20 {
-        once(what, alice, admin, n).await?;
-    }
-    let calls0 = support::service_requests(mgmt, NS, hook).await;
-    let until = Instant::now() + Duration::from_secs(secs);
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..clients)
-        .map(|c| {
-            let (alice, admin) = (alice.clone(), admin.clone());
-            tokio::spawn(async move {
-                let mut lat = Vec::new();
-                let mut by_policy = 0usize;
-                let mut n = c * 1_000_000;
-                while Instant::now() < until {
-                    let t0 = Instant::now();
-                    by_policy += usize::from(once(what, &alice, &admin, n).await?);
-                    lat.push(t0.elapsed());
-                    n += 1;
-                }
-                Ok::<_, String>((lat, by_policy))
-            })
-        })
-        .collect();
-    let mut all = Vec::new();
-    let mut by_policy = 0;
-    for t in tasks {
-        let (lat, p) = t.await.map_err(|e| e.to_string())??;
-        all.extend(lat);
-        by_policy += p;
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    let calls1 = support::service_requests(mgmt, NS, hook).await;
-    all.sort();
-    Ok(Row {
-        rps: all.len() as f64 / elapsed,
-        p50: pct(&all, 50.0),
-        p99: pct(&all, 99.0),
-        service_calls: calls1 - calls0,
-        by_policy,
-        total: all.len(),
-    })
-}
-
 fn main() {
     support::bench_main(Some(2), run);
 }
@@ -302,7 +97,13 @@ async fn run() -> Result<(), String> {
     )
     .await
     .map_err(|e| e.to_string())?;
-    prepare(&fleet).await?;
+    let admin_client = fleet
+        .hosted("hc-1")
+        .ok_or("no hc-1")?
+        .client()
+        .await
+        .map_err(|e| e.to_string())?;
+    prepare(admin_client, Some("apps.hc-1.example.com")).await?;
     let alice = support::hosted_client_as(&fleet, "hc-1", "alice").await;
     let admin = support::hosted_client_as(&fleet, "hc-1", "system:admin").await;
 
@@ -359,7 +160,7 @@ async fn run() -> Result<(), String> {
             .into_iter()
             .filter(|(w, _)| mutating || !matches!(w, Request::TaggedService))
         {
-            let r = measure(&mgmt, what, &alice, &admin, clients, secs).await?;
+            let r = measure(&mgmt, NS, what, &alice, &admin, clients, secs).await?;
             if matches!(what, Request::DeniedDelete) && (r.by_policy == r.total) != want_policy {
                 return Err(format!(
                     "{name}: {} of {} denials came from a policy",

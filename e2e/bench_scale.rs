@@ -41,7 +41,7 @@ mod support;
 use figures::*;
 use report::print_report;
 
-use support::{cpu_ticks, env_num, percentile, proc_status_kib};
+use support::{cpu_ticks, env_num, guarded, percentile, proc_status_kib};
 
 #[path = "simhosted/mod.rs"]
 mod simhosted;
@@ -389,6 +389,8 @@ struct AtScale {
     status_time: Duration,
     status_lines: usize,
     status_summary: String,
+    /// A tenant's guarded requests through one real hosted cluster: (request, engine, figures).
+    tenant: Vec<(&'static str, &'static str, guarded::Row)>,
 }
 
 fn main() {
@@ -406,10 +408,13 @@ fn agent_config(flip: bool) -> Result<String, String> {
     // BENCH_SCALE_SERVICE=1: the Service tag on its webhook, so every HCP needs an admission
     // service (as before 1.36's MutatingAdmissionPolicy): the fleet with the service, to set
     // beside the default, where every guard runs inside the hosted kube-apiservers (real 1.36
-    // ones and simulated ones alike) and no HCP has one.
+    // ones and simulated ones alike) and no HCP has one. The protected-RBAC guard goes with it,
+    // so the tenant's denied delete (`tenant_requests`) is timed through the webhook too.
     if env_num("BENCH_SCALE_SERVICE", 0) == 1 {
         for w in &mut cfg.webhooks {
-            if w.path == hcp_fleet_guards::service_tags::ROW.path {
+            if w.path == hcp_fleet_guards::service_tags::ROW.path
+                || w.path == hcp_fleet_guards::protected_rbac::ROW.path
+            {
                 w.engine = hcp_fleet_guards::catalogue::GuardEngine::Webhook;
             }
         }
@@ -990,5 +995,55 @@ async fn measure_at_scale(
     let text = String::from_utf8_lossy(&table.stdout);
     out.status_lines = text.lines().count();
     out.status_summary = text.lines().last().unwrap_or_default().to_string();
+    out.tenant = tenant_requests(mgmt, fleet, namespaces).await?;
     Ok(out)
+}
+
+/// A tenant's guarded requests through the first real hosted cluster while the agent holds the
+/// whole fleet (`support::guarded`, the engines bench's rows): what a guard costs a request at
+/// this size, on the engine the configuration gives it (every guard inside the kube-apiserver
+/// by default; the two on the admission service's webhooks with BENCH_SCALE_SERVICE=1).
+async fn tenant_requests(
+    mgmt: &Client,
+    fleet: &LocalFleet,
+    namespaces: &[String],
+) -> Result<Vec<(&'static str, &'static str, guarded::Row)>, String> {
+    use guarded::Request;
+    let Some(ns) = namespaces.iter().find(|ns| is_real(ns)) else {
+        return Ok(Vec::new());
+    };
+    let name = ns.trim_start_matches("clusters-");
+    let hosted = fleet.hosted(name).ok_or_else(|| format!("no {name}"))?;
+    let admin = hosted.client().await.map_err(|e| e.to_string())?;
+    guarded::prepare(admin, None).await?;
+    let alice = support::hosted_client_as(fleet, name, "alice").await;
+    let admin = support::hosted_client_as(fleet, name, "system:admin").await;
+    let (secs, clients) = (env_num("BENCH_SECONDS", 5), env_num("BENCH_CLIENTS", 8));
+    eprintln!(
+        "bench: a tenant's guarded requests through {name}, {clients} clients for {secs}s each…"
+    );
+    let mut rows = Vec::new();
+    for (what, label) in [
+        (Request::DeniedDelete, "denied ClusterRole delete (alice)"),
+        (
+            Request::TaggedService,
+            "LoadBalancer Service tagged (admin)",
+        ),
+    ] {
+        let r = guarded::measure(mgmt, ns, what, &alice, &admin, clients, secs).await?;
+        let engine = match what {
+            Request::DeniedDelete if r.by_policy == r.total => "policy",
+            Request::DeniedDelete if r.by_policy == 0 => "webhook",
+            Request::TaggedService if r.service_calls == 0.0 => "policy",
+            Request::TaggedService if r.service_calls >= r.total as f64 => "webhook",
+            _ => {
+                return Err(format!(
+                    "{label}: the engines were mixed during the run ({} of {} by a policy, {} service calls)",
+                    r.by_policy, r.total, r.service_calls
+                ));
+            }
+        };
+        rows.push((label, engine, r));
+    }
+    Ok(rows)
 }

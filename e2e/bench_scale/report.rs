@@ -284,4 +284,14 @@ pub(crate) fn print_report(
         ms(s.status_time),
         s.status_summary
     );
+    for (label, engine, r) in &s.tenant {
+        println!(
+            "  {:<52} {engine}: {:.0} req/s, p50 {:.2} ms, p99 {:.2} ms ({} requests)",
+            format!("  {label}"),
+            r.rps,
+            r.p50,
+            r.p99,
+            r.total
+        );
+    }
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use base64::Engine;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 /// Why a request body is not an AdmissionReview v1 we can answer. Each is a 400.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -221,34 +221,60 @@ struct Out<'a> {
     #[serde(rename = "apiVersion")]
     api_version: &'a str,
     kind: &'a str,
-    response: Value,
+    response: Response<'a>,
+}
+
+/// The AdmissionResponse, written straight from the decision: a `json!` tree of it was built
+/// and dropped for every review, a few percent of the service's time under load (`make bench`,
+/// perf). Its fields in the order the tree's sorted map wrote them, so the bytes are as before.
+#[derive(Serialize)]
+struct Response<'a> {
+    allowed: bool,
+    #[serde(
+        rename = "auditAnnotations",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    audit_annotations: &'a BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch: Option<String>,
+    #[serde(rename = "patchType", skip_serializing_if = "Option::is_none")]
+    patch_type: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<Status<'a>>,
+    uid: &'a str,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    warnings: &'a [String],
+}
+
+#[derive(Serialize)]
+struct Status<'a> {
+    code: u16,
+    message: &'a str,
+    reason: &'a str,
 }
 
 /// The AdmissionReview response for `uid`.
 pub fn encode(uid: &str, d: &Decision) -> Vec<u8> {
-    let mut resp = json!({ "uid": uid, "allowed": d.allowed });
-    if !d.allowed {
-        resp["status"] = json!({
-            "code": 403,
-            "reason": "Forbidden",
-            "message": d.message.clone().unwrap_or_else(|| "denied".into()),
-        });
-    }
-    if !d.warnings.is_empty() {
-        resp["warnings"] = json!(d.warnings);
-    }
-    if !d.audit_annotations.is_empty() {
-        resp["auditAnnotations"] = json!(d.audit_annotations);
-    }
-    if d.allowed && !d.patch.is_empty() {
+    let patch = (d.allowed && !d.patch.is_empty()).then(|| {
         let patch = serde_json::to_vec(&d.patch).unwrap_or_default();
-        resp["patchType"] = json!("JSONPatch");
-        resp["patch"] = json!(base64::engine::general_purpose::STANDARD.encode(patch));
-    }
+        base64::engine::general_purpose::STANDARD.encode(patch)
+    });
     serde_json::to_vec(&Out {
         api_version: "admission.k8s.io/v1",
         kind: "AdmissionReview",
-        response: resp,
+        response: Response {
+            allowed: d.allowed,
+            audit_annotations: &d.audit_annotations,
+            patch_type: patch.as_ref().map(|_| "JSONPatch"),
+            patch,
+            status: (!d.allowed).then(|| Status {
+                code: 403,
+                message: d.message.as_deref().unwrap_or("denied"),
+                reason: "Forbidden",
+            }),
+            uid,
+            warnings: &d.warnings,
+        },
     })
     .unwrap_or_default()
 }
@@ -256,6 +282,7 @@ pub fn encode(uid: &str, d: &Decision) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     pub(crate) fn review(op: &str, object: Value) -> Vec<u8> {
         serde_json::to_vec(&json!({
@@ -321,6 +348,50 @@ mod tests {
             .expect("b64");
         let ops: Vec<Value> = serde_json::from_slice(&raw).expect("ops");
         assert_eq!(ops[0]["op"], "add");
+    }
+
+    #[test]
+    fn the_response_is_written_byte_for_byte_as_its_json_tree_was() {
+        // The tree `encode` built before it wrote the response straight from the decision.
+        let tree = |uid: &str, d: &Decision| {
+            let mut r = json!({ "uid": uid, "allowed": d.allowed });
+            if !d.allowed {
+                r["status"] = json!({"code": 403, "reason": "Forbidden",
+                    "message": d.message.clone().unwrap_or_else(|| "denied".into())});
+            }
+            if !d.warnings.is_empty() {
+                r["warnings"] = json!(d.warnings);
+            }
+            if !d.audit_annotations.is_empty() {
+                r["auditAnnotations"] = json!(d.audit_annotations);
+            }
+            if d.allowed && !d.patch.is_empty() {
+                let patch = serde_json::to_vec(&d.patch).expect("patch");
+                r["patchType"] = json!("JSONPatch");
+                r["patch"] = json!(base64::engine::general_purpose::STANDARD.encode(patch));
+            }
+            serde_json::to_vec(&json!({"apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview", "response": r}))
+            .expect("tree")
+        };
+        let mut denied = Decision::deny("no \"quotes\" here");
+        denied.warnings.push("w".into());
+        denied
+            .audit_annotations
+            .insert("would-deny".into(), "x".into());
+        let mut mutated = Decision::allow();
+        mutated
+            .patch
+            .push(json!({"op": "add", "path": "/a", "value": 1}));
+        mutated.warnings.push("warned".into());
+        let mut no_message = Decision::deny("");
+        no_message.message = None;
+        for d in [Decision::allow(), denied, mutated, no_message] {
+            assert_eq!(
+                String::from_utf8_lossy(&encode("u-1", &d)),
+                String::from_utf8_lossy(&tree("u-1", &d))
+            );
+        }
     }
 
     mod prop {

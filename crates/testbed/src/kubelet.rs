@@ -33,7 +33,7 @@ use futures::future::BoxFuture;
 use super::free_port;
 use super::process::ManagedProcess;
 use super::proxy::ServiceProxy;
-use hcp_fleet_agent::controller::{AdmissionEndpoints, ReplicasUnknown};
+use hcp_fleet_agent::controller::{AdmissionEndpoints, ReplicasUnknown, Seen};
 use hcp_fleet_model::names::{MANAGED_BY, MANAGED_BY_VALUE};
 use hcp_fleet_render::config::AgentConfig;
 use hcp_fleet_render::management::deployment_available;
@@ -86,13 +86,14 @@ impl AdmissionEndpoints for LocalEndpoints {
         service: &'a str,
         _port: i32,
         namespace: &'a str,
+        seen: Seen,
     ) -> BoxFuture<'a, Result<Vec<std::net::SocketAddr>, ReplicasUnknown>> {
         Box::pin(async move {
             Ok(published(
                 management,
                 service,
                 namespace,
-                None,
+                seen.service.as_ref(),
                 LOCAL_REPLICAS_ANNOTATION,
             )
             .await

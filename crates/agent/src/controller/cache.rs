@@ -55,6 +55,8 @@ pub(crate) struct Caches {
         Option<Store<kube::api::PartialObjectMeta<k8s_openapi::api::core::v1::ConfigMap>>>,
     /// Whether each HCP's kube-apiserver mounts the static guards' files.
     pub(crate) kube_apiservers: Option<Arc<super::static_guards::Offered>>,
+    /// The admission services' ready replicas (`endpoints::ReadyEndpoints`).
+    pub(crate) ready_endpoints: Option<Arc<super::endpoints::ReadyEndpoints>>,
 }
 
 /// Whether a metadata-only watch of ConfigMaps by name (`store`) has listed them all once and

@@ -85,6 +85,10 @@ pub(super) struct HostedWatch {
     pub(crate) shared: Arc<Mutex<WatchShared>>,
     pub(crate) drift: AbortOnDrop,
     pub(crate) probe: Option<AbortOnDrop>,
+    /// Told once the new drift watch has the versions it watches from: the install reads after
+    /// that, so a change between its read and the watch is still seen by the watch. Taken by
+    /// the first install that waits for it.
+    pub(crate) started: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
 /// Everything the agent holds for one HCP namespace between reconciles.

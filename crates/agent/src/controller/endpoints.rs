@@ -3,12 +3,16 @@
 //! namespace (`InCluster`); the local test bed implements this trait with the loopback
 //! address its stand-in kubelet publishes. The controller never names the test bed.
 
-use std::net::SocketAddr;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, PoisonError, RwLock};
 
+use futures::StreamExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::ListParams;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 
 use hcp_fleet_render::config::AgentConfig;
@@ -34,14 +38,29 @@ pub trait AdmissionEndpoints: Send + Sync {
     /// hands with it and see which certificate it serves (asked of the server: it changes
     /// during the rollouts it is asked about, faster than a watch is sure to show).
     /// `service`, `port`: the admission Service's name and port (`admission.serviceName`,
-    /// `admission.port`).
+    /// `admission.port`). `watched`: what the agent's watches hold of them, answered from
+    /// where it can be (`Seen::default()`: asked of the server).
     fn replicas<'a>(
         &'a self,
         management: &'a Client,
         service: &'a str,
         port: i32,
         namespace: &'a str,
+        watched: Seen,
     ) -> BoxFuture<'a, Result<Vec<SocketAddr>, ReplicasUnknown>>;
+}
+
+/// What the agent's watches hold of an HCP's admission service, for `replicas` to answer from
+/// instead of the server: the probe's report rounds ask where the replicas are every few
+/// minutes for every HCP with a service, a list request each (ten a second at 3,000 HCPs)
+/// for an answer that changes only with a rollout.
+#[derive(Debug, Clone, Default)]
+pub struct Seen {
+    /// The admission Service as the agent's watch last saw it.
+    pub service: Option<Service>,
+    /// Its ready replicas as the agent's watch of EndpointSlices holds them (`None`: not
+    /// known from the watch; asked of the server).
+    pub ready: Option<Vec<SocketAddr>>,
 }
 
 /// Why the admission service's ready replicas are not known: the management API's answer.
@@ -70,15 +89,20 @@ impl AdmissionEndpoints for InCluster {
         Box::pin(async move { url })
     }
 
-    /// The ready endpoints of the Service's EndpointSlices (pod IPs).
+    /// The ready endpoints of the Service's EndpointSlices (pod IPs): the watch's where it
+    /// has them, else listed.
     fn replicas<'a>(
         &'a self,
         management: &'a Client,
         service: &'a str,
         port: i32,
         namespace: &'a str,
+        watched: Seen,
     ) -> BoxFuture<'a, Result<Vec<SocketAddr>, ReplicasUnknown>> {
         Box::pin(async move {
+            if let Some(ready) = watched.ready {
+                return Ok(ready);
+            }
             let slices = Api::<EndpointSlice>::namespaced(management.clone(), namespace)
                 .list(
                     &ListParams::default().labels(&format!("kubernetes.io/service-name={service}")),
@@ -99,30 +123,216 @@ impl AdmissionEndpoints for InCluster {
 
 /// The ready addresses of one EndpointSlice, on its `https` port (else `default_port`).
 pub(crate) fn ready_addresses(slice: &EndpointSlice, default_port: i32) -> Vec<SocketAddr> {
-    let port = slice
-        .ports
-        .iter()
-        .flatten()
-        .find(|p| p.name.as_deref() == Some("https"))
-        .and_then(|p| p.port)
-        .unwrap_or(default_port);
-    let Ok(port) = u16::try_from(port) else {
-        return Vec::new();
-    };
-    slice
-        .endpoints
-        .iter()
-        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
-        .flat_map(|e| e.addresses.iter())
-        .filter_map(|a| a.parse::<std::net::IpAddr>().ok())
-        .map(|ip| SocketAddr::new(ip, port))
-        .collect()
+    Ready::of(slice).addresses(default_port)
+}
+
+/// What `ready_addresses` needs of one EndpointSlice: its `https` port if it names one, and
+/// the addresses of its endpoints not marked unready.
+#[derive(Debug, Clone, PartialEq)]
+struct Ready {
+    port: Option<i32>,
+    ips: Vec<IpAddr>,
+}
+
+impl Ready {
+    fn of(slice: &EndpointSlice) -> Self {
+        Ready {
+            port: slice
+                .ports
+                .iter()
+                .flatten()
+                .find(|p| p.name.as_deref() == Some("https"))
+                .and_then(|p| p.port),
+            ips: slice
+                .endpoints
+                .iter()
+                .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
+                .flat_map(|e| e.addresses.iter())
+                .filter_map(|a| a.parse::<IpAddr>().ok())
+                .collect(),
+        }
+    }
+
+    fn addresses(&self, default_port: i32) -> Vec<SocketAddr> {
+        let Ok(port) = u16::try_from(self.port.unwrap_or(default_port)) else {
+            return Vec::new();
+        };
+        self.ips
+            .iter()
+            .map(|ip| SocketAddr::new(*ip, port))
+            .collect()
+    }
+}
+
+/// The ready replicas of every HCP's admission service, kept by one watch of the
+/// EndpointSlices labelled with its name (`kubernetes.io/service-name`): per slice its port and
+/// addresses, nothing else of it. Answers for the service name it watches only: a
+/// configuration that renames the service is answered by the server until the agent restarts.
+pub(crate) struct ReadyEndpoints {
+    service: String,
+    state: RwLock<ReadyState>,
+}
+
+#[derive(Debug, Default)]
+struct ReadyState {
+    listed: bool,
+    /// (namespace, slice name) → what the slice says.
+    slices: BTreeMap<(String, String), Ready>,
+    /// A listing under way: replaces `slices` whole when done, so a slice deleted while the
+    /// watch was down is not kept.
+    next: Option<BTreeMap<(String, String), Ready>>,
+}
+
+impl ReadyEndpoints {
+    pub(crate) fn new(service: &str) -> Self {
+        Self {
+            service: service.to_string(),
+            state: Default::default(),
+        }
+    }
+
+    /// The ready replicas of `service` in `namespace` on `default_port` where the slice names
+    /// no `https` port; `None` before the first complete listing or for another service.
+    pub(crate) fn get(
+        &self,
+        service: &str,
+        namespace: &str,
+        default_port: i32,
+    ) -> Option<Vec<SocketAddr>> {
+        if service != self.service {
+            return None;
+        }
+        let s = self.state.read().unwrap_or_else(PoisonError::into_inner);
+        if !s.listed {
+            return None;
+        }
+        let from = (namespace.to_string(), String::new());
+        Some(
+            s.slices
+                .range(from..)
+                .take_while(|((ns, _), _)| ns == namespace)
+                .flat_map(|(_, r)| r.addresses(default_port))
+                .collect(),
+        )
+    }
+
+    /// Takes one event of the watch.
+    pub(crate) fn apply(&self, event: watcher::Event<EndpointSlice>) {
+        let key = |e: &EndpointSlice| {
+            (
+                e.metadata.namespace.clone().unwrap_or_default(),
+                e.metadata.name.clone().unwrap_or_default(),
+            )
+        };
+        let mut s = self.state.write().unwrap_or_else(PoisonError::into_inner);
+        match event {
+            watcher::Event::Init => s.next = Some(BTreeMap::new()),
+            watcher::Event::InitApply(e) => {
+                let ready = Ready::of(&e);
+                s.next
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert(key(&e), ready);
+            }
+            watcher::Event::InitDone => {
+                s.slices = s.next.take().unwrap_or_default();
+                s.listed = true;
+            }
+            watcher::Event::Apply(e) => {
+                let ready = Ready::of(&e);
+                s.slices.insert(key(&e), ready);
+            }
+            watcher::Event::Delete(e) => {
+                s.slices.remove(&key(&e));
+            }
+        }
+    }
+
+    /// The watch that keeps `index` (to be polled to the end; it never ends).
+    pub(crate) fn watch(
+        index: Arc<Self>,
+        management: Client,
+    ) -> impl std::future::Future<Output = ()> + Send {
+        let selector = format!("kubernetes.io/service-name={}", index.service);
+        let api = Api::<EndpointSlice>::all(management);
+        watcher(api, watcher::Config::default().labels(&selector))
+            .default_backoff()
+            .for_each(move |ev| {
+                if let Ok(ev) = ev {
+                    index.apply(ev);
+                }
+                futures::future::ready(())
+            })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort};
+
+    fn slice(ns: &str, name: &str, ips: &[(&str, bool)]) -> EndpointSlice {
+        EndpointSlice {
+            metadata: kube::api::ObjectMeta {
+                namespace: Some(ns.into()),
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            address_type: "IPv4".into(),
+            endpoints: ips
+                .iter()
+                .map(|(ip, ready)| Endpoint {
+                    addresses: vec![(*ip).into()],
+                    conditions: Some(EndpointConditions {
+                        ready: Some(*ready),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn addrs(v: Option<Vec<SocketAddr>>) -> Option<Vec<String>> {
+        v.map(|v| v.iter().map(ToString::to_string).collect())
+    }
+
+    #[test]
+    fn the_watch_keeps_each_namespaces_ready_replicas_and_drops_what_a_relist_lacks() {
+        use watcher::Event;
+        let r = ReadyEndpoints::new("admission");
+        // Not known before the first complete listing: the caller asks the server.
+        assert_eq!(r.get("admission", "a", 9443), None);
+        r.apply(Event::Init);
+        r.apply(Event::InitApply(slice("a", "s1", &[("10.0.0.1", true)])));
+        r.apply(Event::InitApply(slice(
+            "a",
+            "s2",
+            &[("10.0.0.2", true), ("10.0.0.3", false)],
+        )));
+        r.apply(Event::InitApply(slice("ab", "s1", &[("10.0.1.1", true)])));
+        assert_eq!(r.get("admission", "a", 9443), None, "listing not done");
+        r.apply(Event::InitDone);
+        assert_eq!(
+            addrs(r.get("admission", "a", 9443)),
+            Some(vec!["10.0.0.1:9443".into(), "10.0.0.2:9443".into()]),
+            "both slices of the namespace, only the ready endpoints, not the next namespace's"
+        );
+        assert_eq!(addrs(r.get("admission", "none", 9443)), Some(vec![]));
+        // Another service's name: the watch does not select its slices.
+        assert_eq!(r.get("other", "a", 9443), None);
+        r.apply(Event::Apply(slice("a", "s1", &[("10.0.0.9", true)])));
+        r.apply(Event::Delete(slice("a", "s2", &[])));
+        assert_eq!(
+            addrs(r.get("admission", "a", 9443)),
+            Some(vec!["10.0.0.9:9443".into()])
+        );
+        // A relist (the watch restarted) without `ab`'s slice: gone.
+        r.apply(Event::Init);
+        r.apply(Event::InitApply(slice("a", "s1", &[("10.0.0.9", true)])));
+        r.apply(Event::InitDone);
+        assert_eq!(addrs(r.get("admission", "ab", 9443)), Some(vec![]));
+    }
 
     #[test]
     fn only_ready_endpoints_on_the_https_port() {

@@ -190,17 +190,14 @@ pub(crate) async fn ensure(
     }
     let wanted = Wanted::of(&desired);
     watches::ensure_drift_watch(s, hosted, wanted.clone(), features);
-    let canaries = super::canary::shared_plan(cfg, &desired);
-    ctx.with_hcp(ns, |s| {
-        if let Some(w) = s.watch.as_ref() {
-            let mut shared = lock(&w.shared);
-            shared.proof = proof.clone();
-            shared
-                .canary_results
-                .retain(|g, _| canaries.iter().any(|p| &p.guard == g));
-            shared.canaries = canaries;
-        }
-    });
+    watch_told(
+        ctx,
+        ns,
+        proof,
+        super::canary::shared_plan(cfg, &desired),
+        timeout,
+    )
+    .await;
     let t0 = Instant::now();
     // The deadline covers the writes and, when a guard moves, one proof of the new path.
     let installed = tokio::time::timeout(
@@ -253,6 +250,34 @@ pub(crate) async fn ensure(
         static_notes,
         paths: desired.paths(cfg),
     })
+}
+
+/// Tells the drift watch what the probe must prove and which canaries run, and waits until a new
+/// one watches from versions taken before the install's reads: a change made after the install
+/// read an object is then an event of its watch, not missed. Not longer than a request (`within`):
+/// a watch that cannot list its kinds lists each object itself.
+async fn watch_told(
+    ctx: &Context,
+    ns: &str,
+    proof: &Proof,
+    canaries: std::sync::Arc<Vec<super::canary::Planned>>,
+    within: Duration,
+) {
+    let started = ctx.with_hcp(ns, |s| {
+        let w = s.watch.as_mut()?;
+        {
+            let mut shared = lock(&w.shared);
+            shared.proof = proof.clone();
+            shared
+                .canary_results
+                .retain(|g, _| canaries.iter().any(|p| &p.guard == g));
+            shared.canaries = canaries;
+        }
+        w.started.take()
+    });
+    if let Some(started) = started {
+        let _ = tokio::time::timeout(within, started).await;
+    }
 }
 
 /// The guards of each static file proven in force, and its revision, on `desired` (which then

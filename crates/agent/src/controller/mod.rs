@@ -65,7 +65,7 @@ use tracing::warn;
 
 pub use context::{Context, HcpState, RunOptions, hcp_labels};
 pub use discovery::{Capabilities, discover};
-pub use endpoints::{AdmissionEndpoints, InCluster, ReplicasUnknown};
+pub use endpoints::{AdmissionEndpoints, InCluster, ReplicasUnknown, Seen};
 pub use error::{Failure, Phase, ReconcileError};
 pub use reconcile::{backoff, error_policy, reconcile};
 pub use trust::installed_trust;
@@ -155,6 +155,7 @@ async fn running(
     let (guest_services, filler) = guest_services::GuestServices::watch(ctx.client.clone());
     caches.guest_services = Some(guest_services);
     let _guest_services = AbortOnDrop(tokio::spawn(filler));
+    let _ready_endpoints = ready_endpoints(&ctx, &cfg.admission.service_name, &mut caches);
     let offered = Arc::new(static_guards::Offered::new());
     caches.kube_apiservers = Some(Arc::clone(&offered));
     // An override changes what its HCP runs: reconcile that HCP.
@@ -208,6 +209,17 @@ async fn running(
         () = running => {}
         () = heartbeat => {}
     }
+}
+
+/// The admission services' ready replicas, kept by a watch in a task of its own (stopped with
+/// the returned guard) and read through `caches`.
+fn ready_endpoints(ctx: &Arc<Context>, service: &str, caches: &mut cache::Caches) -> AbortOnDrop {
+    let ready = Arc::new(endpoints::ReadyEndpoints::new(service));
+    caches.ready_endpoints = Some(Arc::clone(&ready));
+    AbortOnDrop(tokio::spawn(endpoints::ReadyEndpoints::watch(
+        ready,
+        ctx.client.clone(),
+    )))
 }
 
 /// HyperShift's kube-apiserver Deployments, by name: whether each mounts the static guards'

@@ -361,6 +361,41 @@ pub(crate) struct Replicas {
     pub(crate) service: String,
     pub(crate) port: i32,
     pub(crate) namespace: String,
+    /// The agent's watches of the admission Services and of their ready replicas, which
+    /// answer where they can (`endpoints::Seen`): the report asks every few rounds.
+    pub(crate) services: Option<super::text_store::TextStore<k8s_openapi::api::core::v1::Service>>,
+    pub(crate) ready: Option<Arc<super::endpoints::ReadyEndpoints>>,
+}
+
+impl Replicas {
+    /// Where `service` on `port` in `ns` is found, with what the agent's watches hold.
+    fn of(ctx: &super::context::Context, service: &str, port: i32, ns: &str) -> Self {
+        let caches = ctx.caches();
+        Replicas {
+            management: ctx.client.clone(),
+            endpoints: Arc::clone(&ctx.endpoints),
+            service: service.to_string(),
+            port,
+            namespace: ns.to_string(),
+            services: caches.services,
+            ready: caches.ready_endpoints,
+        }
+    }
+
+    /// What the watches hold of the service now.
+    fn seen(&self) -> super::Seen {
+        super::Seen {
+            service: self
+                .services
+                .as_ref()
+                .and_then(|s| s.get(&self.namespace, &self.service))
+                .and_then(Result::ok),
+            ready: self
+                .ready
+                .as_ref()
+                .and_then(|r| r.get(&self.service, &self.namespace, self.port)),
+        }
+    }
 }
 
 /// What the admission replicas report of the hosted cluster's own requests they denied in the
@@ -375,7 +410,13 @@ pub(crate) async fn own_denials(
 ) -> Result<Option<String>, super::ReplicasUnknown> {
     let addrs = at
         .endpoints
-        .replicas(&at.management, &at.service, at.port, &at.namespace)
+        .replicas(
+            &at.management,
+            &at.service,
+            at.port,
+            &at.namespace,
+            at.seen(),
+        )
         .await?;
     let name = format!("{}.{}.svc", at.service, at.namespace);
     let mut pairs = std::collections::BTreeSet::new();
@@ -509,13 +550,7 @@ pub(crate) fn ensure_task(s: &Scope<'_>, hosted: &HostedClient, verdict: Complia
         let tx = ctx.requeue.clone();
         let hcp_ref = ObjectRef::<HostedControlPlane>::new(cluster).within(ns);
         let ns = ns.to_string();
-        let replicas = Replicas {
-            management: ctx.client.clone(),
-            endpoints: Arc::clone(&ctx.endpoints),
-            service: service.clone(),
-            port,
-            namespace: ns.clone(),
-        };
+        let replicas = Replicas::of(ctx, service, port, &ns);
         let first = first_probe(&ns, every);
         let span = tracing::info_span!(parent: None, "probe", hcp_namespace = %ns, hosted_cluster = %cluster);
         w.probe = Some(AbortOnDrop(tokio::spawn(

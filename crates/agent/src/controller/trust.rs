@@ -198,6 +198,8 @@ async fn replicas_serve(ctx: &Context, cfg: &AgentConfig, ns: &str, serving_pem:
             &cfg.admission.service_name,
             cfg.admission.port,
             ns,
+            // Asked of the server: a rollout changes them faster than a watch is sure to show.
+            super::endpoints::Seen::default(),
         )
         .await
     {

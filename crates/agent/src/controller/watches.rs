@@ -65,7 +65,8 @@ pub(crate) fn ensure_drift_watch(
             lost: None,
             ..carried.unwrap_or_default()
         }));
-        let task = drift_task(ctx, ns, cluster, hosted, watched, Arc::clone(&shared))
+        let (started, on_start) = tokio::sync::oneshot::channel();
+        let task = drift_task(ctx, ns, cluster, hosted, watched, Arc::clone(&shared), started)
             .instrument(span);
         s.watch = Some(HostedWatch {
             server: hosted.server.clone(),
@@ -73,6 +74,7 @@ pub(crate) fn ensure_drift_watch(
             shared,
             drift: AbortOnDrop(tokio::spawn(task)),
             probe: None,
+            started: Some(on_start),
         });
     });
 }
@@ -84,6 +86,7 @@ fn drift_task(
     hosted: &HostedClient,
     watched: Vec<(&'static str, Arc<str>)>,
     shared: Arc<Mutex<WatchShared>>,
+    started: tokio::sync::oneshot::Sender<()>,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
     let mut task = DriftTask {
         tx: ctx.requeue.clone(),
@@ -101,7 +104,9 @@ fn drift_task(
     let hosted = hosted.clone();
     let timeout = ctx.config().hosted_access.request_timeout();
     async move {
-        let mut events = drift_events(hosted.service(), watched);
+        let mut events = drift_events(hosted.service(), watched, timeout).await;
+        // The install may read now (`hosted_webhooks::ensure`); gone if it stopped waiting.
+        let _ = started.send(());
         // While the connection is down, a look every RECOVERY_CHECK brings it back as soon
         // as the server answers again (only then: a quiet watch costs nothing).
         let mut recovery = tokio::time::interval(RECOVERY_CHECK);
@@ -139,10 +144,12 @@ fn drift_task(
 /// selector), all in one stream (`hosted::watch::Watches`). Not by label: a tenant can label
 /// objects of their own like the agent's, 300 of them at 900 KiB, and a watch by label would
 /// make the agent read every one and every change to it; by name the server sends the
-/// agent's objects and nothing else.
-fn drift_events(
+/// agent's objects and nothing else. The watches start from one listing per kind
+/// (`Watches::started`): the install that follows every new drift watch reads the objects.
+async fn drift_events(
     service: crate::hosted::clients::HostedService,
     watched: Vec<(&'static str, Arc<str>)>,
+    within: std::time::Duration,
 ) -> futures::stream::BoxStream<'static, DriftEvent> {
     let watched = watched
         .into_iter()
@@ -154,7 +161,8 @@ fn drift_events(
         .collect();
     // Never ending, as a watch: with nothing wanted the task waits for a new set of names.
     Box::pin(
-        Watches::new(service, watched)
+        Watches::started(service, watched, within)
+            .await
             .map(|(kind, name, ev)| classify(kind, &name, ev))
             .chain(futures::stream::pending()),
     )
