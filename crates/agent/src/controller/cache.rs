@@ -73,6 +73,84 @@ pub(crate) fn config_map_absent(
     })
 }
 
+/// A little of each object a watch has seen (`V`, under its key `K`), with each (re)listing
+/// swapped in whole when it completes, so an object deleted while the watch was down is not
+/// kept; unknown until the first listing is done. What `static_guards::Offered` and
+/// `endpoints::ReadyEndpoints` keep of HyperShift's Deployments and of EndpointSlices.
+#[derive(Debug)]
+pub(crate) struct Relisted<K, V> {
+    listed: bool,
+    held: std::collections::BTreeMap<K, V>,
+    /// A listing under way (a watch that starts, or starts again).
+    next: Option<std::collections::BTreeMap<K, V>>,
+}
+
+impl<K, V> Default for Relisted<K, V> {
+    fn default() -> Self {
+        Self {
+            listed: false,
+            held: Default::default(),
+            next: None,
+        }
+    }
+}
+
+/// What one event did to a `Relisted`.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Took<K, V> {
+    /// Nothing held changed (a listing under way).
+    Nothing,
+    /// A listing completed: what was held before it (`None`: the first listing).
+    Listed(Option<std::collections::BTreeMap<K, V>>),
+    /// `K` now holds a new value; its old one.
+    Put(K, Option<V>),
+    /// `K` went; what it held.
+    Removed(K, Option<V>),
+}
+
+impl<K: Ord + Clone, V> Relisted<K, V> {
+    /// What is held, once the first listing is done.
+    pub(crate) fn held(&self) -> Option<&std::collections::BTreeMap<K, V>> {
+        self.listed.then_some(&self.held)
+    }
+
+    /// Takes one event of the watch, keeping `of` of each object.
+    pub(crate) fn apply<O>(
+        &mut self,
+        event: kube::runtime::watcher::Event<O>,
+        of: impl Fn(&O) -> (K, V),
+    ) -> Took<K, V> {
+        use kube::runtime::watcher::Event;
+        match event {
+            Event::Init => {
+                self.next = Some(Default::default());
+                Took::Nothing
+            }
+            Event::InitApply(o) => {
+                let (k, v) = of(&o);
+                self.next.get_or_insert_with(Default::default).insert(k, v);
+                Took::Nothing
+            }
+            Event::InitDone => {
+                let next = self.next.take().unwrap_or_default();
+                let before = std::mem::replace(&mut self.held, next);
+                let first = !std::mem::replace(&mut self.listed, true);
+                Took::Listed((!first).then_some(before))
+            }
+            Event::Apply(o) => {
+                let (k, v) = of(&o);
+                let was = self.held.insert(k.clone(), v);
+                Took::Put(k, was)
+            }
+            Event::Delete(o) => {
+                let (k, _) = of(&o);
+                let was = self.held.remove(&k);
+                Took::Removed(k, was)
+            }
+        }
+    }
+}
+
 /// What this agent last knew of one object, from its own reads and writes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Seen {

@@ -3,7 +3,6 @@
 //! namespace (`InCluster`); the local test bed implements this trait with the loopback
 //! address its stand-in kubelet publishes. The controller never names the test bed.
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, PoisonError, RwLock};
 
@@ -16,6 +15,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 
 use hcp_fleet_render::config::AgentConfig;
+
+use super::cache::Relisted;
 
 pub trait AdmissionEndpoints: Send + Sync {
     /// Names the serving certificate carries besides the Service's in-cluster names.
@@ -170,17 +171,8 @@ impl Ready {
 /// configuration that renames the service is answered by the server until the agent restarts.
 pub(crate) struct ReadyEndpoints {
     service: String,
-    state: RwLock<ReadyState>,
-}
-
-#[derive(Debug, Default)]
-struct ReadyState {
-    listed: bool,
     /// (namespace, slice name) → what the slice says.
-    slices: BTreeMap<(String, String), Ready>,
-    /// A listing under way: replaces `slices` whole when done, so a slice deleted while the
-    /// watch was down is not kept.
-    next: Option<BTreeMap<(String, String), Ready>>,
+    state: RwLock<Relisted<(String, String), Ready>>,
 }
 
 impl ReadyEndpoints {
@@ -203,12 +195,9 @@ impl ReadyEndpoints {
             return None;
         }
         let s = self.state.read().unwrap_or_else(PoisonError::into_inner);
-        if !s.listed {
-            return None;
-        }
         let from = (namespace.to_string(), String::new());
         Some(
-            s.slices
+            s.held()?
                 .range(from..)
                 .take_while(|((ns, _), _)| ns == namespace)
                 .flat_map(|(_, r)| r.addresses(default_port))
@@ -218,33 +207,14 @@ impl ReadyEndpoints {
 
     /// Takes one event of the watch.
     pub(crate) fn apply(&self, event: watcher::Event<EndpointSlice>) {
-        let key = |e: &EndpointSlice| {
-            (
+        let mut s = self.state.write().unwrap_or_else(PoisonError::into_inner);
+        s.apply(event, |e| {
+            let key = (
                 e.metadata.namespace.clone().unwrap_or_default(),
                 e.metadata.name.clone().unwrap_or_default(),
-            )
-        };
-        let mut s = self.state.write().unwrap_or_else(PoisonError::into_inner);
-        match event {
-            watcher::Event::Init => s.next = Some(BTreeMap::new()),
-            watcher::Event::InitApply(e) => {
-                let ready = Ready::of(&e);
-                s.next
-                    .get_or_insert_with(BTreeMap::new)
-                    .insert(key(&e), ready);
-            }
-            watcher::Event::InitDone => {
-                s.slices = s.next.take().unwrap_or_default();
-                s.listed = true;
-            }
-            watcher::Event::Apply(e) => {
-                let ready = Ready::of(&e);
-                s.slices.insert(key(&e), ready);
-            }
-            watcher::Event::Delete(e) => {
-                s.slices.remove(&key(&e));
-            }
-        }
+            );
+            (key, Ready::of(e))
+        });
     }
 
     /// The watch that keeps `index` (to be polled to the end; it never ends).

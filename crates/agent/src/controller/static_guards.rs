@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ApiResource, DynamicObject};
 use kube::{Api, Client};
 
+use super::cache::{Relisted, Took};
 use super::error::Failure;
 use super::probe;
 use super::proof::Proof;
@@ -210,20 +211,12 @@ const LISTING_PATIENCE: Duration = Duration::from_secs(10);
 /// (each under its request ceiling). Unknown until the watch has listed them all once.
 #[derive(Debug)]
 pub(crate) struct Offered {
-    state: std::sync::RwLock<OfferedState>,
+    /// Per namespace: does its kube-apiserver mount the files.
+    state: std::sync::RwLock<Relisted<String, bool>>,
     /// Told when the first listing is done.
     listed: tokio::sync::Notify,
     /// Until when a reconcile waits for the first listing (`known`).
     patience: tokio::time::Instant,
-}
-
-#[derive(Debug, Default)]
-struct OfferedState {
-    listed: bool,
-    by_ns: std::collections::HashMap<String, bool>,
-    /// A listing under way (a watch that starts, or starts again): it replaces `by_ns` whole
-    /// when done, so a Deployment deleted while the watch was down is not kept.
-    next: Option<std::collections::HashMap<String, bool>>,
 }
 
 impl Offered {
@@ -243,7 +236,8 @@ impl Offered {
             .state
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        s.listed.then(|| s.by_ns.get(ns).copied().unwrap_or(false))
+        s.held()
+            .map(|by_ns| by_ns.get(ns).copied().unwrap_or(false))
     }
 
     /// Whether the files are offered in `ns`, waiting for the first complete listing while the
@@ -263,51 +257,37 @@ impl Offered {
     /// answer where it differs from what was held before it: none at the first).
     pub(crate) fn apply(&self, event: kube::runtime::watcher::Event<Deployment>) -> Vec<String> {
         use kube::ResourceExt;
-        use kube::runtime::watcher::Event;
         let mut s = self
             .state
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let one = |d: &Deployment| (d.namespace().unwrap_or_default(), static_guards::offered(d));
-        match event {
-            Event::Init => {
-                s.next = Some(Default::default());
-                Vec::new()
-            }
-            Event::InitApply(d) => {
-                let (ns, yes) = one(&d);
-                s.next.get_or_insert_with(Default::default).insert(ns, yes);
-                Vec::new()
-            }
-            Event::InitDone => {
-                let next = s.next.take().unwrap_or_default();
-                let changed = if s.listed {
-                    let all: std::collections::BTreeSet<&String> =
-                        s.by_ns.keys().chain(next.keys()).collect();
-                    all.into_iter()
-                        .filter(|ns| {
-                            s.by_ns.get(*ns).copied().unwrap_or(false)
-                                != next.get(*ns).copied().unwrap_or(false)
-                        })
-                        .cloned()
-                        .collect()
-                } else {
-                    Vec::new()
-                };
-                s.by_ns = next;
-                s.listed = true;
+        let took = s.apply(event, |d| {
+            (d.namespace().unwrap_or_default(), static_guards::offered(d))
+        });
+        let now = |ns: &str| s.held().and_then(|h| h.get(ns)).copied().unwrap_or(false);
+        match took {
+            Took::Nothing => Vec::new(),
+            Took::Listed(before) => {
                 self.listed.notify_waiters();
-                changed
+                // The first listing changes nothing: nothing was known before it.
+                let Some(before) = before else {
+                    return Vec::new();
+                };
+                let all: std::collections::BTreeSet<&String> = before
+                    .keys()
+                    .chain(s.held().into_iter().flat_map(|h| h.keys()))
+                    .collect();
+                all.into_iter()
+                    .filter(|ns| before.get(*ns).copied().unwrap_or(false) != now(ns))
+                    .cloned()
+                    .collect()
             }
-            Event::Apply(d) => {
-                let (ns, yes) = one(&d);
-                let was = s.by_ns.insert(ns.clone(), yes).unwrap_or(false);
-                if was == yes { Vec::new() } else { vec![ns] }
-            }
-            Event::Delete(d) => {
-                let (ns, _) = one(&d);
-                let was = s.by_ns.remove(&ns).unwrap_or(false);
-                if was { vec![ns] } else { Vec::new() }
+            Took::Put(ns, was) | Took::Removed(ns, was) => {
+                if was.unwrap_or(false) == now(&ns) {
+                    Vec::new()
+                } else {
+                    vec![ns]
+                }
             }
         }
     }
