@@ -459,14 +459,17 @@ pub(crate) fn with_mutating_probe(
     (set, revision)
 }
 
-/// A content hash of a set of guard policies and bindings, the revision its probe selects
-/// (`None`: an empty set, nothing to probe).
+/// A content hash of a set of rendered objects (guard policies and bindings, or webhooks), the
+/// revision its probe selects (`None`: an empty set, nothing to probe).
 pub(crate) fn revision_of<'a>(objects: impl Iterator<Item = &'a Value>) -> Option<String> {
     // Written as the array of them, without copying them into one (the same bytes): the copy
     // was a percent of a restarted agent's CPU at 3,000 HCPs (`make bench`, perf).
     let all: Vec<&Value> = objects.collect();
+    if all.is_empty() {
+        return None;
+    }
     let text = serde_json::to_vec(&all).ok()?;
-    (!all.is_empty()).then(|| hcp_fleet_model::compare::stable_hash(&[&text]))
+    Some(hcp_fleet_model::compare::stable_hash(&[&text]))
 }
 
 /// The mutating probe: writes its revision into `MUTATING_PROBE_ANSWER` of a labelled

@@ -257,10 +257,11 @@ pub fn render(
         .collect();
     // The probe selects the revision of every webhook rendered (its own selector aside), so
     // its answer proves the API server runs this revision.
-    let revision = rendered.iter().any(|(_, _, p)| *p).then(|| {
-        let all = Value::Array(rendered.iter().map(|(_, v, _)| v.clone()).collect());
-        hcp_fleet_model::compare::stable_hash(&[all.to_string().as_bytes()])
-    });
+    let revision = if rendered.iter().any(|(_, _, p)| *p) {
+        super::admission_policies::revision_of(rendered.iter().map(|(_, v, _)| v))
+    } else {
+        None
+    };
     if let Some(rev) = &revision {
         for (_, v, probe) in &mut rendered {
             if *probe {
