@@ -27,6 +27,10 @@
 //! and every real cluster), a new HCP until Compliant (BENCH_SCALE_NEW simulated, default 10,
 //! and one real), and a configuration change (a guard's mode flipped) until every cluster
 //! carries it.
+//!
+//! BENCH_SCALE_SERVICE=1 gives every HCP an admission service; BENCH_SCALE_CONCURRENCY and
+//! BENCH_SCALE_RPS set the agent's `concurrency` and management request rate (the defaults'
+//! otherwise), to size them.
 
 // An e2e scenario reads as one story, set up, acted and checked in order: the 100-line and
 // seven-argument limits hold the shipped code in src/ (clippy.toml).
@@ -418,6 +422,13 @@ fn agent_config(flip: bool) -> Result<String, String> {
                 w.engine = hcp_fleet_guards::catalogue::GuardEngine::Webhook;
             }
         }
+    }
+    // BENCH_SCALE_CONCURRENCY: the reconciles at once (the default's otherwise), to size it.
+    if let Some(c) = std::env::var("BENCH_SCALE_CONCURRENCY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        cfg.concurrency = c;
     }
     if let Some(rps) = std::env::var("BENCH_SCALE_RPS")
         .ok()

@@ -45,7 +45,11 @@ binary="${CARGO_TARGET_DIR:-target}/$target/release/hcp-fleet-agent"
 cargo_home="${CARGO_HOME:-$HOME/.cargo}"
 rustflags="${RUSTFLAGS:-} -C target-feature=+crt-static --remap-path-prefix=$cargo_home=/cargo --remap-path-prefix=$PWD=/src"
 cargo_args=(--release --locked --no-default-features --features "$features" --target "$target" -p hcp-fleet-cli --bin hcp-fleet-agent)
-build() { RUSTFLAGS="$rustflags" cargo build "${cargo_args[@]}" >&2; }
+# SOURCE_DATE_EPOCH=0 for the compile: C that a build script compiles may print its compile's
+# clock (mimalloc's options.c has __DATE__ and __TIME__ in its verbose banner), which GCC takes
+# from SOURCE_DATE_EPOCH when it is set. A fixed value, not the commit's time: committing the
+# record below makes a new commit, and the binary must not change with it.
+build() { SOURCE_DATE_EPOCH=0 RUSTFLAGS="$rustflags" cargo build "${cargo_args[@]}" >&2; }
 build
 interp="$(readelf -l "$binary" 2>/dev/null | grep -c 'Requesting program interpreter' || true)"
 [ "$interp" = 0 ] || die "$binary is dynamically linked"
@@ -79,7 +83,7 @@ if [ "${1:-}" = reproduce ]; then
   [ "$digest" = "$first" ] || die "one binary written twice gave two images: $first, then $digest"
   record="hack/image-reproduced.txt"
   variant="${IMAGE_VARIANT:-default}"
-  inputs="$(python3 hack/image-inputs.py "$binary.d" "$cargo_home" "${cargo_args[*]} RUSTFLAGS=$rustflags" "$work/hcp-fleet-agent.inputs")" \
+  inputs="$(python3 hack/image-inputs.py "$binary.d" "$cargo_home" "${cargo_args[*]} RUSTFLAGS=$rustflags SOURCE_DATE_EPOCH=0" "$work/hcp-fleet-agent.inputs")" \
     || die "cannot fingerprint the binary's inputs"
   sum="$(sha256sum "$binary" | cut -d' ' -f1)"
   recorded="$(awk -v v="$variant" -v i="$inputs" '$1 == v && $2 == i { print $3 }' "$record" 2>/dev/null || true)"
@@ -88,8 +92,10 @@ if [ "${1:-}" = reproduce ]; then
     say "reproduced: compiled from the inputs $record names ($inputs), the binary is the recorded one, sha256:$sum, and the image $digest"
   else
     say "no record of these inputs ($inputs) in $record: compiling the project's crates again"
+    # libmimalloc-sys too: its C is where a compile's clock got in once (above), and a cached
+    # object would hide it again.
     cargo clean --release --target "$target" -p hcp-fleet-model -p hcp-fleet-guards -p hcp-fleet-render \
-      -p hcp-fleet-webhook -p hcp-fleet-agent -p hcp-fleet-cli >&2
+      -p hcp-fleet-webhook -p hcp-fleet-agent -p hcp-fleet-cli -p libmimalloc-sys >&2
     build
     digest="$(write)" || die "cannot write the image"
     [ "$digest" = "$first" ] || die "two builds of one source gave two images: $first, then $digest"
