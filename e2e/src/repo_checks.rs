@@ -167,15 +167,19 @@ fn the_architecture_names_every_module() {
     let doc = include_str!("../../docs/architecture.md");
     let mut missing = Vec::new();
     let mut modules = 0;
-    for dir in crates() {
-        let name = dir.rsplit('/').next().unwrap_or(dir);
-        let src = repo().join(dir).join("src");
+    for dir_of_crate in crates() {
+        let name = dir_of_crate.rsplit('/').next().unwrap_or(dir_of_crate);
+        let src = repo().join(dir_of_crate).join("src");
         let mut found = Vec::new();
         walk(&src, &src, &mut found);
         modules += found.len();
         for m in found {
             let dir = m.strip_suffix("mod.rs").unwrap_or(&m);
-            if !doc.contains(&format!("`{name}/{m}`")) && !doc.contains(&format!("`{name}/{dir}`"))
+            // By crate and module (`agent/grid.rs`), or by the path from the top (`e2e/src/dev.rs`,
+            // where the crate's name is a directory of the top too).
+            if !doc.contains(&format!("`{name}/{m}`"))
+                && !doc.contains(&format!("`{name}/{dir}`"))
+                && !doc.contains(&format!("`{dir_of_crate}/src/{m}`"))
             {
                 missing.push(format!("{name}/{m}"));
             }
@@ -211,4 +215,205 @@ fn no_e2e_file_is_over_1200_lines() {
     let mut long = Vec::new();
     walk(&e2e, &mut long);
     assert!(long.is_empty(), "e2e files over 1,200 lines: {long:?}");
+}
+
+/// Paths the docs and comments name that are not this repository's to hold: another
+/// repository's (Kubernetes' `hack/lib/version.sh`, MCVW's SelectorSyncSet templates), files a
+/// test writes in a scratch crate, an annotation key that reads like a path.
+const NAMED_ELSEWHERE: &[&str] = &[
+    "hack/lib/version.sh",
+    "hack/templates/00-managed-cluster-validating-webhooks-hs.SelectorSyncSet.yaml.tmpl",
+    "src/main.rs",
+    "e2e/nudge",
+];
+
+/// The anchors of a Markdown file's headings, as GitHub makes them: lower case, letters,
+/// digits, `-` and `_` kept, spaces to `-`, anything else dropped, a repeated one numbered.
+fn anchors(text: &str) -> (Vec<String>, Vec<String>) {
+    let mut slugs = Vec::new();
+    let mut titles = Vec::new();
+    let mut seen = std::collections::HashMap::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        let Some(title) = line
+            .strip_prefix('#')
+            .map(|l| l.trim_start_matches('#'))
+            .filter(|l| !fenced && l.starts_with(' '))
+            .map(str::trim)
+        else {
+            continue;
+        };
+        let slug: String = title
+            .chars()
+            .flat_map(char::to_lowercase)
+            .filter_map(|c| match c {
+                ' ' => Some('-'),
+                c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+                _ => None,
+            })
+            .collect();
+        let n = seen.entry(slug.clone()).or_insert(0usize);
+        let numbered = if *n == 0 { slug } else { format!("{slug}-{n}") };
+        *n += 1;
+        slugs.push(numbered);
+        titles.push(title.replace('`', ""));
+    }
+    (slugs, titles)
+}
+
+/// Every repository path a doc, a comment or a script names exists (`docs/…`, `crates/…`,
+/// `e2e/…`, `hack/…`, `charts/…`, `policies/…`, `src/…`; a name ending in `-` or followed by
+/// `*` or `<` is a prefix some file has), every `#anchor` after a Markdown file's path or in a
+/// Markdown link is one of its headings, and every section named after one in quotes
+/// (`<page>.md, "Title"` or `<page>.md ("Title")` after a page's path) is one of its headings.
+#[test]
+fn every_path_anchor_and_section_the_docs_and_comments_name_exists() {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().to_string();
+            if path.is_dir() {
+                if name != "target" && !name.starts_with('.') && name != "testdata" {
+                    walk(&path, out);
+                }
+            } else if ["md", "rs", "sh", "py"]
+                .iter()
+                .any(|e| path.extension().is_some_and(|x| x == *e))
+                || name == "Makefile"
+                || name == "Containerfile"
+            {
+                out.push(path);
+            }
+        }
+    }
+    let root = repo();
+    let root = root.canonicalize().unwrap_or(root);
+    let mut files = Vec::new();
+    walk(&root, &mut files);
+    assert!(files.len() > 100, "{} files", files.len());
+    let headings = |p: &Path| std::fs::read_to_string(p).ok().map(|t| anchors(&t));
+    let is_path_char = |c: char| c.is_ascii_alphanumeric() || "_.-/".contains(c);
+    let mut wrong = Vec::new();
+    let mut named = 0;
+    for file in &files {
+        let Ok(text) = std::fs::read_to_string(file) else {
+            continue;
+        };
+        let rel = file
+            .strip_prefix(&root)
+            .unwrap_or(file)
+            .display()
+            .to_string();
+        let is_md = rel.ends_with(".md");
+        for (ln, line) in text.lines().enumerate() {
+            let at = |what: String| format!("{rel}:{}: {what}", ln + 1);
+            // Paths by their first directory.
+            for start in [
+                "docs/",
+                "crates/",
+                "e2e/",
+                "hack/",
+                "charts/",
+                "policies/",
+                "src/",
+            ] {
+                for (i, _) in line.match_indices(start) {
+                    if line[..i].chars().next_back().is_some_and(is_path_char) {
+                        continue;
+                    }
+                    let tail = &line[i..];
+                    let len = tail.find(|c: char| !is_path_char(c)).unwrap_or(tail.len());
+                    let path = tail[..len].trim_end_matches(['.', '/']);
+                    let after = &tail[len..];
+                    if path.len() <= start.len() || path.ends_with(".tmp") {
+                        continue;
+                    }
+                    if NAMED_ELSEWHERE.contains(&path) {
+                        continue;
+                    }
+                    named += 1;
+                    let prefix = path.ends_with('-') || after.starts_with(['*', '<']);
+                    let exists = if prefix {
+                        let (dir, stem) = path.rsplit_once('/').unwrap_or(("", path));
+                        std::fs::read_dir(root.join(dir))
+                            .into_iter()
+                            .flatten()
+                            .flatten()
+                            .any(|e| e.file_name().to_string_lossy().starts_with(stem))
+                    } else {
+                        root.join(path).exists()
+                    };
+                    if !exists {
+                        wrong.push(at(format!("no {path}")));
+                        continue;
+                    }
+                    if !path.ends_with(".md") {
+                        continue;
+                    }
+                    let Some((slugs, titles)) = headings(&root.join(path)) else {
+                        continue;
+                    };
+                    if let Some(anchor) = after.strip_prefix('#') {
+                        let anchor: String =
+                            anchor.chars().take_while(|c| is_path_char(*c)).collect();
+                        let anchor = anchor.trim_end_matches('.');
+                        if !slugs.iter().any(|s| s == anchor) {
+                            wrong.push(at(format!("no heading #{anchor} in {path}")));
+                        }
+                    }
+                    let quoted = after
+                        .strip_prefix(", \"")
+                        .or_else(|| after.strip_prefix(" (\""));
+                    if let Some(title) = quoted.and_then(|q| q.split_once('"')).map(|(t, _)| t)
+                        && !titles.iter().any(|t| t == title)
+                    {
+                        wrong.push(at(format!("no section \"{title}\" in {path}")));
+                    }
+                }
+            }
+            // Markdown links to files of the repository, and their anchors.
+            if !is_md {
+                continue;
+            }
+            for (i, _) in line.match_indices("](") {
+                let target = &line[i + 2..];
+                let Some(target) = target.split([')', ' ']).next() else {
+                    continue;
+                };
+                if target.contains("://") || target.starts_with("mailto:") || target.is_empty() {
+                    continue;
+                }
+                named += 1;
+                let (path, anchor) = target.split_once('#').unwrap_or((target, ""));
+                let dir = file.parent().unwrap_or(&root);
+                let to = if path.is_empty() {
+                    file.clone()
+                } else {
+                    dir.join(path)
+                };
+                if !to.exists() {
+                    wrong.push(at(format!("no {target}")));
+                    continue;
+                }
+                if !anchor.is_empty()
+                    && to.extension().is_some_and(|e| e == "md")
+                    && let Some((slugs, _)) = headings(&to)
+                    && !slugs.iter().any(|s| s == anchor)
+                {
+                    wrong.push(at(format!("no heading #{anchor} in {target}")));
+                }
+            }
+        }
+    }
+    assert!(named > 200, "only {named} names found: is the scan broken?");
+    assert!(
+        wrong.is_empty(),
+        "{} names that lead nowhere:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
 }

@@ -335,7 +335,7 @@ pub(crate) fn hub_objects(
         "metadata": {"name": opts.cluster_set, "namespace": ns},
         "spec": {"clusterSet": opts.cluster_set},
     });
-    // The hosted clusters' own rows (docs/reporting.md, "One row per hosted cluster"): a
+    // The hosted clusters' own rows (docs/reporting.md, "What an SRE sees on the hub"): a
     // Policy with one template of the agent's kind, placed on every hosted cluster. With
     // hosted-mode addons its template lands in klusterlet-<name> on the management cluster,
     // where the agent reports that cluster's verdict into it.

@@ -148,6 +148,12 @@ pub struct Context {
     /// Queues a reconcile of one HCP (drift seen, probe verdict changed).
     pub(super) requeue: mpsc::UnboundedSender<ObjectRef<HostedControlPlane>>,
     hcps: Mutex<HashMap<String, HcpState>>,
+    /// How many of `hcps` have a roll-up row: `hcp_fleet_hosted_clusters`, moved under the
+    /// `hcps` lock as rows come (`row_added`) and go (`drop_state`). Counted here, not by a
+    /// pass over every HCP's state per report (quadratic in the fleet after a restart), and
+    /// per controller, not on the shared gauge: a controller that stops leading cannot leave
+    /// its count in the next one's.
+    rows: std::sync::atomic::AtomicI64,
     /// UIDs of deleted HCPs (a UID is never reused, so a recreated HCP is not affected).
     tombstones: Mutex<HashSet<String>>,
     pub(super) rollup_changed: Notify,
@@ -303,6 +309,7 @@ impl Context {
             endpoints: opts.endpoints,
             requeue: tx,
             hcps: Mutex::new(HashMap::new()),
+            rows: std::sync::atomic::AtomicI64::new(0),
             tombstones: Mutex::new(HashSet::new()),
             rollup_changed: Notify::new(),
             management_identity: tokio::sync::OnceCell::new(),
@@ -446,17 +453,20 @@ impl Context {
     pub(super) fn drop_state(&self, ns: &str, cluster: &str) {
         {
             let mut hcps = lock(&self.hcps);
-            hcps.remove(ns);
-            self.count_known(&hcps);
+            if hcps.remove(ns).is_some_and(|s| s.rollup.is_some()) {
+                let n = self.rows.fetch_sub(1, std::sync::atomic::Ordering::Relaxed) - 1;
+                self.metrics.hosted_clusters.set(n);
+            }
         }
         self.metrics.forget(ns, cluster);
         self.rollup_changed.notify_one();
     }
 
-    /// `hcp_fleet_hosted_clusters`: the HCPs that have a roll-up row (were reported).
-    pub(super) fn count_known(&self, hcps: &HashMap<String, HcpState>) {
-        let known = hcps.values().filter(|s| s.rollup.is_some()).count();
-        self.metrics.hosted_clusters.set(known as i64);
+    /// An HCP's first roll-up row: counted in `hcp_fleet_hosted_clusters`. Called under the
+    /// `hcps` lock (`hcps`' guard is the proof), as `drop_state` counts one going.
+    pub(super) fn row_added(&self, _hcps: &HashMap<String, HcpState>) {
+        let n = self.rows.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        self.metrics.hosted_clusters.set(n);
     }
 }
 

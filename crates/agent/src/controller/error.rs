@@ -8,7 +8,7 @@ use hcp_fleet_render::hosted::objects::WebhookRenderError;
 use hcp_fleet_render::management::RenderError;
 use hcp_fleet_render::reporting::Concern;
 
-/// The phases of one reconcile (docs/architecture.md, "The flow for one HCP"), each gated on
+/// The phases of one reconcile (docs/architecture.md, "One reconcile, phase by phase"), each gated on
 /// the one before.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Phase {

@@ -155,12 +155,15 @@ async fn claim(s: &Scope<'_>, hosted: &HostedClient) -> Result<(), Failure> {
             .await
             .map_err(|_| unread())?
             .map_err(|_| unread())?;
+        // Filtered under the store's lock, nothing copied but a match: every HCP's first
+        // reconcile after a restart asks this of the whole fleet's records.
         recorded = store
-            .state()
+            .state_filter(|h| {
+                h.spec.claimed_uid() == Some(uid.as_str())
+                    && h.metadata.namespace.as_deref() != Some(ns)
+            })
             .iter()
-            .filter(|h| h.spec.claimed_uid() == Some(uid.as_str()))
             .filter_map(|h| h.namespace())
-            .filter(|other| other != ns)
             .collect();
     }
     for other in recorded {

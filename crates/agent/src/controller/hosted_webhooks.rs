@@ -390,30 +390,76 @@ impl From<kube::Error> for InstallError {
     }
 }
 
+/// What the read of a live webhook configuration found.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Hooks {
+    /// Not read (no guard was moving off it).
+    Unread,
+    /// Not there: nothing to delete if it is not wanted.
+    Absent,
+    /// There; whether it holds an entry for a guard moving off it.
+    Present { holds_moving: bool },
+}
+
+impl Hooks {
+    fn hold_moving(self) -> bool {
+        matches!(self, Hooks::Present { holds_moving: true })
+    }
+}
+
 /// Does the live webhook configuration `name` of kind `K` still hold an entry for one of
 /// `guards` (guards that now run as policies)?
 async fn still_on_webhooks<K>(
     hosted: &Client,
     name: &str,
     guards: &BTreeSet<&str>,
-) -> Result<bool, kube::Error>
+) -> Result<Hooks, kube::Error>
 where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + serde::Serialize,
     K: std::fmt::Debug,
 {
     if guards.is_empty() {
-        return Ok(false);
+        return Ok(Hooks::Unread);
     }
     let Some(live) = Api::<K>::all(hosted.clone()).get_opt(name).await? else {
-        return Ok(false);
+        return Ok(Hooks::Absent);
     };
     let live = serde_json::to_value(live).map_err(kube::Error::SerdeError)?;
-    Ok(live["webhooks"]
+    let holds_moving = live["webhooks"]
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(|w| w["name"].as_str())
-        .any(|n| guards.contains(n)))
+        .any(|n| guards.contains(n));
+    Ok(Hooks::Present { holds_moving })
+}
+
+/// The webhook configuration `name` as wanted: written, or deleted if there, unless this
+/// install's read just found it absent. Every guard on policies makes both configurations
+/// unwanted, and a restart over such a fleet sent two deletes of nothing to each hosted
+/// cluster (of 85 requests, `make bench`); one created since the read is a tenant's, found by
+/// the next install as it would be after the delete.
+async fn write_hooks<K>(
+    hosted: &Client,
+    name: &str,
+    desired: Option<&K>,
+    read: Hooks,
+) -> Result<(), kube::Error>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + serde::Serialize,
+    K: std::fmt::Debug,
+{
+    if desired.is_none() && read == Hooks::Absent {
+        return Ok(());
+    }
+    apply_or_delete(
+        &Api::<K>::all(hosted.clone()),
+        name,
+        desired,
+        objects::matches,
+        Repair::Replace,
+    )
+    .await
 }
 
 /// The object named `name`, taken out of `live` (what remains is not wanted).
@@ -541,6 +587,7 @@ pub(crate) async fn install(
     let bapi = Api::<ValidatingAdmissionPolicyBinding>::all(hosted.clone());
     let wanted = &desired.policies;
     let mut warnings = Vec::new();
+    let mut validating_read = Hooks::Unread;
     // What is there of every name the agent may have written: compared against, and pruned
     // from, below.
     let (mut live_policies, mut live_bindings) = if features.admission_policies {
@@ -579,10 +626,15 @@ pub(crate) async fn install(
         // Also when nothing was written but a guard still has its webhook entry: an earlier
         // reconcile wrote the policies and stopped before its proof.
         let moving: BTreeSet<&str> = wanted.guards().collect();
-        if wrote
-            || still_on_webhooks::<ValidatingWebhookConfiguration>(hosted, VALIDATING_NAME, &moving)
-                .await?
-        {
+        if !wrote {
+            validating_read = still_on_webhooks::<ValidatingWebhookConfiguration>(
+                hosted,
+                VALIDATING_NAME,
+                &moving,
+            )
+            .await?;
+        }
+        if wrote || validating_read.hold_moving() {
             prove(
                 hosted,
                 Engine::Policy,
@@ -593,22 +645,20 @@ pub(crate) async fn install(
             .await?;
         }
     }
-    let mutating_going =
+    let (mutating_going, mutating_read) =
         install_mutating(hosted, desired, &ours.mutating, features, within).await?;
-    apply_or_delete(
-        &Api::<ValidatingWebhookConfiguration>::all(hosted.clone()),
+    write_hooks(
+        hosted,
         VALIDATING_NAME,
         desired.validating.as_ref(),
-        objects::matches,
-        Repair::Replace,
+        validating_read,
     )
     .await?;
-    apply_or_delete(
-        &Api::<MutatingWebhookConfiguration>::all(hosted.clone()),
+    write_hooks(
+        hosted,
         MUTATING_NAME,
         desired.mutating.as_ref(),
-        objects::matches,
-        Repair::Replace,
+        mutating_read,
     )
     .await?;
     prune_mutating(hosted, desired, mutating_going, within, proof).await?;
@@ -678,16 +728,17 @@ where
 /// The mutating policies and bindings wanted, written (the probe's last) and, if any was
 /// written or a mutation still has its webhook entry, proven in force by the mutating probe
 /// before the webhook configurations lose them. Returns the live ones no longer wanted
-/// (policies, bindings), for `prune_mutating` once the webhooks are written.
+/// (policies, bindings), for `prune_mutating` once the webhooks are written, and what the
+/// read of the mutating webhook configuration found.
 async fn install_mutating(
     hosted: &Client,
     desired: &HostedWebhooks,
     ours: &BTreeSet<String>,
     features: HostedFeatures,
     within: Duration,
-) -> Result<(Vec<String>, Vec<String>), InstallError> {
+) -> Result<((Vec<String>, Vec<String>), Hooks), InstallError> {
     if !features.mutating_policies {
-        return Ok((Vec::new(), Vec::new()));
+        return Ok(((Vec::new(), Vec::new()), Hooks::Unread));
     }
     let papi =
         Api::<DynamicObject>::all_with(hosted.clone(), &admission_policies::mutating_resource());
@@ -713,17 +764,20 @@ async fn install_mutating(
         }
     }
     let moving: BTreeSet<&str> = wanted.mutations().collect();
-    let still_hooked =
+    let read =
         still_on_webhooks::<MutatingWebhookConfiguration>(hosted, MUTATING_NAME, &moving).await?;
     if let Some(revision) = wanted.mutating_revision.as_deref()
-        && (wrote || still_hooked)
+        && (wrote || read.hold_moving())
     {
         let answered = |left| probe::probe_mutating(hosted, left, revision);
         until_answered("mutating admission policies", within, answered).await?;
     }
     Ok((
-        live_policies.iter().map(|p| p.name_any()).collect(),
-        live_bindings.iter().map(|b| b.name_any()).collect(),
+        (
+            live_policies.iter().map(|p| p.name_any()).collect(),
+            live_bindings.iter().map(|b| b.name_any()).collect(),
+        ),
+        read,
     ))
 }
 

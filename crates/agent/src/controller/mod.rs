@@ -1,5 +1,5 @@
 //! The HCP controller: one kube-runtime Controller over HostedControlPlanes, reconciling each
-//! through the phases of docs/architecture.md ("The flow for one HCP").
+//! through the phases of docs/architecture.md ("One reconcile, phase by phase").
 //!
 //! | module | what it holds |
 //! |---|---|
@@ -173,10 +173,11 @@ async fn running(
     let in_namespace = {
         let store = store.clone();
         move |ns: Option<String>| {
+            // Every watched object's event maps through here (a restart lists each kubeconfig
+            // Secret): compared in place, not through a copy of every HCP's namespace.
             store
-                .state()
+                .state_filter(|h| h.metadata.namespace.as_deref() == ns.as_deref())
                 .iter()
-                .filter(|h| h.namespace() == ns)
                 .map(|h| ObjectRef::from_obj(h.as_ref()))
                 .collect::<Vec<_>>()
         }

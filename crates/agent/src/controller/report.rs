@@ -88,14 +88,17 @@ pub(crate) async fn report(
             .set(gauge);
         ctx.metrics.set_revision(ns, cluster, Some(pass.revision));
         let state = hcps.entry(ns.to_string()).or_default();
-        if state.rollup.is_none() {
+        let first = state.rollup.is_none();
+        if first {
             ctx.metrics.known(ns, cluster);
         }
         if state.rollup.as_ref() != Some(&row) {
             state.rollup = Some(row);
             ctx.rollup_changed.notify_one();
         }
-        ctx.count_known(&hcps);
+        if first {
+            ctx.row_added(&hcps);
+        }
     }
     if !ctx.caps.health_crd {
         return None;

@@ -503,11 +503,7 @@ async fn tell(
         }
         let target = hcp
             .as_deref()
-            .and_then(|ns| {
-                hcps.state()
-                    .into_iter()
-                    .find(|h| h.namespace().as_deref() == Some(ns))
-            })
+            .and_then(|ns| hcps.find(|h| h.metadata.namespace.as_deref() == Some(ns)))
             .map(|h| h.object_ref(&()));
         for r in std::iter::once(&reference).chain(target.as_ref()) {
             publish(ctx, r, warning, reason, &note).await;
