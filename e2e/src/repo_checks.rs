@@ -265,6 +265,143 @@ fn anchors(text: &str) -> (Vec<String>, Vec<String>) {
     (slugs, titles)
 }
 
+/// The files whose text may name a path: Markdown, Rust, shell and Python, the Makefile and
+/// the Containerfile, outside `target`, hidden directories and test data.
+fn named_in(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().to_string();
+        if path.is_dir() {
+            if name != "target" && !name.starts_with('.') && name != "testdata" {
+                named_in(&path, out);
+            }
+        } else if ["md", "rs", "sh", "py"]
+            .iter()
+            .any(|e| path.extension().is_some_and(|x| x == *e))
+            || name == "Makefile"
+            || name == "Containerfile"
+        {
+            out.push(path);
+        }
+    }
+}
+
+fn is_path_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || "_.-/".contains(c)
+}
+
+/// What one line names that leads nowhere, from the top of the repository `root`.
+struct Names<'a> {
+    root: &'a Path,
+    named: usize,
+    wrong: Vec<String>,
+}
+
+impl Names<'_> {
+    /// The paths by their first directory, each one's `#anchor` and quoted section.
+    fn paths(&mut self, line: &str, at: &dyn Fn(String) -> String) {
+        for start in [
+            "docs/",
+            "crates/",
+            "e2e/",
+            "hack/",
+            "charts/",
+            "policies/",
+            "src/",
+        ] {
+            for (i, _) in line.match_indices(start) {
+                if line[..i].chars().next_back().is_some_and(is_path_char) {
+                    continue;
+                }
+                let tail = &line[i..];
+                let len = tail.find(|c: char| !is_path_char(c)).unwrap_or(tail.len());
+                let path = tail[..len].trim_end_matches(['.', '/']);
+                if path.len() <= start.len()
+                    || path.ends_with(".tmp")
+                    || NAMED_ELSEWHERE.contains(&path)
+                {
+                    continue;
+                }
+                self.named += 1;
+                self.path(path, &tail[len..], at);
+            }
+        }
+    }
+
+    fn path(&mut self, path: &str, after: &str, at: &dyn Fn(String) -> String) {
+        let exists = if path.ends_with('-') || after.starts_with(['*', '<']) {
+            let (dir, stem) = path.rsplit_once('/').unwrap_or(("", path));
+            std::fs::read_dir(self.root.join(dir))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with(stem))
+        } else {
+            self.root.join(path).exists()
+        };
+        if !exists {
+            self.wrong.push(at(format!("no {path}")));
+            return;
+        }
+        let Some((slugs, titles)) = path
+            .ends_with(".md")
+            .then(|| std::fs::read_to_string(self.root.join(path)).ok())
+            .flatten()
+            .map(|t| anchors(&t))
+        else {
+            return;
+        };
+        if let Some(anchor) = after.strip_prefix('#') {
+            let anchor: String = anchor.chars().take_while(|c| is_path_char(*c)).collect();
+            let anchor = anchor.trim_end_matches('.');
+            if !slugs.iter().any(|s| s == anchor) {
+                self.wrong
+                    .push(at(format!("no heading #{anchor} in {path}")));
+            }
+        }
+        let quoted = after
+            .strip_prefix(", \"")
+            .or_else(|| after.strip_prefix(" (\""));
+        if let Some(title) = quoted.and_then(|q| q.split_once('"')).map(|(t, _)| t)
+            && !titles.iter().any(|t| t == title)
+        {
+            self.wrong
+                .push(at(format!("no section \"{title}\" in {path}")));
+        }
+    }
+
+    /// Markdown links from `file` to files of the repository, and their anchors.
+    fn links(&mut self, file: &Path, line: &str, at: &dyn Fn(String) -> String) {
+        for (i, _) in line.match_indices("](") {
+            let Some(target) = line[i + 2..].split([')', ' ']).next() else {
+                continue;
+            };
+            if target.contains("://") || target.starts_with("mailto:") || target.is_empty() {
+                continue;
+            }
+            self.named += 1;
+            let (path, anchor) = target.split_once('#').unwrap_or((target, ""));
+            let to = if path.is_empty() {
+                file.to_path_buf()
+            } else {
+                file.parent().unwrap_or(self.root).join(path)
+            };
+            if !to.exists() {
+                self.wrong.push(at(format!("no {target}")));
+                continue;
+            }
+            if !anchor.is_empty()
+                && to.extension().is_some_and(|e| e == "md")
+                && let Some((slugs, _)) = std::fs::read_to_string(&to).ok().map(|t| anchors(&t))
+                && !slugs.iter().any(|s| s == anchor)
+            {
+                self.wrong
+                    .push(at(format!("no heading #{anchor} in {target}")));
+            }
+        }
+    }
+}
+
 /// Every repository path a doc, a comment or a script names exists (`docs/…`, `crates/…`,
 /// `e2e/…`, `hack/…`, `charts/…`, `policies/…`, `src/…`; a name ending in `-` or followed by
 /// `*` or `<` is a prefix some file has), every `#anchor` after a Markdown file's path or in a
@@ -272,33 +409,16 @@ fn anchors(text: &str) -> (Vec<String>, Vec<String>) {
 /// (`<page>.md, "Title"` or `<page>.md ("Title")` after a page's path) is one of its headings.
 #[test]
 fn every_path_anchor_and_section_the_docs_and_comments_name_exists() {
-    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-            let path = entry.path();
-            let name = entry.file_name().to_string_lossy().to_string();
-            if path.is_dir() {
-                if name != "target" && !name.starts_with('.') && name != "testdata" {
-                    walk(&path, out);
-                }
-            } else if ["md", "rs", "sh", "py"]
-                .iter()
-                .any(|e| path.extension().is_some_and(|x| x == *e))
-                || name == "Makefile"
-                || name == "Containerfile"
-            {
-                out.push(path);
-            }
-        }
-    }
     let root = repo();
     let root = root.canonicalize().unwrap_or(root);
     let mut files = Vec::new();
-    walk(&root, &mut files);
+    named_in(&root, &mut files);
     assert!(files.len() > 100, "{} files", files.len());
-    let headings = |p: &Path| std::fs::read_to_string(p).ok().map(|t| anchors(&t));
-    let is_path_char = |c: char| c.is_ascii_alphanumeric() || "_.-/".contains(c);
-    let mut wrong = Vec::new();
-    let mut named = 0;
+    let mut names = Names {
+        root: &root,
+        named: 0,
+        wrong: Vec::new(),
+    };
     for file in &files {
         let Ok(text) = std::fs::read_to_string(file) else {
             continue;
@@ -308,112 +428,23 @@ fn every_path_anchor_and_section_the_docs_and_comments_name_exists() {
             .unwrap_or(file)
             .display()
             .to_string();
-        let is_md = rel.ends_with(".md");
         for (ln, line) in text.lines().enumerate() {
             let at = |what: String| format!("{rel}:{}: {what}", ln + 1);
-            // Paths by their first directory.
-            for start in [
-                "docs/",
-                "crates/",
-                "e2e/",
-                "hack/",
-                "charts/",
-                "policies/",
-                "src/",
-            ] {
-                for (i, _) in line.match_indices(start) {
-                    if line[..i].chars().next_back().is_some_and(is_path_char) {
-                        continue;
-                    }
-                    let tail = &line[i..];
-                    let len = tail.find(|c: char| !is_path_char(c)).unwrap_or(tail.len());
-                    let path = tail[..len].trim_end_matches(['.', '/']);
-                    let after = &tail[len..];
-                    if path.len() <= start.len() || path.ends_with(".tmp") {
-                        continue;
-                    }
-                    if NAMED_ELSEWHERE.contains(&path) {
-                        continue;
-                    }
-                    named += 1;
-                    let prefix = path.ends_with('-') || after.starts_with(['*', '<']);
-                    let exists = if prefix {
-                        let (dir, stem) = path.rsplit_once('/').unwrap_or(("", path));
-                        std::fs::read_dir(root.join(dir))
-                            .into_iter()
-                            .flatten()
-                            .flatten()
-                            .any(|e| e.file_name().to_string_lossy().starts_with(stem))
-                    } else {
-                        root.join(path).exists()
-                    };
-                    if !exists {
-                        wrong.push(at(format!("no {path}")));
-                        continue;
-                    }
-                    if !path.ends_with(".md") {
-                        continue;
-                    }
-                    let Some((slugs, titles)) = headings(&root.join(path)) else {
-                        continue;
-                    };
-                    if let Some(anchor) = after.strip_prefix('#') {
-                        let anchor: String =
-                            anchor.chars().take_while(|c| is_path_char(*c)).collect();
-                        let anchor = anchor.trim_end_matches('.');
-                        if !slugs.iter().any(|s| s == anchor) {
-                            wrong.push(at(format!("no heading #{anchor} in {path}")));
-                        }
-                    }
-                    let quoted = after
-                        .strip_prefix(", \"")
-                        .or_else(|| after.strip_prefix(" (\""));
-                    if let Some(title) = quoted.and_then(|q| q.split_once('"')).map(|(t, _)| t)
-                        && !titles.iter().any(|t| t == title)
-                    {
-                        wrong.push(at(format!("no section \"{title}\" in {path}")));
-                    }
-                }
-            }
-            // Markdown links to files of the repository, and their anchors.
-            if !is_md {
-                continue;
-            }
-            for (i, _) in line.match_indices("](") {
-                let target = &line[i + 2..];
-                let Some(target) = target.split([')', ' ']).next() else {
-                    continue;
-                };
-                if target.contains("://") || target.starts_with("mailto:") || target.is_empty() {
-                    continue;
-                }
-                named += 1;
-                let (path, anchor) = target.split_once('#').unwrap_or((target, ""));
-                let dir = file.parent().unwrap_or(&root);
-                let to = if path.is_empty() {
-                    file.clone()
-                } else {
-                    dir.join(path)
-                };
-                if !to.exists() {
-                    wrong.push(at(format!("no {target}")));
-                    continue;
-                }
-                if !anchor.is_empty()
-                    && to.extension().is_some_and(|e| e == "md")
-                    && let Some((slugs, _)) = headings(&to)
-                    && !slugs.iter().any(|s| s == anchor)
-                {
-                    wrong.push(at(format!("no heading #{anchor} in {target}")));
-                }
+            names.paths(line, &at);
+            if rel.ends_with(".md") {
+                names.links(file, line, &at);
             }
         }
     }
-    assert!(named > 200, "only {named} names found: is the scan broken?");
     assert!(
-        wrong.is_empty(),
+        names.named > 200,
+        "only {} names found: is the scan broken?",
+        names.named
+    );
+    assert!(
+        names.wrong.is_empty(),
         "{} names that lead nowhere:\n{}",
-        wrong.len(),
-        wrong.join("\n")
+        names.wrong.len(),
+        names.wrong.join("\n")
     );
 }
