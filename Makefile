@@ -25,7 +25,7 @@ test:
 	HELM="$$helm" CARGO="$(CARGO)" bash hack/test.sh
 
 # The chart's generated files: values.schema.json from the configuration types,
-# templates/crds.yaml from the agent's own resource types (crates/model/src/crd/health.rs), and README.md
+# templates/crds.yaml from the agent's own resource types (src/model/src/crd/health.rs), and README.md
 # from the schema and values.yaml; docs/api.md from the resource types.
 chart-schema:
 	$(CARGO) build -q -p hcp-fleet-e2e --bin hcp-fleet-dev

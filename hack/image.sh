@@ -41,7 +41,7 @@ target=x86_64-unknown-linux-gnu
 binary="${CARGO_TARGET_DIR:-target}/$target/release/hcp-fleet-agent"
 # --target keeps this build apart from the debug one (build scripts stay dynamic, host-built).
 # The cli crate's binary, whose dependency graph has no test bed (etcd and kube-apiserver
-# supervision, the stand-in kubelet, `dev`, `package`: crates/testbed and e2e/'s hcp-fleet-dev).
+# supervision, the stand-in kubelet, `dev`, `package`: src/testbed and e2e/'s hcp-fleet-dev).
 cargo_home="${CARGO_HOME:-$HOME/.cargo}"
 rustflags="${RUSTFLAGS:-} -C target-feature=+crt-static --remap-path-prefix=$cargo_home=/cargo --remap-path-prefix=$PWD=/src"
 cargo_args=(--release --locked --no-default-features --features "$features" --target "$target" -p hcp-fleet-cli --bin hcp-fleet-agent)

@@ -37,12 +37,12 @@ fi
 # cargo-cyclonedx writes beside each Cargo.toml of the workspace; the image's binary is the cli
 # crate's, whose file is moved from there at once and the others removed.
 raw="hcp-fleet-agent.sbom-raw"
-members=(crates/*/ e2e/)
+members=(src/*/ e2e/)
 clean() { for m in "${members[@]}"; do rm -f "$m$raw.json"; done; }
 clean
 "$CDX" cyclonedx --quiet --format json --spec-version 1.5 --no-default-features --features "${SBOM_FEATURES:-ring}" \
-  --target "$target" --override-filename "$raw" --manifest-path crates/cli/Cargo.toml >&2
-mv "crates/cli/$raw.json" "$out/cargo-cyclonedx.json"
+  --target "$target" --override-filename "$raw" --manifest-path src/cli/Cargo.toml >&2
+mv "src/cli/$raw.json" "$out/cargo-cyclonedx.json"
 clean
 # The crates the image's build compiles, as cargo resolves them (normal and build
 # dependencies, the image's features and target), to hold the SBOM to.

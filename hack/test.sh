@@ -65,7 +65,7 @@ mapfile -t versions <"$work/versions"
 [ "${#versions[@]}" -gt 0 ] || { echo "[test] no test-bed version" >&2; exit 1; }
 
 # Two lanes of about equal length (measured on 1.20.2 with the hosted clusters' data planes,
-# the patches of hack/testbed-patches and the servers' Go runtime settings of crates/testbed,
+# the patches of hack/testbed-patches and the servers' Go runtime settings of src/testbed,
 # the two lanes alone, 2026-12-02: admission 281 s + data_plane 25 + packaging 71 + testbed 24
 # = 401; acm 24 + agent 222 + monitoring 20 + rollout 106 + tenant 42 = 414).
 lanes=("--test admission --test packaging --test testbed --test data_plane" "--test agent --test rollout --test acm --test monitoring --test tenant")

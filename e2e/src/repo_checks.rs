@@ -12,16 +12,16 @@ fn repo() -> PathBuf {
 /// (render and webhook side by side, neither on the other; the test bed beside cli, neither on
 /// the other).
 const ALLOWED: &[(&str, &[&str])] = &[
-    ("crates/model", &[]),
-    ("crates/guards", &["model"]),
-    ("crates/render", &["model", "guards"]),
-    ("crates/webhook", &["model", "guards"]),
-    ("crates/agent", &["model", "guards", "render", "webhook"]),
+    ("src/model", &[]),
+    ("src/guards", &["model"]),
+    ("src/render", &["model", "guards"]),
+    ("src/webhook", &["model", "guards"]),
+    ("src/agent", &["model", "guards", "render", "webhook"]),
     (
-        "crates/cli",
+        "src/cli",
         &["model", "guards", "render", "webhook", "agent"],
     ),
-    ("crates/testbed", &["model", "guards", "render", "agent"]),
+    ("src/testbed", &["model", "guards", "render", "agent"]),
     (
         "e2e",
         &[
@@ -143,6 +143,55 @@ fn the_readme_tables_are_whole_and_the_layout_names_every_directory() {
     }
 }
 
+/// The top level is the card's (`Cargo.toml`, `src`, `charts`, `policies`, `e2e`, `docs`,
+/// `Makefile`) and the files that must sit beside them (the README, the lock file, the tools'
+/// settings, `hack`, `Containerfile`), and `src/` holds the crates and nothing else.
+#[test]
+fn the_top_level_is_the_cards_and_src_holds_the_crates() {
+    const TOP: &[&str] = &[
+        "Cargo.toml",
+        "src",
+        "charts",
+        "policies",
+        "e2e",
+        "docs",
+        "Makefile",
+        "README.md",
+        "Cargo.lock",
+        "clippy.toml",
+        "deny.toml",
+        "rust-toolchain.toml",
+        "hack",
+        "Containerfile",
+        "target",
+    ];
+    let entries = |dir: PathBuf| -> Vec<String> {
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .filter(|n| !n.starts_with('.'))
+            .collect()
+    };
+    let stray: Vec<String> = entries(repo())
+        .into_iter()
+        .filter(|n| !TOP.contains(&n.as_str()))
+        .collect();
+    assert!(stray.is_empty(), "at the top, not the card's: {stray:?}");
+    let crates: Vec<&str> = crates().filter_map(|c| c.strip_prefix("src/")).collect();
+    assert_eq!(
+        crates.len(),
+        ALLOWED.len() - 1,
+        "every crate but e2e under src/"
+    );
+    let stray: Vec<String> = entries(repo().join("src"))
+        .into_iter()
+        .filter(|n| !crates.contains(&n.as_str()))
+        .collect();
+    assert!(stray.is_empty(), "in src/, not a crate: {stray:?}");
+}
+
 /// docs/architecture.md names every module of every crate, as `` `<crate>/<path>` `` (a
 /// directory's `mod.rs` as itself or as `` `<crate>/<dir>/` ``), so the next engineer finds
 /// the room for a change by its name there.
@@ -224,6 +273,7 @@ const NAMED_ELSEWHERE: &[&str] = &[
     "hack/lib/version.sh",
     "hack/templates/00-managed-cluster-validating-webhooks-hs.SelectorSyncSet.yaml.tmpl",
     "src/main.rs",
+    "src/lib.rs",
     "e2e/nudge",
 ];
 
@@ -302,7 +352,7 @@ impl Names<'_> {
     fn paths(&mut self, line: &str, at: &dyn Fn(String) -> String) {
         for start in [
             "docs/",
-            "crates/",
+            "src/",
             "e2e/",
             "hack/",
             "charts/",
@@ -402,7 +452,7 @@ impl Names<'_> {
     }
 }
 
-/// Every repository path a doc, a comment or a script names exists (`docs/…`, `crates/…`,
+/// Every repository path a doc, a comment or a script names exists (`docs/…`, `src/…`,
 /// `e2e/…`, `hack/…`, `charts/…`, `policies/…`, `src/…`; a name ending in `-` or followed by
 /// `*` or `<` is a prefix some file has), every `#anchor` after a Markdown file's path or in a
 /// Markdown link is one of its headings, and every section named after one in quotes
