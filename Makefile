@@ -52,10 +52,10 @@ e2e:
 	done
 
 # A local fleet of three hosted clusters on the newest test-bed version; Ctrl-C stops it and
-# removes everything.
+# removes everything. DEMO_ARGS adds to `dev`'s arguments (`--config FILE`: the README's demo).
 demo:
 	@assets="$$(bash hack/testbed-versions.sh | tail -n 1)" && $(CARGO) build -p hcp-fleet-e2e --bin hcp-fleet-dev && \
-	KUBEBUILDER_ASSETS="$$assets" ./target/debug/hcp-fleet-dev dev --hosted-clusters 3
+	KUBEBUILDER_ASSETS="$$assets" ./target/debug/hcp-fleet-dev dev --hosted-clusters 3 $(DEMO_ARGS)
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -472,6 +472,127 @@ async fn dev_runs_until_ctrl_c_and_leaves_no_orphans() {
     assert!(leftovers.is_empty(), "state dir removed: {leftovers:?}");
 }
 
+/// `dev --config FILE`: the agent runs with the file (a guard disabled), takes a change to it
+/// while running (the guard back), and refuses a bad one, keeping the last good one, as the
+/// agent does with its own file.
+#[tokio::test]
+// Sends signals to child processes (libc::kill).
+#[allow(unsafe_code)]
+async fn dev_takes_a_configuration_file_and_reads_it_again_when_it_changes() {
+    const GUARD: &str = "featuregate.hcp-fleet.openshift.io";
+    let assets = assets_or_skip_reason().expect("test bed assets");
+    let parent = tempfile::tempdir().expect("tempdir");
+    let config = parent.path().join("agent.yaml");
+    std::fs::write(&config, format!("disabledGuards: [{GUARD}]\n")).expect("config");
+    let state = tempfile::tempdir().expect("tempdir");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-dev"))
+        .args(["dev", "--hosted-clusters", "1", "--config"])
+        .arg(&config)
+        .arg("--state-parent")
+        .arg(state.path())
+        .env("KUBEBUILDER_ASSETS", &assets.dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn dev");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut lines: Vec<String> = Vec::new();
+    let until = |what: &str, within: Duration, lines: &mut Vec<String>| {
+        let deadline = Instant::now() + within;
+        while !lines.iter().any(|l| l.contains(what)) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(l) => lines.push(l),
+                Err(_) => panic!("dev did not print {what:?}: {lines:?}"),
+            }
+        }
+    };
+    until("READY", Duration::from_secs(120), &mut lines);
+    let mgmt_kc = lines
+        .iter()
+        .find(|l| l.contains("get hostedcontrolplanes -A"))
+        .and_then(|l| {
+            l.split_whitespace()
+                .skip_while(|w| *w != "--kubeconfig")
+                .nth(1)
+        })
+        .expect("the management kubeconfig line")
+        .to_string();
+    // The guard's path on hc-1's record ("none" when it is not there).
+    let path = || {
+        let out = Command::new(&assets.kubectl)
+            .args(["--kubeconfig", &mgmt_kc, "get", "admissionhealths", "-n"])
+            .arg(hcp_namespace("hc-1"))
+            .args(["-o", "json"])
+            .output()
+            .expect("kubectl");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let guards = v["items"][0]["status"]["guards"].as_array().cloned();
+        let guards = guards.unwrap_or_default();
+        let path = guards
+            .iter()
+            .find(|g| g["name"] == GUARD)
+            .and_then(|g| g["path"].as_str())
+            .unwrap_or("none")
+            .to_string();
+        (guards.len(), path)
+    };
+    let (n, started) = path();
+    assert!(n > 5, "hc-1's record names {n} guards");
+    assert_eq!(started, "none", "{GUARD} is disabled by the file");
+
+    std::fs::write(&config, "disabledGuards: []\n").expect("config");
+    until(
+        "configuration reloaded from",
+        Duration::from_secs(20),
+        &mut lines,
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while path().1 == "none" {
+        assert!(
+            Instant::now() < deadline,
+            "{GUARD} did not come back: {lines:?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let back = path().1;
+
+    std::fs::write(&config, "concurrency: 0\n").expect("config");
+    until("configuration refused", Duration::from_secs(20), &mut lines);
+    // The problem, on the lines under it.
+    until(
+        "concurrency must be at least 1",
+        Duration::from_secs(5),
+        &mut lines,
+    );
+    assert!(
+        child.try_wait().expect("wait").is_none(),
+        "dev ended on a bad file"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(path().1, back, "the last good configuration runs on");
+
+    let rc = unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    assert_eq!(rc, 0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "dev did not exit on Ctrl-C");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "clean exit on Ctrl-C: {status}");
+}
+
 /// `render` as an operator runs it: offline, every object, no private key, and every object
 /// accepted by a real kube-apiserver (server-side dry run): the management objects in their
 /// namespace, the hosted ones (webhook configurations, and admission policies whose CEL the

@@ -35,9 +35,52 @@ pub struct DevArgs {
     /// cache filled by hack/testbed-assets.sh).
     #[arg(long, env = "KUBEBUILDER_ASSETS")]
     pub assets: Option<PathBuf>,
+    /// The agent's configuration file (YAML, as the chart's `config`; the built-in defaults
+    /// without one), with the test bed's loopback API servers allowed. Read again when it
+    /// changes, as the agent reads its mounted ConfigMap: a bad one is refused and the running
+    /// one kept.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+/// The configuration `dev` runs the agent with: the file (or the defaults), validated as the
+/// agent validates it, with the test bed's loopback servers allowed.
+fn dev_config(
+    path: Option<&std::path::Path>,
+) -> Result<hcp_fleet_render::config::AgentConfig, hcp_fleet_render::config::ConfigError> {
+    hcp_fleet_cli::agent::read_config(path).map(localcp::allow_loopback)
+}
+
+/// Reads `path` every 2 s and, when its bytes change, has the agent take it as it takes its
+/// own file (`AgentHandle::reload_from`: refused with `hcp_fleet_config_last_reload_successful`
+/// 0 and a Warning Event, or swapped in and every HCP reconciled), saying which on stdout.
+async fn reload_on_change(agent: &hcp_fleet_cli::agent::AgentHandle, path: &std::path::Path) {
+    let mut last = std::fs::read(path).ok();
+    let mut every = tokio::time::interval(std::time::Duration::from_secs(2));
+    loop {
+        every.tick().await;
+        let now = std::fs::read(path).ok();
+        if now == last {
+            continue;
+        }
+        last = now;
+        match agent.reload_from(|| dev_config(Some(path))) {
+            Ok(true) => println!("configuration reloaded from {}", path.display()),
+            Ok(false) => {}
+            Err(e) => println!("configuration refused, the agent runs the last good one: {e}"),
+        }
+    }
 }
 
 pub async fn run(args: DevArgs) -> ExitCode {
+    // A bad file is refused before anything starts.
+    let cfg = match dev_config(args.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let opts = FleetOptions {
         assets_dir: args.assets.clone(),
         management_port: args.management_port,
@@ -65,7 +108,7 @@ pub async fn run(args: DevArgs) -> ExitCode {
         }
     };
     // The agent and the test bed's stand-in kubelet, on the local fleet.
-    let (agent, kubelet) = match start_agent(&fleet).await {
+    let (agent, kubelet) = match start_agent(&fleet, cfg).await {
         Ok(a) => a,
         Err(e) => {
             eprintln!("error: {e}");
@@ -96,16 +139,44 @@ pub async fn run(args: DevArgs) -> ExitCode {
             println!(
                 "Admission services (their pods on the management cluster; each guard's path, from the record):"
             );
-            for line in admission_lines(&fleet, &names).await {
+            for line in admission_lines(&fleet, &names, &agent.context.config()).await {
                 println!("  {line}");
             }
             println!();
         }
         Err(e) => eprintln!("warning: the fleet did not converge: {e}"),
     }
-    // Each hosted cluster's platform, and a customer's work, under the guards just installed.
-    for name in &names {
-        match localcp::platform::install(&fleet, name).await {
+    platforms(&fleet, &names).await;
+    if let Some(path) = &args.config {
+        println!(
+            "the agent's configuration: {} (read again when it changes)",
+            path.display()
+        );
+    }
+    println!("READY");
+    match &args.config {
+        Some(path) => {
+            tokio::select! {
+                () = reload_on_change(&agent, path) => {}
+                () = shutdown_signal() => {}
+            }
+        }
+        None => shutdown_signal().await,
+    }
+    drop(agent);
+    kubelet.abort();
+    eprintln!("stopping the local fleet…");
+    fleet.shutdown();
+    drop(fleet);
+    eprintln!("stopped; state directory removed");
+    ExitCode::SUCCESS
+}
+
+/// Each hosted cluster's platform, and a customer's work, under the guards just installed: what
+/// was written and refused, and the kubelets' token requests.
+async fn platforms(fleet: &LocalFleet, names: &[String]) {
+    for name in names {
+        match localcp::platform::install(fleet, name).await {
             Ok(r) => {
                 let refused = r.refused();
                 let tokens = fleet
@@ -127,15 +198,6 @@ pub async fn run(args: DevArgs) -> ExitCode {
             Err(e) => eprintln!("warning: {name}'s data plane: {e}"),
         }
     }
-    println!("READY");
-    shutdown_signal().await;
-    drop(agent);
-    kubelet.abort();
-    eprintln!("stopping the local fleet…");
-    fleet.shutdown();
-    drop(fleet);
-    eprintln!("stopped; state directory removed");
-    ExitCode::SUCCESS
 }
 
 fn print_summary(
@@ -188,13 +250,16 @@ fn print_summary(
 /// Deployment's ready replicas, as the stand-in kubelet reports them), and how many of its
 /// guards take each path. A cluster whose every guard runs inside its hosted kube-apiserver
 /// (1.36 with the defaults) has none.
-async fn admission_lines(fleet: &LocalFleet, names: &[String]) -> Vec<String> {
+async fn admission_lines(
+    fleet: &LocalFleet,
+    names: &[String],
+    cfg: &hcp_fleet_render::config::AgentConfig,
+) -> Vec<String> {
     use k8s_openapi::api::apps::v1::Deployment;
     use kube::Api;
     let Ok(mgmt) = fleet.management.client().await else {
         return vec!["(the management cluster did not answer)".into()];
     };
-    let cfg = hcp_fleet_render::config::AgentConfig::default();
     let mut lines = Vec::new();
     for name in names {
         let ns = localcp::fixtures::hcp_namespace(name);
@@ -249,6 +314,7 @@ enum DevError {
 
 async fn start_agent(
     fleet: &LocalFleet,
+    cfg: hcp_fleet_render::config::AgentConfig,
 ) -> Result<
     (
         hcp_fleet_cli::agent::AgentHandle,
@@ -267,7 +333,7 @@ async fn start_agent(
     );
     let agent = hcp_fleet_cli::agent::start(
         mgmt,
-        localcp::allow_loopback(hcp_fleet_render::config::AgentConfig::default()),
+        cfg,
         hcp_fleet_cli::agent::StartOptions {
             agent_namespace: "hcp-fleet-agent".into(),
             endpoints: localcp::kubelet::endpoints(),

@@ -80,6 +80,21 @@ pub struct AgentArgs {
     pub framework_namespace: Option<String>,
 }
 
+/// The configuration file at `path` (the built-in defaults without one), read and validated as
+/// the agent reads it; every problem is reported at once.
+pub fn read_config(
+    path: Option<&std::path::Path>,
+) -> Result<AgentConfig, hcp_fleet_render::config::ConfigError> {
+    let cfg = match path {
+        Some(p) => AgentConfig::load(p)?,
+        None => AgentConfig::default(),
+    };
+    let origin = path
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "built-in defaults".into());
+    cfg.validated(&origin)
+}
+
 /// Loads the file and applies the overrides; every problem is reported at once.
 pub(crate) fn load_config(
     args: &AgentArgs,
@@ -139,7 +154,16 @@ impl AgentHandle {
     /// so where an SRE looks: `hcp_fleet_config_last_reload_successful` 0 (the alert
     /// `HcpFleetConfigurationRefused`) and a Warning Event on the agent's AdmissionRollout.
     pub fn reload(&self, args: &AgentArgs) -> Result<bool, hcp_fleet_render::config::ConfigError> {
-        let new = match load_config(args) {
+        self.reload_from(|| load_config(args))
+    }
+
+    /// `reload` with the configuration from `load` (`dev --config`: the file with the test
+    /// bed's loopback servers allowed): refused or taken the same way.
+    pub fn reload_from(
+        &self,
+        load: impl FnOnce() -> Result<AgentConfig, hcp_fleet_render::config::ConfigError>,
+    ) -> Result<bool, hcp_fleet_render::config::ConfigError> {
+        let new = match load() {
             Ok(new) => {
                 self.context.metrics.config_read(true);
                 self.context.set_config_refused(None);
