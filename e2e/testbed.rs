@@ -472,13 +472,14 @@ async fn dev_runs_until_ctrl_c_and_leaves_no_orphans() {
     assert!(leftovers.is_empty(), "state dir removed: {leftovers:?}");
 }
 
-/// `dev --config FILE`: the agent runs with the file (a guard disabled), takes a change to it
-/// while running (the guard back), and refuses a bad one, keeping the last good one, as the
-/// agent does with its own file.
+/// `dev --config FILE --acm`: the agent runs with the file (a guard disabled), takes a change
+/// to it while running (the guard back), and refuses a bad one, keeping the last good one, as
+/// the agent does with its own file; and the hub's rows are printed as ACM shows them (the
+/// fleet's, and the hosted cluster's own).
 #[tokio::test]
 // Sends signals to child processes (libc::kill).
 #[allow(unsafe_code)]
-async fn dev_takes_a_configuration_file_and_reads_it_again_when_it_changes() {
+async fn dev_takes_a_configuration_file_reads_it_again_and_shows_the_hubs_rows() {
     const GUARD: &str = "featuregate.hcp-fleet.openshift.io";
     let assets = assets_or_skip_reason().expect("test bed assets");
     let parent = tempfile::tempdir().expect("tempdir");
@@ -486,7 +487,7 @@ async fn dev_takes_a_configuration_file_and_reads_it_again_when_it_changes() {
     std::fs::write(&config, format!("disabledGuards: [{GUARD}]\n")).expect("config");
     let state = tempfile::tempdir().expect("tempdir");
     let mut child = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-dev"))
-        .args(["dev", "--hosted-clusters", "1", "--config"])
+        .args(["dev", "--hosted-clusters", "1", "--acm", "--config"])
         .arg(&config)
         .arg("--state-parent")
         .arg(state.path())
@@ -545,6 +546,27 @@ async fn dev_takes_a_configuration_file_and_reads_it_again_when_it_changes() {
             .to_string();
         (guards.len(), path)
     };
+    // The hub's rows, before READY: the management cluster's (the fleet) and hc-1's own.
+    let hub: Vec<&String> = lines
+        .iter()
+        .skip_while(|l| !l.starts_with("ACM hub"))
+        .skip(1)
+        .take(2)
+        .collect();
+    assert!(
+        hub.iter()
+            .any(|l| l.trim_start().starts_with("klusterlet-hc-1")
+                && l.contains("Compliant")
+                && l.contains("hc-1 (HCP clusters-hc-1/hc-1)")),
+        "{lines:?}"
+    );
+    assert!(
+        hub.iter()
+            .any(|l| l.trim_start().starts_with("local-cluster")
+                && l.contains("Compliant")
+                && l.contains("1 of 1 hosted cluster(s) compliant")),
+        "{lines:?}"
+    );
     let (n, started) = path();
     assert!(n > 5, "hc-1's record names {n} guards");
     assert_eq!(started, "none", "{GUARD} is disabled by the file");

@@ -41,6 +41,11 @@ pub struct DevArgs {
     /// one kept.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Also the ACM hub's rows for the fleet (Governance: the management cluster's and each
+    /// hosted cluster's), ACM's framework addon replayed as the e2e suite replays it
+    /// (`e2e/src/hub.rs`), printed once the fleet has converged and again when one changes.
+    #[arg(long)]
+    pub acm: bool,
 }
 
 /// The configuration `dev` runs the agent with: the file (or the defaults), validated as the
@@ -147,6 +152,11 @@ pub async fn run(args: DevArgs) -> ExitCode {
         Err(e) => eprintln!("warning: the fleet did not converge: {e}"),
     }
     platforms(&fleet, &names).await;
+    let hub = if args.acm {
+        hub_rows(&fleet, &names).await
+    } else {
+        None
+    };
     if let Some(path) = &args.config {
         println!(
             "the agent's configuration: {} (read again when it changes)",
@@ -154,15 +164,7 @@ pub async fn run(args: DevArgs) -> ExitCode {
         );
     }
     println!("READY");
-    match &args.config {
-        Some(path) => {
-            tokio::select! {
-                () = reload_on_change(&agent, path) => {}
-                () = shutdown_signal() => {}
-            }
-        }
-        None => shutdown_signal().await,
-    }
+    until_stopped(&agent, args.config.as_deref(), hub).await;
     drop(agent);
     kubelet.abort();
     eprintln!("stopping the local fleet…");
@@ -170,6 +172,98 @@ pub async fn run(args: DevArgs) -> ExitCode {
     drop(fleet);
     eprintln!("stopped; state directory removed");
     ExitCode::SUCCESS
+}
+
+/// Until Ctrl-C: the configuration file read again when it changes (`--config`), the hub's
+/// rows printed when they change (`--acm`).
+async fn until_stopped(
+    agent: &hcp_fleet_cli::agent::AgentHandle,
+    config: Option<&std::path::Path>,
+    hub: Option<(
+        kube::Client,
+        Vec<crate::hub::Row>,
+        std::collections::BTreeMap<String, String>,
+    )>,
+) {
+    let reload = async {
+        match config {
+            Some(path) => reload_on_change(agent, path).await,
+            None => std::future::pending().await,
+        }
+    };
+    let rows = async {
+        match hub {
+            Some((mgmt, rows, shown)) => watch_hub(&mgmt, &rows, shown).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        () = reload => {}
+        () = rows => {}
+        () = shutdown_signal() => {}
+    }
+}
+
+/// The hub's rows (`--acm`), set up and printed once each has a verdict (a minute at most).
+async fn hub_rows(
+    fleet: &LocalFleet,
+    names: &[String],
+) -> Option<(
+    kube::Client,
+    Vec<crate::hub::Row>,
+    std::collections::BTreeMap<String, String>,
+)> {
+    let mgmt = match fleet.management.client().await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("warning: no hub rows: {e}");
+            return None;
+        }
+    };
+    let rows = crate::hub::rows(&mgmt, names).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let shown = loop {
+        let shown = crate::hub::read(&mgmt, &rows).await;
+        let pending = shown
+            .values()
+            .any(|t| !t.starts_with("Compliant") && !t.starts_with("NonCompliant"));
+        if !pending || std::time::Instant::now() > deadline {
+            break shown;
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    };
+    println!(
+        "ACM hub (Governance: one row per managed cluster, as ACM's framework addon, replayed, reports them):"
+    );
+    for line in crate::hub::lines(&shown) {
+        println!("{line}");
+    }
+    Some((mgmt, rows, shown))
+}
+
+/// Reads the hub's rows every 5 s and prints those that changed.
+async fn watch_hub(
+    mgmt: &kube::Client,
+    rows: &[crate::hub::Row],
+    mut shown: std::collections::BTreeMap<String, String>,
+) {
+    let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
+    loop {
+        every.tick().await;
+        let now = crate::hub::read(mgmt, rows).await;
+        let changed: std::collections::BTreeMap<String, String> = now
+            .iter()
+            .filter(|(ns, t)| shown.get(*ns) != Some(*t))
+            .map(|(ns, t)| (ns.clone(), t.clone()))
+            .collect();
+        if !changed.is_empty() {
+            println!("ACM hub, changed:");
+            for line in crate::hub::lines(&changed) {
+                println!("{line}");
+            }
+        }
+        shown = now;
+    }
 }
 
 /// Each hosted cluster's platform, and a customer's work, under the guards just installed: what

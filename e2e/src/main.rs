@@ -4,6 +4,7 @@
 //! (a local fleet with the agent on it) and `package` (the chart's generated files).
 
 mod dev;
+mod hub;
 #[cfg(test)]
 mod repo_checks;
 
