@@ -338,16 +338,12 @@ async fn an_apiserver_that_fails_to_start_shows_its_log_tail() {
     );
 }
 
-/// `dev` as a user runs it: up, reachable with kubectl, Ctrl-C, nothing left.
-#[tokio::test]
-// Sends signals to child processes (libc::kill).
-#[allow(unsafe_code)]
-async fn dev_runs_until_ctrl_c_and_leaves_no_orphans() {
-    let assets = assets_or_skip_reason().expect("test bed assets");
-    let parent = tempfile::tempdir().expect("tempdir");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-dev"))
-        .args(["dev", "--hosted-clusters", "1", "--state-parent"])
-        .arg(parent.path())
+/// `dev` (`cmd`) on the test bed's assets, its stdout's lines sent as they come.
+fn spawn_dev(
+    mut cmd: Command,
+    assets: &hcp_fleet_testbed::assets::Assets,
+) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    let mut child = cmd
         .env("KUBEBUILDER_ASSETS", &assets.dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -362,6 +358,35 @@ async fn dev_runs_until_ctrl_c_and_leaves_no_orphans() {
             }
         }
     });
+    (child, rx)
+}
+
+/// Ctrl-C to `dev`: it exits, cleanly, within 30 s.
+// Sends a signal to a child process (libc::kill).
+#[allow(unsafe_code)]
+fn ctrl_c(child: &mut std::process::Child) {
+    let rc = unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    assert_eq!(rc, 0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "dev did not exit on Ctrl-C");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "clean exit on Ctrl-C: {status}");
+}
+
+/// `dev` as a user runs it: up, reachable with kubectl, Ctrl-C, nothing left.
+#[tokio::test]
+async fn dev_runs_until_ctrl_c_and_leaves_no_orphans() {
+    let assets = assets_or_skip_reason().expect("test bed assets");
+    let parent = tempfile::tempdir().expect("tempdir");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-dev"));
+    cmd.args(["dev", "--hosted-clusters", "1", "--state-parent"])
+        .arg(parent.path());
+    let (mut child, rx) = spawn_dev(cmd, &assets);
     let mut lines = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(120);
     while !lines.iter().any(|l: &String| l == "READY") {
@@ -450,17 +475,7 @@ async fn dev_runs_until_ctrl_c_and_leaves_no_orphans() {
     );
 
     // Ctrl-C.
-    let rc = unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    assert_eq!(rc, 0);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "dev did not exit on Ctrl-C");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(status.success(), "clean exit on Ctrl-C: {status}");
+    ctrl_c(&mut child);
     for pid in pids {
         assert!(
             wait_gone(pid, Duration::from_secs(5)),
@@ -477,8 +492,6 @@ async fn dev_runs_until_ctrl_c_and_leaves_no_orphans() {
 /// the agent does with its own file; and the hub's rows are printed as ACM shows them (the
 /// fleet's, and the hosted cluster's own).
 #[tokio::test]
-// Sends signals to child processes (libc::kill).
-#[allow(unsafe_code)]
 async fn dev_takes_a_configuration_file_reads_it_again_and_shows_the_hubs_rows() {
     const GUARD: &str = "featuregate.hcp-fleet.openshift.io";
     let assets = assets_or_skip_reason().expect("test bed assets");
@@ -486,25 +499,12 @@ async fn dev_takes_a_configuration_file_reads_it_again_and_shows_the_hubs_rows()
     let config = parent.path().join("agent.yaml");
     std::fs::write(&config, format!("disabledGuards: [{GUARD}]\n")).expect("config");
     let state = tempfile::tempdir().expect("tempdir");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-dev"))
-        .args(["dev", "--hosted-clusters", "1", "--acm", "--config"])
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-dev"));
+    cmd.args(["dev", "--hosted-clusters", "1", "--acm", "--config"])
         .arg(&config)
         .arg("--state-parent")
-        .arg(state.path())
-        .env("KUBEBUILDER_ASSETS", &assets.dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn dev");
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+        .arg(state.path());
+    let (mut child, rx) = spawn_dev(cmd, &assets);
     let mut lines: Vec<String> = Vec::new();
     let until = |what: &str, within: Duration, lines: &mut Vec<String>| {
         let deadline = Instant::now() + within;
@@ -602,17 +602,7 @@ async fn dev_takes_a_configuration_file_reads_it_again_and_shows_the_hubs_rows()
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(path().1, back, "the last good configuration runs on");
 
-    let rc = unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    assert_eq!(rc, 0);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "dev did not exit on Ctrl-C");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(status.success(), "clean exit on Ctrl-C: {status}");
+    ctrl_c(&mut child);
 }
 
 /// `render` as an operator runs it: offline, every object, no private key, and every object
