@@ -6,11 +6,11 @@
 //! (`simhosted`: real TLS, a CA and SNI name per cluster, the part of the Kubernetes API the
 //! agent uses, the probe answered as a working admission service would). The real ones (16 by
 //! default) are kube-apiservers of the test bed's newest version calling real admission
-//! services over TLS (docs/architecture.md has the figures of one run), so both kinds
+//! services over TLS (docs/benchmarks.md has every run), so both kinds
 //! are printed side by side. Every figure from simulated clusters is marked as such.
 //!
-//! For each size of BENCH_SCALE_SIZES (default 250,1000; the growth curve in
-//! docs/architecture.md is 250,1000,2000,3000), in one run:
+//! For each size of BENCH_SCALE_SIZES (default 250,1000; the growth curves of
+//! docs/benchmarks.md are 250,1000,2000,3000 and 1000,3000,5000), in one run:
 //! - fresh install: the agent starts with nothing of its own anywhere, until every HCP's
 //!   health record is Compliant (the previous size's objects are first removed with the
 //!   agent's own `uninstall`), and the management requests it made, per HCP, by verb and
