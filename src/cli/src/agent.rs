@@ -86,7 +86,7 @@ pub fn read_config(
     path: Option<&std::path::Path>,
 ) -> Result<AgentConfig, hcp_fleet_render::config::ConfigError> {
     let cfg = match path {
-        Some(p) => AgentConfig::load(p)?,
+        Some(p) => crate::config_file::load(p)?,
         None => AgentConfig::default(),
     };
     let origin = path
@@ -100,7 +100,7 @@ pub(crate) fn load_config(
     args: &AgentArgs,
 ) -> Result<AgentConfig, hcp_fleet_render::config::ConfigError> {
     let mut cfg = match &args.config {
-        Some(p) => AgentConfig::load(p)?,
+        Some(p) => crate::config_file::load(p)?,
         None => AgentConfig::default(),
     };
     if let Some(c) = args.concurrency {

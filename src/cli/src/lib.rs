@@ -9,6 +9,7 @@
 //! test bed by construction.
 
 pub mod agent;
+pub mod config_file;
 pub mod packaging;
 pub mod ready;
 pub mod render;

@@ -217,7 +217,7 @@ fn hosted_documents(hosted: &webhooks::HostedWebhooks) -> Vec<Result<Value, serd
 }
 
 pub(crate) fn run(args: RenderArgs) -> ExitCode {
-    let cfg = match AgentConfig::load_or_default(args.config.as_deref()) {
+    let cfg = match crate::config_file::load_or_default(args.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");

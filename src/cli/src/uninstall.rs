@@ -474,7 +474,7 @@ async fn wait_for_lease(
 }
 
 pub(crate) async fn run(args: UninstallArgs) -> ExitCode {
-    let cfg = match AgentConfig::load_or_default(args.config.as_deref()) {
+    let cfg = match crate::config_file::load_or_default(args.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");

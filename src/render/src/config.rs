@@ -3,7 +3,6 @@
 //! is refused with every problem listed, and a running agent keeps its last good configuration.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
@@ -1112,14 +1111,6 @@ fn exemptions_of(a: &AdmissionConfig, w: &WebhookDefinition) -> (Vec<String>, Ve
 }
 
 impl AgentConfig {
-    /// The file if one is given, else the built-in defaults (commands that read the agent's
-    /// configuration only for its names).
-    pub fn load_or_default(path: Option<&Path>) -> Result<Self, ConfigError> {
-        path.map_or_else(|| Ok(Self::default()), Self::load)
-    }
-}
-
-impl AgentConfig {
     /// Every guardrail violation, as sentences an operator can act on.
     pub fn problems(&self) -> Vec<String> {
         let mut p = Vec::new();
@@ -1493,15 +1484,6 @@ impl AgentConfig {
                 problems,
             })
         }
-    }
-
-    pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let p = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: p.clone(),
-            source,
-        })?;
-        Self::from_yaml(&p, &text)
     }
 
     /// The webhooks that are installed (mode not `off`).
