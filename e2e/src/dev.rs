@@ -53,22 +53,17 @@ pub struct DevArgs {
 fn dev_config(
     path: Option<&std::path::Path>,
 ) -> Result<hcp_fleet_render::config::AgentConfig, hcp_fleet_render::config::ConfigError> {
-    hcp_fleet_cli::agent::read_config(path).map(localcp::allow_loopback)
+    hcp_fleet_cli::config_file::load_or_default(path).map(localcp::allow_loopback)
 }
 
-/// Reads `path` every 2 s and, when its bytes change, has the agent take it as it takes its
-/// own file (`AgentHandle::reload_from`: refused with `hcp_fleet_config_last_reload_successful`
-/// 0 and a Warning Event, or swapped in and every HCP reconciled), saying which on stdout.
+/// When `path` changes (or on SIGHUP: the agent's own `ConfigWatch`), has the agent take it as
+/// it takes its own file (`AgentHandle::reload_from`: refused with
+/// `hcp_fleet_config_last_reload_successful` 0 and a Warning Event, or swapped in and every HCP
+/// reconciled), saying which on stdout.
 async fn reload_on_change(agent: &hcp_fleet_cli::agent::AgentHandle, path: &std::path::Path) {
-    let mut last = std::fs::read(path).ok();
-    let mut every = tokio::time::interval(std::time::Duration::from_secs(2));
+    let mut file = hcp_fleet_cli::agent::ConfigWatch::new(Some(path.to_path_buf()));
     loop {
-        every.tick().await;
-        let now = std::fs::read(path).ok();
-        if now == last {
-            continue;
-        }
-        last = now;
+        file.due().await;
         match agent.reload_from(|| dev_config(Some(path))) {
             Ok(true) => println!("configuration reloaded from {}", path.display()),
             Ok(false) => {}

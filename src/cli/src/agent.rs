@@ -80,29 +80,11 @@ pub struct AgentArgs {
     pub framework_namespace: Option<String>,
 }
 
-/// The configuration file at `path` (the built-in defaults without one), read and validated as
-/// the agent reads it; every problem is reported at once.
-pub fn read_config(
-    path: Option<&std::path::Path>,
-) -> Result<AgentConfig, hcp_fleet_render::config::ConfigError> {
-    let cfg = match path {
-        Some(p) => crate::config_file::load(p)?,
-        None => AgentConfig::default(),
-    };
-    let origin = path
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|| "built-in defaults".into());
-    cfg.validated(&origin)
-}
-
 /// Loads the file and applies the overrides; every problem is reported at once.
 pub(crate) fn load_config(
     args: &AgentArgs,
 ) -> Result<AgentConfig, hcp_fleet_render::config::ConfigError> {
-    let mut cfg = match &args.config {
-        Some(p) => crate::config_file::load(p)?,
-        None => AgentConfig::default(),
-    };
+    let mut cfg = crate::config_file::load_or_default(args.config.as_deref())?;
     if let Some(c) = args.concurrency {
         cfg.concurrency = c;
     }
@@ -523,7 +505,7 @@ async fn run_leader_elected(
         return ExitCode::FAILURE;
     };
     let mut renewals = std::pin::pin!(lease_renewals(lease_client, &args.namespace));
-    let mut file = ConfigWatch::new(args);
+    let mut file = ConfigWatch::new(args.config.clone());
     let mut hook = TestHook::new();
     let mut code = ExitCode::SUCCESS;
     // Until when this replica may write without seeing its lease renewed again.
@@ -772,7 +754,7 @@ async fn wait_and_reload(handle: &AgentHandle, args: &AgentArgs) -> Option<Strin
         let _ = tokio::signal::ctrl_c().await;
         return None;
     };
-    let mut file = ConfigWatch::new(args);
+    let mut file = ConfigWatch::new(args.config.clone());
     let mut hook = TestHook::new();
     let liveness = &handle.context.metrics.liveness;
     loop {
@@ -823,7 +805,7 @@ fn reload(handle: &AgentHandle, args: &AgentArgs) {
 
 /// When the configuration file is to be read again: on SIGHUP, and when its content changes
 /// (a mounted ConfigMap is swapped in place, so the content is compared every 5 s).
-struct ConfigWatch {
+pub struct ConfigWatch {
     path: Option<PathBuf>,
     last: Option<Vec<u8>>,
     tick: tokio::time::Interval,
@@ -831,8 +813,8 @@ struct ConfigWatch {
 }
 
 impl ConfigWatch {
-    fn new(args: &AgentArgs) -> Self {
-        let path = args.config.clone();
+    /// Watches `path` (none: only SIGHUP), as read now.
+    pub fn new(path: Option<PathBuf>) -> Self {
         let last = path.as_ref().and_then(|p| std::fs::read(p).ok());
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -845,7 +827,7 @@ impl ConfigWatch {
     }
 
     /// Resolves when the file should be re-read (cancel-safe: usable in `select!`).
-    async fn due(&mut self) {
+    pub async fn due(&mut self) {
         loop {
             let forced = tokio::select! {
                 _ = async {

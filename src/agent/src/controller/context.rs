@@ -454,18 +454,21 @@ impl Context {
         {
             let mut hcps = lock(&self.hcps);
             if hcps.remove(ns).is_some_and(|s| s.rollup.is_some()) {
-                let n = self.rows.fetch_sub(1, std::sync::atomic::Ordering::Relaxed) - 1;
-                self.metrics.hosted_clusters.set(n);
+                self.rows_moved(-1);
             }
         }
         self.metrics.forget(ns, cluster);
         self.rollup_changed.notify_one();
     }
 
-    /// An HCP's first roll-up row: counted in `hcp_fleet_hosted_clusters`. Called under the
-    /// `hcps` lock (`hcps`' guard is the proof), as `drop_state` counts one going.
-    pub(super) fn row_added(&self, _hcps: &HashMap<String, HcpState>) {
-        let n = self.rows.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+    /// Roll-up rows come (`report`: an HCP's first) or go (`drop_state`): counted in
+    /// `hcp_fleet_hosted_clusters`. Called under the `hcps` lock, so the count and the rows
+    /// move together.
+    pub(super) fn rows_moved(&self, by: i64) {
+        let n = self
+            .rows
+            .fetch_add(by, std::sync::atomic::Ordering::Relaxed)
+            + by;
         self.metrics.hosted_clusters.set(n);
     }
 }

@@ -88,16 +88,13 @@ pub(crate) async fn report(
             .set(gauge);
         ctx.metrics.set_revision(ns, cluster, Some(pass.revision));
         let state = hcps.entry(ns.to_string()).or_default();
-        let first = state.rollup.is_none();
-        if first {
+        if state.rollup.is_none() {
             ctx.metrics.known(ns, cluster);
+            ctx.rows_moved(1);
         }
         if state.rollup.as_ref() != Some(&row) {
             state.rollup = Some(row);
             ctx.rollup_changed.notify_one();
-        }
-        if first {
-            ctx.row_added(&hcps);
         }
     }
     if !ctx.caps.health_crd {
