@@ -15,7 +15,9 @@ use support::{AGENT_NS, eventually, start_agent, template_rows, wait_compliant};
 
 use std::time::Duration;
 
-use hcp_fleet_agent::managed_clusters::{EXTERNAL_KUBECONFIG, MANAGED_CLUSTER_ANNOTATION};
+use hcp_fleet_agent::controller::acm::managed_clusters::{
+    EXTERNAL_KUBECONFIG, MANAGED_CLUSTER_ANNOTATION,
+};
 use hcp_fleet_model::crd::{AdmissionHealthPolicy, ComplianceHistory, HostedCluster, Policy};
 use hcp_fleet_render::config::AgentConfig;
 use hcp_fleet_testbed::assets::Feature;

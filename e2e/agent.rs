@@ -80,7 +80,7 @@ async fn wait_template(mgmt: &Client, state: &str, total: usize, worst: &[&str])
             async move {
                 let (have, message, list) = template_rows(&mgmt, AGENT_NS, "fleet").await?;
                 if have == state
-                    && hcp_fleet_render::reporting::summary_total(&message) == Some(total)
+                    && hcp_fleet_render::reporting::hub::summary_total(&message) == Some(total)
                     && list == worst
                 {
                     Ok(())
@@ -1058,7 +1058,7 @@ async fn unreachable_cluster_old_policy_crd_metrics_status_and_deletion() {
             let (_, message, rows) = template_rows(&mgmt, AGENT_NS, "fleet").await?;
             let (_, body) = support::http_get(addr, "/metrics").await?;
             if !rows.contains(&"clusters-hc-3".to_string())
-                && hcp_fleet_render::reporting::summary_total(&message) == Some(2)
+                && hcp_fleet_render::reporting::hub::summary_total(&message) == Some(2)
                 && !body.contains("clusters-hc-3")
                 && body.contains("hcp_fleet_hosted_clusters 2")
                 && ctx.hosted_clients() + 1 == clients_before

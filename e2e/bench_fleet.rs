@@ -112,7 +112,7 @@ async fn run() -> Result<(), String> {
                 .applied_objects()
         );
         while let Some(Ok(p)) = s.next().await {
-            if hcp_fleet_render::reporting::is_health_record(&p)
+            if hcp_fleet_render::reporting::record::is_health_record(&p)
                 && p.status.as_ref().and_then(|s| s.compliant)
                     == Some(hcp_fleet_model::crd::ComplianceState::Compliant)
             {

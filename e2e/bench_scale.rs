@@ -85,7 +85,7 @@ impl Health {
                 let Ok(mut m) = me.0.lock() else { return };
                 match ev {
                     watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
-                        if !hcp_fleet_render::reporting::is_health_record(&p) {
+                        if !hcp_fleet_render::reporting::record::is_health_record(&p) {
                             continue;
                         }
                         let ns = p.namespace().unwrap_or_default();

@@ -636,7 +636,7 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
                         .iter()
                         .find(|p| {
                             p.metadata.namespace.as_deref() == Some(ns)
-                                && hcp_fleet_render::reporting::is_health_record(p)
+                                && hcp_fleet_render::reporting::record::is_health_record(p)
                         })
                         .and_then(|p| p.status.as_ref()?.compliant)
                         .map(|c| c.as_str())
@@ -654,7 +654,7 @@ async fn chart_rbac_lets_the_agent_do_its_job_and_nothing_else() {
                 let total = st
                     .message
                     .as_deref()
-                    .and_then(hcp_fleet_render::reporting::summary_total);
+                    .and_then(hcp_fleet_render::reporting::hub::summary_total);
                 if st.compliant.map(|c| c.as_str()) != Some("Compliant") || total != Some(2) {
                     return Err(format!("template: {:?} {:?}", st.compliant, st.message));
                 }

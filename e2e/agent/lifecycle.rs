@@ -183,7 +183,7 @@ async fn a_paused_hcp_is_left_alone_and_resumes() {
 /// it, and `status` shows the cluster once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_earlier_releases_record_is_carried_over_and_deleted() {
-    use hcp_fleet_render::reporting::LEGACY_HEALTH_NAME;
+    use hcp_fleet_render::reporting::record::LEGACY_HEALTH_NAME;
     use kube::api::{Patch, PatchParams, PostParams};
     let (fleet, mgmt, _pods) = support::fleet_with_pods(1).await;
     let ns = hcp_namespace("hc-1");

@@ -169,7 +169,7 @@ pub(crate) fn exported_series() -> std::collections::BTreeSet<String> {
         "clusters-a",
         "a",
         Some((
-            hcp_fleet_render::reporting::PauseReason::Override,
+            hcp_fleet_render::reporting::record::PauseReason::Override,
             jiff::Timestamp::UNIX_EPOCH,
         )),
     );

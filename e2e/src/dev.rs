@@ -358,7 +358,7 @@ async fn admission_lines(
             .ok()
             .flatten();
         let record = Api::<hcp_fleet_model::crd::AdmissionHealth>::namespaced(mgmt.clone(), &ns)
-            .get_opt(hcp_fleet_render::reporting::health_name(name))
+            .get_opt(hcp_fleet_render::reporting::record::health_name(name))
             .await
             .ok()
             .flatten();

@@ -831,7 +831,7 @@ pub async fn start_agent(
 /// The name of the health record in the test bed's HCP namespace `ns` (`clusters-<cluster>`):
 /// the hosted cluster's.
 pub fn record_of(ns: &str) -> &str {
-    hcp_fleet_render::reporting::health_name(ns.strip_prefix("clusters-").unwrap_or(ns))
+    hcp_fleet_render::reporting::record::health_name(ns.strip_prefix("clusters-").unwrap_or(ns))
 }
 
 /// The health record of the HCP in `ns`.

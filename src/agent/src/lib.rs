@@ -1,10 +1,10 @@
 //! The agent's I/O: everything that talks to an API server or serves a port.
 //!
-//! - `controller`: the HCP controller (reconcile in phases, watches, the report);
+//! - `controller`: the HCP controller (reconcile in phases, watches, the report), and its ACM
+//!   side (`controller::acm`: the hub's rows, which HCP a managed cluster is, template access);
 //! - `hosted`: access to each hosted cluster (clients from its kubeconfig secret, the drift
 //!   watch, what its API server serves);
 //! - `metrics`, `secure_metrics`, `liveness`: what the agent says about itself;
-//! - `managed_clusters`: the ACM hub's view (a ManagedCluster per hosted cluster);
 //! - `human`, `tls`: errors as a person reads them; the TLS the agent speaks;
 //! - `grid`: the one grid the agent's late-tolerant timers share, so they wake it together.
 //!
@@ -17,7 +17,6 @@ mod grid;
 pub mod hosted;
 pub mod human;
 pub mod liveness;
-pub mod managed_clusters;
 pub mod metrics;
 pub mod secure_metrics;
 pub mod tls;

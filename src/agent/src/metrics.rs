@@ -739,9 +739,12 @@ impl Metrics {
         &self,
         hcp_namespace: &str,
         hosted_cluster: &str,
-        paused: Option<(hcp_fleet_render::reporting::PauseReason, jiff::Timestamp)>,
+        paused: Option<(
+            hcp_fleet_render::reporting::record::PauseReason,
+            jiff::Timestamp,
+        )>,
     ) {
-        for r in hcp_fleet_render::reporting::PauseReason::ALL {
+        for r in hcp_fleet_render::reporting::record::PauseReason::ALL {
             let l = PausedLabels {
                 hcp_namespace: hcp_namespace.into(),
                 hosted_cluster: hosted_cluster.into(),
@@ -969,7 +972,7 @@ mod tests {
             "clusters-a",
             "a",
             Some((
-                hcp_fleet_render::reporting::PauseReason::ALL[0],
+                hcp_fleet_render::reporting::record::PauseReason::ALL[0],
                 jiff::Timestamp::UNIX_EPOCH,
             )),
         );

@@ -435,7 +435,7 @@ pub async fn run(args: AgentArgs, endpoints: Arc<dyn AdmissionEndpoints>) -> Exi
     // Every replica keeps it (its writes are the same, and only when the accounts change), so
     // a new hosted cluster's addon is let in even while no replica leads.
     let _template_access = args.template_sync_binding.clone().map(|binding| {
-        hcp_fleet_agent::controller::template_access::spawn(
+        hcp_fleet_agent::controller::acm::template_access::spawn(
             client.clone(),
             binding,
             args.framework_service_account.clone(),

@@ -175,7 +175,7 @@ pub(crate) fn render_all(
     }
     push(
         mgmt,
-        serde_json::to_value(reporting::render_health(
+        serde_json::to_value(reporting::record::render_health(
             namespace,
             name,
             None,

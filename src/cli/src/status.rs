@@ -16,7 +16,8 @@ use serde::Serialize;
 use super::OutputError;
 use hcp_fleet_agent::human::KubeError;
 use hcp_fleet_model::crd::{AdmissionHealth, HostedControlPlane};
-use hcp_fleet_render::reporting::{Concern, READY, is_health_record};
+use hcp_fleet_render::reporting::Concern;
+use hcp_fleet_render::reporting::record::{READY, is_health_record};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -449,7 +450,7 @@ async fn rows_in(
                 .filter(|p| p.namespace().is_some_and(|ns| existing.contains(&ns)))
                 .map(|p| {
                     (
-                        p.name_any() == hcp_fleet_render::reporting::LEGACY_HEALTH_NAME,
+                        p.name_any() == hcp_fleet_render::reporting::record::LEGACY_HEALTH_NAME,
                         row(p),
                     )
                 }),
@@ -749,7 +750,8 @@ async fn watch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hcp_fleet_render::reporting::{Observation, next_status, render_health};
+    use hcp_fleet_render::reporting::Observation;
+    use hcp_fleet_render::reporting::record::{next_status, render_health};
 
     #[test]
     fn a_row_shows_each_concern_and_the_drift_count() {

@@ -289,8 +289,8 @@ async fn remove_management_side(
     }
     // The record, and an earlier release's under its old name.
     for name in [
-        reporting::health_name(cluster),
-        reporting::LEGACY_HEALTH_NAME,
+        reporting::record::health_name(cluster),
+        reporting::record::LEGACY_HEALTH_NAME,
     ] {
         match delete_named(&Api::<AdmissionHealth>::namespaced(c(), ns), name).await {
             Ok(d) => n += usize::from(d),

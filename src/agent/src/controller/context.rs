@@ -19,7 +19,7 @@ use crate::metrics::{HcpLabels, Metrics};
 use hcp_fleet_model::crd::{ComplianceState, HostedControlPlane};
 use hcp_fleet_render::config::AgentConfig;
 use hcp_fleet_render::hosted::wanted::Wanted;
-use hcp_fleet_render::reporting::RollupRow;
+use hcp_fleet_render::reporting::hub::RollupRow;
 
 /// A lock that survives a panic elsewhere: every critical section here leaves the data
 /// consistent, so a poisoned lock is taken as it is rather than skipping the work.

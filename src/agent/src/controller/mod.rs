@@ -24,6 +24,7 @@
 //! | `guest_services` | which Services could make HyperShift delete guest webhooks (a name index) |
 //! | `error` | `ReconcileError`: phase, concern, source |
 
+pub mod acm;
 mod admission_service;
 mod apply;
 mod cache;
@@ -46,7 +47,6 @@ mod rollout;
 mod scope;
 mod static_guards;
 mod switch_over;
-pub mod template_access;
 mod text_store;
 mod trust;
 mod watches;
@@ -102,13 +102,13 @@ async fn running(
     shutdown: Shutdown,
 ) {
     say_what_is_missing(&ctx.caps);
-    report::remove_legacy_policies(&ctx).await;
+    acm::hub::remove_legacy_policies(&ctx).await;
     // Tied to this future: when the controller stops (or its task is aborted) they stop too,
     // and with them the last references to the context, its drift watches and probes.
     let _templates = ctx
         .caps
         .template_crd
-        .then(|| AbortOnDrop(tokio::spawn(report::template_reporter(ctx.clone()))));
+        .then(|| AbortOnDrop(tokio::spawn(acm::hub::template_reporter(ctx.clone()))));
     let _deletions = AbortOnDrop(tokio::spawn(watches::deletion_watcher(ctx.clone())));
     let cfg = ctx.config();
     let hcps: Api<HostedControlPlane> = Api::all(ctx.client.clone());

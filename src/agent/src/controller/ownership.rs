@@ -75,7 +75,7 @@ pub(super) async fn owned_elsewhere(ctx: &Context, ns: &str, cluster: &str) -> O
     let api: Api<AdmissionHealth> = Api::namespaced(ctx.client.clone(), ns);
     let store = ctx.caches().health;
     // A record that cannot be read is no claim: the reconcile reports that failure itself.
-    let name = hcp_fleet_render::reporting::health_name(cluster);
+    let name = hcp_fleet_render::reporting::record::health_name(cluster);
     let record = cache::read(ctx, ns, &api, store.as_ref(), name)
         .await
         .ok()

@@ -24,7 +24,8 @@ use hcp_fleet_model::crd::hostedcontrolplane::Pause;
 use hcp_fleet_model::crd::{ComplianceState, HostedControlPlane};
 use hcp_fleet_render::hosted::webhooks;
 use hcp_fleet_render::management::deployment_available;
-use hcp_fleet_render::reporting::{Concern, Observation, Observations, PauseReason};
+use hcp_fleet_render::reporting::record::PauseReason;
+use hcp_fleet_render::reporting::{Concern, Observation, Observations};
 
 /// What one pass found: an observation per concern reached, the drift it repaired, and how it
 /// ended.
@@ -76,17 +77,19 @@ pub async fn reconcile(
             .health
             .and_then(|s| {
                 s.get(
-                    &ObjectRef::new(hcp_fleet_render::reporting::health_name(&cluster)).within(&ns),
+                    &ObjectRef::new(hcp_fleet_render::reporting::record::health_name(&cluster))
+                        .within(&ns),
                 )
             })
             .and_then(|h| h.status.as_ref().and_then(|s| s.paused_since.clone()))
     });
     let expired = asked.is_some()
-        && hcp_fleet_render::reporting::pause_expired(since.as_deref(), max_hours, now);
+        && hcp_fleet_render::reporting::record::pause_expired(since.as_deref(), max_hours, now);
     let mut outcome = match &asked {
         Some(pause) if !expired => {
             // Back when the pause ends by itself: its own end, or the maximum's.
-            let ends = hcp_fleet_render::reporting::pause_ends(since.as_deref(), max_hours, now);
+            let ends =
+                hcp_fleet_render::reporting::record::pause_ends(since.as_deref(), max_hours, now);
             let wake = match (pause.until, ends) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),

@@ -509,7 +509,7 @@ async fn tell(
             publish(ctx, r, warning, reason, &note).await;
         }
     }
-    // The fleet report on the hub says it too (`report::template_reporter`).
+    // The fleet report on the hub says it too (`acm::hub::template_reporter`).
     let halt = (obj.status.as_ref().map(|s| s.phase) == Some(RolloutPhase::Halted)).then(|| {
         obj.status
             .as_ref()

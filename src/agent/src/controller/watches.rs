@@ -235,7 +235,7 @@ impl EventSink {
                     .into_owned(),
             ),
             kind: Some("AdmissionHealth".into()),
-            name: Some(hcp_fleet_render::reporting::health_name(cluster).into()),
+            name: Some(hcp_fleet_render::reporting::record::health_name(cluster).into()),
             namespace: Some(ns.to_string()),
             ..Default::default()
         };
