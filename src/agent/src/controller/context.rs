@@ -55,11 +55,11 @@ pub(super) struct WatchShared {
     /// The last end-to-end probe verdict.
     pub(crate) probe: Option<ComplianceState>,
     /// What the probe's answers must prove (the HCP's probe key; whether a rollout is on).
-    pub(crate) proof: super::proof::Proof,
+    pub(crate) proof: super::phases::proof::Proof,
     /// The canaries of the guards enforced now, sent one per probe round in turn.
-    pub(crate) canaries: Arc<Vec<super::canary::Planned>>,
+    pub(crate) canaries: Arc<Vec<super::phases::canary::Planned>>,
     /// Each guard's last canary result (guards no longer planned are dropped).
-    pub(crate) canary_results: std::collections::BTreeMap<String, super::canary::Shown>,
+    pub(crate) canary_results: std::collections::BTreeMap<String, super::phases::canary::Shown>,
     /// Which canary goes next.
     pub(crate) canary_next: usize,
     /// `switchOver.labelProvenNamespaces` as the last reconcile read it: the probe task asks
@@ -116,7 +116,7 @@ pub struct HcpState {
     pub(super) served: bool,
     /// What the agent last knew of each management-side object it reads (same keys as
     /// `management`): whether its watch store may stand in for a read (`cache.rs`).
-    pub(super) seen: HashMap<String, super::cache::Seen>,
+    pub(super) seen: HashMap<String, super::io::cache::Seen>,
     /// When a reconcile first found this HCP Pending with no health record yet
     /// (`report::NEW_RECORD_GRACE`).
     pub(super) first_pending: Option<std::time::Instant>,
@@ -163,7 +163,7 @@ pub struct Context {
     /// a copy per hosted cluster).
     pub(super) events: Arc<Publisher>,
     /// The watch stores of the agent's own management objects (filled by `run`).
-    caches: RwLock<super::cache::Caches>,
+    caches: RwLock<super::io::cache::Caches>,
     /// The rollout as last read or written (`rollout.rs`): which revision each HCP runs.
     rollout: RwLock<Arc<hcp_fleet_render::rollout::RolloutView>>,
     /// Why the rollout is halted, while it is (the fleet report says so).
@@ -356,14 +356,14 @@ impl Context {
     }
 
     /// The watch stores (empty until the controller runs: every read then goes to the server).
-    pub(super) fn caches(&self) -> super::cache::Caches {
+    pub(super) fn caches(&self) -> super::io::cache::Caches {
         self.caches
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
 
-    pub(super) fn set_caches(&self, caches: super::cache::Caches) {
+    pub(super) fn set_caches(&self, caches: super::io::cache::Caches) {
         *self.caches.write().unwrap_or_else(PoisonError::into_inner) = caches;
     }
 
@@ -473,21 +473,21 @@ impl Context {
     }
 }
 
-impl super::cache::SeenLog for Context {
-    fn last_seen(&self, ns: &str, key: &str) -> Option<super::cache::Seen> {
+impl super::io::cache::SeenLog for Context {
+    fn last_seen(&self, ns: &str, key: &str) -> Option<super::io::cache::Seen> {
         self.with_hcp(ns, |s| s.seen.get(key).cloned())
     }
 
-    fn record_seen(&self, ns: &str, key: String, seen: super::cache::Seen) {
+    fn record_seen(&self, ns: &str, key: String, seen: super::io::cache::Seen) {
         self.with_hcp(ns, |s| s.seen.insert(key, seen));
     }
 
     fn mark_delivered(&self, ns: &str, key: &str, rv: &str) {
         self.with_known_hcp(ns, |s| {
             if let Some(seen) = s.seen.get_mut(key)
-                && *seen == super::cache::Seen::At(rv.to_string())
+                && *seen == super::io::cache::Seen::At(rv.to_string())
             {
-                *seen = super::cache::Seen::Delivered;
+                *seen = super::io::cache::Seen::Delivered;
             }
         });
     }

@@ -16,7 +16,7 @@ use kube::{Api, Client};
 
 use hcp_fleet_render::config::AgentConfig;
 
-use super::cache::Relisted;
+use super::io::cache::Relisted;
 
 pub trait AdmissionEndpoints: Send + Sync {
     /// Names the serving certificate carries besides the Service's in-cluster names.

@@ -4,52 +4,34 @@
 //! | module | what it holds |
 //! |---|---|
 //! | `mod.rs` (this file) | wiring: the Controller, what it watches, the tasks beside it |
-//! | `context` | shared clients and settings; one `HcpState` per HCP namespace |
-//! | `discovery` | what the management cluster serves (PDB API, the agent's CRDs, ACM's Policy CRD) |
-//! | `reconcile` | the orchestrator, `error_policy`, backoff, pause |
+//! | `reconcile` | the orchestrator: the phases in order, `error_policy`, backoff, pause |
+//! | `phases/` | one module per phase (`phases/mod.rs` lists them in order) |
+//! | `report` | the per-HCP half of reporting: AdmissionHealth status, history, Events, the fleet row |
+//! | `acm/` | the ACM side: the hub's verdicts (`acm/hub.rs`), managed clusters, template access |
+//! | `io/` | the I/O helpers the phases share: apply, the caches of the agent's objects, the watches |
+//! | `context` | shared clients and settings; one `HcpState` per HCP namespace, a part per owner |
 //! | `scope` | `Scope`: one HCP's identity, configuration and the agent's context, through every phase |
-//! | `certificates` | phase 2: the CA and serving certificate |
-//! | `admission_service` | phase 3: management-side objects, availability gate |
-//! | `hosted_access` | phase 4: the hosted client from the kubeconfig secret |
-//! | `hosted_webhooks` | phases 5-6: webhook configurations in the hosted cluster |
-//! | `static_guards` | phase 5's static guards: their ConfigMap, written so no guard is without a path, and whether the hosted kube-apiserver runs them |
-//! | `probe` | phase 7: the end-to-end probe and its periodic task |
-//! | `proof` | whether an answer to the probe or a canary is the admission service's own (pure) |
-//! | `report` | AdmissionHealth status, history, Events; ACM's templates and their compliance Events |
-//! | `rollout` | the progressive rollout's loop (`AdmissionRollout`); which revision and override an HCP runs |
-//! | `trust` | the hosted caBundle trusts whatever any replica serves (trust first, retire last) |
-//! | `watches` | drift watch per hosted cluster, HCP deletion watch |
-//! | `apply` | server-side apply, apply-if-changed, apply-and-prune |
-//! | `endpoints` | the seam: how the hosted kube-apiserver reaches an admission service |
-//! | `guest_services` | which Services could make HyperShift delete guest webhooks (a name index) |
 //! | `error` | `ReconcileError`: phase, concern, source |
+//! | `discovery` | what the management cluster serves (PDB API, the agent's CRDs, ACM's Policy CRD) |
+//! | `ownership` | one owner per HCP: another installation's HCPs are left alone |
+//! | `rollout` | the progressive rollout's loop (`AdmissionRollout`); which revision and override an HCP runs |
+//! | `endpoints` | the seam: how the hosted kube-apiserver reaches an admission service |
 
 pub mod acm;
-mod admission_service;
-mod apply;
-mod cache;
-mod canary;
-mod certificates;
 mod context;
 mod discovery;
 mod endpoints;
 mod error;
-mod guest_services;
-mod hosted_access;
-mod hosted_webhooks;
-mod internal_registry;
+mod io;
 mod ownership;
-mod probe;
-mod proof;
+mod phases;
 mod reconcile;
 mod report;
 mod rollout;
 mod scope;
-mod static_guards;
-mod switch_over;
-mod text_store;
-mod trust;
-mod watches;
+
+use io::{cache, guest_services, text_store, watches};
+use phases::{static_guards, trust};
 
 use std::sync::Arc;
 

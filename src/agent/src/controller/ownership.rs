@@ -14,8 +14,8 @@ use kube::Api;
 use kube::runtime::events::{Event, EventType};
 use tracing::warn;
 
-use super::cache;
 use super::context::Context;
+use super::io::cache;
 use hcp_fleet_model::crd::AdmissionHealth;
 
 /// How many lease durations (and a margin for clocks) an owner's Lease may go unrenewed

@@ -12,12 +12,13 @@ use tracing::{info, instrument, warn};
 
 use super::context::{Context, lock};
 use super::error::{Failure, ReconcileError};
-use super::proof::Proof;
-use super::scope::Scope;
-use super::{
+use super::phases::proof::Proof;
+use super::phases::{
     admission_service, canary, certificates, hosted_access, hosted_webhooks, internal_registry,
-    probe, report, rollout, static_guards, trust,
+    probe, static_guards, trust,
 };
+use super::scope::Scope;
+use super::{report, rollout};
 use crate::hosted::clients::HostedClient;
 use crate::metrics::PhaseLabels;
 use hcp_fleet_model::crd::hostedcontrolplane::Pause;
@@ -586,7 +587,7 @@ async fn prove(
         .set(i64::from(ok));
     probe::ensure_task(s, hosted, verdict.state);
     let Some(why) = silent else {
-        if let Some(note) = super::switch_over::mark(s, ok).await {
+        if let Some(note) = super::phases::switch_over::mark(s, ok).await {
             verdict.message = format!("{}; {note}", verdict.message);
         }
         return Ok(verdict);

@@ -11,9 +11,9 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
 use tracing::{info, warn};
 
-use super::apply::apply;
-use super::cache;
 use super::context::{Context, hcp_labels};
+use super::io::apply::apply;
+use super::io::cache;
 use hcp_fleet_model::crd::{
     AdmissionHealth, AdmissionHealthStatus, ComplianceState, HostedControlPlane,
 };

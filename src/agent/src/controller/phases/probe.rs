@@ -12,12 +12,12 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client};
 use tracing::{Instrument, info};
 
-use super::AdmissionEndpoints;
 use super::canary;
-use super::context::{AbortOnDrop, WatchShared, lock};
 use super::internal_registry::changed as registry_changed;
 use super::proof::{self, Answer, Asked, Proof, authentic};
-use super::scope::Scope;
+use crate::controller::AdmissionEndpoints;
+use crate::controller::context::{AbortOnDrop, WatchShared, lock};
+use crate::controller::scope::Scope;
 use crate::hosted::clients::HostedClient;
 use hcp_fleet_guards::catalogue::{
     MUTATING_PROBE_ANSWER, MUTATING_PROBE_VALUE, POLICY_PROBE_VALUE, PROBE_LABEL,
@@ -363,13 +363,14 @@ pub(crate) struct Replicas {
     pub(crate) namespace: String,
     /// The agent's watches of the admission Services and of their ready replicas, which
     /// answer where they can (`endpoints::Seen`): the report asks every few rounds.
-    pub(crate) services: Option<super::text_store::TextStore<k8s_openapi::api::core::v1::Service>>,
-    pub(crate) ready: Option<Arc<super::endpoints::ReadyEndpoints>>,
+    pub(crate) services:
+        Option<crate::controller::io::text_store::TextStore<k8s_openapi::api::core::v1::Service>>,
+    pub(crate) ready: Option<Arc<crate::controller::endpoints::ReadyEndpoints>>,
 }
 
 impl Replicas {
     /// Where `service` on `port` in `ns` is found, with what the agent's watches hold.
-    fn of(ctx: &super::context::Context, service: &str, port: i32, ns: &str) -> Self {
+    fn of(ctx: &crate::controller::context::Context, service: &str, port: i32, ns: &str) -> Self {
         let caches = ctx.caches();
         Replicas {
             management: ctx.client.clone(),
@@ -383,8 +384,8 @@ impl Replicas {
     }
 
     /// What the watches hold of the service now.
-    fn seen(&self) -> super::Seen {
-        super::Seen {
+    fn seen(&self) -> crate::controller::Seen {
+        crate::controller::Seen {
             service: self
                 .services
                 .as_ref()
@@ -407,7 +408,7 @@ pub(crate) async fn own_denials(
     at: &Replicas,
     key: &ProbeKey,
     timeout: Duration,
-) -> Result<Option<String>, super::ReplicasUnknown> {
+) -> Result<Option<String>, crate::controller::ReplicasUnknown> {
     let addrs = at
         .endpoints
         .replicas(

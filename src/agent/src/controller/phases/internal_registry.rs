@@ -13,9 +13,9 @@ use serde_json::Value;
 use tracing::warn;
 
 use super::admission_service::{Target, put_wrote};
-use super::context::lock;
-use super::error::Failure;
-use super::scope::Scope;
+use crate::controller::context::lock;
+use crate::controller::error::Failure;
+use crate::controller::scope::Scope;
 use crate::hosted::clients::HostedClient;
 use hcp_fleet_guards::pod_image_spec::{InternalRegistry, ROW};
 use hcp_fleet_model::Mode;
@@ -24,7 +24,7 @@ use hcp_fleet_render::internal_registry::{
 };
 
 /// Whether the configuration runs the pod image spec mutation at all.
-pub(super) fn wanted(s: &Scope<'_>) -> bool {
+pub(in crate::controller) fn wanted(s: &Scope<'_>) -> bool {
     s.cfg
         .webhooks
         .iter()
@@ -45,7 +45,7 @@ async fn get(client: &kube::Client, path: &str) -> Result<Option<Value>, kube::E
 }
 
 /// The registry as the hosted cluster has it now.
-pub(super) async fn read(
+pub(in crate::controller) async fn read(
     client: &kube::Client,
     timeout: Duration,
 ) -> Result<InternalRegistry, String> {
@@ -70,10 +70,10 @@ pub(super) async fn read(
 
 /// Whether the hosted cluster's registry differs from what the last reconcile wrote (a read
 /// that fails says nothing changed: the replicas keep what they have).
-pub(super) async fn changed(
+pub(in crate::controller) async fn changed(
     client: &kube::Client,
     timeout: Duration,
-    shared: &std::sync::Mutex<super::context::WatchShared>,
+    shared: &std::sync::Mutex<crate::controller::context::WatchShared>,
 ) -> bool {
     let Ok(now) = read(client, timeout).await else {
         return false;
@@ -88,15 +88,15 @@ pub(super) async fn changed(
 /// The registry this pass renders and writes: read from the hosted cluster now, else (it did
 /// not answer) what was read last, which the replicas and the policy keep; `None` where the
 /// mutation is off or nothing was ever read.
-pub(super) struct Current {
-    pub(super) registry: Option<InternalRegistry>,
+pub(in crate::controller) struct Current {
+    pub(in crate::controller) registry: Option<InternalRegistry>,
     /// Read now: what the ConfigMap and the probe task's comparison are brought up to.
     fresh: bool,
 }
 
 /// Phase 5's input: the registry, read before the hosted objects are rendered, since the pod
 /// image spec mutation's policy carries its tags.
-pub(super) async fn current(s: &Scope<'_>, hosted: &HostedClient) -> Current {
+pub(in crate::controller) async fn current(s: &Scope<'_>, hosted: &HostedClient) -> Current {
     if !wanted(s) {
         return Current {
             registry: None,
@@ -120,7 +120,7 @@ pub(super) async fn current(s: &Scope<'_>, hosted: &HostedClient) -> Current {
 
 impl Current {
     /// What was read last, for a hosted cluster not reached now.
-    pub(super) fn last_read(s: &Scope<'_>) -> Self {
+    pub(in crate::controller) fn last_read(s: &Scope<'_>) -> Self {
         Current {
             registry: if wanted(s) { last(s) } else { None },
             fresh: false,
@@ -129,7 +129,7 @@ impl Current {
 }
 
 /// The registry last written for the replicas and rendered into the policy.
-pub(super) fn last(s: &Scope<'_>) -> Option<InternalRegistry> {
+pub(in crate::controller) fn last(s: &Scope<'_>) -> Option<InternalRegistry> {
     s.ctx.with_hcp(s.ns, |h| {
         h.watch
             .as_ref()
@@ -140,7 +140,11 @@ pub(super) fn last(s: &Scope<'_>) -> Option<InternalRegistry> {
 /// Writes the registry read now to the ConfigMap the replicas mount (where `service` runs
 /// them), where it differs, and keeps it for the probe task, which compares later reads with
 /// it (`WatchShared::internal_registry`), and the canary, which names what it resolves.
-pub(super) async fn ensure(s: &Scope<'_>, current: &Current, service: bool) -> Result<(), Failure> {
+pub(in crate::controller) async fn ensure(
+    s: &Scope<'_>,
+    current: &Current,
+    service: bool,
+) -> Result<(), Failure> {
     let (true, Some(reg)) = (current.fresh, &current.registry) else {
         return Ok(());
     };

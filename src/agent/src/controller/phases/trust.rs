@@ -18,10 +18,10 @@ use k8s_openapi::api::apps::v1::Deployment;
 use kube::{Api, Client};
 use tracing::info;
 
-use super::context::Context;
-use super::error::Failure;
-use super::scope::Scope;
 use super::{hosted_access, hosted_webhooks};
+use crate::controller::context::Context;
+use crate::controller::error::Failure;
+use crate::controller::scope::Scope;
 use crate::hosted::clients::HostedClient;
 use hcp_fleet_render::certificates::{CertBundle, bundle_ders, union_bundle};
 use hcp_fleet_render::config::AgentConfig;
@@ -71,15 +71,21 @@ pub(crate) async fn pre_trust(
     let held = |f: Failure| Failure::TrustFirst(Box::new(f));
     let store = ctx.caches().deployments;
     let api = Api::<Deployment>::namespaced(ctx.client.clone(), ns);
-    let deployment = super::cache::read(ctx, ns, &api, store.as_ref(), &cfg.admission.service_name)
-        .await
-        .map_err(|source| {
-            held(Failure::ApplyAdmission {
-                kind: "Deployment",
-                name: cfg.admission.service_name.clone(),
-                source,
-            })
-        })?;
+    let deployment = crate::controller::io::cache::read(
+        ctx,
+        ns,
+        &api,
+        store.as_ref(),
+        &cfg.admission.service_name,
+    )
+    .await
+    .map_err(|source| {
+        held(Failure::ApplyAdmission {
+            kind: "Deployment",
+            name: cfg.admission.service_name.clone(),
+            source,
+        })
+    })?;
     if deployment.is_none() {
         return Ok(Vec::new()); // nothing serves yet
     }
@@ -199,7 +205,7 @@ async fn replicas_serve(ctx: &Context, cfg: &AgentConfig, ns: &str, serving_pem:
             cfg.admission.port,
             ns,
             // Asked of the server: a rollout changes them faster than a watch is sure to show.
-            super::endpoints::Seen::default(),
+            crate::controller::endpoints::Seen::default(),
         )
         .await
     {

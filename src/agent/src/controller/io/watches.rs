@@ -16,8 +16,8 @@ use kube::{Api, ResourceExt};
 use serde_json::Value;
 use tracing::{Instrument, info, warn};
 
-use super::context::{AbortOnDrop, Context, HostedWatch, WatchShared, lock};
-use super::scope::Scope;
+use crate::controller::context::{AbortOnDrop, Context, HostedWatch, WatchShared, lock};
+use crate::controller::scope::Scope;
 use crate::hosted::clients::HostedClient;
 use crate::hosted::watch::{Watched, Watches};
 use crate::metrics::DriftLabels;
@@ -224,7 +224,7 @@ struct DriftTask {
 }
 
 /// What a drift task needs to publish Events on its HCP's record.
-struct EventSink(Arc<super::context::Publisher>);
+struct EventSink(Arc<crate::controller::context::Publisher>);
 
 impl EventSink {
     /// Publishes a Warning on the HCP's AdmissionHealth record, in a task of its own.

@@ -17,14 +17,17 @@ use k8s_openapi::api::core::v1::Service;
 use kube::api::{DynamicObject, ListParams};
 use kube::{Api, Client, ResourceExt};
 
-use super::apply::{Applied, Repair, apply_against, apply_or_delete, delete_if_present};
+use crate::controller::io::apply::{
+    Applied, Repair, apply_against, apply_or_delete, delete_if_present,
+};
 
-use super::context::{Context, lock};
-use super::error::Failure;
+use super::probe;
 use super::proof::Proof;
-use super::scope::Scope;
 use super::static_guards::{StaticForce, StaticState, Statics};
-use super::{probe, watches};
+use crate::controller::context::{Context, lock};
+use crate::controller::error::Failure;
+use crate::controller::io::watches;
+use crate::controller::scope::Scope;
 use crate::hosted::clients::HostedClient;
 use crate::metrics::EngineLabels;
 use hcp_fleet_render::hosted::admission_policies;
@@ -91,7 +94,7 @@ pub(crate) struct Want<'a> {
 /// at `url_base` (an unlabelled Service whose name the URL contains).
 async fn not_condemned(
     ctx: &Context,
-    index: Option<&super::guest_services::GuestServices>,
+    index: Option<&crate::controller::io::guest_services::GuestServices>,
     ns: &str,
     url_base: &str,
 ) -> Result<(), Failure> {
@@ -319,7 +322,11 @@ async fn url_base(s: &Scope<'_>, service: bool) -> Result<String, Failure> {
 
 /// Tells the drift watch that `wanted` is installed (from now on a listing that differs is
 /// drift), and takes the drift it noted meanwhile.
-fn installed_as(ctx: &super::context::Context, ns: &str, wanted: &Wanted) -> Vec<String> {
+fn installed_as(
+    ctx: &crate::controller::context::Context,
+    ns: &str,
+    wanted: &Wanted,
+) -> Vec<String> {
     ctx.with_hcp(ns, |s| {
         s.watch
             .as_ref()

@@ -54,9 +54,9 @@ pub(crate) struct Caches {
     pub(crate) registry_config_maps:
         Option<Store<kube::api::PartialObjectMeta<k8s_openapi::api::core::v1::ConfigMap>>>,
     /// Whether each HCP's kube-apiserver mounts the static guards' files.
-    pub(crate) kube_apiservers: Option<Arc<super::static_guards::Offered>>,
+    pub(crate) kube_apiservers: Option<Arc<crate::controller::phases::static_guards::Offered>>,
     /// The admission services' ready replicas (`endpoints::ReadyEndpoints`).
-    pub(crate) ready_endpoints: Option<Arc<super::endpoints::ReadyEndpoints>>,
+    pub(crate) ready_endpoints: Option<Arc<crate::controller::endpoints::ReadyEndpoints>>,
 }
 
 /// Whether a metadata-only watch of ConfigMaps by name (`store`) has listed them all once and

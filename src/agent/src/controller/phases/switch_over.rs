@@ -9,8 +9,8 @@ use kube::api::{Patch, PatchParams};
 use tracing::info;
 
 use super::canary::{self, Shown};
-use super::context::lock;
-use super::scope::Scope;
+use crate::controller::context::lock;
+use crate::controller::scope::Scope;
 use hcp_fleet_render::switch_over::{
     Evidence, FIELD_MANAGER, GUARDS_PROVEN_LABEL, label_patch, labelled,
 };
@@ -18,7 +18,7 @@ use hcp_fleet_render::switch_over::{
 /// What the switch-over adds to the probe's message: the label (once set), or why it could
 /// not be set. `None` while the guards are not yet proven, or with the switch-over off: the
 /// record says nothing that changes from one canary to the next.
-pub(super) async fn mark(s: &Scope<'_>, probe_proven: bool) -> Option<String> {
+pub(in crate::controller) async fn mark(s: &Scope<'_>, probe_proven: bool) -> Option<String> {
     if !s.cfg.switch_over.label_proven_namespaces {
         return None;
     }
@@ -76,7 +76,7 @@ fn evidence(s: &Scope<'_>, probe_proven: bool) -> Evidence {
 /// Whether the canary result that just replaced `before` completes the proof of `plan`'s
 /// guards (the probe task asks for a reconcile then, which labels the namespace: nothing else
 /// would, the probe's verdict being unchanged).
-pub(super) fn completes_proof(
+pub(in crate::controller) fn completes_proof(
     plan: &[canary::Planned],
     before: Option<&Shown>,
     now: &Shown,

@@ -5,9 +5,9 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::{Api, ResourceExt};
 
 use super::certificates::secret_bytes;
-use super::context::{Context, lock};
-use super::error::Failure;
-use super::scope::Scope;
+use crate::controller::context::{Context, lock};
+use crate::controller::error::Failure;
+use crate::controller::scope::Scope;
 use crate::hosted::clients::{HostedAccessError, HostedClient};
 use hcp_fleet_model::crd::HostedControlPlane;
 
@@ -17,7 +17,7 @@ pub(crate) async fn connect(s: &Scope<'_>) -> Result<HostedClient, Failure> {
     let secret_name = &access.kubeconfig_secret;
     let store = ctx.caches().kubeconfig_secrets;
     let api = Api::<Secret>::namespaced(ctx.client.clone(), ns);
-    let secret = super::cache::read(ctx, ns, &api, store.as_ref(), secret_name)
+    let secret = crate::controller::io::cache::read(ctx, ns, &api, store.as_ref(), secret_name)
         .await
         .map_err(|source| {
             Failure::HostedAccess(HostedAccessError::ReadSecret {
@@ -118,7 +118,7 @@ async fn claim(s: &Scope<'_>, hosted: &HostedClient) -> Result<(), Failure> {
     let system = tokio::time::timeout(timeout, namespaces.get("kube-system"))
         .await
         .map_err(|_| identity_err(format!("no answer within {}s", timeout.as_secs())))?
-        .map_err(|e| identity_err(super::error::hosted_refusal(&e, &hosted.secret)))?;
+        .map_err(|e| identity_err(crate::controller::error::hosted_refusal(&e, &hosted.secret)))?;
     let uid = system.metadata.uid.unwrap_or_default();
     if uid.is_empty() {
         return Err(identity_err("namespace kube-system has no UID".into()));

@@ -12,11 +12,11 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ApiResource, DynamicObject};
 use kube::{Api, Client};
 
-use super::cache::{Relisted, Took};
-use super::error::Failure;
 use super::probe;
 use super::proof::Proof;
-use super::scope::Scope;
+use crate::controller::error::Failure;
+use crate::controller::io::cache::{Relisted, Took};
+use crate::controller::scope::Scope;
 use crate::hosted::clients::HostedClient;
 use hcp_fleet_guards::pod_image_spec::InternalRegistry;
 use hcp_fleet_render::hosted::admission_policies::{self, Engine};
@@ -25,8 +25,8 @@ use hcp_fleet_render::hosted::static_guards;
 use hcp_fleet_render::hosted::static_guards::StaticGuards;
 
 /// Whether the watch of the static guards' ConfigMaps has listed and holds none in `ns`.
-fn absent_by_watch(ctx: &super::context::Context, ns: &str) -> bool {
-    super::cache::config_map_absent(
+fn absent_by_watch(ctx: &crate::controller::context::Context, ns: &str) -> bool {
+    crate::controller::io::cache::config_map_absent(
         ctx.caches().static_config_maps.as_ref(),
         static_guards::CONFIG_MAP,
         ns,
@@ -35,7 +35,7 @@ fn absent_by_watch(ctx: &super::context::Context, ns: &str) -> bool {
 
 /// Where one file of the static guards of one hosted cluster stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum StaticState {
+pub(in crate::controller) enum StaticState {
     /// The file carries no guard.
     Unwanted,
     /// Their probe of the wanted revision is answered by the files.
@@ -49,28 +49,28 @@ pub(super) enum StaticState {
 /// Both files: the validating policies and the mutating ones (each its own admission plugin,
 /// directory and probe).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct StaticForce {
-    pub(super) validating: StaticState,
-    pub(super) mutating: StaticState,
+pub(in crate::controller) struct StaticForce {
+    pub(in crate::controller) validating: StaticState,
+    pub(in crate::controller) mutating: StaticState,
 }
 
 impl StaticForce {
     /// Where the static guards stand in `features`.
-    pub(super) fn apply(&self, features: &mut HostedFeatures, offered: bool) {
+    pub(in crate::controller) fn apply(&self, features: &mut HostedFeatures, offered: bool) {
         features.static_guards = self.validating == StaticState::InForce;
         features.static_mutating = self.mutating == StaticState::InForce;
         features.static_offered = offered;
     }
 
     /// A file wanted and not in force (yet).
-    pub(super) fn unsettled(&self) -> bool {
+    pub(in crate::controller) fn unsettled(&self) -> bool {
         [&self.validating, &self.mutating]
             .iter()
             .any(|s| matches!(s, StaticState::Waiting(_) | StaticState::Refused(_)))
     }
 
     /// A file the server cannot load (or one imitated).
-    pub(super) fn refused(&self) -> bool {
+    pub(in crate::controller) fn refused(&self) -> bool {
         [&self.validating, &self.mutating]
             .iter()
             .any(|s| matches!(s, StaticState::Refused(_)))
@@ -183,7 +183,7 @@ where
 /// holds it (`Offered`), else, before the watch has listed them all once, listed by name,
 /// which the agent's role allows in every namespace. None there (no HyperShift, or another
 /// layout) offers nothing.
-async fn offered(ctx: &super::context::Context, ns: &str) -> Result<bool, Failure> {
+async fn offered(ctx: &crate::controller::context::Context, ns: &str) -> Result<bool, Failure> {
     if let Some(offered) = ctx.caches().kube_apiservers
         && let Some(known) = offered.known(ns).await
     {
@@ -299,7 +299,7 @@ impl Offered {
 /// files waits until the API-side path of every guard has been written and proven in this
 /// pass (`ensure_after`). What the files hold is read back from the live ConfigMap, so this is
 /// stateless like the rest of the reconcile.
-pub(super) struct Statics {
+pub(in crate::controller) struct Statics {
     pub(crate) wanted: StaticGuards,
     /// HyperShift's kube-apiserver mounts the ConfigMap: the files carry the guards on `auto`.
     pub(crate) offered: bool,

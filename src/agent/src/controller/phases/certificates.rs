@@ -8,9 +8,9 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use tracing::info;
 
-use super::context::Context;
-use super::error::Failure;
-use super::scope::Scope;
+use crate::controller::context::Context;
+use crate::controller::error::Failure;
+use crate::controller::scope::Scope;
 use hcp_fleet_render::certificates;
 use hcp_fleet_render::certificates::CertBundle;
 use hcp_fleet_render::management;
@@ -42,7 +42,7 @@ async fn read(
     store: Option<&kube::runtime::reflector::Store<Secret>>,
     name: &str,
 ) -> Result<Option<Secret>, Failure> {
-    super::cache::read(ctx, ns, secrets, store, name)
+    crate::controller::io::cache::read(ctx, ns, secrets, store, name)
         .await
         .map_err(|source| Failure::ReadCertificates {
             name: name.to_string(),

@@ -14,11 +14,11 @@ use kube::{Api, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::apply::{Applied, Repair, apply_against, delete_if_present};
-use super::cache::{self, object_key};
-use super::context::Context;
-use super::error::Failure;
-use super::scope::Scope;
+use crate::controller::context::Context;
+use crate::controller::error::Failure;
+use crate::controller::io::apply::{Applied, Repair, apply_against, delete_if_present};
+use crate::controller::io::cache::{self, object_key};
+use crate::controller::scope::Scope;
 use crate::metrics::DriftLabels;
 use hcp_fleet_model::compare;
 use hcp_fleet_model::crd::HostedControlPlane;
@@ -492,7 +492,11 @@ pub(crate) async fn retire(s: &Scope<'_>) -> Result<Vec<&'static str>, Failure> 
     note(retire_one(ctx, ns, t).await?, "ServiceAccount");
     // Known to its watch to be absent (always, where no HCP ever had a service), no request.
     let registry = hcp_fleet_render::internal_registry::CONFIG_MAP;
-    if !super::cache::config_map_absent(caches.registry_config_maps.as_ref(), registry, ns) {
+    if !crate::controller::io::cache::config_map_absent(
+        caches.registry_config_maps.as_ref(),
+        registry,
+        ns,
+    ) {
         let api = Api::<ConfigMap>::namespaced(c(), ns);
         let t = target(api, "ConfigMap", registry, None);
         note(retire_one(ctx, ns, t).await?, "ConfigMap");
