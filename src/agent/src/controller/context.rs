@@ -14,7 +14,6 @@ use tokio::sync::{Notify, mpsc};
 
 use super::discovery::Capabilities;
 use super::endpoints::AdmissionEndpoints;
-use crate::hosted::clients::HostedClient;
 use crate::metrics::{HcpLabels, Metrics};
 use hcp_fleet_model::crd::{ComplianceState, HostedControlPlane};
 use hcp_fleet_render::config::AgentConfig;
@@ -42,9 +41,11 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// What one HCP's background tasks share with its reconciles.
+/// What one HCP's background tasks share with its reconciles: each field has one writer (the
+/// module named above it, with its task), the others read.
 #[derive(Default)]
 pub(super) struct WatchShared {
+    // Written by `io::watches` (the drift watch, and `installed_as` for the install).
     /// What the agent last applied, as the drift watch compares live objects with it.
     pub(crate) desired: Option<Wanted>,
     /// Whether `desired` has been installed: until it has, a listing that lacks or differs
@@ -52,6 +53,10 @@ pub(super) struct WatchShared {
     pub(crate) applied: bool,
     /// Drift seen since the last reconcile (reported, then cleared).
     pub(crate) drift_notes: Vec<String>,
+    /// Why the connection to the hosted cluster is down, while it is (set and cleared by the
+    /// drift watch: a dropped watch, then an answer again).
+    pub(crate) lost: Option<String>,
+    // Written by `phases::probe` (its `plan`, before the install, and its task).
     /// The last end-to-end probe verdict.
     pub(crate) probe: Option<ComplianceState>,
     /// What the probe's answers must prove (the HCP's probe key; whether a rollout is on).
@@ -68,16 +73,15 @@ pub(super) struct WatchShared {
     /// The hosted cluster's own requests the admission replicas last reported denied
     /// (`probe::own_denials`; `None`: none did), read every few probe rounds.
     pub(crate) own_denials: Option<String>,
-    /// Why the connection to the hosted cluster is down, while it is (set and cleared by the
-    /// drift watch: a dropped watch, then an answer again).
-    pub(crate) lost: Option<String>,
+    // Written by `phases::internal_registry`.
     /// The internal registry the last reconcile wrote for the admission replicas: the probe
     /// task reads the hosted cluster's every few rounds and asks for a reconcile where it
-    /// differs (`internal_registry`).
+    /// differs.
     pub(crate) internal_registry: Option<hcp_fleet_guards::pod_image_spec::InternalRegistry>,
 }
 
-/// The tasks that run between reconciles for one hosted cluster.
+/// The tasks that run between reconciles for one hosted cluster: started by `io::watches`
+/// (the drift watch; `probe` by `phases::probe`).
 pub(super) struct HostedWatch {
     pub(crate) server: String,
     /// What the server offered when the watch started (which kinds it watches).
@@ -91,43 +95,32 @@ pub(super) struct HostedWatch {
     pub(crate) started: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
-/// Everything the agent holds for one HCP namespace between reconciles.
+/// Everything the agent holds for one HCP namespace between reconciles, one part per owner:
+/// each part is defined beside the one module that writes it, its fields private there, so no
+/// field is written from two places (the others read it through the part's methods).
 #[derive(Default)]
 pub struct HcpState {
-    pub(super) failures: u32,
-    pub(super) rollup: Option<RollupRow>,
-    pub(super) hosted_client: Option<HostedClient>,
+    /// The orchestrator's: failures and static-guard waits in a row (`reconcile::Pacing`).
+    pub(super) pacing: super::reconcile::Pacing,
+    /// Hosted access's: the client and the hosted cluster's confirmed identity
+    /// (`phases::hosted_access::Access`).
+    pub(super) access: super::phases::hosted_access::Access,
+    /// The tasks between reconciles (drift watch, probe), started and stopped by
+    /// `io::watches` only; what they share with the phases is `WatchShared`.
     pub(super) watch: Option<HostedWatch>,
-    /// Management-side objects seen in place as rendered, by `Kind/name`, with the
-    /// fingerprint of that rendering: a later write to one of them is drift. A cache only: a
-    /// restarted agent counts drift from its first look.
-    pub(super) management: HashMap<String, u64>,
-    /// Objects the configuration no longer asks for, seen deleted (same keys): not asked
-    /// about again until the agent writes them once more. A cache only, like `management`.
-    pub(super) absent: std::collections::HashSet<String>,
-    /// Reconciles in a row that found a replica not yet serving the current certificate
-    /// (the previous CA stays trusted meanwhile); paces the next look.
-    pub(super) unsettled: u32,
-    /// The hosted cluster's identity (kube-system UID), once this namespace's claim on it
-    /// is confirmed; cleared with the hosted client.
-    pub(super) hosted_identity: Option<String>,
-    /// Whether the admission Deployment was available at the last look: losing it afterwards
-    /// is an outage (NonCompliant), not a rollout in progress (Pending).
-    pub(super) served: bool,
-    /// What the agent last knew of each management-side object it reads (same keys as
-    /// `management`): whether its watch store may stand in for a read (`cache.rs`).
-    pub(super) seen: HashMap<String, super::io::cache::Seen>,
-    /// When a reconcile first found this HCP Pending with no health record yet
-    /// (`report::NEW_RECORD_GRACE`).
-    pub(super) first_pending: Option<std::time::Instant>,
-    /// The serving certificate (fingerprint) every replica was seen to serve, the hosted
-    /// caBundle narrowed to its CA (`trust::hosted_bundle`).
-    pub(super) settled_for: Option<u64>,
-    /// Reconciles in a row that wanted static guards not yet proven in force; paces the next
-    /// look (`reconcile::static_wait`).
-    pub(super) static_waits: u32,
-    /// The namespace was seen to carry the switch-over's label (`switch_over::mark`).
-    pub(super) proven_labelled: bool,
+    /// The admission service phase's: what it saw in place, what it removed, whether its
+    /// Deployment served (`phases::admission_service::Kept`).
+    pub(super) service: super::phases::admission_service::Kept,
+    /// Trust's: the serving certificate every replica was seen to serve, and looks in a row
+    /// that found one not yet serving it (`phases::trust::Settled`).
+    pub(super) trust: super::phases::trust::Settled,
+    /// The read cache's: what the agent last knew of each management object it reads
+    /// (`io::cache::SeenMap`).
+    pub(super) seen: super::io::cache::SeenMap,
+    /// The report's: the HCP's fleet row and its first Pending (`report::Reported`).
+    pub(super) report: super::report::Reported,
+    /// The switch-over's: the namespace seen labelled (`phases::switch_over::Labelled`).
+    pub(super) switch_over: super::phases::switch_over::Labelled,
 }
 
 /// How to run the controller.
@@ -416,7 +409,7 @@ impl Context {
     pub fn hosted_clients(&self) -> usize {
         lock(&self.hcps)
             .values()
-            .filter(|s| s.hosted_client.is_some())
+            .filter(|s| s.access.client().is_some())
             .count()
     }
 
@@ -424,7 +417,7 @@ impl Context {
     pub(super) fn rollup_rows(&self) -> BTreeMap<String, RollupRow> {
         lock(&self.hcps)
             .iter()
-            .filter_map(|(ns, s)| s.rollup.clone().map(|r| (ns.clone(), r)))
+            .filter_map(|(ns, s)| s.report.row().cloned().map(|r| (ns.clone(), r)))
             .collect()
     }
 
@@ -453,7 +446,7 @@ impl Context {
     pub(super) fn drop_state(&self, ns: &str, cluster: &str) {
         {
             let mut hcps = lock(&self.hcps);
-            if hcps.remove(ns).is_some_and(|s| s.rollup.is_some()) {
+            if hcps.remove(ns).is_some_and(|s| s.report.row().is_some()) {
                 self.rows_moved(-1);
             }
         }
@@ -475,20 +468,14 @@ impl Context {
 
 impl super::io::cache::SeenLog for Context {
     fn last_seen(&self, ns: &str, key: &str) -> Option<super::io::cache::Seen> {
-        self.with_hcp(ns, |s| s.seen.get(key).cloned())
+        self.with_hcp(ns, |s| s.seen.get(key))
     }
 
     fn record_seen(&self, ns: &str, key: String, seen: super::io::cache::Seen) {
-        self.with_hcp(ns, |s| s.seen.insert(key, seen));
+        self.with_hcp(ns, |s| s.seen.record(key, seen));
     }
 
     fn mark_delivered(&self, ns: &str, key: &str, rv: &str) {
-        self.with_known_hcp(ns, |s| {
-            if let Some(seen) = s.seen.get_mut(key)
-                && *seen == super::io::cache::Seen::At(rv.to_string())
-            {
-                *seen = super::io::cache::Seen::Delivered;
-            }
-        });
+        self.with_known_hcp(ns, |s| s.seen.mark_delivered(key, rv));
     }
 }

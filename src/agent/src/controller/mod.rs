@@ -693,7 +693,8 @@ mod tests {
         let l = hcp_labels("clusters-hc-1", "hc-1");
         ctx.metrics.cert_expiry.get_or_create(&l).set(1);
         ctx.metrics.hosted_requests.get_or_create(&l).inc();
-        ctx.with_hcp("clusters-hc-1", |s| s.failures = 3);
+        // A state to drop (the first look at an HCP creates it).
+        ctx.with_hcp("clusters-hc-1", |_| ());
         ctx.forget("clusters-hc-1", "hc-1");
         assert!(!ctx.metrics.encode().contains("clusters-hc-1"));
         assert!(ctx.hcps().is_empty());

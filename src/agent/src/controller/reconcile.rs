@@ -12,6 +12,7 @@ use tracing::{info, instrument, warn};
 
 use super::context::{Context, lock};
 use super::error::{Failure, ReconcileError};
+use super::io::watches;
 use super::phases::proof::Proof;
 use super::phases::{
     admission_service, canary, certificates, hosted_access, hosted_webhooks, internal_registry,
@@ -24,7 +25,6 @@ use crate::metrics::PhaseLabels;
 use hcp_fleet_model::crd::hostedcontrolplane::Pause;
 use hcp_fleet_model::crd::{ComplianceState, HostedControlPlane};
 use hcp_fleet_render::hosted::webhooks;
-use hcp_fleet_render::management::deployment_available;
 use hcp_fleet_render::reporting::record::PauseReason;
 use hcp_fleet_render::reporting::{Concern, Observation, Observations};
 
@@ -122,7 +122,7 @@ pub async fn reconcile(
     }
     match &outcome.result {
         Err(e) => warn!(error = %e, "reconcile failed"),
-        Ok(_) => ctx.with_hcp(&ns, |s| s.failures = 0),
+        Ok(_) => ctx.with_hcp(&ns, |s| s.pacing.failures = 0),
     }
     let held_back = report::report(
         &ctx,
@@ -198,7 +198,9 @@ fn pause_asked(
 /// is looked at again daily, so a clock step or a lost timer cannot postpone it for long.
 const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
 
-/// What the phases have found so far: filled as they go, kept when one fails.
+/// What the phases have found so far, kept by the orchestrator (`phases`) from what each
+/// returns, and kept when a later one fails. No phase writes it: each returns its product
+/// and its observations.
 #[derive(Default)]
 struct Found {
     observations: Observations,
@@ -210,6 +212,19 @@ struct Found {
 impl Found {
     fn observe(&mut self, concern: Concern, observation: Observation) {
         self.observations.insert(concern, observation);
+    }
+
+    fn observe_all(&mut self, observed: Vec<(Concern, Observation)>) {
+        self.observations.extend(observed);
+    }
+
+    /// Keeps what phase 4 found, whether or not its Deployment serves: its drift where it
+    /// does, `None` while a first install waits for it, or the outage.
+    fn admitted(&mut self, a: Admitted) -> Result<Option<Vec<String>>, Failure> {
+        self.rolled_out = a.rolled_out;
+        self.drift_repaired = a.drift.len() as u64;
+        self.observe_all(a.observed);
+        Ok(a.serving?.then_some(a.drift))
     }
 }
 
@@ -265,7 +280,7 @@ async fn phases(s: &Scope<'_>, found: &mut Found) -> Result<Action, Failure> {
         if certs.serving_changes {
             hosted_drift = trust::pre_trust(s, &certs.bundle, &statics).await?;
         }
-        let Some(drift) = admission(s, &certs, found).await? else {
+        let Some(drift) = found.admitted(admission(s, &certs).await?)? else {
             // The Deployment watch (owns) brings us back when its status changes.
             return Ok(Action::requeue(Duration::from_secs(300)));
         };
@@ -276,7 +291,7 @@ async fn phases(s: &Scope<'_>, found: &mut Found) -> Result<Action, Failure> {
         // Said now where none is left to retire, so that a hosted cluster that fails later in
         // the pass is reported for what fails.
         if known && !admission_service::exists(s).await {
-            not_needed(found, &[]);
+            found.observe_all(not_needed(&[]));
         }
         None
     };
@@ -322,17 +337,15 @@ async fn phases(s: &Scope<'_>, found: &mut Found) -> Result<Action, Failure> {
         // No webhook calls the service any more, proven by the install that removed the
         // last: what served it goes.
         None if installed.configurations == 0 => {
-            retired(s, found).await?;
+            found.observe_all(retired(s).await?);
             Vec::new()
         }
         None => Vec::new(),
     };
     found.drift_repaired += hosted_drift.len() as u64;
-    let unsettled = s
-        .ctx
-        .with_hcp(s.ns, |h| in_a_row(&mut h.unsettled, !settled));
+    let unsettled = trust::unsettled_in_a_row(s, settled);
     let static_waits = s.ctx.with_hcp(s.ns, |h| {
-        in_a_row(&mut h.static_waits, installed.static_waiting)
+        in_a_row(&mut h.pacing.static_waits, installed.static_waiting)
     });
     found.observe(
         Concern::HostedWebhooks,
@@ -372,9 +385,9 @@ async fn phases(s: &Scope<'_>, found: &mut Found) -> Result<Action, Failure> {
 async fn service_needed(s: &Scope<'_>, hosted: &Result<HostedClient, Failure>) -> (bool, bool) {
     let features = match hosted {
         Ok(h) => Some(h.features().await),
-        Err(_) => s.ctx.with_hcp(s.ns, |h| {
-            h.hosted_client.as_ref().and_then(|c| c.known_features())
-        }),
+        Err(_) => s
+            .ctx
+            .with_hcp(s.ns, |h| h.access.client().and_then(|c| c.known_features())),
     };
     match (features, hosted.is_ok()) {
         (Some(f), true) => (webhooks::needs_admission_service(s.cfg, f), true),
@@ -389,69 +402,78 @@ async fn service_needed(s: &Scope<'_>, hosted: &Result<HostedClient, Failure>) -
 
 /// Where no guard needs the admission service: what served it retired (`admission_service::
 /// retire`), and the record says so.
-async fn retired(s: &Scope<'_>, found: &mut Found) -> Result<(), Failure> {
+async fn retired(s: &Scope<'_>) -> Result<Vec<(Concern, Observation)>, Failure> {
     let gone = admission_service::retire(s).await?;
-    not_needed(found, &gone);
-    Ok(())
+    Ok(not_needed(&gone))
 }
 
 /// What the record says of an HCP that needs no admission service (`gone`: what was just
 /// removed of one it had).
-fn not_needed(found: &mut Found, gone: &[&str]) {
+fn not_needed(gone: &[&str]) -> Vec<(Concern, Observation)> {
     let mut text = String::from(
         "not deployed: every guard runs inside the hosted kube-apiserver, and no webhook calls the admission service",
     );
     if !gone.is_empty() {
         text.push_str(&format!("; removed: {}", gone.join(", ")));
     }
-    found.observe(Concern::AdmissionService, Observation::compliant(text));
-    found.observe(
-        Concern::Certificate,
-        Observation::compliant("none needed: no webhook calls the admission service"),
-    );
+    vec![
+        (Concern::AdmissionService, Observation::compliant(text)),
+        (
+            Concern::Certificate,
+            Observation::compliant("none needed: no webhook calls the admission service"),
+        ),
+    ]
+}
+
+/// Phase 4's product: what its apply found, for the record whether or not the Deployment
+/// then serves.
+struct Admitted {
+    /// Whether the Deployment had fully rolled out to its current spec.
+    rolled_out: bool,
+    /// The management drift it repaired.
+    drift: Vec<String>,
+    observed: Vec<(Concern, Observation)>,
+    /// Whether the Deployment serves (`false`: a first install waits for it), or the outage.
+    serving: Result<bool, Failure>,
 }
 
 /// Phase 4: the admission service applied where it differs from the rendering, then its
-/// Deployment's availability. The management drift it repaired once the Deployment serves;
-/// `None` while a first install waits for it.
-async fn admission(
-    s: &Scope<'_>,
-    certs: &certificates::Certificates,
-    found: &mut Found,
-) -> Result<Option<Vec<String>>, Failure> {
+/// Deployment's availability.
+async fn admission(s: &Scope<'_>, certs: &certificates::Certificates) -> Result<Admitted, Failure> {
     let scheduling = s.hcp.scheduling();
     if !scheduling.ignored.is_empty() {
         warn!(ignored = ?scheduling.ignored, "malformed HCP scheduling fields not followed");
     }
     let service = admission_service::ensure(s, &certs.bundle, &scheduling).await?;
     let deployment = service.deployment;
-    found.rolled_out = hcp_fleet_render::management::deployment_rolled_out(&deployment);
-    found.drift_repaired = service.drift.len() as u64;
     let valid_until = format!("serving certificate valid until {}", certs.expires);
-    found.observe(Concern::Certificate, Observation::compliant(valid_until));
-    // Once available, every later unavailability (in this agent's life) is an outage: the
-    // Deployment rolls with maxUnavailable 0, so a rollout never makes it unavailable.
-    // A generation its controller has not yet looked at (the spec just applied) is still
-    // served by the replicas its status counts; only the first install waits for it.
-    let was_available = s.ctx.with_hcp(s.ns, |h| h.served);
-    let available = deployment_available(&deployment)
-        || (was_available && hcp_fleet_render::management::deployment_serving(&deployment));
-    s.ctx.with_hcp(s.ns, |h| h.served |= available);
+    let mut admitted = Admitted {
+        rolled_out: hcp_fleet_render::management::deployment_rolled_out(&deployment),
+        drift: service.drift,
+        observed: vec![(Concern::Certificate, Observation::compliant(valid_until))],
+        serving: Ok(false),
+    };
+    let (available, was_available) = admission_service::served(s, &deployment);
     let want = hcp_fleet_render::management::replicas(s.cfg, &scheduling);
     if !available && was_available {
         // An outage, not a rollout that has yet to finish: the guard is off.
         let status = deployment.status.as_ref();
-        return Err(Failure::AdmissionDown {
+        admitted.serving = Err(Failure::AdmissionDown {
             ready: status.and_then(|s| s.ready_replicas).unwrap_or(0),
             want,
         });
+        return Ok(admitted);
     }
     if !available {
         let waiting = "waiting for the admission Deployment to become available";
-        found.observe(Concern::AdmissionService, Observation::pending(waiting));
-        let waiting = Observation::pending("waiting for the admission service");
-        found.observe(Concern::HostedWebhooks, waiting);
-        return Ok(None);
+        admitted.observed.extend([
+            (Concern::AdmissionService, Observation::pending(waiting)),
+            (
+                Concern::HostedWebhooks,
+                Observation::pending("waiting for the admission service"),
+            ),
+        ]);
+        return Ok(admitted);
     }
     let ready = deployment
         .status
@@ -467,11 +489,14 @@ async fn admission(
             scheduling.ignored.join("; ")
         ));
     }
-    if !service.drift.is_empty() {
-        available.push_str(&format!("; drift repaired: {}", service.drift.join("; ")));
+    if !admitted.drift.is_empty() {
+        available.push_str(&format!("; drift repaired: {}", admitted.drift.join("; ")));
     }
-    found.observe(Concern::AdmissionService, Observation::compliant(available));
-    Ok(Some(service.drift))
+    admitted
+        .observed
+        .push((Concern::AdmissionService, Observation::compliant(available)));
+    admitted.serving = Ok(true);
+    Ok(admitted)
 }
 
 /// What phases 5-6 say of the hosted configurations: installed and current (on which
@@ -616,7 +641,7 @@ const SILENCE_CHECK: Duration = Duration::from_secs(2);
 /// (every concern Pending, so no NonCompliant alert fires for a deliberate pause). Removing
 /// the annotation is an HCP change and resumes it; a pause with a time ends by itself.
 fn paused(ctx: &Context, ns: &str, pause: &PauseAsked, wake: Option<jiff::Timestamp>) -> Outcome {
-    ctx.with_hcp(ns, |s| s.watch = None);
+    watches::stop(ctx, ns);
     let by = &pause.by;
     let why = match pause.until {
         Some(t) => format!(
@@ -664,8 +689,8 @@ pub fn error_policy(
     }
     let ns = hcp.namespace().unwrap_or_default();
     let failures = ctx.with_hcp(&ns, |s| {
-        s.failures = s.failures.saturating_add(1);
-        s.failures
+        s.pacing.failures = s.pacing.failures.saturating_add(1);
+        s.pacing.failures
     });
     Action::requeue(jittered(backoff(failures), random_fraction()))
 }
@@ -720,7 +745,17 @@ fn steady_then_backoff(looks: u32, steady: u32, every: Duration) -> Duration {
 }
 
 /// Counts `yes` in a row in `n` (back to 0 at a no); the count.
-fn in_a_row(n: &mut u32, yes: bool) -> u32 {
+/// The orchestrator's part of an HCP's state (`HcpState::pacing`), written only here: what
+/// paces the next reconcile.
+#[derive(Debug, Default)]
+pub(super) struct Pacing {
+    /// Failed reconciles in a row (`error_policy`'s backoff); a success resets it.
+    failures: u32,
+    /// Reconciles in a row that wanted static guards not yet proven in force (`static_wait`).
+    static_waits: u32,
+}
+
+pub(super) fn in_a_row(n: &mut u32, yes: bool) -> u32 {
     *n = if yes { n.saturating_add(1) } else { 0 };
     *n
 }

@@ -19,6 +19,7 @@ use hcp_fleet_model::crd::{
 };
 use hcp_fleet_render::reporting;
 use hcp_fleet_render::reporting::Observations;
+use hcp_fleet_render::reporting::hub::RollupRow;
 
 fn now_rfc3339() -> String {
     jiff::Timestamp::now()
@@ -41,6 +42,27 @@ pub(crate) struct Pass<'a> {
     /// The path each guard takes, where this pass installed them; else the record keeps what
     /// it said (what is installed does not change while the agent cannot look).
     pub(crate) paths: Option<&'a [hcp_fleet_model::crd::GuardPath]>,
+}
+
+/// The report's part of an HCP's state (`HcpState::report`), written only here.
+#[derive(Debug, Default)]
+pub(super) struct Reported {
+    /// The HCP's row in the fleet's rows, which the hub half reports (`Context::rollup_rows`).
+    row: Option<RollupRow>,
+    /// When a reconcile first found this HCP Pending with no health record yet
+    /// (`NEW_RECORD_GRACE`).
+    first_pending: Option<Instant>,
+}
+
+impl Reported {
+    pub(super) fn row(&self) -> Option<&RollupRow> {
+        self.row.as_ref()
+    }
+
+    /// When the HCP was first found Pending with no record: now, the first time.
+    fn first_pending(&mut self) -> Instant {
+        *self.first_pending.get_or_insert_with(Instant::now)
+    }
 }
 
 /// How long a new HCP's first "Pending" may go unwritten: at a fleet's cold start most
@@ -79,12 +101,12 @@ pub(crate) async fn report(
             .set(gauge);
         ctx.metrics.set_revision(ns, cluster, Some(pass.revision));
         let state = hcps.entry(ns.to_string()).or_default();
-        if state.rollup.is_none() {
+        if state.report.row.is_none() {
             ctx.metrics.known(ns, cluster);
             ctx.rows_moved(1);
         }
-        if state.rollup.as_ref() != Some(&row) {
-            state.rollup = Some(row);
+        if state.report.row.as_ref() != Some(&row) {
+            state.report.row = Some(row);
             ctx.rollup_changed.notify_one();
         }
     }
@@ -122,7 +144,7 @@ async fn write_health(
         )
     });
     if live.is_none() && legacy.is_none() && pending {
-        let first = ctx.with_hcp(ns, |s| *s.first_pending.get_or_insert_with(Instant::now));
+        let first = ctx.with_hcp(ns, |s| s.report.first_pending());
         let left = NEW_RECORD_GRACE.saturating_sub(first.elapsed());
         if !left.is_zero() {
             return Ok(Some(left));
@@ -130,11 +152,13 @@ async fn write_health(
     }
     // The claim: the hosted cluster this namespace reached, or the one it is recorded to have
     // reached (a reconcile that has not reached it yet must not erase the record).
-    let uid = ctx.with_hcp(ns, |s| s.hosted_identity.clone()).or_else(|| {
-        live.as_ref()
-            .and_then(|l| l.spec.claimed_uid().map(str::to_string))
-            .or_else(|| Some(legacy.as_ref()?.spec.claimed_uid()?.to_string()))
-    });
+    let uid = ctx
+        .with_hcp(ns, |s| s.access.identity().map(str::to_string))
+        .or_else(|| {
+            live.as_ref()
+                .and_then(|l| l.spec.claimed_uid().map(str::to_string))
+                .or_else(|| Some(legacy.as_ref()?.spec.claimed_uid()?.to_string()))
+        });
     let mut desired =
         reporting::record::render_health(ns, cluster, uid.as_deref(), Some(&ctx.agent_namespace));
     if let Some(o) = hcp.controller_owner_ref(&()) {

@@ -185,6 +185,31 @@ pub(crate) trait SeenLog {
     fn mark_delivered(&self, ns: &str, key: &str, rv: &str);
 }
 
+/// What the agent last knew of each management-side object of one HCP it reads (keyed as
+/// `admission_service`'s prints: `Kind/name`): whether its watch store may stand in for a read.
+/// Part of the HCP's state (`HcpState::seen`), written only here.
+#[derive(Debug, Default)]
+pub(crate) struct SeenMap(std::collections::HashMap<String, Seen>);
+
+impl SeenMap {
+    pub(crate) fn get(&self, key: &str) -> Option<Seen> {
+        self.0.get(key).cloned()
+    }
+
+    pub(crate) fn record(&mut self, key: String, seen: Seen) {
+        self.0.insert(key, seen);
+    }
+
+    /// `SeenLog::mark_delivered` for one HCP.
+    pub(crate) fn mark_delivered(&mut self, key: &str, rv: &str) {
+        if let Some(seen) = self.0.get_mut(key)
+            && matches!(seen, Seen::At(at) if at == rv)
+        {
+            *seen = Seen::Delivered;
+        }
+    }
+}
+
 /// Whether a store's view may stand for the server's, given what the agent last knew.
 pub(crate) fn trust_store(last: Option<&Seen>, stored_rv: Option<Option<&str>>) -> bool {
     match (last, stored_rv) {

@@ -79,6 +79,35 @@ pub(crate) fn ensure_drift_watch(
     });
 }
 
+/// Stops the drift watch and probe of one hosted cluster (a paused HCP): what they noted goes
+/// with them.
+pub(crate) fn stop(ctx: &Context, ns: &str) {
+    ctx.with_hcp(ns, |s| s.watch = None);
+}
+
+/// Takes the signal a new drift watch gives once it has the versions it watches from (the
+/// first install after it starts waits for it; `None` for a watch already running).
+pub(crate) fn started(ctx: &Context, ns: &str) -> Option<tokio::sync::oneshot::Receiver<()>> {
+    ctx.with_hcp(ns, |s| s.watch.as_mut()?.started.take())
+}
+
+/// Tells the drift watch that `wanted` is installed (from now on a listing that differs is
+/// drift), and takes the drift it noted meanwhile.
+pub(crate) fn installed_as(ctx: &Context, ns: &str, wanted: &Wanted) -> Vec<String> {
+    ctx.with_hcp(ns, |s| {
+        s.watch
+            .as_ref()
+            .map(|w| {
+                let mut shared = lock(&w.shared);
+                if shared.desired.as_ref() == Some(wanted) {
+                    shared.applied = true;
+                }
+                std::mem::take(&mut shared.drift_notes)
+            })
+            .unwrap_or_default()
+    })
+}
+
 fn drift_task(
     ctx: &Context,
     ns: &str,

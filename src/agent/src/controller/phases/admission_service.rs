@@ -28,6 +28,34 @@ use hcp_fleet_render::config::{AgentConfig, MonitoringApi};
 use hcp_fleet_render::management;
 use hcp_fleet_render::management::HcpInputs;
 
+/// This phase's part of an HCP's state (`HcpState::service`), written only here. Caches: a
+/// restarted agent starts from its first look.
+#[derive(Debug, Default)]
+pub(in crate::controller) struct Kept {
+    /// Management-side objects seen in place as rendered, by `Kind/name`, with the
+    /// fingerprint of that rendering: a later write to one of them is drift.
+    prints: std::collections::HashMap<String, u64>,
+    /// Objects the configuration no longer asks for, seen deleted (same keys): not asked
+    /// about again until the agent writes them once more.
+    absent: std::collections::HashSet<String>,
+    /// Whether the admission Deployment was available at the last look: losing it afterwards
+    /// is an outage (NonCompliant), not a rollout in progress (Pending).
+    served: bool,
+}
+
+/// Whether the admission Deployment serves now, and whether it did at the last look (kept for
+/// the next). Once available, every later unavailability (in this agent's life) is an outage:
+/// the Deployment rolls with maxUnavailable 0, so a rollout never makes it unavailable. A
+/// generation its controller has not yet looked at (the spec just applied) is still served by
+/// the replicas its status counts; only the first install waits for it.
+pub(in crate::controller) fn served(s: &Scope<'_>, deployment: &Deployment) -> (bool, bool) {
+    let was = s.ctx.with_hcp(s.ns, |h| h.service.served);
+    let now = management::deployment_available(deployment)
+        || (was && management::deployment_serving(deployment));
+    s.ctx.with_hcp(s.ns, |h| h.service.served |= now);
+    (now, was)
+}
+
 /// Where one management-side object lives: its API, kind and name, and the watch store that
 /// may answer for it.
 pub(crate) struct Target<'a, K: Resource + 'static>
@@ -86,7 +114,7 @@ where
         .map_err(failed)?;
     let key = object_key(&api, name);
     let print = compare::fingerprint(&want);
-    let seen = ctx.with_hcp(ns, |s| s.management.get(&key).copied());
+    let seen = ctx.with_hcp(ns, |s| s.service.prints.get(&key).copied());
     let live = cache::read(ctx, ns, &api, store, name)
         .await
         .map_err(failed)?;
@@ -132,11 +160,12 @@ where
     let in_place =
         matches!(applied, Applied::Unchanged(_)) || written_matches(&want, applied.object());
     ctx.with_hcp(ns, |s| {
-        s.absent.remove(&key);
+        let kept = &mut s.service;
+        kept.absent.remove(&key);
         if in_place {
-            s.management.insert(key, print);
+            kept.prints.insert(key, print);
         } else {
-            s.management.remove(&key);
+            kept.prints.remove(&key);
         }
     });
     let wrote = !matches!(applied, Applied::Unchanged(_));
@@ -407,7 +436,7 @@ where
 /// Whether the agent knows `name` to be gone (it removed it, and has not written it since).
 fn noted_absent<K: Resource>(ctx: &Context, ns: &str, api: &Api<K>, name: &str) -> bool {
     let key = object_key(api, name);
-    ctx.with_hcp(ns, |s| s.absent.contains(&key))
+    ctx.with_hcp(ns, |s| s.service.absent.contains(&key))
 }
 
 /// Records that `name` is gone: nothing asks for it again until the agent writes it.
@@ -415,8 +444,8 @@ fn note_absent<K: Resource>(ctx: &Context, ns: &str, api: &Api<K>, name: &str) {
     let key = object_key(api, name);
     cache::wrote::<K, _>(ctx, ns, api, name, None);
     ctx.with_hcp(ns, |s| {
-        s.management.remove(&key);
-        s.absent.insert(key);
+        s.service.prints.remove(&key);
+        s.service.absent.insert(key);
     });
 }
 
@@ -512,10 +541,8 @@ pub(crate) async fn retire(s: &Scope<'_>) -> Result<Vec<&'static str>, Failure> 
     }
     // A service started again later is a new one: its first unavailability is a start, not
     // an outage, and its certificate must be seen served before it is settled.
-    ctx.with_hcp(ns, |h| {
-        h.served = false;
-        h.settled_for = None;
-    });
+    ctx.with_hcp(ns, |h| h.service.served = false);
+    super::trust::forget(ctx, ns);
     ctx.metrics.cert_expiry.remove(&s.labels());
     Ok(gone)
 }

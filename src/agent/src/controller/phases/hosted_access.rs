@@ -41,7 +41,7 @@ pub(crate) async fn connect(s: &Scope<'_>) -> Result<HostedClient, Failure> {
         })
     })?;
     let cached = ctx.with_hcp(ns, |h| {
-        h.hosted_client.as_ref().filter(|c| c.is_from(raw)).cloned()
+        h.access.client.as_ref().filter(|c| c.is_from(raw)).cloned()
     });
     if let Some(c) = cached {
         reachable(s, &c)?;
@@ -57,12 +57,33 @@ pub(crate) async fn connect(s: &Scope<'_>) -> Result<HostedClient, Failure> {
         .await
         .map_err(Failure::HostedAccess)?;
     ctx.with_hcp(ns, |h| {
-        h.hosted_client = Some(built.clone());
-        h.hosted_identity = None;
+        h.access = Access {
+            client: Some(built.clone()),
+            identity: None,
+        };
     });
     reachable(s, &built)?;
     claim(s, &built).await?;
     Ok(built)
+}
+
+/// This phase's part of an HCP's state (`HcpState::access`), written only here: the hosted
+/// client, kept while the kubeconfig Secret is unchanged, and the hosted cluster's identity
+/// (kube-system UID) once this namespace's claim on it is confirmed (cleared with the client).
+#[derive(Default)]
+pub(in crate::controller) struct Access {
+    client: Option<HostedClient>,
+    identity: Option<String>,
+}
+
+impl Access {
+    pub(in crate::controller) fn client(&self) -> Option<&HostedClient> {
+        self.client.as_ref()
+    }
+
+    pub(in crate::controller) fn identity(&self) -> Option<&str> {
+        self.identity.as_deref()
+    }
 }
 
 /// A connection the drift watch saw drop (keepalive unanswered) is reported at once, before
@@ -94,7 +115,7 @@ fn reachable(s: &Scope<'_>, hosted: &HostedClient) -> Result<(), Failure> {
 /// back. Checked once per hosted client.
 async fn claim(s: &Scope<'_>, hosted: &HostedClient) -> Result<(), Failure> {
     let (ctx, ns) = (s.ctx, s.ns);
-    if ctx.with_hcp(ns, |h| h.hosted_identity.is_some()) {
+    if ctx.with_hcp(ns, |h| h.access.identity.is_some()) {
         return Ok(());
     }
     let refuse = |e: HostedAccessError| Failure::HostedAccess(e);
@@ -177,12 +198,12 @@ async fn claim(s: &Scope<'_>, hosted: &HostedClient) -> Result<(), Failure> {
     let mut hcps = ctx.hcps();
     if let Some(other) = hcps
         .iter()
-        .find(|(n, s)| n.as_str() != ns && s.hosted_identity.as_deref() == Some(uid.as_str()))
+        .find(|(n, s)| n.as_str() != ns && s.access.identity.as_deref() == Some(uid.as_str()))
         .map(|(n, _)| n.clone())
     {
         return Err(claimed(format!("HCP namespace {other}")));
     }
-    hcps.entry(ns.to_string()).or_default().hosted_identity = Some(uid);
+    hcps.entry(ns.to_string()).or_default().access.identity = Some(uid);
     Ok(())
 }
 

@@ -24,7 +24,7 @@ use crate::controller::io::apply::{
 use super::probe;
 use super::proof::Proof;
 use super::static_guards::{StaticForce, StaticState, Statics};
-use crate::controller::context::{Context, lock};
+use crate::controller::context::Context;
 use crate::controller::error::Failure;
 use crate::controller::io::watches;
 use crate::controller::scope::Scope;
@@ -233,7 +233,7 @@ pub(crate) async fn ensure(
     // Every guard leaving the static guards has its API-side path proven now: the files may
     // follow.
     let wrote_statics = statics.ensure_after(s).await?;
-    let drift = installed_as(ctx, ns, &wanted);
+    let drift = watches::installed_as(ctx, ns, &wanted);
     Ok(Installed {
         configurations: want,
         drift,
@@ -255,10 +255,10 @@ pub(crate) async fn ensure(
     })
 }
 
-/// Tells the drift watch what the probe must prove and which canaries run, and waits until a new
-/// one watches from versions taken before the install's reads: a change made after the install
-/// read an object is then an event of its watch, not missed. Not longer than a request (`within`):
-/// a watch that cannot list its kinds lists each object itself.
+/// Tells the probe what it must prove and which canaries run, and waits until a new drift watch
+/// watches from versions taken before the install's reads: a change made after the install
+/// read an object is then an event of its watch, not missed. Not longer than a request
+/// (`within`): a watch that cannot list its kinds lists each object itself.
 async fn watch_told(
     ctx: &Context,
     ns: &str,
@@ -266,19 +266,8 @@ async fn watch_told(
     canaries: std::sync::Arc<Vec<super::canary::Planned>>,
     within: Duration,
 ) {
-    let started = ctx.with_hcp(ns, |s| {
-        let w = s.watch.as_mut()?;
-        {
-            let mut shared = lock(&w.shared);
-            shared.proof = proof.clone();
-            shared
-                .canary_results
-                .retain(|g, _| canaries.iter().any(|p| &p.guard == g));
-            shared.canaries = canaries;
-        }
-        w.started.take()
-    });
-    if let Some(started) = started {
+    probe::plan(ctx, ns, proof, canaries);
+    if let Some(started) = watches::started(ctx, ns) {
         let _ = tokio::time::timeout(within, started).await;
     }
 }
@@ -318,27 +307,6 @@ async fn url_base(s: &Scope<'_>, service: bool) -> Result<String, Failure> {
     // Installing what HyperShift deletes at once would be a fight counted as drift forever.
     not_condemned(ctx, caches.guest_services.as_ref(), ns, &url_base).await?;
     Ok(url_base)
-}
-
-/// Tells the drift watch that `wanted` is installed (from now on a listing that differs is
-/// drift), and takes the drift it noted meanwhile.
-fn installed_as(
-    ctx: &crate::controller::context::Context,
-    ns: &str,
-    wanted: &Wanted,
-) -> Vec<String> {
-    ctx.with_hcp(ns, |s| {
-        s.watch
-            .as_ref()
-            .map(|w| {
-                let mut shared = lock(&w.shared);
-                if shared.desired.as_ref() == Some(wanted) {
-                    shared.applied = true;
-                }
-                std::mem::take(&mut shared.drift_notes)
-            })
-            .unwrap_or_default()
-    })
 }
 
 /// The guards not on the engine asked for, and why: (the others, and for those asking for

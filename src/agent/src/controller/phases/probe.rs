@@ -523,6 +523,27 @@ fn record_canary(
     (before != Some(shown), all_proven)
 }
 
+/// What the probe must prove and which canaries it sends (the hosted webhooks phase's plan,
+/// before its install); the last results of guards no longer planned go.
+pub(in crate::controller) fn plan(
+    ctx: &crate::controller::context::Context,
+    ns: &str,
+    proof: &Proof,
+    canaries: Arc<Vec<canary::Planned>>,
+) {
+    ctx.with_hcp(ns, |s| {
+        let Some(w) = s.watch.as_ref() else {
+            return;
+        };
+        let mut shared = lock(&w.shared);
+        shared.proof = proof.clone();
+        shared
+            .canary_results
+            .retain(|g, _| canaries.iter().any(|p| &p.guard == g));
+        shared.canaries = canaries;
+    });
+}
+
 /// Records this reconcile's verdict and makes sure the periodic probe runs. The task queues a
 /// full reconcile (which reports) only when the verdict changes, so a steady fleet costs one
 /// hosted request per cluster per interval and, every `REPORT_ROUNDS` rounds, a look at the

@@ -23,7 +23,7 @@ pub(in crate::controller) async fn mark(s: &Scope<'_>, probe_proven: bool) -> Op
         return None;
     }
     let done = format!("every guard proven in force: namespace labelled {GUARDS_PROVEN_LABEL}");
-    if s.ctx.with_hcp(s.ns, |h| h.proven_labelled) {
+    if s.ctx.with_hcp(s.ns, |h| h.switch_over.0) {
         return Some(done);
     }
     if !evidence(s, probe_proven).proven() {
@@ -46,7 +46,7 @@ pub(in crate::controller) async fn mark(s: &Scope<'_>, probe_proven: bool) -> Op
     .await;
     match result {
         Ok(()) => {
-            s.ctx.with_hcp(s.ns, |h| h.proven_labelled = true);
+            s.ctx.with_hcp(s.ns, |h| h.switch_over.0 = true);
             Some(done)
         }
         Err(e) => {
@@ -58,6 +58,11 @@ pub(in crate::controller) async fn mark(s: &Scope<'_>, probe_proven: bool) -> Op
         }
     }
 }
+
+/// This step's part of an HCP's state (`HcpState::switch_over`), written only here: the
+/// namespace was seen to carry the label (`mark`).
+#[derive(Debug, Default)]
+pub(in crate::controller) struct Labelled(bool);
 
 /// The probe's verdict with the canaries' last results.
 fn evidence(s: &Scope<'_>, probe_proven: bool) -> Evidence {

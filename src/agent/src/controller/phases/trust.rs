@@ -130,6 +130,30 @@ pub(crate) async fn pre_trust(
     Ok(done.drift)
 }
 
+/// This phase's part of an HCP's state (`HcpState::trust`), written only here.
+#[derive(Debug, Default)]
+pub(in crate::controller) struct Settled {
+    /// The serving certificate (fingerprint) every replica was seen to serve, the hosted
+    /// caBundle narrowed to its CA (`hosted_bundle`).
+    serving: Option<u64>,
+    /// Reconciles in a row that found a replica not yet serving the current certificate
+    /// (the previous CA stays trusted meanwhile); paces the next look.
+    unsettled: u32,
+}
+
+/// Reconciles in a row, this one included, that found the caBundle not `settled`.
+pub(in crate::controller) fn unsettled_in_a_row(s: &Scope<'_>, settled: bool) -> u32 {
+    s.ctx.with_hcp(s.ns, |h| {
+        crate::controller::reconcile::in_a_row(&mut h.trust.unsettled, !settled)
+    })
+}
+
+/// A retired admission service: the next one's certificate must be seen served again before
+/// it is settled.
+pub(in crate::controller) fn forget(ctx: &Context, ns: &str) {
+    ctx.with_hcp(ns, |h| h.trust.serving = None);
+}
+
 /// The caBundle the hosted configurations should carry now, and whether it is final: the
 /// current bundle once every ready replica serves `certs.serving`; until then the current
 /// bundle plus what is installed. Fails when replicas are listed but none completes a TLS
@@ -146,11 +170,11 @@ pub(crate) async fn hosted_bundle(
     let serving = hcp_fleet_model::compare::fingerprint(&serde_json::Value::String(
         certs.serving.cert_pem.clone(),
     ));
-    if ctx.with_hcp(ns, |s| s.settled_for == Some(serving)) {
+    if ctx.with_hcp(ns, |s| s.trust.serving == Some(serving)) {
         return Ok((want, true));
     }
     let settled = |bundle: String| {
-        ctx.with_hcp(ns, |s| s.settled_for = Some(serving));
+        ctx.with_hcp(ns, |s| s.trust.serving = Some(serving));
         Ok((bundle, true))
     };
     let installed =
