@@ -10,21 +10,19 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use tracing::{info, instrument, warn};
 
-use super::context::{Context, lock};
+use super::context::Context;
 use super::error::{Failure, ReconcileError};
 use super::io::watches;
 use super::phases::proof::Proof;
 use super::phases::{
-    admission_service, canary, certificates, hosted_access, hosted_webhooks, internal_registry,
-    probe, static_guards, trust,
+    admission_service, certificates, hosted_access, hosted_webhooks, internal_registry, probe,
+    static_guards, trust,
 };
 use super::scope::Scope;
 use super::{report, rollout};
-use crate::hosted::clients::HostedClient;
 use crate::metrics::PhaseLabels;
+use hcp_fleet_model::crd::HostedControlPlane;
 use hcp_fleet_model::crd::hostedcontrolplane::Pause;
-use hcp_fleet_model::crd::{ComplianceState, HostedControlPlane};
-use hcp_fleet_render::hosted::webhooks;
 use hcp_fleet_render::reporting::record::PauseReason;
 use hcp_fleet_render::reporting::{Concern, Observation, Observations};
 
@@ -220,7 +218,7 @@ impl Found {
 
     /// Keeps what phase 4 found, whether or not its Deployment serves: its drift where it
     /// does, `None` while a first install waits for it, or the outage.
-    fn admitted(&mut self, a: Admitted) -> Result<Option<Vec<String>>, Failure> {
+    fn admitted(&mut self, a: admission_service::Admitted) -> Result<Option<Vec<String>>, Failure> {
         self.rolled_out = a.rolled_out;
         self.drift_repaired = a.drift.len() as u64;
         self.observe_all(a.observed);
@@ -245,8 +243,9 @@ async fn run_phases(s: &Scope<'_>) -> Outcome {
     }
 }
 
-/// The phases in order, each gated on the one before; each records what it observed in
-/// `found`, which the report consumes whether or not a later phase fails.
+/// The phases in order (`phases/`), each gated on the one before: each returns its product
+/// and its observations, and this keeps them in `found`, which the report consumes whether or
+/// not a later phase fails.
 async fn phases(s: &Scope<'_>, found: &mut Found) -> Result<Action, Failure> {
     // 1. Discovery: a ready HCP with its kubeconfig published.
     if !s.hcp.is_ready() {
@@ -261,7 +260,7 @@ async fn phases(s: &Scope<'_>, found: &mut Found) -> Result<Action, Failure> {
     // nothing: a service that runs is kept (phase 4 goes on repairing it), none is started,
     // and the failure is reported once phase 4 is done.
     let hosted = hosted_access::connect(s).await;
-    let (needed, known) = service_needed(s, &hosted).await;
+    let (needed, known) = admission_service::needed(s, &hosted).await;
     // The static guards' files: not gated on the admission service or the hosted cluster,
     // since they guard without either.
     // The registry first: the pod image spec mutation carries its tags, in the files as
@@ -280,7 +279,7 @@ async fn phases(s: &Scope<'_>, found: &mut Found) -> Result<Action, Failure> {
         if certs.serving_changes {
             hosted_drift = trust::pre_trust(s, &certs.bundle, &statics).await?;
         }
-        let Some(drift) = found.admitted(admission(s, &certs).await?)? else {
+        let Some(drift) = found.admitted(admission_service::admit(s, &certs).await?)? else {
             // The Deployment watch (owns) brings us back when its status changes.
             return Ok(Action::requeue(Duration::from_secs(300)));
         };
@@ -291,7 +290,7 @@ async fn phases(s: &Scope<'_>, found: &mut Found) -> Result<Action, Failure> {
         // Said now where none is left to retire, so that a hosted cluster that fails later in
         // the pass is reported for what fails.
         if known && !admission_service::exists(s).await {
-            found.observe_all(not_needed(&[]));
+            found.observe_all(admission_service::not_needed(&[]));
         }
         None
     };
@@ -337,7 +336,7 @@ async fn phases(s: &Scope<'_>, found: &mut Found) -> Result<Action, Failure> {
         // No webhook calls the service any more, proven by the install that removed the
         // last: what served it goes.
         None if installed.configurations == 0 => {
-            found.observe_all(retired(s).await?);
+            found.observe_all(admission_service::retired(s).await?);
             Vec::new()
         }
         None => Vec::new(),
@@ -349,12 +348,12 @@ async fn phases(s: &Scope<'_>, found: &mut Found) -> Result<Action, Failure> {
     });
     found.observe(
         Concern::HostedWebhooks,
-        webhooks_observation(&installed, &hosted_drift, settled, static_waits),
+        hosted_webhooks::observation(&installed, &hosted_drift, settled, static_waits),
     );
     // 7. Prove it end to end, through the hosted kube-apiserver: after a repair too. A pass
     // that stopped here after drift left the probe "not checked" (Pending, Ready Unknown, a
     // Warning Event) at every repair, and under a burst of drift for as long as it lasted.
-    let verdict = prove(s, &hosted, &installed.targets).await?;
+    let verdict = probe::prove(s, &hosted, &installed.targets).await?;
     found.observe(Concern::EndToEndProbe, verdict);
     if !hosted_drift.is_empty() || !management_drift.is_empty() {
         // Once more, so the history also records the steady state after the repair.
@@ -378,264 +377,6 @@ async fn phases(s: &Scope<'_>, found: &mut Found) -> Result<Action, Failure> {
         None => Action::await_change(),
     })
 }
-
-/// Phase 2's verdict: whether a guard needs the admission service, and whether that is known
-/// (the hosted cluster answered now, or what it offered when it last did). Unknown, a service
-/// that exists is kept.
-async fn service_needed(s: &Scope<'_>, hosted: &Result<HostedClient, Failure>) -> (bool, bool) {
-    let features = match hosted {
-        Ok(h) => Some(h.features().await),
-        Err(_) => s
-            .ctx
-            .with_hcp(s.ns, |h| h.access.client().and_then(|c| c.known_features())),
-    };
-    match (features, hosted.is_ok()) {
-        (Some(f), true) => (webhooks::needs_admission_service(s.cfg, f), true),
-        // Not reached now: a service that runs is kept, whatever it offered.
-        (Some(f), false) => (
-            webhooks::needs_admission_service(s.cfg, f) || admission_service::exists(s).await,
-            true,
-        ),
-        (None, _) => (admission_service::exists(s).await, false),
-    }
-}
-
-/// Where no guard needs the admission service: what served it retired (`admission_service::
-/// retire`), and the record says so.
-async fn retired(s: &Scope<'_>) -> Result<Vec<(Concern, Observation)>, Failure> {
-    let gone = admission_service::retire(s).await?;
-    Ok(not_needed(&gone))
-}
-
-/// What the record says of an HCP that needs no admission service (`gone`: what was just
-/// removed of one it had).
-fn not_needed(gone: &[&str]) -> Vec<(Concern, Observation)> {
-    let mut text = String::from(
-        "not deployed: every guard runs inside the hosted kube-apiserver, and no webhook calls the admission service",
-    );
-    if !gone.is_empty() {
-        text.push_str(&format!("; removed: {}", gone.join(", ")));
-    }
-    vec![
-        (Concern::AdmissionService, Observation::compliant(text)),
-        (
-            Concern::Certificate,
-            Observation::compliant("none needed: no webhook calls the admission service"),
-        ),
-    ]
-}
-
-/// Phase 4's product: what its apply found, for the record whether or not the Deployment
-/// then serves.
-struct Admitted {
-    /// Whether the Deployment had fully rolled out to its current spec.
-    rolled_out: bool,
-    /// The management drift it repaired.
-    drift: Vec<String>,
-    observed: Vec<(Concern, Observation)>,
-    /// Whether the Deployment serves (`false`: a first install waits for it), or the outage.
-    serving: Result<bool, Failure>,
-}
-
-/// Phase 4: the admission service applied where it differs from the rendering, then its
-/// Deployment's availability.
-async fn admission(s: &Scope<'_>, certs: &certificates::Certificates) -> Result<Admitted, Failure> {
-    let scheduling = s.hcp.scheduling();
-    if !scheduling.ignored.is_empty() {
-        warn!(ignored = ?scheduling.ignored, "malformed HCP scheduling fields not followed");
-    }
-    let service = admission_service::ensure(s, &certs.bundle, &scheduling).await?;
-    let deployment = service.deployment;
-    let valid_until = format!("serving certificate valid until {}", certs.expires);
-    let mut admitted = Admitted {
-        rolled_out: hcp_fleet_render::management::deployment_rolled_out(&deployment),
-        drift: service.drift,
-        observed: vec![(Concern::Certificate, Observation::compliant(valid_until))],
-        serving: Ok(false),
-    };
-    let (available, was_available) = admission_service::served(s, &deployment);
-    let want = hcp_fleet_render::management::replicas(s.cfg, &scheduling);
-    if !available && was_available {
-        // An outage, not a rollout that has yet to finish: the guard is off.
-        let status = deployment.status.as_ref();
-        admitted.serving = Err(Failure::AdmissionDown {
-            ready: status.and_then(|s| s.ready_replicas).unwrap_or(0),
-            want,
-        });
-        return Ok(admitted);
-    }
-    if !available {
-        let waiting = "waiting for the admission Deployment to become available";
-        admitted.observed.extend([
-            (Concern::AdmissionService, Observation::pending(waiting)),
-            (
-                Concern::HostedWebhooks,
-                Observation::pending("waiting for the admission service"),
-            ),
-        ]);
-        return Ok(admitted);
-    }
-    let ready = deployment
-        .status
-        .as_ref()
-        .and_then(|s| s.available_replicas);
-    let mut available = format!(
-        "Deployment available ({}/{want} replicas)",
-        ready.unwrap_or(0)
-    );
-    if !scheduling.ignored.is_empty() {
-        available.push_str(&format!(
-            "; not followed (malformed): {}",
-            scheduling.ignored.join("; ")
-        ));
-    }
-    if !admitted.drift.is_empty() {
-        available.push_str(&format!("; drift repaired: {}", admitted.drift.join("; ")));
-    }
-    admitted
-        .observed
-        .push((Concern::AdmissionService, Observation::compliant(available)));
-    admitted.serving = Ok(true);
-    Ok(admitted)
-}
-
-/// What phases 5-6 say of the hosted configurations: installed and current (on which
-/// engines), or the drift repaired; and what an operator must fix while the guards run.
-fn webhooks_observation(
-    installed: &hosted_webhooks::Installed,
-    drift: &[String],
-    settled: bool,
-    static_waits: u32,
-) -> Observation {
-    let mut webhooks = if drift.is_empty() {
-        let n = installed.configurations;
-        let exemptions = if installed.exemptions_in_api_server {
-            "exemptions applied by the API server (matchConditions)"
-        } else {
-            "exemptions applied by the admission service"
-        };
-        let (by_webhook, by_policy) = installed.guards;
-        let mut text = format!("{n} webhook configuration(s) installed and current; {exemptions}");
-        if by_policy > 0 {
-            text.push_str(&format!(
-                "; {by_policy} guard(s) run as ValidatingAdmissionPolicy in the hosted kube-apiserver (exemptions as matchConditions), {by_webhook} as webhooks"
-            ));
-        }
-        if installed.mutating_policies > 0 {
-            text.push_str(&format!(
-                "; {} mutation(s) run as MutatingAdmissionPolicy",
-                installed.mutating_policies
-            ));
-        }
-        if installed.static_guards > 0 {
-            text.push_str(&format!(
-                "; {} guard(s) loaded from files by the hosted kube-apiserver (static)",
-                installed.static_guards
-            ));
-        }
-        text
-    } else {
-        format!("drift repaired: {}", drift.join("; "))
-    };
-    if !settled {
-        webhooks.push_str(
-            "; the previous CA stays in the caBundle until every replica serves the new certificate",
-        );
-    }
-    // A policy the API server cannot type-check, or a guard not on the engine asked for, is
-    // for an operator to fix: the guards keep running meanwhile.
-    let problems: Vec<String> = installed
-        .type_warnings
-        .iter()
-        .map(|w| format!("type check: {w}"))
-        .chain(installed.notes.iter().cloned())
-        .collect();
-    if !problems.is_empty() {
-        return Observation::violation(format!("{}; {webhooks}", problems.join("; ")));
-    }
-    if installed.static_notes.is_empty() {
-        return Observation::compliant(webhooks);
-    }
-    let why = installed.static_notes.join("; ");
-    // Files written a moment ago take a kubelet's volume update and a reload to be in force.
-    if !installed.static_refused && (1..=STATIC_GRACE_LOOKS).contains(&static_waits) {
-        Observation::pending(format!(
-            "waiting for the hosted kube-apiserver to load the static guards: {why}; {webhooks}"
-        ))
-    } else {
-        Observation::violation(format!("{why}; {webhooks}"))
-    }
-}
-
-/// Looks (`static_wait`: ten a second apart, then doubling, about 2 minutes in all: a kubelet
-/// updates a ConfigMap volume within its sync period and cache TTL, about a minute each) that
-/// static guards not yet in force on a server that can load them are Pending before they are
-/// NonCompliant.
-const STATIC_GRACE_LOOKS: u32 = 16;
-
-/// Phase 7: the end-to-end probe through the hosted kube-apiserver, with what the guards'
-/// canaries showed in their last rounds (the probe task sends them); the periodic probe is
-/// started if it does not run. A probe that got no answer, from a server that does not answer
-/// its version either, is the hosted kube-apiserver's silence (hung, before the keepalive has
-/// dropped the connection): reported as the hosted cluster's, naming its server, not as a
-/// fault of the admission path.
-async fn prove(
-    s: &Scope<'_>,
-    hosted: &HostedClient,
-    targets: &probe::ProbeTargets,
-) -> Result<Observation, Failure> {
-    let timeout = s.cfg.hosted_access.request_timeout();
-    let reported = s.ctx.with_hcp(s.ns, |h| {
-        h.watch
-            .as_ref()
-            .and_then(|w| lock(&w.shared).own_denials.clone())
-    });
-    let probed = probe::probe(&hosted.client(), timeout, targets, reported.as_deref()).await;
-    let mut verdict = probed.verdict;
-    let silent = match probed.unanswered {
-        Some(why) if !hosted.answers(SILENCE_CHECK).await => Some(why),
-        _ => None,
-    };
-    let failed = s.ctx.with_hcp(s.ns, |h| {
-        h.watch
-            .as_ref()
-            .map(|w| canary::failures(&lock(&w.shared).canary_results))
-            .unwrap_or_default()
-    });
-    if !failed.is_empty() {
-        verdict = Observation::violation(format!("{}; {}", failed.join("; "), verdict.message));
-    }
-    let ok = verdict.state == ComplianceState::Compliant;
-    let m = &s.ctx.metrics;
-    m.probe_success
-        .get_or_create(&s.labels())
-        .set(i64::from(ok));
-    probe::ensure_task(s, hosted, verdict.state);
-    let Some(why) = silent else {
-        if let Some(note) = super::phases::switch_over::mark(s, ok).await {
-            verdict.message = format!("{}; {note}", verdict.message);
-        }
-        return Ok(verdict);
-    };
-    m.hosted_errors.get_or_create(&s.labels()).inc();
-    // As for a dropped connection (`hosted_access::reachable`): nothing is known to be current
-    // in a cluster that does not answer.
-    m.webhooks_installed.get_or_create(&s.labels()).set(0);
-    Err(match why {
-        probe::ProbeFailure::Failed(source) => Failure::HostedApi {
-            server: hosted.server.clone(),
-            secret: hosted.secret.clone(),
-            source,
-        },
-        _ => Failure::HostedTimeout {
-            server: hosted.server.clone(),
-            seconds: timeout.as_secs(),
-        },
-    })
-}
-
-/// How long a hosted kube-apiserver whose probe went unanswered has to answer its version.
-const SILENCE_CHECK: Duration = Duration::from_secs(2);
 
 /// A paused HCP: its drift watch and probe stop, nothing is applied, and the report says so
 /// (every concern Pending, so no NonCompliant alert fires for a deliberate pause). Removing
@@ -744,7 +485,6 @@ fn steady_then_backoff(looks: u32, steady: u32, every: Duration) -> Duration {
     }
 }
 
-/// Counts `yes` in a row in `n` (back to 0 at a no); the count.
 /// The orchestrator's part of an HCP's state (`HcpState::pacing`), written only here: what
 /// paces the next reconcile.
 #[derive(Debug, Default)]
@@ -755,6 +495,7 @@ pub(super) struct Pacing {
     static_waits: u32,
 }
 
+/// Counts `yes` in a row in `n` (back to 0 at a no); the count.
 pub(super) fn in_a_row(n: &mut u32, yes: bool) -> u32 {
     *n = if yes { n.saturating_add(1) } else { 0 };
     *n

@@ -19,14 +19,18 @@ use crate::controller::error::Failure;
 use crate::controller::io::apply::{Applied, Repair, apply_against, delete_if_present};
 use crate::controller::io::cache::{self, object_key};
 use crate::controller::scope::Scope;
+use crate::hosted::clients::HostedClient;
 use crate::metrics::DriftLabels;
 use hcp_fleet_model::compare;
 use hcp_fleet_model::crd::HostedControlPlane;
 use hcp_fleet_model::crd::hostedcontrolplane::Scheduling;
 use hcp_fleet_render::certificates::CertBundle;
 use hcp_fleet_render::config::{AgentConfig, MonitoringApi};
+use hcp_fleet_render::hosted::webhooks;
 use hcp_fleet_render::management;
 use hcp_fleet_render::management::HcpInputs;
+use hcp_fleet_render::reporting::{Concern, Observation};
+use tracing::warn;
 
 /// This phase's part of an HCP's state (`HcpState::service`), written only here. Caches: a
 /// restarted agent starts from its first look.
@@ -586,4 +590,132 @@ where
         return Ok(false);
     }
     remove(ctx, ns, &t.api, t.kind, t.name).await
+}
+
+/// Phase 2's verdict, which decides whether this phase runs: whether a guard needs the admission service, and whether that is known
+/// (the hosted cluster answered now, or what it offered when it last did). Unknown, a service
+/// that exists is kept.
+pub(in crate::controller) async fn needed(
+    s: &Scope<'_>,
+    hosted: &Result<HostedClient, Failure>,
+) -> (bool, bool) {
+    let features = match hosted {
+        Ok(h) => Some(h.features().await),
+        Err(_) => s
+            .ctx
+            .with_hcp(s.ns, |h| h.access.client().and_then(|c| c.known_features())),
+    };
+    match (features, hosted.is_ok()) {
+        (Some(f), true) => (webhooks::needs_admission_service(s.cfg, f), true),
+        // Not reached now: a service that runs is kept, whatever it offered.
+        (Some(f), false) => (
+            webhooks::needs_admission_service(s.cfg, f) || exists(s).await,
+            true,
+        ),
+        (None, _) => (exists(s).await, false),
+    }
+}
+
+/// Where no guard needs the admission service: what served it retired (`
+/// retire`), and the record says so.
+pub(in crate::controller) async fn retired(
+    s: &Scope<'_>,
+) -> Result<Vec<(Concern, Observation)>, Failure> {
+    let gone = retire(s).await?;
+    Ok(not_needed(&gone))
+}
+
+/// What the record says of an HCP that needs no admission service (`gone`: what was just
+/// removed of one it had).
+pub(in crate::controller) fn not_needed(gone: &[&str]) -> Vec<(Concern, Observation)> {
+    let mut text = String::from(
+        "not deployed: every guard runs inside the hosted kube-apiserver, and no webhook calls the admission service",
+    );
+    if !gone.is_empty() {
+        text.push_str(&format!("; removed: {}", gone.join(", ")));
+    }
+    vec![
+        (Concern::AdmissionService, Observation::compliant(text)),
+        (
+            Concern::Certificate,
+            Observation::compliant("none needed: no webhook calls the admission service"),
+        ),
+    ]
+}
+
+/// Phase 4's product: what its apply found, for the record whether or not the Deployment
+/// then serves.
+pub(in crate::controller) struct Admitted {
+    /// Whether the Deployment had fully rolled out to its current spec.
+    pub(in crate::controller) rolled_out: bool,
+    /// The management drift it repaired.
+    pub(in crate::controller) drift: Vec<String>,
+    pub(in crate::controller) observed: Vec<(Concern, Observation)>,
+    /// Whether the Deployment serves (`false`: a first install waits for it), or the outage.
+    pub(in crate::controller) serving: Result<bool, Failure>,
+}
+
+/// Phase 4: the admission service applied where it differs from the rendering, then its
+/// Deployment's availability.
+pub(in crate::controller) async fn admit(
+    s: &Scope<'_>,
+    certs: &super::certificates::Certificates,
+) -> Result<Admitted, Failure> {
+    let scheduling = s.hcp.scheduling();
+    if !scheduling.ignored.is_empty() {
+        warn!(ignored = ?scheduling.ignored, "malformed HCP scheduling fields not followed");
+    }
+    let service = ensure(s, &certs.bundle, &scheduling).await?;
+    let deployment = service.deployment;
+    let valid_until = format!("serving certificate valid until {}", certs.expires);
+    let mut admitted = Admitted {
+        rolled_out: hcp_fleet_render::management::deployment_rolled_out(&deployment),
+        drift: service.drift,
+        observed: vec![(Concern::Certificate, Observation::compliant(valid_until))],
+        serving: Ok(false),
+    };
+    let (available, was_available) = served(s, &deployment);
+    let want = hcp_fleet_render::management::replicas(s.cfg, &scheduling);
+    if !available && was_available {
+        // An outage, not a rollout that has yet to finish: the guard is off.
+        let status = deployment.status.as_ref();
+        admitted.serving = Err(Failure::AdmissionDown {
+            ready: status.and_then(|s| s.ready_replicas).unwrap_or(0),
+            want,
+        });
+        return Ok(admitted);
+    }
+    if !available {
+        let waiting = "waiting for the admission Deployment to become available";
+        admitted.observed.extend([
+            (Concern::AdmissionService, Observation::pending(waiting)),
+            (
+                Concern::HostedWebhooks,
+                Observation::pending("waiting for the admission service"),
+            ),
+        ]);
+        return Ok(admitted);
+    }
+    let ready = deployment
+        .status
+        .as_ref()
+        .and_then(|s| s.available_replicas);
+    let mut available = format!(
+        "Deployment available ({}/{want} replicas)",
+        ready.unwrap_or(0)
+    );
+    if !scheduling.ignored.is_empty() {
+        available.push_str(&format!(
+            "; not followed (malformed): {}",
+            scheduling.ignored.join("; ")
+        ));
+    }
+    if !admitted.drift.is_empty() {
+        available.push_str(&format!("; drift repaired: {}", admitted.drift.join("; ")));
+    }
+    admitted
+        .observed
+        .push((Concern::AdmissionService, Observation::compliant(available)));
+    admitted.serving = Ok(true);
+    Ok(admitted)
 }

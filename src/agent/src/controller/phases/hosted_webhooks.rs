@@ -38,6 +38,7 @@ use hcp_fleet_render::hosted::static_guards;
 use hcp_fleet_render::hosted::wanted::Wanted;
 use hcp_fleet_render::hosted::webhooks;
 use hcp_fleet_render::hosted::webhooks::{HostedWebhooks, MUTATING_NAME, VALIDATING_NAME};
+use hcp_fleet_render::reporting::Observation;
 
 /// What the phase found: how many configurations are installed, and the drift repaired since
 /// the last reconcile (one note per change by someone else).
@@ -790,3 +791,77 @@ async fn prune_mutating(
     )
     .await
 }
+
+/// What phases 5-6 say of the hosted configurations: installed and current (on which
+/// engines), or the drift repaired; and what an operator must fix while the guards run.
+pub(in crate::controller) fn observation(
+    installed: &Installed,
+    drift: &[String],
+    settled: bool,
+    static_waits: u32,
+) -> Observation {
+    let mut webhooks = if drift.is_empty() {
+        let n = installed.configurations;
+        let exemptions = if installed.exemptions_in_api_server {
+            "exemptions applied by the API server (matchConditions)"
+        } else {
+            "exemptions applied by the admission service"
+        };
+        let (by_webhook, by_policy) = installed.guards;
+        let mut text = format!("{n} webhook configuration(s) installed and current; {exemptions}");
+        if by_policy > 0 {
+            text.push_str(&format!(
+                "; {by_policy} guard(s) run as ValidatingAdmissionPolicy in the hosted kube-apiserver (exemptions as matchConditions), {by_webhook} as webhooks"
+            ));
+        }
+        if installed.mutating_policies > 0 {
+            text.push_str(&format!(
+                "; {} mutation(s) run as MutatingAdmissionPolicy",
+                installed.mutating_policies
+            ));
+        }
+        if installed.static_guards > 0 {
+            text.push_str(&format!(
+                "; {} guard(s) loaded from files by the hosted kube-apiserver (static)",
+                installed.static_guards
+            ));
+        }
+        text
+    } else {
+        format!("drift repaired: {}", drift.join("; "))
+    };
+    if !settled {
+        webhooks.push_str(
+            "; the previous CA stays in the caBundle until every replica serves the new certificate",
+        );
+    }
+    // A policy the API server cannot type-check, or a guard not on the engine asked for, is
+    // for an operator to fix: the guards keep running meanwhile.
+    let problems: Vec<String> = installed
+        .type_warnings
+        .iter()
+        .map(|w| format!("type check: {w}"))
+        .chain(installed.notes.iter().cloned())
+        .collect();
+    if !problems.is_empty() {
+        return Observation::violation(format!("{}; {webhooks}", problems.join("; ")));
+    }
+    if installed.static_notes.is_empty() {
+        return Observation::compliant(webhooks);
+    }
+    let why = installed.static_notes.join("; ");
+    // Files written a moment ago take a kubelet's volume update and a reload to be in force.
+    if !installed.static_refused && (1..=STATIC_GRACE_LOOKS).contains(&static_waits) {
+        Observation::pending(format!(
+            "waiting for the hosted kube-apiserver to load the static guards: {why}; {webhooks}"
+        ))
+    } else {
+        Observation::violation(format!("{why}; {webhooks}"))
+    }
+}
+
+/// Looks (`static_wait`: ten a second apart, then doubling, about 2 minutes in all: a kubelet
+/// updates a ConfigMap volume within its sync period and cache TTL, about a minute each) that
+/// static guards not yet in force on a server that can load them are Pending before they are
+/// NonCompliant.
+const STATIC_GRACE_LOOKS: u32 = 16;

@@ -17,6 +17,7 @@ use super::internal_registry::changed as registry_changed;
 use super::proof::{self, Answer, Asked, Proof, authentic};
 use crate::controller::AdmissionEndpoints;
 use crate::controller::context::{AbortOnDrop, WatchShared, lock};
+use crate::controller::error::Failure;
 use crate::controller::scope::Scope;
 use crate::hosted::clients::HostedClient;
 use hcp_fleet_guards::catalogue::{
@@ -655,6 +656,70 @@ pub(crate) fn ensure_task(s: &Scope<'_>, hosted: &HostedClient, verdict: Complia
         )));
     });
 }
+
+/// Phase 7: the end-to-end probe through the hosted kube-apiserver, with what the guards'
+/// canaries showed in their last rounds (the probe task sends them); the periodic probe is
+/// started if it does not run. A probe that got no answer, from a server that does not answer
+/// its version either, is the hosted kube-apiserver's silence (hung, before the keepalive has
+/// dropped the connection): reported as the hosted cluster's, naming its server, not as a
+/// fault of the admission path.
+pub(in crate::controller) async fn prove(
+    s: &Scope<'_>,
+    hosted: &HostedClient,
+    targets: &ProbeTargets,
+) -> Result<Observation, Failure> {
+    let timeout = s.cfg.hosted_access.request_timeout();
+    let reported = s.ctx.with_hcp(s.ns, |h| {
+        h.watch
+            .as_ref()
+            .and_then(|w| lock(&w.shared).own_denials.clone())
+    });
+    let probed = probe(&hosted.client(), timeout, targets, reported.as_deref()).await;
+    let mut verdict = probed.verdict;
+    let silent = match probed.unanswered {
+        Some(why) if !hosted.answers(SILENCE_CHECK).await => Some(why),
+        _ => None,
+    };
+    let failed = s.ctx.with_hcp(s.ns, |h| {
+        h.watch
+            .as_ref()
+            .map(|w| canary::failures(&lock(&w.shared).canary_results))
+            .unwrap_or_default()
+    });
+    if !failed.is_empty() {
+        verdict = Observation::violation(format!("{}; {}", failed.join("; "), verdict.message));
+    }
+    let ok = verdict.state == ComplianceState::Compliant;
+    let m = &s.ctx.metrics;
+    m.probe_success
+        .get_or_create(&s.labels())
+        .set(i64::from(ok));
+    ensure_task(s, hosted, verdict.state);
+    let Some(why) = silent else {
+        if let Some(note) = super::switch_over::mark(s, ok).await {
+            verdict.message = format!("{}; {note}", verdict.message);
+        }
+        return Ok(verdict);
+    };
+    m.hosted_errors.get_or_create(&s.labels()).inc();
+    // As for a dropped connection (`hosted_access::reachable`): nothing is known to be current
+    // in a cluster that does not answer.
+    m.webhooks_installed.get_or_create(&s.labels()).set(0);
+    Err(match why {
+        ProbeFailure::Failed(source) => Failure::HostedApi {
+            server: hosted.server.clone(),
+            secret: hosted.secret.clone(),
+            source,
+        },
+        _ => Failure::HostedTimeout {
+            server: hosted.server.clone(),
+            seconds: timeout.as_secs(),
+        },
+    })
+}
+
+/// How long a hosted kube-apiserver whose probe went unanswered has to answer its version.
+const SILENCE_CHECK: Duration = Duration::from_secs(2);
 
 #[cfg(test)]
 mod tests {
