@@ -96,6 +96,10 @@ impl Guard for IngressConfig {
                 spec_obj(json!({"domain": "a"}), json!({"x": "y"})),
                 domain("a"),
             ),
+            Case::new("the status changes, the spec does not", Allow, ing("UPDATE")).objects(
+                json!({"metadata": {"name": "cluster"}, "spec": {"domain": "a"}, "status": {"defaultPlacement": "Workers"}}),
+                json!({"metadata": {"name": "cluster"}, "spec": {"domain": "a"}, "status": {}}),
+            ),
             Case::new("no spec before or after", Allow, ing("UPDATE")).objects(
                 spec_obj(Value::Null, json!({"x": "y"})),
                 spec_obj(Value::Null, json!({})),

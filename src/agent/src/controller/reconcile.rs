@@ -460,11 +460,6 @@ fn random_fraction() -> f64 {
     }
 }
 
-/// How long to wait before looking again at replicas that do not all serve the new
-/// certificate yet. Nothing announces that a replica has reloaded its certificate (it polls
-/// its files), so the agent looks every 2 s for the first half minute, the time a rollout or
-/// a reload takes, and only then backs off: with plain doubling, a replica that moved on just
-/// after the third look kept the previous CA trusted for 16 s more.
 /// The pause before the next look for static guards not yet in force: every second for the
 /// first ten looks (a kubelet's volume update, then the server's reload), then doubling up to
 /// a minute (a server that does not load them: it may be restarted with them later).
@@ -472,6 +467,11 @@ pub(crate) fn static_wait(looks: u32) -> Duration {
     steady_then_backoff(looks, 10, Duration::from_secs(1))
 }
 
+/// How long to wait before looking again at replicas that do not all serve the new
+/// certificate yet. Nothing announces that a replica has reloaded its certificate (it polls
+/// its files), so the agent looks every 2 s for the first half minute, the time a rollout or
+/// a reload takes, and only then backs off: with plain doubling, a replica that moved on just
+/// after the third look kept the previous CA trusted for 16 s more.
 pub(crate) fn settle_wait(looks: u32) -> Duration {
     steady_then_backoff(looks, 15, Duration::from_secs(2))
 }

@@ -91,6 +91,24 @@ where
         .map(|(o, note, _)| (o, note))
 }
 
+/// `put`, its repair told to `note` (with the object's kind), which counts and keeps it.
+async fn put_noted<K>(
+    ctx: &Context,
+    ns: &str,
+    target: Target<'_, K>,
+    obj: &K,
+    note: &mut impl FnMut(Option<String>, &str),
+) -> Result<K, Failure>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
+    K::DynamicType: Clone + Eq + std::hash::Hash,
+{
+    let kind = target.kind;
+    let (live, n) = put(ctx, ns, target, obj).await?;
+    note(n, kind);
+    Ok(live)
+}
+
 /// `put`, also saying whether it wrote.
 pub(crate) async fn put_wrote<K>(
     ctx: &Context,
@@ -232,7 +250,7 @@ pub(crate) async fn ensure(
     };
     around_the_deployment(ctx, cfg, ns, &objs, &mut note).await?;
     monitoring(ctx, cfg, ns, &objs, &mut note).await?;
-    let (deployment, n) = put(
+    let deployment = put_noted(
         ctx,
         ns,
         Target {
@@ -242,9 +260,9 @@ pub(crate) async fn ensure(
             store: caches.deployments.as_ref().map(|s| s as _),
         },
         &objs.deployment,
+        &mut note,
     )
     .await?;
-    note(n, "Deployment");
     Ok(AdmissionService { deployment, drift })
 }
 
@@ -261,7 +279,7 @@ async fn around_the_deployment(
     let caches = ctx.caches();
     let name = cfg.admission.service_name.as_str();
     let secrets = || Api::<Secret>::namespaced(c(), ns);
-    let (_, n) = put(
+    put_noted(
         ctx,
         ns,
         Target {
@@ -271,10 +289,10 @@ async fn around_the_deployment(
             store: caches.ca_secrets.as_ref().map(|s| s as _),
         },
         &objs.ca_secret,
+        note,
     )
     .await?;
-    note(n, "Secret");
-    let (_, n) = put(
+    put_noted(
         ctx,
         ns,
         Target {
@@ -284,10 +302,10 @@ async fn around_the_deployment(
             store: caches.tls_secrets.as_ref().map(|s| s as _),
         },
         &objs.tls_secret,
+        note,
     )
     .await?;
-    note(n, "Secret");
-    let (_, n) = put(
+    put_noted(
         ctx,
         ns,
         Target {
@@ -297,10 +315,10 @@ async fn around_the_deployment(
             store: caches.service_accounts.as_ref().map(|s| s as _),
         },
         &objs.service_account,
+        note,
     )
     .await?;
-    note(n, "ServiceAccount");
-    let (_, n) = put(
+    put_noted(
         ctx,
         ns,
         Target {
@@ -310,10 +328,10 @@ async fn around_the_deployment(
             store: caches.services.as_ref().map(|s| s as _),
         },
         &objs.service,
+        note,
     )
     .await?;
-    note(n, "Service");
-    let (_, n) = put(
+    put_noted(
         ctx,
         ns,
         Target {
@@ -323,12 +341,12 @@ async fn around_the_deployment(
             store: caches.network_policies.as_ref().map(|s| s as _),
         },
         &objs.network_policy,
+        note,
     )
     .await?;
-    note(n, "NetworkPolicy");
     if let (Some(pdb), Some(ar)) = (&objs.pdb, ctx.caps.pdb_api.api_resource()) {
         let api = Api::<DynamicObject>::namespaced_with(c(), ns, &ar);
-        let (_, n) = put(
+        put_noted(
             ctx,
             ns,
             Target {
@@ -338,9 +356,9 @@ async fn around_the_deployment(
                 store: caches.pdbs.as_ref().map(|s| s as _),
             },
             pdb,
+            note,
         )
         .await?;
-        note(n, "PodDisruptionBudget");
     }
     Ok(())
 }
@@ -364,7 +382,7 @@ async fn monitoring(
         let monitors = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &ar);
         match (&objs.service_monitor, api == wanted) {
             (Some(sm), true) => {
-                let (_, n) = put(
+                put_noted(
                     ctx,
                     ns,
                     Target {
@@ -374,9 +392,9 @@ async fn monitoring(
                         store: None,
                     },
                     sm,
+                    note,
                 )
                 .await?;
-                note(n, "ServiceMonitor");
             }
             _ => {
                 remove(ctx, ns, &monitors, "ServiceMonitor", name).await?;
@@ -388,7 +406,7 @@ async fn monitoring(
         let rb_name = management::prometheus_binding_name(cfg);
         match &objs.prometheus_binding {
             Some(rb) => {
-                let (_, n) = put(
+                put_noted(
                     ctx,
                     ns,
                     Target {
@@ -398,9 +416,9 @@ async fn monitoring(
                         store: None,
                     },
                     rb,
+                    note,
                 )
                 .await?;
-                note(n, "RoleBinding");
             }
             None => {
                 remove(ctx, ns, &bindings, "RoleBinding", &rb_name).await?;
