@@ -174,11 +174,7 @@ pub async fn run(args: DevArgs) -> ExitCode {
 async fn until_stopped(
     agent: &hcp_fleet_cli::agent::AgentHandle,
     config: Option<&std::path::Path>,
-    hub: Option<(
-        kube::Client,
-        Vec<crate::hub::Row>,
-        std::collections::BTreeMap<String, String>,
-    )>,
+    hub: Option<Hub>,
 ) {
     let reload = async {
         match config {
@@ -188,7 +184,7 @@ async fn until_stopped(
     };
     let rows = async {
         match hub {
-            Some((mgmt, rows, shown)) => watch_hub(&mgmt, &rows, shown).await,
+            Some(hub) => watch_hub(hub).await,
             None => std::future::pending().await,
         }
     };
@@ -199,15 +195,15 @@ async fn until_stopped(
     }
 }
 
+/// The hub's rows on the demo (`--acm`): where they are read, and what was printed of each.
+struct Hub {
+    mgmt: kube::Client,
+    rows: Vec<crate::hub::Row>,
+    shown: std::collections::BTreeMap<String, String>,
+}
+
 /// The hub's rows (`--acm`), set up and printed once each has a verdict (a minute at most).
-async fn hub_rows(
-    fleet: &LocalFleet,
-    names: &[String],
-) -> Option<(
-    kube::Client,
-    Vec<crate::hub::Row>,
-    std::collections::BTreeMap<String, String>,
-)> {
+async fn hub_rows(fleet: &LocalFleet, names: &[String]) -> Option<Hub> {
     let mgmt = match fleet.management.client().await {
         Ok(c) => c,
         Err(e) => {
@@ -233,19 +229,20 @@ async fn hub_rows(
     for line in crate::hub::lines(&shown) {
         println!("{line}");
     }
-    Some((mgmt, rows, shown))
+    Some(Hub { mgmt, rows, shown })
 }
 
 /// Reads the hub's rows every 5 s and prints those that changed.
-async fn watch_hub(
-    mgmt: &kube::Client,
-    rows: &[crate::hub::Row],
-    mut shown: std::collections::BTreeMap<String, String>,
-) {
+async fn watch_hub(hub: Hub) {
+    let Hub {
+        mgmt,
+        rows,
+        mut shown,
+    } = hub;
     let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
     loop {
         every.tick().await;
-        let now = crate::hub::read(mgmt, rows).await;
+        let now = crate::hub::read(&mgmt, &rows).await;
         let changed: std::collections::BTreeMap<String, String> = now
             .iter()
             .filter(|(ns, t)| shown.get(*ns) != Some(*t))
