@@ -11,8 +11,12 @@ pub(crate) fn print_report(
     s: &AtScale,
 ) {
     println!(
-        "scale benchmark: one agent (release build, leader-elected) on a real management kube-apiserver {}",
-        fleet.version
+        "scale benchmark: one agent (release build, leader-elected) on a real management kube-apiserver {} (etcd {})",
+        fleet.version,
+        fleet
+            .etcd_version
+            .as_deref()
+            .unwrap_or("of an unknown version")
     );
     println!(
         "  hosted side: {real_n} REAL kube-apiservers {} with real admission services where a guard needs one; the rest SIMULATED",

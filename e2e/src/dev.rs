@@ -312,7 +312,11 @@ fn print_summary(
         );
     }
     println!();
-    println!("Try (the servers run Kubernetes {}):", fleet.version);
+    println!(
+        "Try (the servers run Kubernetes {} over etcd {}):",
+        fleet.version,
+        fleet.etcd_version.as_deref().unwrap_or("of an unknown version")
+    );
     println!(
         "  {kubectl} --kubeconfig {} get hostedcontrolplanes -A",
         fleet.management.kubeconfig_path.display()

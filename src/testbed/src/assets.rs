@@ -20,6 +20,10 @@ pub struct Assets {
     /// What `kube-apiserver --version` says, so the test bed passes only the flags that
     /// version accepts (any binaries from 1.20 up, ours or a user's own).
     pub version: KubeVersion,
+    /// What `etcd --version` says (`None` where it names none): a 1.31+ kube-apiserver serves
+    /// consistent lists from its cache only over etcd 3.5.13+ (progress requests), so a
+    /// benchmark's figures say which etcd they ran on.
+    pub etcd_version: Option<String>,
 }
 
 /// HyperShift's own HostedControlPlane CRD, as its project ships it (uses CEL rules: 1.25+).
@@ -252,6 +256,11 @@ impl Assets {
             None
         };
         if let (true, Some(version)) = (problems.is_empty(), version) {
+            let etcd_version = std::process::Command::new(&etcd)
+                .arg("--version")
+                .output()
+                .ok()
+                .and_then(|o| etcd_version(&String::from_utf8_lossy(&o.stdout)));
             Ok(Assets {
                 dir: dir.to_path_buf(),
                 kube_apiserver,
@@ -259,6 +268,7 @@ impl Assets {
                 etcd,
                 kubectl,
                 version,
+                etcd_version,
             })
         } else {
             Err(LocalCpError::Assets {
@@ -269,9 +279,28 @@ impl Assets {
     }
 }
 
+/// The version in `etcd --version`'s output ("etcd Version: 3.4.23" on its first line).
+fn etcd_version(text: &str) -> Option<String> {
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("etcd Version:"))
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn etcds_version_is_read_from_its_output() {
+        let debian = "etcd Version: 3.4.23\nGit SHA: Not provided (use ./build instead of go build)\nGo Version: go1.19.8\n";
+        assert_eq!(etcd_version(debian).as_deref(), Some("3.4.23"));
+        assert_eq!(
+            etcd_version("flag provided but not defined: -version\n"),
+            None
+        );
+        assert_eq!(etcd_version("etcd Version: \n"), None);
+    }
 
     #[test]
     fn versions_are_read_from_the_binary_output() {

@@ -210,6 +210,8 @@ pub struct LocalFleet {
     pub hosted: BTreeMap<String, ApiServer>,
     /// The Kubernetes version every API server of this fleet runs.
     pub version: assets::KubeVersion,
+    /// The etcd version under them, where its binary names one.
+    pub etcd_version: Option<String>,
     assets: Assets,
     pki: Pki,
     etcd: ManagedProcess,
@@ -288,6 +290,7 @@ impl LocalFleet {
             management,
             hosted,
             version: assets.version.clone(),
+            etcd_version: assets.etcd_version.clone(),
             assets,
             pki,
             etcd,
