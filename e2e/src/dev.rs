@@ -315,7 +315,10 @@ fn print_summary(
     println!(
         "Try (the servers run Kubernetes {} over etcd {}):",
         fleet.version,
-        fleet.etcd_version.as_deref().unwrap_or("of an unknown version")
+        fleet
+            .etcd_version
+            .as_deref()
+            .unwrap_or("of an unknown version")
     );
     println!(
         "  {kubectl} --kubeconfig {} get hostedcontrolplanes -A",
