@@ -29,7 +29,7 @@ pub enum Concern {
 /// Everything the record, the hub and the docs say of one concern. Adding a health condition
 /// is a variant of `Concern` and its row here; the tests then ask for it in docs/reporting.md,
 /// docs/api.md and the CRD's doc text, and the compiler for the phase that observes it
-/// (`agent/controller/error.rs`). The recipe: docs/architecture.md, "Adding a health
+/// (`agent/controller/error.rs`). The recipe: docs/architecture.md, "Recipes", "A health
 /// condition".
 #[derive(Debug)]
 pub struct ConcernRow {

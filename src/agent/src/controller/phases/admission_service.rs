@@ -543,11 +543,7 @@ pub(crate) async fn retire(s: &Scope<'_>) -> Result<Vec<&'static str>, Failure> 
     note(retire_one(ctx, ns, t).await?, "ServiceAccount");
     // Known to its watch to be absent (always, where no HCP ever had a service), no request.
     let registry = hcp_fleet_render::internal_registry::CONFIG_MAP;
-    if !crate::controller::io::cache::config_map_absent(
-        caches.registry_config_maps.as_ref(),
-        registry,
-        ns,
-    ) {
+    if !cache::config_map_absent(caches.registry_config_maps.as_ref(), registry, ns) {
         let api = Api::<ConfigMap>::namespaced(c(), ns);
         let t = target(api, "ConfigMap", registry, None);
         note(retire_one(ctx, ns, t).await?, "ConfigMap");
@@ -610,9 +606,9 @@ where
     remove(ctx, ns, &t.api, t.kind, t.name).await
 }
 
-/// Phase 2's verdict, which decides whether this phase runs: whether a guard needs the admission service, and whether that is known
-/// (the hosted cluster answered now, or what it offered when it last did). Unknown, a service
-/// that exists is kept.
+/// Phase 2's verdict, which decides whether this phase runs: whether a guard needs the
+/// admission service, and whether that is known (the hosted cluster answered now, or what it
+/// offered when it last did). Unknown, a service that exists is kept.
 pub(in crate::controller) async fn needed(
     s: &Scope<'_>,
     hosted: &Result<HostedClient, Failure>,
@@ -634,8 +630,8 @@ pub(in crate::controller) async fn needed(
     }
 }
 
-/// Where no guard needs the admission service: what served it retired (`
-/// retire`), and the record says so.
+/// Where no guard needs the admission service: what served it retired (`retire`), and the
+/// record says so.
 pub(in crate::controller) async fn retired(
     s: &Scope<'_>,
 ) -> Result<Vec<(Concern, Observation)>, Failure> {
@@ -687,13 +683,13 @@ pub(in crate::controller) async fn admit(
     let deployment = service.deployment;
     let valid_until = format!("serving certificate valid until {}", certs.expires);
     let mut admitted = Admitted {
-        rolled_out: hcp_fleet_render::management::deployment_rolled_out(&deployment),
+        rolled_out: management::deployment_rolled_out(&deployment),
         drift: service.drift,
         observed: vec![(Concern::Certificate, Observation::compliant(valid_until))],
         serving: Ok(false),
     };
     let (available, was_available) = served(s, &deployment);
-    let want = hcp_fleet_render::management::replicas(s.cfg, &scheduling);
+    let want = management::replicas(s.cfg, &scheduling);
     if !available && was_available {
         // An outage, not a rollout that has yet to finish: the guard is off.
         let status = deployment.status.as_ref();

@@ -10,6 +10,7 @@ use tracing::info;
 
 use crate::controller::context::Context;
 use crate::controller::error::Failure;
+use crate::controller::io::cache;
 use crate::controller::scope::Scope;
 use hcp_fleet_render::certificates;
 use hcp_fleet_render::certificates::CertBundle;
@@ -42,7 +43,7 @@ async fn read(
     store: Option<&kube::runtime::reflector::Store<Secret>>,
     name: &str,
 ) -> Result<Option<Secret>, Failure> {
-    crate::controller::io::cache::read(ctx, ns, secrets, store, name)
+    cache::read(ctx, ns, secrets, store, name)
         .await
         .map_err(|source| Failure::ReadCertificates {
             name: name.to_string(),

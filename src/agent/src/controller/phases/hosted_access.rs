@@ -7,6 +7,7 @@ use kube::{Api, ResourceExt};
 use super::certificates::secret_bytes;
 use crate::controller::context::{Context, lock};
 use crate::controller::error::Failure;
+use crate::controller::io::cache;
 use crate::controller::scope::Scope;
 use crate::hosted::clients::{HostedAccessError, HostedClient};
 use hcp_fleet_model::crd::HostedControlPlane;
@@ -17,7 +18,7 @@ pub(crate) async fn connect(s: &Scope<'_>) -> Result<HostedClient, Failure> {
     let secret_name = &access.kubeconfig_secret;
     let store = ctx.caches().kubeconfig_secrets;
     let api = Api::<Secret>::namespaced(ctx.client.clone(), ns);
-    let secret = crate::controller::io::cache::read(ctx, ns, &api, store.as_ref(), secret_name)
+    let secret = cache::read(ctx, ns, &api, store.as_ref(), secret_name)
         .await
         .map_err(|source| {
             Failure::HostedAccess(HostedAccessError::ReadSecret {

@@ -15,7 +15,7 @@ use kube::{Api, Client};
 use super::probe;
 use super::proof::Proof;
 use crate::controller::error::Failure;
-use crate::controller::io::cache::{Relisted, Took};
+use crate::controller::io::cache::{self, Relisted, Took};
 use crate::controller::scope::Scope;
 use crate::hosted::clients::HostedClient;
 use hcp_fleet_guards::pod_image_spec::InternalRegistry;
@@ -26,7 +26,7 @@ use hcp_fleet_render::hosted::static_guards::StaticGuards;
 
 /// Whether the watch of the static guards' ConfigMaps has listed and holds none in `ns`.
 fn absent_by_watch(ctx: &crate::controller::context::Context, ns: &str) -> bool {
-    crate::controller::io::cache::config_map_absent(
+    cache::config_map_absent(
         ctx.caches().static_config_maps.as_ref(),
         static_guards::CONFIG_MAP,
         ns,

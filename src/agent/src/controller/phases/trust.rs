@@ -21,6 +21,7 @@ use tracing::info;
 use super::{hosted_access, hosted_webhooks};
 use crate::controller::context::Context;
 use crate::controller::error::Failure;
+use crate::controller::io::cache;
 use crate::controller::scope::Scope;
 use crate::hosted::clients::HostedClient;
 use hcp_fleet_render::certificates::{CertBundle, bundle_ders, union_bundle};
@@ -71,21 +72,15 @@ pub(crate) async fn pre_trust(
     let held = |f: Failure| Failure::TrustFirst(Box::new(f));
     let store = ctx.caches().deployments;
     let api = Api::<Deployment>::namespaced(ctx.client.clone(), ns);
-    let deployment = crate::controller::io::cache::read(
-        ctx,
-        ns,
-        &api,
-        store.as_ref(),
-        &cfg.admission.service_name,
-    )
-    .await
-    .map_err(|source| {
-        held(Failure::ApplyAdmission {
-            kind: "Deployment",
-            name: cfg.admission.service_name.clone(),
-            source,
-        })
-    })?;
+    let deployment = cache::read(ctx, ns, &api, store.as_ref(), &cfg.admission.service_name)
+        .await
+        .map_err(|source| {
+            held(Failure::ApplyAdmission {
+                kind: "Deployment",
+                name: cfg.admission.service_name.clone(),
+                source,
+            })
+        })?;
     if deployment.is_none() {
         return Ok(Vec::new()); // nothing serves yet
     }
