@@ -229,7 +229,7 @@ pub fn mutation_proof(
     if !mutating || !enforced || req.user_info.username != CANARY_USER {
         return None;
     }
-    proof_patch(req.object.as_ref()?, key, nonce)
+    proof_patch(req.object()?, key, nonce)
 }
 
 /// The JSON Patch operation that adds the proof of `nonce` under `key` in `PROOF_ANNOTATION`;
@@ -274,7 +274,9 @@ mod tests {
         let review = |user: &'static str, object: &Value| {
             let mut c = canary.case().by(user, &[CANARY_GROUP]);
             c.object = object.clone();
-            crate::review::decode(&c.review()).expect("decodes")
+            crate::review::decode(&c.review())
+                .expect("decodes")
+                .into_owned()
         };
         let object = canary.object.clone().expect("object");
         let req = review(CANARY_USER, &object);

@@ -38,9 +38,9 @@ impl Guard for FeatureGate {
         if req.resource.group != "config.openshift.io" || req.resource.resource != "featuregates" {
             return Decision::allow();
         }
-        let new = feature_set(req.object.as_ref());
+        let new = feature_set(req.object());
         // An update that leaves an existing featureSet alone is not the one to block.
-        if new == Some("TechPreviewNoUpgrade") && feature_set(req.old_object.as_ref()) != new {
+        if new == Some("TechPreviewNoUpgrade") && feature_set(req.old_object()) != new {
             Decision::deny(denial::FEATURE_GATE)
         } else {
             Decision::allow()

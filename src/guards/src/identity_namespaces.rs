@@ -73,8 +73,7 @@ pub(crate) fn is_reserved_cel(s: &Settings, reserved: &[String], value: &str) ->
 fn is_kubelet_pod_token(req: &Request) -> bool {
     is_node(&req.user_info.username, &req.user_info.groups)
         && req
-            .object
-            .as_ref()
+            .object()
             .is_some_and(|o| o["spec"]["boundObjectRef"]["kind"] == "Pod")
 }
 
@@ -103,7 +102,7 @@ impl Guard for IdentityNamespaces {
         let reserved = reserved_namespaces(s);
         let sub = req.sub_resource.as_deref().unwrap_or_default();
         let ns = req.namespace.clone().unwrap_or_default();
-        let what = match (req.resource.resource.as_str(), sub) {
+        let what = match (&*req.resource.resource, sub) {
             ("namespaces", "") => {
                 // The namespace as it will be stored (a tenant's mutation may rename it).
                 let Some(name) = req.names().find(|n| is_reserved(s, &reserved, n)) else {
@@ -115,7 +114,7 @@ impl Guard for IdentityNamespaces {
             ("serviceaccounts", "token") if is_kubelet_pod_token(req) => return Decision::allow(),
             ("serviceaccounts", "token") => "requesting a service account token",
             ("secrets", "")
-                if req.object.as_ref().and_then(|o| o["type"].as_str()) == Some(SA_TOKEN_TYPE) =>
+                if req.object().and_then(|o| o["type"].as_str()) == Some(SA_TOKEN_TYPE) =>
             {
                 "creating a service account token Secret"
             }

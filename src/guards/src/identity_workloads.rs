@@ -150,7 +150,7 @@ impl Guard for IdentityWorkloads {
     }
 
     fn decide(&self, req: &Request, s: &Settings) -> Decision {
-        if !matches!(req.operation.as_str(), "CREATE" | "UPDATE") {
+        if !matches!(&*req.operation, "CREATE" | "UPDATE") {
             return Decision::allow();
         }
         // The pod's status, its binding and the like change no pod spec.
@@ -163,9 +163,9 @@ impl Guard for IdentityWorkloads {
         let Some(ns) = req.namespace.as_deref().filter(|ns| !ns.is_empty()) else {
             return Decision::allow();
         };
-        let resource = req.resource.resource.as_str();
-        let spec = pod_spec(req.object.as_ref(), resource);
-        if req.operation == "UPDATE" && spec == pod_spec(req.old_object.as_ref(), resource) {
+        let resource = &*req.resource.resource;
+        let spec = pod_spec(req.object(), resource);
+        if req.operation == "UPDATE" && spec == pod_spec(req.old_object(), resource) {
             return Decision::allow();
         }
         let sa = service_account(spec);

@@ -218,7 +218,7 @@ pub fn matches(patterns: &[String], s: &str) -> bool {
 /// The part of the object `part` picks is the same before and after the request.
 pub(crate) fn unchanged(req: &Request, part: impl Fn(&Value) -> Value) -> bool {
     let pick = |o: Option<&Value>| o.map(&part);
-    pick(req.object.as_ref()) == pick(req.old_object.as_ref())
+    pick(req.object()) == pick(req.old_object())
 }
 
 #[cfg(test)]

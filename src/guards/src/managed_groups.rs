@@ -43,7 +43,7 @@ pub(crate) const CEE_GROUP: &str = "system:serviceaccounts:openshift-backplane-c
 fn others_may(req: &Request, s: &Settings) -> bool {
     let u = &req.user_info;
     req.resource.group == MANAGED
-        && match req.resource.resource.as_str() {
+        && match &*req.resource.resource {
             "customdomains" => in_class(s, IdentityClass::CustomerAdmins, &u.username, &u.groups),
             "mustgathers" => u.groups.iter().any(|g| g == CEE_GROUP),
             _ => false,
@@ -70,7 +70,7 @@ impl Guard for ManagedGroups {
     }
 
     fn decide(&self, req: &Request, s: &Settings) -> Decision {
-        if !MANAGED_API_GROUPS.contains(&req.resource.group.as_str()) || others_may(req, s) {
+        if !MANAGED_API_GROUPS.contains(&&*req.resource.group) || others_may(req, s) {
             return Decision::allow();
         }
         Decision::deny(denial::fill(

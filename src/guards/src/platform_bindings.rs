@@ -163,8 +163,8 @@ impl Guard for PlatformBindings {
             return Decision::allow();
         }
         let patterns = Patterns::new(s);
-        let kept = subjects(req.object.as_ref());
-        let Some(account) = subjects(req.old_object.as_ref())
+        let kept = subjects(req.object());
+        let Some(account) = subjects(req.old_object())
             .iter()
             .filter(|old| !(update && kept.iter().any(|new| same(new, old))))
             .find_map(|old| patterns.platform_account(old))

@@ -104,7 +104,7 @@ enum Others {
 
 /// What the request writes, where it is one of the guard's kinds.
 fn kind_of(req: &Request) -> Option<Others> {
-    let (g, r) = (req.resource.group.as_str(), req.resource.resource.as_str());
+    let (g, r) = (&*req.resource.group, &*req.resource.resource);
     let ns = req.namespace.as_deref().unwrap_or_default();
     match g {
         _ if WHOLE_GROUPS.contains(&g) => Some(Others::NoOne),

@@ -182,7 +182,7 @@ impl Guard for PodImageSpec {
         if !req.is_one_of(&["CREATE"], "", "pods") {
             return Decision::allow();
         }
-        let Some(pod) = req.object.as_ref() else {
+        let Some(pod) = req.object() else {
             return Decision::allow();
         };
         if !names_a_platform_image(pod) {
@@ -533,8 +533,8 @@ mod tests {
 
     #[test]
     fn nothing_changes_unless_the_registry_is_known_and_not_managed() {
-        let req = |pod: Value| -> Request {
-            serde_json::from_value(json!({
+        let req = |pod: Value| -> Request<'static> {
+            serde::Deserialize::deserialize(json!({
                 "uid": "u", "kind": {"group": "", "version": "v1", "kind": "Pod"},
                 "resource": {"group": "", "version": "v1", "resource": "pods"},
                 "operation": "CREATE", "userInfo": {"username": "alice"}, "object": pod,

@@ -142,9 +142,9 @@ pub fn a_nonce(n: &str) -> Option<&str> {
 
 /// The nonce a request carries, if it is one the agent could have made: a probe's in its
 /// annotation, a canary's in its user's extra (`canary::NONCE_EXTRA`).
-pub fn nonce_of(req: &Request) -> Option<&str> {
+pub fn nonce_of<'a>(req: &'a Request<'_>) -> Option<&'a str> {
     if is_probe(req) {
-        let o = req.object.as_ref()?;
+        let o = req.object()?;
         return a_nonce(o["metadata"]["annotations"][NONCE_ANNOTATION].as_str()?);
     }
     let extra = &req.user_info.extra;
@@ -192,8 +192,7 @@ pub fn own_denials(key: &ProbeKey, nonce: &str, denied: &[String]) -> String {
 }
 
 pub(crate) fn is_probe(req: &Request) -> bool {
-    req.object
-        .as_ref()
+    req.object()
         .and_then(|o| o["metadata"]["labels"][PROBE_LABEL].as_str())
         == Some("true")
 }

@@ -32,7 +32,7 @@ impl Guard for ProtectedRbac {
     }
 
     fn decide(&self, req: &Request, s: &Settings) -> Decision {
-        let res = req.resource.resource.as_str();
+        let res = &*req.resource.resource;
         if req.operation != "DELETE"
             || req.resource.group != "rbac.authorization.k8s.io"
             || !(res == "clusterroles" || res == "clusterrolebindings")

@@ -41,7 +41,7 @@ impl Guard for ServiceAnnotation {
         {
             return Decision::allow();
         }
-        let Some(obj) = req.object.as_ref() else {
+        let Some(obj) = req.object() else {
             return Decision::allow();
         };
         let annotations = &obj["metadata"]["annotations"];

@@ -81,7 +81,7 @@ impl Guard for ServiceTags {
         if !req.is_one_of(&["CREATE", "UPDATE"], "", "services") {
             return Decision::allow();
         }
-        let Some(obj) = req.object.as_ref() else {
+        let Some(obj) = req.object() else {
             return Decision::allow();
         };
         if obj["spec"]["type"].as_str() != Some("LoadBalancer") {
@@ -375,7 +375,8 @@ mod tests {
     fn the_patched_annotations_are_mcvws() {
         let s = Settings::default();
         for (c, want) in mcvw_cases() {
-            let req = crate::review::decode(&c.review()).expect("review");
+            let body = c.review();
+            let req = crate::review::decode(&body).expect("review");
             let d = ServiceTags.decide(&req, &s);
             assert!(d.allowed, "{}", c.what);
             assert_eq!(!d.patch.is_empty(), c.want == Want::Deny, "{}", c.what);

@@ -72,16 +72,17 @@ pub(crate) fn apply_mode(hook: &str, mode: Mode, d: Decision) -> Decision {
     }
 }
 
-/// Decides one request for the guard served on `path`. `None`: no such guard.
-pub fn decide(path: &str, req: &Request, s: &Settings) -> Option<(String, Decision)> {
+/// Decides one request for the guard served on `path`, under the name of the webhook that
+/// serves it. `None`: no such guard.
+pub fn decide<'s>(path: &str, req: &Request, s: &'s Settings) -> Option<(&'s str, Decision)> {
     let guard = hcp_fleet_guards::for_path(path)?;
     if guard.scope() == Scope::Everyone {
         // The probe is answered whatever the mode or identity: it proves the path works.
-        return Some(("probe".into(), guard.decide(req, s)));
+        return Some(("probe", guard.decide(req, s)));
     }
     let hook = s.hook(path)?;
     if hook.mode == Mode::Off || exempt(req, s, hook, guard.scope()).is_some() {
-        return Some((hook.name.clone(), Decision::allow()));
+        return Some((&hook.name, Decision::allow()));
     }
     let mut d = apply_mode(&hook.name, hook.mode, guard.decide(req, s));
     // Audit annotations are keyed by the webhook by the API server; keep ours short.
@@ -90,7 +91,7 @@ pub fn decide(path: &str, req: &Request, s: &Settings) -> Option<(String, Decisi
         .into_iter()
         .map(|(k, v)| (k, v.chars().take(1024).collect()))
         .collect::<BTreeMap<_, _>>();
-    Some((hook.name.clone(), d))
+    Some((&hook.name, d))
 }
 
 #[cfg(test)]
@@ -118,7 +119,7 @@ mod tests {
         user: &str,
         groups: &[&str],
         object: Value,
-    ) -> Request {
+    ) -> Request<'static> {
         let body = serde_json::to_vec(&json!({
             "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
             "request": {
@@ -130,10 +131,10 @@ mod tests {
             }
         }))
         .expect("json");
-        decode(&body).expect("decode")
+        decode(&body).expect("decode").into_owned()
     }
 
-    fn delete_cr(name: &str, user: &str, groups: &[&str]) -> Request {
+    fn delete_cr(name: &str, user: &str, groups: &[&str]) -> Request<'static> {
         req(
             "DELETE",
             ("rbac.authorization.k8s.io", "clusterroles"),
@@ -312,7 +313,8 @@ mod tests {
         s.internal_registry = Some(hcp_fleet_guards::pod_image_spec::case_registry());
         for g in hcp_fleet_guards::ALL {
             for c in g.cases().into_iter().chain(g.canary(&s).map(|c| c.case())) {
-                let req = hcp_fleet_guards::review::decode(&c.review()).expect("decodes");
+                let body = c.review();
+                let req = hcp_fleet_guards::review::decode(&body).expect("decodes");
                 let (_, d) = decide(g.row().path, &req, &s).expect("a guard");
                 // A mutation in warn mode says so instead of patching.
                 let acted = !d.allowed || !d.patch.is_empty() || !d.warnings.is_empty();

@@ -118,7 +118,8 @@ impl Outcome {
 }
 
 pub(super) fn by_rust(guard: &dyn Guard, req: &Case, s: &Settings, mode: Mode) -> Outcome {
-    let r = decode(&req.review()).expect("the case decodes");
+    let body = req.review();
+    let r = decode(&body).expect("the case decodes");
     let (_, d) = decide(guard.row().path, &r, s).expect("a guard");
     let said = match mode {
         Mode::Warn => d.warnings.first().cloned(),

@@ -269,7 +269,8 @@ fn each_mutations_policy_changes_the_object_as_its_handler_case_by_case() {
     assert!(cases.len() > 10, "{}", cases.len());
     for (g, c) in cases {
         let (guard, what) = (g.row().name, c.what);
-        let r = decode(&c.review()).expect("the case decodes");
+        let body = c.review();
+        let r = decode(&body).expect("the case decodes");
         let (_, d) = decide(g.row().path, &r, &s).expect("a guard");
         assert!(d.allowed, "{guard}, {what}: a mutation never denies");
         let by_service = (!d.patch.is_empty()).then(|| patched(&c.object, &d.patch));
@@ -472,7 +473,8 @@ fn the_pod_image_spec_policy_rewrites_as_its_handler_case_by_case() {
         .collect();
     assert!(cases.len() > 15, "{}", cases.len());
     for c in cases {
-        let r = decode(&c.review()).expect("decodes");
+        let body = c.review();
+        let r = decode(&body).expect("decodes");
         let (_, d) = decide(ROW.path, &r, &s).expect("a guard");
         let by_service = if d.patch.is_empty() {
             c.object.clone()
