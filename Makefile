@@ -66,7 +66,7 @@ lint:
 fmt:
 	$(CARGO) fmt --all
 
-# The admission service under load (BENCH_SECONDS), then beside a Go standard-library server
+# The admission service under load (BENCH_SECONDS, BENCH_ADMISSION_ROUNDS), then beside a Go standard-library server
 # shaped like it under wrk (BENCH_WRK_SECONDS; both installed by hack/bench-tools.sh), the guards' two engines side by side
 # through a hosted kube-apiserver (BENCH_SECONDS, BENCH_CLIENTS), the agent against 16 real
 # hosted kube-apiservers (BENCH_HOSTED, BENCH_IDLE_SECONDS), a tenant's tampering with the guards
