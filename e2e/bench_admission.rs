@@ -596,7 +596,6 @@ async fn run() -> Result<(), String> {
                     secs,
                 )
                 .await?;
-                let per_review = r.cpu_per_review;
                 println!(
                     "{:<9} {:>4} {:>9.0} {:>9.3} {:>9.3} {:>9.3}   {:>11.3} {:>11.3} {:>11.3} {:>8.2}  {}",
                     name,
@@ -608,26 +607,26 @@ async fn run() -> Result<(), String> {
                     r.srv[0] * 1000.0,
                     r.srv[1] * 1000.0,
                     r.srv[2] * 1000.0,
-                    per_review,
+                    r.cpu_per_review,
                     round + 1
                 );
-                by_conc.entry(conc).or_default()[i].push((r.rps, per_review));
+                by_conc.entry(conc).or_default()[i].push((r.rps, r.cpu_per_review));
             }
         }
     }
     drop(servers);
     println!();
     for (conc, [svc, base]) in by_conc {
-        let mut ratios: Vec<f64> = svc.iter().zip(&base).map(|(s, b)| s.0 / b.0).collect();
-        ratios.sort_by(f64::total_cmp);
-        let median = |mut v: Vec<f64>| {
+        let sorted = |mut v: Vec<f64>| {
             v.sort_by(f64::total_cmp);
-            v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+            v
         };
-        let cpu = |runs: &[(f64, f64)]| median(runs.iter().map(|r| r.1).collect());
+        let median = |v: &[f64]| v.get(v.len() / 2).copied().unwrap_or(f64::NAN);
+        let ratios = sorted(svc.iter().zip(&base).map(|(s, b)| s.0 / b.0).collect());
+        let cpu = |runs: &[(f64, f64)]| median(&sorted(runs.iter().map(|r| r.1).collect()));
         println!(
             "ratio service/baseline at concurrency {conc:>2}: {:.2} (median of {} rounds, {:.2} to {:.2}); CPU per review {:.2} µs against {:.2} µs",
-            median(ratios.clone()),
+            median(&ratios),
             ratios.len(),
             ratios.first().copied().unwrap_or(f64::NAN),
             ratios.last().copied().unwrap_or(f64::NAN),

@@ -190,7 +190,7 @@ impl<'de> serde::de::Visitor<'de> for Pick {
     }
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> Result<Option<String>, A::Error> {
         let mut found = None;
-        while let Some(key) = m.next_key::<std::borrow::Cow<'de, str>>()? {
+        while let Some(key) = m.next_key::<Text<'de>>()? {
             match self.0.split_first() {
                 Some((first, rest)) if key == *first => found = m.next_value_seed(Pick(rest))?,
                 _ => {
@@ -295,9 +295,9 @@ impl Request<'_> {
 #[derive(Deserialize)]
 struct Envelope<'a> {
     #[serde(rename = "apiVersion", default, borrow)]
-    api_version: Option<std::borrow::Cow<'a, str>>,
+    api_version: Option<Text<'a>>,
     #[serde(default, borrow)]
-    kind: Option<std::borrow::Cow<'a, str>>,
+    kind: Option<Text<'a>>,
     #[serde(default, borrow)]
     request: Option<Request<'a>>,
 }

@@ -369,12 +369,7 @@ async fn admit(State(st): State<Arc<AppState>>, req: Request) -> Response {
     };
     // Here rather than in a middleware (as the other routes have it): a layer around every
     // review was a tenth of a microsecond of the service's CPU per review (`make bench`, perf).
-    if parts.version <= http::Version::HTTP_11 && st.draining.load(Ordering::Relaxed) {
-        resp.headers_mut().insert(
-            header::CONNECTION,
-            header::HeaderValue::from_static("close"),
-        );
-    }
+    close_while_draining_on(&st, parts.version, &mut resp);
     spin::answered();
     resp
 }
@@ -405,12 +400,14 @@ async fn reviewed(
             "content type must be application/json".into(),
         );
     }
-    let body = read_body(st.limits.body_read, body).await;
-    let decided = match &body {
-        Ok(body) => decided(st, hook, path, body, started + st.limits.deadline).await,
-        Err(e) => Err(Some(e.clone())),
+    let body = match read_body(st.limits.body_read, body).await {
+        Ok(body) => body,
+        Err((status, msg)) => {
+            hook.count(&st.metrics, "none", "bad_request");
+            return error(status, msg);
+        }
     };
-    match decided {
+    match decided(st, hook, path, &body, started + st.limits.deadline).await {
         Ok((uid, d)) => {
             let (decision, outcome) = outcome_of(&d);
             hook.count(&st.metrics, decision, outcome);
@@ -492,7 +489,7 @@ async fn decided<'b>(
         let key = Box::pin(tokio::time::timeout_at(deadline.into(), st.probe_key()))
             .await
             .map_err(|_| None)?;
-        prove(st, path, &r, &mut d, key.as_ref(), proof);
+        prove(&settings, path, &r, &mut d, key.as_ref(), proof);
     }
     Ok((r.uid, d))
 }
@@ -547,7 +544,7 @@ fn account<'r>(
 
 /// The proof `account` asked for, with the key (`None`: the service has none yet).
 fn prove(
-    st: &AppState,
+    settings: &Settings,
     path: &str,
     r: &review::Request,
     d: &mut Decision,
@@ -569,7 +566,7 @@ fn prove(
             // nothing, and an exempt request is never decided).
             if let Some(key) = key
                 && let Some(op) =
-                    hcp_fleet_guards::canary::mutation_proof(path, r, &st.settings(), key, nonce)
+                    hcp_fleet_guards::canary::mutation_proof(path, r, settings, key, nonce)
             {
                 d.patch.push(op);
             }
@@ -702,15 +699,21 @@ async fn close_while_draining(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    let http1 = req.version() <= http::Version::HTTP_11;
+    let version = req.version();
     let mut resp = next.run(req).await;
-    if http1 && st.draining.load(Ordering::Relaxed) {
+    close_while_draining_on(&st, version, &mut resp);
+    resp
+}
+
+/// `Connection: close` on an HTTP/1.1 answer while draining (`close_while_draining`, and each
+/// review's own answer in `admit`).
+fn close_while_draining_on(st: &AppState, version: http::Version, resp: &mut Response) {
+    if version <= http::Version::HTTP_11 && st.draining.load(Ordering::Relaxed) {
         resp.headers_mut().insert(
             header::CONNECTION,
             header::HeaderValue::from_static("close"),
         );
     }
-    resp
 }
 
 /// The threads that serve connections: one single-threaded runtime each. A connection stays
@@ -1161,14 +1164,29 @@ mod hook_tests {
         assert_eq!(hook.denials.read().map(|d| d.len()).unwrap_or(0), 2);
     }
 
+    /// The service's state as the agent's default configuration makes it, no probe key.
+    fn default_state() -> Arc<AppState> {
+        let settings =
+            hcp_fleet_guards::Settings::from(&hcp_fleet_render::config::AgentConfig::default());
+        AppState::new(settings, Limits::default(), None)
+    }
+
+    /// A request of `method` to `path` with a JSON `body`, as the router receives it.
+    fn json(method: &str, path: &str, body: String) -> axum::http::Request<axum::body::Body> {
+        axum::http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(axum::body::Body::from(body))
+            .expect("request")
+    }
+
     /// A review's answer says `Connection: close` itself, the other routes' through the
     /// middleware: while draining, every HTTP/1.1 answer does, and none before.
     #[tokio::test]
     async fn while_draining_every_http1_answer_says_close() {
         use tower::ServiceExt;
-        let settings =
-            hcp_fleet_guards::Settings::from(&hcp_fleet_render::config::AgentConfig::default());
-        let st = AppState::new(settings, Limits::default(), None);
+        let st = default_state();
         let app = router(st.clone());
         let review = serde_json::json!({
             "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
@@ -1180,14 +1198,6 @@ mod hook_tests {
             }
         })
         .to_string();
-        let ask = |method: &str, path: &str, body: String| {
-            axum::http::Request::builder()
-                .method(method)
-                .uri(path)
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(axum::body::Body::from(body))
-                .expect("request")
-        };
         for draining in [false, true] {
             st.draining.store(draining, Ordering::Relaxed);
             for (method, path, body, status) in [
@@ -1207,7 +1217,7 @@ mod hook_tests {
             ] {
                 let resp = app
                     .clone()
-                    .oneshot(ask(method, path, body))
+                    .oneshot(json(method, path, body))
                     .await
                     .expect("answer");
                 assert_eq!(resp.status(), status, "{method} {path}");
@@ -1226,9 +1236,7 @@ mod hook_tests {
     #[tokio::test]
     async fn an_unreadable_object_is_a_bad_request_only_where_a_guard_reads_it() {
         use tower::ServiceExt;
-        let settings =
-            hcp_fleet_guards::Settings::from(&hcp_fleet_render::config::AgentConfig::default());
-        let app = router(AppState::new(settings, Limits::default(), None));
+        let app = router(default_state());
         let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
         let review = |op: &str, group: &str, resource: &str, field: &str, object: &str| {
             format!(
@@ -1259,13 +1267,11 @@ mod hook_tests {
                 "\"allowed\":false",
             ),
         ] {
-            let ask = axum::http::Request::builder()
-                .method("POST")
-                .uri(path)
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(axum::body::Body::from(body))
-                .expect("request");
-            let resp = app.clone().oneshot(ask).await.expect("answer");
+            let resp = app
+                .clone()
+                .oneshot(json("POST", path, body))
+                .await
+                .expect("answer");
             assert_eq!(resp.status(), status, "{path}");
             let text = axum::body::to_bytes(resp.into_body(), MAX_BODY_BYTES)
                 .await
