@@ -446,17 +446,23 @@ async fn pod_worker(client: Client, node: String, pod: Pod, tokens: Arc<Mutex<Ve
     }
 }
 
-/// Whether a failed token request is one the kubelet's volume manager simply retries: the
-/// Node authorizer not yet knowing the pod's binding (its graph learns it from its own watch,
-/// so a request sent the moment the kubelet sees the pod may come first), or the server not
-/// answering (a 429 or 5xx, a connection lost). A refusal by admission is final and kept as
-/// it came.
+/// Whether a failed request is one the kubelet simply sends again (its volume manager retries a
+/// mount whatever failed): the API server's own caches not yet knowing the pod's binding, or the
+/// server not answering (a 429 or 5xx, a connection lost). Each cache learns the binding from its
+/// own watch, so a request sent the moment the kubelet sees the pod may come first: the Node
+/// authorizer's graph ("no relationship found between node …", node_authorizer.go), and the
+/// `NodeRestriction` plugin's pod lister, which then finds no pod (a 404 whose kind is `pod`) or
+/// the pod with no node yet ("node requested token bound to a pod scheduled on a different
+/// node", noderestriction/admission.go `admitServiceAccount`). Any other refusal (a guard's
+/// above all) is final and kept as it came.
 fn retried(e: &kube::Error) -> bool {
     match e {
         kube::Error::Api(s) => {
-            (s.code == 403 && s.message.contains("no relationship found"))
-                || s.code == 429
-                || s.code >= 500
+            let pod_unknown = s.code == 404 && s.details.as_ref().is_some_and(|d| d.kind == "pod");
+            let binding_unknown = s.code == 403
+                && (s.message.contains("no relationship found")
+                    || s.message.contains("scheduled on a different node"));
+            pod_unknown || binding_unknown || s.code == 429 || s.code >= 500
         }
         kube::Error::Service(_) | kube::Error::HyperError(_) => true,
         _ => false,
@@ -568,4 +574,37 @@ pub async fn running_pods(client: &Client) -> Result<BTreeMap<String, usize>, ku
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::retried;
+
+    /// A Status as the API server sends it (its JSON), as kube-client hands it over.
+    fn refused(body: &str) -> kube::Error {
+        let status: kube::core::Status = serde_json::from_str(body).expect("a Status");
+        kube::Error::Api(Box::new(status))
+    }
+
+    #[test]
+    fn the_servers_caches_lagging_behind_a_binding_are_retried_and_a_guards_refusal_is_not() {
+        // NodeRestriction's pod lister not having seen the binding yet (the CI run that failed
+        // on 1.20.2 got this one, at the kubelet's first request for the pod).
+        let different_node = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"serviceaccounts \"default\" is forbidden: node requested token bound to a pod scheduled on a different node","reason":"Forbidden","details":{"name":"default","kind":"serviceaccounts"},"code":403}"#;
+        // The same lister not having seen the pod at all (lister NotFound: resource "pod").
+        let pod_unknown = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"pod \"mine\" not found","reason":"NotFound","details":{"name":"mine","kind":"pod"},"code":404}"#;
+        // The Node authorizer's graph not having it yet.
+        let no_relationship = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"serviceaccounts \"default\" is forbidden: User \"system:node:worker-1\" cannot create resource \"serviceaccounts/token\" in API group \"\" in the namespace \"team-a\": no relationship found between node 'worker-1' and this object","reason":"Forbidden","details":{"name":"default","kind":"serviceaccounts"},"code":403}"#;
+        for lag in [different_node, pod_unknown, no_relationship] {
+            assert!(retried(&refused(lag)), "not retried: {lag}");
+        }
+        // A guard's refusal, and an account that does not exist, are answers the record keeps.
+        let guard = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"admission webhook \"identity.hcp-fleet.io\" denied the request: a token for an openshift-* account","reason":"Forbidden","code":403}"#;
+        let no_account = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"serviceaccounts \"nobody\" not found","reason":"NotFound","details":{"name":"nobody","kind":"serviceaccounts"},"code":404}"#;
+        for answer in [guard, no_account] {
+            assert!(!retried(&refused(answer)), "retried: {answer}");
+        }
+        let unavailable = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"the server is currently unable to handle the request","reason":"ServiceUnavailable","code":503}"#;
+        assert!(retried(&refused(unavailable)));
+    }
 }
