@@ -54,7 +54,6 @@ pub fn matches_any_except(value: &str, patterns: &[String], except: &[String]) -
 /// literal text, as `denial::fill` leaves it.
 pub fn message(template: &str, values: &[(&str, &str)]) -> String {
     let parts: Vec<String> = pieces(template)
-        .into_iter()
         .map(|p| match p {
             Piece::Text(t) => string(t),
             Piece::Value(k) => match values.iter().find(|(key, _)| *key == k) {

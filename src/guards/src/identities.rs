@@ -86,8 +86,8 @@ pub const NODE_USER_PREFIX: &str = "system:node:";
 pub const NODES_GROUP: &str = "system:nodes";
 
 /// A kubelet's identity.
-pub fn is_node(user: &str, groups: &[String]) -> bool {
-    user.starts_with(NODE_USER_PREFIX) && groups.iter().any(|g| g == NODES_GROUP)
+pub fn is_node(user: &str, groups: &[impl AsRef<str>]) -> bool {
+    user.starts_with(NODE_USER_PREFIX) && groups.iter().any(|g| g.as_ref() == NODES_GROUP)
 }
 
 /// The namespace of a service-account user name (`system:serviceaccount:<ns>:<name>`).
@@ -152,11 +152,13 @@ pub fn is_member(
     users: &[String],
     member_groups: &[String],
     user: &str,
-    groups: &[String],
+    groups: &[impl AsRef<str>],
     customer_namespaces: &[String],
 ) -> bool {
     user_matches(users, user, customer_namespaces)
-        || groups.iter().any(|g| member_groups.contains(g))
+        || groups
+            .iter()
+            .any(|g| member_groups.iter().any(|m| m == g.as_ref()))
 }
 
 /// The senders (`sender_of`) that are the hosted cluster itself: a denial of one of them is a
@@ -178,7 +180,7 @@ pub fn is_the_cluster(sender: &str) -> bool {
 /// Who sent a request, for counting denials: `node` (a kubelet's certificate), a class's name
 /// (`machinery`, `controlPlane`, …), or `tenant`. A denial of a node, the machinery, the
 /// control plane or a platform operator is a guard breaking the cluster (docs/runbook.md).
-pub fn sender_of(user: &str, groups: &[String], s: &crate::Settings) -> &'static str {
+pub fn sender_of(user: &str, groups: &[impl AsRef<str>], s: &crate::Settings) -> &'static str {
     if is_node(user, groups) {
         return "node";
     }
@@ -190,7 +192,12 @@ pub fn sender_of(user: &str, groups: &[String], s: &crate::Settings) -> &'static
 
 /// `user` (with `groups`) is a member of `class` as the configuration fills it: for a guard
 /// that lets one class make one kind of change (the customer's admins their CustomDomains).
-pub fn in_class(s: &crate::Settings, class: IdentityClass, user: &str, groups: &[String]) -> bool {
+pub fn in_class(
+    s: &crate::Settings,
+    class: IdentityClass,
+    user: &str,
+    groups: &[impl AsRef<str>],
+) -> bool {
     s.classes
         .iter()
         .filter(|c| c.class == class)

@@ -45,7 +45,7 @@ fn others_may(req: &Request, s: &Settings) -> bool {
     req.resource.group == MANAGED
         && match &*req.resource.resource {
             "customdomains" => in_class(s, IdentityClass::CustomerAdmins, &u.username, &u.groups),
-            "mustgathers" => u.groups.iter().any(|g| g == CEE_GROUP),
+            "mustgathers" => u.groups.iter().any(|g| g.as_ref() == CEE_GROUP),
             _ => false,
         }
 }

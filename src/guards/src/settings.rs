@@ -72,7 +72,7 @@ impl Settings {
     }
 
     /// Some guard exempts `user` (with `groups`): an identity a tenant must not reach.
-    pub fn exempts_anywhere(&self, user: &str, groups: &[String]) -> bool {
+    pub fn exempts_anywhere(&self, user: &str, groups: &[impl AsRef<str>]) -> bool {
         crate::identities::is_member(
             &self.exempt_users,
             &self.exempt_groups,

@@ -20,8 +20,15 @@ pub struct OwnDenials {
 }
 
 impl OwnDenials {
-    /// Notes a denial by `webhook` of `sender` (`identities::sender_of`); any other sender
-    /// than the cluster's own is left out.
+    /// Notes a denial by `webhook` of `sender` (`identities::sender_of`) now; any other
+    /// sender than the cluster's own is left out, and the clock is read only for those.
+    pub fn note_now(&self, webhook: &str, sender: &'static str) {
+        if is_the_cluster(sender) {
+            self.note(webhook, sender, Instant::now());
+        }
+    }
+
+    /// Notes a denial by `webhook` of `sender` at `at`, as `note_now`.
     pub fn note(&self, webhook: &str, sender: &'static str, at: Instant) {
         if !is_the_cluster(sender) {
             return;

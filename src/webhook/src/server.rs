@@ -257,7 +257,7 @@ impl Hook {
 pub struct AppState {
     /// Fixed at start but for the internal registry, which `internal_registry::watch`
     /// replaces when the agent's file changes; a request takes the whole value as it stands.
-    settings: std::sync::RwLock<Arc<Settings>>,
+    settings: crate::settings_cell::SettingsCell,
     /// path → webhook name and series, fixed at start.
     hooks: HashMap<String, Hook>,
     pub(crate) metrics: AdmissionMetrics,
@@ -298,7 +298,7 @@ impl AppState {
             })
             .collect();
         Arc::new(Self {
-            settings: std::sync::RwLock::new(Arc::new(settings)),
+            settings: crate::settings_cell::SettingsCell::new(settings),
             hooks,
             metrics: AdmissionMetrics::new(),
             own_denials: Default::default(),
@@ -310,12 +310,7 @@ impl AppState {
 
     /// The settings as they stand now.
     pub(crate) fn settings(&self) -> Arc<Settings> {
-        // A writer cannot panic while it holds the lock (it only swaps an Arc), so a poisoned
-        // lock still holds a whole value.
-        match self.settings.read() {
-            Ok(s) => Arc::clone(&s),
-            Err(p) => Arc::clone(&p.into_inner()),
-        }
+        self.settings.current()
     }
 
     /// Replaces what the service knows of the internal registry; whether it changed.
@@ -323,17 +318,12 @@ impl AppState {
         &self,
         reg: Option<hcp_fleet_guards::pod_image_spec::InternalRegistry>,
     ) -> bool {
-        let mut guard = match self.settings.write() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        if guard.internal_registry == reg {
-            return false;
-        }
-        let mut next = Settings::clone(&guard);
-        next.internal_registry = reg;
-        *guard = Arc::new(next);
-        true
+        self.settings.replace(|now| {
+            (now.internal_registry != reg).then(|| Settings {
+                internal_registry: reg,
+                ..now.clone()
+            })
+        })
     }
 
     /// The probe key, if its file is there and holds one.
@@ -530,7 +520,7 @@ fn account<'r>(
         } else {
             st.metrics.count_denial(name, sender);
         }
-        st.own_denials.note(name, sender, Instant::now());
+        st.own_denials.note_now(name, sender);
     }
     let nonce = hcp_fleet_guards::probe::nonce_of(r);
     match (d.allowed, probed, nonce) {
