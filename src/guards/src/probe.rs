@@ -143,7 +143,9 @@ pub fn a_nonce(n: &str) -> Option<&str> {
 /// The nonce a request carries, if it is one the agent could have made: a probe's in its
 /// annotation, a canary's in its user's extra (`canary::NONCE_EXTRA`).
 pub fn nonce_of<'a>(req: &'a Request<'_>) -> Option<&'a str> {
-    if is_probe(req) {
+    // Asked of every review the service answers: the label read from the text first, so the
+    // object of a review no guard read is not built into a tree here.
+    if labelled(req) && is_probe(req) {
         let o = req.object()?;
         return a_nonce(o["metadata"]["annotations"][NONCE_ANNOTATION].as_str()?);
     }
@@ -195,6 +197,14 @@ pub(crate) fn is_probe(req: &Request) -> bool {
     req.object()
         .and_then(|o| o["metadata"]["labels"][PROBE_LABEL].as_str())
         == Some("true")
+}
+
+/// The probe label, read from the object's text without building its tree
+/// (`Request::object_str_at`): true wherever `is_probe` is, which reads the same label from
+/// the tree.
+fn labelled(req: &Request) -> bool {
+    req.object_str_at(&["metadata", "labels", PROBE_LABEL])
+        .is_some_and(|v| v == "true")
 }
 
 impl Guard for Probe {
@@ -333,5 +343,25 @@ mod tests {
         assert_eq!(req(""), None);
         assert_eq!(req("not hex"), None);
         assert_eq!(req(&"a".repeat(65)), None);
+    }
+
+    #[test]
+    fn asking_a_review_for_its_nonce_builds_no_tree_of_an_object_that_is_no_probe() {
+        // 1e400 is JSON no tree holds: were the tree built, the review would be unreadable.
+        let body = |labels: &str| {
+            format!(
+                r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{{"uid":"u","kind":{{"group":"","version":"v1","kind":"ConfigMap"}},"resource":{{"group":"","version":"v1","resource":"configmaps"}},"operation":"CREATE","userInfo":{{"username":"alice"}},"object":{{"metadata":{{"name":"p","labels":{labels}}},"data":{{"n":1e400}}}}}}}}"#
+            )
+        };
+        let plain = body("{}");
+        let r = crate::review::decode(plain.as_bytes()).expect("a review");
+        assert_eq!(nonce_of(&r), None);
+        assert_eq!(r.unreadable(), None, "the object was not built");
+        // A labelled one is read whole, as the probe's guard reads it: unreadable, so no probe.
+        let labelled = body(&format!(r#"{{"{PROBE_LABEL}":"true"}}"#));
+        let r = crate::review::decode(labelled.as_bytes()).expect("a review");
+        assert_eq!(nonce_of(&r), None);
+        assert!(r.unreadable().is_some(), "the object was built, and fails");
+        assert!(!is_probe(&r));
     }
 }

@@ -108,8 +108,13 @@ impl AsRef<str> for Item<'_> {
 
 impl Item<'_> {
     fn into_owned(self) -> Item<'static> {
-        Item(Text::Owned(self.0.into_owned()))
+        Item(own(self.0))
     }
+}
+
+/// A `Text` free of the body it was read from.
+fn own(t: Text<'_>) -> Text<'static> {
+    Text::Owned(t.into_owned())
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
@@ -179,25 +184,31 @@ impl Object {
             .map_err(String::as_str)
     }
 
-    /// `metadata.name`, read as the tree reads it (`o["metadata"]["name"].as_str()`) but
-    /// without building it (`Pick`). What the short way cannot read (a number out of range)
-    /// goes the long way, which then fails too and says so (`Request::unreadable`).
-    fn name(&self) -> Option<&str> {
+    /// The string at `path`, read as the tree reads it (`o[path[0]][path[1]]….as_str()`) but,
+    /// while no guard has built the tree, without building it (`Pick`). What the short way
+    /// cannot read (a number out of range) goes the long way, which then fails too and says
+    /// so (`Request::unreadable`).
+    fn str_at(&self, path: &'static [&'static str]) -> Option<String> {
+        let from_tree = |t: &Value| {
+            path.iter()
+                .fold(t, |v, k| &v[*k])
+                .as_str()
+                .map(str::to_string)
+        };
         if let Some(Ok(tree)) = self.tree.get() {
-            return tree["metadata"]["name"].as_str();
+            return from_tree(tree);
         }
+        let mut d = serde_json::Deserializer::from_str(self.raw.get());
+        match serde::de::DeserializeSeed::deserialize(Pick(path), &mut d) {
+            Ok(found) => found,
+            Err(_) => self.tree().ok().and_then(from_tree),
+        }
+    }
+
+    /// `metadata.name` (`str_at`), read once.
+    fn name(&self) -> Option<&str> {
         self.name
-            .get_or_init(|| {
-                let mut d = serde_json::Deserializer::from_str(self.raw.get());
-                match serde::de::DeserializeSeed::deserialize(Pick(&["metadata", "name"]), &mut d) {
-                    Ok(name) => name,
-                    Err(_) => self
-                        .tree()
-                        .ok()
-                        .and_then(|t| t["metadata"]["name"].as_str())
-                        .map(str::to_string),
-                }
-            })
+            .get_or_init(|| self.str_at(&["metadata", "name"]))
             .as_deref()
     }
 }
@@ -269,9 +280,6 @@ impl<'de> serde::de::Visitor<'de> for Pick {
 impl Request<'_> {
     /// The request with every string its own, free of the body it was read from.
     pub fn into_owned(self) -> Request<'static> {
-        fn own(t: Text<'_>) -> Text<'static> {
-            Text::Owned(t.into_owned())
-        }
         Request {
             uid: own(self.uid),
             kind: GroupVersionKind {
@@ -314,6 +322,13 @@ impl Request<'_> {
     /// The object as it was (UPDATE, DELETE), as `object` reads it.
     pub fn old_object(&self) -> Option<&Value> {
         self.old_object.as_ref().and_then(|o| o.tree().ok())
+    }
+
+    /// The string at `path` in the object as it will be stored, read without building its
+    /// tree (`Object::str_at`): for a question every review is asked, as whether it is the
+    /// agent's probe, which must not build the tree of every object a guard left unread.
+    pub(crate) fn object_str_at(&self, path: &'static [&'static str]) -> Option<String> {
+        self.object.as_ref().and_then(|o| o.str_at(path))
     }
 
     /// Why an object a guard read could not be read: the review is then malformed, and is
@@ -516,14 +531,8 @@ pub fn encode(uid: &str, d: &Decision) -> Vec<u8> {
     out.extend_from_slice(br#","uid":"#);
     json::string(&mut out, uid);
     if !d.warnings.is_empty() {
-        out.extend_from_slice(br#","warnings":["#);
-        for (i, w) in d.warnings.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            json::string(&mut out, w);
-        }
-        out.push(b']');
+        out.extend_from_slice(br#","warnings":"#);
+        json::array(&mut out, d.warnings.iter().map(String::as_str));
     }
     out.extend_from_slice(b"}}");
     out
@@ -600,16 +609,33 @@ mod json {
 
     /// A JSON object of `pairs`, in their order.
     pub(super) fn object<'a>(out: &mut Vec<u8>, pairs: impl Iterator<Item = (&'a str, &'a str)>) {
-        out.push(b'{');
-        for (i, (k, v)) in pairs.enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
+        separated(out, (b'{', b'}'), pairs, |out, (k, v)| {
             string(out, k);
             out.push(b':');
             string(out, v);
+        });
+    }
+
+    /// A JSON array of `items`, in their order.
+    pub(super) fn array<'a>(out: &mut Vec<u8>, items: impl Iterator<Item = &'a str>) {
+        separated(out, (b'[', b']'), items, string);
+    }
+
+    /// `items` written by `write` between `open` and `close`, a comma between two.
+    fn separated<T>(
+        out: &mut Vec<u8>,
+        (open, close): (u8, u8),
+        items: impl Iterator<Item = T>,
+        write: impl Fn(&mut Vec<u8>, T),
+    ) {
+        out.push(open);
+        for (i, item) in items.enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            write(out, item);
         }
-        out.push(b'}');
+        out.push(close);
     }
 }
 
