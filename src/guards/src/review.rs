@@ -7,6 +7,8 @@ use base64::Engine;
 use serde::Deserialize;
 use serde_json::Value;
 
+mod scan;
+
 /// Why a request body is not an AdmissionReview v1 we can answer. Each is a 400.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ReviewError {
@@ -151,9 +153,9 @@ pub struct Request<'a> {
     #[serde(default, borrow)]
     pub user_info: UserInfo<'a>,
     #[serde(default)]
-    object: Option<Object>,
+    object: Option<Object<'a>>,
     #[serde(default)]
-    old_object: Option<Object>,
+    old_object: Option<Object<'a>>,
     #[serde(default)]
     pub(crate) dry_run: Option<bool>,
 }
@@ -163,23 +165,38 @@ pub struct Request<'a> {
 /// name alone, and building the trees they never read was most of a review's decoding
 /// (`make bench`, perf: `Value` trees and their strings, about a quarter of the service's own
 /// CPU per review).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(transparent)]
-struct Object {
-    raw: Box<serde_json::value::RawValue>,
-    #[serde(skip)]
+#[derive(Debug, Clone)]
+struct Object<'a> {
+    /// Borrowed from the body where the review was read by hand (`scan`).
+    raw: Text<'a>,
     tree: std::sync::OnceLock<Result<Value, String>>,
-    #[serde(skip)]
     name: std::sync::OnceLock<Option<String>>,
 }
 
-impl Object {
+/// serde_json's capture of the value's text, the object's own (the general way: `scan`
+/// borrows it where it reads the review).
+impl<'de, 'a> Deserialize<'de> for Object<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw: Box<serde_json::value::RawValue> = Deserialize::deserialize(d)?;
+        Ok(Object::new(Text::Owned(Box::<str>::from(raw).into())))
+    }
+}
+
+impl<'a> Object<'a> {
+    fn new(raw: Text<'a>) -> Self {
+        Object {
+            raw,
+            tree: std::sync::OnceLock::new(),
+            name: std::sync::OnceLock::new(),
+        }
+    }
+
     /// The tree, built once; `Err`: the text is JSON the tree cannot hold (nested deeper than
     /// serde_json's limit, a number out of range), which the whole request then answers as a
     /// malformed review (`Request::unreadable`).
     fn tree(&self) -> Result<&Value, &str> {
         self.tree
-            .get_or_init(|| serde_json::from_str(self.raw.get()).map_err(|e| e.to_string()))
+            .get_or_init(|| serde_json::from_str(&self.raw).map_err(|e| e.to_string()))
             .as_ref()
             .map_err(String::as_str)
     }
@@ -198,7 +215,7 @@ impl Object {
         if let Some(Ok(tree)) = self.tree.get() {
             return from_tree(tree);
         }
-        let mut d = serde_json::Deserializer::from_str(self.raw.get());
+        let mut d = serde_json::Deserializer::from_str(&self.raw);
         match serde::de::DeserializeSeed::deserialize(Pick(path), &mut d) {
             Ok(found) => found,
             Err(_) => self.tree().ok().and_then(from_tree),
@@ -211,14 +228,22 @@ impl Object {
             .get_or_init(|| self.str_at(&["metadata", "name"]))
             .as_deref()
     }
+
+    fn into_owned(self) -> Object<'static> {
+        Object {
+            raw: own(self.raw),
+            tree: self.tree,
+            name: self.name,
+        }
+    }
 }
 
 /// Two objects are the same object when their trees are (an unreadable one by its text).
-impl PartialEq for Object {
+impl PartialEq for Object<'_> {
     fn eq(&self, other: &Self) -> bool {
         match (self.tree(), other.tree()) {
             (Ok(a), Ok(b)) => a == b,
-            _ => self.raw.get() == other.raw.get(),
+            _ => self.raw == other.raw,
         }
     }
 }
@@ -306,8 +331,8 @@ impl Request<'_> {
                     .collect(),
                 extra: self.user_info.extra,
             },
-            object: self.object,
-            old_object: self.old_object,
+            object: self.object.map(Object::into_owned),
+            old_object: self.old_object.map(Object::into_owned),
             dry_run: self.dry_run,
         }
     }
@@ -407,7 +432,13 @@ struct Envelope<'a> {
 /// wrong (the same answer either way: the typed pass only ever accepts what the slow one does).
 pub fn decode(body: &[u8]) -> Result<Request<'_>, ReviewError> {
     // Checked as UTF-8 once, whole, rather than string by string as `from_slice` does.
-    if let Ok(text) = std::str::from_utf8(body)
+    let text = std::str::from_utf8(body);
+    if let Ok(text) = text
+        && let Some(req) = scan::request(text)
+    {
+        return checked(req);
+    }
+    if let Ok(text) = text
         && let Ok(Envelope {
             api_version: Some(v),
             kind: Some(k),
@@ -544,15 +575,23 @@ mod json {
     const ONES: u64 = u64::MAX / 255;
 
     /// Whether any of the eight bytes in `c` is one a JSON string escapes: below 0x20, `"`
-    /// or `\` (the test of "has a byte less than n", and of "has a zero byte" for the two
-    /// others, from Anderson's bit twiddling hacks; exact for whether one is there).
+    /// or `\`.
     fn escapes_one(c: u64) -> bool {
+        escaped(c) != 0
+    }
+
+    /// The bytes of the eight in `c` (little-endian) that a JSON string escapes, below 0x20,
+    /// `"` or `\`, each as its top bit (the test of "has a byte less than n", and of "has a
+    /// zero byte" for the two others, from Anderson's bit twiddling hacks). Exact for whether
+    /// one is there and for which is the first (`trailing_zeros() / 8`); a byte after the
+    /// first may be marked when it is not one.
+    pub(super) fn escaped(c: u64) -> u64 {
         let control = c.wrapping_sub(ONES * 0x20) & !c;
         let q = c ^ (ONES * u64::from(b'"'));
         let quote = q.wrapping_sub(ONES) & !q;
         let b = c ^ (ONES * u64::from(b'\\'));
         let backslash = b.wrapping_sub(ONES) & !b;
-        (control | quote | backslash) & (ONES << 7) != 0
+        (control | quote | backslash) & (ONES << 7)
     }
 
     /// `s` as a JSON string, escaped as serde_json escapes it: `\"`, `\\`, the short forms

@@ -7,7 +7,7 @@ use hcp_fleet_guards::review::Decision;
 
 use hcp_fleet_guards::identities::user_matches;
 use hcp_fleet_guards::review::Request;
-use hcp_fleet_guards::{HookSetting, Scope, Settings, matches};
+use hcp_fleet_guards::{Guard, HookSetting, Scope, Settings, matches};
 use hcp_fleet_model::Mode;
 
 /// Why the guard served by `hook` leaves this request alone, if it does: the identities it
@@ -74,7 +74,17 @@ pub(crate) fn apply_mode(hook: &str, mode: Mode, d: Decision) -> Decision {
 /// Decides one request for the guard served on `path`, under the name of the webhook that
 /// serves it. `None`: no such guard.
 pub fn decide<'s>(path: &str, req: &Request, s: &'s Settings) -> Option<(&'s str, Decision)> {
-    let guard = hcp_fleet_guards::for_path(path)?;
+    decide_by(hcp_fleet_guards::for_path(path)?, path, req, s)
+}
+
+/// `decide` by the guard served on `path`, already found (the service finds each path's
+/// guard once, at start).
+pub fn decide_by<'s>(
+    guard: &'static dyn Guard,
+    path: &str,
+    req: &Request,
+    s: &'s Settings,
+) -> Option<(&'s str, Decision)> {
     if guard.scope() == Scope::Everyone {
         // The probe is answered whatever the mode or identity: it proves the path works.
         return Some(("probe", guard.decide(req, s)));

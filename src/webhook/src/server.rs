@@ -190,6 +190,9 @@ const OUTCOMES: [(&str, &str); 6] = [
 /// before.
 struct Hook {
     name: String,
+    /// The guard served on the path, found once (`None`: a path the service counts but no
+    /// guard serves).
+    guard: Option<&'static dyn hcp_fleet_guards::Guard>,
     latency: std::sync::OnceLock<Histogram>,
     counts: [std::sync::OnceLock<Counter>; OUTCOMES.len()],
     /// Its denials' series by sender (a handful: node, the identity classes, tenant), found
@@ -289,6 +292,7 @@ impl AppState {
             .into_iter()
             .map(|(path, name)| {
                 let hook = Hook {
+                    guard: hcp_fleet_guards::for_path(&path),
                     name,
                     latency: Default::default(),
                     counts: Default::default(),
@@ -464,7 +468,10 @@ async fn decided<'b>(
 ) -> Result<(review::Text<'b>, Decision), Option<(StatusCode, String)>> {
     let r = review::decode(body).map_err(|e| Some((StatusCode::BAD_REQUEST, e.to_string())))?;
     let settings = st.settings();
-    let (name, mut d) = decision::decide(path, &r, &settings).ok_or_else(|| {
+    let decided = hook
+        .guard
+        .and_then(|guard| decision::decide_by(guard, path, &r, &settings));
+    let (name, mut d) = decided.ok_or_else(|| {
         Some((
             StatusCode::NOT_FOUND,
             format!("no webhook is served on {path}"),
@@ -474,7 +481,7 @@ async fn decided<'b>(
         let e = review::ReviewError::Request(format!("an object cannot be read: {e}"));
         return Err(Some((StatusCode::BAD_REQUEST, e.to_string())));
     }
-    if let Some(proof) = account(st, hook, &settings, (path, name), &r, &d) {
+    if let Some(proof) = account(st, hook, &settings, name, &r, &d) {
         // Boxed: the future of every review stays the size of the common path's.
         let key = Box::pin(tokio::time::timeout_at(deadline.into(), st.probe_key()))
             .await
@@ -502,11 +509,13 @@ fn account<'r>(
     st: &AppState,
     hook: &Hook,
     settings: &Settings,
-    (path, name): (&str, &str),
+    name: &str,
     r: &'r review::Request,
     d: &Decision,
 ) -> Option<Proof<'r>> {
-    let probed = hcp_fleet_guards::scope_of(path) == hcp_fleet_guards::Scope::Everyone;
+    let probed = hook
+        .guard
+        .is_some_and(|g| g.scope() == hcp_fleet_guards::Scope::Everyone);
     if (!d.allowed || d.audit_annotations.contains_key("would-deny")) && !probed {
         let sender = hcp_fleet_guards::identities::sender_of(
             &r.user_info.username,
@@ -1131,6 +1140,7 @@ mod hook_tests {
         let m = AdmissionMetrics::new();
         let hook = Hook {
             name: "w.example.io".into(),
+            guard: None,
             latency: Default::default(),
             counts: Default::default(),
             denials: Default::default(),
