@@ -69,36 +69,33 @@ impl<'a> Cursor<'a> {
     /// An object, each member's value read by `member` given its key (a key with an escape
     /// is left to serde, which would match it unescaped).
     fn members(&mut self, mut member: impl FnMut(&mut Self, &'a str) -> Option<()>) -> Option<()> {
-        self.eat(b'{')?;
-        if self.eat(b'}').is_some() {
-            return Some(());
-        }
-        loop {
-            let key = self.plain()?;
-            self.eat(b':')?;
-            member(self, key)?;
-            match self.peek()? {
-                b',' => self.at += 1,
-                b'}' => {
-                    self.at += 1;
-                    return Some(());
-                }
-                _ => return None,
-            }
-        }
+        self.delimited((b'{', b'}'), |c| {
+            let key = c.plain()?;
+            c.eat(b':')?;
+            member(c, key)
+        })
     }
 
     /// An array, each element read by `element`.
-    fn elements(&mut self, mut element: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
-        self.eat(b'[')?;
-        if self.eat(b']').is_some() {
+    fn elements(&mut self, element: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        self.delimited((b'[', b']'), element)
+    }
+
+    /// `open`, the items `item` reads with a comma between two, `close`.
+    fn delimited(
+        &mut self,
+        (open, close): (u8, u8),
+        mut item: impl FnMut(&mut Self) -> Option<()>,
+    ) -> Option<()> {
+        self.eat(open)?;
+        if self.eat(close).is_some() {
             return Some(());
         }
         loop {
-            element(self)?;
+            item(self)?;
             match self.peek()? {
                 b',' => self.at += 1,
-                b']' => {
+                c if c == close => {
                     self.at += 1;
                     return Some(());
                 }
@@ -224,26 +221,12 @@ impl<'a> Cursor<'a> {
                 self.string_end(true)
             }
             b'{' | b'[' if depth >= MAX_DEPTH => None,
-            b'{' => {
-                self.eat(b'{')?;
-                if self.eat(b'}').is_some() {
-                    return Some(());
-                }
-                loop {
-                    self.eat(b'"')?;
-                    self.string_end(true)?;
-                    self.eat(b':')?;
-                    self.skip(depth + 1)?;
-                    match self.peek()? {
-                        b',' => self.at += 1,
-                        b'}' => {
-                            self.at += 1;
-                            return Some(());
-                        }
-                        _ => return None,
-                    }
-                }
-            }
+            b'{' => self.delimited((b'{', b'}'), |c| {
+                c.eat(b'"')?;
+                c.string_end(true)?;
+                c.eat(b':')?;
+                c.skip(depth + 1)
+            }),
             b'[' => self.elements(|c| c.skip(depth + 1)),
             b't' => self.literal(b"true"),
             b'f' => self.literal(b"false"),
