@@ -126,20 +126,7 @@ impl<'a> Cursor<'a> {
     /// allows them. A control character is refused as serde_json refuses it.
     fn string_end(&mut self, escapes: bool) -> Option<()> {
         loop {
-            // Eight bytes at a time to the first byte that ends or escapes the string; one at
-            // a time in the last eight of the body.
-            if let Some(chunk) = self
-                .bytes
-                .get(self.at..self.at + 8)
-                .and_then(|c| <[u8; 8]>::try_from(c).ok())
-            {
-                let marked = super::json::escaped(u64::from_le_bytes(chunk));
-                if marked == 0 {
-                    self.at += 8;
-                    continue;
-                }
-                self.at += (marked.trailing_zeros() / 8) as usize;
-            }
+            self.at = super::json::next_escaped(self.bytes, self.at);
             match *self.bytes.get(self.at)? {
                 b'"' => {
                     self.at += 1;
@@ -159,8 +146,8 @@ impl<'a> Cursor<'a> {
                         _ => return None,
                     }
                 }
-                b'\\' | 0x00..=0x1f => return None,
-                _ => self.at += 1,
+                // An escape where none may be, or a control character.
+                _ => return None,
             }
         }
     }
@@ -347,20 +334,7 @@ mod tests {
     use proptest::prelude::*;
     use proptest::strategy::ValueTree;
 
-    use super::super::{Envelope, Request};
-
-    /// serde_json's typed pass, as `review::decode` ran it before this reader: the request of
-    /// a review it takes, or `None`.
-    fn typed(text: &str) -> Option<Request<'_>> {
-        match serde_json::from_str::<Envelope>(text).ok()? {
-            Envelope {
-                api_version: Some(v),
-                kind: Some(k),
-                request: Some(req),
-            } if v == "admission.k8s.io/v1" && k == "AdmissionReview" => Some(req),
-            _ => None,
-        }
-    }
+    use super::super::{Request, typed};
 
     /// The same request, the objects' texts as well as their trees.
     fn same(a: &Request<'_>, b: &Request<'_>) -> bool {
