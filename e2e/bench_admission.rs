@@ -75,17 +75,28 @@ fn start(dir: &Path, baseline: bool) -> Result<Server, String> {
 }
 
 fn start_on(dir: &Path, baseline: bool, port: u16) -> Result<Server, String> {
-    start_spinning(dir, baseline, port, None)
+    start_spinning(dir, baseline, port, None, None)
 }
 
-/// The server with `--spin-micros` set (`None`: its default).
+/// The server with `--spin-micros` set (`None`: its default), held to the CPUs `pinned`
+/// names (taskset's list; `None`: any), which it counts for its connection threads.
 fn start_spinning(
     dir: &Path,
     baseline: bool,
     port: u16,
     spin_micros: Option<u64>,
+    pinned: Option<&str>,
 ) -> Result<Server, String> {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hcp-fleet-dev"));
+    let bin = env!("CARGO_BIN_EXE_hcp-fleet-dev");
+    // taskset execs the server, so the child's pid is the server's.
+    let mut cmd = match pinned {
+        Some(cpus) => {
+            let mut c = Command::new("taskset");
+            c.args(["-c", cpus, bin]);
+            c
+        }
+        None => Command::new(bin),
+    };
     if let Some(us) = spin_micros {
         cmd.env("HCP_FLEET_SPIN_MICROS", us.to_string());
     }
@@ -372,6 +383,158 @@ struct WrkRow {
     p99_us: f64,
 }
 
+/// This process's CPUs, as taskset lists them ("0-3", "0,2"), or why not.
+fn affinity() -> Result<String, String> {
+    let out = Command::new("taskset")
+        .args(["-c", "-p", &std::process::id().to_string()])
+        .output()
+        .map_err(|e| format!("taskset: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.rsplit_once(": ")
+        .map(|(_, list)| list.trim().to_string())
+        .filter(|l| out.status.success() && !l.is_empty())
+        .ok_or_else(|| format!("taskset -c -p: {text}"))
+}
+
+/// The CPUs of a taskset list, one by one ("0-2,5": 0, 1, 2, 5).
+fn cpus_of(list: &str) -> Vec<usize> {
+    let mut cpus = Vec::new();
+    for part in list.split(',') {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        if let (Ok(a), Ok(b)) = (a.trim().parse::<usize>(), b.trim().parse::<usize>()) {
+            cpus.extend(a..=b);
+        }
+    }
+    cpus
+}
+
+/// Every thread of this process held to `cpus` while this lives (threads started later
+/// inherit it), then given back `was`.
+struct Pinned {
+    was: String,
+}
+
+impl Pinned {
+    fn to(cpus: &str, was: String) -> Result<Pinned, String> {
+        let pin = |list: &str| {
+            Command::new("taskset")
+                .args(["-a", "-c", "-p", list, &std::process::id().to_string()])
+                .stdout(Stdio::null())
+                .status()
+                .map_err(|e| format!("taskset: {e}"))
+                .and_then(|s| {
+                    s.success()
+                        .then_some(())
+                        .ok_or(format!("taskset -a -c -p {list}: {s}"))
+                })
+        };
+        pin(cpus)?;
+        Ok(Pinned { was })
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        let _ = Command::new("taskset")
+            .args(["-a", "-c", "-p", &self.was, &std::process::id().to_string()])
+            .stdout(Stdio::null())
+            .status();
+    }
+}
+
+/// The rates above, at 16 and 64 connections, are the two cores' CPU shared between the
+/// load generator and the server, and the scheduler's mixing of their threads: a round
+/// varies by a tenth. Here each server has a CPU of its own (so one connection thread) and
+/// the load generator the others, 64 connections: the server is the bottleneck, and the
+/// ratio is what a review costs the service against the same TLS stack answering a fixed
+/// response, steady to about a hundredth from round to round.
+async fn server_bound(dir: &Path, ca: &str, secs: u64, rounds: u64) -> Result<(), String> {
+    println!();
+    let was = match affinity() {
+        Ok(list) => list,
+        Err(e) => {
+            println!("server-bound: skipped ({e})");
+            return Ok(());
+        }
+    };
+    let cpus = cpus_of(&was);
+    let Some((server_cpu, others)) = cpus.split_first().filter(|(_, o)| !o.is_empty()) else {
+        println!("server-bound: skipped (one CPU: {was})");
+        return Ok(());
+    };
+    let others: Vec<String> = others.iter().map(ToString::to_string).collect();
+    let server_cpu = server_cpu.to_string();
+    println!(
+        "server-bound, 64 connections, {secs}s per run: each server alone on CPU {server_cpu}, the load generator on {}",
+        others.join(",")
+    );
+    let servers = [
+        (
+            "service",
+            start_spinning(
+                dir,
+                false,
+                hcp_fleet_testbed::free_port().map_err(|e| e.to_string())?,
+                None,
+                Some(&server_cpu),
+            )?,
+            "protected-rbac.hcp-fleet.openshift.io",
+        ),
+        (
+            "baseline",
+            start_spinning(
+                dir,
+                true,
+                hcp_fleet_testbed::free_port().map_err(|e| e.to_string())?,
+                None,
+                Some(&server_cpu),
+            )?,
+            "baseline",
+        ),
+    ];
+    for (_, server, _) in &servers {
+        wait_ready(server.port, ca).await?;
+    }
+    let _pinned = Pinned::to(&others.join(","), was)?;
+    // (rate, CPU per review, the server's share of its CPU) of each round, by server.
+    let mut runs: [Vec<(f64, f64, f64)>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..rounds {
+        let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for i in order {
+            let (name, server, webhook) = &servers[i];
+            let r = run_one(server.port, server.child.id(), ca, webhook, 64, secs).await?;
+            let busy = r.rps * r.cpu_per_review / 1e6;
+            println!(
+                "{:<9} {:>9.0} req/s, CPU per review {:>5.2} µs, server busy {:>3.0} % of its CPU  {}",
+                name,
+                r.rps,
+                r.cpu_per_review,
+                busy * 100.0,
+                round + 1
+            );
+            runs[i].push((r.rps, r.cpu_per_review, busy));
+        }
+    }
+    let sorted = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let median = |v: &[f64]| v.get(v.len() / 2).copied().unwrap_or(f64::NAN);
+    let [svc, base] = &runs;
+    let ratios = sorted(svc.iter().zip(base).map(|(s, b)| s.0 / b.0).collect());
+    let cpu = |runs: &[(f64, f64, f64)]| median(&sorted(runs.iter().map(|r| r.1).collect()));
+    println!(
+        "server-bound ratio service/baseline at 64: {:.2} (median of {} rounds, {:.2} to {:.2}); CPU per review {:.2} µs against {:.2} µs",
+        median(&ratios),
+        ratios.len(),
+        ratios.first().copied().unwrap_or(f64::NAN),
+        ratios.last().copied().unwrap_or(f64::NAN),
+        cpu(svc),
+        cpu(base),
+    );
+    Ok(())
+}
+
 /// wrk's duration ("91.00us", "1.20ms", "1.01s") in microseconds.
 fn wrk_micros(v: &str) -> Option<f64> {
     let (n, scale) = if let Some(n) = v.strip_suffix("us") {
@@ -634,6 +797,7 @@ async fn run() -> Result<(), String> {
             cpu(&base),
         );
     }
+    server_bound(dir.path(), &ca.cert_pem, secs, rounds).await?;
     // What the spin costs where it cannot pay: nothing at rest, and at a low rate.
     let rest_secs = env_secs("BENCH_REST_SECONDS", 10);
     println!();
@@ -642,7 +806,7 @@ async fn run() -> Result<(), String> {
     );
     for (label, spin) in [("spin (default)", None), ("spin off (0)", Some(0))] {
         let port = hcp_fleet_testbed::free_port().map_err(|e| e.to_string())?;
-        let server = start_spinning(dir.path(), false, port, spin)?;
+        let server = start_spinning(dir.path(), false, port, spin, None)?;
         wait_ready(server.port, &ca.cert_pem).await?;
         let (rest, trickle) = at_rest(&server, &ca.cert_pem, rest_secs).await?;
         println!("  {label:<16} at rest {rest:.2} % of a core, at 50 reviews/s {trickle:.2} %");
