@@ -10,6 +10,10 @@
 //! client, each sending its next request when the previous answer arrives (closed loop).
 //! Environment: BENCH_SECONDS per run (default 5).
 //!
+//! Then the same rounds server-bound: each server alone on one CPU (taskset), the load
+//! generator on the others, 64 connections, where the ratio is what a review costs the
+//! service against the fixed response, steady from round to round (skipped on one CPU).
+//!
 //! Then wrk (Debian's) against the service and a Go standard-library server shaped like it
 //! (`e2e/anchor/main.go`), at 1, 16 and 64 connections for BENCH_WRK_SECONDS (default 10): the
 //! anchor the target is set against. `make bench` installs both through
@@ -383,6 +387,27 @@ struct WrkRow {
     p99_us: f64,
 }
 
+/// The service's rate over the baseline's, round by round (each run's rate and CPU per
+/// review): the rounds' median ratio, their range, and each server's median CPU per review.
+fn ratio_of_rounds(svc: &[(f64, f64)], base: &[(f64, f64)]) -> String {
+    let sorted = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let median = |v: &[f64]| v.get(v.len() / 2).copied().unwrap_or(f64::NAN);
+    let ratios = sorted(svc.iter().zip(base).map(|(s, b)| s.0 / b.0).collect());
+    let cpu = |runs: &[(f64, f64)]| median(&sorted(runs.iter().map(|r| r.1).collect()));
+    format!(
+        "{:.2} (median of {} rounds, {:.2} to {:.2}); CPU per review {:.2} µs against {:.2} µs",
+        median(&ratios),
+        ratios.len(),
+        ratios.first().copied().unwrap_or(f64::NAN),
+        ratios.last().copied().unwrap_or(f64::NAN),
+        cpu(svc),
+        cpu(base),
+    )
+}
+
 /// This process's CPUs, as taskset lists them ("0-3", "0,2"), or why not.
 fn affinity() -> Result<String, String> {
     let out = Command::new("taskset")
@@ -496,8 +521,8 @@ async fn server_bound(dir: &Path, ca: &str, secs: u64, rounds: u64) -> Result<()
         wait_ready(server.port, ca).await?;
     }
     let _pinned = Pinned::to(&others.join(","), was)?;
-    // (rate, CPU per review, the server's share of its CPU) of each round, by server.
-    let mut runs: [Vec<(f64, f64, f64)>; 2] = [Vec::new(), Vec::new()];
+    // (rate, CPU per review) of each round, by server.
+    let mut runs: [Vec<(f64, f64)>; 2] = [Vec::new(), Vec::new()];
     for round in 0..rounds {
         let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
         for i in order {
@@ -512,25 +537,13 @@ async fn server_bound(dir: &Path, ca: &str, secs: u64, rounds: u64) -> Result<()
                 busy * 100.0,
                 round + 1
             );
-            runs[i].push((r.rps, r.cpu_per_review, busy));
+            runs[i].push((r.rps, r.cpu_per_review));
         }
     }
-    let sorted = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v
-    };
-    let median = |v: &[f64]| v.get(v.len() / 2).copied().unwrap_or(f64::NAN);
     let [svc, base] = &runs;
-    let ratios = sorted(svc.iter().zip(base).map(|(s, b)| s.0 / b.0).collect());
-    let cpu = |runs: &[(f64, f64, f64)]| median(&sorted(runs.iter().map(|r| r.1).collect()));
     println!(
-        "server-bound ratio service/baseline at 64: {:.2} (median of {} rounds, {:.2} to {:.2}); CPU per review {:.2} µs against {:.2} µs",
-        median(&ratios),
-        ratios.len(),
-        ratios.first().copied().unwrap_or(f64::NAN),
-        ratios.last().copied().unwrap_or(f64::NAN),
-        cpu(svc),
-        cpu(base),
+        "server-bound ratio service/baseline at 64: {}",
+        ratio_of_rounds(svc, base)
     );
     Ok(())
 }
@@ -780,21 +793,9 @@ async fn run() -> Result<(), String> {
     drop(servers);
     println!();
     for (conc, [svc, base]) in by_conc {
-        let sorted = |mut v: Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v
-        };
-        let median = |v: &[f64]| v.get(v.len() / 2).copied().unwrap_or(f64::NAN);
-        let ratios = sorted(svc.iter().zip(&base).map(|(s, b)| s.0 / b.0).collect());
-        let cpu = |runs: &[(f64, f64)]| median(&sorted(runs.iter().map(|r| r.1).collect()));
         println!(
-            "ratio service/baseline at concurrency {conc:>2}: {:.2} (median of {} rounds, {:.2} to {:.2}); CPU per review {:.2} µs against {:.2} µs",
-            median(&ratios),
-            ratios.len(),
-            ratios.first().copied().unwrap_or(f64::NAN),
-            ratios.last().copied().unwrap_or(f64::NAN),
-            cpu(&svc),
-            cpu(&base),
+            "ratio service/baseline at concurrency {conc:>2}: {}",
+            ratio_of_rounds(&svc, &base)
         );
     }
     server_bound(dir.path(), &ca.cert_pem, secs, rounds).await?;
