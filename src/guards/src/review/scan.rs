@@ -20,6 +20,7 @@ use super::{GroupVersionKind, GroupVersionResource, Item, Object, Request, Text,
 const MAX_DEPTH: usize = 64;
 
 /// The request of an AdmissionReview v1, or `None`: read it the general way.
+#[inline(always)]
 pub(super) fn request(text: &str) -> Option<Request<'_>> {
     let mut c = Cursor {
         text,
@@ -49,7 +50,12 @@ struct Cursor<'a> {
     at: usize,
 }
 
+// The token readers are inlined where they are used: left to the compiler, `plain` and the
+// list readers were calls with a prologue each, per token, and the request was copied out of
+// the reader (536 bytes) on its way to `decode`'s caller. Inlined, a loop over the bench's
+// review outside the repository decodes it in about 585 ns against 680 (interleaved runs).
 impl<'a> Cursor<'a> {
+    #[inline(always)]
     fn ws(&mut self) {
         while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.bytes.get(self.at) {
             self.at += 1;
@@ -57,17 +63,20 @@ impl<'a> Cursor<'a> {
     }
 
     /// The next byte that is not whitespace, not taken.
+    #[inline(always)]
     fn peek(&mut self) -> Option<u8> {
         self.ws();
         self.bytes.get(self.at).copied()
     }
 
+    #[inline(always)]
     fn eat(&mut self, b: u8) -> Option<()> {
         (self.peek()? == b).then(|| self.at += 1)
     }
 
     /// An object, each member's value read by `member` given its key (a key with an escape
     /// is left to serde, which would match it unescaped).
+    #[inline(always)]
     fn members(&mut self, mut member: impl FnMut(&mut Self, &'a str) -> Option<()>) -> Option<()> {
         self.delimited((b'{', b'}'), |c| {
             let key = c.plain()?;
@@ -77,11 +86,13 @@ impl<'a> Cursor<'a> {
     }
 
     /// An array, each element read by `element`.
+    #[inline(always)]
     fn elements(&mut self, element: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
         self.delimited((b'[', b']'), element)
     }
 
     /// `open`, the items `item` reads with a comma between two, `close`.
+    #[inline(always)]
     fn delimited(
         &mut self,
         (open, close): (u8, u8),
@@ -105,6 +116,7 @@ impl<'a> Cursor<'a> {
     }
 
     /// A string without escapes, borrowed.
+    #[inline(always)]
     fn plain(&mut self) -> Option<&'a str> {
         self.eat(b'"')?;
         let start = self.at;
@@ -124,6 +136,7 @@ impl<'a> Cursor<'a> {
     /// Past the string whose opening quote was taken; escapes checked as serde_json checks
     /// the strings it skips (`\u` and four hex digits, or one of `"\/bfnrt`) where `escapes`
     /// allows them. A control character is refused as serde_json refuses it.
+    #[inline(always)]
     fn string_end(&mut self, escapes: bool) -> Option<()> {
         loop {
             self.at = super::json::next_escaped(self.bytes, self.at);
@@ -273,6 +286,7 @@ impl<'a> Cursor<'a> {
         })
     }
 
+    #[inline(always)]
     fn request(&mut self) -> Option<Request<'a>> {
         #[derive(Default)]
         struct Fields<'a> {
