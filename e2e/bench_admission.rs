@@ -73,11 +73,6 @@ impl Drop for Server {
     }
 }
 
-fn start(dir: &Path, baseline: bool) -> Result<Server, String> {
-    let port = hcp_fleet_testbed::free_port().map_err(|e| e.to_string())?;
-    start_on(dir, baseline, port)
-}
-
 fn start_on(dir: &Path, baseline: bool, port: u16) -> Result<Server, String> {
     start_spinning(dir, baseline, port, None, None)
 }
@@ -387,6 +382,32 @@ struct WrkRow {
     p99_us: f64,
 }
 
+/// The two servers the rounds measure, ready, held to `pinned`'s CPUs (`None`: any): the
+/// service and the baseline, each with its name and the webhook its histogram counts under.
+async fn the_two(
+    dir: &Path,
+    ca: &str,
+    pinned: Option<&str>,
+) -> Result<[(&'static str, Server, &'static str); 2], String> {
+    let port = || hcp_fleet_testbed::free_port().map_err(|e| e.to_string());
+    let servers = [
+        (
+            "service",
+            start_spinning(dir, false, port()?, None, pinned)?,
+            "protected-rbac.hcp-fleet.openshift.io",
+        ),
+        (
+            "baseline",
+            start_spinning(dir, true, port()?, None, pinned)?,
+            "baseline",
+        ),
+    ];
+    for (_, server, _) in &servers {
+        wait_ready(server.port, ca).await?;
+    }
+    Ok(servers)
+}
+
 /// The service's rate over the baseline's, round by round (each run's rate and CPU per
 /// review): the rounds' median ratio, their range, and each server's median CPU per review.
 fn ratio_of_rounds(svc: &[(f64, f64)], base: &[(f64, f64)]) -> String {
@@ -488,33 +509,7 @@ async fn server_bound(dir: &Path, ca: &str, secs: u64, rounds: u64) -> Result<()
         "server-bound, 64 connections, {secs}s per run: each server alone on CPU {server_cpu}, the load generator on {}",
         others.join(",")
     );
-    let servers = [
-        (
-            "service",
-            start_spinning(
-                dir,
-                false,
-                hcp_fleet_testbed::free_port().map_err(|e| e.to_string())?,
-                None,
-                Some(&server_cpu),
-            )?,
-            "protected-rbac.hcp-fleet.openshift.io",
-        ),
-        (
-            "baseline",
-            start_spinning(
-                dir,
-                true,
-                hcp_fleet_testbed::free_port().map_err(|e| e.to_string())?,
-                None,
-                Some(&server_cpu),
-            )?,
-            "baseline",
-        ),
-    ];
-    for (_, server, _) in &servers {
-        wait_ready(server.port, ca).await?;
-    }
+    let servers = the_two(dir, ca, Some(&server_cpu)).await?;
     let _pinned = match Pinned::to(&others.join(","), was) {
         Ok(pinned) => pinned,
         Err(e) => {
@@ -746,17 +741,7 @@ async fn run() -> Result<(), String> {
     // machine's speed falls on both alike. One run's ratio at 16 or 64 connections varies by a
     // tenth on two shared cores; the median of the rounds is the figure.
     let rounds = env_secs("BENCH_ADMISSION_ROUNDS", 3).max(1);
-    let servers = [
-        (
-            "service",
-            start(dir.path(), false)?,
-            "protected-rbac.hcp-fleet.openshift.io",
-        ),
-        ("baseline", start(dir.path(), true)?, "baseline"),
-    ];
-    for (_, server, _) in &servers {
-        wait_ready(server.port, &ca.cert_pem).await?;
-    }
+    let servers = the_two(dir.path(), &ca.cert_pem, None).await?;
     // (rate, CPU per review) of each round, by concurrency and server.
     let mut by_conc: BTreeMap<usize, [Vec<(f64, f64)>; 2]> = BTreeMap::new();
     for round in 0..rounds {
