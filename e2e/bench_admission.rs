@@ -324,6 +324,13 @@ struct Row {
     srv: Vec<f64>,
 }
 
+impl Row {
+    /// The share of its CPU the server kept busy (1.0: the server set the rate).
+    fn server_busy(&self) -> f64 {
+        self.rps * self.cpu_per_review / 1e6
+    }
+}
+
 async fn run_one(
     port: u16,
     pid: u32,
@@ -427,7 +434,6 @@ async fn the_two(
 fn ratio_of_rounds(svc: &[Row], base: &[Row]) -> String {
     let mut ratios: Vec<f64> = svc.iter().zip(base).map(|(s, b)| s.rps / b.rps).collect();
     ratios.sort_by(f64::total_cmp);
-    let of = median_of;
     let busy = |r: &Row| r.rps * (r.cpu_per_review + r.gen_per_review) / 1e6;
     format!(
         "{:.2} (median of {} rounds, {:.2} to {:.2}); CPU per review {:.2} µs against {:.2} µs, \
@@ -436,12 +442,12 @@ fn ratio_of_rounds(svc: &[Row], base: &[Row]) -> String {
         ratios.len(),
         ratios.first().copied().unwrap_or(f64::NAN),
         ratios.last().copied().unwrap_or(f64::NAN),
-        of(svc, |r| r.cpu_per_review),
-        of(base, |r| r.cpu_per_review),
-        of(svc, |r| r.gen_per_review),
-        of(base, |r| r.gen_per_review),
-        of(svc, busy),
-        of(base, busy),
+        median_of(svc, |r| r.cpu_per_review),
+        median_of(base, |r| r.cpu_per_review),
+        median_of(svc, |r| r.gen_per_review),
+        median_of(base, |r| r.gen_per_review),
+        median_of(svc, busy),
+        median_of(base, busy),
     )
 }
 
@@ -547,13 +553,12 @@ async fn server_bound(dir: &Path, ca: &str, secs: u64, rounds: u64) -> Result<()
         for i in order {
             let (name, server, webhook) = &servers[i];
             let r = run_one(server.port, server.child.id(), ca, webhook, 64, secs).await?;
-            let busy = r.rps * r.cpu_per_review / 1e6;
             println!(
                 "{:<9} {:>9.0} req/s, CPU per review {:>5.2} µs, server busy {:>3.0} % of its CPU, load generator {:>5.2} µs  {}",
                 name,
                 r.rps,
                 r.cpu_per_review,
-                busy * 100.0,
+                r.server_busy() * 100.0,
                 r.gen_per_review,
                 round + 1
             );
@@ -572,7 +577,7 @@ async fn server_bound(dir: &Path, ca: &str, secs: u64, rounds: u64) -> Result<()
     let cpu = |r: &Row| r.cpu_per_review;
     let least = |runs: &[Row]| {
         runs.iter()
-            .map(|r| r.rps * r.cpu_per_review / 1e6)
+            .map(Row::server_busy)
             .fold(f64::INFINITY, f64::min)
     };
     println!(
