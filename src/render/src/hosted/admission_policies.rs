@@ -409,6 +409,20 @@ pub(crate) fn render(
     hcp_namespace: &str,
     features: HostedFeatures,
 ) -> Result<AdmissionPolicies, WebhookRenderError> {
+    match super::shared_policies::of(cfg, settings, features) {
+        Some(shared) => shared.for_namespace(hcp_namespace),
+        None => render_alone(cfg, settings, hcp_namespace, features),
+    }
+}
+
+/// `render` for one HCP from scratch: what `shared_policies` must give, byte for byte (its
+/// tests hold it there), and its way where it cannot (`shared_policies::of`).
+pub(crate) fn render_alone(
+    cfg: &AgentConfig,
+    settings: &Settings,
+    hcp_namespace: &str,
+    features: HostedFeatures,
+) -> Result<AdmissionPolicies, WebhookRenderError> {
     let mut set = typed(
         render_json(cfg, settings, hcp_namespace, features),
         hcp_namespace,
@@ -440,6 +454,14 @@ fn render_mutating(
     with_mutating_probe(set, probe_name(), hcp_namespace, mutating_probe_policy)
 }
 
+/// The API-side mutating probe's policy and binding for `revision`.
+pub(crate) fn mutating_probe(hcp_namespace: &str, revision: &str) -> (Value, Value) {
+    (
+        mutating_probe_policy(probe_name(), hcp_namespace, revision),
+        mutating_binding(probe_name(), hcp_namespace),
+    )
+}
+
 /// A set of mutating policies and bindings, then (if there is any) the probe `probe` renders
 /// for its revision, named `name`, and bound; and that revision. The API-side set and the
 /// static one (`hosted::static_guards`) differ only in the probe.
@@ -462,14 +484,23 @@ pub(crate) fn with_mutating_probe(
 /// A content hash of a set of rendered objects (guard policies and bindings, or webhooks), the
 /// revision its probe selects (`None`: an empty set, nothing to probe).
 pub(crate) fn revision_of<'a>(objects: impl Iterator<Item = &'a Value>) -> Option<String> {
+    set_text(objects).map(|text| revision_of_text(&text))
+}
+
+/// A set of rendered objects as `revision_of` hashes it (`None`: an empty set).
+pub(crate) fn set_text<'a>(objects: impl Iterator<Item = &'a Value>) -> Option<Vec<u8>> {
     // Written as the array of them, without copying them into one (the same bytes): the copy
     // was a percent of a restarted agent's CPU at 3,000 HCPs (`make bench`, perf).
     let all: Vec<&Value> = objects.collect();
     if all.is_empty() {
         return None;
     }
-    let text = serde_json::to_vec(&all).ok()?;
-    Some(hcp_fleet_model::compare::stable_hash(&[&text]))
+    serde_json::to_vec(&all).ok()
+}
+
+/// The revision of a set written by `set_text`.
+pub(crate) fn revision_of_text(text: &[u8]) -> String {
+    hcp_fleet_model::compare::stable_hash(&[text])
 }
 
 /// The mutating probe: writes its revision into `MUTATING_PROBE_ANSWER` of a labelled
@@ -513,7 +544,7 @@ pub(crate) fn probe_mutating_policy(
     })
 }
 
-fn guard_mutations(
+pub(crate) fn guard_mutations(
     cfg: &AgentConfig,
     settings: &Settings,
     hcp_namespace: &str,
@@ -581,13 +612,15 @@ fn render_json(
     hcp_namespace: &str,
     features: HostedFeatures,
 ) -> (Vec<Value>, Vec<Value>, Option<String>) {
-    render_set(
-        cfg,
-        settings,
-        hcp_namespace,
-        |w| api_engine(w, features, cfg.static_guards.second_layer) == Some(Engine::Policy),
-        "",
-    )
+    render_set(cfg, settings, hcp_namespace, on_policies(cfg, features), "")
+}
+
+/// Which guards the API-side set holds: those `api_engine` puts on admission policies.
+pub(crate) fn on_policies(
+    cfg: &AgentConfig,
+    features: HostedFeatures,
+) -> impl Fn(&WebhookDefinition) -> bool + '_ {
+    move |w| api_engine(w, features, cfg.static_guards.second_layer) == Some(Engine::Policy)
 }
 
 /// The policies and bindings of the guards `pick` chooses, each named after its guard with
@@ -600,6 +633,24 @@ pub(crate) fn render_set(
     pick: impl Fn(&WebhookDefinition) -> bool,
     suffix: &str,
 ) -> (Vec<Value>, Vec<Value>, Option<String>) {
+    let (mut policies, mut bindings) = guard_set(cfg, settings, hcp_namespace, pick, suffix);
+    let revision = revision_of(policies.iter().chain(&bindings));
+    if let Some(rev) = &revision {
+        let (policy, binding) = probe(suffix, hcp_namespace, rev);
+        policies.push(policy);
+        bindings.push(binding);
+    }
+    (policies, bindings, revision)
+}
+
+/// `render_set` without the probe: the guards' policies and bindings alone.
+pub(crate) fn guard_set(
+    cfg: &AgentConfig,
+    settings: &Settings,
+    hcp_namespace: &str,
+    pick: impl Fn(&WebhookDefinition) -> bool,
+    suffix: &str,
+) -> (Vec<Value>, Vec<Value>) {
     let mut policies = Vec::new();
     let mut bindings = Vec::new();
     for w in cfg.active_webhooks() {
@@ -625,13 +676,17 @@ pub(crate) fn render_set(
         policies.push(guard_policy(w, &name, &form, &conditions, hcp_namespace));
         bindings.push(binding(&name, actions, hcp_namespace, None));
     }
-    let revision = revision_of(policies.iter().chain(&bindings));
-    if let Some(rev) = &revision {
-        let name = format!("{}{suffix}", probe_name());
-        policies.push(probe_policy(&name, hcp_namespace, rev));
-        bindings.push(binding(&name, &["Deny"], hcp_namespace, Some(rev)));
-    }
-    (policies, bindings, revision)
+    (policies, bindings)
+}
+
+/// The validating probe's policy and binding for `revision`, named after the probe with
+/// `suffix` added.
+pub(crate) fn probe(suffix: &str, hcp_namespace: &str, revision: &str) -> (Value, Value) {
+    let name = format!("{}{suffix}", probe_name());
+    (
+        probe_policy(&name, hcp_namespace, revision),
+        binding(&name, &["Deny"], hcp_namespace, Some(revision)),
+    )
 }
 
 /// Does the live policy or binding still say what was rendered? Its spec compared on the

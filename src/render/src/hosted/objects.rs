@@ -146,6 +146,9 @@ pub(crate) fn failure_policy(f: FailurePolicy) -> &'static str {
     }
 }
 
+/// The annotation naming the HCP namespace an object in a hosted cluster was rendered for.
+pub(crate) const HCP_NAMESPACE_ANNOTATION: &str = "hcp-fleet.openshift.io/hcp-namespace";
+
 /// Metadata of everything the agent owns in a hosted cluster.
 pub(crate) fn owned_metadata(name: &str, hcp_namespace: &str) -> Value {
     json!({
@@ -155,7 +158,7 @@ pub(crate) fn owned_metadata(name: &str, hcp_namespace: &str) -> Value {
             MANAGED_BY: MANAGED_BY_VALUE,
         },
         "annotations": {
-            "hcp-fleet.openshift.io/hcp-namespace": hcp_namespace,
+            HCP_NAMESPACE_ANNOTATION: hcp_namespace,
         },
     })
 }
