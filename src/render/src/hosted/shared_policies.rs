@@ -29,6 +29,9 @@ use hcp_fleet_guards::Settings;
 /// the count of it in the set's text says so and the HCPs are rendered one by one.
 const SLOT: &str = "\u{0}hcp-namespace\u{0}";
 
+/// `SLOT` as a JSON string, as serde_json writes it into the set's text.
+const SLOT_JSON: &str = "\"\\u0000hcp-namespace\\u0000\"";
+
 /// Renderings kept: one per configuration and what the hosted clusters serve (a fleet of a
 /// few Kubernetes versions, or one whose hosted registries differ, has a few at once).
 const KEPT: usize = 16;
@@ -74,11 +77,12 @@ impl Kept {
 }
 
 /// One set (validating, or mutating) rendered for `SLOT`: its objects, and its text as
-/// `revision_of` writes it, `SLOT` included (`None`: an empty set).
+/// `revision_of` writes it, cut at each `SLOT` (`None`: an empty set), so an HCP's text is the
+/// pieces joined by its namespace.
 struct Set<P, B> {
     policies: Vec<P>,
     bindings: Vec<B>,
-    text: Option<Vec<u8>>,
+    pieces: Option<Vec<String>>,
 }
 
 pub(crate) struct Shared {
@@ -183,24 +187,27 @@ impl<P: Annotated, B: Annotated> Set<P, B> {
     /// The set of `policies` and `bindings` rendered for `SLOT`, typed, with its `text`;
     /// `None` where one does not type or the text holds `SLOT` other than once per object.
     fn of(policies: Vec<Value>, bindings: Vec<Value>, text: Option<Vec<u8>>) -> Option<Self> {
-        let objects = policies.len() + bindings.len();
-        if let Some(text) = &text
-            && occurrences(text, &slot_json()) != objects
-        {
-            return None;
-        }
+        let pieces = match text {
+            Some(text) => {
+                let text = String::from_utf8(text).ok()?;
+                let pieces: Vec<String> = text.split(SLOT_JSON).map(str::to_string).collect();
+                // One cut per object: its namespace annotation, and nothing else.
+                Some((pieces.len() == policies.len() + bindings.len() + 1).then_some(pieces)?)
+            }
+            None => None,
+        };
         Some(Self {
             policies: typed(policies)?,
             bindings: typed(bindings)?,
-            text,
+            pieces,
         })
     }
 
     /// The set for `hcp_namespace` and its revision.
     fn for_namespace(&self, hcp_namespace: &str) -> (Vec<P>, Vec<B>, Option<String>) {
-        let revision = self.text.as_deref().map(|text| {
-            let name = serde_json::to_vec(hcp_namespace).unwrap_or_default();
-            policies::revision_of_text(&replaced(text, &slot_json(), &name))
+        let revision = self.pieces.as_ref().map(|pieces| {
+            let name = serde_json::to_string(hcp_namespace).unwrap_or_default();
+            policies::revision_of_text(pieces.join(&name).as_bytes())
         });
         (
             annotated(&self.policies, hcp_namespace),
@@ -230,41 +237,6 @@ fn annotated<T: Annotated>(objects: &[T], hcp_namespace: &str) -> Vec<T> {
             o
         })
         .collect()
-}
-
-/// `SLOT` as a JSON string, as the set's text holds it.
-fn slot_json() -> Vec<u8> {
-    serde_json::to_vec(SLOT).unwrap_or_default()
-}
-
-fn occurrences(text: &[u8], pattern: &[u8]) -> usize {
-    let mut count = 0;
-    let mut at = 0;
-    while let Some(found) = find(&text[at..], pattern) {
-        count += 1;
-        at += found + pattern.len();
-    }
-    count
-}
-
-fn find(text: &[u8], pattern: &[u8]) -> Option<usize> {
-    if pattern.is_empty() {
-        return None;
-    }
-    text.windows(pattern.len()).position(|w| w == pattern)
-}
-
-/// `text` with every `pattern` replaced by `with`.
-fn replaced(text: &[u8], pattern: &[u8], with: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(text.len() + with.len() * 32);
-    let mut at = 0;
-    while let Some(found) = find(&text[at..], pattern) {
-        out.extend_from_slice(&text[at..at + found]);
-        out.extend_from_slice(with);
-        at += found + pattern.len();
-    }
-    out.extend_from_slice(&text[at..]);
-    out
 }
 
 #[cfg(test)]
@@ -431,12 +403,7 @@ mod tests {
     }
 
     #[test]
-    fn replacing_finds_every_occurrence() {
-        assert_eq!(
-            replaced(b"a-xx-b-xx", b"xx", b"yyy"),
-            b"a-yyy-b-yyy".to_vec()
-        );
-        assert_eq!(occurrences(b"xxx", b"xx"), 1);
-        assert_eq!(replaced(b"abc", b"", b"z"), b"abc".to_vec());
+    fn the_stand_in_is_cut_where_serde_json_writes_it() {
+        assert_eq!(serde_json::to_string(SLOT).expect("json"), SLOT_JSON);
     }
 }
