@@ -93,8 +93,12 @@ async fn repair_time(fleet: &hcp_fleet_testbed::LocalFleet, cluster: &str) -> Du
 /// A tenant keeps 300 objects of ~900 KiB in hc-1, labelled as the agent labels its own:
 /// ValidatingAdmissionPolicies where the server has them (the guards run as policies there),
 /// webhook configurations where not. An agent started with them in place peaks less than
-/// 64 MiB above an agent started without them, and still repairs a deleted guard in hc-1 and
-/// in hc-2: the agent reads every object of its own by name, never a tenant's by label.
+/// 16 MiB above an agent started without them, and still repairs a deleted guard in hc-1 and
+/// in hc-2: the agent reads every object of its own by name, never a tenant's by label. Named
+/// to sort before every name of the agent's, so a listing by the label would bring the
+/// tenant's first: one page of 16 of them, the install's reads tried as one listing per kind,
+/// peaked 48 MiB higher; see
+/// docs/benchmarks.md, "One listing for the install's reads: tried, not kept (2026-12-03, night)".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_labelled_objects_cost_the_agent_nothing_it_keeps() {
     let (fleet, mgmt, _pods) = support::fleet_with_pods(2).await;
@@ -122,7 +126,7 @@ async fn a_tenants_labelled_objects_cost_the_agent_nothing_it_keeps() {
             if policies {
                 let vap: k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy =
                     serde_json::from_value(support::labelled_tenant_policy(
-                        &format!("tenant-{i:03}"),
+                        &format!("a-tenant-{i:03}"),
                         &names,
                     ))
                 .expect("policy");
@@ -133,7 +137,7 @@ async fn a_tenants_labelled_objects_cost_the_agent_nothing_it_keeps() {
             let vwc: ValidatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
                 "apiVersion": "admissionregistration.k8s.io/v1",
                 "kind": "ValidatingWebhookConfiguration",
-                "metadata": {"name": format!("tenant-{i:03}"), "labels": {OWNED_LABEL: "true"}},
+                "metadata": {"name": format!("a-tenant-{i:03}"), "labels": {OWNED_LABEL: "true"}},
                 "webhooks": [{
                     "name": "nothing.tenant.example.com",
                     "clientConfig": {"url": "https://127.0.0.1:1/", "caBundle": bundle},
@@ -165,7 +169,7 @@ async fn a_tenants_labelled_objects_cost_the_agent_nothing_it_keeps() {
         TENANT_OBJECT_BYTES / 1024
     );
     assert!(
-        with_them < usual + 64 * 1024,
+        with_them < usual + 16 * 1024,
         "peak {with_them} KiB with the tenant's objects, {usual} KiB without"
     );
     // Repaired at all, within what a loaded machine meets; how fast is the benches' to say.
