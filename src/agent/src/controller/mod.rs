@@ -30,7 +30,7 @@ mod report;
 mod rollout;
 mod scope;
 
-use io::{cache, guest_services, text_store, watches};
+use io::{cache, claims, guest_services, text_store, watches};
 use phases::{static_guards, trust};
 
 use std::sync::Arc;
@@ -117,23 +117,10 @@ async fn running(
         &mut caches.kubeconfig_secrets,
         &[],
     );
-    // The health records, read before each report (not a trigger: the agent writes them).
-    let _health = ctx.caps.health_crd.then(|| {
-        let (reader, fill) = Store::with_filler();
-        caches.health = Some(reader);
-        let records = Api::<hcp_fleet_model::crd::AdmissionHealth>::all(ctx.client.clone());
-        AbortOnDrop(tokio::spawn(
-            reflected(
-                records,
-                watcher::Config::default(),
-                fill,
-                &[],
-                |_| {},
-                delivered(&ctx, ()),
-            )
-            .for_each(|_| futures::future::ready(())),
-        ))
-    });
+    let _health = ctx
+        .caps
+        .health_crd
+        .then(|| health_records(&ctx, &mut caches));
     let (guest_services, filler) = guest_services::GuestServices::watch(ctx.client.clone());
     caches.guest_services = Some(guest_services);
     let _guest_services = AbortOnDrop(tokio::spawn(filler));
@@ -192,6 +179,31 @@ async fn running(
         () = running => {}
         () = heartbeat => {}
     }
+}
+
+/// The health records, read before each report (not a trigger: the agent writes them), and the
+/// clusters they claim (`claims`).
+fn health_records(ctx: &Arc<Context>, caches: &mut cache::Caches) -> AbortOnDrop {
+    let (reader, mut fill) = Store::with_filler();
+    caches.health = Some(reader);
+    let claims = Arc::new(claims::Claims::default());
+    caches.claims = Some(Arc::clone(&claims));
+    let records = Api::<hcp_fleet_model::crd::AdmissionHealth>::all(ctx.client.clone());
+    AbortOnDrop(tokio::spawn(
+        reflected(
+            records,
+            watcher::Config::default(),
+            // The claims first: a store that has listed means they have too.
+            move |ev| {
+                claims.take(ev);
+                fill(ev);
+            },
+            &[],
+            |_| {},
+            delivered(ctx, ()),
+        )
+        .for_each(|_| futures::future::ready(())),
+    ))
 }
 
 /// The admission services' ready replicas, kept by a watch in a task of its own (stopped with

@@ -192,7 +192,10 @@ impl<P: Annotated, B: Annotated> Set<P, B> {
                 let text = String::from_utf8(text).ok()?;
                 let pieces: Vec<String> = text.split(SLOT_JSON).map(str::to_string).collect();
                 // One cut per object: its namespace annotation, and nothing else.
-                Some((pieces.len() == policies.len() + bindings.len() + 1).then_some(pieces)?)
+                if pieces.len() != policies.len() + bindings.len() + 1 {
+                    return None;
+                }
+                Some(pieces)
             }
             None => None,
         };

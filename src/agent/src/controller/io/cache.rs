@@ -39,6 +39,8 @@ pub(crate) struct Caches {
     pub(crate) pdbs: Option<TextStore<DynamicObject>>,
     /// The health records (where their CRD is installed): read before each report.
     pub(crate) health: Option<Store<hcp_fleet_model::crd::AdmissionHealth>>,
+    /// The clusters those records claim, by UID (`claims.rs`), filled with `health`.
+    pub(crate) claims: Option<Arc<super::claims::Claims>>,
     /// Which Services could make HyperShift delete guest webhooks (`guest_services.rs`).
     pub(crate) guest_services: Option<super::guest_services::GuestServices>,
     /// The HostedAdmissionOverrides (where their CRD is installed).

@@ -2,7 +2,7 @@
 //! The client is kept in the HCP's state and rebuilt only when the secret's data changes.
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use kube::{Api, ResourceExt};
+use kube::Api;
 
 use super::certificates::secret_bytes;
 use crate::controller::context::{Context, lock};
@@ -164,7 +164,8 @@ async fn claim(s: &Scope<'_>, hosted: &HostedClient) -> Result<(), Failure> {
     // earlier run of it). A store not yet filled (a restart) is waited for: read empty, it
     // would let the first namespace in line take any cluster.
     let mut recorded: Vec<String> = Vec::new();
-    if let Some(store) = ctx.caches().health {
+    let caches = ctx.caches();
+    if let (Some(store), Some(claims)) = (caches.health, caches.claims) {
         // Not the hosted cluster's failure: refused without counting it as one.
         let unread = || {
             refuse(HostedAccessError::HostedIdentity {
@@ -177,16 +178,9 @@ async fn claim(s: &Scope<'_>, hosted: &HostedClient) -> Result<(), Failure> {
             .await
             .map_err(|_| unread())?
             .map_err(|_| unread())?;
-        // Filtered under the store's lock, nothing copied but a match: every HCP's first
-        // reconcile after a restart asks this of the whole fleet's records.
-        recorded = store
-            .state_filter(|h| {
-                h.spec.claimed_uid() == Some(uid.as_str())
-                    && h.metadata.namespace.as_deref() != Some(ns)
-            })
-            .iter()
-            .filter_map(|h| h.namespace())
-            .collect();
+        // From the records' index, not record by record: every HCP's first reconcile after
+        // a restart asks this.
+        recorded = claims.others(&uid, ns);
     }
     for other in recorded {
         if hcp_exists(ctx, &other).await {
