@@ -208,7 +208,7 @@ impl ReadyEndpoints {
     /// Takes one event of the watch.
     pub(crate) fn apply(&self, event: watcher::Event<EndpointSlice>) {
         let mut s = self.state.write().unwrap_or_else(PoisonError::into_inner);
-        s.apply(event, |e| {
+        s.apply(&event, |e| {
             let key = (
                 e.metadata.namespace.clone().unwrap_or_default(),
                 e.metadata.name.clone().unwrap_or_default(),

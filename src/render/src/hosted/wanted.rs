@@ -65,9 +65,11 @@ fn value(part: &Part) -> Value {
 }
 
 impl Body {
-    fn of(whole: &str, body: Value) -> Self {
+    /// A configuration's `webhooks`, held entry by entry (each entry's fields apart, so through
+    /// a `Value`: two configurations per HCP).
+    fn webhooks(body: Value) -> Self {
         match body {
-            Value::Array(hooks) if whole == "webhooks" => {
+            Value::Array(hooks) => {
                 Body::Webhooks(hooks.into_iter().map(WebhookParts::of).collect())
             }
             body => Body::Whole(intern(body)),
@@ -124,28 +126,28 @@ pub struct Wanted {
 impl Wanted {
     pub fn of(d: &HostedWebhooks) -> Self {
         let mut objects = Vec::new();
-        let mut add = |kind: &'static str, whole: &'static str, o: &dyn ErasedObject| {
-            if let Some(w) = o.wanted(kind, whole) {
+        let mut add = |kind: &'static str, o: &dyn ErasedObject| {
+            if let Some(w) = o.wanted(kind) {
                 objects.push(w);
             }
         };
         if let Some(v) = &d.validating {
-            add("ValidatingWebhookConfiguration", "webhooks", v);
+            add("ValidatingWebhookConfiguration", v);
         }
         if let Some(m) = &d.mutating {
-            add("MutatingWebhookConfiguration", "webhooks", m);
+            add("MutatingWebhookConfiguration", m);
         }
         for p in &d.policies.policies {
-            add("ValidatingAdmissionPolicy", "spec", p);
+            add("ValidatingAdmissionPolicy", p);
         }
         for b in &d.policies.bindings {
-            add("ValidatingAdmissionPolicyBinding", "spec", b);
+            add("ValidatingAdmissionPolicyBinding", b);
         }
         for p in &d.policies.mutating {
-            add("MutatingAdmissionPolicy", "spec", p);
+            add("MutatingAdmissionPolicy", p);
         }
         for b in &d.policies.mutating_bindings {
-            add("MutatingAdmissionPolicyBinding", "spec", b);
+            add("MutatingAdmissionPolicyBinding", b);
         }
         Wanted {
             objects,
@@ -200,11 +202,12 @@ impl Wanted {
 /// HCPs (`make bench`, the scale benchmark, perf), for thirty-odd objects per HCP.
 trait ErasedObject {
     fn meta(&self) -> &ObjectMeta;
-    /// The part rendered whole (`None`: the object has none).
-    fn body(&self, whole: &str) -> Result<Body, serde_json::Error>;
+    /// The part the object renders whole: its field (`webhooks`, `spec`) and what it holds.
+    fn whole(&self) -> Result<(&'static str, Body), serde_json::Error>;
 
-    fn wanted(&self, kind: &'static str, whole: &'static str) -> Option<WantedObject> {
+    fn wanted(&self, kind: &'static str) -> Option<WantedObject> {
         let meta = self.meta();
+        let (whole, body) = self.whole().ok()?;
         let name = meta.name.clone()?;
         let metadata = serde_json::to_string(&KeptMetadata {
             annotations: meta.annotations.as_ref(),
@@ -216,7 +219,7 @@ trait ErasedObject {
             name: intern_text(name),
             metadata: intern_text(metadata),
             whole,
-            body: self.body(whole).ok()?,
+            body,
         })
     }
 }
@@ -231,24 +234,23 @@ struct KeptMetadata<'a> {
     labels: Option<&'a std::collections::BTreeMap<String, String>>,
 }
 
-/// A part written straight from its typed value: the same JSON a `Value` of it would write,
+/// A `spec` written straight from its typed value: the same JSON a `Value` of it would write,
 /// without the tree (`null` where it is unset, as a missing field reads).
-fn text_of<T: Serialize>(part: Option<&T>) -> Result<Body, serde_json::Error> {
-    Ok(Body::Whole(intern_text(serde_json::to_string(&part)?)))
+fn spec<T: Serialize>(part: Option<&T>) -> Result<(&'static str, Body), serde_json::Error> {
+    let text = serde_json::to_string(&part)?;
+    Ok(("spec", Body::Whole(intern_text(text))))
 }
 
-/// A configuration's webhooks are held entry by entry (`Body::Webhooks`), which needs each
-/// entry's fields apart: two configurations per HCP, so through a `Value`.
-fn webhooks_of<T: Serialize>(hooks: Option<&T>, whole: &str) -> Result<Body, serde_json::Error> {
-    Ok(Body::of(whole, serde_json::to_value(hooks)?))
+fn webhooks<T: Serialize>(hooks: Option<&T>) -> Result<(&'static str, Body), serde_json::Error> {
+    Ok(("webhooks", Body::webhooks(serde_json::to_value(hooks)?)))
 }
 
 impl ErasedObject for ValidatingWebhookConfiguration {
     fn meta(&self) -> &ObjectMeta {
         &self.metadata
     }
-    fn body(&self, whole: &str) -> Result<Body, serde_json::Error> {
-        webhooks_of(self.webhooks.as_ref(), whole)
+    fn whole(&self) -> Result<(&'static str, Body), serde_json::Error> {
+        webhooks(self.webhooks.as_ref())
     }
 }
 
@@ -256,8 +258,8 @@ impl ErasedObject for MutatingWebhookConfiguration {
     fn meta(&self) -> &ObjectMeta {
         &self.metadata
     }
-    fn body(&self, whole: &str) -> Result<Body, serde_json::Error> {
-        webhooks_of(self.webhooks.as_ref(), whole)
+    fn whole(&self) -> Result<(&'static str, Body), serde_json::Error> {
+        webhooks(self.webhooks.as_ref())
     }
 }
 
@@ -265,8 +267,8 @@ impl ErasedObject for ValidatingAdmissionPolicy {
     fn meta(&self) -> &ObjectMeta {
         &self.metadata
     }
-    fn body(&self, _: &str) -> Result<Body, serde_json::Error> {
-        text_of(self.spec.as_ref())
+    fn whole(&self) -> Result<(&'static str, Body), serde_json::Error> {
+        spec(self.spec.as_ref())
     }
 }
 
@@ -274,8 +276,8 @@ impl ErasedObject for ValidatingAdmissionPolicyBinding {
     fn meta(&self) -> &ObjectMeta {
         &self.metadata
     }
-    fn body(&self, _: &str) -> Result<Body, serde_json::Error> {
-        text_of(self.spec.as_ref())
+    fn whole(&self) -> Result<(&'static str, Body), serde_json::Error> {
+        spec(self.spec.as_ref())
     }
 }
 
@@ -284,8 +286,8 @@ impl ErasedObject for DynamicObject {
     fn meta(&self) -> &ObjectMeta {
         &self.metadata
     }
-    fn body(&self, whole: &str) -> Result<Body, serde_json::Error> {
-        text_of(self.data.get(whole))
+    fn whole(&self) -> Result<(&'static str, Body), serde_json::Error> {
+        spec(self.data.get("spec"))
     }
 }
 
@@ -493,9 +495,7 @@ mod tests {
             },
             ..ValidatingAdmissionPolicy::default()
         };
-        let kept = bare
-            .wanted("ValidatingAdmissionPolicy", "spec")
-            .expect("kept");
+        let kept = bare.wanted("ValidatingAdmissionPolicy").expect("kept");
         assert_eq!(kept.body.to_value(), Value::Null);
         assert_eq!(&*kept.metadata, "{}");
     }

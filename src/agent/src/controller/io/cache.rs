@@ -119,7 +119,7 @@ impl<K: Ord + Clone, V> Relisted<K, V> {
     /// Takes one event of the watch, keeping `of` of each object.
     pub(crate) fn apply<O>(
         &mut self,
-        event: kube::runtime::watcher::Event<O>,
+        event: &kube::runtime::watcher::Event<O>,
         of: impl Fn(&O) -> (K, V),
     ) -> Took<K, V> {
         use kube::runtime::watcher::Event;
@@ -129,7 +129,7 @@ impl<K: Ord + Clone, V> Relisted<K, V> {
                 Took::Nothing
             }
             Event::InitApply(o) => {
-                let (k, v) = of(&o);
+                let (k, v) = of(o);
                 self.next.get_or_insert_with(Default::default).insert(k, v);
                 Took::Nothing
             }
@@ -140,12 +140,12 @@ impl<K: Ord + Clone, V> Relisted<K, V> {
                 Took::Listed((!first).then_some(before))
             }
             Event::Apply(o) => {
-                let (k, v) = of(&o);
+                let (k, v) = of(o);
                 let was = self.held.insert(k.clone(), v);
                 Took::Put(k, was)
             }
             Event::Delete(o) => {
-                let (k, _) = of(&o);
+                let (k, _) = of(o);
                 let was = self.held.remove(&k);
                 Took::Removed(k, was)
             }

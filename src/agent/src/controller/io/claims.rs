@@ -6,15 +6,18 @@
 //! benchmark, perf), and growing with the square of the fleet.
 //!
 //! Kept from the same watch events as the records' store, taken before the store takes them:
-//! once the store says it has listed, so has this, and it is never behind the store. A
-//! (re)listing is swapped in whole when it completes, as the store does, so a record deleted
-//! while the watch was down is not kept.
+//! once the store says it has listed, so has this, and it is never behind the store. The
+//! records are kept as `cache::Relisted` keeps a watch's objects: a (re)listing swapped in whole
+//! when it completes, as the store does, so a record deleted while the watch was down is not
+//! kept.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Mutex, PoisonError};
 
 use hcp_fleet_model::crd::AdmissionHealth;
 use kube::runtime::watcher::Event;
+
+use super::cache::{Relisted, Took};
 
 /// A record: its namespace and name.
 type Key = (String, String);
@@ -24,53 +27,41 @@ pub(crate) struct Claims(Mutex<Index>);
 
 #[derive(Debug, Default)]
 struct Index {
-    /// Each record that claims a cluster, and the cluster's UID.
-    held: HashMap<Key, String>,
-    /// `held` the other way round.
+    /// Each record and the cluster it claims (`None`: none), relisted as the store is.
+    records: Relisted<Key, Option<String>>,
+    /// `records` the other way round: the records that claim each cluster.
     by_uid: HashMap<String, BTreeSet<Key>>,
-    /// A listing under way.
-    next: Option<HashMap<Key, String>>,
-}
-
-fn key_of(h: &AdmissionHealth) -> Key {
-    (
-        h.metadata.namespace.clone().unwrap_or_default(),
-        h.metadata.name.clone().unwrap_or_default(),
-    )
 }
 
 impl Claims {
     /// Takes one event of the records' watch.
     pub(crate) fn take(&self, event: &Event<AdmissionHealth>) {
         let mut index = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        match event {
-            Event::Init => index.next = Some(HashMap::new()),
-            Event::InitApply(h) => {
-                if let Some(uid) = h.spec.claimed_uid() {
-                    index
-                        .next
-                        .get_or_insert_with(HashMap::new)
-                        .insert(key_of(h), uid.to_string());
+        let Index { records, by_uid } = &mut *index;
+        let took = records.apply(event, |h| {
+            let key = (
+                h.metadata.namespace.clone().unwrap_or_default(),
+                h.metadata.name.clone().unwrap_or_default(),
+            );
+            (key, h.spec.claimed_uid().map(str::to_string))
+        });
+        match took {
+            Took::Nothing => {}
+            Took::Listed(_) => {
+                by_uid.clear();
+                for (k, uid) in records.held().into_iter().flatten() {
+                    if let Some(uid) = uid {
+                        by_uid.entry(uid.clone()).or_default().insert(k.clone());
+                    }
                 }
             }
-            Event::InitDone => {
-                let held = index.next.take().unwrap_or_default();
-                let mut by_uid: HashMap<String, BTreeSet<Key>> = HashMap::new();
-                for (k, uid) in &held {
-                    by_uid.entry(uid.clone()).or_default().insert(k.clone());
-                }
-                index.held = held;
-                index.by_uid = by_uid;
-            }
-            Event::Apply(h) => {
-                let k = key_of(h);
-                index.remove(&k);
-                if let Some(uid) = h.spec.claimed_uid() {
-                    index.held.insert(k.clone(), uid.to_string());
-                    index.by_uid.entry(uid.to_string()).or_default().insert(k);
+            Took::Put(k, was) => {
+                unclaim(by_uid, &k, was);
+                if let Some(Some(uid)) = records.held().and_then(|h| h.get(&k)) {
+                    by_uid.entry(uid.clone()).or_default().insert(k);
                 }
             }
-            Event::Delete(h) => index.remove(&key_of(h)),
+            Took::Removed(k, was) => unclaim(by_uid, &k, was),
         }
     }
 
@@ -89,16 +80,15 @@ impl Claims {
     }
 }
 
-impl Index {
-    fn remove(&mut self, k: &Key) {
-        let Some(uid) = self.held.remove(k) else {
-            return;
-        };
-        if let Some(keys) = self.by_uid.get_mut(&uid) {
-            keys.remove(k);
-            if keys.is_empty() {
-                self.by_uid.remove(&uid);
-            }
+/// `key` no longer claims what it claimed (`was`).
+fn unclaim(by_uid: &mut HashMap<String, BTreeSet<Key>>, key: &Key, was: Option<Option<String>>) {
+    let Some(Some(uid)) = was else {
+        return;
+    };
+    if let Some(keys) = by_uid.get_mut(&uid) {
+        keys.remove(key);
+        if keys.is_empty() {
+            by_uid.remove(&uid);
         }
     }
 }

@@ -261,7 +261,7 @@ impl Offered {
             .state
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let took = s.apply(event, |d| {
+        let took = s.apply(&event, |d| {
             (d.namespace().unwrap_or_default(), static_guards::offered(d))
         });
         let now = |ns: &str| s.held().and_then(|h| h.get(ns)).copied().unwrap_or(false);
