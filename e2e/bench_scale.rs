@@ -153,24 +153,108 @@ fn sampled_calls(sim: &SimFleet) -> BTreeMap<String, u64> {
         .unwrap_or_default()
 }
 
+/// CPU ticks (USER_HZ, 100 a second) of the processes a restart runs on. On a machine of two
+/// cores the restart is the CPU of all of them, so its wall time moves with what the simulated
+/// clusters and the servers spend as much as with the agent's own work; these say whose work
+/// it was.
+#[derive(Clone, Copy, Default)]
+struct RestartCpu {
+    agent: u64,
+    /// This process: the simulated clusters' server, and the benchmark's own looks.
+    simulated: u64,
+    /// The management kube-apiserver.
+    management: u64,
+    /// The real hosted kube-apiservers and etcd.
+    real: u64,
+    /// The whole machine's busy ticks (every CPU), and its CPUs.
+    machine: u64,
+    cpus: usize,
+}
+
+impl RestartCpu {
+    fn now(fleet: &LocalFleet, agent: &Agent) -> Self {
+        let management = fleet.management.pid();
+        let real = fleet
+            .pids()
+            .into_iter()
+            .filter(|p| Some(*p) != management)
+            .map(cpu_ticks)
+            .sum();
+        Self {
+            agent: cpu_ticks(agent.pid),
+            simulated: cpu_ticks(std::process::id()),
+            management: management.map(cpu_ticks).unwrap_or_default(),
+            real,
+            machine: machine_busy_ticks(),
+            cpus: std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
+        }
+    }
+
+    /// From `self` (the agent's taken as zero: a new process) to `later`.
+    fn until(&self, later: &Self) -> Self {
+        Self {
+            agent: later.agent,
+            simulated: later.simulated.saturating_sub(self.simulated),
+            management: later.management.saturating_sub(self.management),
+            real: later.real.saturating_sub(self.real),
+            machine: later.machine.saturating_sub(self.machine),
+            cpus: later.cpus,
+        }
+    }
+}
+
+/// The machine's busy ticks over all its CPUs (`/proc/stat`'s first line: all but idle and
+/// iowait).
+fn machine_busy_ticks() -> u64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/stat") else {
+        return 0;
+    };
+    let Some(line) = stat.lines().next() else {
+        return 0;
+    };
+    line.split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse::<u64>().ok())
+        .enumerate()
+        .filter(|(i, _)| *i != 3 && *i != 4)
+        .map(|(_, v)| v)
+        .sum()
+}
+
 /// A restarted agent over a converged fleet: how long until its own reconciles have found
 /// every HCP Compliant (its compliance gauge, 0 for each; the records already said so), and
 /// the management writes it made until then and for 5 s after (the Lease's apart), by verb
-/// and resource.
+/// and resource; and whose CPU it was, from `cpu0` (read as the agent started).
 async fn restarted(
+    fleet: &LocalFleet,
     agent: &Agent,
+    cpu0: RestartCpu,
     n: usize,
     within: Duration,
-) -> Result<(Duration, f64, BTreeMap<String, f64>), String> {
+) -> Result<(Duration, f64, BTreeMap<String, f64>, RestartCpu), String> {
     let deadline = Instant::now() + within;
+    // How many were Compliant at each look: where the time goes (the agent's start, its first
+    // listings, the reconciles' steady rate) is the shape of this line.
+    let mut seen = Vec::new();
     let took = loop {
         let text = agent.metrics().await?;
         let ok = samples(&text, COMPLIANCE)
             .values()
             .filter(|v| **v == 0.0)
             .count();
+        seen.push(format!(
+            "{:.1}s {ok}",
+            agent.started.elapsed().as_secs_f64()
+        ));
         if ok >= n {
-            break agent.started.elapsed();
+            eprintln!(
+                "bench: {n}: Compliant after the restart, by look: {}",
+                seen.join(", ")
+            );
+            break (
+                agent.started.elapsed(),
+                cpu0.until(&RestartCpu::now(fleet, agent)),
+            );
         }
         if Instant::now() > deadline {
             return Err(format!(
@@ -187,7 +271,8 @@ async fn restarted(
         .into_iter()
         .filter(|(k, _)| is_fleet_write(k))
         .collect();
-    Ok((took, by.values().sum(), by))
+    let (took, cpu) = took;
+    Ok((took, by.values().sum(), by, cpu))
 }
 
 /// The agent as a separate release process.
@@ -377,6 +462,8 @@ struct SizeFigures {
     restart: Duration,
     restart_writes: f64,
     restart_by: BTreeMap<String, f64>,
+    /// Whose CPU the restart was, from the new agent's start until the fleet was Compliant.
+    restart_cpu: RestartCpu,
 }
 
 /// What only the largest size measured.
@@ -687,11 +774,14 @@ async fn run() -> Result<(), String> {
         eprintln!("bench: {n}: restarting the agent over the converged fleet…");
         let calls_before = sampled_calls(&sim);
         agent.stop();
+        // Taken as the new agent starts (the stopped one's ticks no longer count).
+        let cpu0 = RestartCpu::now(&fleet, &agent);
         agent = Agent::start(&config_path, &kubeconfig).await?;
-        let restart = restarted(&agent, n, deadline).await?;
+        let restart = restarted(&fleet, &agent, cpu0, n, deadline).await?;
         f.restart = restart.0;
         f.restart_writes = restart.1;
         f.restart_by = restart.2;
+        f.restart_cpu = restart.3;
         let after_restart = agent.metrics().await?;
         let mut calls: Vec<(String, u64)> = sampled_calls(&sim)
             .into_iter()
