@@ -272,7 +272,8 @@ async fn restarted(
         .filter(|(k, _)| is_fleet_write(k))
         .collect();
     let (took, cpu) = took;
-    Ok((took, by.values().sum(), by, cpu))
+    // A fold from 0.0: `sum` of no f64 is -0.0, which prints as "-0".
+    Ok((took, by.values().fold(0.0, |a, b| a + b), by, cpu))
 }
 
 /// The agent as a separate release process.

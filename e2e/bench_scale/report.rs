@@ -211,7 +211,8 @@ pub(crate) fn print_report(
     println!(
         "  {:<52}{}   Lease only",
         "idle management requests per minute",
-        col(&|f| format!("{:.0}", f.mgmt_idle.values().sum::<f64>()))
+        // A fold from 0.0: `sum` of no f64 is -0.0, which prints as "-0".
+        col(&|f| format!("{:.0}", f.mgmt_idle.values().fold(0.0, |a, b| a + b)))
     );
     for f in figs {
         let detail: Vec<String> = f
