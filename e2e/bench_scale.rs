@@ -166,9 +166,8 @@ struct RestartCpu {
     management: u64,
     /// The real hosted kube-apiservers and etcd.
     real: u64,
-    /// The whole machine's busy ticks (every CPU), and its CPUs.
+    /// The whole machine's busy ticks (every CPU).
     machine: u64,
-    cpus: usize,
 }
 
 impl RestartCpu {
@@ -186,7 +185,6 @@ impl RestartCpu {
             management: management.map(cpu_ticks).unwrap_or_default(),
             real,
             machine: machine_busy_ticks(),
-            cpus: std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
         }
     }
 
@@ -198,7 +196,6 @@ impl RestartCpu {
             management: later.management.saturating_sub(self.management),
             real: later.real.saturating_sub(self.real),
             machine: later.machine.saturating_sub(self.machine),
-            cpus: later.cpus,
         }
     }
 }

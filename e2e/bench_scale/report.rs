@@ -139,7 +139,8 @@ pub(crate) fn print_report(
             cpu_s(f.restart_cpu.real)
         }),
         ("    the machine busy (of its CPUs x the restart)", |f| {
-            let whole = f.restart_cpu.cpus as f64 * f.restart.as_secs_f64();
+            let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+            let whole = cpus as f64 * f.restart.as_secs_f64();
             format!("{} of {whole:.1}", cpu_s(f.restart_cpu.machine))
         }),
     ];
