@@ -16,7 +16,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
     ValidatingWebhookConfiguration,
 };
-use kube::core::{DynamicObject, ObjectMeta};
+use kube::core::DynamicObject;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -201,10 +201,16 @@ impl Wanted {
 /// `Value` tree, then its part as text, was a twentieth of a restarted agent's CPU at 3,000
 /// HCPs (`make bench`, the scale benchmark, perf), for thirty-odd objects per HCP.
 trait ErasedObject {
-    fn meta(&self) -> &ObjectMeta;
-    /// The part the object renders whole: its field (`webhooks`, `spec`) and what it holds.
-    fn whole(&self) -> Result<(&'static str, Body), serde_json::Error>;
+    fn wanted(&self, kind: &'static str) -> Option<WantedObject>;
+}
 
+/// The part an object renders whole: its field (`webhooks`, `spec`) and what it holds. The
+/// only thing a kind says for itself; its metadata is `kube::Resource`'s.
+trait Whole {
+    fn whole(&self) -> Result<(&'static str, Body), serde_json::Error>;
+}
+
+impl<K: kube::Resource + Whole> ErasedObject for K {
     fn wanted(&self, kind: &'static str) -> Option<WantedObject> {
         let meta = self.meta();
         let (whole, body) = self.whole().ok()?;
@@ -245,47 +251,32 @@ fn webhooks<T: Serialize>(hooks: Option<&T>) -> Result<(&'static str, Body), ser
     Ok(("webhooks", Body::webhooks(serde_json::to_value(hooks)?)))
 }
 
-impl ErasedObject for ValidatingWebhookConfiguration {
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
+impl Whole for ValidatingWebhookConfiguration {
     fn whole(&self) -> Result<(&'static str, Body), serde_json::Error> {
         webhooks(self.webhooks.as_ref())
     }
 }
 
-impl ErasedObject for MutatingWebhookConfiguration {
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
+impl Whole for MutatingWebhookConfiguration {
     fn whole(&self) -> Result<(&'static str, Body), serde_json::Error> {
         webhooks(self.webhooks.as_ref())
     }
 }
 
-impl ErasedObject for ValidatingAdmissionPolicy {
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
+impl Whole for ValidatingAdmissionPolicy {
     fn whole(&self) -> Result<(&'static str, Body), serde_json::Error> {
         spec(self.spec.as_ref())
     }
 }
 
-impl ErasedObject for ValidatingAdmissionPolicyBinding {
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
+impl Whole for ValidatingAdmissionPolicyBinding {
     fn whole(&self) -> Result<(&'static str, Body), serde_json::Error> {
         spec(self.spec.as_ref())
     }
 }
 
 /// The mutating policies and bindings (dynamic: see `AdmissionPolicies::mutating`).
-impl ErasedObject for DynamicObject {
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
+impl Whole for DynamicObject {
     fn whole(&self) -> Result<(&'static str, Body), serde_json::Error> {
         spec(self.data.get("spec"))
     }
@@ -335,6 +326,7 @@ mod tests {
     use crate::config::AgentConfig;
     use crate::hosted::objects::HostedFeatures;
     use crate::hosted::webhooks::render;
+    use kube::core::ObjectMeta;
 
     const CA: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
 
