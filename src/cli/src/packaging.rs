@@ -591,7 +591,7 @@ fn pod_values() -> Properties {
         })),
         "logFormat": described("The agent's log lines: json (one object per line) or text.", json!({"enum": ["json", "text"]})),
         "logLevel": described("tracing's env-filter syntax (RUST_LOG), e.g. info or info,hcp_fleet_agent=debug.", json!({"type": "string", "minLength": 1})),
-        "resources": described("The agent container's resources (about 60 MiB plus 330 KiB per HCP: docs/architecture.md).", json!({"type": "object"})),
+        "resources": described("The agent container's resources (about 60 MiB plus 145 KiB per HCP: docs/operations.md#sizing-the-agent).", json!({"type": "object"})),
         "nodeSelector": labels("The pods' nodeSelector."),
         "tolerations": described("The pods' tolerations.", json!({"type": "array", "items": {"type": "object"}})),
         "affinity": described("The pods' affinity; empty: the replicas prefer different nodes.", json!({"type": "object"})),
