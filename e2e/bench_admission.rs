@@ -235,11 +235,13 @@ async fn at_rest(server: &Server, ca: &str, secs: u64) -> Result<(f64, f64), Str
         conns.push(opened(server.port, tls.clone(), body.clone()).await?);
     }
     let pid = server.child.id();
-    let pct = |t0: u64, t1: u64, d: Duration| (t1 - t0) as f64 / 100.0 / d.as_secs_f64() * 100.0;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (t0, started) = (support::cpu_ticks(pid), Instant::now());
     tokio::time::sleep(Duration::from_secs(secs)).await;
-    let rest = pct(t0, support::cpu_ticks(pid), started.elapsed());
+    let rest = support::core_percent(
+        support::cpu_ticks(pid).saturating_sub(t0),
+        started.elapsed(),
+    );
     let (t0, started) = (support::cpu_ticks(pid), Instant::now());
     drop(conns);
     let mut every = tokio::time::interval(Duration::from_millis(20));
@@ -249,7 +251,10 @@ async fn at_rest(server: &Server, ca: &str, secs: u64) -> Result<(f64, f64), Str
         every.tick().await;
         post(&mut one, body.clone()).await?;
     }
-    let trickle = pct(t0, support::cpu_ticks(pid), started.elapsed());
+    let trickle = support::core_percent(
+        support::cpu_ticks(pid).saturating_sub(t0),
+        started.elapsed(),
+    );
     Ok((rest, trickle))
 }
 
@@ -314,7 +319,7 @@ fn pct(sorted: &[Duration], p: f64) -> f64 {
 
 struct Row {
     rps: f64,
-    /// The server's CPU per review over the measured window, µs (ticks of 10 ms).
+    /// The server's CPU per review over the measured window, µs (read in ticks of 10 ms).
     cpu_per_review: f64,
     /// The load generator's (this process's) CPU per review over the same window, µs.
     gen_per_review: f64,
@@ -365,8 +370,8 @@ async fn run_one(
     all.sort();
     Ok(Row {
         rps: all.len() as f64 / elapsed,
-        cpu_per_review: cpu as f64 * 10_000.0 / all.len().max(1) as f64,
-        gen_per_review: gen_cpu as f64 * 10_000.0 / all.len().max(1) as f64,
+        cpu_per_review: support::cpu_seconds(cpu) * 1e6 / all.len().max(1) as f64,
+        gen_per_review: support::cpu_seconds(gen_cpu) * 1e6 / all.len().max(1) as f64,
         p50: pct(&all, 50.0),
         p99: pct(&all, 99.0),
         p999: pct(&all, 99.9),

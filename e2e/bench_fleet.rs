@@ -188,8 +188,7 @@ async fn run() -> Result<(), String> {
         }
     };
     let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
-    let hz = 100.0; // USER_HZ on Linux
-    let cpu_pct = (ticks1.saturating_sub(ticks0)) as f64 / hz / idle.as_secs_f64() * 100.0;
+    let cpu_pct = support::core_percent(ticks1.saturating_sub(ticks0), idle);
 
     println!(
         "fleet benchmark: {n} hosted kube-apiservers ({}), agent as a separate release process",

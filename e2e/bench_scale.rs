@@ -153,10 +153,10 @@ fn sampled_calls(sim: &SimFleet) -> BTreeMap<String, u64> {
         .unwrap_or_default()
 }
 
-/// CPU ticks (USER_HZ, 100 a second) of the processes a restart runs on. On a machine of two
-/// cores the restart is the CPU of all of them, so its wall time moves with what the simulated
-/// clusters and the servers spend as much as with the agent's own work; these say whose work
-/// it was.
+/// CPU ticks (`support::TICKS_PER_SECOND`) of the processes a restart runs on. On a machine of
+/// two cores the restart is the CPU of all of them, so its wall time moves with what the
+/// simulated clusters and the servers spend as much as with the agent's own work; these say
+/// whose work it was.
 #[derive(Clone, Copy, Default)]
 struct RestartCpu {
     agent: u64,
@@ -730,12 +730,11 @@ async fn run() -> Result<(), String> {
         tokio::time::sleep(idle).await;
         let ticks1 = cpu_ticks(agent.pid);
         let pod_ticks1: u64 = pod_pids.iter().map(|p| cpu_ticks(*p)).sum();
-        f.real_pods_cpu_pct =
-            pod_ticks1.saturating_sub(pod_ticks0) as f64 / 100.0 / idle.as_secs_f64() * 100.0;
+        f.real_pods_cpu_pct = support::core_percent(pod_ticks1.saturating_sub(pod_ticks0), idle);
         let m1 = agent.metrics().await?;
         let sim1: Vec<u64> = sim.clusters().map(|c| c.requests.total()).collect();
         f.peak_rss_kib = proc_status_kib(agent.pid, "VmHWM:");
-        f.cpu_idle_pct = ticks1.saturating_sub(ticks0) as f64 / 100.0 / idle.as_secs_f64() * 100.0;
+        f.cpu_idle_pct = support::core_percent(ticks1.saturating_sub(ticks0), idle);
         let per_min = 60.0 / idle.as_secs_f64();
         f.mgmt_idle = management_delta(&m0, &m1)
             .into_iter()

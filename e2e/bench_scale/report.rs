@@ -121,12 +121,12 @@ pub(crate) fn print_report(
     );
     // Whose CPU the restart was: on two cores its wall time is all of theirs together.
     fn cpu_s(ticks: u64) -> String {
-        format!("{:.1}", ticks as f64 / 100.0)
+        format!("{:.1}", support::cpu_seconds(ticks))
     }
     type Row = (&'static str, fn(&SizeFigures) -> String);
     let cpu: [Row; 5] = [
         ("  its CPU-s: the agent (ms per HCP)", |f| {
-            let per_hcp = f.restart_cpu.agent as f64 * 10.0 / f.n.max(1) as f64;
+            let per_hcp = support::cpu_seconds(f.restart_cpu.agent) * 1e3 / f.n.max(1) as f64;
             format!("{} ({per_hcp:.1})", cpu_s(f.restart_cpu.agent))
         }),
         ("    the SIMULATED clusters (this process)", |f| {

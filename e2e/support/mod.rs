@@ -667,7 +667,21 @@ pub fn proc_status_kib(pid: u32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// utime + stime in clock ticks (USER_HZ, 100 on Linux).
+/// Clock ticks a second, the unit of `cpu_ticks`: USER_HZ, which `/proc` counts in whatever
+/// the kernel's own tick rate, 100 on x86_64 and arm64 Linux (`getconf CLK_TCK`).
+pub const TICKS_PER_SECOND: f64 = 100.0;
+
+/// `ticks` of `cpu_ticks` as seconds of CPU.
+pub fn cpu_seconds(ticks: u64) -> f64 {
+    ticks as f64 / TICKS_PER_SECOND
+}
+
+/// `ticks` of `cpu_ticks` spent over `wall`, as a percentage of one core.
+pub fn core_percent(ticks: u64, wall: std::time::Duration) -> f64 {
+    cpu_seconds(ticks) / wall.as_secs_f64() * 100.0
+}
+
+/// utime + stime in clock ticks (`TICKS_PER_SECOND`).
 pub fn cpu_ticks(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
