@@ -235,13 +235,16 @@ async fn at_rest(server: &Server, ca: &str, secs: u64) -> Result<(f64, f64), Str
         conns.push(opened(server.port, tls.clone(), body.clone()).await?);
     }
     let pid = server.child.id();
+    let busy_since = |t0: u64, started: Instant| {
+        support::core_percent(
+            support::cpu_ticks(pid).saturating_sub(t0),
+            started.elapsed(),
+        )
+    };
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (t0, started) = (support::cpu_ticks(pid), Instant::now());
     tokio::time::sleep(Duration::from_secs(secs)).await;
-    let rest = support::core_percent(
-        support::cpu_ticks(pid).saturating_sub(t0),
-        started.elapsed(),
-    );
+    let rest = busy_since(t0, started);
     let (t0, started) = (support::cpu_ticks(pid), Instant::now());
     drop(conns);
     let mut every = tokio::time::interval(Duration::from_millis(20));
@@ -251,10 +254,7 @@ async fn at_rest(server: &Server, ca: &str, secs: u64) -> Result<(f64, f64), Str
         every.tick().await;
         post(&mut one, body.clone()).await?;
     }
-    let trickle = support::core_percent(
-        support::cpu_ticks(pid).saturating_sub(t0),
-        started.elapsed(),
-    );
+    let trickle = busy_since(t0, started);
     Ok((rest, trickle))
 }
 
