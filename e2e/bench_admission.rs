@@ -309,14 +309,6 @@ async fn metrics(port: u16, ca: &str) -> String {
         .unwrap_or_default()
 }
 
-fn pct(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[i.min(sorted.len() - 1)].as_secs_f64() * 1000.0
-}
-
 struct Row {
     rps: f64,
     /// The server's CPU per review over the measured window, µs (read in ticks of 10 ms).
@@ -372,9 +364,9 @@ async fn run_one(
         rps: all.len() as f64 / elapsed,
         cpu_per_review: support::cpu_seconds(cpu) * 1e6 / all.len().max(1) as f64,
         gen_per_review: support::cpu_seconds(gen_cpu) * 1e6 / all.len().max(1) as f64,
-        p50: pct(&all, 50.0),
-        p99: pct(&all, 99.0),
-        p999: pct(&all, 99.9),
+        p50: support::percentile_ms(&all, 50.0),
+        p99: support::percentile_ms(&all, 99.0),
+        p999: support::percentile_ms(&all, 99.9),
         srv: server_quantiles(&m0, &m1, webhook, &[0.5, 0.99, 0.999]),
     })
 }

@@ -146,14 +146,6 @@ pub struct Row {
     pub total: usize,
 }
 
-fn pct(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[i.min(sorted.len() - 1)].as_secs_f64() * 1000.0
-}
-
 pub async fn measure(
     mgmt: &Client,
     ns: &str,
@@ -204,8 +196,8 @@ pub async fn measure(
     all.sort();
     Ok(Row {
         rps: all.len() as f64 / elapsed,
-        p50: pct(&all, 50.0),
-        p99: pct(&all, 99.0),
+        p50: super::percentile_ms(&all, 50.0),
+        p99: super::percentile_ms(&all, 99.0),
         service_calls: calls1 - calls0,
         by_policy,
         total: all.len(),

@@ -702,6 +702,15 @@ pub fn percentile(sorted: &[std::time::Duration], p: f64) -> std::time::Duration
     sorted[idx.min(sorted.len() - 1)]
 }
 
+/// `percentile` in milliseconds, for a benchmark's row: NaN where nothing was measured, so the
+/// row prints "NaN" rather than a zero that reads as a figure.
+pub fn percentile_ms(sorted: &[std::time::Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    percentile(sorted, p).as_secs_f64() * 1000.0
+}
+
 /// Shows warnings (the test bed's kubelet among them) when a benchmark run goes wrong, unless
 /// RUST_LOG says otherwise. Call first in `main`, before any thread starts.
 // std::env::set_var is unsafe once other threads may read the environment.
